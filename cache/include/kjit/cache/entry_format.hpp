@@ -1,0 +1,106 @@
+// The byte layout of one cache entry file, and its encoder and checker.
+//
+// An entry is one file: a fixed 64-byte header, a JSON metadata document and
+// the payload (the cubin). All integers are little-endian.
+//
+//   offset  size  field
+//   0       8     magic: 0x89 'K' 'J' 'I' 'T' '\r' '\n' 0x1A
+//   8       4     format version (u32), kFormatVersion for this build
+//   12      4     header size in bytes (u32), 64 for format 1
+//   16      8     meta length in bytes (u64), at most kMaxMetaBytes
+//   24      8     payload length in bytes (u64), at most kMaxPayloadBytes
+//   32      32    BLAKE3-256 of bytes [0, 32) of the header, then meta, then payload
+//   64      m     meta: a UTF-8 JSON object (below)
+//   64+m    p     payload
+//   file size == 64 + m + p exactly; anything else is a truncated or padded entry.
+//
+// The magic is PNG-style: the high byte catches 7-bit copies, CR LF catches
+// newline translation, 0x1A stops `type` on old systems. Every future format
+// keeps the magic at 0 and the version at 8, so this reader recognises an entry
+// of another format (a miss, left for prune) without understanding it. The hash
+// covers the header's own fields, so a flipped length or a flipped bit in the
+// lengths is caught even when the sizes still add up.
+//
+// The meta object is the caller's meta with one member added by the store:
+//   "kjit_entry": {"format": 1, "key": "<key>", "created_unix": <s>, "payload_bytes": <p>}
+// A reader checks that it agrees with the header and with the file's name.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "kjit/detail/expected.hpp"
+
+namespace kjit::cache::format {
+
+inline constexpr std::array<unsigned char, 8> kMagic = {0x89, 'K', 'J', 'I', 'T', '\r', '\n', 0x1A};
+inline constexpr uint32_t kFormatVersion = 1;
+inline constexpr std::size_t kHeaderBytes = 64;
+inline constexpr std::size_t kHashedHeaderBytes = 32;
+inline constexpr uint64_t kMaxMetaBytes = uint64_t{1} << 20;     // 1 MiB of JSON
+inline constexpr uint64_t kMaxPayloadBytes = uint64_t{1} << 31;  // 2 GiB
+inline constexpr const char* kBookkeepingKey = "kjit_entry";
+
+using Hash = std::array<uint8_t, 32>;
+
+struct Header {
+  uint32_t version = 0;
+  uint32_t header_bytes = 0;
+  uint64_t meta_bytes = 0;
+  uint64_t payload_bytes = 0;
+  Hash hash{};
+};
+
+enum class Verdict {
+  ok,            // the entry is whole and of this format
+  other_format,  // magic matches, version differs: not ours to read, not corrupt
+  corrupt,       // anything else: truncated, padded, bad magic, bad hash, bad meta
+};
+
+struct HeaderCheck {
+  Verdict verdict = Verdict::corrupt;
+  std::string problem;  // empty when ok
+  Header header;
+};
+
+struct Decoded {
+  Verdict verdict = Verdict::corrupt;
+  std::string problem;           // empty when ok
+  Header header;
+  nlohmann::json meta;           // the whole meta object, when ok
+  std::span<const char> payload; // a view into the decoded bytes, when ok
+};
+
+// The caller's meta with the store's bookkeeping member set (replacing one the
+// caller passed, so a loaded entry's meta can be published again). Rejects a
+// meta that is neither an object nor null.
+Expected<nlohmann::json> with_bookkeeping(const nlohmann::json& caller_meta, std::string_view key,
+                                          uint64_t payload_bytes, int64_t created_unix);
+
+// The whole entry file for `meta` (already with bookkeeping) and `payload`.
+// Rejects meta that cannot be serialised (invalid UTF-8) and sizes over the limits.
+Expected<std::vector<char>> encode(const nlohmann::json& meta, std::span<const char> payload);
+
+// Checks magic, version and that the lengths agree with `file_bytes`; needs
+// only the first kHeaderBytes (fewer is a corrupt verdict). Does not hash.
+HeaderCheck check_header(std::span<const char> head, uint64_t file_bytes);
+
+// Checks a whole entry file: the header, the hash, and that the meta is a JSON
+// object whose bookkeeping agrees with the header and with `expected_key`
+// (skipped when empty). Never returns ok for bytes whose hash does not match.
+Decoded decode(std::span<const char> file, std::string_view expected_key);
+
+// Parses the meta document of an entry whose header passed check_header,
+// without hashing: for listings that must not read payloads. Reports a meta
+// that is not an object with consistent bookkeeping as corrupt.
+Decoded decode_meta_only(const HeaderCheck& header, std::span<const char> meta_bytes,
+                         std::string_view expected_key);
+
+}  // namespace kjit::cache::format

@@ -1,0 +1,188 @@
+// Encoder and checker of the entry file layout described in
+// kjit/cache/entry_format.hpp. Pure functions over bytes: no files, no state.
+#include "kjit/cache/entry_format.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <optional>
+
+#include <fmt/format.h>
+#include <llvm/Support/BLAKE3.h>
+
+namespace kjit::cache::format {
+namespace {
+
+void put_u32(char* out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out[i] = static_cast<char>((v >> (8 * i)) & 0xFFu);
+}
+
+void put_u64(char* out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((v >> (8 * i)) & 0xFFu);
+}
+
+uint32_t get_u32(const char* in) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= uint32_t{static_cast<unsigned char>(in[i])} << (8 * i);
+  return v;
+}
+
+uint64_t get_u64(const char* in) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= uint64_t{static_cast<unsigned char>(in[i])} << (8 * i);
+  return v;
+}
+
+llvm::ArrayRef<uint8_t> as_bytes(std::span<const char> s) {
+  return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
+}
+
+Hash content_hash(std::span<const char> hashed_header, std::span<const char> meta,
+                  std::span<const char> payload) {
+  llvm::BLAKE3 hasher;
+  hasher.update(as_bytes(hashed_header));
+  hasher.update(as_bytes(meta));
+  hasher.update(as_bytes(payload));
+  return hasher.final();
+}
+
+HeaderCheck corrupt_header(std::string problem) {
+  return HeaderCheck{Verdict::corrupt, std::move(problem), {}};
+}
+
+Decoded corrupt(std::string problem) {
+  Decoded d;
+  d.problem = std::move(problem);
+  return d;
+}
+
+// An unsigned integer member of `object`, or nullopt if absent or not one.
+std::optional<uint64_t> unsigned_member(const nlohmann::json& object, const char* name) {
+  auto it = object.find(name);
+  if (it == object.end() || !it->is_number_integer()) return std::nullopt;
+  if (it->is_number_unsigned()) return it->get<uint64_t>();
+  int64_t v = it->get<int64_t>();
+  if (v < 0) return std::nullopt;
+  return static_cast<uint64_t>(v);
+}
+
+// Empty when the bookkeeping member agrees with the header and the key.
+std::string bookkeeping_problem(const nlohmann::json& meta, const Header& header,
+                                std::string_view expected_key) {
+  if (!meta.is_object()) return "meta is not a JSON object";
+  auto it = meta.find(kBookkeepingKey);
+  if (it == meta.end() || !it->is_object()) return fmt::format("meta has no \"{}\" object", kBookkeepingKey);
+  const nlohmann::json& book = *it;
+  if (unsigned_member(book, "format") != header.version) return "meta format differs from the header's";
+  if (unsigned_member(book, "payload_bytes") != header.payload_bytes)
+    return "meta payload_bytes differs from the header's";
+  auto key = book.find("key");
+  if (key == book.end() || !key->is_string()) return "meta has no key";
+  if (!expected_key.empty() && key->get_ref<const std::string&>() != expected_key)
+    return fmt::format("meta key {} differs from the file name's {}", key->get_ref<const std::string&>(),
+                       expected_key);
+  return {};
+}
+
+}  // namespace
+
+Expected<nlohmann::json> with_bookkeeping(const nlohmann::json& caller_meta, std::string_view key,
+                                          uint64_t payload_bytes, int64_t created_unix) {
+  if (!caller_meta.is_object() && !caller_meta.is_null())
+    return fail(KJIT_ERROR_INVALID_ARGUMENT,
+                fmt::format("cache entry meta must be a JSON object or null, not {}", caller_meta.type_name()));
+  nlohmann::json meta = caller_meta.is_null() ? nlohmann::json::object() : caller_meta;
+  meta[kBookkeepingKey] = {
+      {"format", kFormatVersion},
+      {"key", std::string(key)},
+      {"created_unix", created_unix},
+      {"payload_bytes", payload_bytes},
+  };
+  return meta;
+}
+
+Expected<std::vector<char>> encode(const nlohmann::json& meta, std::span<const char> payload) {
+  std::string meta_text;
+  try {
+    meta_text = meta.dump();
+  } catch (const nlohmann::json::exception& e) {
+    // dump() throws on strings that are not valid UTF-8.
+    return fail(KJIT_ERROR_INVALID_ARGUMENT, fmt::format("cache entry meta cannot be written: {}", e.what()));
+  }
+  if (meta_text.size() > kMaxMetaBytes)
+    return fail(KJIT_ERROR_INVALID_ARGUMENT,
+                fmt::format("cache entry meta is {} bytes, over the limit of {}", meta_text.size(), kMaxMetaBytes));
+  if (payload.size() > kMaxPayloadBytes)
+    return fail(KJIT_ERROR_INVALID_ARGUMENT,
+                fmt::format("cache entry payload is {} bytes, over the limit of {}", payload.size(), kMaxPayloadBytes));
+
+  std::vector<char> file(kHeaderBytes + meta_text.size() + payload.size());
+  char* h = file.data();
+  std::memcpy(h, kMagic.data(), kMagic.size());
+  put_u32(h + 8, kFormatVersion);
+  put_u32(h + 12, static_cast<uint32_t>(kHeaderBytes));
+  put_u64(h + 16, meta_text.size());
+  put_u64(h + 24, payload.size());
+  Hash hash = content_hash({h, kHashedHeaderBytes}, meta_text, payload);
+  std::memcpy(h + kHashedHeaderBytes, hash.data(), hash.size());
+  char* body = file.data() + kHeaderBytes;
+  std::copy(meta_text.begin(), meta_text.end(), body);
+  std::copy(payload.begin(), payload.end(), body + meta_text.size());
+  return file;
+}
+
+HeaderCheck check_header(std::span<const char> head, uint64_t file_bytes) {
+  if (head.size() < kHeaderBytes || file_bytes < kHeaderBytes)
+    return corrupt_header(
+        fmt::format("truncated: {} bytes, shorter than the {}-byte header", file_bytes, kHeaderBytes));
+  if (std::memcmp(head.data(), kMagic.data(), kMagic.size()) != 0) return corrupt_header("bad magic");
+  Header header;
+  header.version = get_u32(head.data() + 8);
+  if (header.version != kFormatVersion) {
+    std::string problem = fmt::format("entry format {}, this build reads {}", header.version, kFormatVersion);
+    return HeaderCheck{Verdict::other_format, std::move(problem), header};
+  }
+  header.header_bytes = get_u32(head.data() + 12);
+  header.meta_bytes = get_u64(head.data() + 16);
+  header.payload_bytes = get_u64(head.data() + 24);
+  std::memcpy(header.hash.data(), head.data() + kHashedHeaderBytes, header.hash.size());
+  if (header.header_bytes != kHeaderBytes)
+    return corrupt_header(fmt::format("header size {} for format {}, expected {}", header.header_bytes,
+                                      kFormatVersion, kHeaderBytes));
+  if (header.meta_bytes > kMaxMetaBytes || header.payload_bytes > kMaxPayloadBytes)
+    return corrupt_header(fmt::format("lengths out of range (meta {}, payload {})", header.meta_bytes,
+                                      header.payload_bytes));
+  uint64_t expected = kHeaderBytes + header.meta_bytes + header.payload_bytes;  // no overflow: both bounded
+  if (expected != file_bytes)
+    return corrupt_header(fmt::format("{} bytes, but the header describes {} (truncated or padded)", file_bytes,
+                                      expected));
+  return HeaderCheck{Verdict::ok, {}, header};
+}
+
+Decoded decode_meta_only(const HeaderCheck& header, std::span<const char> meta_bytes,
+                         std::string_view expected_key) {
+  if (header.verdict != Verdict::ok) return Decoded{header.verdict, header.problem, header.header, {}, {}};
+  if (meta_bytes.size() != header.header.meta_bytes) return corrupt("meta shorter than the header says");
+  nlohmann::json meta = nlohmann::json::parse(meta_bytes.begin(), meta_bytes.end(), nullptr, false);
+  if (meta.is_discarded()) return corrupt("meta is not valid JSON");
+  if (std::string problem = bookkeeping_problem(meta, header.header, expected_key); !problem.empty())
+    return corrupt(std::move(problem));
+  Decoded d;
+  d.verdict = Verdict::ok;
+  d.header = header.header;
+  d.meta = std::move(meta);
+  return d;
+}
+
+Decoded decode(std::span<const char> file, std::string_view expected_key) {
+  HeaderCheck header = check_header(file, file.size());
+  if (header.verdict != Verdict::ok) return Decoded{header.verdict, header.problem, header.header, {}, {}};
+  auto meta_bytes = file.subspan(kHeaderBytes, header.header.meta_bytes);
+  auto payload = file.subspan(kHeaderBytes + header.header.meta_bytes);
+  if (content_hash(file.first(kHashedHeaderBytes), meta_bytes, payload) != header.header.hash)
+    return corrupt("content hash mismatch");
+  Decoded d = decode_meta_only(header, meta_bytes, expected_key);
+  if (d.verdict == Verdict::ok) d.payload = payload;
+  return d;
+}
+
+}  // namespace kjit::cache::format

@@ -1,0 +1,20 @@
+# Writes a C++ file holding every template under TEMPLATE_DIR as a string, so
+# the library carries its kernel sources and needs no files at run time.
+# Invoked as: cmake -DTEMPLATE_DIR=... -DOUTPUT=... -P EmbedTemplates.cmake
+file(GLOB_RECURSE files RELATIVE "${TEMPLATE_DIR}" "${TEMPLATE_DIR}/*.cuh" "${TEMPLATE_DIR}/*.h" "${TEMPLATE_DIR}/*.cu")
+list(SORT files)
+set(body "// Generated from templates/ by cmake/EmbedTemplates.cmake. Do not edit.\n")
+string(APPEND body "#include \"kjit/codegen/render.hpp\"\n\nnamespace kjit::codegen {\nnamespace {\n")
+string(APPEND body "constexpr EmbeddedTemplate kTemplates[] = {\n")
+foreach(f IN LISTS files)
+  file(READ "${TEMPLATE_DIR}/${f}" text)
+  string(FIND "${text}" ")kjit_template\"" clash)
+  if(NOT clash EQUAL -1)
+    message(FATAL_ERROR "template ${f} contains the raw-string delimiter")
+  endif()
+  string(APPEND body "  {\"${f}\", R\"kjit_template(${text})kjit_template\"},\n")
+endforeach()
+string(APPEND body "};\n}  // namespace\n\nstd::span<const EmbeddedTemplate> embedded_templates() { return kTemplates; }\n\n}  // namespace kjit::codegen\n")
+file(WRITE "${OUTPUT}.tmp" "${body}")
+file(COPY_FILE "${OUTPUT}.tmp" "${OUTPUT}" ONLY_IF_DIFFERENT)
+file(REMOVE "${OUTPUT}.tmp")

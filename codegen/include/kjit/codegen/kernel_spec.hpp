@@ -1,0 +1,69 @@
+// KernelSpec: everything that selects one generated kernel, independent of the
+// device it will run on (the arch is a separate compile input). Each kernel
+// family has a small value type; KernelSpec is their variant. A spec has one
+// canonical text form and one JSON form (manifests, cache metadata), and they
+// round-trip: from_json(to_json(s)) == s.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <variant>
+
+#include <nlohmann/json.hpp>
+
+#include "kjit/detail/expected.hpp"
+
+namespace kjit::codegen {
+
+enum class DType : uint8_t { f8_e4m3fn, f8_e5m2, bf16, f16, f32 };
+enum class ScaleGranularity : uint8_t { per_tensor, per_row, per_block };
+enum class ScaleConvention : uint8_t { multiply, divide };
+
+std::string_view name(DType t);
+std::string_view name(ScaleGranularity g);
+std::string_view name(ScaleConvention c);
+int size_bytes(DType t);
+
+// fp8 dequantisation. The shape key is the column count (the contiguous
+// dimension, compiled in so that index division is by a constant) and the
+// scale block; rows, experts and strides are run-time arguments, so one kernel
+// serves every row count and expert count of a weight shape.
+struct DequantSpec {
+  DType in = DType::f8_e4m3fn;
+  DType out = DType::bf16;
+  int64_t cols = 0;
+  ScaleGranularity granularity = ScaleGranularity::per_block;
+  int64_t block_rows = 0;  // per_block only; 0 otherwise
+  int64_t block_cols = 0;  // per_block only; 0 otherwise
+  ScaleConvention convention = ScaleConvention::multiply;
+  int vec = 16;                   // columns per thread access; divides cols
+  bool selected_experts = false;  // the "only these experts" form
+
+  bool operator==(const DequantSpec&) const = default;
+};
+
+using KernelSpec = std::variant<DequantSpec>;
+
+// The family name, e.g. "fp8_dequant".
+std::string_view op_name(const KernelSpec& spec);
+
+// One line, stable across releases of the same entry format, e.g.
+// "fp8_dequant in=f8_e4m3fn out=bf16 cols=7168 scale=per_block:128x128 convention=multiply vec=16 experts=all".
+std::string canonical(const KernelSpec& spec);
+
+nlohmann::json to_json(const KernelSpec& spec);
+// Validates as it parses: the message names the field that is wrong.
+Expected<KernelSpec> spec_from_json(const nlohmann::json& j);
+// Checks the invariants every spec must satisfy (sizes, vec divides cols ...).
+Expected<void> validate(const KernelSpec& spec);
+
+// The widest access (16, 8, 4, 2 or 1 columns) that divides `cols` and every
+// alignment in `alignments` (in elements). Used by ops and manifests alike.
+int widest_vector(int64_t cols, std::initializer_list<int64_t> alignments = {});
+
+struct SpecHash {
+  size_t operator()(const KernelSpec& spec) const noexcept;
+};
+
+}  // namespace kjit::codegen

@@ -1,0 +1,138 @@
+/* kjit — stable C ABI.
+ *
+ * Every function returns a kjit_status; on failure the calling thread's last
+ * error message (kjit_last_error_message) says what was wrong in words that
+ * name the argument. No function throws, allocates device memory on a launch,
+ * synchronises the host on a launch, or compiles while a stream is capturing.
+ *
+ * Structs passed in carry their own size (struct_size) so that fields can be
+ * appended without breaking callers built against an older header. */
+#ifndef KJIT_KJIT_H
+#define KJIT_KJIT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define KJIT_API __declspec(dllexport)
+#else
+#define KJIT_API __attribute__((visibility("default")))
+#endif
+
+/* CUstream without including cuda.h: the ABI is the driver's opaque pointer. */
+typedef struct CUstream_st* kjit_stream;
+
+#define KJIT_ABI_VERSION 1
+
+typedef enum kjit_status {
+  KJIT_OK = 0,
+  KJIT_ERROR_INVALID_ARGUMENT = 1, /* a bad shape, pointer, dtype, stride ... */
+  KJIT_ERROR_UNSUPPORTED = 2,      /* valid request this GPU or build cannot do */
+  KJIT_ERROR_NO_DEVICE = 3,        /* no driver or no GPU where one is needed */
+  KJIT_ERROR_DRIVER = 4,           /* a CUDA driver call failed */
+  KJIT_ERROR_COMPILE = 5,          /* NVRTC failed or is missing; the log is in the message */
+  KJIT_ERROR_CACHE = 6,            /* the on-disk cache could not be used */
+  KJIT_ERROR_CAPTURING = 7,        /* a compile would be needed while the stream captures a graph */
+  KJIT_ERROR_DEVICE_REPORTED = 8,  /* a kernel reported bad data (kjit_device_errors) */
+  KJIT_ERROR_INTERNAL = 9
+} kjit_status;
+
+/* Element types. Values are part of the ABI. */
+typedef enum kjit_dtype {
+  KJIT_DTYPE_INVALID = 0,
+  KJIT_DTYPE_F8_E4M3FN = 1, /* OCP e4m3fn: max 448, no inf, NaN = 0x7F/0xFF */
+  KJIT_DTYPE_F8_E5M2 = 2,   /* OCP e5m2: max 57344, has inf and NaN */
+  KJIT_DTYPE_BF16 = 3,
+  KJIT_DTYPE_F16 = 4,
+  KJIT_DTYPE_F32 = 5
+} kjit_dtype;
+
+/* How one fp32 scale covers the data. */
+typedef enum kjit_scale_granularity {
+  KJIT_SCALE_INVALID = 0,
+  KJIT_SCALE_PER_TENSOR = 1, /* scales: [E] (one per expert; [1] for 2-D) */
+  KJIT_SCALE_PER_ROW = 2,    /* scales: [E, R] (compressed-tensors CHANNEL: [N, 1]) */
+  KJIT_SCALE_PER_BLOCK = 3   /* scales: [E, ceil(R/block_rows), ceil(C/block_cols)] */
+} kjit_scale_granularity;
+
+/* What the scale means. There is deliberately no default: DeepSeek's
+ * weight_scale_inv and compressed-tensors' weight_scale are both MULTIPLY. */
+typedef enum kjit_scale_convention {
+  KJIT_SCALE_CONVENTION_UNSET = 0, /* rejected */
+  KJIT_SCALE_MULTIPLY = 1,         /* out = fp8 * scale */
+  KJIT_SCALE_DIVIDE = 2            /* out = fp8 / scale (IEEE division) */
+} kjit_scale_convention;
+
+/* FP8 -> bf16/fp16/fp32 dequantisation of a 2-D tensor [R, C] or a stack of
+ * experts [E, R, C] (experts dense one after another: expert e starts at
+ * e * R * in_row_stride elements). All sizes and strides are in elements.
+ *
+ * With expert_ids == NULL every expert is written to out[E, R, C]. With a
+ * device-resident int32 list of num_expert_ids ids, only those experts are
+ * dequantised, compactly: out[i] = dequant(in[expert_ids[i]]). Ids are checked
+ * on the device: if any is outside [0, experts) the launch writes nothing and
+ * records the error, which kjit_device_errors returns. */
+typedef struct kjit_dequant_desc {
+  uint32_t struct_size; /* sizeof(kjit_dequant_desc) */
+  kjit_dtype in_dtype;  /* KJIT_DTYPE_F8_E4M3FN or KJIT_DTYPE_F8_E5M2 */
+  kjit_dtype out_dtype; /* KJIT_DTYPE_BF16, _F16 or _F32 */
+  int64_t experts;      /* 1 for a plain 2-D tensor */
+  int64_t rows;
+  int64_t cols;
+  int64_t in_row_stride;  /* 0 = cols (contiguous); otherwise >= cols */
+  int64_t out_row_stride; /* 0 = cols (contiguous); otherwise >= cols */
+  kjit_scale_granularity scale_granularity;
+  int64_t block_rows; /* PER_BLOCK only, >= 1; partial last blocks allowed */
+  int64_t block_cols; /* PER_BLOCK only, >= 1 */
+  int64_t scale_rows; /* the shape of one expert's scales as the caller holds */
+  int64_t scale_cols; /* them: [1,1], [R,1] or [ceil(R/br), ceil(C/bc)]; checked */
+  kjit_scale_convention scale_convention;
+  const void* in;           /* device memory, fp8 codes */
+  const float* scales;      /* device memory, fp32, dense, layout per granularity */
+  void* out;                /* device memory */
+  const int32_t* expert_ids; /* optional device memory, see above */
+  int64_t num_expert_ids;    /* > 0 exactly when expert_ids != NULL */
+} kjit_dequant_desc;
+
+/* Fills *desc with defaults (struct_size set, everything else invalid/zero). */
+KJIT_API void kjit_dequant_desc_init(kjit_dequant_desc* desc);
+
+/* Dequantises on `stream`, in the context of the device that owns the
+ * pointers (whatever context the calling thread has current). Compiles and
+ * loads the kernel on first use, unless the stream is capturing a graph, in
+ * which case it fails with KJIT_ERROR_CAPTURING: call kjit_dequant_fp8_prepare
+ * first. Rejects host pointers, pointers on different devices, and a stream
+ * of another device. */
+KJIT_API kjit_status kjit_dequant_fp8(const kjit_dequant_desc* desc, kjit_stream stream);
+
+/* Compiles (or finds in the cache) and loads the kernel that `desc` needs on
+ * device `device`, so that later launches of the same kind neither compile nor
+ * load. Pointers in desc are not used and may be NULL. */
+KJIT_API kjit_status kjit_dequant_fp8_prepare(const kjit_dequant_desc* desc, int device);
+
+/* Reads and clears the errors kernels have recorded on `device` (for example
+ * an expert id out of range). Synchronises that device. Returns KJIT_OK when
+ * none were recorded, else KJIT_ERROR_DEVICE_REPORTED with the message. */
+KJIT_API kjit_status kjit_device_errors(int device);
+
+/* The message of the last failure on this thread ("" if none). The pointer
+ * stays valid until the next kjit call on the same thread. */
+KJIT_API const char* kjit_last_error_message(void);
+
+/* A constant name for a status, e.g. "KJIT_ERROR_INVALID_ARGUMENT". */
+KJIT_API const char* kjit_status_name(kjit_status status);
+
+/* Number of GPUs the driver reports, 0 when no driver or no GPU. */
+KJIT_API kjit_status kjit_device_count(int* count);
+
+/* kjit's version string, e.g. "0.1.0". */
+KJIT_API const char* kjit_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KJIT_KJIT_H */

@@ -1,0 +1,47 @@
+// kjit — C++ API: a header-only layer over the C ABI (kjit.h) that throws
+// kjit::Exception on failure. C++17; the library's internals never leak here.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+#include "kjit/kjit.h"
+
+namespace kjit {
+
+class Exception : public std::runtime_error {
+ public:
+  Exception(kjit_status status, const std::string& message)
+      : std::runtime_error(std::string(kjit_status_name(status)) + ": " + message), status_(status) {}
+  kjit_status status() const noexcept { return status_; }
+
+ private:
+  kjit_status status_;
+};
+
+inline void throw_if_failed(kjit_status status) {
+  if (status != KJIT_OK) throw Exception(status, kjit_last_error_message());
+}
+
+// A kjit_dequant_desc with struct_size set; fill the fields, then call
+// dequant_fp8 (see kjit.h for every field's meaning).
+struct DequantDesc : kjit_dequant_desc {
+  DequantDesc() : kjit_dequant_desc() { kjit_dequant_desc_init(this); }
+};
+
+inline void dequant_fp8(const DequantDesc& desc, kjit_stream stream) {
+  throw_if_failed(kjit_dequant_fp8(&desc, stream));
+}
+inline void prepare_dequant_fp8(const DequantDesc& desc, int device) {
+  throw_if_failed(kjit_dequant_fp8_prepare(&desc, device));
+}
+// Throws if a kernel on `device` recorded bad data (synchronises the device).
+inline void check_device_errors(int device) { throw_if_failed(kjit_device_errors(device)); }
+
+inline int device_count() {
+  int n = 0;
+  throw_if_failed(kjit_device_count(&n));
+  return n;
+}
+
+}  // namespace kjit

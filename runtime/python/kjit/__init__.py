@@ -1,0 +1,175 @@
+"""kjit: run-time generated CUDA kernels for quantized MoE — a thin ctypes layer
+over libkjit's C ABI (runtime/include/kjit/kjit.h).
+
+Tensors are passed as torch tensors (their data_ptr, shape and strides are
+read; nothing is copied) and the launch goes on torch's current stream of the
+tensors' device. libkjit is found through KJIT_LIBRARY, else next to this
+package in a build tree (build/runtime/libkjit.so), else on the loader path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pathlib
+
+__all__ = ["KjitError", "dequant_fp8", "prepare_dequant_fp8", "check_device_errors", "library"]
+
+_OK = 0
+_DTYPE = {"float8_e4m3fn": 1, "float8_e5m2": 2, "bfloat16": 3, "float16": 4, "float32": 5}
+_GRANULARITY = {"tensor": 1, "row": 2, "block": 3}
+_CONVENTION = {"multiply": 1, "divide": 2}
+
+
+class KjitError(RuntimeError):
+    """A kjit call failed; .status is the kjit_status name."""
+
+    def __init__(self, status: str, message: str):
+        super().__init__(f"{status}: {message}")
+        self.status = status
+
+
+class _DequantDesc(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("in_dtype", ctypes.c_int),
+        ("out_dtype", ctypes.c_int),
+        ("experts", ctypes.c_int64),
+        ("rows", ctypes.c_int64),
+        ("cols", ctypes.c_int64),
+        ("in_row_stride", ctypes.c_int64),
+        ("out_row_stride", ctypes.c_int64),
+        ("scale_granularity", ctypes.c_int),
+        ("block_rows", ctypes.c_int64),
+        ("block_cols", ctypes.c_int64),
+        ("scale_rows", ctypes.c_int64),
+        ("scale_cols", ctypes.c_int64),
+        ("scale_convention", ctypes.c_int),
+        ("input", ctypes.c_void_p),
+        ("scales", ctypes.c_void_p),
+        ("out", ctypes.c_void_p),
+        ("expert_ids", ctypes.c_void_p),
+        ("num_expert_ids", ctypes.c_int64),
+    ]
+
+
+def _find_library() -> str:
+    env = os.environ.get("KJIT_LIBRARY")
+    if env:
+        return env
+    here = pathlib.Path(__file__).resolve()
+    for parent in here.parents:
+        candidate = parent / "build" / "runtime" / "libkjit.so"
+        if candidate.exists():
+            return str(candidate)
+    return "libkjit.so.0"
+
+
+_lib = None
+
+
+def library() -> ctypes.CDLL:
+    """The loaded libkjit, with its function signatures declared."""
+    global _lib
+    if _lib is None:
+        lib = ctypes.CDLL(_find_library())
+        lib.kjit_dequant_desc_init.argtypes = [ctypes.POINTER(_DequantDesc)]
+        lib.kjit_dequant_desc_init.restype = None
+        lib.kjit_dequant_fp8.argtypes = [ctypes.POINTER(_DequantDesc), ctypes.c_void_p]
+        lib.kjit_dequant_fp8.restype = ctypes.c_int
+        lib.kjit_dequant_fp8_prepare.argtypes = [ctypes.POINTER(_DequantDesc), ctypes.c_int]
+        lib.kjit_dequant_fp8_prepare.restype = ctypes.c_int
+        lib.kjit_device_errors.argtypes = [ctypes.c_int]
+        lib.kjit_device_errors.restype = ctypes.c_int
+        lib.kjit_last_error_message.restype = ctypes.c_char_p
+        lib.kjit_status_name.argtypes = [ctypes.c_int]
+        lib.kjit_status_name.restype = ctypes.c_char_p
+        _lib = lib
+    return _lib
+
+
+def _check(status: int) -> None:
+    if status != _OK:
+        lib = library()
+        raise KjitError(lib.kjit_status_name(status).decode(), lib.kjit_last_error_message().decode())
+
+
+def _dtype_code(t) -> int:
+    name = str(t).replace("torch.", "")
+    if name not in _DTYPE:
+        raise KjitError("KJIT_ERROR_INVALID_ARGUMENT", f"dtype {t} is not supported by kjit")
+    return _DTYPE[name]
+
+
+def _describe(w, scales, out, scale: str, block, convention: str, expert_ids):
+    if w.dim() not in (2, 3):
+        raise KjitError("KJIT_ERROR_INVALID_ARGUMENT", f"weight must be [R, C] or [E, R, C], got {list(w.shape)}")
+    if w.stride(-1) != 1 or out.stride(-1) != 1:
+        raise KjitError("KJIT_ERROR_INVALID_ARGUMENT", "the last dimension of weight and out must be contiguous")
+    experts = w.shape[0] if w.dim() == 3 else 1
+    rows, cols = w.shape[-2], w.shape[-1]
+    if w.dim() == 3 and w.stride(0) != rows * w.stride(1):
+        raise KjitError("KJIT_ERROR_INVALID_ARGUMENT", "experts of weight must follow each other densely")
+    if scale not in _GRANULARITY:
+        raise KjitError("KJIT_ERROR_INVALID_ARGUMENT", f"scale must be one of {sorted(_GRANULARITY)}, got {scale!r}")
+    if convention not in _CONVENTION:
+        raise KjitError("KJIT_ERROR_INVALID_ARGUMENT", f"convention must be 'multiply' or 'divide', got {convention!r}")
+    if w.dim() == 3 and (scales.dim() == 0 or scales.shape[0] != experts):
+        raise KjitError("KJIT_ERROR_INVALID_ARGUMENT", f"scales must lead with the expert count {experts}")
+    per_expert = list(scales.shape[1:] if w.dim() == 3 else scales.shape)
+    if len(per_expert) > 2:
+        raise KjitError("KJIT_ERROR_INVALID_ARGUMENT", f"scales of shape {list(scales.shape)} have too many dims")
+    shape = (per_expert + [1, 1])[:2]  # [] -> [1, 1], [R] -> [R, 1]; kjit checks it against the tensor
+    d = _DequantDesc()
+    library().kjit_dequant_desc_init(ctypes.byref(d))
+    d.in_dtype = _dtype_code(w.dtype)
+    d.out_dtype = _dtype_code(out.dtype)
+    d.experts, d.rows, d.cols = experts, rows, cols
+    d.in_row_stride = w.stride(-2)
+    d.out_row_stride = out.stride(-2)
+    d.scale_granularity = _GRANULARITY[scale]
+    if scale == "block":
+        d.block_rows, d.block_cols = block
+    d.scale_rows, d.scale_cols = shape[0], shape[1]
+    d.scale_convention = _CONVENTION[convention]
+    d.input, d.scales, d.out = w.data_ptr(), scales.data_ptr(), out.data_ptr()
+    if expert_ids is not None:
+        d.expert_ids = expert_ids.data_ptr()
+        d.num_expert_ids = expert_ids.numel()
+    return d
+
+
+def dequant_fp8(w, scales, *, out=None, out_dtype=None, scale="block", block=(128, 128), convention,
+                expert_ids=None, stream=None):
+    """Dequantises fp8 `w` ([R, C] or [E, R, C]) with fp32 `scales`.
+
+    scale: 'tensor' (scales [E] or scalar), 'row' ([E, R] or [R, 1]) or 'block'
+    ([E, ceil(R/br), ceil(C/bc)]). convention is required: 'multiply' for
+    DeepSeek's weight_scale_inv and compressed-tensors' weight_scale, 'divide'
+    for checkpoints whose scale is a divisor. expert_ids (int32, on the device)
+    selects experts into a compact output. Returns `out`.
+    """
+    import torch
+
+    if out is None:
+        slots = expert_ids.numel() if expert_ids is not None else (w.shape[0] if w.dim() == 3 else None)
+        shape = list(w.shape[-2:]) if slots is None else [slots] + list(w.shape[-2:])
+        out = torch.empty(shape, dtype=out_dtype or torch.bfloat16, device=w.device)
+    d = _describe(w, scales, out, scale, block, convention, expert_ids)
+    if stream is None:
+        stream = torch.cuda.current_stream(w.device).cuda_stream
+    _check(library().kjit_dequant_fp8(ctypes.byref(d), ctypes.c_void_p(stream)))
+    return out
+
+
+def prepare_dequant_fp8(w, scales, out, *, scale="block", block=(128, 128), convention, expert_ids=None):
+    """Compiles (or finds in the cache) and loads the kernel a dequant_fp8 call
+    with these arguments needs, so that the call can be captured in a graph."""
+    d = _describe(w, scales, out, scale, block, convention, expert_ids)
+    _check(library().kjit_dequant_fp8_prepare(ctypes.byref(d), w.device.index or 0))
+
+
+def check_device_errors(device: int = 0) -> None:
+    """Raises KjitError if a kernel on `device` recorded bad data (e.g. an
+    expert id out of range). Synchronises the device."""
+    _check(library().kjit_device_errors(device))

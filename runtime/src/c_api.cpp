@@ -1,0 +1,104 @@
+// The C ABI: converts Expected results into status codes plus a thread-local
+// message, and lets no exception cross the boundary.
+#include <exception>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "kjit/kjit.h"
+#include "ops/dequant.hpp"
+#include "runtime.hpp"
+
+namespace {
+
+thread_local std::string last_error;
+
+kjit_status report(const kjit::Expected<void>& result) {
+  if (result) {
+    last_error.clear();
+    return KJIT_OK;
+  }
+  last_error = result.error().message;
+  return result.error().code;
+}
+
+// Runs `body`, turning anything thrown (allocation failure, a bug) into
+// KJIT_ERROR_INTERNAL instead of unwinding into C.
+template <class Body>
+kjit_status guarded(Body&& body) noexcept {
+  try {
+    return report(body());
+  } catch (const std::exception& e) {
+    last_error = fmt::format("internal error: {}", e.what());
+  } catch (...) {
+    last_error = "internal error: unknown exception";
+  }
+  return KJIT_ERROR_INTERNAL;
+}
+
+kjit::Expected<void> require(const void* p, const char* what) {
+  if (p) return {};
+  return kjit::fail(KJIT_ERROR_INVALID_ARGUMENT, fmt::format("{} is NULL", what));
+}
+
+}  // namespace
+
+extern "C" {
+
+KJIT_API void kjit_dequant_desc_init(kjit_dequant_desc* desc) {
+  if (!desc) return;
+  *desc = kjit_dequant_desc{};
+  desc->struct_size = sizeof(kjit_dequant_desc);
+  desc->experts = 1;
+}
+
+KJIT_API kjit_status kjit_dequant_fp8(const kjit_dequant_desc* desc, kjit_stream stream) {
+  return guarded([&]() -> kjit::Expected<void> {
+    if (auto ok = require(desc, "desc"); !ok) return ok;
+    return kjit::ops::dequant_fp8(kjit::Runtime::global(), *desc, reinterpret_cast<CUstream>(stream));
+  });
+}
+
+KJIT_API kjit_status kjit_dequant_fp8_prepare(const kjit_dequant_desc* desc, int device) {
+  return guarded([&]() -> kjit::Expected<void> {
+    if (auto ok = require(desc, "desc"); !ok) return ok;
+    return kjit::ops::prepare_dequant_fp8(kjit::Runtime::global(), *desc, device);
+  });
+}
+
+KJIT_API kjit_status kjit_device_errors(int device) {
+  return guarded([&] { return kjit::Runtime::global().take_device_errors(device); });
+}
+
+KJIT_API kjit_status kjit_device_count(int* count) {
+  return guarded([&]() -> kjit::Expected<void> {
+    if (auto ok = require(count, "count"); !ok) return ok;
+    *count = 0;
+    auto n = kjit::Runtime::global().device_count();
+    // No driver means no GPU: zero devices is the answer, not an error.
+    if (n) *count = *n;
+    return {};
+  });
+}
+
+KJIT_API const char* kjit_last_error_message(void) { return last_error.c_str(); }
+
+KJIT_API const char* kjit_status_name(kjit_status status) {
+  switch (status) {
+    case KJIT_OK: return "KJIT_OK";
+    case KJIT_ERROR_INVALID_ARGUMENT: return "KJIT_ERROR_INVALID_ARGUMENT";
+    case KJIT_ERROR_UNSUPPORTED: return "KJIT_ERROR_UNSUPPORTED";
+    case KJIT_ERROR_NO_DEVICE: return "KJIT_ERROR_NO_DEVICE";
+    case KJIT_ERROR_DRIVER: return "KJIT_ERROR_DRIVER";
+    case KJIT_ERROR_COMPILE: return "KJIT_ERROR_COMPILE";
+    case KJIT_ERROR_CACHE: return "KJIT_ERROR_CACHE";
+    case KJIT_ERROR_CAPTURING: return "KJIT_ERROR_CAPTURING";
+    case KJIT_ERROR_DEVICE_REPORTED: return "KJIT_ERROR_DEVICE_REPORTED";
+    case KJIT_ERROR_INTERNAL: return "KJIT_ERROR_INTERNAL";
+  }
+  return "KJIT_ERROR_UNKNOWN";
+}
+
+KJIT_API const char* kjit_version(void) { return KJIT_VERSION_STRING; }
+
+}  // extern "C"

@@ -1,0 +1,56 @@
+// The capability table and its gates.
+#include "capability.hpp"
+
+#include <array>
+
+#include <fmt/format.h>
+
+namespace kjit {
+namespace {
+
+constexpr std::array kTable{
+    ArchRow{8, 0, "sm_80", false, "Ampere A100: no fp8 conversion instructions"},
+    ArchRow{8, 6, "sm_86", false, "Ampere: no fp8 conversion instructions"},
+    ArchRow{8, 7, "sm_87", false, "Orin: no fp8 conversion instructions"},
+    ArchRow{8, 9, "sm_89", true, "Ada"},
+    ArchRow{9, 0, "sm_90a", true, "Hopper (H100, H200): wgmma and TMA targets"},
+    ArchRow{10, 0, "sm_100a", true, "Blackwell datacenter (B200, GB200)"},
+    ArchRow{10, 3, "sm_103a", true, "Blackwell Ultra (B300, GB300)"},
+    ArchRow{11, 0, "sm_110a", true, "Thor"},
+    ArchRow{12, 0, "sm_120a", true, "Blackwell workstation/consumer (RTX PRO 6000, RTX 50xx)"},
+    ArchRow{12, 1, "sm_121a", true, "DGX Spark (GB10)"},
+};
+
+}  // namespace
+
+std::span<const ArchRow> capability_table() { return kTable; }
+
+Expected<const ArchRow*> arch_for_capability(int major, int minor) {
+  for (const auto& row : kTable)
+    if (row.major == major && row.minor == minor) return &row;
+  return fail(KJIT_ERROR_UNSUPPORTED,
+              fmt::format("GPU of compute capability {}.{} is not in kjit's capability table (supported: 8.0-12.1, "
+                          "see `jitctl info`)",
+                          major, minor));
+}
+
+Expected<const ArchRow*> arch_for_target(std::string_view target) {
+  for (const auto& row : kTable)
+    if (target == row.target) return &row;
+  std::string known;
+  for (const auto& row : kTable) known += fmt::format("{}{}", known.empty() ? "" : ", ", row.target);
+  return fail(KJIT_ERROR_INVALID_ARGUMENT, fmt::format("unknown arch '{}' (known: {})", target, known));
+}
+
+Expected<void> require_family(const ArchRow& row, KernelFamily family) {
+  switch (family) {
+    case KernelFamily::fp8_dequant:
+      if (row.fp8_dequant) return {};
+      return fail(KJIT_ERROR_UNSUPPORTED,
+                  fmt::format("fp8 dequant needs compute capability 8.9 or newer; this GPU is {}.{} ({})", row.major,
+                              row.minor, row.note));
+  }
+  return fail(KJIT_ERROR_INTERNAL, "unknown kernel family");
+}
+
+}  // namespace kjit

@@ -1,0 +1,52 @@
+// NVRTC, dlopen'ed on first compile: kjit serves a precompiled cache on a
+// machine without the CUDA toolkit and only needs libnvrtc to compile.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "kjit/detail/expected.hpp"
+
+namespace kjit {
+
+struct CompiledKernel {
+  std::vector<char> cubin;
+  std::string log;  // NVRTC's log, kept even on success (warnings)
+  double seconds = 0;
+};
+
+class Nvrtc {
+ public:
+  // Loads libnvrtc: KJIT_NVRTC_LIBRARY, then libnvrtc.so.<major> on the loader
+  // path, then the toolkit's lib64 (CUDA_HOME, CUDA_PATH, /usr/local/cuda).
+  static Expected<const Nvrtc*> load();
+
+  // "13.0"
+  const std::string& version() const { return version_; }
+  // Real path of the loaded library, for `jitctl info`.
+  const std::string& library_path() const { return library_path_; }
+  // Targets this NVRTC can build cubins for, e.g. "sm_90a".
+  bool supports(const std::string& arch) const;
+
+  // Compiles one translation unit to a cubin for `arch`; on failure the
+  // error carries NVRTC's log.
+  Expected<CompiledKernel> compile(const std::string& source, const std::string& name, const std::string& arch,
+                                   const std::vector<std::string>& options) const;
+
+ private:
+  struct Api;
+  const Api* api_ = nullptr;
+  std::string version_;
+  std::string library_path_;
+  std::vector<int> archs_;  // numeric, e.g. 90, 100, 120
+};
+
+// The compile options kjit uses for `arch`, in order (they enter the key).
+std::vector<std::string> compile_options(const std::string& arch);
+
+// The CUDA toolkit's include directory, found without the user setting
+// anything: KJIT_CUDA_INCLUDE, CUDA_HOME, CUDA_PATH, next to libnvrtc,
+// /usr/local/cuda. Empty when none holds cuda_fp16.h.
+std::string cuda_include_dir();
+
+}  // namespace kjit

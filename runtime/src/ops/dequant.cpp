@@ -1,0 +1,175 @@
+// The fp8 dequant op.
+#include "dequant.hpp"
+
+#include <algorithm>
+#include <cstdint>
+
+#include <fmt/format.h>
+
+namespace kjit::ops {
+namespace {
+
+using codegen::DType;
+using codegen::ScaleConvention;
+using codegen::ScaleGranularity;
+
+Expected<DType> fp8_input(kjit_dtype t) {
+  if (t == KJIT_DTYPE_F8_E4M3FN) return DType::f8_e4m3fn;
+  if (t == KJIT_DTYPE_F8_E5M2) return DType::f8_e5m2;
+  return fail(KJIT_ERROR_INVALID_ARGUMENT,
+              fmt::format("in_dtype must be KJIT_DTYPE_F8_E4M3FN or KJIT_DTYPE_F8_E5M2 (got {})", static_cast<int>(t)));
+}
+
+Expected<DType> float_output(kjit_dtype t) {
+  if (t == KJIT_DTYPE_BF16) return DType::bf16;
+  if (t == KJIT_DTYPE_F16) return DType::f16;
+  if (t == KJIT_DTYPE_F32) return DType::f32;
+  return fail(KJIT_ERROR_INVALID_ARGUMENT,
+              fmt::format("out_dtype must be KJIT_DTYPE_BF16, KJIT_DTYPE_F16 or KJIT_DTYPE_F32 (got {})",
+                          static_cast<int>(t)));
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Largest power of two (<= 16) dividing the address.
+int64_t pointer_alignment(const void* p) {
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  int64_t a = 16;
+  while (a > 1 && address % static_cast<uintptr_t>(a) != 0) a /= 2;
+  return a;
+}
+
+}  // namespace
+
+Expected<DequantPlan> plan_dequant(const kjit_dequant_desc& d, bool for_prepare) {
+  auto invalid = [](std::string message) { return fail(KJIT_ERROR_INVALID_ARGUMENT, std::move(message)); };
+  if (d.struct_size < sizeof(kjit_dequant_desc))
+    return invalid(fmt::format("desc.struct_size is {}, expected {}: call kjit_dequant_desc_init first",
+                               d.struct_size, sizeof(kjit_dequant_desc)));
+  auto in = fp8_input(d.in_dtype);
+  if (!in) return std::unexpected(in.error());
+  auto out = float_output(d.out_dtype);
+  if (!out) return std::unexpected(out.error());
+  if (d.experts < 1) return invalid(fmt::format("experts must be >= 1 (1 for a 2-D tensor), got {}", d.experts));
+  if (d.rows < 0) return invalid(fmt::format("rows must be >= 0, got {}", d.rows));
+  if (d.cols < 1) return invalid(fmt::format("cols must be >= 1, got {}", d.cols));
+  const int64_t in_stride = d.in_row_stride == 0 ? d.cols : d.in_row_stride;
+  const int64_t out_stride = d.out_row_stride == 0 ? d.cols : d.out_row_stride;
+  if (in_stride < d.cols)
+    return invalid(fmt::format("in_row_stride {} is smaller than cols {}", d.in_row_stride, d.cols));
+  if (out_stride < d.cols)
+    return invalid(fmt::format("out_row_stride {} is smaller than cols {}", d.out_row_stride, d.cols));
+
+  codegen::DequantSpec spec;
+  spec.in = *in;
+  spec.out = *out;
+  spec.cols = d.cols;
+  int64_t expected_scale_rows = 1, expected_scale_cols = 1;
+  switch (d.scale_granularity) {
+    case KJIT_SCALE_PER_TENSOR: spec.granularity = ScaleGranularity::per_tensor; break;
+    case KJIT_SCALE_PER_ROW:
+      spec.granularity = ScaleGranularity::per_row;
+      expected_scale_rows = d.rows;
+      break;
+    case KJIT_SCALE_PER_BLOCK:
+      spec.granularity = ScaleGranularity::per_block;
+      if (d.block_rows < 1 || d.block_cols < 1)
+        return invalid(fmt::format("block size must be at least 1x1, got {}x{}", d.block_rows, d.block_cols));
+      spec.block_rows = d.block_rows;
+      spec.block_cols = d.block_cols;
+      expected_scale_rows = ceil_div(d.rows, d.block_rows);
+      expected_scale_cols = ceil_div(d.cols, d.block_cols);
+      break;
+    default:
+      return invalid(fmt::format("scale_granularity must be PER_TENSOR, PER_ROW or PER_BLOCK (got {})",
+                                 static_cast<int>(d.scale_granularity)));
+  }
+  if (d.scale_granularity != KJIT_SCALE_PER_BLOCK && (d.block_rows != 0 || d.block_cols != 0))
+    return invalid("block_rows/block_cols are only used with KJIT_SCALE_PER_BLOCK; leave them 0");
+  if (d.scale_rows != expected_scale_rows || d.scale_cols != expected_scale_cols)
+    return invalid(fmt::format("scales are [{}, {}] per expert but a {}x{} tensor with these scales needs [{}, {}]",
+                               d.scale_rows, d.scale_cols, d.rows, d.cols, expected_scale_rows, expected_scale_cols));
+  if (d.scale_convention == KJIT_SCALE_MULTIPLY) spec.convention = ScaleConvention::multiply;
+  else if (d.scale_convention == KJIT_SCALE_DIVIDE) spec.convention = ScaleConvention::divide;
+  else
+    return invalid("scale_convention must be KJIT_SCALE_MULTIPLY or KJIT_SCALE_DIVIDE (there is no default: "
+                   "DeepSeek's weight_scale_inv and compressed-tensors' weight_scale are both MULTIPLY)");
+
+  if ((d.expert_ids == nullptr) != (d.num_expert_ids == 0) && !for_prepare)
+    return invalid(fmt::format("expert_ids and num_expert_ids go together (expert_ids {}, num_expert_ids {})",
+                               d.expert_ids ? "set" : "NULL", d.num_expert_ids));
+  if (d.num_expert_ids < 0) return invalid(fmt::format("num_expert_ids must be >= 0, got {}", d.num_expert_ids));
+  spec.selected_experts = d.num_expert_ids > 0;
+
+  const int out_bytes = codegen::size_bytes(spec.out);
+  DequantPlan plan;
+  const int64_t slots = spec.selected_experts ? d.num_expert_ids : d.experts;
+  plan.empty = d.rows == 0 || slots == 0;
+  if (!for_prepare && !plan.empty) {
+    if (!d.in) return invalid("'in' is NULL");
+    if (!d.scales) return invalid("'scales' is NULL");
+    if (!d.out) return invalid("'out' is NULL");
+    if (reinterpret_cast<uintptr_t>(d.scales) % alignof(float) != 0) return invalid("'scales' is not 4-byte aligned");
+    if (reinterpret_cast<uintptr_t>(d.out) % static_cast<uintptr_t>(out_bytes) != 0)
+      return invalid(fmt::format("'out' is not aligned to its element size ({} bytes)", out_bytes));
+  }
+  // The widest access every row start allows: cols, both strides and the
+  // input address. Output vectors wider than 16 bytes are stored as 16-byte
+  // pieces, so the output address needs min(16, vec * out_bytes) alignment.
+  spec.vec = codegen::widest_vector(d.cols, {in_stride, out_stride, for_prepare ? 16 : pointer_alignment(d.in)});
+  while (!for_prepare && spec.vec > 1 &&
+         reinterpret_cast<uintptr_t>(d.out) % static_cast<uintptr_t>(std::min(16, spec.vec * out_bytes)) != 0)
+    spec.vec /= 2;
+
+  plan.spec = spec;
+  auto& p = plan.params;
+  p.in = static_cast<const unsigned char*>(d.in);
+  p.scales = d.scales;
+  p.out = d.out;
+  p.expert_ids = d.expert_ids;
+  p.rows = d.rows;
+  p.in_row_stride = in_stride;
+  p.out_row_stride = out_stride;
+  p.in_expert_stride = d.rows * in_stride;
+  p.out_expert_stride = d.rows * out_stride;
+  p.scale_expert_stride = d.scale_rows * d.scale_cols;
+  p.experts = d.experts;
+  p.output_slots = slots;
+  plan.geometry = codegen::dequant_geometry(spec, d.rows, slots);
+  return plan;
+}
+
+Expected<void> launch_dequant(Runtime& runtime, DequantPlan& plan, CUstream stream) {
+  if (plan.empty) return {};
+  const auto& p = plan.params;
+  auto ordinal = runtime.owning_device({{p.in, "in"}, {p.scales, "scales"}, {p.out, "out"},
+                                        {p.expert_ids, "expert_ids"}});
+  if (!ordinal) return std::unexpected(ordinal.error());
+  auto device = runtime.device(*ordinal);
+  if (!device) return std::unexpected(device.error());
+  if (auto ok = require_family(*(*device)->arch, KernelFamily::fp8_dequant); !ok) return ok;
+  if (auto ok = runtime.check_stream(**device, stream); !ok) return ok;
+  auto kernel = runtime.kernel(**device, plan.spec, stream);
+  if (!kernel) return std::unexpected(kernel.error());
+  plan.params.device_error = reinterpret_cast<unsigned int*>((*device)->error_words);
+  return runtime.launch(**device, **kernel, plan.geometry, &plan.params, stream);
+}
+
+Expected<void> dequant_fp8(Runtime& runtime, const kjit_dequant_desc& desc, CUstream stream) {
+  auto plan = plan_dequant(desc, false);
+  if (!plan) return std::unexpected(plan.error());
+  return launch_dequant(runtime, *plan, stream);
+}
+
+Expected<void> prepare_dequant_fp8(Runtime& runtime, const kjit_dequant_desc& desc, int ordinal) {
+  auto plan = plan_dequant(desc, true);
+  if (!plan) return std::unexpected(plan.error());
+  auto device = runtime.device(ordinal);
+  if (!device) return std::unexpected(device.error());
+  if (auto ok = require_family(*(*device)->arch, KernelFamily::fp8_dequant); !ok) return ok;
+  auto kernel = runtime.kernel(**device, plan->spec, nullptr);
+  if (!kernel) return std::unexpected(kernel.error());
+  return {};
+}
+
+}  // namespace kjit::ops

@@ -1,0 +1,89 @@
+// Every dequant variant compiles with NVRTC for sm_90a, sm_100a and sm_120a on
+// a machine with no GPU, into a private cache.
+#include <doctest/doctest.h>
+
+#include "why.hpp"
+
+#include <filesystem>
+#include <string>
+#include <unistd.h>
+
+#include "nvrtc.hpp"
+#include "runtime.hpp"
+
+using namespace kjit::codegen;
+
+namespace {
+
+// Each dimension's every value appears, and every template branch (scale per
+// vector or per element, each vector width, selected experts) is reached.
+std::vector<DequantSpec> variants() {
+  std::vector<DequantSpec> out;
+  const int vecs[] = {16, 8, 4, 2, 1};
+  int n = 0;
+  for (auto in : {DType::f8_e4m3fn, DType::f8_e5m2})
+    for (auto o : {DType::bf16, DType::f16, DType::f32})
+      for (int g = 0; g < 4; ++g, ++n) {
+        DequantSpec s;
+        s.in = in;
+        s.out = o;
+        s.vec = vecs[n % 5];
+        s.cols = 7168 + (s.vec == 16 ? 0 : s.vec);  // a column count that only the narrower vector divides
+        s.granularity = g == 0 ? ScaleGranularity::per_tensor : g == 1 ? ScaleGranularity::per_row
+                                                                       : ScaleGranularity::per_block;
+        if (g == 2) s.block_rows = s.block_cols = 128;
+        if (g == 3) s.block_rows = 3, s.block_cols = 5;  // blocks split vectors: per-element scales
+        s.convention = n % 2 ? ScaleConvention::divide : ScaleConvention::multiply;
+        s.selected_experts = n % 3 == 0;
+        out.push_back(s);
+      }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("every dequant variant compiles with NVRTC for sm_90a, sm_100a and sm_120a") {
+  auto nvrtc = kjit::Nvrtc::load();
+  REQUIRE_MESSAGE(nvrtc.has_value(), kjit::testing::why(nvrtc));
+  const auto dir = std::filesystem::temp_directory_path() / ("kjit-nvrtc-" + std::to_string(::getpid()));
+  kjit::Runtime runtime{kjit::fail(KJIT_ERROR_NO_DEVICE, "no driver in this test"),
+                        kjit::cache::StoreConfig{dir.string(), {}, 0}};
+  size_t compiled = 0;
+  for (const char* arch : {"sm_90a", "sm_100a", "sm_120a"}) {
+    for (const auto& spec : variants()) {
+      auto cubin = runtime.cubin(spec, arch);
+      REQUIRE_MESSAGE(cubin.has_value(), arch, " ", canonical(spec), ": ", kjit::testing::why(cubin));
+      CHECK(cubin->image.size() > 1000);
+      CHECK(std::memcmp(cubin->image.data(), "\x7f" "ELF", 4) == 0);
+      ++compiled;
+    }
+  }
+  MESSAGE("compiled " << compiled << " kernels");
+  // The same specs again are all cache hits.
+  for (const auto& spec : variants()) {
+    auto again = runtime.cubin(spec, "sm_90a");
+    REQUIRE(again.has_value());
+    CHECK(again->origin == kjit::CubinOrigin::disk_cache);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a compile error carries NVRTC's log") {
+  auto nvrtc = kjit::Nvrtc::load();
+  REQUIRE(nvrtc.has_value());
+  auto r = (*nvrtc)->compile("__global__ void k() { undefined_thing(); }", "broken.cu", "sm_90a",
+                             kjit::compile_options("sm_90a"));
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code == KJIT_ERROR_COMPILE);
+  CHECK(r.error().message.find("undefined_thing") != std::string::npos);
+}
+
+TEST_CASE("unknown arch names are rejected before compiling") {
+  kjit::Runtime runtime{kjit::fail(KJIT_ERROR_NO_DEVICE, "no driver"), kjit::cache::StoreConfig{"", {}, 0}};
+  DequantSpec s;
+  s.cols = 128;
+  s.granularity = ScaleGranularity::per_tensor;
+  auto r = runtime.cubin(s, "sm_91z");
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().message.find("unknown arch 'sm_91z'") != std::string::npos);
+}

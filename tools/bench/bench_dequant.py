@@ -1,0 +1,133 @@
+"""FP8 128x128 block dequant to bf16: kjit vs the Triton kernel FP8 stacks use
+(its int64-offset form, written here) vs torch eager, on one GPU in one run,
+with the device's D2D copy bandwidth measured in the same run.
+
+Effective bandwidth counts the bytes a dequant must move: fp8 in (1 B), bf16
+out (2 B) and the scales. Each timed call rotates through enough input/output
+sets to exceed L2, so every number is from device memory; the [7168, 2048] row
+also reports the latency with one hot buffer set (what a tight loop sees).
+Every provider's output is checked bit for bit against kjit's first.
+
+    PYTHONPATH=runtime/python python3 tools/bench/bench_dequant.py [--json FILE]
+"""
+
+import argparse
+import json
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+import kjit
+
+
+@triton.jit
+def _triton_block_dequant(x_ptr, s_ptr, y_ptr, M, N, BLOCK: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    n_blocks = tl.cdiv(N, BLOCK)
+    rows = pid_m * BLOCK + tl.arange(0, BLOCK)
+    cols = pid_n * BLOCK + tl.arange(0, BLOCK)
+    offsets = rows[:, None].to(tl.int64) * N + cols[None, :]  # int64: tensors over 2^31 elements
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
+    s = tl.load(s_ptr + pid_m * n_blocks + pid_n)
+    tl.store(y_ptr + offsets, (x * s).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def triton_dequant(x, s, y):
+    M, N = x.shape
+    _triton_block_dequant[(triton.cdiv(M, 128), triton.cdiv(N, 128))](x, s, y, M, N, BLOCK=128)
+    return y
+
+
+def torch_dequant(x, s, y):
+    M, N = x.shape
+    full = s.repeat_interleave(128, 0)[:M].repeat_interleave(128, 1)[:, :N]
+    y.copy_((x.to(torch.float32) * full).to(torch.bfloat16))
+    return y
+
+
+def kjit_dequant(x, s, y):
+    return kjit.dequant_fp8(x, s, out=y, scale="block", block=(128, 128), convention="multiply")
+
+
+def bench(fn, sets, hot=False):
+    state = {"i": 0}
+
+    def call():
+        x, s, y = sets[0] if hot else sets[state["i"] % len(sets)]
+        state["i"] += 1
+        fn(x, s, y)
+
+    return triton.testing.do_bench(call, warmup=50, rep=300, return_mode="median") * 1e-3  # seconds
+
+
+def copy_bandwidth():
+    n = 1 << 31  # 2 GiB
+    a = torch.empty(n, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    a.random_(0, 255)
+    t = triton.testing.do_bench(lambda: b.copy_(a), warmup=20, rep=200, return_mode="median") * 1e-3
+    return 2 * n / t
+
+
+def make_sets(M, N, l2_bytes):
+    per_set = M * N * 3
+    count = max(2, math.ceil(3 * l2_bytes / per_set))
+    sets = []
+    for _ in range(count):
+        x = torch.randn(M, N, device="cuda").clamp(-448, 448).to(torch.float8_e4m3fn)
+        s = torch.rand(math.ceil(M / 128), math.ceil(N / 128), device="cuda") + 0.5
+        y = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
+        sets.append((x, s, y))
+    return sets
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--json", help="write the results here too")
+    args = parser.parse_args()
+    props = torch.cuda.get_device_properties(0)
+    l2 = props.L2_cache_size
+    result = {"device": props.name, "torch": torch.__version__, "triton": triton.__version__, "rows": []}
+    copy = copy_bandwidth()
+    result["copy_tb_s"] = copy / 1e12
+    print(f"device: {props.name}, L2 {l2 >> 20} MiB, D2D copy {copy / 1e12:.2f} TB/s (read + write)")
+    print(f"{'shape':>16} {'provider':>8} {'us':>9} {'TB/s':>6} {'% copy':>7} {'kjit x':>7}")
+    for M, N, label in [(7168, 2048, "[7168, 2048]"), (131072, 7168, "[131072, 7168]"),
+                        (32 * 4096, 6144, "[32x4096, 6144]")]:
+        sets = make_sets(M, N, l2)
+        x, s, _ = sets[0]
+        want = kjit_dequant(x, s, torch.empty(M, N, dtype=torch.bfloat16, device="cuda"))
+        got_triton = triton_dequant(x, s, torch.empty_like(want))
+        got_torch = torch_dequant(x, s, torch.empty_like(want))
+        exact = {"triton": torch.equal(want.view(torch.int16), got_triton.view(torch.int16)),
+                 "torch": torch.equal(want.view(torch.int16), got_torch.view(torch.int16))}
+        moved = M * N * 3 + s.numel() * 4
+        times = {name: bench(fn, sets) for name, fn in
+                 [("kjit", kjit_dequant), ("triton", triton_dequant), ("torch", torch_dequant)]}
+        for name, t in times.items():
+            bw = moved / t
+            print(f"{label:>16} {name:>8} {t * 1e6:9.1f} {bw / 1e12:6.2f} {100 * bw / copy:6.1f}% "
+                  f"{times[name] / times['kjit']:6.2f}x")
+            result["rows"].append({"shape": label, "provider": name, "us": t * 1e6, "tb_s": bw / 1e12,
+                                   "fraction_of_copy": bw / copy, "kjit_speedup": times[name] / times["kjit"],
+                                   "bit_exact_vs_kjit": True if name == "kjit" else exact[name]})
+        if M == 7168:
+            hot = {name: bench(fn, sets, hot=True) for name, fn in
+                   [("kjit", kjit_dequant), ("triton", triton_dequant)]}
+            print(f"{label:>16} hot buffers (L2-resident): kjit {hot['kjit'] * 1e6:.1f} us, "
+                  f"triton {hot['triton'] * 1e6:.1f} us")
+            result["hot_us"] = {k: v * 1e6 for k, v in hot.items()}
+        print(f"{'':>16} bit-exact vs kjit: triton {exact['triton']}, torch {exact['torch']}")
+        del sets
+        torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
