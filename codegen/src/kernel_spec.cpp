@@ -130,7 +130,7 @@ Expected<KernelSpec> spec_from_json(const nlohmann::json& j) {
     s.block_rows = block[0].get<int64_t>();
     s.block_cols = block[1].get<int64_t>();
   }
-  auto vec = parse_int(j, "vec", widest_vector(s.cols), false);
+  auto vec = parse_int(j, "vec", dequant_vector(s.out, s.cols), false);
   if (!vec) return std::unexpected(vec.error());
   s.vec = static_cast<int>(*vec);
   if (j.contains("selected_experts")) {
@@ -147,13 +147,17 @@ Expected<void> validate(const KernelSpec& spec) {
   return std::visit([](const DequantSpec& s) { return validate_dequant(s); }, spec);
 }
 
-int widest_vector(int64_t cols, std::initializer_list<int64_t> alignments) {
+int widest_vector(int64_t cols, std::initializer_list<int64_t> alignments, int max_vec) {
   for (int vec : {16, 8, 4, 2}) {
-    bool fits = cols % vec == 0;
+    bool fits = vec <= max_vec && cols % vec == 0;
     for (int64_t a : alignments) fits = fits && a % vec == 0;
     if (fits) return vec;
   }
   return 1;
+}
+
+int dequant_vector(DType out, int64_t cols, std::initializer_list<int64_t> alignments) {
+  return widest_vector(cols, alignments, 16 / size_bytes(out));
 }
 
 size_t SpecHash::operator()(const KernelSpec& spec) const noexcept {

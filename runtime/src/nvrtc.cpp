@@ -1,6 +1,7 @@
 // Loading NVRTC and compiling with it.
 #include "nvrtc.hpp"
 
+#include <cuda.h>
 #include <dlfcn.h>
 #include <link.h>
 
@@ -151,6 +152,10 @@ Expected<CompiledKernel> Nvrtc::compile(const std::string& source, const std::st
   api_->GetCUBIN(program, out.cubin.data());
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return out;
+}
+
+std::string built_with_cuda_version() {
+  return fmt::format("{}.{}", CUDA_VERSION / 1000, (CUDA_VERSION % 1000) / 10);
 }
 
 std::vector<std::string> compile_options(const std::string& arch) {

@@ -41,6 +41,10 @@ class Nvrtc {
   std::vector<int> archs_;  // numeric, e.g. 90, 100, 120
 };
 
+// "13.0": the CUDA toolkit kjit was built against, the NVRTC version cache
+// keys assume until NVRTC itself is loaded (see Runtime::cubin).
+std::string built_with_cuda_version();
+
 // The compile options kjit uses for `arch`, in order (they enter the key).
 std::vector<std::string> compile_options(const std::string& arch);
 

@@ -11,15 +11,6 @@
 namespace kjit {
 namespace {
 
-// The NVRTC version that enters cache keys. Without NVRTC (a serving image
-// with no toolkit) kjit assumes the toolkit it was built with, so a cache
-// precompiled by that toolkit is found; `jitctl precompile` warns when the
-// NVRTC it compiles with differs from it.
-std::string key_nvrtc_version(const Expected<const Nvrtc*>& nvrtc) {
-  if (nvrtc) return (*nvrtc)->version();
-  return fmt::format("{}.{}", CUDA_VERSION / 1000, (CUDA_VERSION % 1000) / 10);
-}
-
 std::string_view memory_type_name(unsigned int type) {
   switch (type) {
     case CU_MEMORYTYPE_HOST: return "pinned host memory";
@@ -157,19 +148,29 @@ Expected<Cubin> Runtime::cubin(const codegen::KernelSpec& spec, const std::strin
 
   const auto rendered = codegen::render(spec);
   const auto options = compile_options(arch);
-  const auto nvrtc = Nvrtc::load();
-  const auto nvrtc_version = key_nvrtc_version(nvrtc);
   Cubin out;
-  out.key = codegen::cache_key({rendered.source, arch, options, nvrtc_version, kEntryFormatVersion});
-
-  if (auto entry = store_->load(out.key)) {
-    out.image = std::move(entry->payload);
-    out.origin = CubinOrigin::disk_cache;
-    return out;
-  }
+  auto lookup = [&](const std::string& nvrtc_version) {
+    out.key = codegen::cache_key({rendered.source, arch, options, nvrtc_version, kEntryFormatVersion});
+    auto entry = store_->load(out.key);
+    if (entry) {
+      out.image = std::move(entry->payload);
+      out.origin = CubinOrigin::disk_cache;
+    }
+    return entry.has_value();
+  };
+  // Keys name the NVRTC that compiles. The common case is the toolkit kjit
+  // was built with, so that key is tried first without loading NVRTC (a
+  // disk hit then costs no dlopen of libnvrtc, and works where there is none).
+  std::string nvrtc_version = built_with_cuda_version();
+  if (lookup(nvrtc_version)) return out;
+  const auto nvrtc = Nvrtc::load();
   if (!nvrtc)
     return fail(KJIT_ERROR_COMPILE, fmt::format("{} for {} is not in the cache and cannot be compiled: {}",
                                                 codegen::canonical(spec), arch, nvrtc.error().message));
+  if ((*nvrtc)->version() != nvrtc_version) {
+    nvrtc_version = (*nvrtc)->version();
+    if (lookup(nvrtc_version)) return out;
+  }
   if (!(*nvrtc)->supports(arch))
     return fail(KJIT_ERROR_UNSUPPORTED, fmt::format("NVRTC {} cannot build for {}", nvrtc_version, arch));
 
@@ -212,13 +213,21 @@ Expected<const LoadedKernel*> Runtime::kernel(DeviceState& device, const codegen
   if (const auto* hit = registry_.find(device.ordinal, spec)) return hit;
   return registry_.get_or_load(device.ordinal, spec, [&]() -> Expected<LoadedKernel> {
     const DriverApi& api = **driver_;
-    CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
-    const CUresult r = api.cuStreamIsCapturing(stream, &capture);
-    if (r != CUDA_SUCCESS || capture != CU_STREAM_CAPTURE_STATUS_NONE)
-      return fail(KJIT_ERROR_CAPTURING,
-                  fmt::format("{} is not loaded on device {} and the stream is capturing a CUDA graph, where kjit "
-                              "never compiles or loads: call the op's prepare function before capture",
-                              codegen::canonical(spec), device.ordinal));
+    {
+      // The legacy stream resolves to the current context's: ask inside ours.
+      ScopedContext scope(api, device.context);
+      if (auto ok = scope.status(); !ok) return std::unexpected(ok.error());
+      CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+      const CUresult r = api.cuStreamIsCapturing(stream, &capture);
+      // IMPLICIT: the legacy stream while another stream captures globally.
+      if (r != CUDA_SUCCESS && r != CUDA_ERROR_STREAM_CAPTURE_IMPLICIT)
+        return std::unexpected(check(api, r, "cuStreamIsCapturing").error());
+      if (r != CUDA_SUCCESS || capture != CU_STREAM_CAPTURE_STATUS_NONE)
+        return fail(KJIT_ERROR_CAPTURING,
+                    fmt::format("{} is not loaded on device {} and the stream is capturing a CUDA graph, where kjit "
+                                "never compiles or loads: call the op's prepare function before capture",
+                                codegen::canonical(spec), device.ordinal));
+    }
     auto image = cubin(spec, device.arch->target);
     if (!image) return std::unexpected(image.error());
     auto loaded = load_module(device, image->image);

@@ -94,57 +94,82 @@ __device__ __forceinline__ bool expert_ids_valid(const kjit_dequant_params& p) {
   return __syncthreads_or(bad) == 0;
 }
 
+// One expert slot's vectors [first, first + kUnroll * kThreads). Index is the
+// integer type of the vector index: 32-bit when the slot's vector count fits
+// (cheap division by the constant vectors-per-row), else 64-bit.
+template <class Cfg, class Index>
+__device__ __forceinline__ void dequant_slot(const kjit_dequant_params& p, long long slot, Index first,
+                                             Index vectors) {
+  constexpr int kVec = Cfg::kVec;
+  const long long expert = Cfg::kSelected ? static_cast<long long>(p.expert_ids[slot]) : slot;
+  const unsigned char* in = p.in + expert * p.in_expert_stride;
+  const float* scales = p.scales + expert * p.scale_expert_stride;
+  unsigned char* out = static_cast<unsigned char*>(p.out) + slot * p.out_expert_stride * Cfg::kOutBytes;
+
+  // First pass: issue every load (codes and, when one serves the vector, its
+  // scale) and remember where each result goes. Only what the second pass
+  // needs is kept live, which keeps registers low and occupancy high.
+  Bytes<kVec> codes[Cfg::kUnroll];
+  float vector_scale[Cfg::kUnroll];
+  long long out_offset[Cfg::kUnroll];
+#pragma unroll
+  for (int u = 0; u < Cfg::kUnroll; ++u) {
+    const Index v = first + static_cast<Index>(u * Cfg::kThreads);
+    const Index row = v / static_cast<Index>(Cfg::kVectorsPerRow);
+    const long long r = static_cast<long long>(row);
+    const long long c = static_cast<long long>(v - row * static_cast<Index>(Cfg::kVectorsPerRow)) * kVec;
+    out_offset[u] = r * p.out_row_stride + c;
+    if (v < vectors) {
+      load_bytes<kVec>(codes[u], in + r * p.in_row_stride + c);
+      if constexpr (Cfg::kScalePerVector) vector_scale[u] = __ldg(scales + scale_index<Cfg>(r, c));
+    }
+  }
+  // Second pass: convert, scale, round and store.
+#pragma unroll
+  for (int u = 0; u < Cfg::kUnroll; ++u) {
+    const Index v = first + static_cast<Index>(u * Cfg::kThreads);
+    if (v >= vectors) break;
+    float values[kVec];
+    if constexpr (kVec == 1) {
+      float unused;
+      decode_fp8x2<Cfg::kIn>(codes[u].b[0], values[0], unused);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kVec / 2; ++i)
+        decode_fp8x2<Cfg::kIn>(reinterpret_cast<const unsigned short*>(codes[u].b)[i], values[2 * i],
+                               values[2 * i + 1]);
+    }
+    if constexpr (Cfg::kScalePerVector) {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) values[i] = apply_scale<Cfg>(values[i], vector_scale[u]);
+    } else {
+      // Blocks split this vector: each element finds its own scale.
+      const Index row = v / static_cast<Index>(Cfg::kVectorsPerRow);
+      const long long r = static_cast<long long>(row);
+      const long long c = static_cast<long long>(v - row * static_cast<Index>(Cfg::kVectorsPerRow)) * kVec;
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) values[i] = apply_scale<Cfg>(values[i], __ldg(scales + scale_index<Cfg>(r, c + i)));
+    }
+    Bytes<kVec * Cfg::kOutBytes> packed;
+    pack_output<Cfg>(values, packed);
+    store_bytes(out + out_offset[u] * Cfg::kOutBytes, packed);
+  }
+}
+
 template <class Cfg>
 __device__ __forceinline__ void fp8_dequant(const kjit_dequant_params& p) {
-  constexpr int kVec = Cfg::kVec;
   if constexpr (Cfg::kSelected) {
     if (!expert_ids_valid<Cfg>(p)) return;
   }
   const long long vectors = p.rows * Cfg::kVectorsPerRow;
   const long long first = static_cast<long long>(blockIdx.x) * (Cfg::kThreads * Cfg::kUnroll) + threadIdx.x;
-
+  // The same for every thread of the launch, so the branch never diverges.
+  const bool narrow = vectors + Cfg::kThreads * Cfg::kUnroll < (1LL << 32);
   for (long long slot = blockIdx.y; slot < p.output_slots; slot += gridDim.y) {
-    const long long expert = Cfg::kSelected ? static_cast<long long>(p.expert_ids[slot]) : slot;
-    const unsigned char* in = p.in + expert * p.in_expert_stride;
-    const float* scales = p.scales + expert * p.scale_expert_stride;
-    unsigned char* out = static_cast<unsigned char*>(p.out) + slot * p.out_expert_stride * Cfg::kOutBytes;
-
-    Bytes<kVec> codes[Cfg::kUnroll];
-    long long rows[Cfg::kUnroll], cols[Cfg::kUnroll];
-#pragma unroll
-    for (int u = 0; u < Cfg::kUnroll; ++u) {
-      const long long v = first + static_cast<long long>(u) * Cfg::kThreads;
-      rows[u] = v / Cfg::kVectorsPerRow;
-      cols[u] = (v - rows[u] * Cfg::kVectorsPerRow) * kVec;
-      if (v < vectors) load_bytes<kVec>(codes[u], in + rows[u] * p.in_row_stride + cols[u]);
-    }
-#pragma unroll
-    for (int u = 0; u < Cfg::kUnroll; ++u) {
-      const long long v = first + static_cast<long long>(u) * Cfg::kThreads;
-      if (v >= vectors) break;
-      float values[kVec];
-      if constexpr (kVec == 1) {
-        float unused;
-        decode_fp8x2<Cfg::kIn>(codes[u].b[0], values[0], unused);
-      } else {
-#pragma unroll
-        for (int i = 0; i < kVec / 2; ++i)
-          decode_fp8x2<Cfg::kIn>(reinterpret_cast<const unsigned short*>(codes[u].b)[i],
-                                 values[2 * i], values[2 * i + 1]);
-      }
-      if constexpr (Cfg::kScalePerVector) {
-        const float scale = __ldg(scales + scale_index<Cfg>(rows[u], cols[u]));
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) values[i] = apply_scale<Cfg>(values[i], scale);
-      } else {
-#pragma unroll
-        for (int i = 0; i < kVec; ++i)
-          values[i] = apply_scale<Cfg>(values[i], __ldg(scales + scale_index<Cfg>(rows[u], cols[u] + i)));
-      }
-      Bytes<kVec * Cfg::kOutBytes> packed;
-      pack_output<Cfg>(values, packed);
-      store_bytes(out + (rows[u] * p.out_row_stride + cols[u]) * Cfg::kOutBytes, packed);
-    }
+    if (narrow)
+      dequant_slot<Cfg, unsigned int>(p, slot, static_cast<unsigned int>(first), static_cast<unsigned int>(vectors));
+    else
+      dequant_slot<Cfg, long long>(p, slot, first, vectors);
   }
 }
 

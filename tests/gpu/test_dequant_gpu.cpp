@@ -367,15 +367,15 @@ TEST_CASE("a prepared dequant is captured into a CUDA graph and replays on new d
   const auto desc = describe(c, in, scales, out, nullptr);
   REQUIRE_MESSAGE(kjit_dequant_fp8_prepare(&desc, 0) == KJIT_OK, kjit_last_error_message());
 
-  CUstream stream;
-  must(api().cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-  must(api().cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "cuStreamBeginCapture");
-  const kjit_status captured = kjit_dequant_fp8(&desc, reinterpret_cast<kjit_stream>(stream));
-  // A kernel kind never prepared: must refuse rather than compile inside capture.
+  // A kernel kind never prepared: it must be refused inside capture rather than compiled.
   Case other = c;
   other.cols = 1664;
   DeviceBuffer oin(0, 512 * 1664 * 2), oout(0, 2 * 512 * 1664 * 2), oscales(0, 2 * 4 * 13 * 4);
   const auto other_desc = describe(other, oin, oscales, oout, nullptr);
+  CUstream stream;
+  must(api().cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  must(api().cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "cuStreamBeginCapture");
+  const kjit_status captured = kjit_dequant_fp8(&desc, reinterpret_cast<kjit_stream>(stream));
   const kjit_status refused = kjit_dequant_fp8(&other_desc, reinterpret_cast<kjit_stream>(stream));
   const std::string refused_message = kjit_last_error_message();
   CUgraph graph;

@@ -110,7 +110,7 @@ int cmd_precompile(Args& args) {
     fmt::print(stderr, "jitctl: error: {}\n", nvrtc.error().message);
     return kExitFailure;
   }
-  const std::string built_with = fmt::format("{}.{}", CUDA_VERSION / 1000, (CUDA_VERSION % 1000) / 10);
+  const std::string built_with = built_with_cuda_version();
   if ((*nvrtc)->version() != built_with)
     fmt::print(stderr,
                "jitctl: warning: compiling with NVRTC {} but kjit was built with CUDA {}: a serving machine without "

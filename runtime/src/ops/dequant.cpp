@@ -113,10 +113,9 @@ Expected<DequantPlan> plan_dequant(const kjit_dequant_desc& d, bool for_prepare)
     if (reinterpret_cast<uintptr_t>(d.out) % static_cast<uintptr_t>(out_bytes) != 0)
       return invalid(fmt::format("'out' is not aligned to its element size ({} bytes)", out_bytes));
   }
-  // The widest access every row start allows: cols, both strides and the
-  // input address. Output vectors wider than 16 bytes are stored as 16-byte
-  // pieces, so the output address needs min(16, vec * out_bytes) alignment.
-  spec.vec = codegen::widest_vector(d.cols, {in_stride, out_stride, for_prepare ? 16 : pointer_alignment(d.in)});
+  // The access width every row start allows: cols, both strides and the input
+  // address; the output address needs vec * out_bytes alignment.
+  spec.vec = codegen::dequant_vector(spec.out, d.cols, {in_stride, out_stride, for_prepare ? 16 : pointer_alignment(d.in)});
   while (!for_prepare && spec.vec > 1 &&
          reinterpret_cast<uintptr_t>(d.out) % static_cast<uintptr_t>(std::min(16, spec.vec * out_bytes)) != 0)
     spec.vec /= 2;

@@ -58,9 +58,15 @@ Expected<KernelSpec> spec_from_json(const nlohmann::json& j);
 // Checks the invariants every spec must satisfy (sizes, vec divides cols ...).
 Expected<void> validate(const KernelSpec& spec);
 
-// The widest access (16, 8, 4, 2 or 1 columns) that divides `cols` and every
-// alignment in `alignments` (in elements). Used by ops and manifests alike.
-int widest_vector(int64_t cols, std::initializer_list<int64_t> alignments = {});
+// The widest access (16, 8, 4, 2 or 1 columns, at most `max_vec`) that divides
+// `cols` and every alignment in `alignments` (in elements).
+int widest_vector(int64_t cols, std::initializer_list<int64_t> alignments = {}, int max_vec = 16);
+
+// The access width a dequant to `out` uses: the widest whose output is one
+// 16-byte store (8 columns for bf16/f16, 4 for f32): full-width coalesced
+// stores measured faster than wider accesses split into two stores. Used by
+// ops and manifests alike, so a manifest precompiles what a launch picks.
+int dequant_vector(DType out, int64_t cols, std::initializer_list<int64_t> alignments = {});
 
 struct SpecHash {
   size_t operator()(const KernelSpec& spec) const noexcept;
