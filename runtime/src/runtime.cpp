@@ -71,6 +71,7 @@ Expected<DeviceState*> Runtime::device(int ordinal) {
   int major = 0, minor = 0;
   api.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, state->device);
   api.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, state->device);
+  api.cuDeviceGetAttribute(&state->multiprocessors, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, state->device);
   char name[256] = {};
   api.cuDeviceGetName(name, sizeof name, state->device);
   state->name = name;
@@ -130,6 +131,12 @@ Expected<int> Runtime::owning_device(std::initializer_list<NamedPointer> pointer
 Expected<void> Runtime::check_stream(const DeviceState& device, CUstream stream) const {
   if (stream == nullptr || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD) return {};
   const DriverApi& api = **driver_;
+  // Asking a capturing stream for its device is prohibited and would
+  // invalidate the caller's capture, so during capture the check is left to
+  // cuLaunchKernel, which rejects a stream of another context with an error.
+  CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (auto ok = check(api, api.cuStreamIsCapturing(stream, &capture), "cuStreamIsCapturing"); !ok) return ok;
+  if (capture != CU_STREAM_CAPTURE_STATUS_NONE) return {};
   CUdevice stream_device = 0;
   if (auto ok = check(api, api.cuStreamGetDevice(stream, &stream_device), "cuStreamGetDevice"); !ok)
     return std::unexpected(ok.error());
@@ -232,9 +239,16 @@ Expected<const LoadedKernel*> Runtime::kernel(DeviceState& device, const codegen
     if (!image) return std::unexpected(image.error());
     auto loaded = load_module(device, image->image);
     if (!loaded) return std::unexpected(loaded.error());
-    const auto entry_point = codegen::render(spec).entry_point;
-    if (auto ok = check(api, api.cuModuleGetFunction(&loaded->function, loaded->module, entry_point.c_str()),
+    const auto rendered = codegen::render(spec);
+    if (auto ok = check(api, api.cuModuleGetFunction(&loaded->function, loaded->module, rendered.entry_point.c_str()),
                         "cuModuleGetFunction");
+        !ok)
+      return std::unexpected(ok.error());
+    if (auto ok = check(api,
+                        api.cuOccupancyMaxActiveBlocksPerMultiprocessor(&loaded->resident_blocks_per_sm,
+                                                                        loaded->function,
+                                                                        rendered.threads_per_block, 0),
+                        "cuOccupancyMaxActiveBlocksPerMultiprocessor");
         !ok)
       return std::unexpected(ok.error());
     return loaded;

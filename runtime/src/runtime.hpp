@@ -33,6 +33,7 @@ struct DeviceState {
   CUcontext context = nullptr;  // the primary context, retained for the process
   const ArchRow* arch = nullptr;
   CUdeviceptr error_words = 0;  // two uint32: code, value (kjit_device_errors)
+  int multiprocessors = 0;
   std::string name;
 };
 
@@ -75,7 +76,8 @@ class Runtime {
   // pointers on different devices are errors naming the argument.
   Expected<int> owning_device(std::initializer_list<NamedPointer> pointers) const;
 
-  // The stream must belong to `device` (or be a default stream).
+  // The stream must belong to `device` (or be a default stream). Not asked of
+  // a capturing stream (the driver forbids it); the launch checks it then.
   Expected<void> check_stream(const DeviceState& device, CUstream stream) const;
 
   // The loaded kernel of `spec` on `device`. On a registry miss, loads from the

@@ -375,16 +375,26 @@ TEST_CASE("a prepared dequant is captured into a CUDA graph and replays on new d
   CUstream stream;
   must(api().cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
   must(api().cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "cuStreamBeginCapture");
+  // Each step must leave the capture active: a call that is illegal during
+  // capture would invalidate it, and the failure would surface only at the end.
+  auto capture_state = [&] {
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    api().cuStreamIsCapturing(stream, &st);
+    return st;
+  };
   const kjit_status captured = kjit_dequant_fp8(&desc, reinterpret_cast<kjit_stream>(stream));
+  CHECK_MESSAGE(capture_state() == CU_STREAM_CAPTURE_STATUS_ACTIVE, "the captured launch invalidated the capture");
   const kjit_status refused = kjit_dequant_fp8(&other_desc, reinterpret_cast<kjit_stream>(stream));
   const std::string refused_message = kjit_last_error_message();
+  CHECK_MESSAGE(capture_state() == CU_STREAM_CAPTURE_STATUS_ACTIVE, "the refused launch invalidated the capture: ",
+                refused_message);
   CUgraph graph;
   must(api().cuStreamEndCapture(stream, &graph), "cuStreamEndCapture");
   REQUIRE(captured == KJIT_OK);
   CHECK(refused == KJIT_ERROR_CAPTURING);
   CHECK(refused_message.find("prepare") != std::string::npos);
   CUgraphExec exec;
-  must(api().cuGraphInstantiate(&exec, graph, 0), "cuGraphInstantiate");
+  must(api().cuGraphInstantiateWithFlags(&exec, graph, 0), "cuGraphInstantiateWithFlags");
   for (int replay = 0; replay < 3; ++replay) {
     x = random_inputs(c);  // fresh data each replay
     in.upload(x.codes);
