@@ -75,17 +75,13 @@ RenderedKernel render(const KernelSpec& spec) {
   return std::visit([](const DequantSpec& s) { return render_dequant(s); }, spec);
 }
 
-LaunchGeometry dequant_geometry(const DequantSpec& spec, int64_t rows, int64_t output_slots,
-                                int64_t resident_blocks) {
+LaunchGeometry dequant_geometry(const DequantSpec& spec, int64_t rows, int64_t output_slots) {
   const int64_t vectors = rows * (spec.cols / spec.vec);
   const int64_t per_block = int64_t{kDequantThreads} * kDequantUnroll;
   LaunchGeometry g;
   g.block_x = kDequantThreads;
+  g.grid_x = static_cast<uint32_t>(std::max<int64_t>(1, (vectors + per_block - 1) / per_block));
   g.grid_y = static_cast<uint32_t>(std::clamp<int64_t>(output_slots, 1, kMaxGridY));
-  int64_t grid_x = std::max<int64_t>(1, (vectors + per_block - 1) / per_block);
-  if (resident_blocks > 0) grid_x = std::min(grid_x, std::max<int64_t>(1, resident_blocks / g.grid_y));
-  // gridDim.x is at most 2^31 - 1; the blocks stride over whatever is left.
-  g.grid_x = static_cast<uint32_t>(std::min<int64_t>(grid_x, 0x7fffffff));
   return g;
 }
 

@@ -35,7 +35,6 @@ struct DriverApi {
   KJIT_DRIVER_FN(cuModuleUnload)
   KJIT_DRIVER_FN(cuModuleGetFunction)
   KJIT_DRIVER_FN(cuFuncSetAttribute)
-  KJIT_DRIVER_FN(cuOccupancyMaxActiveBlocksPerMultiprocessor)
   KJIT_DRIVER_FN(cuLaunchKernel)
   KJIT_DRIVER_FN(cuStreamIsCapturing)
   KJIT_DRIVER_FN(cuStreamGetDevice)

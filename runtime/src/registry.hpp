@@ -22,7 +22,6 @@ namespace kjit {
 struct LoadedKernel {
   CUmodule module = nullptr;
   CUfunction function = nullptr;
-  int resident_blocks_per_sm = 0;  // occupancy at the kernel's block size
 };
 
 class Registry {

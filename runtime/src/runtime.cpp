@@ -71,7 +71,6 @@ Expected<DeviceState*> Runtime::device(int ordinal) {
   int major = 0, minor = 0;
   api.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, state->device);
   api.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, state->device);
-  api.cuDeviceGetAttribute(&state->multiprocessors, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, state->device);
   char name[256] = {};
   api.cuDeviceGetName(name, sizeof name, state->device);
   state->name = name;
@@ -239,16 +238,9 @@ Expected<const LoadedKernel*> Runtime::kernel(DeviceState& device, const codegen
     if (!image) return std::unexpected(image.error());
     auto loaded = load_module(device, image->image);
     if (!loaded) return std::unexpected(loaded.error());
-    const auto rendered = codegen::render(spec);
-    if (auto ok = check(api, api.cuModuleGetFunction(&loaded->function, loaded->module, rendered.entry_point.c_str()),
+    const auto entry_point = codegen::render(spec).entry_point;
+    if (auto ok = check(api, api.cuModuleGetFunction(&loaded->function, loaded->module, entry_point.c_str()),
                         "cuModuleGetFunction");
-        !ok)
-      return std::unexpected(ok.error());
-    if (auto ok = check(api,
-                        api.cuOccupancyMaxActiveBlocksPerMultiprocessor(&loaded->resident_blocks_per_sm,
-                                                                        loaded->function,
-                                                                        rendered.threads_per_block, 0),
-                        "cuOccupancyMaxActiveBlocksPerMultiprocessor");
         !ok)
       return std::unexpected(ok.error());
     return loaded;

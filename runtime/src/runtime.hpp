@@ -33,7 +33,6 @@ struct DeviceState {
   CUcontext context = nullptr;  // the primary context, retained for the process
   const ArchRow* arch = nullptr;
   CUdeviceptr error_words = 0;  // two uint32: code, value (kjit_device_errors)
-  int multiprocessors = 0;
   std::string name;
 };
 

@@ -161,21 +161,15 @@ __device__ __forceinline__ void fp8_dequant(const kjit_dequant_params& p) {
   if constexpr (Cfg::kSelected) {
     if (!expert_ids_valid<Cfg>(p)) return;
   }
-  constexpr long long kPerBlock = Cfg::kThreads * Cfg::kUnroll;
   const long long vectors = p.rows * Cfg::kVectorsPerRow;
-  // The grid is at most one wave (the host sizes it from the occupancy);
-  // blocks stride over the rest, so no wave is left partly empty.
-  const long long stride = static_cast<long long>(gridDim.x) * kPerBlock;
+  const long long first = static_cast<long long>(blockIdx.x) * (Cfg::kThreads * Cfg::kUnroll) + threadIdx.x;
   // The same for every thread of the launch, so the branch never diverges.
-  const bool narrow = vectors + stride < (1LL << 32);
+  const bool narrow = vectors + Cfg::kThreads * Cfg::kUnroll < (1LL << 32);
   for (long long slot = blockIdx.y; slot < p.output_slots; slot += gridDim.y) {
-    for (long long first = static_cast<long long>(blockIdx.x) * kPerBlock + threadIdx.x; first < vectors;
-         first += stride) {
-      if (narrow)
-        dequant_slot<Cfg, unsigned int>(p, slot, static_cast<unsigned int>(first), static_cast<unsigned int>(vectors));
-      else
-        dequant_slot<Cfg, long long>(p, slot, first, vectors);
-    }
+    if (narrow)
+      dequant_slot<Cfg, unsigned int>(p, slot, static_cast<unsigned int>(first), static_cast<unsigned int>(vectors));
+    else
+      dequant_slot<Cfg, long long>(p, slot, first, vectors);
   }
 }
 

@@ -39,9 +39,7 @@ kjit::DriverApi fake_driver() {
   api.cuDeviceGet = [](CUdevice* d, int ordinal) { *d = ordinal; return CUDA_SUCCESS; };
   api.cuDeviceGetName = [](char* name, int, CUdevice) { std::snprintf(name, 16, "Fake H100"); return CUDA_SUCCESS; };
   api.cuDeviceGetAttribute = [](int* v, CUdevice_attribute a, CUdevice) {
-    *v = a == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR   ? machine.compute_major
-         : a == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR ? machine.compute_minor
-                                                             : 4;  // multiprocessors
+    *v = a == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR ? machine.compute_major : machine.compute_minor;
     return CUDA_SUCCESS;
   };
   api.cuDevicePrimaryCtxRetain = [](CUcontext* c, CUdevice d) {
@@ -81,10 +79,6 @@ kjit::DriverApi fake_driver() {
     if (std::memcmp(image, "\x7f" "ELF", 4) != 0) return CUDA_ERROR_INVALID_IMAGE;
     ++machine.modules_loaded;
     *m = reinterpret_cast<CUmodule>(0x200);
-    return CUDA_SUCCESS;
-  };
-  api.cuOccupancyMaxActiveBlocksPerMultiprocessor = [](int* n, CUfunction, int, size_t) {
-    *n = 2;
     return CUDA_SUCCESS;
   };
   api.cuModuleGetFunction = [](CUfunction* f, CUmodule, const char* name) {

@@ -104,6 +104,7 @@ Expected<int64_t> selftest_dequant(Runtime& runtime, DeviceState& device, const 
   if (!plan) return std::unexpected(plan.error());
   // Run exactly the cached kind: a narrower access than the buffers allow is valid.
   plan->spec.vec = spec.vec;
+  plan->geometry = codegen::dequant_geometry(plan->spec, d.rows, slots);
   if (auto ok = ops::launch_dequant(runtime, *plan, nullptr); !ok) return std::unexpected(ok.error());
   if (auto ok = runtime.take_device_errors(device.ordinal); !ok) return std::unexpected(ok.error());
 

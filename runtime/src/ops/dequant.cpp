@@ -151,8 +151,6 @@ Expected<void> launch_dequant(Runtime& runtime, DequantPlan& plan, CUstream stre
   auto kernel = runtime.kernel(**device, plan.spec, stream);
   if (!kernel) return std::unexpected(kernel.error());
   plan.params.device_error = reinterpret_cast<unsigned int*>((*device)->error_words);
-  plan.geometry = codegen::dequant_geometry(plan.spec, plan.params.rows, plan.params.output_slots,
-                                            int64_t{(*device)->multiprocessors} * (*kernel)->resident_blocks_per_sm);
   return runtime.launch(**device, **kernel, plan.geometry, &plan.params, stream);
 }
 

@@ -26,11 +26,8 @@ struct LaunchGeometry {
   uint32_t shared_bytes = 0;
 };
 
-// Grid for a dequant of `rows` rows into `output_slots` experts. With
-// `resident_blocks` > 0 (multiprocessors x occupancy) the grid is at most one
-// full wave and blocks stride over the rest: no partial last wave.
-LaunchGeometry dequant_geometry(const DequantSpec& spec, int64_t rows, int64_t output_slots,
-                                int64_t resident_blocks = 0);
+// Grid for a dequant of `rows` rows into `output_slots` experts.
+LaunchGeometry dequant_geometry(const DequantSpec& spec, int64_t rows, int64_t output_slots);
 
 // The embedded template files (templates/ at build time), by relative path.
 struct EmbeddedTemplate {
