@@ -12,13 +12,13 @@ namespace kjit::codegen {
 namespace {
 
 // Tile choices of the dequant family (memory-bound on every arch), measured on
-// an H200 (docs/benchmarks.md): 512 threads with 4 accesses each in flight,
-// at least 2 blocks per SM (which caps registers at 64 without spills). Among
-// 12 shapes of block, unroll and width this was within 1.5% of the best on
-// large tensors and the best on small ones.
-constexpr int kDequantThreads = 512;
+// an H200 (docs/benchmarks.md): 256 threads with 4 accesses each in flight,
+// at least 4 blocks per SM, which caps registers at 64 (no spills; without
+// the cap the compiler takes ~120 and large tensors run 30% slower). Best of
+// 9 block/unroll/width shapes on large tensors, within 1% on small ones.
+constexpr int kDequantThreads = 256;
 constexpr int kDequantUnroll = 4;
-constexpr int kDequantMinBlocksPerSM = 2;
+constexpr int kDequantMinBlocksPerSM = 4;
 // gridDim.y walks output slots; more than this loop inside the kernel.
 constexpr int64_t kMaxGridY = 65535;
 

@@ -68,8 +68,8 @@ CHECK: #line 1 "templates/common/fp8_convert.cuh"
 CHECK: cvt.rn.f16x2.e4m3x2
 CHECK: #line 1 "templates/dequant/fp8_dequant.cuh"
 CHECK: #line 1 "generated"
-CHECK-NEXT: using Config = kjit::DequantConfig<kjit::Fp8Format::e4m3fn, kjit::OutType::bf16, kjit::ScaleKind::per_block, 128LL, 128LL, 7168LL, 8, false, false, 512, 4>;
-CHECK-NEXT: extern "C" __global__ void __launch_bounds__(512, 2) kjit_fp8_dequant(const __grid_constant__ kjit_dequant_params p) {
+CHECK-NEXT: using Config = kjit::DequantConfig<kjit::Fp8Format::e4m3fn, kjit::OutType::bf16, kjit::ScaleKind::per_block, 128LL, 128LL, 7168LL, 8, false, false, 256, 4>;
+CHECK-NEXT: extern "C" __global__ void __launch_bounds__(256, 4) kjit_fp8_dequant(const __grid_constant__ kjit_dequant_params p) {
 CHECK-NEXT:   kjit::fp8_dequant<Config>(p);
 )";
   CHECK(file_check(golden, render(KernelSpec{deepseek_spec()}).source));
@@ -187,9 +187,9 @@ TEST_CASE("dequant launch geometry covers every vector once") {
   const auto spec = deepseek_spec();
   const auto g = dequant_geometry(spec, 7, 3);
   const int64_t vectors = 7 * (7168 / 8);
-  CHECK(g.block_x == 512);
-  CHECK(int64_t{g.grid_x} * 512 * 4 >= vectors);
-  CHECK(int64_t{g.grid_x - 1} * 512 * 4 < vectors);
+  CHECK(g.block_x == 256);
+  CHECK(int64_t{g.grid_x} * 256 * 4 >= vectors);
+  CHECK(int64_t{g.grid_x - 1} * 256 * 4 < vectors);
   CHECK(g.grid_y == 3);
   CHECK(dequant_geometry(spec, 1, 100000).grid_y == 65535);  // the kernel loops over the rest
 }

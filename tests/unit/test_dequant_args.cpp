@@ -166,7 +166,7 @@ TEST_CASE_FIXTURE(Fixture, "a valid dequant compiles once, launches once with th
   auto r = run();
   REQUIRE_MESSAGE(r.has_value(), r.error().message);
   CHECK(machine.launches == 1);
-  CHECK(machine.grid[0] == (256 * 384 / 8 + 2047) / 2048);
+  CHECK(machine.grid[0] == (256 * 384 / 8 + 1023) / 1024);
   CHECK(machine.grid[1] == 1);
   CHECK(machine.last_params.rows == 256);
   CHECK(machine.last_params.in_row_stride == 384);
