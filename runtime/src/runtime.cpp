@@ -1,6 +1,8 @@
 // Devices, the spec -> loaded-kernel path, and launching.
 #include "runtime.hpp"
 
+#include <chrono>
+
 #include <fmt/format.h>
 
 #include "kjit/codegen/cache_key.hpp"
@@ -179,6 +181,11 @@ Expected<Cubin> Runtime::cubin(const codegen::KernelSpec& spec, const std::strin
   }
   if (!(*nvrtc)->supports(arch))
     return fail(KJIT_ERROR_UNSUPPORTED, fmt::format("NVRTC {} cannot build for {}", nvrtc_version, arch));
+  // Another process may be compiling this kernel right now: wait a bounded
+  // while for its advisory lock and look again before compiling ourselves.
+  // Correctness never depends on the lock (publish is atomic either way).
+  const auto lock = store_->try_lock(out.key, std::chrono::seconds(10));
+  if (lock.held() && lookup(nvrtc_version)) return out;
 
   auto compiled = (*nvrtc)->compile(rendered.source, std::string(codegen::op_name(spec)) + ".cu", arch, options);
   if (!compiled)

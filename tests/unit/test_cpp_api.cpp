@@ -1,0 +1,24 @@
+// The header-only C++ API over the C ABI: failures become kjit::Exception
+// carrying the status and the message.
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "kjit/kjit.hpp"
+
+TEST_CASE("the C++ API throws kjit::Exception with the status and message of a failed call") {
+  kjit::DequantDesc desc;  // struct_size set, nothing else: the checker rejects the dtype first
+  CHECK(desc.struct_size == sizeof(kjit_dequant_desc));
+  try {
+    kjit::dequant_fp8(desc, nullptr);
+    FAIL("dequant_fp8 accepted an empty descriptor");
+  } catch (const kjit::Exception& e) {
+    CHECK(e.status() == KJIT_ERROR_INVALID_ARGUMENT);
+    CHECK(std::string(e.what()).find("KJIT_ERROR_INVALID_ARGUMENT: in_dtype must be") == 0);
+  }
+}
+
+TEST_CASE("device_count is zero, not an error, on a machine without a driver or GPU") {
+  // On a GPU machine this is the real count; either way it must not throw.
+  CHECK(kjit::device_count() >= 0);
+}
