@@ -12,6 +12,8 @@ namespace {
 constexpr std::array kDTypeNames{"f8_e4m3fn", "f8_e5m2", "bf16", "f16", "f32"};
 constexpr std::array kGranularityNames{"per_tensor", "per_row", "per_block"};
 constexpr std::array kConventionNames{"multiply", "divide"};
+constexpr std::array kLayoutNames{"e_n_k", "e_k_n"};
+constexpr std::array kOffsetsNames{"cumulative_end", "with_leading_zero"};
 
 template <class Enum, size_t N>
 Expected<Enum> parse_enum(const nlohmann::json& j, const char* field,
@@ -55,7 +57,60 @@ Expected<void> validate_dequant(const DequantSpec& s) {
   return {};
 }
 
+Expected<void> validate_gemm(const GroupedGemmSpec& s) {
+  auto invalid = [](std::string message) { return fail(KJIT_ERROR_INVALID_ARGUMENT, std::move(message)); };
+  if (s.out != DType::bf16 && s.out != DType::f32)
+    return invalid(fmt::format("grouped_gemm output must be bf16 or f32, not {}", name(s.out)));
+  if (s.n < 8 || s.n % 8 != 0) return invalid(fmt::format("grouped_gemm needs N >= 8 and divisible by 8, got {}", s.n));
+  if (s.k < 8 || s.k % 8 != 0) return invalid(fmt::format("grouped_gemm needs K >= 8 and divisible by 8, got {}", s.k));
+  if (s.experts < 1 || s.experts > 4096)
+    return invalid(fmt::format("grouped_gemm needs 1 to 4096 experts, got {}", s.experts));
+  if (s.tile_m % 32 != 0 || s.tile_n % 16 != 0 || s.tile_k % 16 != 0 || s.tile_m <= 0 || s.tile_n <= 0 || s.tile_k <= 0)
+    return invalid(fmt::format("grouped_gemm tile {}x{}x{} is not supported", s.tile_m, s.tile_n, s.tile_k));
+  return {};
+}
+
+Expected<KernelSpec> gemm_from_json(const nlohmann::json& j) {
+  GroupedGemmSpec s;
+  auto out = parse_enum<DType>(j, "out", kDTypeNames);
+  if (!out) return std::unexpected(out.error());
+  auto weights = parse_enum<WeightLayout>(j, "weights", kLayoutNames);
+  if (!weights) return std::unexpected(weights.error());
+  auto offsets = parse_enum<OffsetsConvention>(j, "offsets", kOffsetsNames);
+  if (!offsets) return std::unexpected(offsets.error());
+  auto n = parse_int(j, "n", 0, true);
+  if (!n) return std::unexpected(n.error());
+  auto k = parse_int(j, "k", 0, true);
+  if (!k) return std::unexpected(k.error());
+  auto experts = parse_int(j, "experts", 0, true);
+  if (!experts) return std::unexpected(experts.error());
+  s.out = *out;
+  s.weights = *weights;
+  s.offsets = *offsets;
+  s.n = *n;
+  s.k = *k;
+  s.experts = *experts;
+  if (j.contains("row_scale")) {
+    if (!j["row_scale"].is_boolean())
+      return fail(KJIT_ERROR_INVALID_ARGUMENT, "spec field 'row_scale' must be true or false");
+    s.row_scale = j["row_scale"].get<bool>();
+  }
+  set_grouped_gemm_tile(s);
+  KernelSpec spec = s;
+  if (auto ok = validate(spec); !ok) return std::unexpected(ok.error());
+  return spec;
+}
+
 }  // namespace
+
+std::string_view name(WeightLayout l) { return kLayoutNames[static_cast<size_t>(l)]; }
+std::string_view name(OffsetsConvention c) { return kOffsetsNames[static_cast<size_t>(c)]; }
+
+void set_grouped_gemm_tile(GroupedGemmSpec& spec) {
+  spec.tile_m = 64;
+  spec.tile_n = 128;
+  spec.tile_k = 32;
+}
 
 std::string_view name(DType t) { return kDTypeNames[static_cast<size_t>(t)]; }
 std::string_view name(ScaleGranularity g) { return kGranularityNames[static_cast<size_t>(g)]; }
@@ -73,10 +128,15 @@ int size_bytes(DType t) {
 }
 
 std::string_view op_name(const KernelSpec& spec) {
-  return std::visit([](const DequantSpec&) { return std::string_view("fp8_dequant"); }, spec);
+  return std::holds_alternative<DequantSpec>(spec) ? "fp8_dequant" : "grouped_gemm";
 }
 
 std::string canonical(const KernelSpec& spec) {
+  if (const auto* g = std::get_if<GroupedGemmSpec>(&spec))
+    return fmt::format("grouped_gemm a=bf16 b=bf16 out={} n={} k={} experts={} weights={} offsets={} row_scale={} "
+                       "tile={}x{}x{}",
+                       name(g->out), g->n, g->k, g->experts, name(g->weights), name(g->offsets), g->row_scale,
+                       g->tile_m, g->tile_n, g->tile_k);
   const auto& s = std::get<DequantSpec>(spec);
   std::string scale(name(s.granularity));
   if (s.granularity == ScaleGranularity::per_block) scale += fmt::format(":{}x{}", s.block_rows, s.block_cols);
@@ -86,6 +146,10 @@ std::string canonical(const KernelSpec& spec) {
 }
 
 nlohmann::json to_json(const KernelSpec& spec) {
+  if (const auto* g = std::get_if<GroupedGemmSpec>(&spec))
+    return {{"op", "grouped_gemm"}, {"out", name(g->out)},         {"n", g->n},
+            {"k", g->k},            {"experts", g->experts},       {"weights", name(g->weights)},
+            {"offsets", name(g->offsets)}, {"row_scale", g->row_scale}};
   const auto& s = std::get<DequantSpec>(spec);
   nlohmann::json j = {{"op", "fp8_dequant"},
                       {"in", name(s.in)},
@@ -104,8 +168,9 @@ Expected<KernelSpec> spec_from_json(const nlohmann::json& j) {
   if (!j.contains("op") || !j["op"].is_string())
     return fail(KJIT_ERROR_INVALID_ARGUMENT, "spec field 'op' must be a string");
   const auto op = j["op"].get<std::string>();
+  if (op == "grouped_gemm") return gemm_from_json(j);
   if (op != "fp8_dequant")
-    return fail(KJIT_ERROR_INVALID_ARGUMENT, fmt::format("unknown op '{}' (known: fp8_dequant)", op));
+    return fail(KJIT_ERROR_INVALID_ARGUMENT, fmt::format("unknown op '{}' (known: fp8_dequant, grouped_gemm)", op));
 
   DequantSpec s;
   auto in = parse_enum<DType>(j, "in", kDTypeNames);
@@ -144,7 +209,8 @@ Expected<KernelSpec> spec_from_json(const nlohmann::json& j) {
 }
 
 Expected<void> validate(const KernelSpec& spec) {
-  return std::visit([](const DequantSpec& s) { return validate_dequant(s); }, spec);
+  if (const auto* g = std::get_if<GroupedGemmSpec>(&spec)) return validate_gemm(*g);
+  return validate_dequant(std::get<DequantSpec>(spec));
 }
 
 int widest_vector(int64_t cols, std::initializer_list<int64_t> alignments, int max_vec) {
@@ -161,9 +227,19 @@ int dequant_vector(DType out, int64_t cols, std::initializer_list<int64_t> align
 }
 
 size_t SpecHash::operator()(const KernelSpec& spec) const noexcept {
-  const auto& s = std::get<DequantSpec>(spec);
-  size_t h = std::hash<int64_t>{}(s.cols);
+  size_t h = spec.index();
   auto mix = [&h](uint64_t v) { h ^= std::hash<uint64_t>{}(v) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2); };
+  if (const auto* g = std::get_if<GroupedGemmSpec>(&spec)) {
+    mix(static_cast<uint64_t>(g->n));
+    mix(static_cast<uint64_t>(g->k));
+    mix(static_cast<uint64_t>(g->experts));
+    mix(static_cast<uint64_t>(g->out) | static_cast<uint64_t>(g->weights) << 8 |
+        static_cast<uint64_t>(g->offsets) << 16 | static_cast<uint64_t>(g->row_scale) << 24);
+    mix(static_cast<uint64_t>(g->tile_m) << 32 | static_cast<uint64_t>(g->tile_n) << 16 | static_cast<uint64_t>(g->tile_k));
+    return h;
+  }
+  const auto& s = std::get<DequantSpec>(spec);
+  mix(static_cast<uint64_t>(s.cols));
   mix(static_cast<uint64_t>(s.in) | static_cast<uint64_t>(s.out) << 8 | static_cast<uint64_t>(s.granularity) << 16 |
       static_cast<uint64_t>(s.convention) << 24 | static_cast<uint64_t>(s.vec) << 32 |
       static_cast<uint64_t>(s.selected_experts) << 40);

@@ -7,6 +7,7 @@
 
 #include "kjit/kjit.h"
 #include "ops/dequant.hpp"
+#include "ops/grouped_gemm.hpp"
 #include "runtime.hpp"
 
 namespace {
@@ -63,6 +64,26 @@ KJIT_API kjit_status kjit_dequant_fp8_prepare(const kjit_dequant_desc* desc, int
   return guarded([&]() -> kjit::Expected<void> {
     if (auto ok = require(desc, "desc"); !ok) return ok;
     return kjit::ops::prepare_dequant_fp8(kjit::Runtime::global(), *desc, device);
+  });
+}
+
+KJIT_API void kjit_grouped_gemm_desc_init(kjit_grouped_gemm_desc* desc) {
+  if (!desc) return;
+  *desc = kjit_grouped_gemm_desc{};
+  desc->struct_size = sizeof(kjit_grouped_gemm_desc);
+}
+
+KJIT_API kjit_status kjit_grouped_gemm(const kjit_grouped_gemm_desc* desc, kjit_stream stream) {
+  return guarded([&]() -> kjit::Expected<void> {
+    if (auto ok = require(desc, "desc"); !ok) return ok;
+    return kjit::ops::grouped_gemm(kjit::Runtime::global(), *desc, reinterpret_cast<CUstream>(stream));
+  });
+}
+
+KJIT_API kjit_status kjit_grouped_gemm_prepare(const kjit_grouped_gemm_desc* desc, int device) {
+  return guarded([&]() -> kjit::Expected<void> {
+    if (auto ok = require(desc, "desc"); !ok) return ok;
+    return kjit::ops::prepare_grouped_gemm(kjit::Runtime::global(), *desc, device);
   });
 }
 

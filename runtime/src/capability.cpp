@@ -8,17 +8,21 @@
 namespace kjit {
 namespace {
 
+// Every listed arch runs the portable mma.sync grouped GEMM (sm_80+). Hopper
+// gets its own wgmma kernel in a later change; until then it uses this one too.
+constexpr const char* kPortableGemm = "mma.sync (portable)";
+
 constexpr std::array kTable{
-    ArchRow{8, 0, "sm_80", false, "Ampere A100: no fp8 conversion instructions"},
-    ArchRow{8, 6, "sm_86", false, "Ampere: no fp8 conversion instructions"},
-    ArchRow{8, 7, "sm_87", false, "Orin: no fp8 conversion instructions"},
-    ArchRow{8, 9, "sm_89", true, "Ada"},
-    ArchRow{9, 0, "sm_90a", true, "Hopper (H100, H200): wgmma and TMA targets"},
-    ArchRow{10, 0, "sm_100a", true, "Blackwell datacenter (B200, GB200)"},
-    ArchRow{10, 3, "sm_103a", true, "Blackwell Ultra (B300, GB300)"},
-    ArchRow{11, 0, "sm_110a", true, "Thor"},
-    ArchRow{12, 0, "sm_120a", true, "Blackwell workstation/consumer (RTX PRO 6000, RTX 50xx)"},
-    ArchRow{12, 1, "sm_121a", true, "DGX Spark (GB10)"},
+    ArchRow{8, 0, "sm_80", false, kPortableGemm, "Ampere A100: no fp8 conversion instructions"},
+    ArchRow{8, 6, "sm_86", false, kPortableGemm, "Ampere: no fp8 conversion instructions"},
+    ArchRow{8, 7, "sm_87", false, kPortableGemm, "Orin: no fp8 conversion instructions"},
+    ArchRow{8, 9, "sm_89", true, kPortableGemm, "Ada"},
+    ArchRow{9, 0, "sm_90a", true, kPortableGemm, "Hopper (H100, H200): wgmma and TMA targets"},
+    ArchRow{10, 0, "sm_100a", true, kPortableGemm, "Blackwell datacenter (B200, GB200)"},
+    ArchRow{10, 3, "sm_103a", true, kPortableGemm, "Blackwell Ultra (B300, GB300)"},
+    ArchRow{11, 0, "sm_110a", true, kPortableGemm, "Thor"},
+    ArchRow{12, 0, "sm_120a", true, kPortableGemm, "Blackwell workstation/consumer (RTX PRO 6000, RTX 50xx)"},
+    ArchRow{12, 1, "sm_121a", true, kPortableGemm, "DGX Spark (GB10)"},
 };
 
 }  // namespace
@@ -49,6 +53,8 @@ Expected<void> require_family(const ArchRow& row, KernelFamily family) {
       return fail(KJIT_ERROR_UNSUPPORTED,
                   fmt::format("fp8 dequant needs compute capability 8.9 or newer; this GPU is {}.{} ({})", row.major,
                               row.minor, row.note));
+    case KernelFamily::grouped_gemm:
+      return {};  // the portable kernel runs on every arch in the table
   }
   return fail(KJIT_ERROR_INTERNAL, "unknown kernel family");
 }

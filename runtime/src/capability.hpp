@@ -12,13 +12,14 @@
 
 namespace kjit {
 
-enum class KernelFamily { fp8_dequant };
+enum class KernelFamily { fp8_dequant, grouped_gemm };
 
 struct ArchRow {
   int major;
   int minor;
   const char* target;  // NVRTC --gpu-architecture, e.g. "sm_90a"
   bool fp8_dequant;    // needs hardware fp8 conversion (cvt.*.e4m3x2): sm_89+
+  const char* grouped_gemm;  // which grouped GEMM kernel serves this arch
   const char* note;    // shown by `jitctl info`
 };
 

@@ -8,6 +8,7 @@
 #include "kjit/codegen/cache_key.hpp"
 #include "kjit/detail/log.hpp"
 #include "dequant_params.h"
+#include "grouped_gemm_params.h"
 #include "nvrtc.hpp"
 
 namespace kjit {
@@ -22,6 +23,11 @@ std::string_view memory_type_name(unsigned int type) {
 }
 
 }  // namespace
+
+KernelFamily family_of(const codegen::KernelSpec& spec) {
+  return std::holds_alternative<codegen::GroupedGemmSpec>(spec) ? KernelFamily::grouped_gemm
+                                                                : KernelFamily::fp8_dequant;
+}
 
 Runtime::Runtime(Expected<const DriverApi*> driver, cache::StoreConfig cache_config)
     : driver_(std::move(driver)), store_(std::make_unique<cache::Store>(std::move(cache_config))) {}
@@ -152,7 +158,7 @@ Expected<Cubin> Runtime::cubin(const codegen::KernelSpec& spec, const std::strin
   if (auto ok = codegen::validate(spec); !ok) return std::unexpected(ok.error());
   auto row = arch_for_target(arch);
   if (!row) return std::unexpected(row.error());
-  if (auto ok = require_family(**row, KernelFamily::fp8_dequant); !ok) return std::unexpected(ok.error());
+  if (auto ok = require_family(**row, family_of(spec)); !ok) return std::unexpected(ok.error());
 
   const auto rendered = codegen::render(spec);
   const auto options = compile_options(arch);
@@ -278,6 +284,16 @@ Expected<void> Runtime::take_device_errors(int ordinal) {
     return ok;
   if (words[0] == 0) return {};
   if (auto ok = check(api, api.cuMemsetD32((*state)->error_words, 0, 2), "cuMemsetD32"); !ok) return ok;
+  if (words[0] == KJIT_DEVICE_ERROR_OFFSETS_NOT_MONOTONIC)
+    return fail(KJIT_ERROR_DEVICE_REPORTED,
+                fmt::format("a grouped GEMM on device {} was given expert offsets that decrease at expert {}; it "
+                            "wrote nothing",
+                            ordinal, words[1]));
+  if (words[0] == KJIT_DEVICE_ERROR_OFFSETS_OUT_OF_RANGE)
+    return fail(KJIT_ERROR_DEVICE_REPORTED,
+                fmt::format("a grouped GEMM on device {} was given an offset for expert {} outside [0, rows] (or a "
+                            "first offset that is not 0); it wrote nothing",
+                            ordinal, words[1]));
   if (words[0] == KJIT_DEVICE_ERROR_EXPERT_ID_OUT_OF_RANGE)
     return fail(KJIT_ERROR_DEVICE_REPORTED,
                 fmt::format("a dequant launch on device {} was given expert id {} outside [0, experts); it wrote "

@@ -52,6 +52,9 @@ struct NamedPointer {
   const char* name;
 };
 
+// The kernel family a spec belongs to (for the capability gates).
+KernelFamily family_of(const codegen::KernelSpec& spec);
+
 class Runtime {
  public:
   Runtime(Expected<const DriverApi*> driver, cache::StoreConfig cache_config);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ops/dequant.hpp"
+#include "ops/grouped_gemm.hpp"
 #include "runtime.hpp"
 
 namespace {
@@ -82,7 +83,7 @@ kjit::DriverApi fake_driver() {
     return CUDA_SUCCESS;
   };
   api.cuModuleGetFunction = [](CUfunction* f, CUmodule, const char* name) {
-    if (std::string(name) != "kjit_fp8_dequant") return CUDA_ERROR_NOT_FOUND;
+    if (std::string(name) != "kjit_fp8_dequant" && std::string(name) != "kjit_grouped_gemm") return CUDA_ERROR_NOT_FOUND;
     *f = reinterpret_cast<CUfunction>(0x300);
     return CUDA_SUCCESS;
   };
@@ -305,4 +306,70 @@ TEST_CASE("the C ABI rejects a NULL descriptor and a descriptor without struct_s
   CHECK(kjit_dequant_fp8(&desc, nullptr) == KJIT_ERROR_INVALID_ARGUMENT);
   CHECK(std::string(kjit_last_error_message()).find("kjit_dequant_desc_init") != std::string::npos);
   CHECK(std::string(kjit_status_name(KJIT_ERROR_CAPTURING)) == "KJIT_ERROR_CAPTURING");
+}
+
+namespace {
+
+struct GemmFixture : Fixture {
+  FakeBuffer a{64 * 256 * 2, 0}, w{4 * 128 * 256 * 2, 0}, y{64 * 128 * 2, 0}, offsets{4 * 4, 0};
+  kjit_grouped_gemm_desc g{};
+
+  GemmFixture() {
+    kjit_grouped_gemm_desc_init(&g);
+    g.a_dtype = g.b_dtype = g.out_dtype = KJIT_DTYPE_BF16;
+    g.rows = 64;
+    g.n = 128;
+    g.k = 256;
+    g.experts = 4;
+    g.weights = KJIT_WEIGHTS_E_N_K;
+    g.offsets_convention = KJIT_OFFSETS_CUMULATIVE_END;
+    g.a = a.data();
+    g.b = w.data();
+    g.out = y.data();
+    g.offsets = reinterpret_cast<const int32_t*>(offsets.data());
+  }
+  void expect_gemm_rejected(const std::string& needle) {
+    auto r = kjit::ops::grouped_gemm(runtime, g, fake_stream(0));
+    REQUIRE_FALSE(r.has_value());
+    CHECK_MESSAGE(r.error().code == KJIT_ERROR_INVALID_ARGUMENT, r.error().message);
+    CHECK_MESSAGE(r.error().message.find(needle) != std::string::npos, r.error().message);
+    CHECK(machine.launches == 0);
+  }
+};
+
+}  // namespace
+
+TEST_CASE_FIXTURE(GemmFixture, "a valid grouped GEMM launches once over an upper-bound grid of m-tiles") {
+  auto r = kjit::ops::grouped_gemm(runtime, g, fake_stream(0));
+  REQUIRE_MESSAGE(r.has_value(), r.error().message);
+  CHECK(machine.launches == 1);
+  CHECK(machine.grid[0] == 1 + 4);  // ceil(64 / 64) + one partial tile per expert
+  CHECK(machine.grid[1] == 1);      // ceil(128 / 128)
+}
+
+TEST_CASE_FIXTURE(GemmFixture, "grouped GEMM argument errors are named and launch nothing") {
+  g.offsets_convention = KJIT_OFFSETS_UNSET;
+  expect_gemm_rejected("there is no default");
+  g.offsets_convention = KJIT_OFFSETS_WITH_LEADING_ZERO;
+  g.weights = KJIT_WEIGHTS_UNSET;
+  expect_gemm_rejected("weights must be");
+  g.weights = KJIT_WEIGHTS_E_K_N;
+  g.k = 100;
+  expect_gemm_rejected("K must be a positive multiple of 8, got 100");
+  g.k = 256;
+  g.n = 0;
+  expect_gemm_rejected("N must be a positive multiple of 8, got 0");
+  g.n = 128;
+  g.a_dtype = KJIT_DTYPE_F8_E4M3FN;
+  expect_gemm_rejected("operands must be KJIT_DTYPE_BF16");
+  g.a_dtype = KJIT_DTYPE_BF16;
+  g.offsets = nullptr;
+  expect_gemm_rejected("'offsets' is NULL");
+  g.offsets = reinterpret_cast<const int32_t*>(offsets.data());
+  g.a = a.data() + 2;
+  expect_gemm_rejected("'a' is not 16-byte aligned");
+  g.a = a.data();
+  FakeBuffer out_on_1(64 * 128 * 2, 1);
+  g.out = out_on_1.data();
+  expect_gemm_rejected("'out' is on device 1 but 'b' is on device 0");
 }

@@ -57,8 +57,8 @@ int cmd_info(Args& args) {
       fmt::print("  {}: {} (compute capability {}.{}): unsupported\n", i, name, major, minor);
       continue;
     }
-    fmt::print("  {}: {} (compute capability {}.{}), target {}, fp8 dequant: {}\n", i, name, major, minor,
-               (*row)->target, (*row)->fp8_dequant ? "yes" : "no");
+    fmt::print("  {}: {} (compute capability {}.{}), target {}, fp8 dequant: {}, grouped GEMM: {}\n", i, name, major,
+               minor, (*row)->target, (*row)->fp8_dequant ? "yes" : "no", (*row)->grouped_gemm);
   }
   return kExitOk;
 }

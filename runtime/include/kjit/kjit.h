@@ -114,6 +114,52 @@ KJIT_API kjit_status kjit_dequant_fp8(const kjit_dequant_desc* desc, kjit_stream
  * load. Pointers in desc are not used and may be NULL. */
 KJIT_API kjit_status kjit_dequant_fp8_prepare(const kjit_dequant_desc* desc, int device);
 
+/* How the rows of each expert are given: device-resident int32 offsets into
+ * the rows of A (rows sorted by expert). No default, on purpose. */
+typedef enum kjit_expert_offsets {
+  KJIT_OFFSETS_UNSET = 0,             /* rejected */
+  KJIT_OFFSETS_CUMULATIVE_END = 1,    /* E entries: end of each expert, no leading 0 (torch._grouped_mm) */
+  KJIT_OFFSETS_WITH_LEADING_ZERO = 2  /* E + 1 entries: 0, end of expert 0, ..., end of expert E-1 */
+} kjit_expert_offsets;
+
+/* How the stacked expert weights W are laid out. */
+typedef enum kjit_weight_layout {
+  KJIT_WEIGHTS_UNSET = 0, /* rejected */
+  KJIT_WEIGHTS_E_N_K = 1, /* [E, N, K]: how checkpoints store expert weights (out = A . W_e^T) */
+  KJIT_WEIGHTS_E_K_N = 2  /* [E, K, N] (out = A . W_e) */
+} kjit_weight_layout;
+
+/* Grouped GEMM for MoE experts: for each expert e with rows [s_e, t_e) of A,
+ * out[s_e:t_e, :] = A[s_e:t_e, :] . W_e (as the layout says), fp32 accumulate,
+ * optionally times row_scale[row] (routing weights) in the epilogue.
+ * Segments may have any length, 0 included; no padding. The offsets are read
+ * on the device (no host synchronisation): offsets that decrease or leave
+ * [0, rows] make the launch write nothing and are reported by
+ * kjit_device_errors. Rows of A past the last offset are not written.
+ * N and K must be multiples of 8; A, W and out 16-byte aligned. */
+typedef struct kjit_grouped_gemm_desc {
+  uint32_t struct_size; /* sizeof(kjit_grouped_gemm_desc) */
+  kjit_dtype a_dtype;   /* KJIT_DTYPE_BF16 */
+  kjit_dtype b_dtype;   /* KJIT_DTYPE_BF16 */
+  kjit_dtype out_dtype; /* KJIT_DTYPE_BF16 or KJIT_DTYPE_F32 */
+  int64_t rows;         /* rows of A and out (the token count; never part of a kernel key) */
+  int64_t n;
+  int64_t k;
+  int64_t experts;
+  kjit_weight_layout weights;
+  kjit_expert_offsets offsets_convention;
+  const void* a;           /* [rows, K] row-major */
+  const void* b;           /* the stacked weights */
+  void* out;               /* [rows, N] row-major */
+  const int32_t* offsets;  /* device memory, E or E + 1 entries */
+  const float* row_scale;  /* optional device memory [rows] */
+} kjit_grouped_gemm_desc;
+
+KJIT_API void kjit_grouped_gemm_desc_init(kjit_grouped_gemm_desc* desc);
+KJIT_API kjit_status kjit_grouped_gemm(const kjit_grouped_gemm_desc* desc, kjit_stream stream);
+/* Compiles (or finds) and loads the kernel `desc` needs on `device`; pointers unused. */
+KJIT_API kjit_status kjit_grouped_gemm_prepare(const kjit_grouped_gemm_desc* desc, int device);
+
 /* Reads and clears the errors kernels have recorded on `device` (for example
  * an expert id out of range). Synchronises that device. Returns KJIT_OK when
  * none were recorded, else KJIT_ERROR_DEVICE_REPORTED with the message. */

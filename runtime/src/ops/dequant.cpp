@@ -95,10 +95,10 @@ Expected<DequantPlan> plan_dequant(const kjit_dequant_desc& d, bool for_prepare)
     return invalid("scale_convention must be KJIT_SCALE_MULTIPLY or KJIT_SCALE_DIVIDE (there is no default: "
                    "DeepSeek's weight_scale_inv and compressed-tensors' weight_scale are both MULTIPLY)");
 
+  if (d.num_expert_ids < 0) return invalid(fmt::format("num_expert_ids must be >= 0, got {}", d.num_expert_ids));
   if ((d.expert_ids == nullptr) != (d.num_expert_ids == 0) && !for_prepare)
     return invalid(fmt::format("expert_ids and num_expert_ids go together (expert_ids {}, num_expert_ids {})",
                                d.expert_ids ? "set" : "NULL", d.num_expert_ids));
-  if (d.num_expert_ids < 0) return invalid(fmt::format("num_expert_ids must be >= 0, got {}", d.num_expert_ids));
   spec.selected_experts = d.num_expert_ids > 0;
 
   const int out_bytes = codegen::size_bytes(spec.out);

@@ -43,7 +43,33 @@ struct DequantSpec {
   bool operator==(const DequantSpec&) const = default;
 };
 
-using KernelSpec = std::variant<DequantSpec>;
+enum class WeightLayout : uint8_t { e_n_k, e_k_n };
+enum class OffsetsConvention : uint8_t { cumulative_end, with_leading_zero };
+std::string_view name(WeightLayout l);
+std::string_view name(OffsetsConvention c);
+
+// Grouped GEMM for MoE experts: out[rows of e] = A[rows of e] . W_e. The shape
+// key is N, K and the expert count; the token count (rows) is a run-time
+// argument and never part of a key. The tile is the kernel's configuration
+// (chosen by codegen::grouped_gemm_tile, one per arch and shape).
+struct GroupedGemmSpec {
+  DType out = DType::bf16;  // operands are bf16
+  int64_t n = 0;
+  int64_t k = 0;
+  int64_t experts = 0;
+  WeightLayout weights = WeightLayout::e_n_k;
+  OffsetsConvention offsets = OffsetsConvention::cumulative_end;
+  bool row_scale = false;
+  int tile_m = 64, tile_n = 128, tile_k = 32;
+
+  bool operator==(const GroupedGemmSpec&) const = default;
+};
+
+using KernelSpec = std::variant<DequantSpec, GroupedGemmSpec>;
+
+// The portable tile of the grouped GEMM (mma.sync, sm_80+): one
+// configuration today; the per-arch heuristic lands with the SM90 kernel.
+void set_grouped_gemm_tile(GroupedGemmSpec& spec);
 
 // The family name, e.g. "fp8_dequant".
 std::string_view op_name(const KernelSpec& spec);

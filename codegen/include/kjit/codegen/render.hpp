@@ -29,6 +29,9 @@ struct LaunchGeometry {
 // Grid for a dequant of `rows` rows into `output_slots` experts.
 LaunchGeometry dequant_geometry(const DequantSpec& spec, int64_t rows, int64_t output_slots);
 
+// Grid for a grouped GEMM over `total_rows` rows of A.
+LaunchGeometry grouped_gemm_geometry(const GroupedGemmSpec& spec, int64_t total_rows);
+
 // The embedded template files (templates/ at build time), by relative path.
 struct EmbeddedTemplate {
   std::string_view path;

@@ -1,0 +1,22 @@
+/* The kernel-parameter block of the grouped GEMM kernels, shared by the host
+ * (runtime/) and every generated kernel. out[rows of expert e] =
+ * A[rows of e] . B_e (^T for [E, N, K] weights), rows grouped by expert with
+ * device-resident int32 offsets. Plain C types only (NVRTC, no headers). */
+#ifndef KJIT_ABI_GROUPED_GEMM_PARAMS_H
+#define KJIT_ABI_GROUPED_GEMM_PARAMS_H
+
+struct kjit_grouped_gemm_params {
+  const void* a;           /* [total_rows, K] bf16, row-major, rows sorted by expert */
+  const void* b;           /* [E, N, K] or [E, K, N] bf16 (the spec says which) */
+  void* out;               /* [total_rows, N] bf16 or fp32 */
+  const int* offsets;      /* E cumulative ends, or E + 1 starts with a leading 0 (spec) */
+  const float* row_scale;  /* optional [total_rows] fp32 epilogue scale (routing weights) */
+  unsigned int* device_error; /* kjit's per-device error words */
+  long long total_rows;    /* rows of A and out; every offset must lie in [0, total_rows] */
+};
+
+/* Codes a grouped GEMM leaves in device_error[0]; device_error[1] holds the expert. */
+#define KJIT_DEVICE_ERROR_OFFSETS_NOT_MONOTONIC 2u
+#define KJIT_DEVICE_ERROR_OFFSETS_OUT_OF_RANGE 3u
+
+#endif
