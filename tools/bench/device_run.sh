@@ -23,3 +23,6 @@ export KJIT_CACHE_DIR=$(mktemp -d)/cache
 echo "== dequant benchmark"
 KJIT_LIBRARY=$PWD/$bin/libkjit.so PYTHONPATH=runtime/python PYTHONUNBUFFERED=1 \
   python3 tools/bench/bench_dequant.py --json "$out/bench_dequant.json" 2>&1 | tee "$out/bench_dequant.log"
+echo "== grouped GEMM benchmark"
+KJIT_LIBRARY=$PWD/$bin/libkjit.so PYTHONPATH=runtime/python PYTHONUNBUFFERED=1 \
+  python3 tools/bench/bench_grouped_gemm.py --json "$out/bench_grouped_gemm.json" 2>&1 | tee "$out/bench_grouped_gemm.log"

@@ -13,7 +13,8 @@ import ctypes
 import os
 import pathlib
 
-__all__ = ["KjitError", "dequant_fp8", "prepare_dequant_fp8", "check_device_errors", "library"]
+__all__ = ["KjitError", "dequant_fp8", "prepare_dequant_fp8", "grouped_gemm", "prepare_grouped_gemm",
+           "check_device_errors", "library"]
 
 _OK = 0
 _DTYPE = {"float8_e4m3fn": 1, "float8_e5m2": 2, "bfloat16": 3, "float16": 4, "float32": 5}
@@ -53,6 +54,30 @@ class _DequantDesc(ctypes.Structure):
     ]
 
 
+class _GroupedGemmDesc(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("a_dtype", ctypes.c_int),
+        ("b_dtype", ctypes.c_int),
+        ("out_dtype", ctypes.c_int),
+        ("rows", ctypes.c_int64),
+        ("n", ctypes.c_int64),
+        ("k", ctypes.c_int64),
+        ("experts", ctypes.c_int64),
+        ("weights", ctypes.c_int),
+        ("offsets_convention", ctypes.c_int),
+        ("a", ctypes.c_void_p),
+        ("b", ctypes.c_void_p),
+        ("out", ctypes.c_void_p),
+        ("offsets", ctypes.c_void_p),
+        ("row_scale", ctypes.c_void_p),
+    ]
+
+
+_WEIGHTS = {"e_n_k": 1, "e_k_n": 2}
+_OFFSETS = {"cumulative_end": 1, "with_leading_zero": 2}
+
+
 def _find_library() -> str:
     env = os.environ.get("KJIT_LIBRARY")
     if env:
@@ -79,6 +104,12 @@ def library() -> ctypes.CDLL:
         lib.kjit_dequant_fp8.restype = ctypes.c_int
         lib.kjit_dequant_fp8_prepare.argtypes = [ctypes.POINTER(_DequantDesc), ctypes.c_int]
         lib.kjit_dequant_fp8_prepare.restype = ctypes.c_int
+        lib.kjit_grouped_gemm_desc_init.argtypes = [ctypes.POINTER(_GroupedGemmDesc)]
+        lib.kjit_grouped_gemm_desc_init.restype = None
+        lib.kjit_grouped_gemm.argtypes = [ctypes.POINTER(_GroupedGemmDesc), ctypes.c_void_p]
+        lib.kjit_grouped_gemm.restype = ctypes.c_int
+        lib.kjit_grouped_gemm_prepare.argtypes = [ctypes.POINTER(_GroupedGemmDesc), ctypes.c_int]
+        lib.kjit_grouped_gemm_prepare.restype = ctypes.c_int
         lib.kjit_device_errors.argtypes = [ctypes.c_int]
         lib.kjit_device_errors.restype = ctypes.c_int
         lib.kjit_last_error_message.restype = ctypes.c_char_p
@@ -167,6 +198,56 @@ def prepare_dequant_fp8(w, scales, out, *, scale="block", block=(128, 128), conv
     with these arguments needs, so that the call can be captured in a graph."""
     d = _describe(w, scales, out, scale, block, convention, expert_ids)
     _check(library().kjit_dequant_fp8_prepare(ctypes.byref(d), w.device.index or 0))
+
+
+def _describe_gemm(a, w, offsets, out, weights, offsets_convention, row_scale):
+    if weights not in _WEIGHTS:
+        raise KjitError("KJIT_ERROR_INVALID_ARGUMENT", f"weights must be 'e_n_k' or 'e_k_n', got {weights!r}")
+    if offsets_convention not in _OFFSETS:
+        raise KjitError("KJIT_ERROR_INVALID_ARGUMENT",
+                        f"offsets_convention must be 'cumulative_end' or 'with_leading_zero', got {offsets_convention!r}")
+    for name, t in (("a", a), ("w", w), ("out", out)):
+        if not t.is_contiguous():
+            raise KjitError("KJIT_ERROR_INVALID_ARGUMENT", f"{name} must be contiguous")
+    experts = w.shape[0]
+    n, k = (w.shape[1], w.shape[2]) if weights == "e_n_k" else (w.shape[2], w.shape[1])
+    if a.dim() != 2 or a.shape[1] != k:
+        raise KjitError("KJIT_ERROR_INVALID_ARGUMENT", f"a must be [rows, {k}], got {list(a.shape)}")
+    d = _GroupedGemmDesc()
+    library().kjit_grouped_gemm_desc_init(ctypes.byref(d))
+    d.a_dtype, d.b_dtype, d.out_dtype = _dtype_code(a.dtype), _dtype_code(w.dtype), _dtype_code(out.dtype)
+    d.rows, d.n, d.k, d.experts = a.shape[0], n, k, experts
+    d.weights, d.offsets_convention = _WEIGHTS[weights], _OFFSETS[offsets_convention]
+    d.a, d.b, d.out, d.offsets = a.data_ptr(), w.data_ptr(), out.data_ptr(), offsets.data_ptr()
+    d.row_scale = row_scale.data_ptr() if row_scale is not None else None
+    return d
+
+
+def grouped_gemm(a, w, offsets, *, weights="e_n_k", offsets_convention, row_scale=None, out=None,
+                 out_dtype=None, stream=None):
+    """MoE expert GEMM: rows of `a` ([rows, K] bf16, sorted by expert) times
+    each expert's weights `w` ([E, N, K] with weights='e_n_k', as checkpoints
+    store them, or [E, K, N] with 'e_k_n'). `offsets` (int32, on the device)
+    are the E cumulative ends ('cumulative_end', as torch._grouped_mm) or E + 1
+    entries with a leading 0 ('with_leading_zero'). row_scale (fp32 [rows])
+    multiplies each output row. Returns out [rows, N] (bf16 unless out_dtype)."""
+    import torch
+
+    if out is None:
+        n = w.shape[1] if weights == "e_n_k" else w.shape[2]
+        out = torch.empty(a.shape[0], n, dtype=out_dtype or torch.bfloat16, device=a.device)
+    d = _describe_gemm(a, w, offsets, out, weights, offsets_convention, row_scale)
+    if stream is None:
+        stream = torch.cuda.current_stream(a.device).cuda_stream
+    _check(library().kjit_grouped_gemm(ctypes.byref(d), ctypes.c_void_p(stream)))
+    return out
+
+
+def prepare_grouped_gemm(a, w, offsets, out, *, weights="e_n_k", offsets_convention, row_scale=None):
+    """Compiles (or finds) and loads the kernel grouped_gemm needs for these
+    arguments, so that later calls can be captured in a CUDA graph."""
+    d = _describe_gemm(a, w, offsets, out, weights, offsets_convention, row_scale)
+    _check(library().kjit_grouped_gemm_prepare(ctypes.byref(d), a.device.index or 0))
 
 
 def check_device_errors(device: int = 0) -> None:
