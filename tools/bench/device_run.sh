@@ -10,12 +10,12 @@ mkdir -p "$out"
 export KJIT_CACHE_DIR=$(mktemp -d)/cache
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/device.txt"
 echo "== gpu tests"
-"$bin/kjit_gpu_tests" 2>&1 | tee "$out/gpu_tests.log" | tail -25
+timeout 300 "$bin/kjit_gpu_tests" > "$out/gpu_tests.log" 2>&1; echo "gpu tests exit $?"; tail -4 "$out/gpu_tests.log"
 echo "== main job (GPU part)"
 "$bin/jitctl" info
 "$bin/jitctl" precompile --manifest tools/manifests/default.json --arch sm_90a,sm_100a,sm_120a 2>/dev/null
 "$bin/jitctl" list | tail -3
-"$bin/jitctl" selftest 2>&1 | tee "$out/selftest.log" | tail -3
+timeout 240 "$bin/jitctl" selftest > "$out/selftest.log" 2>&1; echo "selftest exit $?"; tail -1 "$out/selftest.log"
 echo "== launch costs (cold process, empty cache; then a fresh process with a warm disk cache)"
 export KJIT_CACHE_DIR=$(mktemp -d)/cache
 "$bin/kjit_bench_launch" | tee "$out/launch_cold.json"
