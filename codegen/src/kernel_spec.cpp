@@ -2,6 +2,7 @@
 #include "kjit/codegen/kernel_spec.hpp"
 
 #include <array>
+#include <iterator>
 #include <functional>
 
 #include <fmt/format.h>
@@ -101,6 +102,51 @@ Expected<KernelSpec> gemm_from_json(const nlohmann::json& j) {
   return spec;
 }
 
+Expected<void> validate_routing(const MoeRoutingSpec& s) {
+  if (s.experts < 1 || s.experts > 4096)
+    return fail(KJIT_ERROR_INVALID_ARGUMENT, fmt::format("moe_routing needs 1 to 4096 local experts, got {}", s.experts));
+  return {};
+}
+
+Expected<void> validate_combine(const MoeCombineSpec& s) {
+  if (s.top_k < 1 || s.top_k > 32)
+    return fail(KJIT_ERROR_INVALID_ARGUMENT, fmt::format("moe_combine needs top_k from 1 to 32, got {}", s.top_k));
+  if (s.hidden < 8 || s.hidden % 8 != 0)
+    return fail(KJIT_ERROR_INVALID_ARGUMENT,
+                fmt::format("moe_combine needs a hidden size divisible by 8, got {}", s.hidden));
+  if (s.out != DType::bf16 && s.out != DType::f32)
+    return fail(KJIT_ERROR_INVALID_ARGUMENT, fmt::format("moe_combine output must be bf16 or f32, not {}", name(s.out)));
+  return {};
+}
+
+Expected<KernelSpec> routing_from_json(const nlohmann::json& j, bool combine) {
+  KernelSpec spec;
+  if (combine) {
+    MoeCombineSpec c;
+    auto top_k = parse_int(j, "top_k", 0, true);
+    if (!top_k) return std::unexpected(top_k.error());
+    auto hidden = parse_int(j, "hidden", 0, true);
+    if (!hidden) return std::unexpected(hidden.error());
+    auto out = parse_enum<DType>(j, "out", kDTypeNames);
+    if (!out) return std::unexpected(out.error());
+    c.top_k = *top_k;
+    c.hidden = *hidden;
+    c.out = *out;
+    spec = c;
+  } else {
+    MoeRoutingSpec r;
+    auto experts = parse_int(j, "experts", 0, true);
+    if (!experts) return std::unexpected(experts.error());
+    auto offsets = parse_enum<OffsetsConvention>(j, "offsets", kOffsetsNames);
+    if (!offsets) return std::unexpected(offsets.error());
+    r.experts = *experts;
+    r.offsets = *offsets;
+    spec = r;
+  }
+  if (auto ok = validate(spec); !ok) return std::unexpected(ok.error());
+  return spec;
+}
+
 }  // namespace
 
 std::string_view name(WeightLayout l) { return kLayoutNames[static_cast<size_t>(l)]; }
@@ -128,10 +174,16 @@ int size_bytes(DType t) {
 }
 
 std::string_view op_name(const KernelSpec& spec) {
-  return std::holds_alternative<DequantSpec>(spec) ? "fp8_dequant" : "grouped_gemm";
+  static constexpr std::string_view kNames[] = {"fp8_dequant", "grouped_gemm", "moe_routing", "moe_combine"};
+  static_assert(std::size(kNames) == std::variant_size_v<KernelSpec>);
+  return kNames[spec.index()];
 }
 
 std::string canonical(const KernelSpec& spec) {
+  if (const auto* r = std::get_if<MoeRoutingSpec>(&spec))
+    return fmt::format("moe_routing experts={} offsets={}", r->experts, name(r->offsets));
+  if (const auto* c = std::get_if<MoeCombineSpec>(&spec))
+    return fmt::format("moe_combine top_k={} hidden={} in=bf16 out={}", c->top_k, c->hidden, name(c->out));
   if (const auto* g = std::get_if<GroupedGemmSpec>(&spec))
     return fmt::format("grouped_gemm a=bf16 b=bf16 out={} n={} k={} experts={} weights={} offsets={} row_scale={} "
                        "tile={}x{}x{}",
@@ -146,6 +198,10 @@ std::string canonical(const KernelSpec& spec) {
 }
 
 nlohmann::json to_json(const KernelSpec& spec) {
+  if (const auto* r = std::get_if<MoeRoutingSpec>(&spec))
+    return {{"op", "moe_routing"}, {"experts", r->experts}, {"offsets", name(r->offsets)}};
+  if (const auto* c = std::get_if<MoeCombineSpec>(&spec))
+    return {{"op", "moe_combine"}, {"top_k", c->top_k}, {"hidden", c->hidden}, {"out", name(c->out)}};
   if (const auto* g = std::get_if<GroupedGemmSpec>(&spec))
     return {{"op", "grouped_gemm"}, {"out", name(g->out)},         {"n", g->n},
             {"k", g->k},            {"experts", g->experts},       {"weights", name(g->weights)},
@@ -169,8 +225,10 @@ Expected<KernelSpec> spec_from_json(const nlohmann::json& j) {
     return fail(KJIT_ERROR_INVALID_ARGUMENT, "spec field 'op' must be a string");
   const auto op = j["op"].get<std::string>();
   if (op == "grouped_gemm") return gemm_from_json(j);
+  if (op == "moe_routing" || op == "moe_combine") return routing_from_json(j, op == "moe_combine");
   if (op != "fp8_dequant")
-    return fail(KJIT_ERROR_INVALID_ARGUMENT, fmt::format("unknown op '{}' (known: fp8_dequant, grouped_gemm)", op));
+    return fail(KJIT_ERROR_INVALID_ARGUMENT,
+                fmt::format("unknown op '{}' (known: fp8_dequant, grouped_gemm, moe_routing, moe_combine)", op));
 
   DequantSpec s;
   auto in = parse_enum<DType>(j, "in", kDTypeNames);
@@ -210,6 +268,8 @@ Expected<KernelSpec> spec_from_json(const nlohmann::json& j) {
 
 Expected<void> validate(const KernelSpec& spec) {
   if (const auto* g = std::get_if<GroupedGemmSpec>(&spec)) return validate_gemm(*g);
+  if (const auto* r = std::get_if<MoeRoutingSpec>(&spec)) return validate_routing(*r);
+  if (const auto* c = std::get_if<MoeCombineSpec>(&spec)) return validate_combine(*c);
   return validate_dequant(std::get<DequantSpec>(spec));
 }
 
@@ -229,6 +289,14 @@ int dequant_vector(DType out, int64_t cols, std::initializer_list<int64_t> align
 size_t SpecHash::operator()(const KernelSpec& spec) const noexcept {
   size_t h = spec.index();
   auto mix = [&h](uint64_t v) { h ^= std::hash<uint64_t>{}(v) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2); };
+  if (const auto* r = std::get_if<MoeRoutingSpec>(&spec)) {
+    mix(static_cast<uint64_t>(r->experts) << 8 | static_cast<uint64_t>(r->offsets));
+    return h;
+  }
+  if (const auto* c = std::get_if<MoeCombineSpec>(&spec)) {
+    mix(static_cast<uint64_t>(c->top_k) << 40 | static_cast<uint64_t>(c->hidden) << 8 | static_cast<uint64_t>(c->out));
+    return h;
+  }
   if (const auto* g = std::get_if<GroupedGemmSpec>(&spec)) {
     mix(static_cast<uint64_t>(g->n));
     mix(static_cast<uint64_t>(g->k));

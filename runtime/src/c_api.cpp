@@ -8,6 +8,7 @@
 #include "kjit/kjit.h"
 #include "ops/dequant.hpp"
 #include "ops/grouped_gemm.hpp"
+#include "ops/moe_routing.hpp"
 #include "runtime.hpp"
 
 namespace {
@@ -84,6 +85,46 @@ KJIT_API kjit_status kjit_grouped_gemm_prepare(const kjit_grouped_gemm_desc* des
   return guarded([&]() -> kjit::Expected<void> {
     if (auto ok = require(desc, "desc"); !ok) return ok;
     return kjit::ops::prepare_grouped_gemm(kjit::Runtime::global(), *desc, device);
+  });
+}
+
+KJIT_API void kjit_moe_routing_desc_init(kjit_moe_routing_desc* desc) {
+  if (!desc) return;
+  *desc = kjit_moe_routing_desc{};
+  desc->struct_size = sizeof(kjit_moe_routing_desc);
+}
+
+KJIT_API kjit_status kjit_moe_routing(const kjit_moe_routing_desc* desc, kjit_stream stream) {
+  return guarded([&]() -> kjit::Expected<void> {
+    if (auto ok = require(desc, "desc"); !ok) return ok;
+    return kjit::ops::moe_routing(kjit::Runtime::global(), *desc, reinterpret_cast<CUstream>(stream));
+  });
+}
+
+KJIT_API kjit_status kjit_moe_routing_prepare(const kjit_moe_routing_desc* desc, int device) {
+  return guarded([&]() -> kjit::Expected<void> {
+    if (auto ok = require(desc, "desc"); !ok) return ok;
+    return kjit::ops::prepare_moe_routing(kjit::Runtime::global(), *desc, device);
+  });
+}
+
+KJIT_API void kjit_moe_combine_desc_init(kjit_moe_combine_desc* desc) {
+  if (!desc) return;
+  *desc = kjit_moe_combine_desc{};
+  desc->struct_size = sizeof(kjit_moe_combine_desc);
+}
+
+KJIT_API kjit_status kjit_moe_combine(const kjit_moe_combine_desc* desc, kjit_stream stream) {
+  return guarded([&]() -> kjit::Expected<void> {
+    if (auto ok = require(desc, "desc"); !ok) return ok;
+    return kjit::ops::moe_combine(kjit::Runtime::global(), *desc, reinterpret_cast<CUstream>(stream));
+  });
+}
+
+KJIT_API kjit_status kjit_moe_combine_prepare(const kjit_moe_combine_desc* desc, int device) {
+  return guarded([&]() -> kjit::Expected<void> {
+    if (auto ok = require(desc, "desc"); !ok) return ok;
+    return kjit::ops::prepare_moe_combine(kjit::Runtime::global(), *desc, device);
   });
 }
 

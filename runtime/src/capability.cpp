@@ -54,7 +54,8 @@ Expected<void> require_family(const ArchRow& row, KernelFamily family) {
                   fmt::format("fp8 dequant needs compute capability 8.9 or newer; this GPU is {}.{} ({})", row.major,
                               row.minor, row.note));
     case KernelFamily::grouped_gemm:
-      return {};  // the portable kernel runs on every arch in the table
+    case KernelFamily::moe_routing:
+      return {};  // portable kernels: they run on every arch in the table
   }
   return fail(KJIT_ERROR_INTERNAL, "unknown kernel family");
 }

@@ -12,7 +12,7 @@
 
 namespace kjit {
 
-enum class KernelFamily { fp8_dequant, grouped_gemm };
+enum class KernelFamily { fp8_dequant, grouped_gemm, moe_routing };
 
 struct ArchRow {
   int major;

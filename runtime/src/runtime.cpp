@@ -9,6 +9,7 @@
 #include "kjit/detail/log.hpp"
 #include "dequant_params.h"
 #include "grouped_gemm_params.h"
+#include "moe_routing_params.h"
 #include "nvrtc.hpp"
 
 namespace kjit {
@@ -25,8 +26,9 @@ std::string_view memory_type_name(unsigned int type) {
 }  // namespace
 
 KernelFamily family_of(const codegen::KernelSpec& spec) {
-  return std::holds_alternative<codegen::GroupedGemmSpec>(spec) ? KernelFamily::grouped_gemm
-                                                                : KernelFamily::fp8_dequant;
+  if (std::holds_alternative<codegen::GroupedGemmSpec>(spec)) return KernelFamily::grouped_gemm;
+  if (std::holds_alternative<codegen::DequantSpec>(spec)) return KernelFamily::fp8_dequant;
+  return KernelFamily::moe_routing;
 }
 
 Runtime::Runtime(Expected<const DriverApi*> driver, cache::StoreConfig cache_config)
@@ -294,6 +296,16 @@ Expected<void> Runtime::take_device_errors(int ordinal) {
                 fmt::format("a grouped GEMM on device {} was given an offset for expert {} outside [0, rows] (or a "
                             "first offset that is not 0); it wrote nothing",
                             ordinal, words[1]));
+  if (words[0] == KJIT_DEVICE_ERROR_GLOBAL_EXPERT_ID_OUT_OF_RANGE)
+    return fail(KJIT_ERROR_DEVICE_REPORTED,
+                fmt::format("MoE routing on device {} was given expert id {} outside [0, experts_total); it wrote "
+                            "nothing",
+                            ordinal, static_cast<int32_t>(words[1])));
+  if (words[0] == KJIT_DEVICE_ERROR_COMBINE_INDEX_OUT_OF_RANGE)
+    return fail(KJIT_ERROR_DEVICE_REPORTED,
+                fmt::format("MoE combine on device {} was given sorted row {} past the rows of expert_out; that "
+                            "term was left out",
+                            ordinal, static_cast<int32_t>(words[1])));
   if (words[0] == KJIT_DEVICE_ERROR_EXPERT_ID_OUT_OF_RANGE)
     return fail(KJIT_ERROR_DEVICE_REPORTED,
                 fmt::format("a dequant launch on device {} was given expert id {} outside [0, experts); it wrote "

@@ -111,6 +111,23 @@ std::vector<GroupedGemmSpec> gemm_variants() {
 
 }  // namespace
 
+static std::vector<KernelSpec> routing_variants() {
+  return {MoeRoutingSpec{256, OffsetsConvention::cumulative_end}, MoeRoutingSpec{4096, OffsetsConvention::with_leading_zero},
+          MoeCombineSpec{8, 7168, DType::bf16}, MoeCombineSpec{1, 8, DType::f32}};
+}
+
+TEST_CASE("the MoE routing helpers compile with NVRTC for sm_90a, sm_100a and sm_120a") {
+  const auto dir = std::filesystem::temp_directory_path() / ("kjit-nvrtc-routing-" + std::to_string(::getpid()));
+  kjit::Runtime runtime{kjit::fail(KJIT_ERROR_NO_DEVICE, "no driver in this test"),
+                        kjit::cache::StoreConfig{dir.string(), {}, 0}};
+  for (const char* arch : {"sm_90a", "sm_100a", "sm_120a"})
+    for (const auto& spec : routing_variants()) {
+      auto cubin = runtime.cubin(spec, arch);
+      REQUIRE_MESSAGE(cubin.has_value(), arch, " ", canonical(spec), ": ", kjit::testing::why(cubin));
+    }
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("every grouped GEMM variant compiles with NVRTC for sm_90a, sm_100a and sm_120a") {
   const auto dir = std::filesystem::temp_directory_path() / ("kjit-nvrtc-gemm-" + std::to_string(::getpid()));
   kjit::Runtime runtime{kjit::fail(KJIT_ERROR_NO_DEVICE, "no driver in this test"),
@@ -132,6 +149,7 @@ TEST_CASE("ptxas reports no local-memory spills in the grouped GEMM and dequant 
   std::vector<KernelSpec> specs;
   for (const auto& g : gemm_variants()) specs.push_back(g);
   for (const auto& d : variants()) specs.push_back(d);
+  for (const auto& r : routing_variants()) specs.push_back(r);
   for (const auto& spec : specs) {
     auto r = (*nvrtc)->compile(render(spec).source, "spill_check.cu", "sm_90a", options);
     REQUIRE_MESSAGE(r.has_value(), kjit::testing::why(r));

@@ -160,6 +160,59 @@ KJIT_API kjit_status kjit_grouped_gemm(const kjit_grouped_gemm_desc* desc, kjit_
 /* Compiles (or finds) and loads the kernel `desc` needs on `device`; pointers unused. */
 KJIT_API kjit_status kjit_grouped_gemm_prepare(const kjit_grouped_gemm_desc* desc, int device);
 
+/* MoE routing helpers, on the device and CUDA-graph safe.
+ *
+ * kjit_moe_routing: from top-k global expert ids [tokens, top_k], for the
+ * experts this rank owns ([expert_base, expert_base + experts_local); all of
+ * them without expert parallelism): per-expert counts, offsets in the chosen
+ * convention, sorted_to_flat (for each row of the expert-sorted order, the flat
+ * index t * top_k + j it came from; -1 past the routed rows) and flat_to_sorted
+ * (the sorted row of each (t, j); -1 when routed to another rank, never an
+ * index). Within an expert, rows keep the order of their flat index, so the
+ * result is reproducible. Global ids outside [0, experts_total) make the launch
+ * write nothing and are reported by kjit_device_errors. Every output array is
+ * sized by tokens * top_k, known to the host: no sync is needed.
+ * Runs in one thread block today: fine for decode batches, slow for very large
+ * prefill batches (a multi-block version is planned). */
+typedef struct kjit_moe_routing_desc {
+  uint32_t struct_size; /* sizeof(kjit_moe_routing_desc) */
+  int64_t tokens;
+  int64_t top_k;
+  int64_t experts_total;
+  int64_t expert_base;
+  int64_t experts_local; /* 1 to 4096 */
+  kjit_expert_offsets offsets_convention;
+  const int32_t* topk_ids;  /* device [tokens * top_k] */
+  int32_t* counts;          /* device [experts_local] */
+  int32_t* offsets;         /* device [experts_local] or [experts_local + 1] */
+  int32_t* sorted_to_flat;  /* device [tokens * top_k] */
+  int32_t* flat_to_sorted;  /* device [tokens * top_k] */
+} kjit_moe_routing_desc;
+
+/* kjit_moe_combine: out[t, :] = sum over j of topk_weights[t, j] *
+ * expert_out[flat_to_sorted[t * top_k + j], :], skipping -1 (rows of other
+ * ranks), accumulated in fp32 in order of j, rounded once. */
+typedef struct kjit_moe_combine_desc {
+  uint32_t struct_size; /* sizeof(kjit_moe_combine_desc) */
+  int64_t tokens;
+  int64_t top_k;        /* 1 to 32 */
+  int64_t hidden;       /* a multiple of 8 */
+  int64_t rows;         /* rows of expert_out */
+  kjit_dtype in_dtype;  /* KJIT_DTYPE_BF16 */
+  kjit_dtype out_dtype; /* KJIT_DTYPE_BF16 or KJIT_DTYPE_F32 */
+  const void* expert_out;       /* device [rows, hidden], 16-byte aligned */
+  const float* topk_weights;    /* device [tokens * top_k] */
+  const int32_t* flat_to_sorted; /* device [tokens * top_k] */
+  void* out;                    /* device [tokens, hidden], 16-byte aligned */
+} kjit_moe_combine_desc;
+
+KJIT_API void kjit_moe_routing_desc_init(kjit_moe_routing_desc* desc);
+KJIT_API kjit_status kjit_moe_routing(const kjit_moe_routing_desc* desc, kjit_stream stream);
+KJIT_API kjit_status kjit_moe_routing_prepare(const kjit_moe_routing_desc* desc, int device);
+KJIT_API void kjit_moe_combine_desc_init(kjit_moe_combine_desc* desc);
+KJIT_API kjit_status kjit_moe_combine(const kjit_moe_combine_desc* desc, kjit_stream stream);
+KJIT_API kjit_status kjit_moe_combine_prepare(const kjit_moe_combine_desc* desc, int device);
+
 /* Reads and clears the errors kernels have recorded on `device` (for example
  * an expert id out of range). Synchronises that device. Returns KJIT_OK when
  * none were recorded, else KJIT_ERROR_DEVICE_REPORTED with the message. */

@@ -65,7 +65,24 @@ struct GroupedGemmSpec {
   bool operator==(const GroupedGemmSpec&) const = default;
 };
 
-using KernelSpec = std::variant<DequantSpec, GroupedGemmSpec>;
+// MoE routing: top-k global expert ids -> this rank's per-expert counts,
+// offsets and the expert-sorted permutation and its inverse. The key is the
+// local expert count; tokens, top-k and the rank's expert range are run-time.
+struct MoeRoutingSpec {
+  int64_t experts = 0;  // experts this rank owns
+  OffsetsConvention offsets = OffsetsConvention::cumulative_end;
+  bool operator==(const MoeRoutingSpec&) const = default;
+};
+
+// MoE combine: out[t] = sum over j of weight[t, j] * expert_out[row of (t, j)].
+struct MoeCombineSpec {
+  int64_t top_k = 0;
+  int64_t hidden = 0;
+  DType out = DType::bf16;  // expert_out is bf16
+  bool operator==(const MoeCombineSpec&) const = default;
+};
+
+using KernelSpec = std::variant<DequantSpec, GroupedGemmSpec, MoeRoutingSpec, MoeCombineSpec>;
 
 // The portable tile of the grouped GEMM (mma.sync, sm_80+): one
 // configuration today; the per-arch heuristic lands with the SM90 kernel.

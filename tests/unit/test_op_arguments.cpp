@@ -1,4 +1,4 @@
-// The dequant op against a fake driver: every bad-argument class fails with its
+// The ops against a fake driver: every bad-argument class fails with its
 // clear error and launches nothing; a valid call launches once with the right
 // geometry and parameters, compiling with the real NVRTC into a private cache.
 #include <doctest/doctest.h>
@@ -13,6 +13,7 @@
 
 #include "ops/dequant.hpp"
 #include "ops/grouped_gemm.hpp"
+#include "ops/moe_routing.hpp"
 #include "runtime.hpp"
 
 namespace {
@@ -83,7 +84,7 @@ kjit::DriverApi fake_driver() {
     return CUDA_SUCCESS;
   };
   api.cuModuleGetFunction = [](CUfunction* f, CUmodule, const char* name) {
-    if (std::string(name) != "kjit_fp8_dequant" && std::string(name) != "kjit_grouped_gemm") return CUDA_ERROR_NOT_FOUND;
+    if (!std::string(name).starts_with("kjit_")) return CUDA_ERROR_NOT_FOUND;
     *f = reinterpret_cast<CUfunction>(0x300);
     return CUDA_SUCCESS;
   };
@@ -372,4 +373,48 @@ TEST_CASE_FIXTURE(GemmFixture, "grouped GEMM argument errors are named and launc
   FakeBuffer out_on_1(64 * 128 * 2, 1);
   g.out = out_on_1.data();
   expect_gemm_rejected("'out' is on device 1 but 'b' is on device 0");
+}
+
+TEST_CASE_FIXTURE(Fixture, "routing and combine argument errors are named and launch nothing") {
+  FakeBuffer ids(64 * 4, 0), counts(16 * 4, 0), offsets(17 * 4, 0), sorted(64 * 4, 0), inverse(64 * 4, 0);
+  kjit_moe_routing_desc r;
+  kjit_moe_routing_desc_init(&r);
+  r.tokens = 8;
+  r.top_k = 8;
+  r.experts_total = 64;
+  r.expert_base = 56;
+  r.experts_local = 16;  // [56, 72) leaves [0, 64)
+  r.offsets_convention = KJIT_OFFSETS_CUMULATIVE_END;
+  r.topk_ids = reinterpret_cast<const int32_t*>(ids.data());
+  r.counts = reinterpret_cast<int32_t*>(counts.data());
+  r.offsets = reinterpret_cast<int32_t*>(offsets.data());
+  r.sorted_to_flat = reinterpret_cast<int32_t*>(sorted.data());
+  r.flat_to_sorted = reinterpret_cast<int32_t*>(inverse.data());
+  auto bad_range = kjit::ops::moe_routing(runtime, r, fake_stream(0));
+  REQUIRE_FALSE(bad_range.has_value());
+  CHECK(bad_range.error().message.find("this rank's experts [56, 72) must lie in [0, experts_total = 64)") !=
+        std::string::npos);
+  r.expert_base = 48;
+  r.counts = nullptr;
+  auto no_counts = kjit::ops::moe_routing(runtime, r, fake_stream(0));
+  REQUIRE_FALSE(no_counts.has_value());
+  CHECK(no_counts.error().message == "'counts' is NULL");
+  r.counts = reinterpret_cast<int32_t*>(counts.data());
+  auto ok = kjit::ops::moe_routing(runtime, r, fake_stream(0));
+  REQUIRE_MESSAGE(ok.has_value(), ok.error().message);
+  CHECK(machine.launches == 1);
+  CHECK(machine.grid[0] == 1);
+
+  kjit_moe_combine_desc c;
+  kjit_moe_combine_desc_init(&c);
+  c.tokens = 8;
+  c.top_k = 8;
+  c.hidden = 12;
+  c.rows = 64;
+  c.in_dtype = KJIT_DTYPE_BF16;
+  c.out_dtype = KJIT_DTYPE_BF16;
+  auto bad_hidden = kjit::ops::moe_combine(runtime, c, fake_stream(0));
+  REQUIRE_FALSE(bad_hidden.has_value());
+  CHECK(bad_hidden.error().message == "hidden must be a positive multiple of 8, got 12");
+  CHECK(machine.launches == 1);
 }

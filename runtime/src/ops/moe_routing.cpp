@@ -1,0 +1,139 @@
+// The MoE routing helpers.
+#include "moe_routing.hpp"
+
+#include <climits>
+#include <cstdint>
+
+#include <fmt/format.h>
+
+namespace kjit::ops {
+namespace {
+
+auto invalid(std::string message) { return fail(KJIT_ERROR_INVALID_ARGUMENT, std::move(message)); }
+
+Expected<codegen::MoeRoutingSpec> routing_spec(const kjit_moe_routing_desc& d) {
+  if (d.struct_size < sizeof(kjit_moe_routing_desc))
+    return invalid("desc.struct_size is too small: call kjit_moe_routing_desc_init first");
+  if (d.tokens < 0 || d.top_k < 1) return invalid(fmt::format("need tokens >= 0 and top_k >= 1, got {} and {}", d.tokens, d.top_k));
+  if (d.tokens * d.top_k > INT32_MAX) return invalid("tokens * top_k must fit in int32 (the permutation's type)");
+  if (d.experts_local < 1 || d.experts_local > 4096)
+    return invalid(fmt::format("experts_local must be 1 to 4096, got {}", d.experts_local));
+  if (d.expert_base < 0 || d.expert_base + d.experts_local > d.experts_total)
+    return invalid(fmt::format("this rank's experts [{}, {}) must lie in [0, experts_total = {})", d.expert_base,
+                               d.expert_base + d.experts_local, d.experts_total));
+  if (d.offsets_convention != KJIT_OFFSETS_CUMULATIVE_END && d.offsets_convention != KJIT_OFFSETS_WITH_LEADING_ZERO)
+    return invalid("offsets_convention must be KJIT_OFFSETS_CUMULATIVE_END or KJIT_OFFSETS_WITH_LEADING_ZERO");
+  codegen::MoeRoutingSpec s;
+  s.experts = d.experts_local;
+  s.offsets = d.offsets_convention == KJIT_OFFSETS_WITH_LEADING_ZERO ? codegen::OffsetsConvention::with_leading_zero
+                                                                     : codegen::OffsetsConvention::cumulative_end;
+  return s;
+}
+
+Expected<codegen::MoeCombineSpec> combine_spec(const kjit_moe_combine_desc& d) {
+  if (d.struct_size < sizeof(kjit_moe_combine_desc))
+    return invalid("desc.struct_size is too small: call kjit_moe_combine_desc_init first");
+  if (d.in_dtype != KJIT_DTYPE_BF16) return invalid("moe_combine in_dtype must be KJIT_DTYPE_BF16");
+  if (d.out_dtype != KJIT_DTYPE_BF16 && d.out_dtype != KJIT_DTYPE_F32)
+    return invalid("moe_combine out_dtype must be KJIT_DTYPE_BF16 or KJIT_DTYPE_F32");
+  if (d.tokens < 0 || d.rows < 0) return invalid("tokens and rows must be >= 0");
+  if (d.tokens > INT32_MAX) return invalid("tokens must fit in a grid dimension (2^31 - 1)");
+  if (d.top_k < 1 || d.top_k > 32) return invalid(fmt::format("top_k must be 1 to 32, got {}", d.top_k));
+  if (d.hidden < 8 || d.hidden % 8 != 0) return invalid(fmt::format("hidden must be a positive multiple of 8, got {}", d.hidden));
+  codegen::MoeCombineSpec s;
+  s.top_k = d.top_k;
+  s.hidden = d.hidden;
+  s.out = d.out_dtype == KJIT_DTYPE_F32 ? codegen::DType::f32 : codegen::DType::bf16;
+  return s;
+}
+
+// Device, family, stream, kernel, then the launch.
+Expected<void> launch(Runtime& runtime, const codegen::KernelSpec& spec, std::initializer_list<NamedPointer> pointers,
+                      unsigned int*& device_error, const codegen::LaunchGeometry& geometry, void* params,
+                      CUstream stream) {
+  auto ordinal = runtime.owning_device(pointers);
+  if (!ordinal) return std::unexpected(ordinal.error());
+  auto device = runtime.device(*ordinal);
+  if (!device) return std::unexpected(device.error());
+  if (auto ok = require_family(*(*device)->arch, family_of(spec)); !ok) return ok;
+  if (auto ok = runtime.check_stream(**device, stream); !ok) return ok;
+  auto kernel = runtime.kernel(**device, spec, stream);
+  if (!kernel) return std::unexpected(kernel.error());
+  device_error = reinterpret_cast<unsigned int*>((*device)->error_words);
+  return runtime.launch(**device, **kernel, geometry, params, stream);
+}
+
+Expected<void> prepare(Runtime& runtime, const codegen::KernelSpec& spec, int ordinal) {
+  auto device = runtime.device(ordinal);
+  if (!device) return std::unexpected(device.error());
+  auto kernel = runtime.kernel(**device, spec, nullptr);
+  if (!kernel) return std::unexpected(kernel.error());
+  return {};
+}
+
+}  // namespace
+
+Expected<void> moe_routing(Runtime& runtime, const kjit_moe_routing_desc& d, CUstream stream) {
+  auto spec = routing_spec(d);
+  if (!spec) return std::unexpected(spec.error());
+  const std::pair<const void*, const char*> required[] = {{d.topk_ids, "topk_ids"}, {d.counts, "counts"},
+                                                          {d.offsets, "offsets"}, {d.sorted_to_flat, "sorted_to_flat"},
+                                                          {d.flat_to_sorted, "flat_to_sorted"}};
+  for (const auto& [pointer, name] : required)
+    if (!pointer) return invalid(fmt::format("'{}' is NULL", name));
+  kjit_moe_routing_params p{};
+  p.topk_ids = d.topk_ids;
+  p.counts = d.counts;
+  p.offsets = d.offsets;
+  p.sorted_to_flat = d.sorted_to_flat;
+  p.flat_to_sorted = d.flat_to_sorted;
+  p.entries = d.tokens * d.top_k;
+  p.experts_total = d.experts_total;
+  p.expert_base = d.expert_base;
+  codegen::LaunchGeometry g;
+  g.block_x = 1024;  // one block: see kjit.h
+  return launch(runtime, *spec,
+                {{d.topk_ids, "topk_ids"}, {d.counts, "counts"}, {d.offsets, "offsets"},
+                 {d.sorted_to_flat, "sorted_to_flat"}, {d.flat_to_sorted, "flat_to_sorted"}},
+                p.device_error, g, &p, stream);
+}
+
+Expected<void> prepare_moe_routing(Runtime& runtime, const kjit_moe_routing_desc& d, int device) {
+  auto spec = routing_spec(d);
+  if (!spec) return std::unexpected(spec.error());
+  return prepare(runtime, *spec, device);
+}
+
+Expected<void> moe_combine(Runtime& runtime, const kjit_moe_combine_desc& d, CUstream stream) {
+  auto spec = combine_spec(d);
+  if (!spec) return std::unexpected(spec.error());
+  if (d.tokens == 0) return {};
+  const std::pair<const void*, const char*> required[] = {{d.expert_out, "expert_out"}, {d.topk_weights, "topk_weights"},
+                                                          {d.flat_to_sorted, "flat_to_sorted"}, {d.out, "out"}};
+  for (const auto& [pointer, name] : required)
+    if (!pointer) return invalid(fmt::format("'{}' is NULL", name));
+  if (reinterpret_cast<uintptr_t>(d.expert_out) % 16 != 0 || reinterpret_cast<uintptr_t>(d.out) % 16 != 0)
+    return invalid("'expert_out' and 'out' must be 16-byte aligned");
+  kjit_moe_combine_params p{};
+  p.expert_out = d.expert_out;
+  p.topk_weights = d.topk_weights;
+  p.flat_to_sorted = d.flat_to_sorted;
+  p.out = d.out;
+  p.tokens = d.tokens;
+  p.rows = d.rows;
+  codegen::LaunchGeometry g;
+  g.block_x = 256;
+  g.grid_x = static_cast<uint32_t>(d.tokens);
+  return launch(runtime, *spec,
+                {{d.expert_out, "expert_out"}, {d.topk_weights, "topk_weights"},
+                 {d.flat_to_sorted, "flat_to_sorted"}, {d.out, "out"}},
+                p.device_error, g, &p, stream);
+}
+
+Expected<void> prepare_moe_combine(Runtime& runtime, const kjit_moe_combine_desc& d, int device) {
+  auto spec = combine_spec(d);
+  if (!spec) return std::unexpected(spec.error());
+  return prepare(runtime, *spec, device);
+}
+
+}  // namespace kjit::ops

@@ -1,0 +1,16 @@
+// The MoE routing helpers: argument checks, specs and launches of
+// moe_routing and moe_combine.
+#pragma once
+
+#include "../runtime.hpp"
+#include "kjit/kjit.h"
+#include "moe_routing_params.h"
+
+namespace kjit::ops {
+
+Expected<void> moe_routing(Runtime& runtime, const kjit_moe_routing_desc& desc, CUstream stream);
+Expected<void> prepare_moe_routing(Runtime& runtime, const kjit_moe_routing_desc& desc, int device);
+Expected<void> moe_combine(Runtime& runtime, const kjit_moe_combine_desc& desc, CUstream stream);
+Expected<void> prepare_moe_combine(Runtime& runtime, const kjit_moe_combine_desc& desc, int device);
+
+}  // namespace kjit::ops

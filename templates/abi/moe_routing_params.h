@@ -1,0 +1,33 @@
+/* Kernel-parameter blocks of the MoE routing helpers (routing: top-k ids ->
+ * per-expert counts, offsets and the expert-sorted permutation; combine: the
+ * weighted sum of expert outputs back in token order). Shared by the host and
+ * the generated kernels; plain C types only. */
+#ifndef KJIT_ABI_MOE_ROUTING_PARAMS_H
+#define KJIT_ABI_MOE_ROUTING_PARAMS_H
+
+struct kjit_moe_routing_params {
+  const int* topk_ids;   /* [tokens * top_k] global expert ids */
+  int* counts;           /* [experts_local] */
+  int* offsets;          /* [experts_local] ends, or [experts_local + 1] with a leading 0 */
+  int* sorted_to_flat;   /* [tokens * top_k]: flat index t * top_k + j of each sorted row; -1 past the routed rows */
+  int* flat_to_sorted;   /* [tokens * top_k]: sorted row of each (t, j), -1 when routed to another rank */
+  unsigned int* device_error;
+  long long entries;     /* tokens * top_k */
+  long long experts_total;
+  long long expert_base; /* first global id this rank owns */
+};
+
+struct kjit_moe_combine_params {
+  const void* expert_out;    /* [rows, hidden] bf16, rows in expert-sorted order */
+  const float* topk_weights; /* [tokens * top_k] */
+  const int* flat_to_sorted; /* [tokens * top_k], -1 = not on this rank */
+  void* out;                 /* [tokens, hidden] bf16 or fp32 */
+  unsigned int* device_error;
+  long long tokens;
+  long long rows;            /* rows of expert_out; an index at or past it is an error */
+};
+
+#define KJIT_DEVICE_ERROR_GLOBAL_EXPERT_ID_OUT_OF_RANGE 4u
+#define KJIT_DEVICE_ERROR_COMBINE_INDEX_OUT_OF_RANGE 5u
+
+#endif

@@ -1,0 +1,174 @@
+// MoE routing helpers, on the device and graph-safe (no host sync, no
+// allocation, sizes fixed by the token count).
+//
+// moe_routing: one block. (1) Every global id is checked against
+// [0, experts_total); a bad one writes nothing and is recorded. (2) Ids in this
+// rank's range [expert_base, expert_base + kExperts) are counted per local
+// expert; others are skipped, never used as an index. (3) A block-wide scan
+// gives the offsets. (4) Rows are placed stably: sorted order within an expert
+// is the order of the flat index t * top_k + j, so the permutation is exactly
+// reproducible. Chunks of the block size are placed warp after warp; within a
+// warp, lanes of one expert rank themselves with __match_any_sync.
+//
+// moe_combine: one block per token; out[t] = sum_j w[t, j] * expert_out[row(t, j)]
+// over the j routed to this rank, accumulated in fp32, rounded once.
+#pragma once
+
+namespace kjit {
+
+template <long long kExperts_, bool kOffsetsWithZero_>
+struct RoutingConfig {
+  static constexpr long long kExperts = kExperts_;
+  static constexpr bool kOffsetsWithZero = kOffsetsWithZero_;
+  static constexpr int kThreads = 1024;
+};
+
+// Exclusive scan of counts[0, n) in shared memory, in place; returns the total.
+template <int kThreads>
+__device__ __forceinline__ int block_exclusive_scan(int* counts, long long n) {
+  __shared__ int warp_sums[32];
+  __shared__ int carry;
+  if (threadIdx.x == 0) carry = 0;
+  __syncthreads();
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (long long base = 0; base < n; base += kThreads) {
+    const long long i = base + threadIdx.x;
+    const int value = i < n ? counts[i] : 0;
+    int inclusive = value;
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const int up = __shfl_up_sync(0xffffffffu, inclusive, d);
+      if (lane >= d) inclusive += up;
+    }
+    if (lane == 31) warp_sums[warp] = inclusive;
+    __syncthreads();
+    if (warp == 0) {
+      const int s = lane < kThreads / 32 ? warp_sums[lane] : 0;
+      int scanned = s;
+#pragma unroll
+      for (int d = 1; d < 32; d *= 2) {
+        const int up = __shfl_up_sync(0xffffffffu, scanned, d);
+        if (lane >= d) scanned += up;
+      }
+      warp_sums[lane] = scanned - s;  // exclusive prefix of the warps
+    }
+    __syncthreads();
+    const int exclusive = carry + warp_sums[warp] + inclusive - value;
+    __syncthreads();  // everyone has read carry
+    if (i < n) counts[i] = exclusive;
+    if (threadIdx.x == kThreads - 1) carry = exclusive + value;
+    __syncthreads();
+  }
+  return carry;
+}
+
+template <class Cfg>
+__device__ __forceinline__ void moe_routing(const kjit_moe_routing_params& p) {
+  __shared__ int running[Cfg::kExperts];  // counts, then each expert's next free row
+  for (long long e = threadIdx.x; e < Cfg::kExperts; e += Cfg::kThreads) running[e] = 0;
+  __syncthreads();
+
+  int bad = 0;
+  for (long long i = threadIdx.x; i < p.entries; i += Cfg::kThreads) {
+    const int id = p.topk_ids[i];
+    if (id < 0 || id >= p.experts_total) {
+      bad = 1;
+      if (atomicCAS(&p.device_error[0], 0u, KJIT_DEVICE_ERROR_GLOBAL_EXPERT_ID_OUT_OF_RANGE) == 0u)
+        p.device_error[1] = static_cast<unsigned>(id);
+      continue;
+    }
+    const long long local = id - p.expert_base;
+    if (local >= 0 && local < Cfg::kExperts) atomicAdd(&running[local], 1);
+  }
+  if (__syncthreads_or(bad)) return;
+
+  for (long long e = threadIdx.x; e < Cfg::kExperts; e += Cfg::kThreads) p.counts[e] = running[e];
+  __syncthreads();
+  const int routed = block_exclusive_scan<Cfg::kThreads>(running, Cfg::kExperts);
+  for (long long e = threadIdx.x; e < Cfg::kExperts; e += Cfg::kThreads) {
+    if constexpr (Cfg::kOffsetsWithZero) p.offsets[e] = running[e];
+    else p.offsets[e] = running[e] + p.counts[e];  // cumulative ends
+  }
+  if (Cfg::kOffsetsWithZero && threadIdx.x == 0) p.offsets[Cfg::kExperts] = routed;
+  __syncthreads();
+
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const unsigned lanes_before = (1u << lane) - 1u;
+  for (long long base = 0; base < p.entries; base += Cfg::kThreads) {
+    const long long i = base + threadIdx.x;
+    long long local = -1;
+    if (i < p.entries) {
+      local = p.topk_ids[i] - p.expert_base;
+      if (local < 0 || local >= Cfg::kExperts) local = -1;
+    }
+    const unsigned same = __match_any_sync(0xffffffffu, static_cast<int>(local));
+    const int rank = __popc(same & lanes_before), members = __popc(same);
+    for (int turn = 0; turn < Cfg::kThreads / 32; ++turn) {
+      if (warp == turn && local >= 0) {
+        const int row = running[local] + rank;
+        p.sorted_to_flat[row] = static_cast<int>(i);
+        p.flat_to_sorted[i] = row;
+      }
+      __syncwarp();
+      if (warp == turn && local >= 0 && rank == members - 1) running[local] += members;
+      __syncthreads();
+    }
+    if (i < p.entries && local < 0) p.flat_to_sorted[i] = -1;
+  }
+  for (long long row = routed + threadIdx.x; row < p.entries; row += Cfg::kThreads) p.sorted_to_flat[row] = -1;
+}
+
+template <int kTopK_, long long kHidden_, bool kOutF32_>
+struct CombineConfig {
+  static constexpr int kTopK = kTopK_;
+  static constexpr long long kHidden = kHidden_;
+  static constexpr bool kOutF32 = kOutF32_;
+  static constexpr int kThreads = 256;
+  static_assert(kHidden % 8 == 0, "the host admits hidden sizes divisible by 8");
+};
+
+template <class Cfg>
+__device__ __forceinline__ void moe_combine(const kjit_moe_combine_params& p) {
+  const long long t = blockIdx.x;
+  int rows[Cfg::kTopK];
+  float weights[Cfg::kTopK];
+#pragma unroll
+  for (int j = 0; j < Cfg::kTopK; ++j) {
+    rows[j] = p.flat_to_sorted[t * Cfg::kTopK + j];
+    weights[j] = p.topk_weights[t * Cfg::kTopK + j];
+    if (rows[j] >= p.rows) {
+      if (atomicCAS(&p.device_error[0], 0u, KJIT_DEVICE_ERROR_COMBINE_INDEX_OUT_OF_RANGE) == 0u)
+        p.device_error[1] = static_cast<unsigned>(rows[j]);
+      rows[j] = -1;
+    }
+  }
+  const unsigned short* x = static_cast<const unsigned short*>(p.expert_out);
+  for (long long h = threadIdx.x * 8LL; h < Cfg::kHidden; h += Cfg::kThreads * 8LL) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+    for (int j = 0; j < Cfg::kTopK; ++j) {
+      if (rows[j] < 0) continue;
+      const uint4 v = *reinterpret_cast<const uint4*>(x + static_cast<long long>(rows[j]) * Cfg::kHidden + h);
+      const unsigned words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        acc[2 * q] += weights[j] * __uint_as_float(words[q] << 16);
+        acc[2 * q + 1] += weights[j] * __uint_as_float(words[q] & 0xffff0000u);
+      }
+    }
+    if constexpr (Cfg::kOutF32) {
+      float4* out = reinterpret_cast<float4*>(static_cast<float*>(p.out) + t * Cfg::kHidden + h);
+      out[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+      out[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+    } else {
+      uint4 packed;
+      packed.x = cvt_rn_bf16x2_f32(acc[0], acc[1]);
+      packed.y = cvt_rn_bf16x2_f32(acc[2], acc[3]);
+      packed.z = cvt_rn_bf16x2_f32(acc[4], acc[5]);
+      packed.w = cvt_rn_bf16x2_f32(acc[6], acc[7]);
+      *reinterpret_cast<uint4*>(static_cast<unsigned short*>(p.out) + t * Cfg::kHidden + h) = packed;
+    }
+  }
+}
+
+}  // namespace kjit

@@ -1,0 +1,234 @@
+// MoE routing helpers on a real GPU against a CPU reference on fresh random
+// ids: counts, offsets in both conventions, the stable permutation and its
+// inverse, expert-parallel ranks (other ranks' rows skipped, never indexed),
+// bad global ids rejected, and the weighted combine.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "gpu_support.hpp"
+#include "kjit/kjit.h"
+#include "kjit/reference/fp8.hpp"
+
+using namespace kjit::testing;
+
+namespace {
+
+struct RoutingCase {
+  int64_t tokens = 1000, top_k = 8, experts_total = 64, expert_base = 0, experts_local = 64;
+  kjit_expert_offsets convention = KJIT_OFFSETS_CUMULATIVE_END;
+};
+
+struct RoutingResult {
+  std::vector<int32_t> counts, offsets, sorted_to_flat, flat_to_sorted;
+};
+
+// The reference: a stable counting sort by local expert of the flat indices.
+RoutingResult reference_routing(const RoutingCase& c, const std::vector<int32_t>& ids) {
+  RoutingResult r;
+  const int64_t n = c.tokens * c.top_k;
+  r.counts.assign(static_cast<size_t>(c.experts_local), 0);
+  for (int32_t id : ids)
+    if (id >= c.expert_base && id < c.expert_base + c.experts_local) ++r.counts[static_cast<size_t>(id - c.expert_base)];
+  std::vector<int32_t> start(static_cast<size_t>(c.experts_local), 0);
+  for (size_t e = 1; e < start.size(); ++e) start[e] = start[e - 1] + r.counts[e - 1];
+  if (c.convention == KJIT_OFFSETS_WITH_LEADING_ZERO) r.offsets.push_back(0);
+  for (size_t e = 0; e < start.size(); ++e) r.offsets.push_back(start[e] + r.counts[e]);
+  r.sorted_to_flat.assign(static_cast<size_t>(n), -1);
+  r.flat_to_sorted.assign(static_cast<size_t>(n), -1);
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t id = ids[static_cast<size_t>(i)];
+    if (id < c.expert_base || id >= c.expert_base + c.experts_local) continue;
+    const int32_t row = start[static_cast<size_t>(id - c.expert_base)]++;
+    r.sorted_to_flat[static_cast<size_t>(row)] = static_cast<int32_t>(i);
+    r.flat_to_sorted[static_cast<size_t>(i)] = row;
+  }
+  return r;
+}
+
+std::vector<int32_t> random_ids(const RoutingCase& c) {
+  std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(c.experts_total - 1));
+  std::vector<int32_t> ids(static_cast<size_t>(c.tokens * c.top_k));
+  for (auto& id : ids) id = pick(rng());
+  return ids;
+}
+
+struct RoutingBuffers {
+  DeviceBuffer ids, counts, offsets, sorted, inverse;
+  RoutingBuffers(const RoutingCase& c, size_t n)
+      : ids(0, std::max<size_t>(4, n * 4)), counts(0, static_cast<size_t>(c.experts_local) * 4),
+        offsets(0, static_cast<size_t>(c.experts_local + 1) * 4), sorted(0, std::max<size_t>(4, n * 4)),
+        inverse(0, std::max<size_t>(4, n * 4)) {
+    for (auto* b : {&counts, &offsets, &sorted, &inverse}) b->poison();
+  }
+  kjit_moe_routing_desc desc(const RoutingCase& c) const {
+    kjit_moe_routing_desc d;
+    kjit_moe_routing_desc_init(&d);
+    d.tokens = c.tokens;
+    d.top_k = c.top_k;
+    d.experts_total = c.experts_total;
+    d.expert_base = c.expert_base;
+    d.experts_local = c.experts_local;
+    d.offsets_convention = c.convention;
+    d.topk_ids = static_cast<const int32_t*>(ids.get());
+    d.counts = static_cast<int32_t*>(counts.get());
+    d.offsets = static_cast<int32_t*>(offsets.get());
+    d.sorted_to_flat = static_cast<int32_t*>(sorted.get());
+    d.flat_to_sorted = static_cast<int32_t*>(inverse.get());
+    return d;
+  }
+};
+
+RoutingResult run_routing(const RoutingCase& c, const std::vector<int32_t>& ids) {
+  const size_t n = ids.size();
+  RoutingBuffers b(c, n);
+  if (n) b.ids.upload(ids);
+  const auto d = b.desc(c);
+  REQUIRE_MESSAGE(kjit_moe_routing(&d, nullptr) == KJIT_OK, kjit_last_error_message());
+  REQUIRE_MESSAGE(kjit_device_errors(0) == KJIT_OK, kjit_last_error_message());
+  RoutingResult r;
+  r.counts = b.counts.download<int32_t>(0, static_cast<size_t>(c.experts_local));
+  r.offsets = b.offsets.download<int32_t>(
+      0, static_cast<size_t>(c.experts_local + (c.convention == KJIT_OFFSETS_WITH_LEADING_ZERO ? 1 : 0)));
+  r.sorted_to_flat = b.sorted.download<int32_t>(0, n);
+  r.flat_to_sorted = b.inverse.download<int32_t>(0, n);
+  return r;
+}
+
+void check_routing(const RoutingCase& c) {
+  const auto ids = random_ids(c);
+  const auto got = run_routing(c, ids);
+  const auto want = reference_routing(c, ids);
+  CHECK(got.counts == want.counts);
+  CHECK(got.offsets == want.offsets);
+  CHECK(got.sorted_to_flat == want.sorted_to_flat);
+  CHECK(got.flat_to_sorted == want.flat_to_sorted);
+}
+
+}  // namespace
+
+TEST_CASE("routing equals the CPU reference: prefill, decode, both offset conventions, many experts") {
+  for (auto convention : {KJIT_OFFSETS_CUMULATIVE_END, KJIT_OFFSETS_WITH_LEADING_ZERO}) {
+    RoutingCase prefill;
+    prefill.convention = convention;
+    check_routing(prefill);
+    RoutingCase decode;
+    decode.tokens = 3;
+    decode.top_k = 2;
+    decode.convention = convention;
+    check_routing(decode);
+    RoutingCase many;
+    many.tokens = 4096;
+    many.top_k = 8;
+    many.experts_total = many.experts_local = 256;
+    many.convention = convention;
+    check_routing(many);
+  }
+}
+
+TEST_CASE("expert parallelism: a rank counts and places only its experts, other rows map to -1") {
+  RoutingCase rank;
+  rank.experts_total = 256;
+  rank.expert_base = 64;
+  rank.experts_local = 32;
+  rank.tokens = 777;
+  check_routing(rank);
+}
+
+TEST_CASE("no tokens gives zero counts and offsets") {
+  RoutingCase empty;
+  empty.tokens = 0;
+  check_routing(empty);
+}
+
+TEST_CASE("a global expert id out of range writes nothing and is reported") {
+  RoutingCase c;
+  auto ids = random_ids(c);
+  ids[123] = static_cast<int32_t>(c.experts_total);  // one past the end
+  RoutingBuffers b(c, ids.size());
+  b.ids.upload(ids);
+  const auto d = b.desc(c);
+  REQUIRE(kjit_moe_routing(&d, nullptr) == KJIT_OK);
+  CHECK(kjit_device_errors(0) == KJIT_ERROR_DEVICE_REPORTED);
+  CHECK(std::string(kjit_last_error_message()).find("expert id 64") != std::string::npos);
+  for (auto* buffer : {&b.counts, &b.offsets, &b.sorted, &b.inverse}) {
+    const auto words = buffer->download<uint32_t>(0, buffer->bytes / 4);
+    int64_t written = 0;
+    for (uint32_t w : words) written += w != 0xDEADBEEFu;
+    CHECK(written == 0);
+  }
+}
+
+TEST_CASE("combine sums weighted expert rows back in token order, skipping other ranks' rows") {
+  for (auto out_dtype : {KJIT_DTYPE_BF16, KJIT_DTYPE_F32}) {
+    RoutingCase c;
+    c.tokens = 300;
+    c.top_k = 4;
+    c.experts_total = 64;
+    c.expert_base = 16;
+    c.experts_local = 32;  // about half the rows belong to other ranks
+    const auto ids = random_ids(c);
+    const auto routing = reference_routing(c, ids);
+    const int64_t hidden = 264, rows = c.tokens * c.top_k;
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<uint16_t> x(static_cast<size_t>(rows * hidden));
+    for (auto& v : x) v = kjit::reference::bf16_bits_rne(normal(rng()));
+    std::vector<float> weights(static_cast<size_t>(rows));
+    for (auto& w : weights) w = std::abs(normal(rng()));
+    DeviceBuffer dx(0, x.size() * 2), dw(0, weights.size() * 4), dinv(0, routing.flat_to_sorted.size() * 4),
+        dout(0, static_cast<size_t>(c.tokens * hidden * 4));
+    dx.upload(x);
+    dw.upload(weights);
+    dinv.upload(routing.flat_to_sorted);
+    dout.poison();
+    kjit_moe_combine_desc d;
+    kjit_moe_combine_desc_init(&d);
+    d.tokens = c.tokens;
+    d.top_k = c.top_k;
+    d.hidden = hidden;
+    d.rows = rows;
+    d.in_dtype = KJIT_DTYPE_BF16;
+    d.out_dtype = out_dtype;
+    d.expert_out = dx.get();
+    d.topk_weights = static_cast<const float*>(dw.get());
+    d.flat_to_sorted = static_cast<const int32_t*>(dinv.get());
+    d.out = dout.get();
+    REQUIRE_MESSAGE(kjit_moe_combine(&d, nullptr) == KJIT_OK, kjit_last_error_message());
+    REQUIRE_MESSAGE(kjit_device_errors(0) == KJIT_OK, kjit_last_error_message());
+    const auto out = dout.download<uint8_t>(0, dout.bytes);
+    int64_t bad = 0;
+    for (int64_t t = 0; t < c.tokens; ++t)
+      for (int64_t h = 0; h < hidden; ++h) {
+        float ref = 0.0f;
+        for (int64_t j = 0; j < c.top_k; ++j) {
+          const int32_t row = routing.flat_to_sorted[static_cast<size_t>(t * c.top_k + j)];
+          if (row < 0) continue;
+          const uint32_t bits = uint32_t{x[static_cast<size_t>(row * hidden + h)]} << 16;
+          float v;
+          std::memcpy(&v, &bits, 4);
+          ref = std::fma(weights[static_cast<size_t>(t * c.top_k + j)], v, ref);
+        }
+        float got;
+        if (out_dtype == KJIT_DTYPE_F32) {
+          std::memcpy(&got, &out[static_cast<size_t>((t * hidden + h) * 4)], 4);
+        } else {
+          uint16_t b;
+          std::memcpy(&b, &out[static_cast<size_t>((t * hidden + h) * 2)], 2);
+          const uint32_t bits = uint32_t{b} << 16;
+          std::memcpy(&got, &bits, 4);
+          ref = [&] {  // the same single rounding the kernel does
+            const uint32_t r = uint32_t{kjit::reference::bf16_bits_rne(ref)} << 16;
+            float f;
+            std::memcpy(&f, &r, 4);
+            return f;
+          }();
+        }
+        if (!(std::abs(got - ref) <= 1e-5f * std::abs(ref) + 1e-6f) && ++bad <= 5)
+          MESSAGE("token " << t << " h " << h << ": got " << got << ", want " << ref);
+      }
+    CAPTURE(out_dtype);
+    CHECK(bad == 0);
+  }
+}
