@@ -49,5 +49,20 @@ d.scale_cols = 3
 status = lib.kjit_dequant_fp8(ctypes.byref(d), None)
 check("a scale shape mismatch is caught", "scales are [2, 3] per expert" in lib.kjit_last_error_message().decode())
 
+for name, desc in (("grouped_gemm", kjit._GroupedGemmDesc), ("moe_routing", kjit._MoeRoutingDesc),
+                   ("moe_combine", kjit._MoeCombineDesc)):
+    x = desc()
+    getattr(lib, f"kjit_{name}_desc_init")(ctypes.byref(x))
+    check(f"{name}: struct_size equals the ctypes size", x.struct_size == ctypes.sizeof(desc))
+
+# The last field of the combine descriptor lands where C reads it: with every
+# other field valid, a NULL 'out' is named.
+c = kjit._MoeCombineDesc()
+lib.kjit_moe_combine_desc_init(ctypes.byref(c))
+c.tokens, c.top_k, c.hidden, c.rows, c.in_dtype, c.out_dtype = 4, 2, 64, 8, 3, 3
+c.expert_out, c.topk_weights, c.flat_to_sorted = 16, 16, 16
+status = lib.kjit_moe_combine(ctypes.byref(c), None)
+check("combine names the NULL out", "'out' is NULL" in lib.kjit_last_error_message().decode())
+
 print(f"{passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)

@@ -22,3 +22,14 @@ TEST_CASE("device_count is zero, not an error, on a machine without a driver or 
   // On a GPU machine this is the real count; either way it must not throw.
   CHECK(kjit::device_count() >= 0);
 }
+
+TEST_CASE("every C++ descriptor starts with its struct size and unset conventions") {
+  kjit::GroupedGemmDesc gemm;
+  CHECK(gemm.struct_size == sizeof(kjit_grouped_gemm_desc));
+  CHECK(gemm.offsets_convention == KJIT_OFFSETS_UNSET);
+  kjit::MoeRoutingDesc routing;
+  CHECK(routing.struct_size == sizeof(kjit_moe_routing_desc));
+  kjit::MoeCombineDesc combine;
+  CHECK(combine.struct_size == sizeof(kjit_moe_combine_desc));
+  CHECK_THROWS_AS(kjit::grouped_gemm(gemm, nullptr), kjit::Exception);
+}

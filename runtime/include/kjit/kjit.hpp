@@ -35,6 +35,36 @@ inline void dequant_fp8(const DequantDesc& desc, kjit_stream stream) {
 inline void prepare_dequant_fp8(const DequantDesc& desc, int device) {
   throw_if_failed(kjit_dequant_fp8_prepare(&desc, device));
 }
+// Descriptors with struct_size set (see kjit.h for every field's meaning).
+struct GroupedGemmDesc : kjit_grouped_gemm_desc {
+  GroupedGemmDesc() : kjit_grouped_gemm_desc() { kjit_grouped_gemm_desc_init(this); }
+};
+struct MoeRoutingDesc : kjit_moe_routing_desc {
+  MoeRoutingDesc() : kjit_moe_routing_desc() { kjit_moe_routing_desc_init(this); }
+};
+struct MoeCombineDesc : kjit_moe_combine_desc {
+  MoeCombineDesc() : kjit_moe_combine_desc() { kjit_moe_combine_desc_init(this); }
+};
+
+inline void grouped_gemm(const GroupedGemmDesc& desc, kjit_stream stream) {
+  throw_if_failed(kjit_grouped_gemm(&desc, stream));
+}
+inline void prepare_grouped_gemm(const GroupedGemmDesc& desc, int device) {
+  throw_if_failed(kjit_grouped_gemm_prepare(&desc, device));
+}
+inline void moe_routing(const MoeRoutingDesc& desc, kjit_stream stream) {
+  throw_if_failed(kjit_moe_routing(&desc, stream));
+}
+inline void prepare_moe_routing(const MoeRoutingDesc& desc, int device) {
+  throw_if_failed(kjit_moe_routing_prepare(&desc, device));
+}
+inline void moe_combine(const MoeCombineDesc& desc, kjit_stream stream) {
+  throw_if_failed(kjit_moe_combine(&desc, stream));
+}
+inline void prepare_moe_combine(const MoeCombineDesc& desc, int device) {
+  throw_if_failed(kjit_moe_combine_prepare(&desc, device));
+}
+
 // Throws if a kernel on `device` recorded bad data (synchronises the device).
 inline void check_device_errors(int device) { throw_if_failed(kjit_device_errors(device)); }
 

@@ -14,7 +14,7 @@ import os
 import pathlib
 
 __all__ = ["KjitError", "dequant_fp8", "prepare_dequant_fp8", "grouped_gemm", "prepare_grouped_gemm",
-           "check_device_errors", "library"]
+           "moe_routing", "moe_combine", "check_device_errors", "library"]
 
 _OK = 0
 _DTYPE = {"float8_e4m3fn": 1, "float8_e5m2": 2, "bfloat16": 3, "float16": 4, "float32": 5}
@@ -74,6 +74,39 @@ class _GroupedGemmDesc(ctypes.Structure):
     ]
 
 
+class _MoeRoutingDesc(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("tokens", ctypes.c_int64),
+        ("top_k", ctypes.c_int64),
+        ("experts_total", ctypes.c_int64),
+        ("expert_base", ctypes.c_int64),
+        ("experts_local", ctypes.c_int64),
+        ("offsets_convention", ctypes.c_int),
+        ("topk_ids", ctypes.c_void_p),
+        ("counts", ctypes.c_void_p),
+        ("offsets", ctypes.c_void_p),
+        ("sorted_to_flat", ctypes.c_void_p),
+        ("flat_to_sorted", ctypes.c_void_p),
+    ]
+
+
+class _MoeCombineDesc(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("tokens", ctypes.c_int64),
+        ("top_k", ctypes.c_int64),
+        ("hidden", ctypes.c_int64),
+        ("rows", ctypes.c_int64),
+        ("in_dtype", ctypes.c_int),
+        ("out_dtype", ctypes.c_int),
+        ("expert_out", ctypes.c_void_p),
+        ("topk_weights", ctypes.c_void_p),
+        ("flat_to_sorted", ctypes.c_void_p),
+        ("out", ctypes.c_void_p),
+    ]
+
+
 _WEIGHTS = {"e_n_k": 1, "e_k_n": 2}
 _OFFSETS = {"cumulative_end": 1, "with_leading_zero": 2}
 
@@ -110,6 +143,11 @@ def library() -> ctypes.CDLL:
         lib.kjit_grouped_gemm.restype = ctypes.c_int
         lib.kjit_grouped_gemm_prepare.argtypes = [ctypes.POINTER(_GroupedGemmDesc), ctypes.c_int]
         lib.kjit_grouped_gemm_prepare.restype = ctypes.c_int
+        for name, desc in (("moe_routing", _MoeRoutingDesc), ("moe_combine", _MoeCombineDesc)):
+            getattr(lib, f"kjit_{name}_desc_init").argtypes = [ctypes.POINTER(desc)]
+            getattr(lib, f"kjit_{name}_desc_init").restype = None
+            getattr(lib, f"kjit_{name}").argtypes = [ctypes.POINTER(desc), ctypes.c_void_p]
+            getattr(lib, f"kjit_{name}").restype = ctypes.c_int
         lib.kjit_device_errors.argtypes = [ctypes.c_int]
         lib.kjit_device_errors.restype = ctypes.c_int
         lib.kjit_last_error_message.restype = ctypes.c_char_p
@@ -248,6 +286,57 @@ def prepare_grouped_gemm(a, w, offsets, out, *, weights="e_n_k", offsets_convent
     arguments, so that later calls can be captured in a CUDA graph."""
     d = _describe_gemm(a, w, offsets, out, weights, offsets_convention, row_scale)
     _check(library().kjit_grouped_gemm_prepare(ctypes.byref(d), a.device.index or 0))
+
+
+def moe_routing(topk_ids, experts_total, *, expert_base=0, experts_local=None, offsets_convention, stream=None):
+    """From top-k global expert ids ([tokens, top_k] int32 on the device):
+    (counts, offsets, sorted_to_flat, flat_to_sorted) for the experts this rank
+    owns, [expert_base, expert_base + experts_local) (all of them by default).
+    Rows of other ranks map to -1 in flat_to_sorted. See kjit.h."""
+    import torch
+
+    experts_local = experts_total - expert_base if experts_local is None else experts_local
+    if offsets_convention not in _OFFSETS:
+        raise KjitError("KJIT_ERROR_INVALID_ARGUMENT",
+                        f"offsets_convention must be 'cumulative_end' or 'with_leading_zero', got {offsets_convention!r}")
+    ids = topk_ids.contiguous()
+    n, dev = ids.numel(), ids.device
+    counts = torch.empty(experts_local, dtype=torch.int32, device=dev)
+    offsets = torch.empty(experts_local + (offsets_convention == "with_leading_zero"), dtype=torch.int32, device=dev)
+    sorted_to_flat = torch.empty(n, dtype=torch.int32, device=dev)
+    flat_to_sorted = torch.empty(n, dtype=torch.int32, device=dev)
+    d = _MoeRoutingDesc()
+    library().kjit_moe_routing_desc_init(ctypes.byref(d))
+    d.tokens, d.top_k = ids.shape[0], (ids.shape[1] if ids.dim() == 2 else 1)
+    d.experts_total, d.expert_base, d.experts_local = experts_total, expert_base, experts_local
+    d.offsets_convention = _OFFSETS[offsets_convention]
+    d.topk_ids, d.counts, d.offsets = ids.data_ptr(), counts.data_ptr(), offsets.data_ptr()
+    d.sorted_to_flat, d.flat_to_sorted = sorted_to_flat.data_ptr(), flat_to_sorted.data_ptr()
+    if stream is None:
+        stream = torch.cuda.current_stream(dev).cuda_stream
+    _check(library().kjit_moe_routing(ctypes.byref(d), ctypes.c_void_p(stream)))
+    return counts, offsets, sorted_to_flat, flat_to_sorted
+
+
+def moe_combine(expert_out, topk_weights, flat_to_sorted, *, out=None, out_dtype=None, stream=None):
+    """out[t] = sum_j topk_weights[t, j] * expert_out[flat_to_sorted[t, j]],
+    skipping -1; fp32 accumulation, one rounding. expert_out is bf16 [rows, H]."""
+    import torch
+
+    tokens, top_k = topk_weights.shape
+    if out is None:
+        out = torch.empty(tokens, expert_out.shape[1], dtype=out_dtype or torch.bfloat16, device=expert_out.device)
+    d = _MoeCombineDesc()
+    library().kjit_moe_combine_desc_init(ctypes.byref(d))
+    d.tokens, d.top_k, d.hidden, d.rows = tokens, top_k, expert_out.shape[1], expert_out.shape[0]
+    d.in_dtype, d.out_dtype = _dtype_code(expert_out.dtype), _dtype_code(out.dtype)
+    w, inv = topk_weights.contiguous(), flat_to_sorted.contiguous()
+    d.expert_out, d.topk_weights, d.flat_to_sorted, d.out = (expert_out.data_ptr(), w.data_ptr(), inv.data_ptr(),
+                                                             out.data_ptr())
+    if stream is None:
+        stream = torch.cuda.current_stream(expert_out.device).cuda_stream
+    _check(library().kjit_moe_combine(ctypes.byref(d), ctypes.c_void_p(stream)))
+    return out
 
 
 def check_device_errors(device: int = 0) -> None:
