@@ -1,6 +1,8 @@
 // The fp8 dequant op.
 #include "dequant.hpp"
 
+#include "launch.hpp"
+
 #include <algorithm>
 #include <cstdint>
 
@@ -140,18 +142,10 @@ Expected<DequantPlan> plan_dequant(const kjit_dequant_desc& d, bool for_prepare)
 
 Expected<void> launch_dequant(Runtime& runtime, DequantPlan& plan, CUstream stream) {
   if (plan.empty) return {};
-  const auto& p = plan.params;
-  auto ordinal = runtime.owning_device({{p.in, "in"}, {p.scales, "scales"}, {p.out, "out"},
-                                        {p.expert_ids, "expert_ids"}});
-  if (!ordinal) return std::unexpected(ordinal.error());
-  auto device = runtime.device(*ordinal);
-  if (!device) return std::unexpected(device.error());
-  if (auto ok = require_family(*(*device)->arch, KernelFamily::fp8_dequant); !ok) return ok;
-  if (auto ok = runtime.check_stream(**device, stream); !ok) return ok;
-  auto kernel = runtime.kernel(**device, plan.spec, stream);
-  if (!kernel) return std::unexpected(kernel.error());
-  plan.params.device_error = reinterpret_cast<unsigned int*>((*device)->error_words);
-  return runtime.launch(**device, **kernel, plan.geometry, &plan.params, stream);
+  auto& p = plan.params;
+  return launch_on_owning_device(runtime, plan.spec,
+                                 {{p.in, "in"}, {p.scales, "scales"}, {p.out, "out"}, {p.expert_ids, "expert_ids"}},
+                                 p.device_error, plan.geometry, &p, stream);
 }
 
 Expected<void> dequant_fp8(Runtime& runtime, const kjit_dequant_desc& desc, CUstream stream) {
@@ -163,12 +157,7 @@ Expected<void> dequant_fp8(Runtime& runtime, const kjit_dequant_desc& desc, CUst
 Expected<void> prepare_dequant_fp8(Runtime& runtime, const kjit_dequant_desc& desc, int ordinal) {
   auto plan = plan_dequant(desc, true);
   if (!plan) return std::unexpected(plan.error());
-  auto device = runtime.device(ordinal);
-  if (!device) return std::unexpected(device.error());
-  if (auto ok = require_family(*(*device)->arch, KernelFamily::fp8_dequant); !ok) return ok;
-  auto kernel = runtime.kernel(**device, plan->spec, nullptr);
-  if (!kernel) return std::unexpected(kernel.error());
-  return {};
+  return prepare_on_device(runtime, plan->spec, ordinal);
 }
 
 }  // namespace kjit::ops

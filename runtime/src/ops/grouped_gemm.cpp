@@ -1,6 +1,8 @@
 // The grouped GEMM op.
 #include "grouped_gemm.hpp"
 
+#include "launch.hpp"
+
 #include <cstdint>
 
 #include <fmt/format.h>
@@ -62,18 +64,10 @@ Expected<GroupedGemmPlan> plan_grouped_gemm(const kjit_grouped_gemm_desc& d, boo
 
 Expected<void> launch_grouped_gemm(Runtime& runtime, GroupedGemmPlan& plan, CUstream stream) {
   if (plan.empty) return {};
-  const auto& p = plan.params;
-  auto ordinal = runtime.owning_device(
-      {{p.a, "a"}, {p.b, "b"}, {p.out, "out"}, {p.offsets, "offsets"}, {p.row_scale, "row_scale"}});
-  if (!ordinal) return std::unexpected(ordinal.error());
-  auto device = runtime.device(*ordinal);
-  if (!device) return std::unexpected(device.error());
-  if (auto ok = require_family(*(*device)->arch, KernelFamily::grouped_gemm); !ok) return ok;
-  if (auto ok = runtime.check_stream(**device, stream); !ok) return ok;
-  auto kernel = runtime.kernel(**device, plan.spec, stream);
-  if (!kernel) return std::unexpected(kernel.error());
-  plan.params.device_error = reinterpret_cast<unsigned int*>((*device)->error_words);
-  return runtime.launch(**device, **kernel, plan.geometry, &plan.params, stream);
+  auto& p = plan.params;
+  return launch_on_owning_device(
+      runtime, plan.spec, {{p.a, "a"}, {p.b, "b"}, {p.out, "out"}, {p.offsets, "offsets"}, {p.row_scale, "row_scale"}},
+      p.device_error, plan.geometry, &p, stream);
 }
 
 Expected<void> grouped_gemm(Runtime& runtime, const kjit_grouped_gemm_desc& desc, CUstream stream) {
@@ -85,11 +79,7 @@ Expected<void> grouped_gemm(Runtime& runtime, const kjit_grouped_gemm_desc& desc
 Expected<void> prepare_grouped_gemm(Runtime& runtime, const kjit_grouped_gemm_desc& desc, int ordinal) {
   auto plan = plan_grouped_gemm(desc, true);
   if (!plan) return std::unexpected(plan.error());
-  auto device = runtime.device(ordinal);
-  if (!device) return std::unexpected(device.error());
-  auto kernel = runtime.kernel(**device, plan->spec, nullptr);
-  if (!kernel) return std::unexpected(kernel.error());
-  return {};
+  return prepare_on_device(runtime, plan->spec, ordinal);
 }
 
 }  // namespace kjit::ops

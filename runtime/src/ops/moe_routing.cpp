@@ -1,6 +1,8 @@
 // The MoE routing helpers.
 #include "moe_routing.hpp"
 
+#include "launch.hpp"
+
 #include <climits>
 #include <cstdint>
 
@@ -47,30 +49,6 @@ Expected<codegen::MoeCombineSpec> combine_spec(const kjit_moe_combine_desc& d) {
   return s;
 }
 
-// Device, family, stream, kernel, then the launch.
-Expected<void> launch(Runtime& runtime, const codegen::KernelSpec& spec, std::initializer_list<NamedPointer> pointers,
-                      unsigned int*& device_error, const codegen::LaunchGeometry& geometry, void* params,
-                      CUstream stream) {
-  auto ordinal = runtime.owning_device(pointers);
-  if (!ordinal) return std::unexpected(ordinal.error());
-  auto device = runtime.device(*ordinal);
-  if (!device) return std::unexpected(device.error());
-  if (auto ok = require_family(*(*device)->arch, family_of(spec)); !ok) return ok;
-  if (auto ok = runtime.check_stream(**device, stream); !ok) return ok;
-  auto kernel = runtime.kernel(**device, spec, stream);
-  if (!kernel) return std::unexpected(kernel.error());
-  device_error = reinterpret_cast<unsigned int*>((*device)->error_words);
-  return runtime.launch(**device, **kernel, geometry, params, stream);
-}
-
-Expected<void> prepare(Runtime& runtime, const codegen::KernelSpec& spec, int ordinal) {
-  auto device = runtime.device(ordinal);
-  if (!device) return std::unexpected(device.error());
-  auto kernel = runtime.kernel(**device, spec, nullptr);
-  if (!kernel) return std::unexpected(kernel.error());
-  return {};
-}
-
 }  // namespace
 
 Expected<void> moe_routing(Runtime& runtime, const kjit_moe_routing_desc& d, CUstream stream) {
@@ -92,7 +70,7 @@ Expected<void> moe_routing(Runtime& runtime, const kjit_moe_routing_desc& d, CUs
   p.expert_base = d.expert_base;
   codegen::LaunchGeometry g;
   g.block_x = 1024;  // one block: see kjit.h
-  return launch(runtime, *spec,
+  return launch_on_owning_device(runtime, *spec,
                 {{d.topk_ids, "topk_ids"}, {d.counts, "counts"}, {d.offsets, "offsets"},
                  {d.sorted_to_flat, "sorted_to_flat"}, {d.flat_to_sorted, "flat_to_sorted"}},
                 p.device_error, g, &p, stream);
@@ -101,7 +79,7 @@ Expected<void> moe_routing(Runtime& runtime, const kjit_moe_routing_desc& d, CUs
 Expected<void> prepare_moe_routing(Runtime& runtime, const kjit_moe_routing_desc& d, int device) {
   auto spec = routing_spec(d);
   if (!spec) return std::unexpected(spec.error());
-  return prepare(runtime, *spec, device);
+  return prepare_on_device(runtime, *spec, device);
 }
 
 Expected<void> moe_combine(Runtime& runtime, const kjit_moe_combine_desc& d, CUstream stream) {
@@ -124,7 +102,7 @@ Expected<void> moe_combine(Runtime& runtime, const kjit_moe_combine_desc& d, CUs
   codegen::LaunchGeometry g;
   g.block_x = 256;
   g.grid_x = static_cast<uint32_t>(d.tokens);
-  return launch(runtime, *spec,
+  return launch_on_owning_device(runtime, *spec,
                 {{d.expert_out, "expert_out"}, {d.topk_weights, "topk_weights"},
                  {d.flat_to_sorted, "flat_to_sorted"}, {d.out, "out"}},
                 p.device_error, g, &p, stream);
@@ -133,7 +111,7 @@ Expected<void> moe_combine(Runtime& runtime, const kjit_moe_combine_desc& d, CUs
 Expected<void> prepare_moe_combine(Runtime& runtime, const kjit_moe_combine_desc& d, int device) {
   auto spec = combine_spec(d);
   if (!spec) return std::unexpected(spec.error());
-  return prepare(runtime, *spec, device);
+  return prepare_on_device(runtime, *spec, device);
 }
 
 }  // namespace kjit::ops

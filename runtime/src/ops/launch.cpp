@@ -1,0 +1,30 @@
+// The shared launch path of the ops.
+#include "launch.hpp"
+
+namespace kjit::ops {
+
+Expected<void> launch_on_owning_device(Runtime& runtime, const codegen::KernelSpec& spec,
+                                       std::initializer_list<NamedPointer> pointers, unsigned int*& device_error,
+                                       const codegen::LaunchGeometry& geometry, void* params, CUstream stream) {
+  auto ordinal = runtime.owning_device(pointers);
+  if (!ordinal) return std::unexpected(ordinal.error());
+  auto device = runtime.device(*ordinal);
+  if (!device) return std::unexpected(device.error());
+  if (auto ok = require_family(*(*device)->arch, family_of(spec)); !ok) return ok;
+  if (auto ok = runtime.check_stream(**device, stream); !ok) return ok;
+  auto kernel = runtime.kernel(**device, spec, stream);
+  if (!kernel) return std::unexpected(kernel.error());
+  device_error = reinterpret_cast<unsigned int*>((*device)->error_words);
+  return runtime.launch(**device, **kernel, geometry, params, stream);
+}
+
+Expected<void> prepare_on_device(Runtime& runtime, const codegen::KernelSpec& spec, int ordinal) {
+  auto device = runtime.device(ordinal);
+  if (!device) return std::unexpected(device.error());
+  if (auto ok = require_family(*(*device)->arch, family_of(spec)); !ok) return ok;
+  auto kernel = runtime.kernel(**device, spec, nullptr);
+  if (!kernel) return std::unexpected(kernel.error());
+  return {};
+}
+
+}  // namespace kjit::ops

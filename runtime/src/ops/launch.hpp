@@ -1,0 +1,21 @@
+// The one path every op takes from checked arguments to a launch: the device
+// that owns the pointers, its capability gate, the stream check, the kernel
+// (never compiled while the stream captures), the error words, the launch.
+#pragma once
+
+#include <initializer_list>
+
+#include "../runtime.hpp"
+
+namespace kjit::ops {
+
+// `device_error` is the parameter block's field that receives the device's
+// error words before the launch.
+Expected<void> launch_on_owning_device(Runtime& runtime, const codegen::KernelSpec& spec,
+                                       std::initializer_list<NamedPointer> pointers, unsigned int*& device_error,
+                                       const codegen::LaunchGeometry& geometry, void* params, CUstream stream);
+
+// Compiles (or finds) and loads `spec` on `device` ahead of time.
+Expected<void> prepare_on_device(Runtime& runtime, const codegen::KernelSpec& spec, int device);
+
+}  // namespace kjit::ops
