@@ -69,6 +69,7 @@ CHECK: cvt.rn.f16x2.e4m3x2
 CHECK: #line 1 "templates/dequant/fp8_dequant.cuh"
 CHECK: #line 1 "generated"
 CHECK-NEXT: using Config = kjit::DequantConfig<kjit::Fp8Format::e4m3fn, kjit::OutType::bf16, kjit::ScaleKind::per_block, 128LL, 128LL, 7168LL, 8, false, false, 256, 4>;
+CHECK-NEXT: static_assert(Config::kThreads == 256);
 CHECK-NEXT: extern "C" __global__ void __launch_bounds__(256, 4) kjit_fp8_dequant(const __grid_constant__ kjit_dequant_params p) {
 CHECK-NEXT:   kjit::fp8_dequant<Config>(p);
 )";

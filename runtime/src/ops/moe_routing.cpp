@@ -68,8 +68,7 @@ Expected<void> moe_routing(Runtime& runtime, const kjit_moe_routing_desc& d, CUs
   p.entries = d.tokens * d.top_k;
   p.experts_total = d.experts_total;
   p.expert_base = d.expert_base;
-  codegen::LaunchGeometry g;
-  g.block_x = 1024;  // one block: see kjit.h
+  const auto g = codegen::moe_routing_geometry();
   return launch_on_owning_device(runtime, *spec,
                 {{d.topk_ids, "topk_ids"}, {d.counts, "counts"}, {d.offsets, "offsets"},
                  {d.sorted_to_flat, "sorted_to_flat"}, {d.flat_to_sorted, "flat_to_sorted"}},
@@ -99,9 +98,7 @@ Expected<void> moe_combine(Runtime& runtime, const kjit_moe_combine_desc& d, CUs
   p.out = d.out;
   p.tokens = d.tokens;
   p.rows = d.rows;
-  codegen::LaunchGeometry g;
-  g.block_x = 256;
-  g.grid_x = static_cast<uint32_t>(d.tokens);
+  const auto g = codegen::moe_combine_geometry(d.tokens);
   return launch_on_owning_device(runtime, *spec,
                 {{d.expert_out, "expert_out"}, {d.topk_weights, "topk_weights"},
                  {d.flat_to_sorted, "flat_to_sorted"}, {d.out, "out"}},

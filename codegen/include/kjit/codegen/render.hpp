@@ -32,6 +32,10 @@ LaunchGeometry dequant_geometry(const DequantSpec& spec, int64_t rows, int64_t o
 // Grid for a grouped GEMM over `total_rows` rows of A.
 LaunchGeometry grouped_gemm_geometry(const GroupedGemmSpec& spec, int64_t total_rows);
 
+// Grids of the routing helpers: one block; one block per token.
+LaunchGeometry moe_routing_geometry();
+LaunchGeometry moe_combine_geometry(int64_t tokens);
+
 // The embedded template files (templates/ at build time), by relative path.
 struct EmbeddedTemplate {
   std::string_view path;
