@@ -41,32 +41,31 @@ Expected<DriverApi> resolve_driver() {
 
   DriverApi api;
   std::string missing;
-  auto resolve = [&](const char* symbol, auto& fn, bool required) {
+  auto resolve = [&](const char* symbol, auto& fn) {
     void* p = nullptr;
     CUdriverProcAddressQueryResult found{};
     if (get_proc(symbol, &p, kDriverAbiVersion, CU_GET_PROC_ADDRESS_DEFAULT, &found) != CUDA_SUCCESS ||
         found != CU_GET_PROC_ADDRESS_SUCCESS || !p) {
-      if (required) missing += fmt::format(" {}", symbol);
+      missing += fmt::format(" {}", symbol);
       return;
     }
     fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
   };
-#define KJIT_RESOLVE(name) resolve(#name, api.name, true);
+#define KJIT_RESOLVE(name) resolve(#name, api.name);
   KJIT_RESOLVE(cuInit) KJIT_RESOLVE(cuDriverGetVersion) KJIT_RESOLVE(cuGetErrorName) KJIT_RESOLVE(cuGetErrorString)
   KJIT_RESOLVE(cuDeviceGetCount) KJIT_RESOLVE(cuDeviceGet) KJIT_RESOLVE(cuDeviceGetName)
-  KJIT_RESOLVE(cuDeviceGetAttribute) KJIT_RESOLVE(cuDeviceTotalMem) KJIT_RESOLVE(cuDevicePrimaryCtxRetain)
+  KJIT_RESOLVE(cuDeviceGetAttribute) KJIT_RESOLVE(cuDevicePrimaryCtxRetain)
   KJIT_RESOLVE(cuDevicePrimaryCtxRelease) KJIT_RESOLVE(cuCtxPushCurrent) KJIT_RESOLVE(cuCtxPopCurrent)
-  KJIT_RESOLVE(cuCtxSetCurrent) KJIT_RESOLVE(cuCtxGetCurrent) KJIT_RESOLVE(cuCtxSynchronize)
-  KJIT_RESOLVE(cuPointerGetAttributes) KJIT_RESOLVE(cuModuleLoadData) KJIT_RESOLVE(cuModuleUnload)
-  KJIT_RESOLVE(cuModuleGetFunction) KJIT_RESOLVE(cuFuncSetAttribute) KJIT_RESOLVE(cuLaunchKernel)
+  KJIT_RESOLVE(cuCtxSetCurrent) KJIT_RESOLVE(cuCtxSynchronize)
+  KJIT_RESOLVE(cuPointerGetAttributes) KJIT_RESOLVE(cuModuleLoadData)
+  KJIT_RESOLVE(cuModuleGetFunction) KJIT_RESOLVE(cuLaunchKernel)
   KJIT_RESOLVE(cuStreamIsCapturing) KJIT_RESOLVE(cuStreamGetDevice) KJIT_RESOLVE(cuStreamCreate)
   KJIT_RESOLVE(cuStreamDestroy) KJIT_RESOLVE(cuStreamSynchronize) KJIT_RESOLVE(cuStreamBeginCapture)
   KJIT_RESOLVE(cuStreamEndCapture) KJIT_RESOLVE(cuGraphInstantiateWithFlags) KJIT_RESOLVE(cuGraphLaunch)
-  KJIT_RESOLVE(cuGraphExecDestroy) KJIT_RESOLVE(cuGraphDestroy) KJIT_RESOLVE(cuEventCreate)
-  KJIT_RESOLVE(cuEventRecord) KJIT_RESOLVE(cuEventSynchronize) KJIT_RESOLVE(cuEventElapsedTime)
-  KJIT_RESOLVE(cuEventDestroy) KJIT_RESOLVE(cuMemAlloc) KJIT_RESOLVE(cuMemFree) KJIT_RESOLVE(cuMemAllocHost)
-  KJIT_RESOLVE(cuMemFreeHost) KJIT_RESOLVE(cuMemsetD8) KJIT_RESOLVE(cuMemsetD32) KJIT_RESOLVE(cuMemcpyHtoD)
-  KJIT_RESOLVE(cuMemcpyDtoH) KJIT_RESOLVE(cuMemcpyDtoD) KJIT_RESOLVE(cuMemGetInfo)
+  KJIT_RESOLVE(cuGraphExecDestroy) KJIT_RESOLVE(cuGraphDestroy)
+  KJIT_RESOLVE(cuMemAlloc) KJIT_RESOLVE(cuMemFree)
+  KJIT_RESOLVE(cuMemsetD8) KJIT_RESOLVE(cuMemsetD32) KJIT_RESOLVE(cuMemcpyHtoD)
+  KJIT_RESOLVE(cuMemcpyDtoH) KJIT_RESOLVE(cuMemGetInfo)
 #undef KJIT_RESOLVE
   if (!missing.empty())
     return fail(KJIT_ERROR_NO_DEVICE,

@@ -34,13 +34,4 @@ Expected<const LoadedKernel*> Registry::get_or_load(int device, const codegen::K
   return &slot->kernel;
 }
 
-size_t Registry::size() const {
-  size_t n = 0;
-  for (auto& shard : shards_) {
-    std::shared_lock lock(shard.mutex);
-    for (auto& [key, slot] : shard.slots) n += slot->ready.load(std::memory_order_acquire) ? 1 : 0;
-  }
-  return n;
-}
-
 }  // namespace kjit

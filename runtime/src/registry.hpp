@@ -34,7 +34,6 @@ class Registry {
   // find(), else runs `load` once for this (device, spec) and keeps the result.
   Expected<const LoadedKernel*> get_or_load(int device, const codegen::KernelSpec& spec, const Loader& load);
 
-  size_t size() const;
 
  private:
   struct Key {

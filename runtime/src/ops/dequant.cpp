@@ -108,9 +108,8 @@ Expected<DequantPlan> plan_dequant(const kjit_dequant_desc& d, bool for_prepare)
   const int64_t slots = spec.selected_experts ? d.num_expert_ids : d.experts;
   plan.empty = d.rows == 0 || slots == 0;
   if (!for_prepare && !plan.empty) {
-    if (!d.in) return invalid("'in' is NULL");
-    if (!d.scales) return invalid("'scales' is NULL");
-    if (!d.out) return invalid("'out' is NULL");
+    if (auto ok = require_non_null({{d.in, "in"}, {d.scales, "scales"}, {d.out, "out"}}); !ok)
+      return std::unexpected(ok.error());
     if (reinterpret_cast<uintptr_t>(d.scales) % alignof(float) != 0) return invalid("'scales' is not 4-byte aligned");
     if (reinterpret_cast<uintptr_t>(d.out) % static_cast<uintptr_t>(out_bytes) != 0)
       return invalid(fmt::format("'out' is not aligned to its element size ({} bytes)", out_bytes));

@@ -42,9 +42,8 @@ Expected<GroupedGemmPlan> plan_grouped_gemm(const kjit_grouped_gemm_desc& d, boo
   plan.empty = d.rows == 0;
 
   if (!for_prepare && !plan.empty) {
-    const std::pair<const void*, const char*> required[] = {{d.a, "a"}, {d.b, "b"}, {d.out, "out"}, {d.offsets, "offsets"}};
-    for (const auto& [pointer, name] : required)
-      if (!pointer) return invalid(fmt::format("'{}' is NULL", name));
+    if (auto ok = require_non_null({{d.a, "a"}, {d.b, "b"}, {d.out, "out"}, {d.offsets, "offsets"}}); !ok)
+      return std::unexpected(ok.error());
     // 16-byte accesses need 16-byte aligned rows; N and K divisible by 8 keep them so.
     for (const auto& [pointer, name] : {std::pair{d.a, "a"}, std::pair{d.b, "b"}, std::pair<const void*, const char*>{d.out, "out"}})
       if (reinterpret_cast<uintptr_t>(pointer) % 16 != 0) return invalid(fmt::format("'{}' is not 16-byte aligned", name));

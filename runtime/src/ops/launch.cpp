@@ -1,7 +1,15 @@
 // The shared launch path of the ops.
 #include "launch.hpp"
 
+#include <fmt/format.h>
+
 namespace kjit::ops {
+
+Expected<void> require_non_null(std::initializer_list<NamedPointer> pointers) {
+  for (const auto& [pointer, name] : pointers)
+    if (!pointer) return fail(KJIT_ERROR_INVALID_ARGUMENT, fmt::format("'{}' is NULL", name));
+  return {};
+}
 
 Expected<void> launch_on_owning_device(Runtime& runtime, const codegen::KernelSpec& spec,
                                        std::initializer_list<NamedPointer> pointers, unsigned int*& device_error,

@@ -9,6 +9,9 @@
 
 namespace kjit::ops {
 
+// Fails with "'<name>' is NULL" for the first null pointer, in order.
+Expected<void> require_non_null(std::initializer_list<NamedPointer> pointers);
+
 // `device_error` is the parameter block's field that receives the device's
 // error words before the launch.
 Expected<void> launch_on_owning_device(Runtime& runtime, const codegen::KernelSpec& spec,

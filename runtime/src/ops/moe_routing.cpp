@@ -54,11 +54,12 @@ Expected<codegen::MoeCombineSpec> combine_spec(const kjit_moe_combine_desc& d) {
 Expected<void> moe_routing(Runtime& runtime, const kjit_moe_routing_desc& d, CUstream stream) {
   auto spec = routing_spec(d);
   if (!spec) return std::unexpected(spec.error());
-  const std::pair<const void*, const char*> required[] = {{d.topk_ids, "topk_ids"}, {d.counts, "counts"},
-                                                          {d.offsets, "offsets"}, {d.sorted_to_flat, "sorted_to_flat"},
-                                                          {d.flat_to_sorted, "flat_to_sorted"}};
-  for (const auto& [pointer, name] : required)
-    if (!pointer) return invalid(fmt::format("'{}' is NULL", name));
+  const std::initializer_list<NamedPointer> pointers = {{d.topk_ids, "topk_ids"},
+                                                        {d.counts, "counts"},
+                                                        {d.offsets, "offsets"},
+                                                        {d.sorted_to_flat, "sorted_to_flat"},
+                                                        {d.flat_to_sorted, "flat_to_sorted"}};
+  if (auto ok = require_non_null(pointers); !ok) return ok;
   kjit_moe_routing_params p{};
   p.topk_ids = d.topk_ids;
   p.counts = d.counts;
@@ -69,10 +70,7 @@ Expected<void> moe_routing(Runtime& runtime, const kjit_moe_routing_desc& d, CUs
   p.experts_total = d.experts_total;
   p.expert_base = d.expert_base;
   const auto g = codegen::moe_routing_geometry();
-  return launch_on_owning_device(runtime, *spec,
-                {{d.topk_ids, "topk_ids"}, {d.counts, "counts"}, {d.offsets, "offsets"},
-                 {d.sorted_to_flat, "sorted_to_flat"}, {d.flat_to_sorted, "flat_to_sorted"}},
-                p.device_error, g, &p, stream);
+  return launch_on_owning_device(runtime, *spec, pointers, p.device_error, g, &p, stream);
 }
 
 Expected<void> prepare_moe_routing(Runtime& runtime, const kjit_moe_routing_desc& d, int device) {
@@ -85,10 +83,9 @@ Expected<void> moe_combine(Runtime& runtime, const kjit_moe_combine_desc& d, CUs
   auto spec = combine_spec(d);
   if (!spec) return std::unexpected(spec.error());
   if (d.tokens == 0) return {};
-  const std::pair<const void*, const char*> required[] = {{d.expert_out, "expert_out"}, {d.topk_weights, "topk_weights"},
-                                                          {d.flat_to_sorted, "flat_to_sorted"}, {d.out, "out"}};
-  for (const auto& [pointer, name] : required)
-    if (!pointer) return invalid(fmt::format("'{}' is NULL", name));
+  const std::initializer_list<NamedPointer> pointers = {
+      {d.expert_out, "expert_out"}, {d.topk_weights, "topk_weights"}, {d.flat_to_sorted, "flat_to_sorted"}, {d.out, "out"}};
+  if (auto ok = require_non_null(pointers); !ok) return ok;
   if (reinterpret_cast<uintptr_t>(d.expert_out) % 16 != 0 || reinterpret_cast<uintptr_t>(d.out) % 16 != 0)
     return invalid("'expert_out' and 'out' must be 16-byte aligned");
   kjit_moe_combine_params p{};
@@ -99,10 +96,7 @@ Expected<void> moe_combine(Runtime& runtime, const kjit_moe_combine_desc& d, CUs
   p.tokens = d.tokens;
   p.rows = d.rows;
   const auto g = codegen::moe_combine_geometry(d.tokens);
-  return launch_on_owning_device(runtime, *spec,
-                {{d.expert_out, "expert_out"}, {d.topk_weights, "topk_weights"},
-                 {d.flat_to_sorted, "flat_to_sorted"}, {d.out, "out"}},
-                p.device_error, g, &p, stream);
+  return launch_on_owning_device(runtime, *spec, pointers, p.device_error, g, &p, stream);
 }
 
 Expected<void> prepare_moe_combine(Runtime& runtime, const kjit_moe_combine_desc& d, int device) {
