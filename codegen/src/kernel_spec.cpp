@@ -1,6 +1,7 @@
 // KernelSpec names, canonical text, JSON form and invariants.
 #include "kjit/codegen/kernel_spec.hpp"
 
+#include <algorithm>
 #include <array>
 #include <iterator>
 #include <functional>
@@ -15,6 +16,17 @@ constexpr std::array kGranularityNames{"per_tensor", "per_row", "per_block"};
 constexpr std::array kConventionNames{"multiply", "divide"};
 constexpr std::array kLayoutNames{"e_n_k", "e_k_n"};
 constexpr std::array kOffsetsNames{"cumulative_end", "with_leading_zero"};
+constexpr std::array kGemmKernelNames{"mma_sync", "wgmma_sm90"};
+
+// The SM90 kernel's shared memory: kStages x (A tile + B tile) of 64-deep
+// bf16 k-blocks, 1 KB of alignment slack and two mbarriers per stage, within
+// the 227 KB a Hopper block may opt into.
+constexpr int kSm90SharedLimit = 227 * 1024;
+constexpr int kSm90MaxStages = 8;
+int sm90_stage_bytes(int tile_m, int tile_n) { return (tile_m + tile_n) * 64 * 2; }
+int sm90_deepest_pipeline(int tile_m, int tile_n) {
+  return std::min(kSm90MaxStages, (kSm90SharedLimit - 1024 - 16 * kSm90MaxStages) / sm90_stage_bytes(tile_m, tile_n));
+}
 
 template <class Enum, size_t N>
 Expected<Enum> parse_enum(const nlohmann::json& j, const char* field,
@@ -66,8 +78,27 @@ Expected<void> validate_gemm(const GroupedGemmSpec& s) {
   if (s.k < 8 || s.k % 8 != 0) return invalid(fmt::format("grouped_gemm needs K >= 8 and divisible by 8, got {}", s.k));
   if (s.experts < 1 || s.experts > 4096)
     return invalid(fmt::format("grouped_gemm needs 1 to 4096 experts, got {}", s.experts));
-  if (s.tile_m % 32 != 0 || s.tile_n % 16 != 0 || s.tile_k % 16 != 0 || s.tile_m <= 0 || s.tile_n <= 0 || s.tile_k <= 0)
-    return invalid(fmt::format("grouped_gemm tile {}x{}x{} is not supported", s.tile_m, s.tile_n, s.tile_k));
+  const auto tile = fmt::format("{} tile {}x{}x{} with {} stages, cluster {}", name(s.kernel), s.tile_m, s.tile_n,
+                                s.tile_k, s.stages, s.cluster);
+  if (!s.configured()) {
+    if (s.tile_n != 0 || s.tile_k != 0 || s.stages != 0 || s.kernel != GemmKernel::mma_sync || s.cluster != 1)
+      return invalid(fmt::format("grouped_gemm {} is neither a configuration nor a problem (all zero)", tile));
+    return {};
+  }
+  if (s.kernel == GemmKernel::mma_sync) {
+    const bool ok = s.tile_m > 0 && s.tile_m % 32 == 0 && s.tile_m <= 128 && s.tile_n > 0 && s.tile_n % 16 == 0 &&
+                    s.tile_n <= 128 && s.tile_k > 0 && s.tile_k % 16 == 0 && s.tile_k <= 64 && s.stages == 0 &&
+                    s.cluster == 1;
+    if (!ok) return invalid(fmt::format("grouped_gemm {} is not supported", tile));
+    return {};
+  }
+  const bool ok = (s.tile_m == 64 || s.tile_m == 128) && s.tile_n % 64 == 0 && s.tile_n >= 64 && s.tile_n <= 256 &&
+                  s.tile_k == 64 && s.stages >= 2 && s.stages <= sm90_deepest_pipeline(s.tile_m, s.tile_n) &&
+                  (s.cluster == 1 || (s.cluster == 2 && s.tile_n % 128 == 0));
+  if (!ok)
+    return invalid(fmt::format("grouped_gemm {} is not supported (tile_m 64 or 128, tile_n 64 to 256 in steps of 64, "
+                               "tile_k 64, 2 stages up to what fits in 227 KB, cluster 1, or 2 with tile_n 128 or 256)",
+                               tile));
   return {};
 }
 
@@ -96,7 +127,28 @@ Expected<KernelSpec> gemm_from_json(const nlohmann::json& j) {
       return fail(KJIT_ERROR_INVALID_ARGUMENT, "spec field 'row_scale' must be true or false");
     s.row_scale = j["row_scale"].get<bool>();
   }
-  set_grouped_gemm_tile(s);
+  // A configuration (cache metadata) names its kernel, tile and stages; a
+  // problem (manifests) names none of them.
+  if (j.contains("kernel")) {
+    auto kernel = parse_enum<GemmKernel>(j, "kernel", kGemmKernelNames);
+    if (!kernel) return std::unexpected(kernel.error());
+    s.kernel = *kernel;
+    const auto& tile = j.contains("tile") ? j["tile"] : nlohmann::json();
+    if (!tile.is_array() || tile.size() != 3 || !tile[0].is_number_integer() || !tile[1].is_number_integer() ||
+        !tile[2].is_number_integer())
+      return fail(KJIT_ERROR_INVALID_ARGUMENT, "spec field 'tile' must be [tile_m, tile_n, tile_k] with 'kernel'");
+    s.tile_m = tile[0].get<int>();
+    s.tile_n = tile[1].get<int>();
+    s.tile_k = tile[2].get<int>();
+    auto stages = parse_int(j, "stages", 0, false);
+    if (!stages) return std::unexpected(stages.error());
+    s.stages = static_cast<int>(*stages);
+    auto cluster = parse_int(j, "cluster", 1, false);
+    if (!cluster) return std::unexpected(cluster.error());
+    s.cluster = static_cast<int>(*cluster);
+  } else if (j.contains("tile") || j.contains("stages") || j.contains("cluster")) {
+    return fail(KJIT_ERROR_INVALID_ARGUMENT, "spec fields 'tile', 'stages' and 'cluster' need 'kernel' beside them");
+  }
   KernelSpec spec = s;
   if (auto ok = validate(spec); !ok) return std::unexpected(ok.error());
   return spec;
@@ -152,10 +204,94 @@ Expected<KernelSpec> routing_from_json(const nlohmann::json& j, bool combine) {
 std::string_view name(WeightLayout l) { return kLayoutNames[static_cast<size_t>(l)]; }
 std::string_view name(OffsetsConvention c) { return kOffsetsNames[static_cast<size_t>(c)]; }
 
-void set_grouped_gemm_tile(GroupedGemmSpec& spec) {
-  spec.tile_m = 64;
-  spec.tile_n = 128;
-  spec.tile_k = 32;
+std::string_view name(GemmKernel k) { return kGemmKernelNames[static_cast<size_t>(k)]; }
+
+std::vector<GroupedGemmSpec> grouped_gemm_configs(const GroupedGemmSpec& problem, std::string_view target) {
+  auto with = [&](GemmKernel kernel, int m, int n, int k, int stages, int cluster = 1) {
+    GroupedGemmSpec s = problem;
+    s.cluster = cluster;
+    s.kernel = kernel;
+    s.tile_m = m;
+    s.tile_n = n;
+    s.tile_k = k;
+    s.stages = stages;
+    return s;
+  };
+  if (target == "sm_90a") {
+    // Measured on an H100 against every tile (docs/benchmarks.md, the sweep):
+    // bucket 0, decode-like (at most 64 rows per expert on average): one
+    // consumer warpgroup on 64 x 256 tiles, 5 stages, memory-bound on the
+    // weights. Bucket 1: two consumers on 128 x 192 tiles, 5 stages: best or
+    // within 2% of the best tile on the four prefill shapes. Clusters of two
+    // sharing B by multicast are supported but measured slower, so unused.
+    return {with(GemmKernel::wgmma_sm90, 64, 256, 64, sm90_deepest_pipeline(64, 256)),
+            with(GemmKernel::wgmma_sm90, 128, 192, 64, sm90_deepest_pipeline(128, 192))};
+  }
+  return {with(GemmKernel::mma_sync, 64, 128, 32, 0)};
+}
+
+namespace {
+
+// The configurations a request may pick from: the arch's buckets, or the
+// portable kernel's when the request or the arch says so.
+Expected<std::vector<GroupedGemmSpec>> requested_configs(const GroupedGemmSpec& problem, std::string_view target,
+                                                         const GemmRequest& request) {
+  const bool sm90 = target == "sm_90a";
+  if (request.portable && request.sm90)
+    return fail(KJIT_ERROR_INVALID_ARGUMENT, "a grouped GEMM cannot ask for both the portable and the SM90 kernel");
+  if (request.sm90 && !sm90)
+    return fail(KJIT_ERROR_UNSUPPORTED,
+                fmt::format("the SM90 grouped GEMM kernel runs only on sm_90a (Hopper); this device compiles for {}",
+                            target));
+  auto configs = grouped_gemm_configs(problem, request.portable ? "portable" : target);
+  if (request.tile_m == 0 && request.tile_n == 0 && request.cluster == 0) return configs;
+  for (auto& s : configs) {
+    if (request.tile_m != 0) s.tile_m = request.tile_m;
+    if (request.tile_n != 0) s.tile_n = request.tile_n;
+    s.cluster = request.cluster != 0 ? request.cluster : 1;
+    if (s.kernel == GemmKernel::wgmma_sm90) s.stages = sm90_deepest_pipeline(s.tile_m, s.tile_n);
+    if (auto ok = validate_gemm(s); !ok) return std::unexpected(ok.error());
+  }
+  return configs;
+}
+
+}  // namespace
+
+Expected<GroupedGemmSpec> choose_grouped_gemm_config(const GroupedGemmSpec& problem, std::string_view target,
+                                                     int64_t rows, const GemmRequest& request) {
+  // TMA coordinates are 32-bit: past 2^31 rows only the portable kernel serves.
+  constexpr int64_t kTmaRowLimit = (int64_t{1} << 31) - 256;
+  if (rows > kTmaRowLimit && !request.portable) {
+    if (request.sm90)
+      return fail(KJIT_ERROR_INVALID_ARGUMENT,
+                  fmt::format("the SM90 grouped GEMM addresses at most {} rows, got {}", kTmaRowLimit, rows));
+    return choose_grouped_gemm_config(problem, target, rows, {.portable = true});
+  }
+  auto configs = requested_configs(problem, target, request);
+  if (!configs) return std::unexpected(configs.error());
+  // The bucket: average rows per expert, the quantity that decides how full
+  // an m-tile is (decode: a few rows per expert; prefill: hundreds).
+  const int64_t rows_per_expert = rows / std::max<int64_t>(problem.experts, 1);
+  const size_t bucket = configs->size() > 1 && rows_per_expert > 64 ? 1 : 0;
+  return (*configs)[bucket];
+}
+
+Expected<std::vector<GroupedGemmSpec>> grouped_gemm_candidates(const GroupedGemmSpec& problem, std::string_view target,
+                                                               const GemmRequest& request) {
+  auto configs = requested_configs(problem, target, request);
+  if (!configs) return std::unexpected(configs.error());
+  std::vector<GroupedGemmSpec> unique;
+  for (const auto& c : *configs)
+    if (std::find(unique.begin(), unique.end(), c) == unique.end()) unique.push_back(c);
+  return unique;
+}
+
+std::vector<KernelSpec> kernels_for_target(const KernelSpec& spec, std::string_view target) {
+  const auto* gemm = std::get_if<GroupedGemmSpec>(&spec);
+  if (!gemm || gemm->configured()) return {spec};
+  std::vector<KernelSpec> out;
+  for (const auto& config : grouped_gemm_configs(*gemm, target)) out.emplace_back(config);
+  return out;
 }
 
 std::string_view name(DType t) { return kDTypeNames[static_cast<size_t>(t)]; }
@@ -185,10 +321,11 @@ std::string canonical(const KernelSpec& spec) {
   if (const auto* c = std::get_if<MoeCombineSpec>(&spec))
     return fmt::format("moe_combine top_k={} hidden={} in=bf16 out={}", c->top_k, c->hidden, name(c->out));
   if (const auto* g = std::get_if<GroupedGemmSpec>(&spec))
-    return fmt::format("grouped_gemm a=bf16 b=bf16 out={} n={} k={} experts={} weights={} offsets={} row_scale={} "
-                       "tile={}x{}x{}",
+    return fmt::format("grouped_gemm a=bf16 b=bf16 out={} n={} k={} experts={} weights={} offsets={} row_scale={}{}",
                        name(g->out), g->n, g->k, g->experts, name(g->weights), name(g->offsets), g->row_scale,
-                       g->tile_m, g->tile_n, g->tile_k);
+                       g->configured() ? fmt::format(" kernel={} tile={}x{}x{} stages={} cluster={}", name(g->kernel),
+                                                     g->tile_m, g->tile_n, g->tile_k, g->stages, g->cluster)
+                                       : std::string(" config=per-arch"));
   const auto& s = std::get<DequantSpec>(spec);
   std::string scale(name(s.granularity));
   if (s.granularity == ScaleGranularity::per_block) scale += fmt::format(":{}x{}", s.block_rows, s.block_cols);
@@ -202,10 +339,18 @@ nlohmann::json to_json(const KernelSpec& spec) {
     return {{"op", "moe_routing"}, {"experts", r->experts}, {"offsets", name(r->offsets)}};
   if (const auto* c = std::get_if<MoeCombineSpec>(&spec))
     return {{"op", "moe_combine"}, {"top_k", c->top_k}, {"hidden", c->hidden}, {"out", name(c->out)}};
-  if (const auto* g = std::get_if<GroupedGemmSpec>(&spec))
-    return {{"op", "grouped_gemm"}, {"out", name(g->out)},         {"n", g->n},
-            {"k", g->k},            {"experts", g->experts},       {"weights", name(g->weights)},
-            {"offsets", name(g->offsets)}, {"row_scale", g->row_scale}};
+  if (const auto* g = std::get_if<GroupedGemmSpec>(&spec)) {
+    nlohmann::json j = {{"op", "grouped_gemm"}, {"out", name(g->out)},         {"n", g->n},
+                        {"k", g->k},            {"experts", g->experts},       {"weights", name(g->weights)},
+                        {"offsets", name(g->offsets)}, {"row_scale", g->row_scale}};
+    if (g->configured()) {
+      j["kernel"] = name(g->kernel);
+      j["tile"] = {g->tile_m, g->tile_n, g->tile_k};
+      j["stages"] = g->stages;
+      j["cluster"] = g->cluster;
+    }
+    return j;
+  }
   const auto& s = std::get<DequantSpec>(spec);
   nlohmann::json j = {{"op", "fp8_dequant"},
                       {"in", name(s.in)},
@@ -304,6 +449,7 @@ size_t SpecHash::operator()(const KernelSpec& spec) const noexcept {
     mix(static_cast<uint64_t>(g->out) | static_cast<uint64_t>(g->weights) << 8 |
         static_cast<uint64_t>(g->offsets) << 16 | static_cast<uint64_t>(g->row_scale) << 24);
     mix(static_cast<uint64_t>(g->tile_m) << 32 | static_cast<uint64_t>(g->tile_n) << 16 | static_cast<uint64_t>(g->tile_k));
+    mix(static_cast<uint64_t>(g->kernel) << 16 | static_cast<uint64_t>(g->stages) << 8 | static_cast<uint64_t>(g->cluster));
     return h;
   }
   const auto& s = std::get<DequantSpec>(spec);

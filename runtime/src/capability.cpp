@@ -8,16 +8,18 @@
 namespace kjit {
 namespace {
 
-// Every listed arch runs the portable mma.sync grouped GEMM (sm_80+). Hopper
-// gets its own wgmma kernel in a later change; until then it uses this one too.
+// Every listed arch runs the portable mma.sync grouped GEMM (sm_80+); Hopper
+// runs its own wgmma + TMA kernel (sm_90a only; the portable one when asked).
+// SM100 and SM120 use the portable kernel until they get their own.
 constexpr const char* kPortableGemm = "mma.sync (portable)";
+constexpr const char* kHopperGemm = "wgmma + TMA, persistent, warp-specialised (SM90); mma.sync on request";
 
 constexpr std::array kTable{
     ArchRow{8, 0, "sm_80", false, kPortableGemm, "Ampere A100: no fp8 conversion instructions"},
     ArchRow{8, 6, "sm_86", false, kPortableGemm, "Ampere: no fp8 conversion instructions"},
     ArchRow{8, 7, "sm_87", false, kPortableGemm, "Orin: no fp8 conversion instructions"},
     ArchRow{8, 9, "sm_89", true, kPortableGemm, "Ada"},
-    ArchRow{9, 0, "sm_90a", true, kPortableGemm, "Hopper (H100, H200): wgmma and TMA targets"},
+    ArchRow{9, 0, "sm_90a", true, kHopperGemm, "Hopper (H100, H200): wgmma and TMA targets"},
     ArchRow{10, 0, "sm_100a", true, kPortableGemm, "Blackwell datacenter (B200, GB200)"},
     ArchRow{10, 3, "sm_103a", true, kPortableGemm, "Blackwell Ultra (B300, GB300)"},
     ArchRow{11, 0, "sm_110a", true, kPortableGemm, "Thor"},

@@ -182,4 +182,13 @@ std::string cuda_include_dir() {
   return "";
 }
 
+std::vector<std::string> compile_flags(const std::string& arch) {
+  auto flags = compile_options(arch);
+  if (const auto include = cuda_include_dir(); !include.empty()) {
+    flags.push_back("-I" + include + "/cccl");
+    flags.push_back("-I" + include);
+  }
+  return flags;
+}
+
 }  // namespace kjit

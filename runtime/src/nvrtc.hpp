@@ -53,4 +53,9 @@ std::vector<std::string> compile_options(const std::string& arch);
 // /usr/local/cuda. Empty when none holds cuda_fp16.h.
 std::string cuda_include_dir();
 
+// compile_options plus the toolkit's include directories (CCCL's <cuda/ptx>
+// for the SM90 kernels). The headers come with the NVRTC version that is in
+// every key, so the paths stay out of the key.
+std::vector<std::string> compile_flags(const std::string& arch);
+
 }  // namespace kjit

@@ -22,6 +22,7 @@ namespace kjit {
 struct LoadedKernel {
   CUmodule module = nullptr;
   CUfunction function = nullptr;
+  int resident_blocks = 0;  // blocks that fit on the device at once (persistent kernels size their grid by it)
 };
 
 class Registry {

@@ -81,6 +81,7 @@ Expected<DeviceState*> Runtime::device(int ordinal) {
   int major = 0, minor = 0;
   api.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, state->device);
   api.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, state->device);
+  api.cuDeviceGetAttribute(&state->multiprocessors, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, state->device);
   char name[256] = {};
   api.cuDeviceGetName(name, sizeof name, state->device);
   state->name = name;
@@ -158,6 +159,15 @@ Expected<void> Runtime::check_stream(const DeviceState& device, CUstream stream)
 
 Expected<Cubin> Runtime::cubin(const codegen::KernelSpec& spec, const std::string& arch) {
   if (auto ok = codegen::validate(spec); !ok) return std::unexpected(ok.error());
+  if (const auto* gemm = std::get_if<codegen::GroupedGemmSpec>(&spec); gemm && !gemm->configured())
+    return fail(KJIT_ERROR_INVALID_ARGUMENT,
+                fmt::format("{} names no configuration: expand it for an arch first (codegen::kernels_for_target)",
+                            codegen::canonical(spec)));
+  if (const auto* gemm = std::get_if<codegen::GroupedGemmSpec>(&spec);
+      gemm && gemm->kernel == codegen::GemmKernel::wgmma_sm90 && arch != "sm_90a")
+    return fail(KJIT_ERROR_UNSUPPORTED,
+                fmt::format("{} is Hopper's kernel (wgmma, TMA) and builds only for sm_90a, not {}",
+                            codegen::canonical(spec), arch));
   auto row = arch_for_target(arch);
   if (!row) return std::unexpected(row.error());
   if (auto ok = require_family(**row, family_of(spec)); !ok) return std::unexpected(ok.error());
@@ -195,7 +205,8 @@ Expected<Cubin> Runtime::cubin(const codegen::KernelSpec& spec, const std::strin
   const auto lock = store_->try_lock(out.key, std::chrono::seconds(10));
   if (lock.held() && lookup(nvrtc_version)) return out;
 
-  auto compiled = (*nvrtc)->compile(rendered.source, std::string(codegen::op_name(spec)) + ".cu", arch, options);
+  auto compiled =
+      (*nvrtc)->compile(rendered.source, std::string(codegen::op_name(spec)) + ".cu", arch, compile_flags(arch));
   if (!compiled)
     return fail(compiled.error().code,
                 fmt::format("compiling {}: {}", codegen::canonical(spec), compiled.error().message));
@@ -253,11 +264,50 @@ Expected<const LoadedKernel*> Runtime::kernel(DeviceState& device, const codegen
     if (!image) return std::unexpected(image.error());
     auto loaded = load_module(device, image->image);
     if (!loaded) return std::unexpected(loaded.error());
-    const auto entry_point = codegen::render(spec).entry_point;
-    if (auto ok = check(api, api.cuModuleGetFunction(&loaded->function, loaded->module, entry_point.c_str()),
+    const auto rendered = codegen::render(spec);
+    if (auto ok = check(api, api.cuModuleGetFunction(&loaded->function, loaded->module, rendered.entry_point.c_str()),
                         "cuModuleGetFunction");
         !ok)
       return std::unexpected(ok.error());
+    // Dynamic shared memory past 48 KB is an opt-in per function.
+    if (rendered.dynamic_shared_bytes > 48 * 1024) {
+      ScopedContext scope(api, device.context);
+      if (auto ok = scope.status(); !ok) return std::unexpected(ok.error());
+      if (auto ok = check(api,
+                          api.cuFuncSetAttribute(loaded->function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                                 rendered.dynamic_shared_bytes),
+                          "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
+          !ok)
+        return std::unexpected(ok.error());
+    }
+    // How many blocks fit at once: one per SM for the big-shared-memory
+    // kernels, fewer when clusters must land on SMs of one GPC.
+    loaded->resident_blocks = device.multiprocessors;
+    if (rendered.cluster_x > 1) {
+      ScopedContext scope(api, device.context);
+      if (auto ok = scope.status(); !ok) return std::unexpected(ok.error());
+      CUlaunchAttribute cluster{};
+      cluster.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+      cluster.value.clusterDim.x = static_cast<unsigned>(rendered.cluster_x);
+      cluster.value.clusterDim.y = cluster.value.clusterDim.z = 1;
+      CUlaunchConfig config{};
+      config.gridDimX = static_cast<unsigned>(rendered.cluster_x * std::max(device.multiprocessors, 1));
+      config.gridDimY = config.gridDimZ = 1;
+      config.blockDimX = static_cast<unsigned>(rendered.threads_per_block);
+      config.blockDimY = config.blockDimZ = 1;
+      config.sharedMemBytes = static_cast<unsigned>(rendered.dynamic_shared_bytes);
+      config.attrs = &cluster;
+      config.numAttrs = 1;
+      int clusters = 0;
+      if (auto ok = check(api, api.cuOccupancyMaxActiveClusters(&clusters, loaded->function, &config),
+                          "cuOccupancyMaxActiveClusters");
+          !ok)
+        return std::unexpected(ok.error());
+      if (clusters < 1)
+        return fail(KJIT_ERROR_UNSUPPORTED, fmt::format("{}: no cluster of {} blocks fits on device {}",
+                                                        codegen::canonical(spec), rendered.cluster_x, device.ordinal));
+      loaded->resident_blocks = clusters * rendered.cluster_x;
+    }
     return loaded;
   });
 }
@@ -268,6 +318,23 @@ Expected<void> Runtime::launch(const DeviceState& device, const LoadedKernel& ke
   ScopedContext scope(api, device.context);
   if (auto ok = scope.status(); !ok) return ok;
   void* args[] = {params};
+  if (g.cluster_x > 1) {
+    CUlaunchAttribute cluster{};
+    cluster.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    cluster.value.clusterDim.x = g.cluster_x;
+    cluster.value.clusterDim.y = cluster.value.clusterDim.z = 1;
+    CUlaunchConfig config{};
+    config.gridDimX = g.grid_x;
+    config.gridDimY = g.grid_y;
+    config.gridDimZ = g.grid_z;
+    config.blockDimX = g.block_x;
+    config.blockDimY = config.blockDimZ = 1;
+    config.sharedMemBytes = g.shared_bytes;
+    config.hStream = stream;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    return check(api, api.cuLaunchKernelEx(&config, kernel.function, args, nullptr), "cuLaunchKernelEx");
+  }
   return check(api,
                api.cuLaunchKernel(kernel.function, g.grid_x, g.grid_y, g.grid_z, g.block_x, 1, 1, g.shared_bytes,
                                   stream, args, nullptr),

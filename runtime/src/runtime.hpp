@@ -32,6 +32,7 @@ struct DeviceState {
   CUdevice device = 0;
   CUcontext context = nullptr;  // the primary context, retained for the process
   const ArchRow* arch = nullptr;
+  int multiprocessors = 0;
   CUdeviceptr error_words = 0;  // two uint32: code, value (kjit_device_errors)
   std::string name;
 };

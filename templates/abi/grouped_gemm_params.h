@@ -1,7 +1,7 @@
 /* The kernel-parameter block of the grouped GEMM kernels, shared by the host
  * (runtime/) and every generated kernel. out[rows of expert e] =
  * A[rows of e] . B_e (^T for [E, N, K] weights), rows grouped by expert with
- * device-resident int32 offsets. Plain C types only (NVRTC, no headers). */
+ * device-resident int32 offsets. Plain C++ types only (NVRTC, no headers). */
 #ifndef KJIT_ABI_GROUPED_GEMM_PARAMS_H
 #define KJIT_ABI_GROUPED_GEMM_PARAMS_H
 
@@ -13,6 +13,20 @@ struct kjit_grouped_gemm_params {
   const float* row_scale;  /* optional [total_rows] fp32 epilogue scale (routing weights) */
   unsigned int* device_error; /* kjit's per-device error words */
   long long total_rows;    /* rows of A and out; every offset must lie in [0, total_rows] */
+};
+
+/* A CUtensorMap (the driver's 128-byte TMA descriptor, 128-byte aligned as cuda.h declares it), opaque to kernels:
+ * NVRTC has no cuda.h. The host static_asserts the size and alignment. */
+struct alignas(128) kjit_tensor_map {
+  unsigned long long opaque[16];
+};
+
+/* The SM90 kernel's parameters: the common block and the two TMA descriptors,
+ * encoded by the host for each launch (they hold the A and B addresses). */
+struct kjit_grouped_gemm_sm90_params {
+  struct kjit_grouped_gemm_params gemm;
+  struct kjit_tensor_map a_map; /* A as [total_rows, K], box [BM, 64], 128-byte swizzle */
+  struct kjit_tensor_map b_map; /* B as [E, N, K] (box [1, BN, 64]) or [E, K, N] (box [1, 64, 64]) */
 };
 
 /* Codes a grouped GEMM leaves in device_error[0]; device_error[1] holds the expert. */

@@ -43,38 +43,6 @@ __device__ __forceinline__ void mma_m16n8k16_bf16(float (&c)[4], const unsigned 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// Rows [start, end) of expert e, in either offsets convention.
-template <class Cfg>
-__device__ __forceinline__ void expert_rows(const kjit_grouped_gemm_params& p, int e, long long& start,
-                                            long long& end) {
-  if constexpr (Cfg::kOffsetsWithZero) {
-    start = p.offsets[e];
-    end = p.offsets[e + 1];
-  } else {
-    start = e == 0 ? 0 : p.offsets[e - 1];
-    end = p.offsets[e];
-  }
-}
-
-template <class Cfg>
-__device__ __forceinline__ bool offsets_valid(const kjit_grouped_gemm_params& p) {
-  int bad = 0;
-  for (int e = threadIdx.x; e < Cfg::kExperts; e += Cfg::kThreads) {
-    long long start, end;
-    expert_rows<Cfg>(p, e, start, end);
-    unsigned code = 0;
-    if (start < 0 || end > p.total_rows || (Cfg::kOffsetsWithZero && e == 0 && start != 0))
-      code = KJIT_DEVICE_ERROR_OFFSETS_OUT_OF_RANGE;
-    else if (end < start)
-      code = KJIT_DEVICE_ERROR_OFFSETS_NOT_MONOTONIC;
-    if (code != 0) {
-      bad = 1;
-      if (atomicCAS(&p.device_error[0], 0u, code) == 0u) p.device_error[1] = static_cast<unsigned>(e);
-    }
-  }
-  return __syncthreads_or(bad) == 0;
-}
-
 template <class Cfg>
 __device__ __forceinline__ void grouped_gemm_mma(const kjit_grouped_gemm_params& p) {
   if (!offsets_valid<Cfg>(p)) return;

@@ -42,6 +42,8 @@ assert len(e)==4 and all(x['arch']=='sm_100a' and x['op']=='fp8_dequant' and x['
 key=$(python3 -c "import json; print(json.load(open('$work/list.json'))[0]['key'])")
 "$jitctl" show "${key:0:12}" > "$work/show.txt"
 check "show prints the spec and the source" grep -q "kjit::fp8_dequant<Config>" "$work/show.txt"
+"$jitctl" show "${key:0:12}" --cubin "$work/k.cubin" > /dev/null
+check "show --cubin writes the cubin (an ELF file)" test "$(head -c 4 "$work/k.cubin" | tail -c 3)" = "ELF"
 check "verify is clean" "$jitctl" verify
 
 # Corrupt one entry: verify must fail and name it, --fix removes it, a precompile restores it.
@@ -89,7 +91,8 @@ for pid in "${pids[@]}"; do wait "$pid" || all_ok=0; done
 check "8 concurrent precompiles all succeed" test "$all_ok" -eq 1
 check "verify is clean after the concurrent precompiles" "$jitctl" verify
 check "no temp files remain" test -z "$(find "$work/shared-cache" -name '*.tmp*' -print -quit)"
-check "one entry per kernel" grep -q "^8 entries" <("$jitctl" list)
+# 5 dequant kernels + 3 grouped GEMM problems x 2 sm_90a token-count buckets.
+check "one entry per kernel" grep -q "^11 entries" <("$jitctl" list)
 
 echo "$passed passed, $failed failed"
 test "$failed" -eq 0

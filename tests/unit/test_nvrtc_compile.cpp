@@ -91,8 +91,9 @@ TEST_CASE("unknown arch names are rejected before compiling") {
 
 namespace {
 
-// Every value of every grouped GEMM dimension appears.
-std::vector<GroupedGemmSpec> gemm_variants() {
+// Every value of every grouped GEMM dimension appears (problems: each arch
+// expands them into its configurations).
+std::vector<GroupedGemmSpec> gemm_problems() {
   std::vector<GroupedGemmSpec> out;
   for (int v = 0; v < 4; ++v) {
     GroupedGemmSpec s;
@@ -103,7 +104,6 @@ std::vector<GroupedGemmSpec> gemm_variants() {
     s.n = 4096;
     s.k = 7168;
     s.experts = 32;
-    set_grouped_gemm_tile(s);
     out.push_back(s);
   }
   return out;
@@ -133,21 +133,53 @@ TEST_CASE("every grouped GEMM variant compiles with NVRTC for sm_90a, sm_100a an
   kjit::Runtime runtime{kjit::fail(KJIT_ERROR_NO_DEVICE, "no driver in this test"),
                         kjit::cache::StoreConfig{dir.string(), {}, 0}};
   for (const char* arch : {"sm_90a", "sm_100a", "sm_120a"})
-    for (const auto& spec : gemm_variants()) {
-      auto cubin = runtime.cubin(spec, arch);
-      REQUIRE_MESSAGE(cubin.has_value(), arch, " ", canonical(spec), ": ", kjit::testing::why(cubin));
-      CHECK(std::memcmp(cubin->image.data(), "\x7f" "ELF", 4) == 0);
+    for (const auto& problem : gemm_problems()) {
+      const auto kernels = kernels_for_target(problem, arch);
+      CHECK(kernels.size() == (std::string_view(arch) == "sm_90a" ? 2u : 1u));
+      for (const auto& spec : kernels) {
+        const auto& config = std::get<GroupedGemmSpec>(spec);
+        CHECK(config.kernel == (std::string_view(arch) == "sm_90a" ? GemmKernel::wgmma_sm90 : GemmKernel::mma_sync));
+        auto cubin = runtime.cubin(spec, arch);
+        REQUIRE_MESSAGE(cubin.has_value(), arch, " ", canonical(spec), ": ", kjit::testing::why(cubin));
+        CHECK(std::memcmp(cubin->image.data(), "\x7f" "ELF", 4) == 0);
+      }
     }
+  // The portable kernel compiles for sm_90a too (it is what KJIT_GEMM_KERNEL_PORTABLE runs there).
+  for (const auto& problem : gemm_problems()) {
+    auto portable = choose_grouped_gemm_config(problem, "sm_90a", 4096, {.portable = true});
+    REQUIRE(portable.has_value());
+    auto cubin = runtime.cubin(*portable, "sm_90a");
+    REQUIRE_MESSAGE(cubin.has_value(), kjit::testing::why(cubin));
+  }
+  // Hopper's kernel is refused for every other arch, before compiling.
+  auto sm90 = kernels_for_target(gemm_problems().front(), "sm_90a").front();
+  auto refused = runtime.cubin(sm90, "sm_100a");
+  REQUIRE_FALSE(refused.has_value());
+  CHECK(refused.error().message.find("only for sm_90a") != std::string::npos);
   std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("ptxas reports no local-memory spills in the grouped GEMM and dequant kernels on sm_90a") {
   auto nvrtc = kjit::Nvrtc::load();
   REQUIRE(nvrtc.has_value());
-  auto options = kjit::compile_options("sm_90a");
+  auto options = kjit::compile_flags("sm_90a");
   options.push_back("--ptxas-options=-v");
   std::vector<KernelSpec> specs;
-  for (const auto& g : gemm_variants()) specs.push_back(g);
+  // Every SM90 flag combination in both buckets (register pressure differs
+  // with the output type, the layout's copies and the row scale), and the
+  // portable kernel.
+  for (int v = 0; v < 16; ++v) {
+    GroupedGemmSpec g;
+    g.out = v & 1 ? DType::f32 : DType::bf16;
+    g.weights = v & 2 ? WeightLayout::e_k_n : WeightLayout::e_n_k;
+    g.offsets = v & 4 ? OffsetsConvention::with_leading_zero : OffsetsConvention::cumulative_end;
+    g.row_scale = (v & 8) != 0;
+    g.n = 4096;
+    g.k = 7168;
+    g.experts = 32;
+    for (auto& k : kernels_for_target(g, "sm_90a")) specs.push_back(std::move(k));
+    if (v < 4) specs.push_back(*choose_grouped_gemm_config(g, "sm_90a", 0, {.portable = true}));
+  }
   for (const auto& d : variants()) specs.push_back(d);
   for (const auto& r : routing_variants()) specs.push_back(r);
   for (const auto& spec : specs) {

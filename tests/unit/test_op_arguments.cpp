@@ -28,10 +28,28 @@ struct FakeMachine {
   unsigned grid[3] = {};
   kjit_dequant_params last_params{};
   int modules_loaded = 0;
+  unsigned block_x = 0, shared_bytes = 0, cluster_x = 0;
+  int shared_opt_in = 0;                 // cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)
+  std::vector<std::vector<cuuint64_t>> tensor_map_dims, tensor_map_boxes;  // each cuTensorMapEncodeTiled
+  bool reject_tensor_maps = false;
+  int contexts_pushed = 0;  // the driver needs a current context for some calls
 };
 FakeMachine machine;
 
 CUstream fake_stream(int device) { return reinterpret_cast<CUstream>(static_cast<uintptr_t>(0x1000 + device)); }
+
+CUresult machine_launch(CUfunction, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned, unsigned,
+                        unsigned shared, CUstream, void** params, void**) {
+  ++machine.launches;
+  machine.block_x = bx;
+  machine.shared_bytes = shared;
+  machine.cluster_x = 0;
+  machine.grid[0] = gx;
+  machine.grid[1] = gy;
+  machine.grid[2] = gz;
+  machine.last_params = *static_cast<kjit_dequant_params*>(params[0]);
+  return CUDA_SUCCESS;
+}
 
 kjit::DriverApi fake_driver() {
   kjit::DriverApi api;
@@ -41,7 +59,10 @@ kjit::DriverApi fake_driver() {
   api.cuDeviceGet = [](CUdevice* d, int ordinal) { *d = ordinal; return CUDA_SUCCESS; };
   api.cuDeviceGetName = [](char* name, int, CUdevice) { std::snprintf(name, 16, "Fake H100"); return CUDA_SUCCESS; };
   api.cuDeviceGetAttribute = [](int* v, CUdevice_attribute a, CUdevice) {
-    *v = a == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR ? machine.compute_major : machine.compute_minor;
+    *v = a == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR   ? machine.compute_major
+         : a == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR ? machine.compute_minor
+         : a == CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT     ? 132
+                                                             : 0;
     return CUDA_SUCCESS;
   };
   api.cuDevicePrimaryCtxRetain = [](CUcontext* c, CUdevice d) {
@@ -49,8 +70,14 @@ kjit::DriverApi fake_driver() {
     return CUDA_SUCCESS;
   };
   api.cuDevicePrimaryCtxRelease = [](CUdevice) { return CUDA_SUCCESS; };
-  api.cuCtxPushCurrent = [](CUcontext) { return CUDA_SUCCESS; };
-  api.cuCtxPopCurrent = [](CUcontext*) { return CUDA_SUCCESS; };
+  api.cuCtxPushCurrent = [](CUcontext) {
+    ++machine.contexts_pushed;
+    return CUDA_SUCCESS;
+  };
+  api.cuCtxPopCurrent = [](CUcontext*) {
+    --machine.contexts_pushed;
+    return CUDA_SUCCESS;
+  };
   api.cuMemAlloc = [](CUdeviceptr* p, size_t) { *p = 0xE0000; return CUDA_SUCCESS; };
   api.cuMemFree = [](CUdeviceptr) { return CUDA_SUCCESS; };
   api.cuMemsetD32 = [](CUdeviceptr, unsigned int, size_t) { return CUDA_SUCCESS; };
@@ -88,15 +115,32 @@ kjit::DriverApi fake_driver() {
     *f = reinterpret_cast<CUfunction>(0x300);
     return CUDA_SUCCESS;
   };
-  api.cuLaunchKernel = [](CUfunction, unsigned gx, unsigned gy, unsigned gz, unsigned, unsigned, unsigned, unsigned,
-                          CUstream, void** params, void**) {
-    ++machine.launches;
-    machine.grid[0] = gx;
-    machine.grid[1] = gy;
-    machine.grid[2] = gz;
-    machine.last_params = *static_cast<kjit_dequant_params*>(params[0]);
+  api.cuFuncSetAttribute = [](CUfunction, CUfunction_attribute attribute, int value) {
+    if (attribute == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) machine.shared_opt_in = value;
     return CUDA_SUCCESS;
   };
+  api.cuTensorMapEncodeTiled = [](CUtensorMap*, CUtensorMapDataType, cuuint32_t rank, void*, const cuuint64_t* dims,
+                                  const cuuint64_t*, const cuuint32_t* box, const cuuint32_t*, CUtensorMapInterleave,
+                                  CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill) {
+    if (machine.contexts_pushed == 0) return CUDA_ERROR_INVALID_CONTEXT;  // as the real driver on a bare thread
+    if (machine.reject_tensor_maps) return CUDA_ERROR_INVALID_VALUE;
+    machine.tensor_map_dims.emplace_back(dims, dims + rank);
+    machine.tensor_map_boxes.emplace_back(box, box + rank);
+    return CUDA_SUCCESS;
+  };
+  api.cuOccupancyMaxActiveClusters = [](int* clusters, CUfunction, const CUlaunchConfig*) {
+    *clusters = 66;
+    return CUDA_SUCCESS;
+  };
+  api.cuLaunchKernelEx = [](const CUlaunchConfig* c, CUfunction f, void** params, void** extra) {
+    const CUresult r = machine_launch(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, 1, 1,
+                                      c->sharedMemBytes, c->hStream, params, extra);
+    machine.cluster_x = c->numAttrs == 1 && c->attrs[0].id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+                            ? c->attrs[0].value.clusterDim.x
+                            : 0;
+    return r;
+  };
+  api.cuLaunchKernel = machine_launch;
   return api;
 }
 
@@ -131,6 +175,9 @@ struct Fixture {
   Fixture() {
     machine.launches = 0;
     machine.capturing = false;
+    machine.tensor_map_dims.clear();
+    machine.tensor_map_boxes.clear();
+    machine.reject_tensor_maps = false;
     machine.compute_major = 9;
     machine.compute_minor = 0;
     kjit_dequant_desc_init(&desc);
@@ -340,12 +387,93 @@ struct GemmFixture : Fixture {
 
 }  // namespace
 
-TEST_CASE_FIXTURE(GemmFixture, "a valid grouped GEMM launches once over an upper-bound grid of m-tiles") {
+TEST_CASE_FIXTURE(GemmFixture, "on sm_90 a grouped GEMM launches the persistent wgmma kernel with its TMA maps") {
+  auto r = kjit::ops::grouped_gemm(runtime, g, fake_stream(0));
+  REQUIRE_MESSAGE(r.has_value(), r.error().message);
+  CHECK(machine.launches == 1);
+  // 64 rows over 4 experts: 16 per expert, the decode bucket (one consumer warpgroup, 64 x 256 tiles).
+  CHECK(machine.block_x == 256);
+  CHECK(machine.grid[0] == 1 * 5);  // (ceil(64 / 64) + 4 partial tiles) x 1 n-tile, under 132 SMs
+  CHECK(machine.shared_bytes > 48 * 1024);
+  CHECK(machine.shared_opt_in == static_cast<int>(machine.shared_bytes));
+  REQUIRE(machine.tensor_map_dims.size() == 2);
+  CHECK(machine.tensor_map_dims[0] == std::vector<cuuint64_t>{256, 64});      // A: K, rows
+  CHECK(machine.tensor_map_boxes[0] == std::vector<cuuint64_t>{64, 64});      // 64 k x tile_m rows
+  CHECK(machine.tensor_map_dims[1] == std::vector<cuuint64_t>{256, 128, 4});  // B [E, N, K]: K, N, E
+  CHECK(machine.tensor_map_boxes[1] == std::vector<cuuint64_t>{64, 256, 1});
+
+  // Many rows per expert: the two-consumer bucket, 128 x 192 tiles.
+  FakeBuffer many_a(8192 * 256 * 2, 0), many_out(8192 * 128 * 2, 0);
+  g.rows = 8192;
+  g.a = many_a.data();
+  g.out = many_out.data();
+  REQUIRE(kjit::ops::grouped_gemm(runtime, g, fake_stream(0)).has_value());
+  CHECK(machine.block_x == 384);
+  CHECK(machine.cluster_x == 0);
+  CHECK(machine.grid[0] == 68);  // (8192 / 128 + 4) m-tiles x 1 n-tile, under 132 SMs
+  CHECK(machine.tensor_map_boxes[3] == std::vector<cuuint64_t>{64, 192, 1});
+
+  // Clusters of two blocks asked for: each loads half of the B tile (128 of
+  // its 256 rows) for both, launched with the cluster attribute.
+  g.tile_m = 128;
+  g.tile_n = 256;
+  g.cluster = 2;
+  REQUIRE(kjit::ops::grouped_gemm(runtime, g, fake_stream(0)).has_value());
+  CHECK(machine.cluster_x == 2);
+  CHECK(machine.grid[0] == 72);  // (8192 / 256 + 4) cluster tiles x 1 n-tile, 2 blocks each, under 66 clusters x 2
+  CHECK(machine.tensor_map_boxes[5] == std::vector<cuuint64_t>{64, 128, 1});
+  g.cluster = 0;
+
+  // With 128 x 64 tiles there are (64 + 4) x 2 = 136 tiles, and the grid
+  // stops at the SM count.
+  g.weights = KJIT_WEIGHTS_E_K_N;
+  g.tile_n = 64;
+  REQUIRE(kjit::ops::grouped_gemm(runtime, g, fake_stream(0)).has_value());
+  CHECK(machine.block_x == 384);
+  CHECK(machine.grid[0] == 132);
+  CHECK(machine.cluster_x == 0);
+  CHECK(machine.tensor_map_dims[7] == std::vector<cuuint64_t>{128, 256, 4});  // B [E, K, N]: N, K, E
+  CHECK(machine.tensor_map_boxes[7] == std::vector<cuuint64_t>{64, 64, 1});
+}
+
+TEST_CASE_FIXTURE(GemmFixture, "the portable kernel can be forced, and launches over an upper-bound grid of m-tiles") {
+  g.kernel = KJIT_GEMM_KERNEL_PORTABLE;
   auto r = kjit::ops::grouped_gemm(runtime, g, fake_stream(0));
   REQUIRE_MESSAGE(r.has_value(), r.error().message);
   CHECK(machine.launches == 1);
   CHECK(machine.grid[0] == 1 + 4);  // ceil(64 / 64) + one partial tile per expert
   CHECK(machine.grid[1] == 1);      // ceil(128 / 128)
+  CHECK(machine.tensor_map_dims.empty());
+}
+
+TEST_CASE_FIXTURE(GemmFixture, "kernel and tile requests are checked against the arch") {
+  g.tile_m = 96;
+  expect_gemm_rejected("tile 96x256x64");
+  g.tile_m = 128;
+  g.tile_n = 512;
+  expect_gemm_rejected("is not supported");
+  g.tile_n = 0;
+  g.kernel = static_cast<kjit_gemm_kernel>(3);
+  expect_gemm_rejected("kernel must be KJIT_GEMM_KERNEL_AUTO, _PORTABLE or _SM90, got 3");
+  g.kernel = KJIT_GEMM_KERNEL_SM90;
+  REQUIRE(kjit::ops::grouped_gemm(runtime, g, fake_stream(0)).has_value());
+  CHECK(machine.block_x == 384);  // tile_m 128 asked for
+  machine.launches = 0;
+  machine.reject_tensor_maps = true;
+  expect_gemm_rejected("cuTensorMapEncodeTiled rejected the A tensor");
+  machine.reject_tensor_maps = false;
+
+  // Off Hopper the SM90 kernel is refused, and AUTO runs the portable one.
+  machine.compute_major = 12;
+  kjit::Runtime blackwell{&fake_api, kjit::cache::StoreConfig{cache_dir, {}, 0}};
+  auto refused = kjit::ops::grouped_gemm(blackwell, g, fake_stream(0));
+  REQUIRE_FALSE(refused.has_value());
+  CHECK(refused.error().code == KJIT_ERROR_UNSUPPORTED);
+  CHECK(refused.error().message.find("runs only on sm_90a") != std::string::npos);
+  g.kernel = KJIT_GEMM_KERNEL_AUTO;
+  REQUIRE(kjit::ops::grouped_gemm(blackwell, g, fake_stream(0)).has_value());
+  CHECK(machine.block_x == 128);
+  CHECK(machine.grid[1] == 1);
 }
 
 TEST_CASE_FIXTURE(GemmFixture, "grouped GEMM argument errors are named and launch nothing") {

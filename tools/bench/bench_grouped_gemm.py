@@ -1,9 +1,11 @@
 """bf16 grouped GEMM for MoE experts: kjit vs torch._grouped_mm (CUTLASS) on one
 GPU in one run, uniform random routing, weights [E, N, K] as checkpoints store
-them. TFLOP/s count useful rows only (2 * rows * N * K). Each kjit output is
-checked against torch's (relative Frobenius error).
+them (and [E, K, N] with --layouts e_n_k,e_k_n). TFLOP/s count useful rows
+only (2 * rows * N * K). Each kjit output is checked against torch's
+(relative Frobenius error). --sweep also times every SM90 tile, to tune the
+heuristic (the "auto" column is what kjit picks).
 
-    PYTHONPATH=runtime/python python3 tools/bench/bench_grouped_gemm.py [--json FILE]
+    PYTHONPATH=runtime/python python3 tools/bench/bench_grouped_gemm.py [--json FILE] [--sweep]
 """
 
 import argparse
@@ -25,42 +27,75 @@ SHAPES = [  # (E, K, N, rows)
 ]
 
 
+SWEEP_TILES = [(64, 128, 1), (64, 256, 1), (128, 128, 1), (128, 192, 1), (128, 256, 1), (128, 128, 2), (128, 256, 2)]
+
+
+def bench(fn):
+    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e-3
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--json")
+    parser.add_argument("--sweep", action="store_true", help="also time every SM90 tile")
+    parser.add_argument("--layouts", default="e_n_k", help="comma-separated weight layouts: e_n_k, e_k_n")
     args = parser.parse_args()
     torch.manual_seed(0)
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": []}
     print(f"device: {result['device']}")
-    print(f"{'E':>4} {'K':>6} {'N':>6} {'rows':>6} {'kjit us':>9} {'TFLOP/s':>8} {'torch us':>9} {'TFLOP/s':>8} "
-          f"{'kjit/torch':>10} {'rel err':>8}")
-    for E, K, N, M in SHAPES:
-        a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
-        w = (torch.randn(E, N, K, device="cuda") / math.sqrt(K)).to(torch.bfloat16)
-        experts = torch.randint(0, E, (M,), device="cuda")
-        counts = torch.bincount(experts, minlength=E)
-        ends = torch.cumsum(counts, 0).to(torch.int32)
-        out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    print(f"{'layout':>6} {'E':>4} {'K':>6} {'N':>6} {'rows':>6} {'kjit us':>9} {'TFLOP/s':>8} {'torch us':>9} "
+          f"{'TFLOP/s':>8} {'kjit/torch':>10} {'rel err':>8}")
+    ratios = {}
+    for layout in args.layouts.split(","):
+        for E, K, N, M in SHAPES:
+            a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+            w = (torch.randn(E, N, K, device="cuda") / math.sqrt(K)).to(torch.bfloat16)
+            if layout == "e_k_n":
+                w = w.transpose(1, 2).contiguous()  # [E, K, N]
+            experts = torch.randint(0, E, (M,), device="cuda")
+            counts = torch.bincount(experts, minlength=E)
+            ends = torch.cumsum(counts, 0).to(torch.int32)
+            out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
 
-        def run_kjit():
-            kjit.grouped_gemm(a, w, ends, weights="e_n_k", offsets_convention="cumulative_end", out=out)
+            def run_kjit(tile=None):
+                kjit.grouped_gemm(a, w, ends, weights=layout, offsets_convention="cumulative_end", out=out,
+                                  tile=tile and tile[:2], cluster=tile[2] if tile else 0)
 
-        def run_torch():
-            return torch._grouped_mm(a, w.transpose(1, 2), offs=ends)
+            w_for_torch = w.transpose(1, 2) if layout == "e_n_k" else w  # [E, K, N] view
 
-        run_kjit()
-        ref = run_torch()
-        err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
-        t_kjit = triton.testing.do_bench(run_kjit, warmup=25, rep=200, return_mode="median") * 1e-3
-        t_torch = triton.testing.do_bench(run_torch, warmup=25, rep=200, return_mode="median") * 1e-3
-        flops = 2 * M * N * K
-        print(f"{E:>4} {K:>6} {N:>6} {M:>6} {t_kjit * 1e6:9.1f} {flops / t_kjit / 1e12:8.1f} {t_torch * 1e6:9.1f} "
-              f"{flops / t_torch / 1e12:8.1f} {t_torch / t_kjit:9.2f}x {err:8.1e}")
-        result["rows"].append({"E": E, "K": K, "N": N, "rows": M, "kjit_us": t_kjit * 1e6, "torch_us": t_torch * 1e6,
-                               "kjit_tflops": flops / t_kjit / 1e12, "torch_tflops": flops / t_torch / 1e12,
-                               "kjit_vs_torch": t_torch / t_kjit, "relative_error": err})
-        del a, w, out, ref
-        torch.cuda.empty_cache()
+            def run_torch():
+                return torch._grouped_mm(a, w_for_torch, offs=ends)
+
+            run_kjit()
+            ref = run_torch()
+            err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+            t_kjit = bench(run_kjit)
+            t_torch = bench(run_torch)
+            flops = 2 * M * N * K
+            print(f"{layout:>6} {E:>4} {K:>6} {N:>6} {M:>6} {t_kjit * 1e6:9.1f} {flops / t_kjit / 1e12:8.1f} "
+                  f"{t_torch * 1e6:9.1f} {flops / t_torch / 1e12:8.1f} {t_torch / t_kjit:9.2f}x {err:8.1e}")
+            row = {"layout": layout, "E": E, "K": K, "N": N, "rows": M, "kjit_us": t_kjit * 1e6,
+                   "torch_us": t_torch * 1e6, "kjit_tflops": flops / t_kjit / 1e12,
+                   "torch_tflops": flops / t_torch / 1e12, "kjit_vs_torch": t_torch / t_kjit, "relative_error": err}
+            ratios.setdefault(layout, []).append(t_torch / t_kjit)
+            if args.sweep:
+                row["sweep_us"] = {}
+                for tile in SWEEP_TILES:
+                    out.fill_(float("nan"))
+                    run_kjit(tile)
+                    tile_err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+                    t = bench(lambda: run_kjit(tile))
+                    row["sweep_us"][f"{tile[0]}x{tile[1]} cluster {tile[2]}"] = t * 1e6
+                    print(f"{'':>6} tile {tile[0]}x{tile[1]} cluster {tile[2]}: {t * 1e6:9.1f} us {flops / t / 1e12:7.1f} TFLOP/s "
+                          f"{t_torch / t:5.2f}x err {tile_err:.1e}")
+            result["rows"].append(row)
+            del a, w, w_for_torch, out, ref
+            torch.cuda.empty_cache()
+    for layout, r in ratios.items():
+        big = r[:4]
+        geo = math.exp(sum(math.log(x) for x in big) / len(big))
+        print(f"{layout}: geometric mean of kjit/torch over the first four shapes: {geo:.3f}x")
+        result[f"geomean_first_four_{layout}"] = geo
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# One device call: GPU tests, the main job's GPU part (precompile, list,
-# selftest), host-side launch costs, and the dequant benchmark. Binaries come
-# prebuilt in .devbin/ (built on the dev machine; see docs/benchmarks.md).
-# Results go to $OUT.
+# One device call: GPU tests (C++ and the Python MoE pipeline), the main
+# job's GPU part (precompile, list, selftest), the SASS check of the SM90
+# grouped GEMM, host-side launch costs, and the dequant and grouped GEMM
+# benchmarks. Binaries come prebuilt in .devbin/ (built on the dev machine;
+# see docs/benchmarks.md). Results go to $OUT.
 set -uo pipefail
 bin=.devbin
 out=${OUT:-/tmp/kjit-out}
@@ -11,11 +12,21 @@ export KJIT_CACHE_DIR=$(mktemp -d)/cache
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/device.txt"
 echo "== gpu tests"
 timeout 300 "$bin/kjit_gpu_tests" > "$out/gpu_tests.log" 2>&1; echo "gpu tests exit $?"; tail -4 "$out/gpu_tests.log"
+echo "== Python MoE pipeline test"
+KJIT_LIBRARY=$PWD/$bin/libkjit.so PYTHONPATH=runtime/python timeout 120 python3 tests/python/test_moe_pipeline_gpu.py "$PWD/$bin/libkjit.so" 2>&1 | tail -3
 echo "== main job (GPU part)"
 "$bin/jitctl" info
 "$bin/jitctl" precompile --manifest tools/manifests/default.json --arch sm_90a,sm_100a,sm_120a 2>/dev/null
 "$bin/jitctl" list | tail -3
 timeout 240 "$bin/jitctl" selftest > "$out/selftest.log" 2>&1; echo "selftest exit $?"; tail -1 "$out/selftest.log"
+grep -E ": error|wrong elements|relative error [1-9]\.[0-9]e-0[01]|relative error [0-9.]+e\+|nan" "$out/selftest.log" | head -5
+echo "== SASS of the SM90 grouped GEMM (both token-count buckets)"
+for key in $("$bin/jitctl" list --arch sm_90a | awk '/kernel=wgmma_sm90/ && /n=4096 k=7168/ {print $1}' | head -2); do
+  "$bin/jitctl" show "$key" --cubin "$out/k.cubin" | grep -E "^spec"
+  cuobjdump -sass "$out/k.cubin" > "$out/k.sass"
+  echo "HGMMA: $(grep -c HGMMA "$out/k.sass"), HMMA: $(grep -c ' HMMA' "$out/k.sass"), local memory ops: $(grep -cE 'LDL|STL' "$out/k.sass")"
+  rm -f "$out/k.cubin" "$out/k.sass"
+done
 echo "== launch costs (cold process, empty cache; then a fresh process with a warm disk cache)"
 export KJIT_CACHE_DIR=$(mktemp -d)/cache
 "$bin/kjit_bench_launch" | tee "$out/launch_cold.json"
@@ -25,4 +36,4 @@ KJIT_LIBRARY=$PWD/$bin/libkjit.so PYTHONPATH=runtime/python PYTHONUNBUFFERED=1 \
   python3 tools/bench/bench_dequant.py --json "$out/bench_dequant.json" 2>&1 | tee "$out/bench_dequant.log"
 echo "== grouped GEMM benchmark"
 KJIT_LIBRARY=$PWD/$bin/libkjit.so PYTHONPATH=runtime/python PYTHONUNBUFFERED=1 \
-  python3 tools/bench/bench_grouped_gemm.py --json "$out/bench_grouped_gemm.json" 2>&1 | tee "$out/bench_grouped_gemm.log"
+  python3 tools/bench/bench_grouped_gemm.py --layouts e_n_k,e_k_n --json "$out/bench_grouped_gemm.json" 2>&1 | tee "$out/bench_grouped_gemm.log"

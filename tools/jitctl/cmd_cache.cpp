@@ -3,6 +3,7 @@
 // root for the command (KJIT_CACHE_DIR=/path jitctl clear).
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -142,6 +143,7 @@ int cmd_list(Args& args) {
 }
 
 int cmd_show(Args& args) {
+  const auto cubin_path = args.value("--cubin");
   const auto prefix = args.positional();
   if (auto e = args.leftover_error(); !e.empty()) return usage_error(e);
   if (!prefix || prefix->empty()) return usage_error("show needs a KEY (or a unique prefix of one)");
@@ -165,6 +167,22 @@ int cmd_show(Args& args) {
              meta_string(e.meta, "canonical"), meta_string(e.meta, "arch"), meta_string(e.meta, "nvrtc"),
              meta_string(e.meta, "kjit"), e.meta.value("options", nlohmann::json::array()).dump(),
              e.meta.value("compile_seconds", 0.0) * 1e3);
+  if (cubin_path) {
+    // The cubin alone, for cuobjdump / nvdisasm.
+    auto entry = Runtime::global().store().load(e.key);
+    if (!entry) {
+      fmt::print(stderr, "jitctl: error: entry {} could not be read back\n", e.key);
+      return kExitFailure;
+    }
+    std::FILE* f = std::fopen(cubin_path->c_str(), "wb");
+    const bool written = f && std::fwrite(entry->payload.data(), 1, entry->payload.size(), f) == entry->payload.size();
+    if (f && std::fclose(f) != 0) f = nullptr;
+    if (!written || !f) {
+      fmt::print(stderr, "jitctl: error: cannot write {}\n", *cubin_path);
+      return kExitFailure;
+    }
+    fmt::print("cubin:    {} ({} bytes)\n", *cubin_path, entry->payload.size());
+  }
   const auto log = meta_string(e.meta, "log");
   fmt::print("\n--- compile log ---\n{}\n--- source ---\n{}", log.empty() ? "(empty)" : log,
              meta_string(e.meta, "source"));

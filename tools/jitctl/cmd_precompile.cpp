@@ -119,8 +119,9 @@ int cmd_precompile(Args& args) {
 
   std::vector<Job> jobs;
   for (const auto& arch : archs)
-    for (const auto& spec : manifest->kernels) jobs.push_back({spec, arch});
-  fmt::print(stderr, "precompiling {} kernel{} ({} spec{} x {} arch{}) with {} thread{}\n", jobs.size(),
+    for (const auto& spec : manifest->kernels)
+      for (auto& kernel : codegen::kernels_for_target(spec, arch)) jobs.push_back({std::move(kernel), arch});
+  fmt::print(stderr, "precompiling {} kernel{} ({} spec{} for {} arch{}) with {} thread{}\n", jobs.size(),
              jobs.size() == 1 ? "" : "s", manifest->kernels.size(), manifest->kernels.size() == 1 ? "" : "s",
              archs.size(), archs.size() == 1 ? "" : "s", threads, threads == 1 ? "" : "s");
 

@@ -219,6 +219,11 @@ Expected<double> selftest_gemm(Runtime& runtime, DeviceState& device, const code
   g.out = reinterpret_cast<void*>(*dout);
   g.offsets = reinterpret_cast<const int32_t*>(*doff);
   g.row_scale = spec.row_scale ? reinterpret_cast<const float*>(*dscale) : nullptr;
+  // Run this cached configuration, whatever the heuristic would pick for these rows.
+  g.kernel = spec.kernel == codegen::GemmKernel::wgmma_sm90 ? KJIT_GEMM_KERNEL_SM90 : KJIT_GEMM_KERNEL_PORTABLE;
+  g.tile_m = spec.tile_m;
+  g.tile_n = spec.tile_n;
+  g.cluster = spec.cluster;
   if (auto ok = ops::grouped_gemm(runtime, g, nullptr); !ok) return std::unexpected(ok.error());
   if (auto ok = runtime.take_device_errors(device.ordinal); !ok) return std::unexpected(ok.error());
   std::vector<uint8_t> out(out_size);

@@ -16,7 +16,8 @@ commands:
   info                          devices, capabilities, driver and NVRTC versions, cache roots
   list [--json] [--op OP] [--arch ARCH]
                                 cached kernels in every root
-  show KEY                      one entry: spec, source, compile log (KEY may be a unique prefix)
+  show KEY [--cubin FILE]       one entry: spec, source, compile log (KEY may be a unique prefix);
+                                --cubin writes its cubin to FILE (for cuobjdump -sass)
   clear [--arch ARCH] [--op OP] [--older-than DURATION] [--include-read-only]
                                 remove entries (all of the writable root without filters)
   prune [--max-bytes SIZE]      evict least recently used entries down to SIZE (default: the cap)

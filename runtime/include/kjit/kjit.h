@@ -129,6 +129,13 @@ typedef enum kjit_weight_layout {
   KJIT_WEIGHTS_E_K_N = 2  /* [E, K, N] (out = A . W_e) */
 } kjit_weight_layout;
 
+/* Which grouped GEMM kernel runs. */
+typedef enum kjit_gemm_kernel {
+  KJIT_GEMM_KERNEL_AUTO = 0,     /* the arch's own (default): wgmma + TMA on SM90, mma.sync elsewhere */
+  KJIT_GEMM_KERNEL_PORTABLE = 1, /* the mma.sync kernel on any arch (comparisons, debugging) */
+  KJIT_GEMM_KERNEL_SM90 = 2      /* the wgmma kernel; KJIT_ERROR_UNSUPPORTED off Hopper */
+} kjit_gemm_kernel;
+
 /* Grouped GEMM for MoE experts: for each expert e with rows [s_e, t_e) of A,
  * out[s_e:t_e, :] = A[s_e:t_e, :] . W_e (as the layout says), fp32 accumulate,
  * optionally times row_scale[row] (routing weights) in the epilogue.
@@ -136,7 +143,10 @@ typedef enum kjit_weight_layout {
  * on the device (no host synchronisation): offsets that decrease or leave
  * [0, rows] make the launch write nothing and are reported by
  * kjit_device_errors. Rows of A past the last offset are not written.
- * N and K must be multiples of 8; A, W and out 16-byte aligned. */
+ * N and K must be multiples of 8; A, W and out 16-byte aligned.
+ * The kernel configuration (tile, pipeline) is chosen per arch from the
+ * average rows per expert, a few buckets, so a new batch size never
+ * compiles; tile_m / tile_n / cluster override the choice for tuning. */
 typedef struct kjit_grouped_gemm_desc {
   uint32_t struct_size; /* sizeof(kjit_grouped_gemm_desc) */
   kjit_dtype a_dtype;   /* KJIT_DTYPE_BF16 */
@@ -153,6 +163,10 @@ typedef struct kjit_grouped_gemm_desc {
   void* out;               /* [rows, N] row-major */
   const int32_t* offsets;  /* device memory, E or E + 1 entries */
   const float* row_scale;  /* optional device memory [rows] */
+  kjit_gemm_kernel kernel; /* KJIT_GEMM_KERNEL_AUTO after _desc_init */
+  int32_t tile_m;          /* 0 (default): the heuristic's; else SM90 64 or 128, portable 32 to 128 by 32 */
+  int32_t tile_n;          /* 0 (default): the heuristic's; else SM90 64 to 256 by 64, portable 16 to 128 by 16 */
+  int32_t cluster;         /* 0 (default): the heuristic's; SM90: 1, or 2 blocks sharing B (tile_n 128 or 256) */
 } kjit_grouped_gemm_desc;
 
 KJIT_API void kjit_grouped_gemm_desc_init(kjit_grouped_gemm_desc* desc);

@@ -20,6 +20,7 @@ _OK = 0
 _DTYPE = {"float8_e4m3fn": 1, "float8_e5m2": 2, "bfloat16": 3, "float16": 4, "float32": 5}
 _GRANULARITY = {"tensor": 1, "row": 2, "block": 3}
 _CONVENTION = {"multiply": 1, "divide": 2}
+_GEMM_KERNEL = {"auto": 0, "portable": 1, "sm90": 2}
 
 
 class KjitError(RuntimeError):
@@ -71,6 +72,10 @@ class _GroupedGemmDesc(ctypes.Structure):
         ("out", ctypes.c_void_p),
         ("offsets", ctypes.c_void_p),
         ("row_scale", ctypes.c_void_p),
+        ("kernel", ctypes.c_int),
+        ("tile_m", ctypes.c_int32),
+        ("tile_n", ctypes.c_int32),
+        ("cluster", ctypes.c_int32),
     ]
 
 
@@ -238,7 +243,9 @@ def prepare_dequant_fp8(w, scales, out, *, scale="block", block=(128, 128), conv
     _check(library().kjit_dequant_fp8_prepare(ctypes.byref(d), w.device.index or 0))
 
 
-def _describe_gemm(a, w, offsets, out, weights, offsets_convention, row_scale):
+def _describe_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel="auto", tile=None, cluster=0):
+    if kernel not in _GEMM_KERNEL:
+        raise KjitError("KJIT_ERROR_INVALID_ARGUMENT", f"kernel must be 'auto', 'portable' or 'sm90', got {kernel!r}")
     if weights not in _WEIGHTS:
         raise KjitError("KJIT_ERROR_INVALID_ARGUMENT", f"weights must be 'e_n_k' or 'e_k_n', got {weights!r}")
     if offsets_convention not in _OFFSETS:
@@ -258,33 +265,41 @@ def _describe_gemm(a, w, offsets, out, weights, offsets_convention, row_scale):
     d.weights, d.offsets_convention = _WEIGHTS[weights], _OFFSETS[offsets_convention]
     d.a, d.b, d.out, d.offsets = a.data_ptr(), w.data_ptr(), out.data_ptr(), offsets.data_ptr()
     d.row_scale = row_scale.data_ptr() if row_scale is not None else None
+    d.kernel = _GEMM_KERNEL[kernel]
+    d.tile_m, d.tile_n = tile if tile is not None else (0, 0)
+    d.cluster = cluster
     return d
 
 
 def grouped_gemm(a, w, offsets, *, weights="e_n_k", offsets_convention, row_scale=None, out=None,
-                 out_dtype=None, stream=None):
+                 out_dtype=None, stream=None, kernel="auto", tile=None, cluster=0):
     """MoE expert GEMM: rows of `a` ([rows, K] bf16, sorted by expert) times
     each expert's weights `w` ([E, N, K] with weights='e_n_k', as checkpoints
     store them, or [E, K, N] with 'e_k_n'). `offsets` (int32, on the device)
     are the E cumulative ends ('cumulative_end', as torch._grouped_mm) or E + 1
     entries with a leading 0 ('with_leading_zero'). row_scale (fp32 [rows])
-    multiplies each output row. Returns out [rows, N] (bf16 unless out_dtype)."""
+    multiplies each output row. Returns out [rows, N] (bf16 unless out_dtype).
+    kernel: 'auto' (the arch's own: wgmma on Hopper), 'portable' (mma.sync)
+    or 'sm90'; tile=(tile_m, tile_n) and cluster (1 or 2) override the
+    heuristic (tuning)."""
     import torch
 
     if out is None:
         n = w.shape[1] if weights == "e_n_k" else w.shape[2]
         out = torch.empty(a.shape[0], n, dtype=out_dtype or torch.bfloat16, device=a.device)
-    d = _describe_gemm(a, w, offsets, out, weights, offsets_convention, row_scale)
+    d = _describe_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile, cluster)
     if stream is None:
         stream = torch.cuda.current_stream(a.device).cuda_stream
     _check(library().kjit_grouped_gemm(ctypes.byref(d), ctypes.c_void_p(stream)))
     return out
 
 
-def prepare_grouped_gemm(a, w, offsets, out, *, weights="e_n_k", offsets_convention, row_scale=None):
-    """Compiles (or finds) and loads the kernel grouped_gemm needs for these
-    arguments, so that later calls can be captured in a CUDA graph."""
-    d = _describe_gemm(a, w, offsets, out, weights, offsets_convention, row_scale)
+def prepare_grouped_gemm(a, w, offsets, out, *, weights="e_n_k", offsets_convention, row_scale=None, kernel="auto",
+                         tile=None):
+    """Compiles (or finds) and loads every kernel grouped_gemm may pick for
+    these shapes, whatever the row count, so that later calls can be captured
+    in a CUDA graph."""
+    d = _describe_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile)
     _check(library().kjit_grouped_gemm_prepare(ctypes.byref(d), a.device.index or 0))
 
 

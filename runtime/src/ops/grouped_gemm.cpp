@@ -28,8 +28,21 @@ Expected<GroupedGemmPlan> plan_grouped_gemm(const kjit_grouped_gemm_desc& d, boo
     return invalid("offsets_convention must be KJIT_OFFSETS_CUMULATIVE_END (E ends, as torch._grouped_mm) or "
                    "KJIT_OFFSETS_WITH_LEADING_ZERO (E + 1 entries); there is no default");
 
+  if (d.kernel != KJIT_GEMM_KERNEL_AUTO && d.kernel != KJIT_GEMM_KERNEL_PORTABLE && d.kernel != KJIT_GEMM_KERNEL_SM90)
+    return invalid(fmt::format("kernel must be KJIT_GEMM_KERNEL_AUTO, _PORTABLE or _SM90, got {}",
+                               static_cast<int>(d.kernel)));
+  if (d.tile_m < 0 || d.tile_n < 0 || d.cluster < 0)
+    return invalid(fmt::format("tile_m, tile_n and cluster must be 0 (the heuristic's) or supported values, got "
+                               "{}x{} cluster {}",
+                               d.tile_m, d.tile_n, d.cluster));
+
   GroupedGemmPlan plan;
-  auto& s = plan.spec;
+  plan.request = {.portable = d.kernel == KJIT_GEMM_KERNEL_PORTABLE,
+                  .sm90 = d.kernel == KJIT_GEMM_KERNEL_SM90,
+                  .tile_m = d.tile_m,
+                  .tile_n = d.tile_n,
+                  .cluster = d.cluster};
+  auto& s = plan.problem;
   s.out = d.out_dtype == KJIT_DTYPE_F32 ? codegen::DType::f32 : codegen::DType::bf16;
   s.n = d.n;
   s.k = d.k;
@@ -38,7 +51,6 @@ Expected<GroupedGemmPlan> plan_grouped_gemm(const kjit_grouped_gemm_desc& d, boo
   s.offsets = d.offsets_convention == KJIT_OFFSETS_WITH_LEADING_ZERO ? codegen::OffsetsConvention::with_leading_zero
                                                                      : codegen::OffsetsConvention::cumulative_end;
   s.row_scale = d.row_scale != nullptr;
-  codegen::set_grouped_gemm_tile(s);
   plan.empty = d.rows == 0;
 
   if (!for_prepare && !plan.empty) {
@@ -57,28 +69,95 @@ Expected<GroupedGemmPlan> plan_grouped_gemm(const kjit_grouped_gemm_desc& d, boo
   p.offsets = d.offsets;
   p.row_scale = d.row_scale;
   p.total_rows = d.rows;
-  plan.geometry = codegen::grouped_gemm_geometry(s, d.rows);
   return plan;
 }
 
-Expected<void> launch_grouped_gemm(Runtime& runtime, GroupedGemmPlan& plan, CUstream stream) {
-  if (plan.empty) return {};
-  auto& p = plan.params;
-  return launch_on_owning_device(
-      runtime, plan.spec, {{p.a, "a"}, {p.b, "b"}, {p.out, "out"}, {p.offsets, "offsets"}, {p.row_scale, "row_scale"}},
-      p.device_error, plan.geometry, &p, stream);
+namespace {
+
+// A TMA descriptor for a bf16 tensor of `rank` dimensions (innermost first),
+// 128-byte swizzled boxes, zero fill out of bounds.
+Expected<void> encode_tensor_map(const DriverApi& api, kjit_tensor_map& map, const void* base, uint32_t rank,
+                                 const cuuint64_t* dims, const cuuint64_t* byte_strides, const cuuint32_t* box,
+                                 const char* what) {
+  static_assert(sizeof(kjit_tensor_map) == sizeof(CUtensorMap) && alignof(kjit_tensor_map) == alignof(CUtensorMap));
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const CUresult r = api.cuTensorMapEncodeTiled(
+      reinterpret_cast<CUtensorMap*>(&map), CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<void*>(base), dims,
+      byte_strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return fail(KJIT_ERROR_INVALID_ARGUMENT,
+                fmt::format("cuTensorMapEncodeTiled rejected the {} tensor: {}", what, driver_error_text(api, r)));
+  return {};
 }
+
+Expected<void> encode_sm90_maps(const DriverApi& api, const codegen::GroupedGemmSpec& s,
+                                kjit_grouped_gemm_sm90_params& p) {
+  const auto k = static_cast<cuuint64_t>(s.k), n = static_cast<cuuint64_t>(s.n);
+  const auto e = static_cast<cuuint64_t>(s.experts);
+  const cuuint64_t a_dims[2] = {k, static_cast<cuuint64_t>(p.gemm.total_rows)};
+  const cuuint64_t a_strides[1] = {k * 2};
+  const cuuint32_t a_box[2] = {64, static_cast<cuuint32_t>(s.tile_m)};
+  if (auto ok = encode_tensor_map(api, p.a_map, p.gemm.a, 2, a_dims, a_strides, a_box, "A"); !ok) return ok;
+  if (s.weights == codegen::WeightLayout::e_n_k) {
+    const cuuint64_t dims[3] = {k, n, e};
+    const cuuint64_t strides[2] = {k * 2, n * k * 2};
+    // With a cluster each block loads its share of the B tile.
+    const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(s.tile_n / s.cluster), 1};
+    return encode_tensor_map(api, p.b_map, p.gemm.b, 3, dims, strides, box, "B [E, N, K]");
+  }
+  const cuuint64_t dims[3] = {n, k, e};
+  const cuuint64_t strides[2] = {n * 2, k * n * 2};
+  const cuuint32_t box[3] = {64, 64, 1};
+  return encode_tensor_map(api, p.b_map, p.gemm.b, 3, dims, strides, box, "B [E, K, N]");
+}
+
+}  // namespace
 
 Expected<void> grouped_gemm(Runtime& runtime, const kjit_grouped_gemm_desc& desc, CUstream stream) {
   auto plan = plan_grouped_gemm(desc, false);
   if (!plan) return std::unexpected(plan.error());
-  return launch_grouped_gemm(runtime, *plan, stream);
+  if (plan->empty) return {};
+  auto& p = plan->params;
+  auto device = owning_device_for(
+      runtime, {{p.a, "a"}, {p.b, "b"}, {p.out, "out"}, {p.offsets, "offsets"}, {p.row_scale, "row_scale"}},
+      KernelFamily::grouped_gemm);
+  if (!device) return std::unexpected(device.error());
+  auto spec = codegen::choose_grouped_gemm_config(plan->problem, (*device)->arch->target, p.total_rows, plan->request);
+  if (!spec) return std::unexpected(spec.error());
+  // The SM90 kernel is persistent: its grid is what fits on the device at once.
+  int resident_blocks = (*device)->multiprocessors;
+  if (spec->kernel == codegen::GemmKernel::wgmma_sm90) {
+    auto kernel = runtime.kernel(**device, *spec, stream);
+    if (!kernel) return std::unexpected(kernel.error());
+    resident_blocks = (*kernel)->resident_blocks;
+  }
+  const auto geometry = codegen::grouped_gemm_geometry(*spec, p.total_rows, resident_blocks);
+  if (spec->kernel != codegen::GemmKernel::wgmma_sm90)
+    return launch_on_device(runtime, **device, *spec, p.device_error, geometry, &p, stream);
+
+  kjit_grouped_gemm_sm90_params sm90{};
+  sm90.gemm = p;
+  {
+    // Encoding needs a current context (a bare thread, as in jitctl, has none).
+    const DriverApi& api = **runtime.driver();
+    ScopedContext scope(api, (*device)->context);
+    if (auto ok = scope.status(); !ok) return ok;
+    if (auto ok = encode_sm90_maps(api, *spec, sm90); !ok) return ok;
+  }
+  return launch_on_device(runtime, **device, *spec, sm90.gemm.device_error, geometry, &sm90, stream);
 }
 
 Expected<void> prepare_grouped_gemm(Runtime& runtime, const kjit_grouped_gemm_desc& desc, int ordinal) {
   auto plan = plan_grouped_gemm(desc, true);
   if (!plan) return std::unexpected(plan.error());
-  return prepare_on_device(runtime, plan->spec, ordinal);
+  auto device = runtime.device(ordinal);
+  if (!device) return std::unexpected(device.error());
+  auto configs = codegen::grouped_gemm_candidates(plan->problem, (*device)->arch->target, plan->request);
+  if (!configs) return std::unexpected(configs.error());
+  for (const auto& config : *configs)
+    if (auto ok = prepare_on_device(runtime, config, ordinal); !ok) return ok;
+  return {};
 }
 
 }  // namespace kjit::ops

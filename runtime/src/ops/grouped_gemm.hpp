@@ -1,5 +1,5 @@
-// The grouped GEMM op: argument checks, the spec and parameter block they
-// produce, and the launch.
+// The grouped GEMM op: argument checks, the problem they describe, the
+// configuration chosen for the device, and the launch.
 #pragma once
 
 #include "../runtime.hpp"
@@ -11,9 +11,9 @@
 namespace kjit::ops {
 
 struct GroupedGemmPlan {
-  codegen::GroupedGemmSpec spec;
+  codegen::GroupedGemmSpec problem;  // no configuration yet: that depends on the device
+  codegen::GemmRequest request;
   kjit_grouped_gemm_params params{};
-  codegen::LaunchGeometry geometry;
   bool empty = false;  // no rows: nothing to do
 };
 
@@ -21,8 +21,9 @@ struct GroupedGemmPlan {
 // `for_prepare`, pointers are not required.
 Expected<GroupedGemmPlan> plan_grouped_gemm(const kjit_grouped_gemm_desc& desc, bool for_prepare);
 
-Expected<void> launch_grouped_gemm(Runtime& runtime, GroupedGemmPlan& plan, CUstream stream);
 Expected<void> grouped_gemm(Runtime& runtime, const kjit_grouped_gemm_desc& desc, CUstream stream);
+// Loads every configuration a launch of `desc` may pick on `device`, whatever
+// its row count, so that capturing any batch size needs no compile.
 Expected<void> prepare_grouped_gemm(Runtime& runtime, const kjit_grouped_gemm_desc& desc, int device);
 
 }  // namespace kjit::ops

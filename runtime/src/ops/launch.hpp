@@ -12,8 +12,19 @@ namespace kjit::ops {
 // Fails with "'<name>' is NULL" for the first null pointer, in order.
 Expected<void> require_non_null(std::initializer_list<NamedPointer> pointers);
 
-// `device_error` is the parameter block's field that receives the device's
-// error words before the launch.
+// The device that owns `pointers`, initialised and checked against the
+// capability gate of `family`.
+Expected<DeviceState*> owning_device_for(Runtime& runtime, std::initializer_list<NamedPointer> pointers,
+                                         KernelFamily family);
+
+// Checks the stream, finds the kernel (never compiling during capture) and
+// launches it on `device`. `device_error` is the parameter block's field that
+// receives the device's error words before the launch.
+Expected<void> launch_on_device(Runtime& runtime, DeviceState& device, const codegen::KernelSpec& spec,
+                                unsigned int*& device_error, const codegen::LaunchGeometry& geometry, void* params,
+                                CUstream stream);
+
+// Both of the above, for ops whose spec does not depend on the device.
 Expected<void> launch_on_owning_device(Runtime& runtime, const codegen::KernelSpec& spec,
                                        std::initializer_list<NamedPointer> pointers, unsigned int*& device_error,
                                        const codegen::LaunchGeometry& geometry, void* params, CUstream stream);

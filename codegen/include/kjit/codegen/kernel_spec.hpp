@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 #include <variant>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -48,10 +49,18 @@ enum class OffsetsConvention : uint8_t { cumulative_end, with_leading_zero };
 std::string_view name(WeightLayout l);
 std::string_view name(OffsetsConvention c);
 
+// Which grouped GEMM kernel a configuration uses: the portable mma.sync one
+// (sm_80 and newer) or Hopper's wgmma/TMA one (sm_90a only).
+enum class GemmKernel : uint8_t { mma_sync, wgmma_sm90 };
+std::string_view name(GemmKernel k);
+
 // Grouped GEMM for MoE experts: out[rows of e] = A[rows of e] . W_e. The shape
 // key is N, K and the expert count; the token count (rows) is a run-time
-// argument and never part of a key. The tile is the kernel's configuration
-// (chosen by codegen::grouped_gemm_tile, one per arch and shape).
+// argument and never part of a key. The kernel, tile and pipeline depth are
+// the configuration, chosen per arch and token-count bucket by
+// grouped_gemm_configs / choose_grouped_gemm_config. A spec whose tile is
+// 0x0x0 is a problem, not a kernel: manifests list problems, and precompile
+// expands each into every configuration its arch may pick.
 struct GroupedGemmSpec {
   DType out = DType::bf16;  // operands are bf16
   int64_t n = 0;
@@ -60,8 +69,12 @@ struct GroupedGemmSpec {
   WeightLayout weights = WeightLayout::e_n_k;
   OffsetsConvention offsets = OffsetsConvention::cumulative_end;
   bool row_scale = false;
-  int tile_m = 64, tile_n = 128, tile_k = 32;
+  GemmKernel kernel = GemmKernel::mma_sync;
+  int tile_m = 0, tile_n = 0, tile_k = 0;
+  int stages = 0;   // shared-memory pipeline depth (wgmma_sm90); 0 for mma_sync
+  int cluster = 1;  // blocks per cluster along M sharing B by TMA multicast (wgmma_sm90: 1 or 2)
 
+  bool configured() const { return tile_m != 0; }
   bool operator==(const GroupedGemmSpec&) const = default;
 };
 
@@ -84,9 +97,31 @@ struct MoeCombineSpec {
 
 using KernelSpec = std::variant<DequantSpec, GroupedGemmSpec, MoeRoutingSpec, MoeCombineSpec>;
 
-// The portable tile of the grouped GEMM (mma.sync, sm_80+): one
-// configuration today; the per-arch heuristic lands with the SM90 kernel.
-void set_grouped_gemm_tile(GroupedGemmSpec& spec);
+// Grouped GEMM configurations (the heuristic, documented in
+// docs/architecture.md "Grouped GEMM tiles"). `target` is an NVRTC arch such
+// as "sm_90a". The configurations `target` may pick, one per token-count
+// bucket, in bucket order (what precompile builds):
+std::vector<GroupedGemmSpec> grouped_gemm_configs(const GroupedGemmSpec& problem, std::string_view target);
+
+// What a caller may ask of the configuration choice.
+struct GemmRequest {
+  bool portable = false;  // force the mma.sync kernel (tests, comparisons)
+  bool sm90 = false;      // require the wgmma kernel (an error elsewhere)
+  int tile_m = 0, tile_n = 0;  // 0: the heuristic's
+  int cluster = 0;             // 0: the heuristic's (1 whenever a tile is given)
+};
+// The configuration a launch of `rows` rows on `target` uses.
+Expected<GroupedGemmSpec> choose_grouped_gemm_config(const GroupedGemmSpec& problem, std::string_view target,
+                                                     int64_t rows, const GemmRequest& request = {});
+
+// Every configuration choose_grouped_gemm_config may return for `request`
+// on `target`, whatever the row count (what a prepare call loads).
+Expected<std::vector<GroupedGemmSpec>> grouped_gemm_candidates(const GroupedGemmSpec& problem, std::string_view target,
+                                                               const GemmRequest& request = {});
+
+// Every kernel a manifest spec stands for on `target`: a grouped GEMM problem
+// expands into its configurations; every other spec is itself.
+std::vector<KernelSpec> kernels_for_target(const KernelSpec& spec, std::string_view target);
 
 // The family name, e.g. "fp8_dequant".
 std::string_view op_name(const KernelSpec& spec);

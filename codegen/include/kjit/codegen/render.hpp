@@ -16,6 +16,8 @@ struct RenderedKernel {
   std::string source;       // the whole translation unit, templates inlined
   std::string entry_point;  // extern "C" kernel name
   int threads_per_block = 0;
+  int dynamic_shared_bytes = 0;  // over 48 KB needs the function's opt-in attribute
+  int cluster_x = 1;             // thread-block cluster size the kernel is launched with
 };
 
 RenderedKernel render(const KernelSpec& spec);
@@ -24,13 +26,16 @@ struct LaunchGeometry {
   uint32_t grid_x = 1, grid_y = 1, grid_z = 1;
   uint32_t block_x = 1;
   uint32_t shared_bytes = 0;
+  uint32_t cluster_x = 1;  // thread-block cluster size along x (1: no cluster)
 };
 
 // Grid for a dequant of `rows` rows into `output_slots` experts.
 LaunchGeometry dequant_geometry(const DequantSpec& spec, int64_t rows, int64_t output_slots);
 
-// Grid for a grouped GEMM over `total_rows` rows of A.
-LaunchGeometry grouped_gemm_geometry(const GroupedGemmSpec& spec, int64_t total_rows);
+// Grid for a grouped GEMM over `total_rows` rows of A on a device where
+// `resident_blocks` blocks of the kernel fit at once (the SM90 kernel is
+// persistent: its SM count, or what its clusters leave of it).
+LaunchGeometry grouped_gemm_geometry(const GroupedGemmSpec& spec, int64_t total_rows, int resident_blocks);
 
 // Grids of the routing helpers: one block; one block per token.
 LaunchGeometry moe_routing_geometry();

@@ -1,0 +1,396 @@
+// Grouped GEMM for MoE experts, Hopper's own kernel (sm_90a only):
+// out[rows of e] = A[rows of e] . W_e^T (W stacked [E, N, K]) or A . W_e
+// ([E, K, N]), bf16 operands, fp32 accumulation, optional per-row scale,
+// bf16 or fp32 output.
+//
+// Shape of the kernel:
+// - Persistent: one block per SM walks the tiles (expert, m-tile, n-tile) of
+//   every non-empty expert in order, tile t, t + gridDim.x, ... Consecutive
+//   tiles are the m-tiles of one n-tile, so blocks running side by side share
+//   the weight tile they read (one DRAM read, the rest from L2). Segments of
+//   any length need no padding: the last m-tile of an expert reads rows of the
+//   next (or TMA's zero fill past total_rows) and stores only its own rows.
+// - Warp-specialised: the last warpgroup is the producer, one thread of which
+//   issues TMA copies into a ring of kStages shared-memory stages; each stage
+//   has a "full" mbarrier (TMA completes bytes on it) and an "empty" one (each
+//   consumer warp arrives when its wgmmas have read the stage). The other
+//   warpgroups are consumers: 64 rows of the tile each, wgmma m64nBNk16 with
+//   both operands in shared memory, one k-block's group in flight while the
+//   next is issued.
+// - setmaxnreg moves registers from the producer (copies need few) to the
+//   consumers (the accumulator alone is BN/2 registers per thread).
+//
+// Shared-memory layouts (TMA writes them, wgmma reads them, 128-byte swizzle,
+// every tile 1024-byte aligned as the swizzle pattern requires):
+// - A tile: BM rows x 64 k, each row 128 bytes: K-major.
+// - B tile, [E, N, K]: BN rows (n) x 64 k: K-major, like A.
+// - B tile, [E, K, N]: BN/64 chunks of 64 rows (k) x 64 n: N-major ("transposed"
+//   for wgmma); chunks are 8 KB apart (the descriptor's leading byte offset).
+// A k-step of 16 inside a stage moves a K-major descriptor by 32 bytes and an
+// N-major one by 16 rows (2 KB).
+#pragma once
+
+#include <cuda/ptx>
+
+namespace kjit {
+
+template <long long kN_, long long kK_, int kExperts_, bool kWeightsKN_, bool kOffsetsWithZero_, bool kRowScale_,
+          bool kOutF32_, int kBM_, int kBN_, int kStages_, int kCluster_, class Mma_, class MmaHalf_>
+struct GroupedGemmSm90Config {
+  static constexpr long long kN = kN_, kK = kK_;
+  static constexpr int kExperts = kExperts_;
+  static constexpr bool kWeightsKN = kWeightsKN_, kOffsetsWithZero = kOffsetsWithZero_;
+  static constexpr bool kRowScale = kRowScale_, kOutF32 = kOutF32_;
+  static constexpr int kBM = kBM_, kBN = kBN_, kStages = kStages_;
+  // Blocks per cluster along M: 2 pairs adjacent m-tiles of one expert and
+  // n-tile, each block loading half of the shared B tile into both.
+  static constexpr int kCluster = kCluster_;
+  using Mma = Mma_;          // the generated wgmma m64nBNk16 wrapper
+  using MmaHalf = MmaHalf_;  // m64n(BN/2)k16, for tiles of at most 64 rows
+  static constexpr int kBK = 64;  // one 128-byte swizzle row of bf16
+  static constexpr int kConsumers = kBM / 64;
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr int kATileBytes = kBM * kBK * 2;
+  static constexpr int kBTileBytes = kBN * kBK * 2;
+  static constexpr int kStageBytes = kATileBytes + kBTileBytes;
+  static constexpr long long kNTiles = (kN + kBN - 1) / kBN;
+  static constexpr int kKBlocks = static_cast<int>((kK + kBK - 1) / kBK);
+  // An expert's last m-tile with at most 64 rows costs half a tile: both
+  // consumers take its rows and split the columns (B's halves must start on a
+  // 64-column chunk for [E, K, N]).
+  static constexpr bool kHalfTiles = kConsumers == 2 && (kBN / 2) % 64 == 0;
+  // Register split under setmaxnreg (two consumers: 128 * 56 + 256 * 224 <= 64K; the
+  // producer's 4 [E, K, N] copies per stage spill under 40).
+  static constexpr int kProducerRegisters = 56, kConsumerRegisters = 224;
+  static_assert(kBM == 64 || kBM == 128, "64 rows per consumer warpgroup, one or two consumers");
+  static_assert(kBN % 64 == 0 && kBN >= 64 && kBN <= 256, "wgmma N and the [E, K, N] 64-column chunks");
+  static_assert(kN % 8 == 0 && kK % 8 == 0, "TMA needs 16-byte row pitches");
+  static_assert(kCluster == 1 || (kCluster == 2 && kBN % 128 == 0), "a B half is whole 64-column chunks");
+};
+
+__device__ __forceinline__ void mbarrier_wait(unsigned long long* bar, unsigned phase) {
+  while (!cuda::ptx::mbarrier_try_wait_parity(bar, phase)) {
+  }
+}
+
+// A wgmma shared-memory descriptor: start address, leading and stride byte
+// offsets (16-byte units), 128-byte swizzle (PTX ISA, "matrix descriptor").
+__device__ __forceinline__ unsigned long long wgmma_descriptor(const void* tile, unsigned leading_bytes,
+                                                               unsigned stride_bytes) {
+  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(tile));
+  return static_cast<unsigned long long>((address & 0x3FFFF) >> 4) |
+         static_cast<unsigned long long>(leading_bytes >> 4) << 16 |
+         static_cast<unsigned long long>(stride_bytes >> 4) << 32 | 1ull << 62;
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int kInFlight>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kInFlight) : "memory");
+}
+// Keeps the compiler from moving accumulator reads or writes across wgmma
+// instructions, which read and write these registers asynchronously.
+template <int kCount>
+__device__ __forceinline__ void fence_accumulators(float (&acc)[kCount]) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(acc[i])::"memory");
+}
+
+// One tile of the persistent walk.
+struct GemmTile {
+  int expert;
+  long long row0;  // first row of A and out
+  int rows;        // rows of this expert in the tile, 1..BM
+  int n0;          // first column of out
+  bool half;       // at most 64 rows: the consumers split the columns instead (Cfg::kHalfTiles)
+};
+
+// Maps tile indices to tiles. Every role walks the same increasing sequence,
+// so a forward cursor over the experts suffices (no table in shared memory).
+// With clusters, an index names a cluster tile (kCluster adjacent m-tiles of
+// one n-tile) and `rank` picks this block's m-tile; a block past its
+// expert's rows gets rows <= 0 and stores nothing.
+template <class Cfg>
+struct TileWalker {
+  const kjit_grouped_gemm_params* p;
+  int rank;
+  int expert = -1;
+  long long first = 0, tiles = 0;  // the current expert's first index and cluster-tile count
+  long long start = 0, end = 0;
+
+  __device__ bool seek(long long t, GemmTile& tile) {
+    constexpr long long kRows = static_cast<long long>(Cfg::kBM) * Cfg::kCluster;
+    while (t >= first + tiles) {
+      first += tiles;
+      if (++expert >= Cfg::kExperts) return false;
+      expert_rows<Cfg>(*p, expert, start, end);
+      tiles = (end - start + kRows - 1) / kRows * Cfg::kNTiles;
+    }
+    const long long local = t - first, m_tiles = tiles / Cfg::kNTiles;
+    const long long m = local % m_tiles, n = local / m_tiles;
+    tile.expert = expert;
+    tile.row0 = start + m * kRows + rank * Cfg::kBM;
+    const long long rows = end - tile.row0;
+    tile.rows = static_cast<int>(rows < Cfg::kBM ? rows : Cfg::kBM);
+    tile.n0 = static_cast<int>(n * Cfg::kBN);
+    tile.half = tile.rows <= 64;
+    return true;
+  }
+};
+
+// This block's rank in its cluster (0 without clusters).
+template <class Cfg>
+__device__ __forceinline__ int cluster_rank() {
+  if constexpr (Cfg::kCluster == 1) {
+    return 0;
+  } else {
+    unsigned rank;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+    return static_cast<int>(rank);
+  }
+}
+
+// Arrives on `bar` in every block of the cluster (the same shared offset in each).
+template <class Cfg>
+__device__ __forceinline__ void arrive_cluster_wide(unsigned long long* bar) {
+  if constexpr (Cfg::kCluster == 1) {
+    (void)cuda::ptx::mbarrier_arrive(bar);
+  } else {
+    const unsigned local = static_cast<unsigned>(__cvta_generic_to_shared(bar));
+#pragma unroll
+    for (int r = 0; r < Cfg::kCluster; ++r) {
+      unsigned remote;
+      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(r));
+      asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+    }
+  }
+}
+
+template <class Cfg>
+__device__ __forceinline__ void grouped_gemm_producer(const kjit_grouped_gemm_sm90_params& p, unsigned char* tiles,
+                                                      unsigned long long* full, unsigned long long* empty) {
+  namespace ptx = cuda::ptx;
+  asm volatile("prefetch.tensormap [%0];" ::"l"(&p.a_map) : "memory");
+  asm volatile("prefetch.tensormap [%0];" ::"l"(&p.b_map) : "memory");
+  const int rank = cluster_rank<Cfg>();
+  TileWalker<Cfg> walk{&p.gemm, rank};
+  GemmTile tile;
+  unsigned it = 0;  // k-blocks issued so far, over all tiles: selects stage and phase
+  for (long long t = blockIdx.x / Cfg::kCluster; walk.seek(t, tile); t += gridDim.x / Cfg::kCluster) {
+    for (int kb = 0; kb < Cfg::kKBlocks; ++kb, ++it) {
+      const unsigned s = it % Cfg::kStages;
+      mbarrier_wait(&empty[s], ((it / Cfg::kStages) & 1) ^ 1);
+      ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &full[s],
+                                     Cfg::kStageBytes);
+      unsigned char* a_tile = tiles + s * Cfg::kStageBytes;
+      unsigned char* b_tile = a_tile + Cfg::kATileBytes;
+      const int k0 = kb * Cfg::kBK;
+      const int a_coords[2] = {k0, static_cast<int>(tile.row0)};
+      ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, a_tile, &p.a_map, a_coords, &full[s]);
+      if constexpr (Cfg::kCluster > 1) {
+        // This block's half of the B tile, multicast into every block of the
+        // cluster at the same offset (the box is BN/2 rows, or 64-column chunks).
+        constexpr unsigned short kAll = (1u << Cfg::kCluster) - 1;
+        constexpr int kHalfRows = Cfg::kBN / Cfg::kCluster;
+        if constexpr (!Cfg::kWeightsKN) {
+          const int b_coords[3] = {k0, tile.n0 + rank * kHalfRows, tile.expert};
+          ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, b_tile + rank * kHalfRows * 128, &p.b_map,
+                                    b_coords, &full[s], kAll);
+        } else {
+#pragma unroll
+          for (int c = 0; c < kHalfRows / 64; ++c) {
+            const int chunk = rank * (kHalfRows / 64) + c;
+            const int b_coords[3] = {tile.n0 + 64 * chunk, k0, tile.expert};
+            ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, b_tile + chunk * 64 * 128, &p.b_map,
+                                      b_coords, &full[s], kAll);
+          }
+        }
+      } else if constexpr (!Cfg::kWeightsKN) {
+        const int b_coords[3] = {k0, tile.n0, tile.expert};
+        ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, b_tile, &p.b_map, b_coords, &full[s]);
+      } else {
+#pragma unroll
+        for (int c = 0; c < Cfg::kBN / 64; ++c) {
+          const int b_coords[3] = {tile.n0 + 64 * c, k0, tile.expert};
+          ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, b_tile + c * 64 * 128, &p.b_map,
+                                    b_coords, &full[s]);
+        }
+      }
+    }
+  }
+}
+
+// Transposes 4 x 4 32-bit words across the 4 lanes of a quad (lane % 4 = q):
+// on entry w[j] is the quad member q's word of column group j; on exit lane q
+// holds column group q's words of members 0..3, i.e. 8 consecutive bf16
+// columns, for one 16-byte store. Two butterfly stages, selects instead of
+// run-time register indexing.
+__device__ __forceinline__ void quad_transpose(unsigned (&w)[4], int q) {
+  const bool low = q < 2, even = (q & 1) == 0;
+  unsigned s0 = low ? w[2] : w[0], s1 = low ? w[3] : w[1];
+  unsigned r0 = __shfl_xor_sync(0xffffffffu, s0, 2), r1 = __shfl_xor_sync(0xffffffffu, s1, 2);
+  if (low) {
+    w[2] = r0;
+    w[3] = r1;
+  } else {
+    w[0] = r0;
+    w[1] = r1;
+  }
+  s0 = even ? w[1] : w[0];
+  s1 = even ? w[3] : w[2];
+  r0 = __shfl_xor_sync(0xffffffffu, s0, 1);
+  r1 = __shfl_xor_sync(0xffffffffu, s1, 1);
+  if (even) {
+    w[1] = r0;
+    w[3] = r1;
+  } else {
+    w[0] = r0;
+    w[2] = r1;
+  }
+}
+
+// Stores a warpgroup's 64 x kCols accumulator block (m64nNk16 f32 layout:
+// register 4j + 2h + c holds row 16 * warp + lane / 4 + 8h, column
+// 8j + 2 (lane % 4) + c) with the optional row scale, masked to the
+// expert's rows and to N. bf16 rows leave as 16-byte stores after a quad
+// transpose (a quarter of the store instructions of 4-byte stores, and full
+// 32-byte sectors); every lane joins the shuffles, so masking is per store.
+template <class Cfg, int kCols>
+__device__ __forceinline__ void store_block(const kjit_grouped_gemm_params& p, const float (&acc)[kCols / 2],
+                                            int first_row, int rows, long long row0, long long col0) {
+  const int warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32, q = lane % 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = first_row + warp * 16 + lane / 4 + 8 * h;
+    const bool row_ok = r < rows;
+    const long long row = row0 + r;
+    const float scale = Cfg::kRowScale && row_ok ? p.row_scale[row] : 1.0f;
+    // Columns left in the row from this lane's first one (masks the last n-tile).
+    const long long room = Cfg::kN - col0;
+    if constexpr (Cfg::kOutF32) {
+      float* out = static_cast<float*>(p.out) + row * Cfg::kN + col0 + 2 * q;  // then constant offsets
+#pragma unroll
+      for (int j = 0; j < kCols / 8; ++j)
+        if (row_ok && (Cfg::kN % Cfg::kBN == 0 || 8 * j + 2 * q < room))
+          *reinterpret_cast<float2*>(out + 8 * j) =
+              make_float2(acc[4 * j + 2 * h] * scale, acc[4 * j + 2 * h + 1] * scale);
+    } else {
+      unsigned short* out = static_cast<unsigned short*>(p.out) + row * Cfg::kN + col0 + 8 * q;
+#pragma unroll
+      for (int t = 0; t < kCols / 32; ++t) {
+        unsigned w[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          w[i] = cvt_rn_bf16x2_f32(acc[4 * (4 * t + i) + 2 * h] * scale, acc[4 * (4 * t + i) + 2 * h + 1] * scale);
+        quad_transpose(w, q);
+        if (row_ok && (Cfg::kN % Cfg::kBN == 0 || 32 * t + 8 * q < room))
+          *reinterpret_cast<uint4*>(out + 32 * t) = make_uint4(w[0], w[1], w[2], w[3]);
+      }
+    }
+  }
+}
+
+// One tile's k-loop for one consumer warpgroup: wgmma m64 x kRegs*2 columns,
+// reading A rows from `a_offset` bytes and B from `b_offset` bytes into each
+// stage. `it` counts k-blocks over all tiles (stage and phase).
+template <class Cfg, class Mma, int kRegs>
+__device__ __forceinline__ void mainloop(float (&acc)[kRegs], unsigned char* tiles, unsigned long long* full,
+                                         unsigned long long* empty, unsigned a_offset, unsigned b_offset,
+                                         unsigned& it) {
+  const int lane = threadIdx.x % 32;
+  unsigned previous = 0;
+  for (int kb = 0; kb < Cfg::kKBlocks; ++kb, ++it) {
+    const unsigned s = it % Cfg::kStages;
+    mbarrier_wait(&full[s], (it / Cfg::kStages) & 1);
+    const unsigned char* a_tile = tiles + s * Cfg::kStageBytes + a_offset;
+    const unsigned char* b_tile = tiles + s * Cfg::kStageBytes + Cfg::kATileBytes + b_offset;
+    const unsigned long long a_desc = wgmma_descriptor(a_tile, 16, 1024);
+    const unsigned long long b_desc =
+        Cfg::kWeightsKN ? wgmma_descriptor(b_tile, 64 * 128, 1024) : wgmma_descriptor(b_tile, 16, 1024);
+    fence_accumulators(acc);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Cfg::kBK / 16; ++kk) {
+      // Descriptor addresses are in 16-byte units.
+      const unsigned long long b_step = Cfg::kWeightsKN ? kk * (16 * 128 / 16) : kk * (32 / 16);
+      Mma::run(acc, a_desc + kk * (32 / 16), b_desc + b_step, kb > 0 || kk > 0);
+    }
+    wgmma_commit();
+    fence_accumulators(acc);
+    if (kb > 0) {
+      // The previous k-block's group is done reading its stage: hand it back.
+      wgmma_wait<1>();
+      if (lane == 0) arrive_cluster_wide<Cfg>(&empty[previous]);
+    }
+    previous = s;
+  }
+  wgmma_wait<0>();
+  fence_accumulators(acc);
+  if (lane == 0) arrive_cluster_wide<Cfg>(&empty[previous]);
+}
+
+template <class Cfg>
+__device__ __forceinline__ void grouped_gemm_consumer(const kjit_grouped_gemm_sm90_params& p, unsigned char* tiles,
+                                                      unsigned long long* full, unsigned long long* empty) {
+  const int consumer = threadIdx.x / 128;
+  float acc[Cfg::kBN / 2];
+  TileWalker<Cfg> walk{&p.gemm, cluster_rank<Cfg>()};
+  GemmTile tile;
+  unsigned it = 0;
+  for (long long t = blockIdx.x / Cfg::kCluster; walk.seek(t, tile); t += gridDim.x / Cfg::kCluster) {
+    if (Cfg::kHalfTiles && tile.half) {
+      // At most 64 rows: both consumers take those rows, half the columns each.
+      float(&half)[Cfg::kBN / 4] = *reinterpret_cast<float(*)[Cfg::kBN / 4]>(acc);
+      mainloop<Cfg, typename Cfg::MmaHalf, Cfg::kBN / 4>(half, tiles, full, empty, 0,
+                                                          consumer * (Cfg::kBN / 2) * 128, it);
+      store_block<Cfg, Cfg::kBN / 2>(p.gemm, half, 0, tile.rows, tile.row0, tile.n0 + consumer * (Cfg::kBN / 2));
+    } else {
+      mainloop<Cfg, typename Cfg::Mma, Cfg::kBN / 2>(acc, tiles, full, empty, consumer * 64 * 128, 0, it);
+      store_block<Cfg, Cfg::kBN>(p.gemm, acc, consumer * 64, tile.rows, tile.row0, tile.n0);
+    }
+  }
+}
+
+template <class Cfg>
+__device__ __forceinline__ void grouped_gemm_sm90(const kjit_grouped_gemm_sm90_params& p) {
+  if (!offsets_valid<Cfg>(p.gemm)) return;
+
+  extern __shared__ __align__(1024) unsigned char kjit_dynamic_smem[];
+  // The dynamic window is only 16-byte aligned by contract; the swizzle needs 1024.
+  unsigned char* tiles = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<unsigned long long>(kjit_dynamic_smem) + 1023) & ~static_cast<unsigned long long>(1023));
+  auto* full = reinterpret_cast<unsigned long long*>(tiles + Cfg::kStages * Cfg::kStageBytes);
+  unsigned long long* empty = full + Cfg::kStages;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < Cfg::kStages; ++s) {
+      cuda::ptx::mbarrier_init(&full[s], 1);                    // the producer's arrive.expect_tx
+      // One arrival per consumer warp of every block in the cluster: a
+      // producer writes into its peers' stages too.
+      cuda::ptx::mbarrier_init(&empty[s], Cfg::kConsumers * 4 * Cfg::kCluster);
+    }
+    cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
+  }
+  // Peers arrive on and copy into this block's barriers and stages: all of
+  // them must be initialised before anyone starts, and stay until all finish.
+  auto sync_cluster = [] {
+    if constexpr (Cfg::kCluster > 1) {
+      cuda::ptx::barrier_cluster_arrive(cuda::ptx::sem_release);
+      cuda::ptx::barrier_cluster_wait(cuda::ptx::sem_acquire);
+    } else {
+      __syncthreads();
+    }
+  };
+  sync_cluster();
+
+  if (threadIdx.x / 128 == Cfg::kConsumers) {
+    if constexpr (Cfg::kConsumers > 1) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(Cfg::kProducerRegisters));
+    if (threadIdx.x % 128 == 0) grouped_gemm_producer<Cfg>(p, tiles, full, empty);
+  } else {
+    if constexpr (Cfg::kConsumers > 1) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Cfg::kConsumerRegisters));
+    grouped_gemm_consumer<Cfg>(p, tiles, full, empty);
+  }
+  if constexpr (Cfg::kCluster > 1) sync_cluster();
+}
+
+}  // namespace kjit

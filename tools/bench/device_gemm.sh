@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# One device call for the grouped GEMM: its GPU tests, the SASS check (HGMMA in
+# the SM90 kernel), and the benchmark against torch._grouped_mm (with the tile
+# sweep when given --sweep). Binaries come prebuilt in .devbin/ (see
+# docs/benchmarks.md). Results go to $OUT.
+set -uo pipefail
+bin=.devbin
+out=${OUT:-/tmp/kjit-out}
+mkdir -p "$out"
+export KJIT_CACHE_DIR=$(mktemp -d)/cache
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$out/device.txt"
+echo "== grouped GEMM GPU tests"
+timeout 180 "$bin/kjit_gpu_tests" -tc="*grouped*,*portable*,*smallest*,*256 experts*,*one expert*,*uneven*,*decreasing*" \
+  > "$out/gpu_gemm_tests.log" 2>&1
+rc=$?
+echo "gpu tests exit $rc"; grep -E "ERROR|relative error|SM90 vs" "$out/gpu_gemm_tests.log" | head -20; tail -3 "$out/gpu_gemm_tests.log"
+[ $rc -eq 124 ] && { echo "timed out: a hang; no benchmark"; exit 1; }
+echo "== SASS of the SM90 kernel"
+for key in $("$bin/jitctl" list | awk '/kernel=wgmma_sm90/ {print $1}' | head -2); do
+  "$bin/jitctl" show "$key" --cubin "$out/sm90_$key.cubin" | grep -E "^spec"
+  cuobjdump -sass "$out/sm90_$key.cubin" > "$out/sm90_$key.sass"
+  echo "HGMMA instructions: $(grep -c HGMMA "$out/sm90_$key.sass"), local memory ops: $(grep -cE 'LDL|STL' "$out/sm90_$key.sass")"
+  rm "$out/sm90_$key.cubin"
+done
+echo "== grouped GEMM benchmark"
+KJIT_LIBRARY=$PWD/$bin/libkjit.so PYTHONPATH=runtime/python PYTHONUNBUFFERED=1 \
+  timeout 400 python3 tools/bench/bench_grouped_gemm.py --json "$out/bench_grouped_gemm.json" "$@" 2>&1 | tee "$out/bench_grouped_gemm.log"
