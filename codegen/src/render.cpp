@@ -141,8 +141,10 @@ int sm90_shared_bytes(const GroupedGemmSpec& s) {
 }
 
 RenderedKernel render_gemm(const GroupedGemmSpec& s) {
-  const auto flags = fmt::format("{}LL, {}LL, {}, {}, {}, {}, {}", s.n, s.k, s.experts, s.weights == WeightLayout::e_k_n,
-                                 s.offsets == OffsetsConvention::with_leading_zero, s.row_scale, s.out == DType::f32);
+  const auto problem =
+      fmt::format("kjit::GemmProblem<{}LL, {}LL, {}, {}, {}, {}, {}>", s.n, s.k, s.experts,
+                  s.weights == WeightLayout::e_k_n, s.offsets == OffsetsConvention::with_leading_zero, s.row_scale,
+                  s.out == DType::f32);
   if (s.kernel == GemmKernel::wgmma_sm90)
     return assemble(s, {.entry_point = "kjit_grouped_gemm_sm90",
                         .threads = 128 * (s.tile_m / 64 + 1),
@@ -150,7 +152,7 @@ RenderedKernel render_gemm(const GroupedGemmSpec& s) {
                         .templates = {"abi/grouped_gemm_params.h", "common/fp8_convert.cuh",
                                       "gemm/grouped_gemm_common.cuh", "gemm/grouped_gemm_sm90.cuh"},
                         .config = fmt::format(
-                            "kjit::GroupedGemmSm90Config<{}, {}, {}, {}, {}, KjitWgmma, KjitWgmmaHalf>", flags,
+                            "kjit::GroupedGemmSm90Config<{}, {}, {}, {}, {}, KjitWgmma, KjitWgmmaHalf>", problem,
                             s.tile_m, s.tile_n, s.stages, s.cluster),
                         .params_type = "kjit_grouped_gemm_sm90_params",
                         .body = "kjit::grouped_gemm_sm90",
@@ -162,7 +164,7 @@ RenderedKernel render_gemm(const GroupedGemmSpec& s) {
                       .threads = kGemmThreads,
                       .templates = {"abi/grouped_gemm_params.h", "common/fp8_convert.cuh",
                                     "gemm/grouped_gemm_common.cuh", "gemm/grouped_gemm_mma.cuh"},
-                      .config = fmt::format("kjit::GroupedGemmConfig<{}, {}, {}, {}>", flags, s.tile_m, s.tile_n,
+                      .config = fmt::format("kjit::GroupedGemmConfig<{}, {}, {}, {}>", problem, s.tile_m, s.tile_n,
                                             s.tile_k),
                       .params_type = "kjit_grouped_gemm_params",
                       .body = "kjit::grouped_gemm_mma"});

@@ -6,6 +6,17 @@
 
 namespace kjit {
 
+// The problem's constants, shared by both kernels' Configs (which add the tile).
+template <long long kN_, long long kK_, int kExperts_, bool kWeightsKN_, bool kOffsetsWithZero_, bool kRowScale_,
+          bool kOutF32_>
+struct GemmProblem {
+  static constexpr long long kN = kN_, kK = kK_;
+  static constexpr int kExperts = kExperts_;
+  static constexpr bool kWeightsKN = kWeightsKN_, kOffsetsWithZero = kOffsetsWithZero_;
+  static constexpr bool kRowScale = kRowScale_, kOutF32 = kOutF32_;
+  static_assert(kN % 8 == 0 && kK % 8 == 0, "the host admits only N and K divisible by 8 (16-byte rows)");
+};
+
 // Rows [start, end) of expert e, in either offsets convention.
 template <class Cfg>
 __device__ __forceinline__ void expert_rows(const kjit_grouped_gemm_params& p, int e, long long& start,

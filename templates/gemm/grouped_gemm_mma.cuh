@@ -20,20 +20,14 @@
 
 namespace kjit {
 
-template <long long kN_, long long kK_, int kExperts_, bool kWeightsKN_, bool kOffsetsWithZero_, bool kRowScale_,
-          bool kOutF32_, int kBM_, int kBN_, int kBK_>
-struct GroupedGemmConfig {
-  static constexpr long long kN = kN_, kK = kK_;
-  static constexpr int kExperts = kExperts_;
-  static constexpr bool kWeightsKN = kWeightsKN_, kOffsetsWithZero = kOffsetsWithZero_;
-  static constexpr bool kRowScale = kRowScale_, kOutF32 = kOutF32_;
+template <class Problem, int kBM_, int kBN_, int kBK_>
+struct GroupedGemmConfig : Problem {
   static constexpr int kBM = kBM_, kBN = kBN_, kBK = kBK_;
   static constexpr int kThreads = 128;  // 4 warps, 2 x 2 over the block tile
   static constexpr int kWarpM = kBM / 2, kWarpN = kBN / 2;
   static constexpr int kFragsM = kWarpM / 16, kFragsN = kWarpN / 8;
   static constexpr int kStride = kBK + 8;  // shared row stride in bf16 elements (16-byte multiple)
   static_assert(kBM % 32 == 0 && kBN % 16 == 0 && kBK % 16 == 0, "tile shape");
-  static_assert(kN % 8 == 0 && kK % 8 == 0, "the host admits only N and K divisible by 8");
 };
 
 __device__ __forceinline__ void mma_m16n8k16_bf16(float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {

@@ -34,13 +34,9 @@
 
 namespace kjit {
 
-template <long long kN_, long long kK_, int kExperts_, bool kWeightsKN_, bool kOffsetsWithZero_, bool kRowScale_,
-          bool kOutF32_, int kBM_, int kBN_, int kStages_, int kCluster_, class Mma_, class MmaHalf_>
-struct GroupedGemmSm90Config {
-  static constexpr long long kN = kN_, kK = kK_;
-  static constexpr int kExperts = kExperts_;
-  static constexpr bool kWeightsKN = kWeightsKN_, kOffsetsWithZero = kOffsetsWithZero_;
-  static constexpr bool kRowScale = kRowScale_, kOutF32 = kOutF32_;
+template <class Problem, int kBM_, int kBN_, int kStages_, int kCluster_, class Mma_, class MmaHalf_>
+struct GroupedGemmSm90Config : Problem {
+  using Problem::kK, Problem::kN;
   static constexpr int kBM = kBM_, kBN = kBN_, kStages = kStages_;
   // Blocks per cluster along M: 2 pairs adjacent m-tiles of one expert and
   // n-tile, each block loading half of the shared B tile into both.
@@ -64,7 +60,6 @@ struct GroupedGemmSm90Config {
   static constexpr int kProducerRegisters = 56, kConsumerRegisters = 224;
   static_assert(kBM == 64 || kBM == 128, "64 rows per consumer warpgroup, one or two consumers");
   static_assert(kBN % 64 == 0 && kBN >= 64 && kBN <= 256, "wgmma N and the [E, K, N] 64-column chunks");
-  static_assert(kN % 8 == 0 && kK % 8 == 0, "TMA needs 16-byte row pitches");
   static_assert(kCluster == 1 || (kCluster == 2 && kBN % 128 == 0), "a B half is whole 64-column chunks");
 };
 
