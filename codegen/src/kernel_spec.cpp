@@ -218,14 +218,19 @@ std::vector<GroupedGemmSpec> grouped_gemm_configs(const GroupedGemmSpec& problem
     return s;
   };
   if (target == "sm_90a") {
-    // Measured on an H100 against every tile (docs/benchmarks.md, the sweep):
-    // bucket 0, decode-like (at most 64 rows per expert on average): one
-    // consumer warpgroup on 64 x 256 tiles, 5 stages, memory-bound on the
-    // weights. Bucket 1: two consumers on 128 x 192 tiles, 5 stages: best or
-    // within 2% of the best tile on the four prefill shapes. Clusters of two
-    // sharing B by multicast are supported but measured slower, so unused.
+    // Measured on an H100 against every tile (docs/benchmarks.md, the sweep),
+    // by average rows per expert:
+    // - <= 64 (decode): one consumer warpgroup on 64 x 256 tiles, 5 stages;
+    //   memory-bound on the weights.
+    // - <= 512: two consumers on 128 x 192 tiles, 5 stages: best or within 2%
+    //   on the prefill shapes with ~256 rows per expert.
+    // - more: 128 x 256 tiles in clusters of two blocks that share B by TMA
+    //   multicast (a third less L2 traffic, so less power and higher clocks
+    //   under the power cap); a pair rounds an expert's m-tiles up to even,
+    //   which only pays off once experts have many m-tiles.
     return {with(GemmKernel::wgmma_sm90, 64, 256, 64, sm90_deepest_pipeline(64, 256)),
-            with(GemmKernel::wgmma_sm90, 128, 192, 64, sm90_deepest_pipeline(128, 192))};
+            with(GemmKernel::wgmma_sm90, 128, 192, 64, sm90_deepest_pipeline(128, 192)),
+            with(GemmKernel::wgmma_sm90, 128, 256, 64, sm90_deepest_pipeline(128, 256), 2)};
   }
   return {with(GemmKernel::mma_sync, 64, 128, 32, 0)};
 }
@@ -272,8 +277,8 @@ Expected<GroupedGemmSpec> choose_grouped_gemm_config(const GroupedGemmSpec& prob
   // The bucket: average rows per expert, the quantity that decides how full
   // an m-tile is (decode: a few rows per expert; prefill: hundreds).
   const int64_t rows_per_expert = rows / std::max<int64_t>(problem.experts, 1);
-  const size_t bucket = configs->size() > 1 && rows_per_expert > 64 ? 1 : 0;
-  return (*configs)[bucket];
+  const size_t bucket = rows_per_expert <= 64 ? 0 : rows_per_expert <= 512 ? 1 : 2;
+  return (*configs)[std::min(bucket, configs->size() - 1)];
 }
 
 Expected<std::vector<GroupedGemmSpec>> grouped_gemm_candidates(const GroupedGemmSpec& problem, std::string_view target,

@@ -157,7 +157,9 @@ __device__ __forceinline__ void arrive_cluster_wide(unsigned long long* bar) {
     for (int r = 0; r < Cfg::kCluster; ++r) {
       unsigned remote;
       asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(r));
-      asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+      // CTA-scope release (the default): the consumer only read the stage,
+      // so nothing needs a cluster-scope fence, which would cost every arrive.
+      asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
     }
   }
 }

@@ -402,31 +402,29 @@ TEST_CASE_FIXTURE(GemmFixture, "on sm_90 a grouped GEMM launches the persistent 
   CHECK(machine.tensor_map_dims[1] == std::vector<cuuint64_t>{256, 128, 4});  // B [E, N, K]: K, N, E
   CHECK(machine.tensor_map_boxes[1] == std::vector<cuuint64_t>{64, 256, 1});
 
-  // Many rows per expert: the two-consumer bucket, 128 x 192 tiles.
+  // 256 rows per expert: the two-consumer bucket, 128 x 192 tiles.
   FakeBuffer many_a(8192 * 256 * 2, 0), many_out(8192 * 128 * 2, 0);
-  g.rows = 8192;
+  g.rows = 1024;
   g.a = many_a.data();
   g.out = many_out.data();
   REQUIRE(kjit::ops::grouped_gemm(runtime, g, fake_stream(0)).has_value());
   CHECK(machine.block_x == 384);
   CHECK(machine.cluster_x == 0);
-  CHECK(machine.grid[0] == 68);  // (8192 / 128 + 4) m-tiles x 1 n-tile, under 132 SMs
+  CHECK(machine.grid[0] == 12);  // (1024 / 128 + 4) m-tiles x 1 n-tile, under 132 SMs
   CHECK(machine.tensor_map_boxes[3] == std::vector<cuuint64_t>{64, 192, 1});
 
-  // Clusters of two blocks asked for: each loads half of the B tile (128 of
-  // its 256 rows) for both, launched with the cluster attribute.
-  g.tile_m = 128;
-  g.tile_n = 256;
-  g.cluster = 2;
+  // 2048 rows per expert: 128 x 256 tiles in clusters of two blocks, each
+  // loading half of the B tile (128 of its 256 rows) for both.
+  g.rows = 8192;
   REQUIRE(kjit::ops::grouped_gemm(runtime, g, fake_stream(0)).has_value());
   CHECK(machine.cluster_x == 2);
   CHECK(machine.grid[0] == 72);  // (8192 / 256 + 4) cluster tiles x 1 n-tile, 2 blocks each, under 66 clusters x 2
   CHECK(machine.tensor_map_boxes[5] == std::vector<cuuint64_t>{64, 128, 1});
-  g.cluster = 0;
 
-  // With 128 x 64 tiles there are (64 + 4) x 2 = 136 tiles, and the grid
-  // stops at the SM count.
+  // With 128 x 64 tiles (asked for: no cluster then) there are
+  // (64 + 4) x 2 = 136 tiles, and the grid stops at the SM count.
   g.weights = KJIT_WEIGHTS_E_K_N;
+  g.tile_m = 128;
   g.tile_n = 64;
   REQUIRE(kjit::ops::grouped_gemm(runtime, g, fake_stream(0)).has_value());
   CHECK(machine.block_x == 384);

@@ -38,8 +38,12 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--json")
     parser.add_argument("--sweep", action="store_true", help="also time every SM90 tile")
+    parser.add_argument("--tiles", help="with --sweep, only these: e.g. 128x256x2,64x256x1 (tile_m x tile_n x cluster)")
     parser.add_argument("--layouts", default="e_n_k", help="comma-separated weight layouts: e_n_k, e_k_n")
     args = parser.parse_args()
+    tiles = SWEEP_TILES
+    if args.tiles:
+        tiles = [tuple(int(v) for v in t.split("x")) for t in args.tiles.split(",")]
     torch.manual_seed(0)
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": []}
     print(f"device: {result['device']}")
@@ -80,7 +84,7 @@ def main():
             ratios.setdefault(layout, []).append(t_torch / t_kjit)
             if args.sweep:
                 row["sweep_us"] = {}
-                for tile in SWEEP_TILES:
+                for tile in tiles:
                     out.fill_(float("nan"))
                     run_kjit(tile)
                     tile_err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
