@@ -17,6 +17,11 @@
 //   warpgroups are consumers: 64 rows of the tile each, wgmma m64nBNk16 with
 //   both operands in shared memory, one k-block's group in flight while the
 //   next is issued.
+// - Clusters (kCluster = 2): the two blocks take adjacent m-tiles of one
+//   expert and n-tile; each loads half of the B tile and multicasts it into
+//   both, and consumers release each stage to both producers.
+// - Half tiles: an expert's last m-tile of at most 64 rows runs as 64 rows x
+//   both column halves (one per consumer), half the work of a full tile.
 // - setmaxnreg moves registers from the producer (copies need few) to the
 //   consumers (the accumulator alone is BN/2 registers per thread).
 //
