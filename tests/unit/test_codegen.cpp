@@ -194,3 +194,89 @@ TEST_CASE("dequant launch geometry covers every vector once") {
   CHECK(g.grid_y == 3);
   CHECK(dequant_geometry(spec, 1, 100000).grid_y == 65535);  // the kernel loops over the rest
 }
+
+namespace {
+
+GroupedGemmSpec gemm_problem() {
+  GroupedGemmSpec s;
+  s.n = 4096;
+  s.k = 7168;
+  s.experts = 32;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("grouped GEMM configurations: buckets by rows per expert on sm_90a, the portable kernel elsewhere") {
+  const auto problem = gemm_problem();
+  auto pick = [&](int64_t rows, const char* target, GemmRequest request = {}) {
+    auto s = choose_grouped_gemm_config(problem, target, rows, request);
+    REQUIRE_MESSAGE(s.has_value(), s.error().message);
+    return *s;
+  };
+  // 32 experts: 64 rows each -> bucket 0; 65 -> 1; 512 -> 1; 513 -> 2.
+  CHECK(pick(64 * 32, "sm_90a").tile_m == 64);
+  CHECK(pick(0, "sm_90a").tile_n == 256);
+  const auto middle = pick(65 * 32, "sm_90a");
+  CHECK((middle.tile_m == 128 && middle.tile_n == 192 && middle.cluster == 1));
+  CHECK(pick(512 * 32, "sm_90a").tile_n == 192);
+  const auto many = pick(513 * 32, "sm_90a");
+  CHECK((many.tile_m == 128 && many.tile_n == 256 && many.cluster == 2 && many.stages == 4));
+  for (const auto& s : {pick(64 * 32, "sm_90a"), middle, many}) {
+    CHECK(s.kernel == GemmKernel::wgmma_sm90);
+    CHECK(validate(KernelSpec{s}).has_value());
+  }
+  // Every configuration a launch may pick is what precompile builds and prepare loads.
+  auto all = grouped_gemm_candidates(problem, "sm_90a");
+  REQUIRE(all.has_value());
+  CHECK(all->size() == 3);
+  CHECK(kernels_for_target(problem, "sm_90a").size() == 3);
+  // Elsewhere, or when asked, the portable kernel; past 2^31 rows too (TMA coordinates are 32-bit).
+  for (const char* target : {"sm_100a", "sm_120a", "sm_80"}) CHECK(pick(1 << 20, target).kernel == GemmKernel::mma_sync);
+  CHECK(pick(1 << 20, "sm_90a", {.portable = true}).kernel == GemmKernel::mma_sync);
+  CHECK(pick(int64_t{1} << 32, "sm_90a").kernel == GemmKernel::mma_sync);
+  auto off_hopper = choose_grouped_gemm_config(problem, "sm_120a", 4096, {.sm90 = true});
+  REQUIRE_FALSE(off_hopper.has_value());
+  CHECK(off_hopper.error().message.find("runs only on sm_90a") != std::string::npos);
+  // Overrides are validated; a cluster needs a tile_n of 128 or 256.
+  CHECK(pick(4096, "sm_90a", {.tile_m = 128, .tile_n = 128, .cluster = 2}).cluster == 2);
+  auto bad = choose_grouped_gemm_config(problem, "sm_90a", 4096, {.tile_m = 128, .tile_n = 192, .cluster = 2});
+  REQUIRE_FALSE(bad.has_value());
+  CHECK(bad.error().message.find("cluster 2") != std::string::npos);
+}
+
+TEST_CASE("grouped GEMM specs: a problem and each configuration round-trip through canonical text and JSON") {
+  std::vector<KernelSpec> specs{gemm_problem()};
+  for (auto& k : kernels_for_target(gemm_problem(), "sm_90a")) specs.push_back(k);
+  for (auto& k : kernels_for_target(gemm_problem(), "sm_120a")) specs.push_back(k);
+  std::set<std::string> names;
+  for (const auto& spec : specs) {
+    auto back = spec_from_json(to_json(spec));
+    REQUIRE_MESSAGE(back.has_value(), back.error().message);
+    CHECK(*back == spec);
+    names.insert(canonical(spec));
+  }
+  CHECK(names.size() == specs.size());
+  CHECK(canonical(specs[0]).ends_with("config=per-arch"));
+  CHECK(canonical(specs[3]).find("kernel=wgmma_sm90 tile=128x256x64 stages=4 cluster=2") != std::string::npos);
+  // A tile without a kernel is neither a problem nor a configuration.
+  auto j = to_json(specs[1]);
+  j.erase("kernel");
+  auto half = spec_from_json(j);
+  REQUIRE_FALSE(half.has_value());
+  CHECK(half.error().message.find("need 'kernel' beside them") != std::string::npos);
+}
+
+TEST_CASE("the SM90 grouped GEMM renders its wgmma wrappers and asks for its shared memory and cluster") {
+  const auto many = std::get<GroupedGemmSpec>(kernels_for_target(gemm_problem(), "sm_90a")[2]);
+  const auto k = render(many);
+  CHECK(k.entry_point == "kjit_grouped_gemm_sm90");
+  CHECK(k.threads_per_block == 384);
+  CHECK(k.cluster_x == 2);
+  CHECK(k.dynamic_shared_bytes == 4 * (128 + 256) * 64 * 2 + 1024 + 16 * 4);
+  CHECK(k.source.find("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16") != std::string::npos);
+  CHECK(k.source.find("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16") != std::string::npos);  // half tiles
+  CHECK(k.source.find("__launch_bounds__(384, 1)") != std::string::npos);
+  const auto g = grouped_gemm_geometry(many, 8192, 132);
+  CHECK((g.grid_x == 132 && g.cluster_x == 2 && g.block_x == 384 && g.shared_bytes == 197696));
+}
