@@ -18,14 +18,19 @@ constexpr std::array kLayoutNames{"e_n_k", "e_k_n"};
 constexpr std::array kOffsetsNames{"cumulative_end", "with_leading_zero"};
 constexpr std::array kGemmKernelNames{"mma_sync", "wgmma_sm90"};
 
-// The SM90 kernel's shared memory: kStages x (A tile + B tile) of 64-deep
-// bf16 k-blocks, 1 KB of alignment slack and two mbarriers per stage, within
-// the 227 KB a Hopper block may opt into.
+// The SM90 kernel's pipeline stops at what fits in the 227 KB a Hopper block
+// may opt into (grouped_gemm_shared_bytes says what a depth costs).
 constexpr int kSm90SharedLimit = 227 * 1024;
 constexpr int kSm90MaxStages = 8;
-int sm90_stage_bytes(int tile_m, int tile_n) { return (tile_m + tile_n) * 64 * 2; }
 int sm90_deepest_pipeline(int tile_m, int tile_n) {
-  return std::min(kSm90MaxStages, (kSm90SharedLimit - 1024 - 16 * kSm90MaxStages) / sm90_stage_bytes(tile_m, tile_n));
+  GroupedGemmSpec s;
+  s.kernel = GemmKernel::wgmma_sm90;
+  s.tile_m = tile_m;
+  s.tile_n = tile_n;
+  s.tile_k = 64;
+  for (s.stages = kSm90MaxStages; s.stages > 1; --s.stages)
+    if (grouped_gemm_shared_bytes(s) <= kSm90SharedLimit) break;
+  return s.stages;
 }
 
 template <class Enum, size_t N>
@@ -206,6 +211,22 @@ std::string_view name(OffsetsConvention c) { return kOffsetsNames[static_cast<si
 
 std::string_view name(GemmKernel k) { return kGemmKernelNames[static_cast<size_t>(k)]; }
 
+namespace {
+
+// The portable mma.sync kernel's one configuration (every arch, every row count).
+GroupedGemmSpec portable_config(const GroupedGemmSpec& problem) {
+  GroupedGemmSpec s = problem;
+  s.kernel = GemmKernel::mma_sync;
+  s.tile_m = 64;
+  s.tile_n = 128;
+  s.tile_k = 32;
+  s.stages = 0;
+  s.cluster = 1;
+  return s;
+}
+
+}  // namespace
+
 std::vector<GroupedGemmSpec> grouped_gemm_configs(const GroupedGemmSpec& problem, std::string_view target) {
   auto with = [&](GemmKernel kernel, int m, int n, int k, int stages, int cluster = 1) {
     GroupedGemmSpec s = problem;
@@ -232,7 +253,14 @@ std::vector<GroupedGemmSpec> grouped_gemm_configs(const GroupedGemmSpec& problem
             with(GemmKernel::wgmma_sm90, 128, 192, 64, sm90_deepest_pipeline(128, 192)),
             with(GemmKernel::wgmma_sm90, 128, 256, 64, sm90_deepest_pipeline(128, 256), 2)};
   }
-  return {with(GemmKernel::mma_sync, 64, 128, 32, 0)};
+  return {portable_config(problem)};
+}
+
+int grouped_gemm_shared_bytes(const GroupedGemmSpec& s) {
+  if (s.kernel != GemmKernel::wgmma_sm90) return 0;  // the portable kernel's tiles are static
+  // Matches GroupedGemmSm90Config: the stages, 1 KB of slack to align them to
+  // the swizzle's 1 KB, and two mbarriers per stage.
+  return s.stages * (s.tile_m + s.tile_n) * s.tile_k * 2 + 1024 + 16 * s.stages;
 }
 
 namespace {
@@ -242,13 +270,12 @@ namespace {
 Expected<std::vector<GroupedGemmSpec>> requested_configs(const GroupedGemmSpec& problem, std::string_view target,
                                                          const GemmRequest& request) {
   const bool sm90 = target == "sm_90a";
-  if (request.portable && request.sm90)
-    return fail(KJIT_ERROR_INVALID_ARGUMENT, "a grouped GEMM cannot ask for both the portable and the SM90 kernel");
-  if (request.sm90 && !sm90)
+  if (request.kernel == GemmRequest::Kernel::sm90 && !sm90)
     return fail(KJIT_ERROR_UNSUPPORTED,
                 fmt::format("the SM90 grouped GEMM kernel runs only on sm_90a (Hopper); this device compiles for {}",
                             target));
-  auto configs = grouped_gemm_configs(problem, request.portable ? "portable" : target);
+  auto configs = request.kernel == GemmRequest::Kernel::portable ? std::vector{portable_config(problem)}
+                                                                 : grouped_gemm_configs(problem, target);
   if (request.tile_m == 0 && request.tile_n == 0 && request.cluster == 0) return configs;
   for (auto& s : configs) {
     if (request.tile_m != 0) s.tile_m = request.tile_m;
@@ -266,11 +293,11 @@ Expected<GroupedGemmSpec> choose_grouped_gemm_config(const GroupedGemmSpec& prob
                                                      int64_t rows, const GemmRequest& request) {
   // TMA coordinates are 32-bit: past 2^31 rows only the portable kernel serves.
   constexpr int64_t kTmaRowLimit = (int64_t{1} << 31) - 256;
-  if (rows > kTmaRowLimit && !request.portable) {
-    if (request.sm90)
+  if (rows > kTmaRowLimit && request.kernel != GemmRequest::Kernel::portable) {
+    if (request.kernel == GemmRequest::Kernel::sm90)
       return fail(KJIT_ERROR_INVALID_ARGUMENT,
                   fmt::format("the SM90 grouped GEMM addresses at most {} rows, got {}", kTmaRowLimit, rows));
-    return choose_grouped_gemm_config(problem, target, rows, {.portable = true});
+    return choose_grouped_gemm_config(problem, target, rows, {.kernel = GemmRequest::Kernel::portable});
   }
   auto configs = requested_configs(problem, target, request);
   if (!configs) return std::unexpected(configs.error());
@@ -421,6 +448,20 @@ Expected<void> validate(const KernelSpec& spec) {
   if (const auto* r = std::get_if<MoeRoutingSpec>(&spec)) return validate_routing(*r);
   if (const auto* c = std::get_if<MoeCombineSpec>(&spec)) return validate_combine(*c);
   return validate_dequant(std::get<DequantSpec>(spec));
+}
+
+Expected<void> validate_for_target(const KernelSpec& spec, std::string_view target) {
+  if (auto ok = validate(spec); !ok) return ok;
+  const auto* gemm = std::get_if<GroupedGemmSpec>(&spec);
+  if (gemm && !gemm->configured())
+    return fail(KJIT_ERROR_INVALID_ARGUMENT,
+                fmt::format("{} names no configuration: expand it for an arch first (kernels_for_target)",
+                            canonical(spec)));
+  if (gemm && gemm->kernel == GemmKernel::wgmma_sm90 && target != "sm_90a")
+    return fail(KJIT_ERROR_UNSUPPORTED,
+                fmt::format("{} is Hopper's kernel (wgmma, TMA) and builds only for sm_90a, not {}", canonical(spec),
+                            target));
+  return {};
 }
 
 int widest_vector(int64_t cols, std::initializer_list<int64_t> alignments, int max_vec) {

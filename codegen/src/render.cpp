@@ -135,11 +135,6 @@ std::string wgmma_wrapper(std::string_view name, int n, bool transpose_b) {
       regs, regs + 2, n, list, regs, regs + 1, transpose_b ? 1 : 0, operands, name);
 }
 
-int sm90_shared_bytes(const GroupedGemmSpec& s) {
-  // Matches GroupedGemmSm90Config: stages, 1 KB alignment slack, 2 mbarriers per stage.
-  return s.stages * (s.tile_m + s.tile_n) * s.tile_k * 2 + 1024 + 16 * s.stages;
-}
-
 RenderedKernel render_gemm(const GroupedGemmSpec& s) {
   const auto problem =
       fmt::format("kjit::GemmProblem<{}LL, {}LL, {}, {}, {}, {}, {}>", s.n, s.k, s.experts,
@@ -158,7 +153,7 @@ RenderedKernel render_gemm(const GroupedGemmSpec& s) {
                         .body = "kjit::grouped_gemm_sm90",
                         .prelude = wgmma_wrapper("KjitWgmma", s.tile_n, s.weights == WeightLayout::e_k_n) +
                                    wgmma_wrapper("KjitWgmmaHalf", s.tile_n / 2, s.weights == WeightLayout::e_k_n),
-                        .dynamic_shared_bytes = sm90_shared_bytes(s),
+                        .dynamic_shared_bytes = grouped_gemm_shared_bytes(s),
                         .cluster_x = s.cluster});
   return assemble(s, {.entry_point = "kjit_grouped_gemm",
                       .threads = kGemmThreads,
@@ -213,7 +208,7 @@ LaunchGeometry grouped_gemm_geometry(const GroupedGemmSpec& spec, int64_t total_
     g.block_x = static_cast<uint32_t>(128 * (spec.tile_m / 64 + 1));
     g.grid_x = static_cast<uint32_t>(clusters * spec.cluster);
     g.cluster_x = static_cast<uint32_t>(spec.cluster);
-    g.shared_bytes = static_cast<uint32_t>(sm90_shared_bytes(spec));
+    g.shared_bytes = static_cast<uint32_t>(grouped_gemm_shared_bytes(spec));
     return g;
   }
   g.block_x = kGemmThreads;

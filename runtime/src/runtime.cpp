@@ -15,6 +15,29 @@
 namespace kjit {
 namespace {
 
+// A cuLaunchKernelEx configuration for `g` with its cluster size, as both the
+// launch and the occupancy query need it.
+struct ClusterLaunch {
+  CUlaunchAttribute cluster{};
+  CUlaunchConfig config{};
+  ClusterLaunch(const codegen::LaunchGeometry& g, CUstream stream) {
+    cluster.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    cluster.value.clusterDim.x = g.cluster_x;
+    cluster.value.clusterDim.y = cluster.value.clusterDim.z = 1;
+    config.gridDimX = g.grid_x;
+    config.gridDimY = g.grid_y;
+    config.gridDimZ = g.grid_z;
+    config.blockDimX = g.block_x;
+    config.blockDimY = config.blockDimZ = 1;
+    config.sharedMemBytes = g.shared_bytes;
+    config.hStream = stream;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;  // config points at cluster
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
+
 std::string_view memory_type_name(unsigned int type) {
   switch (type) {
     case CU_MEMORYTYPE_HOST: return "pinned host memory";
@@ -158,16 +181,7 @@ Expected<void> Runtime::check_stream(const DeviceState& device, CUstream stream)
 }
 
 Expected<Cubin> Runtime::cubin(const codegen::KernelSpec& spec, const std::string& arch) {
-  if (auto ok = codegen::validate(spec); !ok) return std::unexpected(ok.error());
-  if (const auto* gemm = std::get_if<codegen::GroupedGemmSpec>(&spec); gemm && !gemm->configured())
-    return fail(KJIT_ERROR_INVALID_ARGUMENT,
-                fmt::format("{} names no configuration: expand it for an arch first (codegen::kernels_for_target)",
-                            codegen::canonical(spec)));
-  if (const auto* gemm = std::get_if<codegen::GroupedGemmSpec>(&spec);
-      gemm && gemm->kernel == codegen::GemmKernel::wgmma_sm90 && arch != "sm_90a")
-    return fail(KJIT_ERROR_UNSUPPORTED,
-                fmt::format("{} is Hopper's kernel (wgmma, TMA) and builds only for sm_90a, not {}",
-                            codegen::canonical(spec), arch));
+  if (auto ok = codegen::validate_for_target(spec, arch); !ok) return std::unexpected(ok.error());
   auto row = arch_for_target(arch);
   if (!row) return std::unexpected(row.error());
   if (auto ok = require_family(**row, family_of(spec)); !ok) return std::unexpected(ok.error());
@@ -286,20 +300,14 @@ Expected<const LoadedKernel*> Runtime::kernel(DeviceState& device, const codegen
     if (rendered.cluster_x > 1) {
       ScopedContext scope(api, device.context);
       if (auto ok = scope.status(); !ok) return std::unexpected(ok.error());
-      CUlaunchAttribute cluster{};
-      cluster.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-      cluster.value.clusterDim.x = static_cast<unsigned>(rendered.cluster_x);
-      cluster.value.clusterDim.y = cluster.value.clusterDim.z = 1;
-      CUlaunchConfig config{};
-      config.gridDimX = static_cast<unsigned>(rendered.cluster_x * std::max(device.multiprocessors, 1));
-      config.gridDimY = config.gridDimZ = 1;
-      config.blockDimX = static_cast<unsigned>(rendered.threads_per_block);
-      config.blockDimY = config.blockDimZ = 1;
-      config.sharedMemBytes = static_cast<unsigned>(rendered.dynamic_shared_bytes);
-      config.attrs = &cluster;
-      config.numAttrs = 1;
+      codegen::LaunchGeometry whole_device;
+      whole_device.grid_x = static_cast<uint32_t>(rendered.cluster_x * std::max(device.multiprocessors, 1));
+      whole_device.block_x = static_cast<uint32_t>(rendered.threads_per_block);
+      whole_device.shared_bytes = static_cast<uint32_t>(rendered.dynamic_shared_bytes);
+      whole_device.cluster_x = static_cast<uint32_t>(rendered.cluster_x);
+      ClusterLaunch launch(whole_device, nullptr);
       int clusters = 0;
-      if (auto ok = check(api, api.cuOccupancyMaxActiveClusters(&clusters, loaded->function, &config),
+      if (auto ok = check(api, api.cuOccupancyMaxActiveClusters(&clusters, loaded->function, &launch.config),
                           "cuOccupancyMaxActiveClusters");
           !ok)
         return std::unexpected(ok.error());
@@ -319,21 +327,8 @@ Expected<void> Runtime::launch(const DeviceState& device, const LoadedKernel& ke
   if (auto ok = scope.status(); !ok) return ok;
   void* args[] = {params};
   if (g.cluster_x > 1) {
-    CUlaunchAttribute cluster{};
-    cluster.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    cluster.value.clusterDim.x = g.cluster_x;
-    cluster.value.clusterDim.y = cluster.value.clusterDim.z = 1;
-    CUlaunchConfig config{};
-    config.gridDimX = g.grid_x;
-    config.gridDimY = g.grid_y;
-    config.gridDimZ = g.grid_z;
-    config.blockDimX = g.block_x;
-    config.blockDimY = config.blockDimZ = 1;
-    config.sharedMemBytes = g.shared_bytes;
-    config.hStream = stream;
-    config.attrs = &cluster;
-    config.numAttrs = 1;
-    return check(api, api.cuLaunchKernelEx(&config, kernel.function, args, nullptr), "cuLaunchKernelEx");
+    ClusterLaunch launch(g, stream);
+    return check(api, api.cuLaunchKernelEx(&launch.config, kernel.function, args, nullptr), "cuLaunchKernelEx");
   }
   return check(api,
                api.cuLaunchKernel(kernel.function, g.grid_x, g.grid_y, g.grid_z, g.block_x, 1, 1, g.shared_bytes,

@@ -233,9 +233,9 @@ TEST_CASE("grouped GEMM configurations: buckets by rows per expert on sm_90a, th
   CHECK(kernels_for_target(problem, "sm_90a").size() == 3);
   // Elsewhere, or when asked, the portable kernel; past 2^31 rows too (TMA coordinates are 32-bit).
   for (const char* target : {"sm_100a", "sm_120a", "sm_80"}) CHECK(pick(1 << 20, target).kernel == GemmKernel::mma_sync);
-  CHECK(pick(1 << 20, "sm_90a", {.portable = true}).kernel == GemmKernel::mma_sync);
+  CHECK(pick(1 << 20, "sm_90a", {.kernel = GemmRequest::Kernel::portable}).kernel == GemmKernel::mma_sync);
   CHECK(pick(int64_t{1} << 32, "sm_90a").kernel == GemmKernel::mma_sync);
-  auto off_hopper = choose_grouped_gemm_config(problem, "sm_120a", 4096, {.sm90 = true});
+  auto off_hopper = choose_grouped_gemm_config(problem, "sm_120a", 4096, {.kernel = GemmRequest::Kernel::sm90});
   REQUIRE_FALSE(off_hopper.has_value());
   CHECK(off_hopper.error().message.find("runs only on sm_90a") != std::string::npos);
   // Overrides are validated; a cluster needs a tile_n of 128 or 256.

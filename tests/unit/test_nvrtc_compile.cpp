@@ -146,7 +146,7 @@ TEST_CASE("every grouped GEMM variant compiles with NVRTC for sm_90a, sm_100a an
     }
   // The portable kernel compiles for sm_90a too (it is what KJIT_GEMM_KERNEL_PORTABLE runs there).
   for (const auto& problem : gemm_problems()) {
-    auto portable = choose_grouped_gemm_config(problem, "sm_90a", 4096, {.portable = true});
+    auto portable = choose_grouped_gemm_config(problem, "sm_90a", 4096, {.kernel = GemmRequest::Kernel::portable});
     REQUIRE(portable.has_value());
     auto cubin = runtime.cubin(*portable, "sm_90a");
     REQUIRE_MESSAGE(cubin.has_value(), kjit::testing::why(cubin));
@@ -178,7 +178,7 @@ TEST_CASE("ptxas reports no local-memory spills in the grouped GEMM and dequant 
     g.k = 7168;
     g.experts = 32;
     for (auto& k : kernels_for_target(g, "sm_90a")) specs.push_back(std::move(k));
-    if (v < 4) specs.push_back(*choose_grouped_gemm_config(g, "sm_90a", 0, {.portable = true}));
+    if (v < 4) specs.push_back(*choose_grouped_gemm_config(g, "sm_90a", 0, {.kernel = GemmRequest::Kernel::portable}));
   }
   for (const auto& d : variants()) specs.push_back(d);
   for (const auto& r : routing_variants()) specs.push_back(r);

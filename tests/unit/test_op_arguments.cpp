@@ -166,6 +166,14 @@ struct FakeBuffer {
   }
 };
 
+// The call failed with `code`, a message containing `needle`, and launched nothing.
+void check_rejected(const kjit::Expected<void>& r, kjit_status code, const std::string& needle) {
+  REQUIRE_FALSE(r.has_value());
+  CHECK_MESSAGE(r.error().code == code, r.error().message);
+  CHECK_MESSAGE(r.error().message.find(needle) != std::string::npos, r.error().message);
+  CHECK(machine.launches == 0);
+}
+
 struct Fixture {
   std::string cache_dir = fresh_cache_dir();
   kjit::Runtime runtime{&fake_api, kjit::cache::StoreConfig{cache_dir, {}, 0}};
@@ -199,14 +207,7 @@ struct Fixture {
 
   kjit::Expected<void> run() { return kjit::ops::dequant_fp8(runtime, desc, fake_stream(0)); }
 
-  // The call fails with `code`, a message containing `needle`, and no launch.
-  void expect_rejected(kjit_status code, const std::string& needle) {
-    auto r = run();
-    REQUIRE_FALSE(r.has_value());
-    CHECK_MESSAGE(r.error().code == code, r.error().message);
-    CHECK_MESSAGE(r.error().message.find(needle) != std::string::npos, r.error().message);
-    CHECK(machine.launches == 0);
-  }
+  void expect_rejected(kjit_status code, const std::string& needle) { check_rejected(run(), code, needle); }
 };
 
 }  // namespace
@@ -377,11 +378,7 @@ struct GemmFixture : Fixture {
     g.offsets = reinterpret_cast<const int32_t*>(offsets.data());
   }
   void expect_gemm_rejected(const std::string& needle) {
-    auto r = kjit::ops::grouped_gemm(runtime, g, fake_stream(0));
-    REQUIRE_FALSE(r.has_value());
-    CHECK_MESSAGE(r.error().code == KJIT_ERROR_INVALID_ARGUMENT, r.error().message);
-    CHECK_MESSAGE(r.error().message.find(needle) != std::string::npos, r.error().message);
-    CHECK(machine.launches == 0);
+    check_rejected(kjit::ops::grouped_gemm(runtime, g, fake_stream(0)), KJIT_ERROR_INVALID_ARGUMENT, needle);
   }
 };
 
@@ -464,10 +461,7 @@ TEST_CASE_FIXTURE(GemmFixture, "kernel and tile requests are checked against the
   // Off Hopper the SM90 kernel is refused, and AUTO runs the portable one.
   machine.compute_major = 12;
   kjit::Runtime blackwell{&fake_api, kjit::cache::StoreConfig{cache_dir, {}, 0}};
-  auto refused = kjit::ops::grouped_gemm(blackwell, g, fake_stream(0));
-  REQUIRE_FALSE(refused.has_value());
-  CHECK(refused.error().code == KJIT_ERROR_UNSUPPORTED);
-  CHECK(refused.error().message.find("runs only on sm_90a") != std::string::npos);
+  check_rejected(kjit::ops::grouped_gemm(blackwell, g, fake_stream(0)), KJIT_ERROR_UNSUPPORTED, "runs only on sm_90a");
   g.kernel = KJIT_GEMM_KERNEL_AUTO;
   REQUIRE(kjit::ops::grouped_gemm(blackwell, g, fake_stream(0)).has_value());
   CHECK(machine.block_x == 128);

@@ -16,12 +16,7 @@ rc=$?
 echo "gpu tests exit $rc"; grep -E "ERROR|relative error|SM90 vs" "$out/gpu_gemm_tests.log" | head -20; tail -3 "$out/gpu_gemm_tests.log"
 [ $rc -eq 124 ] && { echo "timed out: a hang; no benchmark"; exit 1; }
 echo "== SASS of the SM90 kernel"
-for key in $("$bin/jitctl" list | awk '/kernel=wgmma_sm90/ {print $1}' | head -2); do
-  "$bin/jitctl" show "$key" --cubin "$out/sm90_$key.cubin" | grep -E "^spec"
-  cuobjdump -sass "$out/sm90_$key.cubin" > "$out/sm90_$key.sass"
-  echo "HGMMA instructions: $(grep -c HGMMA "$out/sm90_$key.sass"), local memory ops: $(grep -cE 'LDL|STL' "$out/sm90_$key.sass")"
-  rm "$out/sm90_$key.cubin"
-done
+tools/bench/sass_check.sh "$bin/jitctl" "$out"
 echo "== grouped GEMM benchmark"
 KJIT_LIBRARY=$PWD/$bin/libkjit.so PYTHONPATH=runtime/python PYTHONUNBUFFERED=1 \
   timeout 400 python3 tools/bench/bench_grouped_gemm.py --json "$out/bench_grouped_gemm.json" "$@" 2>&1 | tee "$out/bench_grouped_gemm.log"

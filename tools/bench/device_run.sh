@@ -21,12 +21,7 @@ echo "== main job (GPU part)"
 timeout 240 "$bin/jitctl" selftest > "$out/selftest.log" 2>&1; echo "selftest exit $?"; tail -1 "$out/selftest.log"
 grep -E ": error|wrong elements|relative error [1-9]\.[0-9]e-0[01]|relative error [0-9.]+e\+|nan" "$out/selftest.log" | head -5
 echo "== SASS of the SM90 grouped GEMM (both token-count buckets)"
-for key in $("$bin/jitctl" list --arch sm_90a | awk '/kernel=wgmma_sm90/ && /n=4096 k=7168/ {print $1}' | head -2); do
-  "$bin/jitctl" show "$key" --cubin "$out/k.cubin" | grep -E "^spec"
-  cuobjdump -sass "$out/k.cubin" > "$out/k.sass"
-  echo "HGMMA: $(grep -c HGMMA "$out/k.sass"), HMMA: $(grep -c ' HMMA' "$out/k.sass"), local memory ops: $(grep -cE 'LDL|STL' "$out/k.sass")"
-  rm -f "$out/k.cubin" "$out/k.sass"
-done
+tools/bench/sass_check.sh "$bin/jitctl" "$out" "n=4096 k=7168"
 echo "== launch costs (cold process, empty cache; then a fresh process with a warm disk cache)"
 export KJIT_CACHE_DIR=$(mktemp -d)/cache
 "$bin/kjit_bench_launch" | tee "$out/launch_cold.json"

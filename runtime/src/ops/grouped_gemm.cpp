@@ -37,8 +37,10 @@ Expected<GroupedGemmPlan> plan_grouped_gemm(const kjit_grouped_gemm_desc& d, boo
                                d.tile_m, d.tile_n, d.cluster));
 
   GroupedGemmPlan plan;
-  plan.request = {.portable = d.kernel == KJIT_GEMM_KERNEL_PORTABLE,
-                  .sm90 = d.kernel == KJIT_GEMM_KERNEL_SM90,
+  using Kernel = codegen::GemmRequest::Kernel;
+  plan.request = {.kernel = d.kernel == KJIT_GEMM_KERNEL_PORTABLE ? Kernel::portable
+                            : d.kernel == KJIT_GEMM_KERNEL_SM90   ? Kernel::sm90
+                                                                  : Kernel::arch_default,
                   .tile_m = d.tile_m,
                   .tile_n = d.tile_n,
                   .cluster = d.cluster};
@@ -125,16 +127,12 @@ Expected<void> grouped_gemm(Runtime& runtime, const kjit_grouped_gemm_desc& desc
   if (!device) return std::unexpected(device.error());
   auto spec = codegen::choose_grouped_gemm_config(plan->problem, (*device)->arch->target, p.total_rows, plan->request);
   if (!spec) return std::unexpected(spec.error());
+  auto kernel = launchable_kernel(runtime, **device, *spec, stream);
+  if (!kernel) return std::unexpected(kernel.error());
   // The SM90 kernel is persistent: its grid is what fits on the device at once.
-  int resident_blocks = (*device)->multiprocessors;
-  if (spec->kernel == codegen::GemmKernel::wgmma_sm90) {
-    auto kernel = runtime.kernel(**device, *spec, stream);
-    if (!kernel) return std::unexpected(kernel.error());
-    resident_blocks = (*kernel)->resident_blocks;
-  }
-  const auto geometry = codegen::grouped_gemm_geometry(*spec, p.total_rows, resident_blocks);
+  const auto geometry = codegen::grouped_gemm_geometry(*spec, p.total_rows, (*kernel)->resident_blocks);
   if (spec->kernel != codegen::GemmKernel::wgmma_sm90)
-    return launch_on_device(runtime, **device, *spec, p.device_error, geometry, &p, stream);
+    return launch_kernel(runtime, **device, **kernel, p.device_error, geometry, &p, stream);
 
   kjit_grouped_gemm_sm90_params sm90{};
   sm90.gemm = p;
@@ -145,7 +143,7 @@ Expected<void> grouped_gemm(Runtime& runtime, const kjit_grouped_gemm_desc& desc
     if (auto ok = scope.status(); !ok) return ok;
     if (auto ok = encode_sm90_maps(api, *spec, sm90); !ok) return ok;
   }
-  return launch_on_device(runtime, **device, *spec, sm90.gemm.device_error, geometry, &sm90, stream);
+  return launch_kernel(runtime, **device, **kernel, sm90.gemm.device_error, geometry, &sm90, stream);
 }
 
 Expected<void> prepare_grouped_gemm(Runtime& runtime, const kjit_grouped_gemm_desc& desc, int ordinal) {

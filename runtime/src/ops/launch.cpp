@@ -21,14 +21,25 @@ Expected<DeviceState*> owning_device_for(Runtime& runtime, std::initializer_list
   return *device;
 }
 
+Expected<const LoadedKernel*> launchable_kernel(Runtime& runtime, DeviceState& device, const codegen::KernelSpec& spec,
+                                                CUstream stream) {
+  if (auto ok = runtime.check_stream(device, stream); !ok) return std::unexpected(ok.error());
+  return runtime.kernel(device, spec, stream);
+}
+
+Expected<void> launch_kernel(Runtime& runtime, const DeviceState& device, const LoadedKernel& kernel,
+                             unsigned int*& device_error, const codegen::LaunchGeometry& geometry, void* params,
+                             CUstream stream) {
+  device_error = reinterpret_cast<unsigned int*>(device.error_words);
+  return runtime.launch(device, kernel, geometry, params, stream);
+}
+
 Expected<void> launch_on_device(Runtime& runtime, DeviceState& device, const codegen::KernelSpec& spec,
                                 unsigned int*& device_error, const codegen::LaunchGeometry& geometry, void* params,
                                 CUstream stream) {
-  if (auto ok = runtime.check_stream(device, stream); !ok) return ok;
-  auto kernel = runtime.kernel(device, spec, stream);
+  auto kernel = launchable_kernel(runtime, device, spec, stream);
   if (!kernel) return std::unexpected(kernel.error());
-  device_error = reinterpret_cast<unsigned int*>(device.error_words);
-  return runtime.launch(device, **kernel, geometry, params, stream);
+  return launch_kernel(runtime, device, **kernel, device_error, geometry, params, stream);
 }
 
 Expected<void> launch_on_owning_device(Runtime& runtime, const codegen::KernelSpec& spec,

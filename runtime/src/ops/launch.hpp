@@ -17,14 +17,23 @@ Expected<void> require_non_null(std::initializer_list<NamedPointer> pointers);
 Expected<DeviceState*> owning_device_for(Runtime& runtime, std::initializer_list<NamedPointer> pointers,
                                          KernelFamily family);
 
-// Checks the stream, finds the kernel (never compiling during capture) and
-// launches it on `device`. `device_error` is the parameter block's field that
-// receives the device's error words before the launch.
+// Checks the stream and finds the kernel of `spec` on `device` (never
+// compiling or loading while the stream captures).
+Expected<const LoadedKernel*> launchable_kernel(Runtime& runtime, DeviceState& device, const codegen::KernelSpec& spec,
+                                                CUstream stream);
+
+// Launches `kernel` on `device`. `device_error` is the parameter block's
+// field that receives the device's error words before the launch.
+Expected<void> launch_kernel(Runtime& runtime, const DeviceState& device, const LoadedKernel& kernel,
+                             unsigned int*& device_error, const codegen::LaunchGeometry& geometry, void* params,
+                             CUstream stream);
+
+// Both of the above.
 Expected<void> launch_on_device(Runtime& runtime, DeviceState& device, const codegen::KernelSpec& spec,
                                 unsigned int*& device_error, const codegen::LaunchGeometry& geometry, void* params,
                                 CUstream stream);
 
-// Both of the above, for ops whose spec does not depend on the device.
+// owning_device_for and launch_on_device, for ops whose spec does not depend on the device.
 Expected<void> launch_on_owning_device(Runtime& runtime, const codegen::KernelSpec& spec,
                                        std::initializer_list<NamedPointer> pointers, unsigned int*& device_error,
                                        const codegen::LaunchGeometry& geometry, void* params, CUstream stream);

@@ -103,10 +103,13 @@ using KernelSpec = std::variant<DequantSpec, GroupedGemmSpec, MoeRoutingSpec, Mo
 // bucket, in bucket order (what precompile builds):
 std::vector<GroupedGemmSpec> grouped_gemm_configs(const GroupedGemmSpec& problem, std::string_view target);
 
+// The dynamic shared memory a configuration's kernel needs (0: none).
+int grouped_gemm_shared_bytes(const GroupedGemmSpec& spec);
+
 // What a caller may ask of the configuration choice.
 struct GemmRequest {
-  bool portable = false;  // force the mma.sync kernel (tests, comparisons)
-  bool sm90 = false;      // require the wgmma kernel (an error elsewhere)
+  enum class Kernel : uint8_t { arch_default, portable, sm90 };
+  Kernel kernel = Kernel::arch_default;  // portable: tests, comparisons; sm90: an error off Hopper
   int tile_m = 0, tile_n = 0;  // 0: the heuristic's
   int cluster = 0;             // 0: the heuristic's (1 whenever a tile is given)
 };
@@ -135,6 +138,9 @@ nlohmann::json to_json(const KernelSpec& spec);
 Expected<KernelSpec> spec_from_json(const nlohmann::json& j);
 // Checks the invariants every spec must satisfy (sizes, vec divides cols ...).
 Expected<void> validate(const KernelSpec& spec);
+// validate, and that `spec` is one kernel that builds for `target` (not a
+// grouped GEMM problem; Hopper's kernel only for sm_90a).
+Expected<void> validate_for_target(const KernelSpec& spec, std::string_view target);
 
 // The widest access (16, 8, 4, 2 or 1 columns, at most `max_vec`) that divides
 // `cols` and every alignment in `alignments` (in elements).
