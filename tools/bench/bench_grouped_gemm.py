@@ -11,6 +11,7 @@ heuristic (the "auto" column is what kjit picks).
 import argparse
 import json
 import math
+import statistics
 
 import torch
 import triton
@@ -27,23 +28,51 @@ SHAPES = [  # (E, K, N, rows)
 ]
 
 
-SWEEP_TILES = [(64, 128, 1), (64, 256, 1), (128, 128, 1), (128, 192, 1), (128, 256, 1), (128, 128, 2), (128, 256, 2)]
+# (tile_m, tile_n, cluster, cluster axis)
+SWEEP_TILES = [(64, 128, 1, "m"), (64, 256, 1, "m"), (128, 128, 1, "m"), (128, 192, 1, "m"), (128, 256, 1, "m"),
+               (128, 128, 2, "m"), (128, 256, 2, "m"), (128, 192, 2, "n"), (128, 256, 2, "n")]
+
+
+def parse_tile(text):
+    """'128x192x2n' -> (128, 192, 2, 'n'); the axis defaults to m."""
+    axis = "n" if text.endswith("n") else "m"
+    m, n, cluster = (int(v) for v in text.rstrip("mn").split("x"))
+    return m, n, cluster, axis
+
+
+def tile_name(tile):
+    m, n, cluster, axis = tile
+    return f"{m}x{n} cluster {cluster}" + (f" along {axis}" if cluster > 1 else "")
 
 
 def bench(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e-3
 
 
+def paired(first, second, rounds):
+    """Medians over `rounds` alternating timings of two functions, in seconds.
+    Both kernels run at the power cap, where the clock drifts with temperature
+    over seconds: alternating keeps that drift out of the ratio."""
+    a, b = [], []
+    for _ in range(rounds):
+        a.append(bench(first))
+        b.append(bench(second))
+    return statistics.median(a), statistics.median(b)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--json")
     parser.add_argument("--sweep", action="store_true", help="also time every SM90 tile")
-    parser.add_argument("--tiles", help="with --sweep, only these: e.g. 128x256x2,64x256x1 (tile_m x tile_n x cluster)")
+    parser.add_argument("--tiles", help="with --sweep, only these: e.g. 128x256x2,128x192x2n,64x256x1 "
+                        "(tile_m x tile_n x cluster, 'n': the pair lies along N)")
     parser.add_argument("--layouts", default="e_n_k", help="comma-separated weight layouts: e_n_k, e_k_n")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating kjit/torch timings per shape (medians)")
+    parser.add_argument("--shapes", help="comma-separated indices into the shape list (default: all)")
     args = parser.parse_args()
     tiles = SWEEP_TILES
     if args.tiles:
-        tiles = [tuple(int(v) for v in t.split("x")) for t in args.tiles.split(",")]
+        tiles = [parse_tile(t) for t in args.tiles.split(",")]
     torch.manual_seed(0)
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": []}
     print(f"device: {result['device']}")
@@ -51,7 +80,8 @@ def main():
           f"{'TFLOP/s':>8} {'kjit/torch':>10} {'rel err':>8}")
     ratios = {}
     for layout in args.layouts.split(","):
-        for E, K, N, M in SHAPES:
+        shapes = [SHAPES[int(i)] for i in args.shapes.split(",")] if args.shapes else SHAPES
+        for E, K, N, M in shapes:
             a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
             w = (torch.randn(E, N, K, device="cuda") / math.sqrt(K)).to(torch.bfloat16)
             if layout == "e_k_n":
@@ -63,7 +93,8 @@ def main():
 
             def run_kjit(tile=None):
                 kjit.grouped_gemm(a, w, ends, weights=layout, offsets_convention="cumulative_end", out=out,
-                                  tile=tile and tile[:2], cluster=tile[2] if tile else 0)
+                                  tile=tile and tile[:2], cluster=tile[2] if tile else 0,
+                                  cluster_axis=tile[3] if tile else "m")
 
             w_for_torch = w.transpose(1, 2) if layout == "e_n_k" else w  # [E, K, N] view
 
@@ -73,8 +104,7 @@ def main():
             run_kjit()
             ref = run_torch()
             err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
-            t_kjit = bench(run_kjit)
-            t_torch = bench(run_torch)
+            t_kjit, t_torch = paired(run_kjit, run_torch, args.rounds)
             flops = 2 * M * N * K
             print(f"{layout:>6} {E:>4} {K:>6} {N:>6} {M:>6} {t_kjit * 1e6:9.1f} {flops / t_kjit / 1e12:8.1f} "
                   f"{t_torch * 1e6:9.1f} {flops / t_torch / 1e12:8.1f} {t_torch / t_kjit:9.2f}x {err:8.1e}")
@@ -88,14 +118,17 @@ def main():
                     out.fill_(float("nan"))
                     run_kjit(tile)
                     tile_err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
-                    t = bench(lambda: run_kjit(tile))
-                    row["sweep_us"][f"{tile[0]}x{tile[1]} cluster {tile[2]}"] = t * 1e6
-                    print(f"{'':>6} tile {tile[0]}x{tile[1]} cluster {tile[2]}: {t * 1e6:9.1f} us {flops / t / 1e12:7.1f} TFLOP/s "
-                          f"{t_torch / t:5.2f}x err {tile_err:.1e}")
+                    # Each tile against torch timed beside it.
+                    t, t_beside = paired(lambda: run_kjit(tile), run_torch, 1)
+                    row["sweep_us"][tile_name(tile)] = t * 1e6
+                    print(f"{'':>6} tile {tile_name(tile)}: {t * 1e6:9.1f} us {flops / t / 1e12:7.1f} TFLOP/s "
+                          f"{t_beside / t:5.2f}x (torch {t_beside * 1e6:.1f} us) err {tile_err:.1e}")
             result["rows"].append(row)
             del a, w, w_for_torch, out, ref
             torch.cuda.empty_cache()
     for layout, r in ratios.items():
+        if args.shapes:
+            break  # the geometric mean is over the issue's four prefill shapes
         big = r[:4]
         geo = math.exp(sum(math.log(x) for x in big) / len(big))
         print(f"{layout}: geometric mean of kjit/torch over the first four shapes: {geo:.3f}x")
