@@ -17,6 +17,7 @@ constexpr std::array kConventionNames{"multiply", "divide"};
 constexpr std::array kLayoutNames{"e_n_k", "e_k_n"};
 constexpr std::array kOffsetsNames{"cumulative_end", "with_leading_zero"};
 constexpr std::array kGemmKernelNames{"mma_sync", "wgmma_sm90"};
+constexpr std::array kClusterAxisNames{"m", "n"};
 
 // The SM90 kernel's pipeline stops at what fits in the 227 KB a Hopper block
 // may opt into (grouped_gemm_shared_bytes says what a depth costs).
@@ -83,8 +84,11 @@ Expected<void> validate_gemm(const GroupedGemmSpec& s) {
   if (s.k < 8 || s.k % 8 != 0) return invalid(fmt::format("grouped_gemm needs K >= 8 and divisible by 8, got {}", s.k));
   if (s.experts < 1 || s.experts > 4096)
     return invalid(fmt::format("grouped_gemm needs 1 to 4096 experts, got {}", s.experts));
-  const auto tile = fmt::format("{} tile {}x{}x{} with {} stages, cluster {}", name(s.kernel), s.tile_m, s.tile_n,
-                                s.tile_k, s.stages, s.cluster);
+  const auto tile = fmt::format("{} tile {}x{}x{} with {} stages, cluster {} along {}", name(s.kernel), s.tile_m,
+                                s.tile_n, s.tile_k, s.stages, s.cluster, name(s.cluster_axis));
+  // Along m is the only axis a lone block has: one spelling per kernel.
+  if (s.cluster == 1 && s.cluster_axis != ClusterAxis::m)
+    return invalid(fmt::format("grouped_gemm {}: a cluster of 1 has no axis (use m)", tile));
   if (!s.configured()) {
     if (s.tile_n != 0 || s.tile_k != 0 || s.stages != 0 || s.kernel != GemmKernel::mma_sync || s.cluster != 1)
       return invalid(fmt::format("grouped_gemm {} is neither a configuration nor a problem (all zero)", tile));
@@ -99,10 +103,11 @@ Expected<void> validate_gemm(const GroupedGemmSpec& s) {
   }
   const bool ok = (s.tile_m == 64 || s.tile_m == 128) && s.tile_n % 64 == 0 && s.tile_n >= 64 && s.tile_n <= 256 &&
                   s.tile_k == 64 && s.stages >= 2 && s.stages <= sm90_deepest_pipeline(s.tile_m, s.tile_n) &&
-                  (s.cluster == 1 || (s.cluster == 2 && s.tile_n % 128 == 0));
+                  (s.cluster == 1 || (s.cluster == 2 && (s.cluster_axis == ClusterAxis::n || s.tile_n % 128 == 0)));
   if (!ok)
     return invalid(fmt::format("grouped_gemm {} is not supported (tile_m 64 or 128, tile_n 64 to 256 in steps of 64, "
-                               "tile_k 64, 2 stages up to what fits in 227 KB, cluster 1, or 2 with tile_n 128 or 256)",
+                               "tile_k 64, 2 stages up to what fits in 227 KB, cluster 1, or 2 along n, or 2 along "
+                               "m with tile_n 128 or 256)",
                                tile));
   return {};
 }
@@ -151,8 +156,14 @@ Expected<KernelSpec> gemm_from_json(const nlohmann::json& j) {
     auto cluster = parse_int(j, "cluster", 1, false);
     if (!cluster) return std::unexpected(cluster.error());
     s.cluster = static_cast<int>(*cluster);
-  } else if (j.contains("tile") || j.contains("stages") || j.contains("cluster")) {
-    return fail(KJIT_ERROR_INVALID_ARGUMENT, "spec fields 'tile', 'stages' and 'cluster' need 'kernel' beside them");
+    if (j.contains("cluster_axis")) {
+      auto axis = parse_enum<ClusterAxis>(j, "cluster_axis", kClusterAxisNames);
+      if (!axis) return std::unexpected(axis.error());
+      s.cluster_axis = *axis;
+    }
+  } else if (j.contains("tile") || j.contains("stages") || j.contains("cluster") || j.contains("cluster_axis")) {
+    return fail(KJIT_ERROR_INVALID_ARGUMENT,
+                "spec fields 'tile', 'stages', 'cluster' and 'cluster_axis' need 'kernel' beside them");
   }
   KernelSpec spec = s;
   if (auto ok = validate(spec); !ok) return std::unexpected(ok.error());
@@ -210,6 +221,7 @@ std::string_view name(WeightLayout l) { return kLayoutNames[static_cast<size_t>(
 std::string_view name(OffsetsConvention c) { return kOffsetsNames[static_cast<size_t>(c)]; }
 
 std::string_view name(GemmKernel k) { return kGemmKernelNames[static_cast<size_t>(k)]; }
+std::string_view name(ClusterAxis a) { return kClusterAxisNames[static_cast<size_t>(a)]; }
 
 namespace {
 
@@ -222,15 +234,18 @@ GroupedGemmSpec portable_config(const GroupedGemmSpec& problem) {
   s.tile_k = 32;
   s.stages = 0;
   s.cluster = 1;
+  s.cluster_axis = ClusterAxis::m;
   return s;
 }
 
 }  // namespace
 
 std::vector<GroupedGemmSpec> grouped_gemm_configs(const GroupedGemmSpec& problem, std::string_view target) {
-  auto with = [&](GemmKernel kernel, int m, int n, int k, int stages, int cluster = 1) {
+  auto with = [&](GemmKernel kernel, int m, int n, int k, int stages, int cluster = 1,
+                  ClusterAxis axis = ClusterAxis::m) {
     GroupedGemmSpec s = problem;
     s.cluster = cluster;
+    s.cluster_axis = axis;
     s.kernel = kernel;
     s.tile_m = m;
     s.tile_n = n;
@@ -258,8 +273,9 @@ std::vector<GroupedGemmSpec> grouped_gemm_configs(const GroupedGemmSpec& problem
 
 int grouped_gemm_shared_bytes(const GroupedGemmSpec& s) {
   if (s.kernel != GemmKernel::wgmma_sm90) return 0;  // the portable kernel's tiles are static
-  // Matches GroupedGemmSm90Config: the stages, 1 KB of slack to align them to
-  // the swizzle's 1 KB, and two mbarriers per stage.
+  // GroupedGemmSm90Config::kSharedBytes (the generated code asserts they
+  // agree): the stages, 1 KB of slack to align them to the swizzle's 1 KB,
+  // and two mbarriers per stage.
   return s.stages * (s.tile_m + s.tile_n) * s.tile_k * 2 + 1024 + 16 * s.stages;
 }
 
@@ -281,6 +297,7 @@ Expected<std::vector<GroupedGemmSpec>> requested_configs(const GroupedGemmSpec& 
     if (request.tile_m != 0) s.tile_m = request.tile_m;
     if (request.tile_n != 0) s.tile_n = request.tile_n;
     s.cluster = request.cluster != 0 ? request.cluster : 1;
+    s.cluster_axis = s.cluster > 1 ? request.cluster_axis : ClusterAxis::m;
     if (s.kernel == GemmKernel::wgmma_sm90) s.stages = sm90_deepest_pipeline(s.tile_m, s.tile_n);
     if (auto ok = validate_gemm(s); !ok) return std::unexpected(ok.error());
   }
@@ -355,8 +372,10 @@ std::string canonical(const KernelSpec& spec) {
   if (const auto* g = std::get_if<GroupedGemmSpec>(&spec))
     return fmt::format("grouped_gemm a=bf16 b=bf16 out={} n={} k={} experts={} weights={} offsets={} row_scale={}{}",
                        name(g->out), g->n, g->k, g->experts, name(g->weights), name(g->offsets), g->row_scale,
-                       g->configured() ? fmt::format(" kernel={} tile={}x{}x{} stages={} cluster={}", name(g->kernel),
-                                                     g->tile_m, g->tile_n, g->tile_k, g->stages, g->cluster)
+                       g->configured() ? fmt::format(" kernel={} tile={}x{}x{} stages={} cluster={}{}", name(g->kernel),
+                                                     g->tile_m, g->tile_n, g->tile_k, g->stages, g->cluster,
+                                                     g->cluster > 1 ? fmt::format(" along {}", name(g->cluster_axis))
+                                                                    : std::string())
                                        : std::string(" config=per-arch"));
   const auto& s = std::get<DequantSpec>(spec);
   std::string scale(name(s.granularity));
@@ -380,6 +399,7 @@ nlohmann::json to_json(const KernelSpec& spec) {
       j["tile"] = {g->tile_m, g->tile_n, g->tile_k};
       j["stages"] = g->stages;
       j["cluster"] = g->cluster;
+      j["cluster_axis"] = name(g->cluster_axis);
     }
     return j;
   }
@@ -495,7 +515,8 @@ size_t SpecHash::operator()(const KernelSpec& spec) const noexcept {
     mix(static_cast<uint64_t>(g->out) | static_cast<uint64_t>(g->weights) << 8 |
         static_cast<uint64_t>(g->offsets) << 16 | static_cast<uint64_t>(g->row_scale) << 24);
     mix(static_cast<uint64_t>(g->tile_m) << 32 | static_cast<uint64_t>(g->tile_n) << 16 | static_cast<uint64_t>(g->tile_k));
-    mix(static_cast<uint64_t>(g->kernel) << 16 | static_cast<uint64_t>(g->stages) << 8 | static_cast<uint64_t>(g->cluster));
+    mix(static_cast<uint64_t>(g->cluster_axis) << 24 | static_cast<uint64_t>(g->kernel) << 16 |
+        static_cast<uint64_t>(g->stages) << 8 | static_cast<uint64_t>(g->cluster));
     return h;
   }
   const auto& s = std::get<DequantSpec>(spec);

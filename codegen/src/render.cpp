@@ -74,14 +74,21 @@ RenderedKernel assemble(const KernelSpec& spec, const Recipe& r) {
   for (auto path : r.templates) append_template(k.source, path);
   if (!r.prelude.empty()) k.source += "#line 1 \"generated prelude\"\n" + r.prelude;
   const std::string bounds = r.min_blocks > 0 ? fmt::format("{}, {}", r.threads, r.min_blocks) : fmt::format("{}", r.threads);
+  // The launch asks for what the host computed; the kernel lays out what its Config says.
+  const std::string shared_check =
+      r.dynamic_shared_bytes > 0
+          ? fmt::format("static_assert(Config::kSharedBytes == {}, \"host and kernel disagree on shared memory\");\n",
+                        r.dynamic_shared_bytes)
+          : std::string();
   fmt::format_to(std::back_inserter(k.source),
                  "#line 1 \"generated\"\n"
                  "using Config = {};\n"
                  "static_assert(Config::kThreads == {});\n"
+                 "{}"
                  "extern \"C\" __global__ void __launch_bounds__({}) {}(const __grid_constant__ {} p) {{\n"
                  "  {}<Config>(p);\n"
                  "}}\n",
-                 r.config, r.threads, bounds, r.entry_point, r.params_type, r.body);
+                 r.config, r.threads, shared_check, bounds, r.entry_point, r.params_type, r.body);
   return k;
 }
 
@@ -147,8 +154,8 @@ RenderedKernel render_gemm(const GroupedGemmSpec& s) {
                         .templates = {"abi/grouped_gemm_params.h", "common/fp8_convert.cuh",
                                       "gemm/grouped_gemm_common.cuh", "gemm/grouped_gemm_sm90.cuh"},
                         .config = fmt::format(
-                            "kjit::GroupedGemmSm90Config<{}, {}, {}, {}, {}, KjitWgmma, KjitWgmmaHalf>", problem,
-                            s.tile_m, s.tile_n, s.stages, s.cluster),
+                            "kjit::GroupedGemmSm90Config<{}, {}, {}, {}, {}, {}, KjitWgmma, KjitWgmmaHalf>", problem,
+                            s.tile_m, s.tile_n, s.stages, s.cluster, s.cluster_axis == ClusterAxis::n),
                         .params_type = "kjit_grouped_gemm_sm90_params",
                         .body = "kjit::grouped_gemm_sm90",
                         .prelude = wgmma_wrapper("KjitWgmma", s.tile_n, s.weights == WeightLayout::e_k_n) +
@@ -202,8 +209,11 @@ LaunchGeometry grouped_gemm_geometry(const GroupedGemmSpec& spec, int64_t total_
   if (spec.kernel == GemmKernel::wgmma_sm90) {
     // Persistent: one block per SM (the shared memory admits no second), in
     // whole clusters: `resident_blocks` is how many fit at once.
-    const int64_t cluster_tiles = ((total_rows + spec.tile_m * spec.cluster - 1) / (spec.tile_m * spec.cluster) +
-                                   spec.experts) * n_tiles;
+    const int m_group = spec.cluster_axis == ClusterAxis::m ? spec.cluster : 1;
+    const int n_group = spec.cluster / m_group;
+    const int64_t cluster_tiles =
+        ((total_rows + spec.tile_m * m_group - 1) / (spec.tile_m * m_group) + spec.experts) *
+        ((n_tiles + n_group - 1) / n_group);
     const int64_t clusters = std::clamp<int64_t>(cluster_tiles, 1, std::max(resident_blocks / spec.cluster, 1));
     g.block_x = static_cast<uint32_t>(128 * (spec.tile_m / 64 + 1));
     g.grid_x = static_cast<uint32_t>(clusters * spec.cluster);

@@ -17,9 +17,10 @@
 //   warpgroups are consumers: 64 rows of the tile each, wgmma m64nBNk16 with
 //   both operands in shared memory, one k-block's group in flight while the
 //   next is issued.
-// - Clusters (kCluster = 2): the two blocks take adjacent m-tiles of one
-//   expert and n-tile; each loads half of the B tile and multicasts it into
-//   both, and consumers release each stage to both producers.
+// - Clusters (kCluster = 2), along M: the two blocks take adjacent m-tiles of
+//   one expert and n-tile; each loads half of the B tile and multicasts it into
+//   both. Along N: they take adjacent n-tiles of one m-tile and share A the
+//   same way. Either way consumers release each stage to both producers.
 // - Half tiles: an expert's last m-tile of at most 64 rows runs as 64 rows x
 //   both column halves (one per consumer), half the work of a full tile.
 // - setmaxnreg moves registers from the producer (copies need few) to the
@@ -39,13 +40,20 @@
 
 namespace kjit {
 
-template <class Problem, int kBM_, int kBN_, int kStages_, int kCluster_, class Mma_, class MmaHalf_>
+template <class Problem, int kBM_, int kBN_, int kStages_, int kCluster_, bool kClusterAlongN_, class Mma_,
+          class MmaHalf_>
 struct GroupedGemmSm90Config : Problem {
   using Problem::kK, Problem::kN;
   static constexpr int kBM = kBM_, kBN = kBN_, kStages = kStages_;
-  // Blocks per cluster along M: 2 pairs adjacent m-tiles of one expert and
-  // n-tile, each block loading half of the shared B tile into both.
+  // Blocks per cluster (1 or 2). Along M, a pair takes adjacent m-tiles of one
+  // expert and n-tile, each block loading half of the shared B tile into both;
+  // along N, adjacent n-tiles of one m-tile, sharing A. Along N wastes no
+  // block on an expert's odd m-tile count, and N is usually an even count of
+  // tiles; along M saves more traffic (B is the bigger operand).
   static constexpr int kCluster = kCluster_;
+  static constexpr bool kClusterAlongN = kCluster_ > 1 && kClusterAlongN_;
+  static constexpr int kMGroup = kClusterAlongN ? 1 : kCluster;  // m-tiles per cluster tile
+  static constexpr int kNGroup = kClusterAlongN ? kCluster : 1;  // n-tiles per cluster tile
   using Mma = Mma_;          // the generated wgmma m64nBNk16 wrapper
   using MmaHalf = MmaHalf_;  // m64n(BN/2)k16, for tiles of at most 64 rows
   static constexpr int kBK = 64;  // one 128-byte swizzle row of bf16
@@ -55,17 +63,25 @@ struct GroupedGemmSm90Config : Problem {
   static constexpr int kBTileBytes = kBN * kBK * 2;
   static constexpr int kStageBytes = kATileBytes + kBTileBytes;
   static constexpr long long kNTiles = (kN + kBN - 1) / kBN;
+  static constexpr long long kNClusterTiles = (kNTiles + kNGroup - 1) / kNGroup;
+  // Whether some block's n-tile runs past N (its columns need masking).
+  static constexpr bool kColumnsMasked = kN % (kBN * kNGroup) != 0;
   static constexpr int kKBlocks = static_cast<int>((kK + kBK - 1) / kBK);
   // An expert's last m-tile with at most 64 rows costs half a tile: both
   // consumers take its rows and split the columns (B's halves must start on a
   // 64-column chunk for [E, K, N]).
   static constexpr bool kHalfTiles = kConsumers == 2 && (kBN / 2) % 64 == 0;
+  // Dynamic shared memory: the stages, 1 KB of slack to align them to the
+  // swizzle's 1 KB, two mbarriers per stage (codegen's grouped_gemm_shared_bytes
+  // computes the same; the generated code checks).
+  static constexpr int kSharedBytes = kStages * kStageBytes + 1024 + 16 * kStages;
   // Register split under setmaxnreg (two consumers: 128 * 56 + 256 * 224 <= 64K; the
   // producer's 4 [E, K, N] copies per stage spill under 40).
   static constexpr int kProducerRegisters = 56, kConsumerRegisters = 224;
   static_assert(kBM == 64 || kBM == 128, "64 rows per consumer warpgroup, one or two consumers");
   static_assert(kBN % 64 == 0 && kBN >= 64 && kBN <= 256, "wgmma N and the [E, K, N] 64-column chunks");
-  static_assert(kCluster == 1 || (kCluster == 2 && kBN % 128 == 0), "a B half is whole 64-column chunks");
+  static_assert(kCluster == 1 || kCluster == 2, "pairs of blocks");
+  static_assert(kCluster == 1 || kClusterAlongN || kBN % 128 == 0, "a B half is whole 64-column chunks");
 };
 
 __device__ __forceinline__ void mbarrier_wait(unsigned long long* bar, unsigned phase) {
@@ -108,9 +124,9 @@ struct GemmTile {
 
 // Maps tile indices to tiles. Every role walks the same increasing sequence,
 // so a forward cursor over the experts suffices (no table in shared memory).
-// With clusters, an index names a cluster tile (kCluster adjacent m-tiles of
-// one n-tile) and `rank` picks this block's m-tile; a block past its
-// expert's rows gets rows <= 0 and stores nothing.
+// With clusters, an index names a cluster tile (kMGroup x kNGroup adjacent
+// tiles) and `rank` picks this block's: a block past its expert's rows gets
+// rows <= 0, one past N gets n0 >= N, and it stores nothing.
 template <class Cfg>
 struct TileWalker {
   const kjit_grouped_gemm_params* p;
@@ -120,20 +136,20 @@ struct TileWalker {
   long long start = 0, end = 0;
 
   __device__ bool seek(long long t, GemmTile& tile) {
-    constexpr long long kRows = static_cast<long long>(Cfg::kBM) * Cfg::kCluster;
+    constexpr long long kRows = static_cast<long long>(Cfg::kBM) * Cfg::kMGroup;
     while (t >= first + tiles) {
       first += tiles;
       if (++expert >= Cfg::kExperts) return false;
       expert_rows<Cfg>(*p, expert, start, end);
-      tiles = (end - start + kRows - 1) / kRows * Cfg::kNTiles;
+      tiles = (end - start + kRows - 1) / kRows * Cfg::kNClusterTiles;
     }
-    const long long local = t - first, m_tiles = tiles / Cfg::kNTiles;
+    const long long local = t - first, m_tiles = tiles / Cfg::kNClusterTiles;
     const long long m = local % m_tiles, n = local / m_tiles;
     tile.expert = expert;
-    tile.row0 = start + m * kRows + rank * Cfg::kBM;
+    tile.row0 = start + m * kRows + (Cfg::kClusterAlongN ? 0 : rank * Cfg::kBM);
     const long long rows = end - tile.row0;
     tile.rows = static_cast<int>(rows < Cfg::kBM ? rows : Cfg::kBM);
-    tile.n0 = static_cast<int>(n * Cfg::kBN);
+    tile.n0 = static_cast<int>((n * Cfg::kNGroup + (Cfg::kClusterAlongN ? rank : 0)) * Cfg::kBN);
     tile.half = tile.rows <= 64;
     return true;
   }
@@ -188,12 +204,20 @@ __device__ __forceinline__ void grouped_gemm_producer(const kjit_grouped_gemm_sm
       unsigned char* a_tile = tiles + s * Cfg::kStageBytes;
       unsigned char* b_tile = a_tile + Cfg::kATileBytes;
       const int k0 = kb * Cfg::kBK;
-      const int a_coords[2] = {k0, static_cast<int>(tile.row0)};
-      ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, a_tile, &p.a_map, a_coords, &full[s]);
-      if constexpr (Cfg::kCluster > 1) {
+      constexpr unsigned short kAll = (1u << Cfg::kCluster) - 1;
+      if constexpr (Cfg::kClusterAlongN) {
+        // This block's half of the A rows, multicast into both blocks (the box is BM/2 rows).
+        constexpr int kHalfRows = Cfg::kBM / Cfg::kCluster;
+        const int a_coords[2] = {k0, static_cast<int>(tile.row0) + rank * kHalfRows};
+        ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, a_tile + rank * kHalfRows * 128, &p.a_map,
+                                  a_coords, &full[s], kAll);
+      } else {
+        const int a_coords[2] = {k0, static_cast<int>(tile.row0)};
+        ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, a_tile, &p.a_map, a_coords, &full[s]);
+      }
+      if constexpr (Cfg::kCluster > 1 && !Cfg::kClusterAlongN) {
         // This block's half of the B tile, multicast into every block of the
         // cluster at the same offset (the box is BN/2 rows, or 64-column chunks).
-        constexpr unsigned short kAll = (1u << Cfg::kCluster) - 1;
         constexpr int kHalfRows = Cfg::kBN / Cfg::kCluster;
         if constexpr (!Cfg::kWeightsKN) {
           const int b_coords[3] = {k0, tile.n0 + rank * kHalfRows, tile.expert};
@@ -274,7 +298,7 @@ __device__ __forceinline__ void store_block(const kjit_grouped_gemm_params& p, c
       float* out = static_cast<float*>(p.out) + row * Cfg::kN + col0 + 2 * q;  // then constant offsets
 #pragma unroll
       for (int j = 0; j < kCols / 8; ++j)
-        if (row_ok && (Cfg::kN % Cfg::kBN == 0 || 8 * j + 2 * q < room))
+        if (row_ok && (!Cfg::kColumnsMasked || 8 * j + 2 * q < room))
           *reinterpret_cast<float2*>(out + 8 * j) =
               make_float2(acc[4 * j + 2 * h] * scale, acc[4 * j + 2 * h + 1] * scale);
     } else {
@@ -286,7 +310,7 @@ __device__ __forceinline__ void store_block(const kjit_grouped_gemm_params& p, c
         for (int i = 0; i < 4; ++i)
           w[i] = cvt_rn_bf16x2_f32(acc[4 * (4 * t + i) + 2 * h] * scale, acc[4 * (4 * t + i) + 2 * h + 1] * scale);
         quad_transpose(w, q);
-        if (row_ok && (Cfg::kN % Cfg::kBN == 0 || 32 * t + 8 * q < room))
+        if (row_ok && (!Cfg::kColumnsMasked || 32 * t + 8 * q < room))
           *reinterpret_cast<uint4*>(out + 32 * t) = make_uint4(w[0], w[1], w[2], w[3]);
       }
     }
@@ -332,6 +356,26 @@ __device__ __forceinline__ void mainloop(float (&acc)[kRegs], unsigned char* til
   if (lane == 0) arrive_cluster_wide<Cfg>(&empty[previous]);
 }
 
+// The k-loop of a block with nothing to store: its rows all lie past its
+// expert's end (the second block of an expert's odd m-tile count in a pair
+// along M) or its columns past N (the second block of a lone n-tile in a pair
+// along N). Its producer still loads its share for the peer; its consumers
+// hand each stage back unread. The SM's time is spent either way, but idle
+// tensor cores draw less power, and under the power cap every SM's clock
+// gains (H100, separate runs: 128 x 256 pairs along M 1268 -> 1144 us on
+// (32, 7168, 4096, 8192)). Whole blocks only: letting a lone consumer drain a
+// short tile cost 128 x 192 20% on that shape (probably because it then runs
+// a ring's depth ahead of the other and waits on every load).
+template <class Cfg>
+__device__ __forceinline__ void drain(unsigned long long* full, unsigned long long* empty, unsigned& it) {
+  const int lane = threadIdx.x % 32;
+  for (int kb = 0; kb < Cfg::kKBlocks; ++kb, ++it) {
+    const unsigned s = it % Cfg::kStages;
+    mbarrier_wait(&full[s], (it / Cfg::kStages) & 1);
+    if (lane == 0) arrive_cluster_wide<Cfg>(&empty[s]);
+  }
+}
+
 template <class Cfg>
 __device__ __forceinline__ void grouped_gemm_consumer(const kjit_grouped_gemm_sm90_params& p, unsigned char* tiles,
                                                       unsigned long long* full, unsigned long long* empty) {
@@ -341,7 +385,9 @@ __device__ __forceinline__ void grouped_gemm_consumer(const kjit_grouped_gemm_sm
   GemmTile tile;
   unsigned it = 0;
   for (long long t = blockIdx.x / Cfg::kCluster; walk.seek(t, tile); t += gridDim.x / Cfg::kCluster) {
-    if (Cfg::kHalfTiles && tile.half) {
+    if (Cfg::kCluster > 1 && (tile.rows <= 0 || tile.n0 >= Cfg::kN)) {  // only a cluster's blocks run empty
+      drain<Cfg>(full, empty, it);
+    } else if (Cfg::kHalfTiles && tile.half) {
       // At most 64 rows: both consumers take those rows, half the columns each.
       float(&half)[Cfg::kBN / 4] = *reinterpret_cast<float(*)[Cfg::kBN / 4]>(acc);
       mainloop<Cfg, typename Cfg::MmaHalf, Cfg::kBN / 4>(half, tiles, full, empty, 0,

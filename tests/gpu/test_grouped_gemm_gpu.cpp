@@ -46,6 +46,7 @@ struct KernelPath {
   kjit_gemm_kernel kernel;
   int32_t tile_m, tile_n;
   int32_t cluster;
+  kjit_gemm_cluster_axis cluster_axis = KJIT_GEMM_CLUSTER_ALONG_M;
 };
 
 bool is_hopper() {
@@ -62,6 +63,10 @@ std::vector<KernelPath> kernel_paths() {
           {"sm90 128x192 tiles", KJIT_GEMM_KERNEL_SM90, 128, 192, 1},
           {"sm90 128x256 tiles (half tiles for short remainders)", KJIT_GEMM_KERNEL_SM90, 128, 256, 1},
           {"sm90 128x256 tiles, clusters of 2 sharing B", KJIT_GEMM_KERNEL_SM90, 128, 256, 2},
+          {"sm90 128x192 tiles, clusters of 2 along N sharing A", KJIT_GEMM_KERNEL_SM90, 128, 192, 2,
+           KJIT_GEMM_CLUSTER_ALONG_N},
+          {"sm90 64x256 tiles, clusters of 2 along N sharing A", KJIT_GEMM_KERNEL_SM90, 64, 256, 2,
+           KJIT_GEMM_CLUSTER_ALONG_N},
           {"portable", KJIT_GEMM_KERNEL_PORTABLE, 0, 0, 0}};
 }
 
@@ -184,6 +189,7 @@ void run_gemm(const GemmCase& c) {
     g.tile_m = path.tile_m;
     g.tile_n = path.tile_n;
     g.cluster = path.cluster;
+    g.cluster_axis = path.cluster_axis;
     b.out.poison();
     REQUIRE_MESSAGE(kjit_grouped_gemm(&g, nullptr) == KJIT_OK, std::string(kjit_last_error_message()));
     REQUIRE_MESSAGE(kjit_device_errors(0) == KJIT_OK, std::string(kjit_last_error_message()));
@@ -325,30 +331,36 @@ TEST_CASE("the portable kernel forced on the same GPU agrees with the SM90 kerne
     const auto d = gemm_inputs(c, rows);
     GemmBuffers b(c, rows, d);
     auto g = b.desc(c, rows);
-    std::vector<std::vector<uint8_t>> outputs;  // SM90 (the heuristic's), SM90 in clusters, portable
-    for (auto [kernel, cluster] : {std::pair{KJIT_GEMM_KERNEL_AUTO, 0}, std::pair{KJIT_GEMM_KERNEL_SM90, 2},
-                                   std::pair{KJIT_GEMM_KERNEL_PORTABLE, 0}}) {
-      g.kernel = kernel;
-      g.tile_m = cluster == 2 ? 128 : 0;
-      g.tile_n = cluster == 2 ? 256 : 0;
-      g.cluster = cluster;
+    // SM90 (the heuristic's), SM90 in clusters along M and along N, portable last.
+    const KernelPath paths[] = {{"sm90, the heuristic's", KJIT_GEMM_KERNEL_AUTO, 0, 0, 0},
+                                {"sm90 clusters along M", KJIT_GEMM_KERNEL_SM90, 128, 256, 2},
+                                {"sm90 clusters along N", KJIT_GEMM_KERNEL_SM90, 128, 192, 2, KJIT_GEMM_CLUSTER_ALONG_N},
+                                {"portable", KJIT_GEMM_KERNEL_PORTABLE, 0, 0, 0}};
+    std::vector<std::vector<uint8_t>> outputs;
+    for (const auto& path : paths) {
+      g.kernel = path.kernel;
+      g.tile_m = path.tile_m;
+      g.tile_n = path.tile_n;
+      g.cluster = path.cluster;
+      g.cluster_axis = path.cluster_axis;
       b.out.poison();
-      REQUIRE_MESSAGE(kjit_grouped_gemm(&g, nullptr) == KJIT_OK, std::string(kjit_last_error_message()));
+      REQUIRE_MESSAGE(kjit_grouped_gemm(&g, nullptr) == KJIT_OK, path.name, ": ", std::string(kjit_last_error_message()));
       REQUIRE_MESSAGE(kjit_device_errors(0) == KJIT_OK, std::string(kjit_last_error_message()));
       outputs.push_back(b.out.download<uint8_t>(0, b.out.bytes));
     }
     // Every output element: the kernels differ only in summation order and final rounding.
-    for (size_t sm90 : {0u, 1u}) {
+    const auto& portable = outputs.back();
+    for (size_t sm90 = 0; sm90 + 1 < outputs.size(); ++sm90) {
       double diff = 0, norm = 0;
       for (int64_t i = 0; i < rows * c.n; ++i) {
-        const double x = output_value(c, outputs[sm90], i), y = output_value(c, outputs[2], i);
+        const double x = output_value(c, outputs[sm90], i), y = output_value(c, portable, i);
         diff += (x - y) * (x - y);
         norm += y * y;
       }
       const double disagreement = std::sqrt(diff / norm);
-      CHECK_MESSAGE(disagreement <= 1e-2, "SM90 path ", sm90, " vs portable ", disagreement);
+      CHECK_MESSAGE(disagreement <= 1e-2, paths[sm90].name, " vs portable ", disagreement);
     }
-    // And both against float64 on every 17th row.
+    // And each against float64 on every 17th row.
     const auto ref = reference(c, d, 17);
     for (const auto& out : outputs) {
       const double err = relative_error(c, ref, out, rows, 17);

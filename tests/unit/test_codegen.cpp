@@ -243,12 +243,24 @@ TEST_CASE("grouped GEMM configurations: buckets by rows per expert on sm_90a, th
   auto bad = choose_grouped_gemm_config(problem, "sm_90a", 4096, {.tile_m = 128, .tile_n = 192, .cluster = 2});
   REQUIRE_FALSE(bad.has_value());
   CHECK(bad.error().message.find("cluster 2") != std::string::npos);
+  // Pairs along N split A's rows, so any tile_n will do.
+  const auto along_n = pick(4096, "sm_90a", {.tile_m = 128, .tile_n = 192, .cluster = 2, .cluster_axis = ClusterAxis::n});
+  CHECK((along_n.cluster == 2 && along_n.cluster_axis == ClusterAxis::n));
+  CHECK(canonical(along_n).ends_with("cluster=2 along n"));
+  // A lone block has no axis.
+  auto lone = along_n;
+  lone.cluster = 1;
+  REQUIRE_FALSE(validate(KernelSpec{lone}).has_value());
+  CHECK(validate(KernelSpec{lone}).error().message.find("a cluster of 1 has no axis") != std::string::npos);
 }
 
 TEST_CASE("grouped GEMM specs: a problem and each configuration round-trip through canonical text and JSON") {
   std::vector<KernelSpec> specs{gemm_problem()};
   for (auto& k : kernels_for_target(gemm_problem(), "sm_90a")) specs.push_back(k);
   for (auto& k : kernels_for_target(gemm_problem(), "sm_120a")) specs.push_back(k);
+  auto along_n = std::get<GroupedGemmSpec>(specs[3]);
+  along_n.cluster_axis = ClusterAxis::n;
+  specs.push_back(along_n);
   std::set<std::string> names;
   for (const auto& spec : specs) {
     auto back = spec_from_json(to_json(spec));
@@ -279,4 +291,12 @@ TEST_CASE("the SM90 grouped GEMM renders its wgmma wrappers and asks for its sha
   CHECK(k.source.find("__launch_bounds__(384, 1)") != std::string::npos);
   const auto g = grouped_gemm_geometry(many, 8192, 132);
   CHECK((g.grid_x == 132 && g.cluster_x == 2 && g.block_x == 384 && g.shared_bytes == 197696));
+  // Along N the Config says so, and small problems count pairs of n-tiles:
+  // 4096 / 256 = 16 n-tiles, 8 pairs, x (256 / 128 + experts) m-tiles.
+  auto along_n = many;
+  along_n.cluster_axis = ClusterAxis::n;
+  CHECK(render(along_n).source.find("stages=4 cluster=2 along n") != std::string::npos);
+  CHECK(render(along_n).source.find(", 4, 2, true, KjitWgmma, KjitWgmmaHalf>") != std::string::npos);
+  const auto small = grouped_gemm_geometry(along_n, 256, 1000);
+  CHECK(small.grid_x == 2 * 8 * (2 + along_n.experts));
 }

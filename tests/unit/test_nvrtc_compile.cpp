@@ -178,6 +178,10 @@ TEST_CASE("ptxas reports no local-memory spills in the grouped GEMM and dequant 
     g.k = 7168;
     g.experts = 32;
     for (auto& k : kernels_for_target(g, "sm_90a")) specs.push_back(std::move(k));
+    // Pairs along N (the producer's A half and the masked columns of a lone n-tile).
+    for (int tile_n : {192, 256})
+      specs.push_back(*choose_grouped_gemm_config(
+          g, "sm_90a", 1 << 20, {.tile_m = 128, .tile_n = tile_n, .cluster = 2, .cluster_axis = ClusterAxis::n}));
     if (v < 4) specs.push_back(*choose_grouped_gemm_config(g, "sm_90a", 0, {.kernel = GemmRequest::Kernel::portable}));
   }
   for (const auto& d : variants()) specs.push_back(d);
@@ -188,5 +192,8 @@ TEST_CASE("ptxas reports no local-memory spills in the grouped GEMM and dequant 
     CAPTURE(canonical(spec));
     CHECK_MESSAGE(r->log.find("0 bytes spill stores, 0 bytes spill loads") != std::string::npos, r->log);
     CHECK(r->log.find("bytes stack frame") != std::string::npos);  // the report is there at all
+    CHECK_MESSAGE(r->log.find("warning") == std::string::npos, r->log);
+    // ptxas's note when it serialises wgmma (accumulators touched mid-pipeline).
+    CHECK_MESSAGE(r->log.find("Performance Loss") == std::string::npos, r->log);
   }
 }

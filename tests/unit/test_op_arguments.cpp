@@ -6,6 +6,7 @@
 #include "why.hpp"
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -429,6 +430,31 @@ TEST_CASE_FIXTURE(GemmFixture, "on sm_90 a grouped GEMM launches the persistent 
   CHECK(machine.cluster_x == 0);
   CHECK(machine.tensor_map_dims[7] == std::vector<cuuint64_t>{128, 256, 4});  // B [E, K, N]: N, K, E
   CHECK(machine.tensor_map_boxes[7] == std::vector<cuuint64_t>{64, 64, 1});
+
+  // Pairs along N share A: each block loads 64 of the 128 A rows and the
+  // whole B tile. N = 128 is one 64-column n-tile, so each pair's second block
+  // lies past N: (64 + 4) m-tiles x 1 pair, 2 blocks each, under 66 clusters x 2.
+  g.weights = KJIT_WEIGHTS_E_N_K;
+  g.cluster = 2;
+  g.cluster_axis = KJIT_GEMM_CLUSTER_ALONG_N;
+  REQUIRE(kjit::ops::grouped_gemm(runtime, g, fake_stream(0)).has_value());
+  CHECK(machine.cluster_x == 2);
+  CHECK(machine.grid[0] == 132);
+  CHECK(machine.tensor_map_boxes[8] == std::vector<cuuint64_t>{64, 64});
+  CHECK(machine.tensor_map_boxes[9] == std::vector<cuuint64_t>{64, 64, 1});
+  g.rows = 256;  // (2 + 4) m-tiles: 6 clusters
+  REQUIRE(kjit::ops::grouped_gemm(runtime, g, fake_stream(0)).has_value());
+  CHECK(machine.grid[0] == 12);
+}
+
+TEST_CASE_FIXTURE(GemmFixture, "a cluster axis is checked: along N needs a cluster, and only M or N exist") {
+  g.cluster_axis = KJIT_GEMM_CLUSTER_ALONG_N;
+  expect_gemm_rejected("cluster_axis ALONG_N needs cluster 2");
+  g.cluster = 2;
+  const int unknown_axis = 7;  // what a C caller may pass; C++ cannot name it as the enum
+  std::memcpy(&g.cluster_axis, &unknown_axis, sizeof unknown_axis);
+  expect_gemm_rejected("cluster_axis must be");
+  CHECK(machine.launches == 0);
 }
 
 TEST_CASE_FIXTURE(GemmFixture, "the portable kernel can be forced, and launches over an upper-bound grid of m-tiles") {

@@ -224,6 +224,7 @@ Expected<double> selftest_gemm(Runtime& runtime, DeviceState& device, const code
   g.tile_m = spec.tile_m;
   g.tile_n = spec.tile_n;
   g.cluster = spec.cluster;
+  g.cluster_axis = spec.cluster_axis == codegen::ClusterAxis::n ? KJIT_GEMM_CLUSTER_ALONG_N : KJIT_GEMM_CLUSTER_ALONG_M;
   if (auto ok = ops::grouped_gemm(runtime, g, nullptr); !ok) return std::unexpected(ok.error());
   if (auto ok = runtime.take_device_errors(device.ordinal); !ok) return std::unexpected(ok.error());
   std::vector<uint8_t> out(out_size);

@@ -136,6 +136,12 @@ typedef enum kjit_gemm_kernel {
   KJIT_GEMM_KERNEL_SM90 = 2      /* the wgmma kernel; KJIT_ERROR_UNSUPPORTED off Hopper */
 } kjit_gemm_kernel;
 
+/* Which way a grouped GEMM cluster's blocks lie over the output tiles. */
+typedef enum kjit_gemm_cluster_axis {
+  KJIT_GEMM_CLUSTER_ALONG_M = 0, /* adjacent m-tiles sharing the weight tile (B) */
+  KJIT_GEMM_CLUSTER_ALONG_N = 1  /* adjacent n-tiles sharing the activation tile (A) */
+} kjit_gemm_cluster_axis;
+
 /* Grouped GEMM for MoE experts: for each expert e with rows [s_e, t_e) of A,
  * out[s_e:t_e, :] = A[s_e:t_e, :] . W_e (as the layout says), fp32 accumulate,
  * optionally times row_scale[row] (routing weights) in the epilogue.
@@ -146,7 +152,8 @@ typedef enum kjit_gemm_kernel {
  * N and K must be multiples of 8; A, W and out 16-byte aligned.
  * The kernel configuration (tile, pipeline) is chosen per arch from the
  * average rows per expert, a few buckets, so a new batch size never
- * compiles; tile_m / tile_n / cluster override the choice for tuning. */
+ * compiles; tile_m / tile_n / cluster / cluster_axis override the choice for
+ * tuning. */
 typedef struct kjit_grouped_gemm_desc {
   uint32_t struct_size; /* sizeof(kjit_grouped_gemm_desc) */
   kjit_dtype a_dtype;   /* KJIT_DTYPE_BF16 */
@@ -166,7 +173,8 @@ typedef struct kjit_grouped_gemm_desc {
   kjit_gemm_kernel kernel; /* KJIT_GEMM_KERNEL_AUTO after _desc_init */
   int32_t tile_m;          /* 0 (default): the heuristic's; else SM90 64 or 128, portable 32 to 128 by 32 */
   int32_t tile_n;          /* 0 (default): the heuristic's; else SM90 64 to 256 by 64, portable 16 to 128 by 16 */
-  int32_t cluster;         /* 0 (default): the heuristic's; SM90: 1, or 2 blocks sharing B (tile_n 128 or 256) */
+  int32_t cluster;         /* 0 (default): the heuristic's; SM90: 1, or 2 blocks sharing an operand */
+  kjit_gemm_cluster_axis cluster_axis; /* with cluster 2: ALONG_M (default; tile_n 128 or 256) or ALONG_N */
 } kjit_grouped_gemm_desc;
 
 KJIT_API void kjit_grouped_gemm_desc_init(kjit_grouped_gemm_desc* desc);

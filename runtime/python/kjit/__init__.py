@@ -76,6 +76,7 @@ class _GroupedGemmDesc(ctypes.Structure):
         ("tile_m", ctypes.c_int32),
         ("tile_n", ctypes.c_int32),
         ("cluster", ctypes.c_int32),
+        ("cluster_axis", ctypes.c_int),
     ]
 
 
@@ -243,11 +244,14 @@ def prepare_dequant_fp8(w, scales, out, *, scale="block", block=(128, 128), conv
     _check(library().kjit_dequant_fp8_prepare(ctypes.byref(d), w.device.index or 0))
 
 
-def _describe_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel="auto", tile=None, cluster=0):
+def _describe_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel="auto", tile=None, cluster=0,
+                   cluster_axis="m"):
     if kernel not in _GEMM_KERNEL:
         raise KjitError("KJIT_ERROR_INVALID_ARGUMENT", f"kernel must be 'auto', 'portable' or 'sm90', got {kernel!r}")
     if weights not in _WEIGHTS:
         raise KjitError("KJIT_ERROR_INVALID_ARGUMENT", f"weights must be 'e_n_k' or 'e_k_n', got {weights!r}")
+    if cluster_axis not in ("m", "n"):
+        raise KjitError("KJIT_ERROR_INVALID_ARGUMENT", f"cluster_axis must be 'm' or 'n', got {cluster_axis!r}")
     if offsets_convention not in _OFFSETS:
         raise KjitError("KJIT_ERROR_INVALID_ARGUMENT",
                         f"offsets_convention must be 'cumulative_end' or 'with_leading_zero', got {offsets_convention!r}")
@@ -268,11 +272,12 @@ def _describe_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, k
     d.kernel = _GEMM_KERNEL[kernel]
     d.tile_m, d.tile_n = tile if tile is not None else (0, 0)
     d.cluster = cluster
+    d.cluster_axis = 1 if cluster_axis == "n" else 0
     return d
 
 
 def grouped_gemm(a, w, offsets, *, weights="e_n_k", offsets_convention, row_scale=None, out=None,
-                 out_dtype=None, stream=None, kernel="auto", tile=None, cluster=0):
+                 out_dtype=None, stream=None, kernel="auto", tile=None, cluster=0, cluster_axis="m"):
     """MoE expert GEMM: rows of `a` ([rows, K] bf16, sorted by expert) times
     each expert's weights `w` ([E, N, K] with weights='e_n_k', as checkpoints
     store them, or [E, K, N] with 'e_k_n'). `offsets` (int32, on the device)
@@ -280,14 +285,16 @@ def grouped_gemm(a, w, offsets, *, weights="e_n_k", offsets_convention, row_scal
     entries with a leading 0 ('with_leading_zero'). row_scale (fp32 [rows])
     multiplies each output row. Returns out [rows, N] (bf16 unless out_dtype).
     kernel: 'auto' (the arch's own: wgmma on Hopper), 'portable' (mma.sync)
-    or 'sm90'; tile=(tile_m, tile_n) and cluster (1 or 2) override the
+    or 'sm90'; tile=(tile_m, tile_n), cluster (1 or 2) and cluster_axis
+    ('m': the pair shares weight tiles, 'n': activation tiles) override the
     heuristic (tuning)."""
     import torch
 
     if out is None:
         n = w.shape[1] if weights == "e_n_k" else w.shape[2]
         out = torch.empty(a.shape[0], n, dtype=out_dtype or torch.bfloat16, device=a.device)
-    d = _describe_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile, cluster)
+    d = _describe_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile, cluster,
+                       cluster_axis)
     if stream is None:
         stream = torch.cuda.current_stream(a.device).cuda_stream
     _check(library().kjit_grouped_gemm(ctypes.byref(d), ctypes.c_void_p(stream)))

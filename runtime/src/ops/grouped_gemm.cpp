@@ -35,6 +35,11 @@ Expected<GroupedGemmPlan> plan_grouped_gemm(const kjit_grouped_gemm_desc& d, boo
     return invalid(fmt::format("tile_m, tile_n and cluster must be 0 (the heuristic's) or supported values, got "
                                "{}x{} cluster {}",
                                d.tile_m, d.tile_n, d.cluster));
+  if (d.cluster_axis != KJIT_GEMM_CLUSTER_ALONG_M && d.cluster_axis != KJIT_GEMM_CLUSTER_ALONG_N)
+    return invalid(fmt::format("cluster_axis must be KJIT_GEMM_CLUSTER_ALONG_M or _ALONG_N, got {}",
+                               static_cast<int>(d.cluster_axis)));
+  if (d.cluster_axis == KJIT_GEMM_CLUSTER_ALONG_N && d.cluster < 2)
+    return invalid(fmt::format("cluster_axis ALONG_N needs cluster 2, got cluster {}", d.cluster));
 
   GroupedGemmPlan plan;
   using Kernel = codegen::GemmRequest::Kernel;
@@ -43,7 +48,9 @@ Expected<GroupedGemmPlan> plan_grouped_gemm(const kjit_grouped_gemm_desc& d, boo
                                                                   : Kernel::arch_default,
                   .tile_m = d.tile_m,
                   .tile_n = d.tile_n,
-                  .cluster = d.cluster};
+                  .cluster = d.cluster,
+                  .cluster_axis = d.cluster_axis == KJIT_GEMM_CLUSTER_ALONG_N ? codegen::ClusterAxis::n
+                                                                              : codegen::ClusterAxis::m};
   auto& s = plan.problem;
   s.out = d.out_dtype == KJIT_DTYPE_F32 ? codegen::DType::f32 : codegen::DType::bf16;
   s.n = d.n;
@@ -99,13 +106,14 @@ Expected<void> encode_sm90_maps(const DriverApi& api, const codegen::GroupedGemm
   const auto e = static_cast<cuuint64_t>(s.experts);
   const cuuint64_t a_dims[2] = {k, static_cast<cuuint64_t>(p.gemm.total_rows)};
   const cuuint64_t a_strides[1] = {k * 2};
-  const cuuint32_t a_box[2] = {64, static_cast<cuuint32_t>(s.tile_m)};
+  // With a cluster each block loads its share of the operand the pair shares.
+  const bool along_n = s.cluster_axis == codegen::ClusterAxis::n;
+  const cuuint32_t a_box[2] = {64, static_cast<cuuint32_t>(along_n ? s.tile_m / s.cluster : s.tile_m)};
   if (auto ok = encode_tensor_map(api, p.a_map, p.gemm.a, 2, a_dims, a_strides, a_box, "A"); !ok) return ok;
   if (s.weights == codegen::WeightLayout::e_n_k) {
     const cuuint64_t dims[3] = {k, n, e};
     const cuuint64_t strides[2] = {k * 2, n * k * 2};
-    // With a cluster each block loads its share of the B tile.
-    const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(s.tile_n / s.cluster), 1};
+    const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(along_n ? s.tile_n : s.tile_n / s.cluster), 1};
     return encode_tensor_map(api, p.b_map, p.gemm.b, 3, dims, strides, box, "B [E, N, K]");
   }
   const cuuint64_t dims[3] = {n, k, e};

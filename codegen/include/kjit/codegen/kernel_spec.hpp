@@ -53,6 +53,10 @@ std::string_view name(OffsetsConvention c);
 // (sm_80 and newer) or Hopper's wgmma/TMA one (sm_90a only).
 enum class GemmKernel : uint8_t { mma_sync, wgmma_sm90 };
 std::string_view name(GemmKernel k);
+// Which way a cluster's blocks lie over the output tiles: along m they share
+// the weight tile (B), along n the activation tile (A), by TMA multicast.
+enum class ClusterAxis : uint8_t { m, n };
+std::string_view name(ClusterAxis a);
 
 // Grouped GEMM for MoE experts: out[rows of e] = A[rows of e] . W_e. The shape
 // key is N, K and the expert count; the token count (rows) is a run-time
@@ -72,7 +76,8 @@ struct GroupedGemmSpec {
   GemmKernel kernel = GemmKernel::mma_sync;
   int tile_m = 0, tile_n = 0, tile_k = 0;
   int stages = 0;   // shared-memory pipeline depth (wgmma_sm90); 0 for mma_sync
-  int cluster = 1;  // blocks per cluster along M sharing B by TMA multicast (wgmma_sm90: 1 or 2)
+  int cluster = 1;  // blocks per cluster sharing an operand by TMA multicast (wgmma_sm90: 1 or 2)
+  ClusterAxis cluster_axis = ClusterAxis::m;  // with cluster 2: the axis the blocks lie along
 
   bool configured() const { return tile_m != 0; }
   bool operator==(const GroupedGemmSpec&) const = default;
@@ -112,6 +117,7 @@ struct GemmRequest {
   Kernel kernel = Kernel::arch_default;  // portable: tests, comparisons; sm90: an error off Hopper
   int tile_m = 0, tile_n = 0;  // 0: the heuristic's
   int cluster = 0;             // 0: the heuristic's (1 whenever a tile is given)
+  ClusterAxis cluster_axis = ClusterAxis::m;  // with cluster 2
 };
 // The configuration a launch of `rows` rows on `target` uses.
 Expected<GroupedGemmSpec> choose_grouped_gemm_config(const GroupedGemmSpec& problem, std::string_view target,
