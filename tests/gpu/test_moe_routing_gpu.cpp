@@ -11,6 +11,7 @@
 #include "gpu_support.hpp"
 #include "kjit/kjit.h"
 #include "kjit/reference/fp8.hpp"
+#include "kjit/reference/moe_routing.hpp"
 
 using namespace kjit::testing;
 
@@ -21,31 +22,10 @@ struct RoutingCase {
   kjit_expert_offsets convention = KJIT_OFFSETS_CUMULATIVE_END;
 };
 
-struct RoutingResult {
-  std::vector<int32_t> counts, offsets, sorted_to_flat, flat_to_sorted;
-};
+using RoutingResult = kjit::reference::MoeRouting;
 
-// The reference: a stable counting sort by local expert of the flat indices.
 RoutingResult reference_routing(const RoutingCase& c, const std::vector<int32_t>& ids) {
-  RoutingResult r;
-  const int64_t n = c.tokens * c.top_k;
-  r.counts.assign(static_cast<size_t>(c.experts_local), 0);
-  for (int32_t id : ids)
-    if (id >= c.expert_base && id < c.expert_base + c.experts_local) ++r.counts[static_cast<size_t>(id - c.expert_base)];
-  std::vector<int32_t> start(static_cast<size_t>(c.experts_local), 0);
-  for (size_t e = 1; e < start.size(); ++e) start[e] = start[e - 1] + r.counts[e - 1];
-  if (c.convention == KJIT_OFFSETS_WITH_LEADING_ZERO) r.offsets.push_back(0);
-  for (size_t e = 0; e < start.size(); ++e) r.offsets.push_back(start[e] + r.counts[e]);
-  r.sorted_to_flat.assign(static_cast<size_t>(n), -1);
-  r.flat_to_sorted.assign(static_cast<size_t>(n), -1);
-  for (int64_t i = 0; i < n; ++i) {
-    const int32_t id = ids[static_cast<size_t>(i)];
-    if (id < c.expert_base || id >= c.expert_base + c.experts_local) continue;
-    const int32_t row = start[static_cast<size_t>(id - c.expert_base)]++;
-    r.sorted_to_flat[static_cast<size_t>(row)] = static_cast<int32_t>(i);
-    r.flat_to_sorted[static_cast<size_t>(i)] = row;
-  }
-  return r;
+  return kjit::reference::moe_routing(ids, c.expert_base, c.experts_local, c.convention);
 }
 
 std::vector<int32_t> random_ids(const RoutingCase& c) {
@@ -201,31 +181,17 @@ TEST_CASE("combine sums weighted expert rows back in token order, skipping other
     int64_t bad = 0;
     for (int64_t t = 0; t < c.tokens; ++t)
       for (int64_t h = 0; h < hidden; ++h) {
-        float ref = 0.0f;
-        for (int64_t j = 0; j < c.top_k; ++j) {
-          const int32_t row = routing.flat_to_sorted[static_cast<size_t>(t * c.top_k + j)];
-          if (row < 0) continue;
-          const uint32_t bits = uint32_t{x[static_cast<size_t>(row * hidden + h)]} << 16;
-          float v;
-          std::memcpy(&v, &bits, 4);
-          ref = std::fma(weights[static_cast<size_t>(t * c.top_k + j)], v, ref);
-        }
+        const float ref =
+            kjit::reference::moe_combine_value(x, weights, routing.flat_to_sorted, c.top_k, hidden, t, h, out_dtype);
         float got;
         if (out_dtype == KJIT_DTYPE_F32) {
           std::memcpy(&got, &out[static_cast<size_t>((t * hidden + h) * 4)], 4);
         } else {
           uint16_t b;
           std::memcpy(&b, &out[static_cast<size_t>((t * hidden + h) * 2)], 2);
-          const uint32_t bits = uint32_t{b} << 16;
-          std::memcpy(&got, &bits, 4);
-          ref = [&] {  // the same single rounding the kernel does
-            const uint32_t r = uint32_t{kjit::reference::bf16_bits_rne(ref)} << 16;
-            float f;
-            std::memcpy(&f, &r, 4);
-            return f;
-          }();
+          got = kjit::reference::bf16_to_float(b);
         }
-        if (!(std::abs(got - ref) <= 1e-5f * std::abs(ref) + 1e-6f) && ++bad <= 5)
+        if (!kjit::reference::combine_close(got, ref) && ++bad <= 5)
           MESSAGE("token " << t << " h " << h << ": got " << got << ", want " << ref);
       }
     CAPTURE(out_dtype);

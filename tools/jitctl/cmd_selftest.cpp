@@ -2,20 +2,32 @@
 // for a present device's arch once, on fresh random data, and checks it
 // against a CPU reference: dequant bit for bit (partial blocks included),
 // grouped GEMM to 1e-2 relative error on sampled rows (uneven routing, an
-// empty expert, rows past the last offset that must stay untouched).
+// empty expert, rows past the last offset that must stay untouched), MoE
+// routing exactly in every output (expert parallelism: ids of other ranks'
+// experts, a hot expert, several block-wide chunks), MoE combine to the GPU
+// tests' tolerance (rows of other ranks skipped, a token with none on this
+// rank exactly zero). Outputs start poisoned, so unwritten elements fail.
 // Exit 0 when all match (or when there is no GPU: nothing to run, said so).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <random>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <variant>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "cli.hpp"
 #include "kjit/reference/fp8.hpp"
+#include "kjit/reference/moe_routing.hpp"
 #include "ops/dequant.hpp"
 #include "ops/grouped_gemm.hpp"
+#include "ops/moe_routing.hpp"
 #include "runtime.hpp"
 
 namespace kjit::tools {
@@ -51,6 +63,10 @@ class Buffers {
       return std::unexpected(ok.error());
     }
     return p;
+  }
+  Expected<void> download(void* data, CUdeviceptr p, size_t bytes) {
+    ScopedContext scope(api_, ctx_);
+    return check(api_, api_.cuMemcpyDtoH(data, p, bytes), "cuMemcpyDtoH");
   }
 
  private:
@@ -269,6 +285,171 @@ Expected<double> selftest_gemm(Runtime& runtime, DeviceState& device, const code
   return std::sqrt(diff / std::max(norm, 1e-30));
 }
 
+// Runs a routing kind once as one rank of an expert-parallel layout (its
+// spec.experts experts start past 0, among about twice as many) and returns
+// the number of elements of counts, offsets and both permutations that differ
+// from the reference. 333 x 8 ids span three of the kernel's block-wide
+// chunks and end mid-warp; a quarter go to one hot local expert, so lanes of
+// a warp share an expert; the first six sit on the edges of the valid and
+// the local ranges.
+Expected<int64_t> selftest_routing(Runtime& runtime, DeviceState& device, const codegen::MoeRoutingSpec& spec,
+                                   std::mt19937_64& rng) {
+  const DriverApi& api = **runtime.driver();
+  kjit_moe_routing_desc d;
+  kjit_moe_routing_desc_init(&d);
+  d.tokens = 333;
+  d.top_k = 8;
+  d.experts_local = spec.experts;
+  d.expert_base = spec.experts / 2 + 1;
+  d.experts_total = 2 * spec.experts + 3;  // > expert_base + experts_local: other ranks on both sides
+  d.offsets_convention = spec.offsets == codegen::OffsetsConvention::with_leading_zero ? KJIT_OFFSETS_WITH_LEADING_ZERO
+                                                                                       : KJIT_OFFSETS_CUMULATIVE_END;
+  const auto base = static_cast<int32_t>(d.expert_base), end = static_cast<int32_t>(d.expert_base + d.experts_local);
+  std::vector<int32_t> ids(static_cast<size_t>(d.tokens * d.top_k));
+  std::uniform_int_distribution<int32_t> any(0, static_cast<int32_t>(d.experts_total - 1));
+  std::bernoulli_distribution hot(0.25);
+  for (auto& id : ids) id = hot(rng) ? base + static_cast<int32_t>(d.experts_local / 2) : any(rng);
+  const int32_t edges[] = {0, base - 1, base, end - 1, end, static_cast<int32_t>(d.experts_total - 1)};
+  std::copy(std::begin(edges), std::end(edges), ids.begin());
+  const auto want = reference::moe_routing(ids, d.expert_base, d.experts_local, d.offsets_convention);
+
+  Buffers buffers(api, device.context);
+  auto dids = buffers.upload(ids.data(), ids.size() * 4);
+  auto dcounts = buffers.upload(nullptr, want.counts.size() * 4);  // outputs poisoned: unwritten elements fail
+  auto doffsets = buffers.upload(nullptr, want.offsets.size() * 4);
+  auto dsorted = buffers.upload(nullptr, ids.size() * 4);
+  auto dinverse = buffers.upload(nullptr, ids.size() * 4);
+  for (auto* r : {&dids, &dcounts, &doffsets, &dsorted, &dinverse})
+    if (!*r) return std::unexpected(r->error());
+  d.topk_ids = reinterpret_cast<const int32_t*>(*dids);
+  d.counts = reinterpret_cast<int32_t*>(*dcounts);
+  d.offsets = reinterpret_cast<int32_t*>(*doffsets);
+  d.sorted_to_flat = reinterpret_cast<int32_t*>(*dsorted);
+  d.flat_to_sorted = reinterpret_cast<int32_t*>(*dinverse);
+  if (auto ok = ops::moe_routing(runtime, d, nullptr); !ok) return std::unexpected(ok.error());
+  if (auto ok = runtime.take_device_errors(device.ordinal); !ok) return std::unexpected(ok.error());
+
+  int64_t wrong = 0;
+  const std::pair<CUdeviceptr, const std::vector<int32_t>*> outputs[] = {
+      {*dcounts, &want.counts}, {*doffsets, &want.offsets}, {*dsorted, &want.sorted_to_flat},
+      {*dinverse, &want.flat_to_sorted}};
+  for (const auto& [p, expected] : outputs) {
+    std::vector<int32_t> got(expected->size());
+    if (auto ok = buffers.download(got.data(), p, got.size() * 4); !ok) return std::unexpected(ok.error());
+    for (size_t i = 0; i < got.size(); ++i) wrong += got[i] == (*expected)[i] ? 0 : 1;
+  }
+  return wrong;
+}
+
+// Runs a combine kind once on the mapping a routing of random ids leaves on
+// one rank (local experts [2, 6) of 8: about half the (t, j) are -1) and
+// returns the number of output elements off the reference, to the GPU tests'
+// tolerance (reference::combine_close). Token 0 has all its rows on this
+// rank, token 1 none: a token with none must come out +0 exactly, since the
+// 0xA5 poison (-2.9e-16) would pass the tolerance's absolute term.
+Expected<int64_t> selftest_combine(Runtime& runtime, DeviceState& device, const codegen::MoeCombineSpec& spec,
+                                   std::mt19937_64& rng) {
+  const DriverApi& api = **runtime.driver();
+  const int64_t tokens = 37, top_k = spec.top_k, hidden = spec.hidden;
+  std::vector<int32_t> ids(static_cast<size_t>(tokens * top_k));
+  std::uniform_int_distribution<int32_t> any(0, 7);
+  for (auto& id : ids) id = any(rng);
+  for (int64_t j = 0; j < top_k; ++j) {
+    ids[static_cast<size_t>(j)] = static_cast<int32_t>(2 + j % 4);            // token 0: all local
+    ids[static_cast<size_t>(top_k + j)] = static_cast<int32_t>(j % 2 ? 7 : 0);  // token 1: all on other ranks
+  }
+  const auto routing = reference::moe_routing(ids, 2, 4, KJIT_OFFSETS_CUMULATIVE_END);
+  const int64_t rows = routing.offsets.back();  // >= top_k: token 0's rows
+
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<uint16_t> x(static_cast<size_t>(rows * hidden));
+  for (auto& v : x) v = bf16_bits(normal(rng));
+  std::vector<float> weights(ids.size());
+  std::uniform_real_distribution<float> weight(0.1f, 1.0f);
+  for (auto& w : weights) w = weight(rng);
+  const kjit_dtype out_dtype = spec.out == codegen::DType::f32 ? KJIT_DTYPE_F32 : KJIT_DTYPE_BF16;
+  const int out_bytes = codegen::size_bytes(spec.out);
+  const size_t out_size = static_cast<size_t>(tokens * hidden * out_bytes);
+
+  Buffers buffers(api, device.context);
+  auto dx = buffers.upload(x.data(), x.size() * 2);
+  auto dw = buffers.upload(weights.data(), weights.size() * 4);
+  auto dmap = buffers.upload(routing.flat_to_sorted.data(), routing.flat_to_sorted.size() * 4);
+  auto dout = buffers.upload(nullptr, out_size);  // 0xA5 poison
+  for (auto* r : {&dx, &dw, &dmap, &dout})
+    if (!*r) return std::unexpected(r->error());
+  kjit_moe_combine_desc d;
+  kjit_moe_combine_desc_init(&d);
+  d.tokens = tokens;
+  d.top_k = top_k;
+  d.hidden = hidden;
+  d.rows = rows;
+  d.in_dtype = KJIT_DTYPE_BF16;
+  d.out_dtype = out_dtype;
+  d.expert_out = reinterpret_cast<const void*>(*dx);
+  d.topk_weights = reinterpret_cast<const float*>(*dw);
+  d.flat_to_sorted = reinterpret_cast<const int32_t*>(*dmap);
+  d.out = reinterpret_cast<void*>(*dout);
+  if (auto ok = ops::moe_combine(runtime, d, nullptr); !ok) return std::unexpected(ok.error());
+  if (auto ok = runtime.take_device_errors(device.ordinal); !ok) return std::unexpected(ok.error());
+  std::vector<uint8_t> out(out_size);
+  if (auto ok = buffers.download(out.data(), *dout, out_size); !ok) return std::unexpected(ok.error());
+
+  int64_t wrong = 0;
+  for (int64_t t = 0; t < tokens; ++t) {
+    bool none_here = true;
+    for (int64_t j = 0; j < top_k; ++j)
+      none_here = none_here && routing.flat_to_sorted[static_cast<size_t>(t * top_k + j)] < 0;
+    for (int64_t h = 0; h < hidden; ++h) {
+      uint32_t bits = 0;
+      std::memcpy(&bits, &out[static_cast<size_t>((t * hidden + h) * out_bytes)], static_cast<size_t>(out_bytes));
+      float got;
+      if (out_bytes == 4) std::memcpy(&got, &bits, 4);
+      else got = reference::bf16_to_float(static_cast<uint16_t>(bits));
+      const float want =
+          reference::moe_combine_value(x, weights, routing.flat_to_sorted, top_k, hidden, t, h, out_dtype);
+      wrong += (none_here ? bits == 0 : reference::combine_close(got, want)) ? 0 : 1;
+    }
+  }
+  return wrong;
+}
+
+// One entry's result: whether it passed, and the text of its line.
+struct Outcome {
+  bool ok;
+  std::string text;
+};
+
+Outcome counted(const Expected<int64_t>& wrong, std::string_view match) {
+  if (!wrong) return {false, "error: " + wrong.error().message};
+  if (*wrong == 0) return {true, std::string(match)};
+  return {false, fmt::format("{} wrong elements", *wrong)};
+}
+
+template <class>
+constexpr bool kNoSelftest = false;
+
+Outcome selftest(Runtime& runtime, DeviceState& device, const codegen::KernelSpec& spec, std::mt19937_64& rng) {
+  return std::visit(
+      [&](const auto& s) -> Outcome {
+        using S = std::decay_t<decltype(s)>;
+        if constexpr (std::is_same_v<S, codegen::DequantSpec>) {
+          return counted(selftest_dequant(runtime, device, s, rng), "bit-exact");
+        } else if constexpr (std::is_same_v<S, codegen::GroupedGemmSpec>) {
+          auto error = selftest_gemm(runtime, device, s, rng);
+          if (!error) return {false, "error: " + error.error().message};
+          return {*error <= 1e-2, fmt::format("relative error {:.1e}", *error)};  // NaN fails too
+        } else if constexpr (std::is_same_v<S, codegen::MoeRoutingSpec>) {
+          return counted(selftest_routing(runtime, device, s, rng), "exact");
+        } else if constexpr (std::is_same_v<S, codegen::MoeCombineSpec>) {
+          return counted(selftest_combine(runtime, device, s, rng), "within 1e-5 relative");
+        } else {
+          static_assert(kNoSelftest<S>, "every kernel kind needs a selftest here");
+        }
+      },
+      spec);
+}
+
 }  // namespace
 
 int cmd_selftest(Args& args) {
@@ -292,32 +473,19 @@ int cmd_selftest(Args& args) {
     if (std::find(tested_targets.begin(), tested_targets.end(), target) != tested_targets.end()) continue;
     tested_targets.push_back(target);
     for (const auto& entry : runtime.store().list()) {
-      if (entry.state != cache::EntryState::ok || !entry.meta.is_object() ||
-          entry.meta.value("arch", "") != (*device)->arch->target)
+      if (entry.state != cache::EntryState::ok || !entry.meta.is_object() || entry.meta.value("arch", "") != target)
         continue;
       auto spec = codegen::spec_from_json(entry.meta.value("spec", nlohmann::json()));
-      if (!spec) continue;
-      if (const auto* gemm = std::get_if<codegen::GroupedGemmSpec>(&*spec)) {
-        auto error = selftest_gemm(runtime, **device, *gemm, rng);
-        const bool ok = error && *error <= 1e-2;  // NaN fails too
-        (ok ? passed : failed)++;
-        fmt::print("device {} {} {}: {}\n", ordinal, (*device)->arch->target, codegen::canonical(*spec),
-                   !error ? "error: " + error.error().message : fmt::format("relative error {:.1e}", *error));
+      if (!spec) {  // a kind (or form) this jitctl does not know: nothing to launch it with
+        const auto canonical = entry.meta.find("canonical");
+        fmt::print("device {} {} {}: not checked by selftest: {}\n", ordinal, target,
+                   canonical != entry.meta.end() && canonical->is_string() ? canonical->get<std::string>() : entry.key,
+                   spec.error().message);
         continue;
       }
-      const auto* dequant = std::get_if<codegen::DequantSpec>(&*spec);
-      if (!dequant) {  // the routing helpers have GPU tests, not a selftest yet
-        fmt::print("device {} {} {}: not checked by selftest\n", ordinal, (*device)->arch->target,
-                   codegen::canonical(*spec));
-        continue;
-      }
-      auto wrong = selftest_dequant(runtime, **device, *dequant, rng);
-      const bool ok = wrong && *wrong == 0;
-      (ok ? passed : failed)++;
-      fmt::print("device {} {} {}: {}\n", ordinal, (*device)->arch->target, codegen::canonical(*spec),
-                 !wrong ? "error: " + wrong.error().message
-                 : ok   ? std::string("bit-exact")
-                        : fmt::format("{} wrong elements", *wrong));
+      const Outcome outcome = selftest(runtime, **device, *spec, rng);
+      (outcome.ok ? passed : failed)++;
+      fmt::print("device {} {} {}: {}\n", ordinal, target, codegen::canonical(*spec), outcome.text);
     }
   }
   fmt::print("selftest: {} passed, {} failed\n", passed, failed);
