@@ -7,8 +7,11 @@
 // expert; others are skipped, never used as an index. (3) A block-wide scan
 // gives the offsets. (4) Rows are placed stably: sorted order within an expert
 // is the order of the flat index t * top_k + j, so the permutation is exactly
-// reproducible. Chunks of the block size are placed warp after warp; within a
-// warp, lanes of one expert rank themselves with __match_any_sync.
+// reproducible. Chunks of the block size are placed one at a time; within a
+// warp, lanes of one expert rank themselves with __match_any_sync. Up to 256
+// local experts, each warp's count per expert goes into shared memory and
+// one pass per expert turns them into each warp's first row (two barriers a
+// chunk); with more, warps take turns on a shared cursor per expert (32).
 //
 // moe_combine: one block per token; out[t] = sum_j w[t, j] * expert_out[row(t, j)]
 // over the j routed to this rank, accumulated in fp32, rounded once.
@@ -21,6 +24,8 @@ struct RoutingConfig {
   static constexpr long long kExperts = kExperts_;
   static constexpr bool kOffsetsWithZero = kOffsetsWithZero_;
   static constexpr int kThreads = 1024;
+  // Per-warp counts of every local expert fit in shared memory (32 KB at 256).
+  static constexpr bool kWarpHistograms = kExperts <= 256;
 };
 
 // Exclusive scan of counts[0, n) in shared memory, in place; returns the total.
@@ -94,6 +99,12 @@ __device__ __forceinline__ void moe_routing(const kjit_moe_routing_params& p) {
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const unsigned lanes_before = (1u << lane) - 1u;
+  // [warp][expert]: the warp's count, then its first row; 0 between chunks.
+  __shared__ int warp_rows[Cfg::kWarpHistograms ? 32 * Cfg::kExperts : 1];
+  if constexpr (Cfg::kWarpHistograms) {
+    for (long long x = threadIdx.x; x < 32 * Cfg::kExperts; x += Cfg::kThreads) warp_rows[x] = 0;
+    __syncthreads();
+  }
   for (long long base = 0; base < p.entries; base += Cfg::kThreads) {
     const long long i = base + threadIdx.x;
     long long local = -1;
@@ -103,15 +114,40 @@ __device__ __forceinline__ void moe_routing(const kjit_moe_routing_params& p) {
     }
     const unsigned same = __match_any_sync(0xffffffffu, static_cast<int>(local));
     const int rank = __popc(same & lanes_before), members = __popc(same);
-    for (int turn = 0; turn < Cfg::kThreads / 32; ++turn) {
-      if (warp == turn && local >= 0) {
-        const int row = running[local] + rank;
+    if constexpr (Cfg::kWarpHistograms) {
+      if (local >= 0 && rank == 0) warp_rows[warp * Cfg::kExperts + local] = members;
+      __syncthreads();
+      // One thread per expert: the warps' first rows in warp order (entries
+      // of absent experts stay 0), and the cursor past this chunk.
+      for (long long e = threadIdx.x; e < Cfg::kExperts; e += Cfg::kThreads) {
+        int next = running[e];
+        for (int w = 0; w < Cfg::kThreads / 32; ++w) {
+          const int count = warp_rows[w * Cfg::kExperts + e];
+          if (count != 0) warp_rows[w * Cfg::kExperts + e] = next;
+          next += count;
+        }
+        running[e] = next;
+      }
+      __syncthreads();
+      if (local >= 0) {
+        const int row = warp_rows[warp * Cfg::kExperts + local] + rank;
         p.sorted_to_flat[row] = static_cast<int>(i);
         p.flat_to_sorted[i] = row;
       }
       __syncwarp();
-      if (warp == turn && local >= 0 && rank == members - 1) running[local] += members;
-      __syncthreads();
+      // Only this warp reads its row of the table: reset it for the next chunk.
+      if (local >= 0 && rank == 0) warp_rows[warp * Cfg::kExperts + local] = 0;
+    } else {
+      for (int turn = 0; turn < Cfg::kThreads / 32; ++turn) {
+        if (warp == turn && local >= 0) {
+          const int row = running[local] + rank;
+          p.sorted_to_flat[row] = static_cast<int>(i);
+          p.flat_to_sorted[i] = row;
+        }
+        __syncwarp();
+        if (warp == turn && local >= 0 && rank == members - 1) running[local] += members;
+        __syncthreads();
+      }
     }
     if (i < p.entries && local < 0) p.flat_to_sorted[i] = -1;
   }
