@@ -15,7 +15,19 @@ struct kjit_moe_routing_params {
   long long entries;     /* tokens * top_k */
   long long experts_total;
   long long expert_base; /* first global id this rank owns */
+  /* One block (phase ONE_BLOCK), or three launches COUNT, SCAN (one block),
+   * PLACE of ceil(entries / ids_per_block) blocks over `workspace`: ints
+   * [1 + blocks + blocks * experts_local] (a valid flag, a bad-id flag per
+   * block, each block's counts then first rows per expert). */
+  int phase;
+  long long ids_per_block;
+  int* workspace;
 };
+
+#define KJIT_ROUTING_PHASE_ONE_BLOCK 0
+#define KJIT_ROUTING_PHASE_COUNT 1
+#define KJIT_ROUTING_PHASE_SCAN 2
+#define KJIT_ROUTING_PHASE_PLACE 3
 
 struct kjit_moe_combine_params {
   const void* expert_out;    /* [rows, hidden] bf16, rows in expert-sorted order */

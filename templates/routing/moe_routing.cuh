@@ -1,7 +1,8 @@
 // MoE routing helpers, on the device and graph-safe (no host sync, no
 // allocation, sizes fixed by the token count).
 //
-// moe_routing: one block. (1) Every global id is checked against
+// moe_routing: one block, or (large batches, given a workspace) three launches
+// of many blocks that give the same result (see moe_routing below). (1) Every global id is checked against
 // [0, experts_total); a bad one writes nothing and is recorded. (2) Ids in this
 // rank's range [expert_base, expert_base + kExperts) are counted per local
 // expert; others are skipped, never used as an index. (3) A block-wide scan
@@ -67,14 +68,16 @@ __device__ __forceinline__ int block_exclusive_scan(int* counts, long long n) {
   return carry;
 }
 
+// Counts the ids [first, last) per local expert into `running` (zeroed here)
+// and checks each against [0, experts_total). Returns, in every thread,
+// whether any was out of range (those are recorded in device_error).
 template <class Cfg>
-__device__ __forceinline__ void moe_routing(const kjit_moe_routing_params& p) {
-  __shared__ int running[Cfg::kExperts];  // counts, then each expert's next free row
+__device__ __forceinline__ bool count_ids(const kjit_moe_routing_params& p, long long first, long long last,
+                                          int* running) {
   for (long long e = threadIdx.x; e < Cfg::kExperts; e += Cfg::kThreads) running[e] = 0;
   __syncthreads();
-
   int bad = 0;
-  for (long long i = threadIdx.x; i < p.entries; i += Cfg::kThreads) {
+  for (long long i = first + threadIdx.x; i < last; i += Cfg::kThreads) {
     const int id = p.topk_ids[i];
     if (id < 0 || id >= p.experts_total) {
       bad = 1;
@@ -85,8 +88,13 @@ __device__ __forceinline__ void moe_routing(const kjit_moe_routing_params& p) {
     const long long local = id - p.expert_base;
     if (local >= 0 && local < Cfg::kExperts) atomicAdd(&running[local], 1);
   }
-  if (__syncthreads_or(bad)) return;
+  return __syncthreads_or(bad) != 0;
+}
 
+// Writes counts and offsets from the totals in `running` and leaves each
+// expert's first row there; returns the routed row count.
+template <class Cfg>
+__device__ __forceinline__ int write_offsets(const kjit_moe_routing_params& p, int* running) {
   for (long long e = threadIdx.x; e < Cfg::kExperts; e += Cfg::kThreads) p.counts[e] = running[e];
   __syncthreads();
   const int routed = block_exclusive_scan<Cfg::kThreads>(running, Cfg::kExperts);
@@ -96,7 +104,15 @@ __device__ __forceinline__ void moe_routing(const kjit_moe_routing_params& p) {
   }
   if (Cfg::kOffsetsWithZero && threadIdx.x == 0) p.offsets[Cfg::kExperts] = routed;
   __syncthreads();
+  return routed;
+}
 
+// Places the ids [first, last) stably from each expert's next free row in
+// `running`, and marks the rows [routed, entries) within [first, last) of
+// sorted_to_flat empty.
+template <class Cfg>
+__device__ __forceinline__ void place_ids(const kjit_moe_routing_params& p, long long first, long long last,
+                                          int* running, int routed) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const unsigned lanes_before = (1u << lane) - 1u;
   // [warp][expert]: the warp's count, then its first row; 0 between chunks.
@@ -105,10 +121,10 @@ __device__ __forceinline__ void moe_routing(const kjit_moe_routing_params& p) {
     for (long long x = threadIdx.x; x < 32 * Cfg::kExperts; x += Cfg::kThreads) warp_rows[x] = 0;
     __syncthreads();
   }
-  for (long long base = 0; base < p.entries; base += Cfg::kThreads) {
+  for (long long base = first; base < last; base += Cfg::kThreads) {
     const long long i = base + threadIdx.x;
     long long local = -1;
-    if (i < p.entries) {
+    if (i < last) {
       local = p.topk_ids[i] - p.expert_base;
       if (local < 0 || local >= Cfg::kExperts) local = -1;
     }
@@ -149,9 +165,68 @@ __device__ __forceinline__ void moe_routing(const kjit_moe_routing_params& p) {
         __syncthreads();
       }
     }
-    if (i < p.entries && local < 0) p.flat_to_sorted[i] = -1;
+    if (i < last && local < 0) p.flat_to_sorted[i] = -1;
   }
-  for (long long row = routed + threadIdx.x; row < p.entries; row += Cfg::kThreads) p.sorted_to_flat[row] = -1;
+  for (long long row = (routed > first ? routed : first) + threadIdx.x; row < last; row += Cfg::kThreads)
+    p.sorted_to_flat[row] = -1;
+}
+
+// Large batches run in three launches over a workspace of ints (see
+// kjit_moe_routing_params): blocks count their slices, one block turns the
+// counts into every block's first row per expert, then blocks place their
+// slices from those rows, so the permutation is the one-block one. A bad id
+// anywhere leaves every output untouched: the counts go to the workspace
+// only, and the scan and placement check the blocks' flags first.
+template <class Cfg>
+__device__ __forceinline__ void moe_routing(const kjit_moe_routing_params& p) {
+  __shared__ int running[Cfg::kExperts];  // counts, then each expert's next free row
+  if (p.phase == KJIT_ROUTING_PHASE_ONE_BLOCK) {
+    if (count_ids<Cfg>(p, 0, p.entries, running)) return;
+    const int routed = write_offsets<Cfg>(p, running);
+    place_ids<Cfg>(p, 0, p.entries, running, routed);
+    return;
+  }
+  const long long blocks = (p.entries + p.ids_per_block - 1) / p.ids_per_block;
+  int* const valid = p.workspace;       // [1]: the scan found no bad id
+  int* const bad = p.workspace + 1;     // [blocks]: a block's slice held a bad id
+  int* const rows = bad + blocks;       // [blocks][experts]: counts, then first rows
+  const long long first = blockIdx.x * p.ids_per_block;
+  const long long last = first + p.ids_per_block < p.entries ? first + p.ids_per_block : p.entries;
+  if (p.phase == KJIT_ROUTING_PHASE_COUNT) {
+    const bool any_bad = count_ids<Cfg>(p, first, last, running);
+    if (threadIdx.x == 0) bad[blockIdx.x] = any_bad;
+    for (long long e = threadIdx.x; e < Cfg::kExperts; e += Cfg::kThreads)
+      rows[blockIdx.x * Cfg::kExperts + e] = running[e];
+  } else if (p.phase == KJIT_ROUTING_PHASE_SCAN) {
+    int any_bad = 0;
+    for (long long b = threadIdx.x; b < blocks; b += Cfg::kThreads) any_bad |= bad[b];
+    if (__syncthreads_or(any_bad)) {
+      if (threadIdx.x == 0) *valid = 0;
+      return;
+    }
+    // Per expert: each block's count becomes the count of the blocks before it.
+    for (long long e = threadIdx.x; e < Cfg::kExperts; e += Cfg::kThreads) {
+      int total = 0;
+      for (long long b = 0; b < blocks; ++b) {
+        const int count = rows[b * Cfg::kExperts + e];
+        rows[b * Cfg::kExperts + e] = total;
+        total += count;
+      }
+      running[e] = total;
+    }
+    __syncthreads();
+    write_offsets<Cfg>(p, running);  // running: each expert's first row
+    for (long long e = threadIdx.x; e < Cfg::kExperts; e += Cfg::kThreads)
+      for (long long b = 0; b < blocks; ++b) rows[b * Cfg::kExperts + e] += running[e];
+    if (threadIdx.x == 0) *valid = 1;
+  } else {  // KJIT_ROUTING_PHASE_PLACE
+    if (*valid == 0) return;
+    for (long long e = threadIdx.x; e < Cfg::kExperts; e += Cfg::kThreads)
+      running[e] = rows[blockIdx.x * Cfg::kExperts + e];
+    const int routed = p.offsets[Cfg::kExperts - 1 + (Cfg::kOffsetsWithZero ? 1 : 0)];
+    __syncthreads();
+    place_ids<Cfg>(p, first, last, running, routed);
+  }
 }
 
 template <int kTopK_, long long kHidden_, bool kOutF32_>

@@ -20,6 +20,7 @@ namespace {
 struct RoutingCase {
   int64_t tokens = 1000, top_k = 8, experts_total = 64, expert_base = 0, experts_local = 64;
   kjit_expert_offsets convention = KJIT_OFFSETS_CUMULATIVE_END;
+  bool workspace = false;  // pass the workspace kjit_moe_routing_workspace_bytes asks for (many blocks)
 };
 
 using RoutingResult = kjit::reference::MoeRouting;
@@ -36,12 +37,14 @@ std::vector<int32_t> random_ids(const RoutingCase& c) {
 }
 
 struct RoutingBuffers {
-  DeviceBuffer ids, counts, offsets, sorted, inverse;
+  uint64_t workspace_bytes;
+  DeviceBuffer ids, counts, offsets, sorted, inverse, workspace;
   RoutingBuffers(const RoutingCase& c, size_t n)
-      : ids(0, std::max<size_t>(4, n * 4)), counts(0, static_cast<size_t>(c.experts_local) * 4),
+      : workspace_bytes(c.workspace ? kjit_moe_routing_workspace_bytes(c.tokens, c.top_k, c.experts_local) : 0),
+        ids(0, std::max<size_t>(4, n * 4)), counts(0, static_cast<size_t>(c.experts_local) * 4),
         offsets(0, static_cast<size_t>(c.experts_local + 1) * 4), sorted(0, std::max<size_t>(4, n * 4)),
-        inverse(0, std::max<size_t>(4, n * 4)) {
-    for (auto* b : {&counts, &offsets, &sorted, &inverse}) b->poison();
+        inverse(0, std::max<size_t>(4, n * 4)), workspace(0, std::max<uint64_t>(4, workspace_bytes)) {
+    for (auto* b : {&counts, &offsets, &sorted, &inverse, &workspace}) b->poison();
   }
   kjit_moe_routing_desc desc(const RoutingCase& c) const {
     kjit_moe_routing_desc d;
@@ -57,6 +60,10 @@ struct RoutingBuffers {
     d.offsets = static_cast<int32_t*>(offsets.get());
     d.sorted_to_flat = static_cast<int32_t*>(sorted.get());
     d.flat_to_sorted = static_cast<int32_t*>(inverse.get());
+    if (workspace_bytes) {
+      d.workspace = workspace.get();
+      d.workspace_bytes = workspace_bytes;
+    }
     return d;
   }
 };
@@ -124,6 +131,29 @@ TEST_CASE("expert parallelism: a rank counts and places only its experts, other 
   check_routing(rank);
 }
 
+TEST_CASE("with a workspace, large batches route over many blocks to the same result") {
+  for (auto convention : {KJIT_OFFSETS_CUMULATIVE_END, KJIT_OFFSETS_WITH_LEADING_ZERO}) {
+    RoutingCase prefill;  // 20 blocks of 8192 ids, per-warp counts (256 experts)
+    prefill.tokens = 20000;
+    prefill.experts_total = prefill.experts_local = 256;
+    prefill.convention = convention;
+    prefill.workspace = true;
+    REQUIRE(kjit_moe_routing_workspace_bytes(prefill.tokens, prefill.top_k, prefill.experts_local) > 0);
+    check_routing(prefill);
+    RoutingCase rank = prefill;  // expert parallelism: most rows go elsewhere
+    rank.expert_base = 64;
+    rank.experts_local = 32;
+    check_routing(rank);
+    RoutingCase many = prefill;  // more than 256 local experts: warps take turns; a partial last block
+    many.tokens = 5001;
+    many.top_k = 4;
+    many.experts_total = many.experts_local = 1000;
+    check_routing(many);
+  }
+  // One block's worth needs no workspace.
+  CHECK(kjit_moe_routing_workspace_bytes(1024, 8, 256) == 0);
+}
+
 TEST_CASE("no tokens gives zero counts and offsets") {
   RoutingCase empty;
   empty.tokens = 0;
@@ -131,20 +161,25 @@ TEST_CASE("no tokens gives zero counts and offsets") {
 }
 
 TEST_CASE("a global expert id out of range writes nothing and is reported") {
-  RoutingCase c;
-  auto ids = random_ids(c);
-  ids[123] = static_cast<int32_t>(c.experts_total);  // one past the end
-  RoutingBuffers b(c, ids.size());
-  b.ids.upload(ids);
-  const auto d = b.desc(c);
-  REQUIRE(kjit_moe_routing(&d, nullptr) == KJIT_OK);
-  CHECK(kjit_device_errors(0) == KJIT_ERROR_DEVICE_REPORTED);
-  CHECK(std::string(kjit_last_error_message()).find("expert id 64") != std::string::npos);
-  for (auto* buffer : {&b.counts, &b.offsets, &b.sorted, &b.inverse}) {
-    const auto words = buffer->download<uint32_t>(0, buffer->bytes / 4);
-    int64_t written = 0;
-    for (uint32_t w : words) written += w != 0xDEADBEEFu;
-    CHECK(written == 0);
+  for (bool many_blocks : {false, true}) {
+    CAPTURE(many_blocks);
+    RoutingCase c;
+    c.workspace = many_blocks;
+    if (many_blocks) c.tokens = 20000;  // the bad id in the last of 20 blocks: the others must not write either
+    auto ids = random_ids(c);
+    ids[many_blocks ? ids.size() - 5 : 123] = static_cast<int32_t>(c.experts_total);  // one past the end
+    RoutingBuffers b(c, ids.size());
+    b.ids.upload(ids);
+    const auto d = b.desc(c);
+    REQUIRE(kjit_moe_routing(&d, nullptr) == KJIT_OK);
+    CHECK(kjit_device_errors(0) == KJIT_ERROR_DEVICE_REPORTED);
+    CHECK(std::string(kjit_last_error_message()).find("expert id 64") != std::string::npos);
+    for (auto* buffer : {&b.counts, &b.offsets, &b.sorted, &b.inverse}) {
+      const auto words = buffer->download<uint32_t>(0, buffer->bytes / 4);
+      int64_t written = 0;
+      for (uint32_t w : words) written += w != 0xDEADBEEFu;
+      CHECK(written == 0);
+    }
   }
 }
 

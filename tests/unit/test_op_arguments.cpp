@@ -550,6 +550,25 @@ TEST_CASE_FIXTURE(Fixture, "routing and combine argument errors are named and la
   REQUIRE_MESSAGE(ok.has_value(), ok.error().message);
   CHECK(machine.launches == 1);
   CHECK(machine.grid[0] == 1);
+  // 64 ids fit one block: a workspace changes nothing.
+  FakeBuffer workspace(1 << 20, 0);
+  r.workspace = workspace.data();
+  r.workspace_bytes = 4;
+  REQUIRE(kjit::ops::moe_routing(runtime, r, fake_stream(0)).has_value());
+  CHECK(machine.launches == 2);
+  // 100000 x 8 ids: 98 blocks of 8192 in three launches (count, scan, place) over
+  // (1 + 98 + 98 x 16) ints of workspace, which must all be there.
+  CHECK(kjit_moe_routing_workspace_bytes(100000, 8, 16) == (1 + 98 + 98 * 16) * 4);
+  CHECK(kjit_moe_routing_workspace_bytes(1024, 8, 16) == 0);
+  r.tokens = 100000;
+  auto small = kjit::ops::moe_routing(runtime, r, fake_stream(0));
+  REQUIRE_FALSE(small.has_value());
+  CHECK(small.error().message.find("need 6668 (kjit_moe_routing_workspace_bytes)") != std::string::npos);
+  CHECK(machine.launches == 2);
+  r.workspace_bytes = 6668;
+  REQUIRE(kjit::ops::moe_routing(runtime, r, fake_stream(0)).has_value());
+  CHECK(machine.launches == 5);
+  CHECK(machine.grid[0] == 98);  // the last launch: placement
 
   kjit_moe_combine_desc c;
   kjit_moe_combine_desc_init(&c);
@@ -562,5 +581,5 @@ TEST_CASE_FIXTURE(Fixture, "routing and combine argument errors are named and la
   auto bad_hidden = kjit::ops::moe_combine(runtime, c, fake_stream(0));
   REQUIRE_FALSE(bad_hidden.has_value());
   CHECK(bad_hidden.error().message == "hidden must be a positive multiple of 8, got 12");
-  CHECK(machine.launches == 1);
+  CHECK(machine.launches == 5);  // none for the bad combine
 }

@@ -194,9 +194,11 @@ KJIT_API kjit_status kjit_grouped_gemm_prepare(const kjit_grouped_gemm_desc* des
  * result is reproducible. Global ids outside [0, experts_total) make the launch
  * write nothing and are reported by kjit_device_errors. Every output array is
  * sized by tokens * top_k, known to the host: no sync is needed.
- * Runs in one thread block today: fast for decode and mid-size prefill, slower
- * than a torch sort past ~70k routed ids (H100; a multi-block version is
- * planned). */
+ * Without a workspace routing runs in one thread block: fast for decode and
+ * mid-size prefill, slower than a torch sort past ~70k routed ids (H100).
+ * With a workspace of kjit_moe_routing_workspace_bytes (device memory of the
+ * same device, 4-byte aligned, contents irrelevant), batches of more ids than
+ * one block takes run over many blocks, with the same result. */
 typedef struct kjit_moe_routing_desc {
   uint32_t struct_size; /* sizeof(kjit_moe_routing_desc) */
   int64_t tokens;
@@ -210,6 +212,8 @@ typedef struct kjit_moe_routing_desc {
   int32_t* offsets;         /* device [experts_local] or [experts_local + 1] */
   int32_t* sorted_to_flat;  /* device [tokens * top_k] */
   int32_t* flat_to_sorted;  /* device [tokens * top_k] */
+  void* workspace;          /* optional device scratch (NULL: one block) */
+  uint64_t workspace_bytes; /* its size: at least kjit_moe_routing_workspace_bytes(...) */
 } kjit_moe_routing_desc;
 
 /* kjit_moe_combine: out[t, :] = sum over j of topk_weights[t, j] *
@@ -232,6 +236,9 @@ typedef struct kjit_moe_combine_desc {
 KJIT_API void kjit_moe_routing_desc_init(kjit_moe_routing_desc* desc);
 KJIT_API kjit_status kjit_moe_routing(const kjit_moe_routing_desc* desc, kjit_stream stream);
 KJIT_API kjit_status kjit_moe_routing_prepare(const kjit_moe_routing_desc* desc, int device);
+/* The workspace kjit_moe_routing can use for tokens * top_k ids and
+ * experts_local experts; 0 when one block takes them all anyway. */
+KJIT_API uint64_t kjit_moe_routing_workspace_bytes(int64_t tokens, int64_t top_k, int64_t experts_local);
 KJIT_API void kjit_moe_combine_desc_init(kjit_moe_combine_desc* desc);
 KJIT_API kjit_status kjit_moe_combine(const kjit_moe_combine_desc* desc, kjit_stream stream);
 KJIT_API kjit_status kjit_moe_combine_prepare(const kjit_moe_combine_desc* desc, int device);

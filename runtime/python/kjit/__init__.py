@@ -94,6 +94,8 @@ class _MoeRoutingDesc(ctypes.Structure):
         ("offsets", ctypes.c_void_p),
         ("sorted_to_flat", ctypes.c_void_p),
         ("flat_to_sorted", ctypes.c_void_p),
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_uint64),
     ]
 
 
@@ -154,6 +156,8 @@ def library() -> ctypes.CDLL:
             getattr(lib, f"kjit_{name}_desc_init").restype = None
             getattr(lib, f"kjit_{name}").argtypes = [ctypes.POINTER(desc), ctypes.c_void_p]
             getattr(lib, f"kjit_{name}").restype = ctypes.c_int
+        lib.kjit_moe_routing_workspace_bytes.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
+        lib.kjit_moe_routing_workspace_bytes.restype = ctypes.c_uint64
         lib.kjit_device_errors.argtypes = [ctypes.c_int]
         lib.kjit_device_errors.restype = ctypes.c_int
         lib.kjit_last_error_message.restype = ctypes.c_char_p
@@ -314,7 +318,9 @@ def moe_routing(topk_ids, experts_total, *, expert_base=0, experts_local=None, o
     """From top-k global expert ids ([tokens, top_k] int32 on the device):
     (counts, offsets, sorted_to_flat, flat_to_sorted) for the experts this rank
     owns, [expert_base, expert_base + experts_local) (all of them by default).
-    Rows of other ranks map to -1 in flat_to_sorted. See kjit.h."""
+    Rows of other ranks map to -1 in flat_to_sorted. Large batches route over
+    many blocks in a workspace allocated here (from torch's allocator, so the
+    call can be captured in a CUDA graph). See kjit.h."""
     import torch
 
     experts_local = experts_total - expert_base if experts_local is None else experts_local
@@ -334,6 +340,10 @@ def moe_routing(topk_ids, experts_total, *, expert_base=0, experts_local=None, o
     d.offsets_convention = _OFFSETS[offsets_convention]
     d.topk_ids, d.counts, d.offsets = ids.data_ptr(), counts.data_ptr(), offsets.data_ptr()
     d.sorted_to_flat, d.flat_to_sorted = sorted_to_flat.data_ptr(), flat_to_sorted.data_ptr()
+    workspace_bytes = library().kjit_moe_routing_workspace_bytes(d.tokens, d.top_k, experts_local)
+    if workspace_bytes:
+        workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=dev)
+        d.workspace, d.workspace_bytes = workspace.data_ptr(), workspace_bytes
     if stream is None:
         stream = torch.cuda.current_stream(dev).cuda_stream
     _check(library().kjit_moe_routing(ctypes.byref(d), ctypes.c_void_p(stream)))

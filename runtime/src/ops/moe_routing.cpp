@@ -13,6 +13,10 @@ namespace {
 
 auto invalid(std::string message) { return fail(KJIT_ERROR_INVALID_ARGUMENT, std::move(message)); }
 
+// Ids per block of a many-block routing: 8 chunks of the block's 1024 threads,
+// enough work to cover the extra launches and the per-expert scan over blocks.
+constexpr int64_t kIdsPerBlock = 8192;
+
 Expected<codegen::MoeRoutingSpec> routing_spec(const kjit_moe_routing_desc& d) {
   if (d.struct_size < sizeof(kjit_moe_routing_desc))
     return invalid("desc.struct_size is too small: call kjit_moe_routing_desc_init first");
@@ -69,8 +73,38 @@ Expected<void> moe_routing(Runtime& runtime, const kjit_moe_routing_desc& d, CUs
   p.entries = d.tokens * d.top_k;
   p.experts_total = d.experts_total;
   p.expert_base = d.expert_base;
-  const auto g = codegen::moe_routing_geometry();
-  return launch_on_owning_device(runtime, *spec, pointers, p.device_error, g, &p, stream);
+  auto g = codegen::moe_routing_geometry();
+  const uint64_t needed = moe_routing_workspace_bytes(p.entries, d.experts_local);
+  if (d.workspace == nullptr || needed == 0) {
+    p.phase = KJIT_ROUTING_PHASE_ONE_BLOCK;
+    return launch_on_owning_device(runtime, *spec, pointers, p.device_error, g, &p, stream);
+  }
+  if (d.workspace_bytes < needed)
+    return invalid(fmt::format("workspace_bytes is {}, {} tokens x top_k {} over {} experts need {} "
+                               "(kjit_moe_routing_workspace_bytes)",
+                               d.workspace_bytes, d.tokens, d.top_k, d.experts_local, needed));
+  if (reinterpret_cast<uintptr_t>(d.workspace) % 4 != 0) return invalid("'workspace' must be 4-byte aligned");
+  const std::initializer_list<NamedPointer> with_workspace = {
+      {d.topk_ids, "topk_ids"},           {d.counts, "counts"},
+      {d.offsets, "offsets"},             {d.sorted_to_flat, "sorted_to_flat"},
+      {d.flat_to_sorted, "flat_to_sorted"}, {d.workspace, "workspace"}};
+  p.workspace = static_cast<int*>(d.workspace);
+  p.ids_per_block = kIdsPerBlock;
+  const auto blocks = static_cast<uint32_t>((p.entries + kIdsPerBlock - 1) / kIdsPerBlock);
+  // Stream order makes each launch see the one before it complete.
+  for (int phase : {KJIT_ROUTING_PHASE_COUNT, KJIT_ROUTING_PHASE_SCAN, KJIT_ROUTING_PHASE_PLACE}) {
+    p.phase = phase;
+    g.grid_x = phase == KJIT_ROUTING_PHASE_SCAN ? 1 : blocks;
+    if (auto ok = launch_on_owning_device(runtime, *spec, with_workspace, p.device_error, g, &p, stream); !ok)
+      return ok;
+  }
+  return {};
+}
+
+uint64_t moe_routing_workspace_bytes(int64_t entries, int64_t experts_local) {
+  if (entries <= kIdsPerBlock) return 0;
+  const auto blocks = static_cast<uint64_t>((entries + kIdsPerBlock - 1) / kIdsPerBlock);
+  return (1 + blocks + blocks * static_cast<uint64_t>(experts_local)) * sizeof(int32_t);
 }
 
 Expected<void> prepare_moe_routing(Runtime& runtime, const kjit_moe_routing_desc& d, int device) {

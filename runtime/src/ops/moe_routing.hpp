@@ -10,6 +10,8 @@ namespace kjit::ops {
 
 Expected<void> moe_routing(Runtime& runtime, const kjit_moe_routing_desc& desc, CUstream stream);
 Expected<void> prepare_moe_routing(Runtime& runtime, const kjit_moe_routing_desc& desc, int device);
+// Bytes of workspace that let `entries` ids route over many blocks (0: one block suffices).
+uint64_t moe_routing_workspace_bytes(int64_t entries, int64_t experts_local);
 Expected<void> moe_combine(Runtime& runtime, const kjit_moe_combine_desc& desc, CUstream stream);
 Expected<void> prepare_moe_combine(Runtime& runtime, const kjit_moe_combine_desc& desc, int device);
 
