@@ -23,12 +23,7 @@ using namespace kjit::testing;
 namespace {
 
 uint16_t to_bf16(float f) { return kjit::reference::bf16_bits_rne(f); }
-float from_bf16(uint16_t b) {
-  const uint32_t u = uint32_t{b} << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+using kjit::reference::bf16_to_float;
 
 struct GemmCase {
   int64_t n = 256, k = 512;
@@ -108,7 +103,7 @@ std::vector<double> reference(const GemmCase& c, const GemmData& d, int64_t row_
         for (int64_t kk = 0; kk < c.k; ++kk) {
           const size_t wi = c.weights == KJIT_WEIGHTS_E_N_K ? static_cast<size_t>((e * c.n + col) * c.k + kk)
                                                             : static_cast<size_t>((e * c.k + kk) * c.n + col);
-          sum += double(from_bf16(d.a[static_cast<size_t>(row * c.k + kk)])) * double(from_bf16(d.w[wi]));
+          sum += double(bf16_to_float(d.a[static_cast<size_t>(row * c.k + kk)])) * double(bf16_to_float(d.w[wi]));
         }
         ref.push_back(c.row_scale ? sum * d.scale[static_cast<size_t>(row)] : sum);
       }
@@ -124,7 +119,7 @@ double output_value(const GemmCase& c, const std::vector<uint8_t>& out, int64_t 
   }
   uint16_t b;
   std::memcpy(&b, &out[static_cast<size_t>(index * 2)], 2);
-  return from_bf16(b);
+  return bf16_to_float(b);
 }
 
 // ||out - ref|| / ||ref|| over the sampled rows; NaN-like (huge) when a row was never written.

@@ -11,12 +11,11 @@ heuristic (the "auto" column is what kjit picks).
 import argparse
 import json
 import math
-import statistics
 
 import torch
-import triton
 
 import kjit
+from timing import paired
 
 SHAPES = [  # (E, K, N, rows)
     (32, 7168, 4096, 8192),
@@ -43,21 +42,6 @@ def parse_tile(text):
 def tile_name(tile):
     m, n, cluster, axis = tile
     return f"{m}x{n} cluster {cluster}" + (f" along {axis}" if cluster > 1 else "")
-
-
-def bench(fn):
-    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e-3
-
-
-def paired(first, second, rounds):
-    """Medians over `rounds` alternating timings of two functions, in seconds.
-    Both kernels run at the power cap, where the clock drifts with temperature
-    over seconds: alternating keeps that drift out of the ratio."""
-    a, b = [], []
-    for _ in range(rounds):
-        a.append(bench(first))
-        b.append(bench(second))
-    return statistics.median(a), statistics.median(b)
 
 
 def main():

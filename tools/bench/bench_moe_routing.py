@@ -15,28 +15,15 @@ included, alternating the two providers (three rounds).
 
 import argparse
 import json
-import statistics
 
 import torch
-import triton
 
 import kjit
+from timing import paired
 
 # (tokens, top_k, experts, hidden): decode and prefill batches of the bundled models' shapes.
 SHAPES = [(64, 8, 256, 7168), (512, 8, 256, 7168), (4096, 8, 256, 7168), (16384, 8, 256, 7168),
           (8192, 8, 128, 4096), (8192, 2, 8, 4096)]
-
-
-def bench(fn):
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e-3
-
-
-def paired(first, second, rounds=3):
-    a, b = [], []
-    for _ in range(rounds):
-        a.append(bench(first))
-        b.append(bench(second))
-    return statistics.median(a), statistics.median(b)
 
 
 def torch_routing(ids, experts):
@@ -73,7 +60,7 @@ def main():
                          torch.equal(flat_to_sorted.long(), ref[3]))
         t_route, t_route_torch = paired(
             lambda: kjit.moe_routing(ids, experts, offsets_convention="cumulative_end"),
-            lambda: torch_routing(ids, experts))
+            lambda: torch_routing(ids, experts), rounds=3, rep=100)
 
         expert_out = torch.randn(tokens * top_k, hidden, device="cuda", dtype=torch.bfloat16)
         weights = torch.rand(tokens, top_k, device="cuda", dtype=torch.float32)
@@ -82,7 +69,7 @@ def main():
         want = torch_combine(expert_out, weights, inverse)
         combine_err = ((out.float() - want.float()).norm() / want.float().norm()).item()
         t_comb, t_comb_torch = paired(lambda: kjit.moe_combine(expert_out, weights, inverse, out=out),
-                                      lambda: torch_combine(expert_out, weights, inverse))
+                                      lambda: torch_combine(expert_out, weights, inverse), rounds=3, rep=100)
         print(f"{tokens:>6} {top_k:>5} {experts:>4} {hidden:>6} | {t_route * 1e6:14.1f} {t_route_torch * 1e6:9.1f} "
               f"{t_route_torch / t_route:6.2f}x | {t_comb * 1e6:15.1f} {t_comb_torch * 1e6:9.1f} "
               f"{t_comb_torch / t_comb:6.2f}x   routing exact: {routing_exact}, combine rel err {combine_err:.1e}")

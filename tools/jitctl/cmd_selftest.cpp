@@ -130,11 +130,7 @@ Expected<int64_t> selftest_dequant(Runtime& runtime, DeviceState& device, const 
   if (auto ok = runtime.take_device_errors(device.ordinal); !ok) return std::unexpected(ok.error());
 
   std::vector<uint8_t> result(out_size);
-  {
-    ScopedContext scope(api, device.context);
-    if (auto ok = check(api, api.cuMemcpyDtoH(result.data(), *out, out_size), "cuMemcpyDtoH"); !ok)
-      return std::unexpected(ok.error());
-  }
+  if (auto ok = buffers.download(result.data(), *out, out_size); !ok) return std::unexpected(ok.error());
   int64_t wrong = 0;
   for (int64_t s = 0; s < slots; ++s) {
     const int64_t e = spec.selected_experts ? ids[static_cast<size_t>(s)] : s;
@@ -156,12 +152,6 @@ Expected<int64_t> selftest_dequant(Runtime& runtime, DeviceState& device, const 
 }
 
 uint16_t bf16_bits(float f) { return reference::bf16_bits_rne(f); }
-float bf16_value(uint16_t b) {
-  const uint32_t u = uint32_t{b} << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 
 // Runs a grouped GEMM kind once on random routing (empty experts included,
 // rows past the last offset) and returns the relative error of 6 sampled
@@ -244,11 +234,7 @@ Expected<double> selftest_gemm(Runtime& runtime, DeviceState& device, const code
   if (auto ok = ops::grouped_gemm(runtime, g, nullptr); !ok) return std::unexpected(ok.error());
   if (auto ok = runtime.take_device_errors(device.ordinal); !ok) return std::unexpected(ok.error());
   std::vector<uint8_t> out(out_size);
-  {
-    ScopedContext scope(api, device.context);
-    if (auto ok = check(api, api.cuMemcpyDtoH(out.data(), *dout, out_size), "cuMemcpyDtoH"); !ok)
-      return std::unexpected(ok.error());
-  }
+  if (auto ok = buffers.download(out.data(), *dout, out_size); !ok) return std::unexpected(ok.error());
   for (size_t i = static_cast<size_t>(routed * n * out_bytes); i < out_size; ++i)
     if (out[i] != 0xA5) return fail(KJIT_ERROR_INTERNAL, "a row past the last offset was written");
   std::vector<int64_t> expert_of(static_cast<size_t>(routed));
@@ -263,8 +249,8 @@ Expected<double> selftest_gemm(Runtime& runtime, DeviceState& device, const code
       for (int64_t kk = 0; kk < k; ++kk) {
         const size_t wi = spec.weights == codegen::WeightLayout::e_n_k ? static_cast<size_t>(col * k + kk)
                                                                        : static_cast<size_t>(kk * n + col);
-        ref += double(bf16_value(a[static_cast<size_t>(row * k + kk)])) *
-               double(bf16_value(w[static_cast<size_t>(e)][wi]));
+        ref += double(reference::bf16_to_float(a[static_cast<size_t>(row * k + kk)])) *
+               double(reference::bf16_to_float(w[static_cast<size_t>(e)][wi]));
       }
       if (spec.row_scale) ref *= scale[static_cast<size_t>(row)];
       const size_t at = static_cast<size_t>((row * n + col) * out_bytes);
@@ -276,7 +262,7 @@ Expected<double> selftest_gemm(Runtime& runtime, DeviceState& device, const code
       } else {
         uint16_t b;
         std::memcpy(&b, &out[at], 2);
-        got = bf16_value(b);
+        got = reference::bf16_to_float(b);
       }
       diff += (got - ref) * (got - ref);
       norm += ref * ref;

@@ -21,6 +21,7 @@ _DTYPE = {"float8_e4m3fn": 1, "float8_e5m2": 2, "bfloat16": 3, "float16": 4, "fl
 _GRANULARITY = {"tensor": 1, "row": 2, "block": 3}
 _CONVENTION = {"multiply": 1, "divide": 2}
 _GEMM_KERNEL = {"auto": 0, "portable": 1, "sm90": 2}
+_CLUSTER_AXIS = {"m": 0, "n": 1}  # kjit_gemm_cluster_axis
 
 
 class KjitError(RuntimeError):
@@ -254,7 +255,7 @@ def _describe_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, k
         raise KjitError("KJIT_ERROR_INVALID_ARGUMENT", f"kernel must be 'auto', 'portable' or 'sm90', got {kernel!r}")
     if weights not in _WEIGHTS:
         raise KjitError("KJIT_ERROR_INVALID_ARGUMENT", f"weights must be 'e_n_k' or 'e_k_n', got {weights!r}")
-    if cluster_axis not in ("m", "n"):
+    if cluster_axis not in _CLUSTER_AXIS:
         raise KjitError("KJIT_ERROR_INVALID_ARGUMENT", f"cluster_axis must be 'm' or 'n', got {cluster_axis!r}")
     if offsets_convention not in _OFFSETS:
         raise KjitError("KJIT_ERROR_INVALID_ARGUMENT",
@@ -276,7 +277,7 @@ def _describe_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, k
     d.kernel = _GEMM_KERNEL[kernel]
     d.tile_m, d.tile_n = tile if tile is not None else (0, 0)
     d.cluster = cluster
-    d.cluster_axis = 1 if cluster_axis == "n" else 0
+    d.cluster_axis = _CLUSTER_AXIS[cluster_axis]
     return d
 
 

@@ -38,6 +38,14 @@ inline uint32_t float_bits(float f) {
   return u;
 }
 
+// bf16 bits -> the fp32 value they stand for (exact).
+inline float bf16_to_float(uint16_t bits) {
+  const uint32_t u = uint32_t{bits} << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
 // Round-to-nearest-even fp32 -> bf16 bits (NaN handled by the caller).
 inline uint16_t bf16_bits_rne(float f) {
   const uint32_t u = float_bits(f);

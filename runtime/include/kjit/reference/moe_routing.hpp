@@ -7,7 +7,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 #include "kjit/kjit.h"
@@ -55,13 +54,6 @@ inline MoeRouting moe_routing(const std::vector<int32_t>& ids, int64_t expert_ba
     r.flat_to_sorted[i] = row;
   }
   return r;
-}
-
-inline float bf16_to_float(uint16_t bits) {
-  const uint32_t u = uint32_t{bits} << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
 }
 
 // The value kjit_moe_combine writes at out[t, h], as a float (for a bf16
