@@ -16,16 +16,16 @@ constexpr std::array kGranularityNames{"per_tensor", "per_row", "per_block"};
 constexpr std::array kConventionNames{"multiply", "divide"};
 constexpr std::array kLayoutNames{"e_n_k", "e_k_n"};
 constexpr std::array kOffsetsNames{"cumulative_end", "with_leading_zero"};
-constexpr std::array kGemmKernelNames{"mma_sync", "wgmma_sm90"};
+constexpr std::array kGemmKernelNames{"mma_sync", "wgmma_sm90", "wgmma_sm90_swap_ab"};
 constexpr std::array kClusterAxisNames{"m", "n"};
 
 // The SM90 kernel's pipeline stops at what fits in the 227 KB a Hopper block
 // may opt into (grouped_gemm_shared_bytes says what a depth costs).
 constexpr int kSm90SharedLimit = 227 * 1024;
 constexpr int kSm90MaxStages = 8;
-int sm90_deepest_pipeline(int tile_m, int tile_n) {
+int sm90_deepest_pipeline(GemmKernel kernel, int tile_m, int tile_n) {
   GroupedGemmSpec s;
-  s.kernel = GemmKernel::wgmma_sm90;
+  s.kernel = kernel;
   s.tile_m = tile_m;
   s.tile_n = tile_n;
   s.tile_k = 64;
@@ -101,8 +101,21 @@ Expected<void> validate_gemm(const GroupedGemmSpec& s) {
     if (!ok) return invalid(fmt::format("grouped_gemm {} is not supported", tile));
     return {};
   }
+  const bool pipeline_ok = s.tile_k == 64 && s.stages >= 2 && s.stages <= sm90_deepest_pipeline(s.kernel, s.tile_m, s.tile_n);
+  if (s.kernel == GemmKernel::wgmma_sm90_swap_ab) {
+    // Pairs lie along n only, and never past N (GroupedGemmSwapAbConfig).
+    const bool ok = s.tile_m % 32 == 0 && s.tile_m >= 32 && s.tile_m <= 256 && (s.tile_n == 64 || s.tile_n == 128) &&
+                    pipeline_ok &&
+                    (s.cluster == 1 || (s.cluster == 2 && s.cluster_axis == ClusterAxis::n && s.n % (2 * s.tile_n) == 0));
+    if (!ok)
+      return invalid(fmt::format("grouped_gemm {} is not supported (swap AB: tile_m 32 to 256 in steps of 32, tile_n "
+                                 "64 or 128, tile_k 64, 2 stages up to what fits in 227 KB, cluster 1, or 2 along n "
+                                 "when N is a multiple of 2 tile_n)",
+                                 tile));
+    return {};
+  }
   const bool ok = (s.tile_m == 64 || s.tile_m == 128) && s.tile_n % 64 == 0 && s.tile_n >= 64 && s.tile_n <= 256 &&
-                  s.tile_k == 64 && s.stages >= 2 && s.stages <= sm90_deepest_pipeline(s.tile_m, s.tile_n) &&
+                  pipeline_ok &&
                   (s.cluster == 1 || (s.cluster == 2 && (s.cluster_axis == ClusterAxis::n || s.tile_n % 128 == 0)));
   if (!ok)
     return invalid(fmt::format("grouped_gemm {} is not supported (tile_m 64 or 128, tile_n 64 to 256 in steps of 64, "
@@ -238,6 +251,20 @@ GroupedGemmSpec portable_config(const GroupedGemmSpec& problem) {
   return s;
 }
 
+// Swap AB's configuration: up to 256 rows per tile, 128 columns per block
+// (two consumer warpgroups), the deepest pipeline that fits.
+GroupedGemmSpec swap_ab_config(const GroupedGemmSpec& problem) {
+  GroupedGemmSpec s = problem;
+  s.kernel = GemmKernel::wgmma_sm90_swap_ab;
+  s.tile_m = 256;
+  s.tile_n = 128;
+  s.tile_k = 64;
+  s.stages = sm90_deepest_pipeline(s.kernel, s.tile_m, s.tile_n);
+  s.cluster = 1;
+  s.cluster_axis = ClusterAxis::m;
+  return s;
+}
+
 }  // namespace
 
 std::vector<GroupedGemmSpec> grouped_gemm_configs(const GroupedGemmSpec& problem, std::string_view target) {
@@ -254,29 +281,35 @@ std::vector<GroupedGemmSpec> grouped_gemm_configs(const GroupedGemmSpec& problem
     return s;
   };
   if (target == "sm_90a") {
-    // Measured on an H100 against every tile (docs/benchmarks.md, the sweep),
+    // Measured on an H100 against every tile (docs/benchmarks.md, the sweeps),
     // by average rows per expert:
     // - <= 64 (decode): one consumer warpgroup on 64 x 256 tiles, 5 stages;
     //   memory-bound on the weights.
-    // - <= 512: two consumers on 128 x 192 tiles, 5 stages: best or within 2%
-    //   on the prefill shapes with ~256 rows per expert.
+    // - <= 512: swap AB, row tiles of up to 256 x 128 columns: an expert's
+    //   rows split into tiles of near-equal height (steps of 32), where 64-
+    //   or 128-row tiles compute up to 127 rows past each expert's end
+    //   (a fifth of the work at ~256 rows per expert).
     // - more: 128 x 256 tiles in clusters of two blocks that share B by TMA
     //   multicast (a third less L2 traffic, so less power and higher clocks
     //   under the power cap); a pair rounds an expert's m-tiles up to even,
-    //   which only pays off once experts have many m-tiles.
-    return {with(GemmKernel::wgmma_sm90, 64, 256, 64, sm90_deepest_pipeline(64, 256)),
-            with(GemmKernel::wgmma_sm90, 128, 192, 64, sm90_deepest_pipeline(128, 192)),
-            with(GemmKernel::wgmma_sm90, 128, 256, 64, sm90_deepest_pipeline(128, 256), 2)};
+    //   which only pays off once experts have many m-tiles. Row waste is
+    //   small there and this kernel's epilogue is cheaper than swap AB's.
+    return {with(GemmKernel::wgmma_sm90, 64, 256, 64, sm90_deepest_pipeline(GemmKernel::wgmma_sm90, 64, 256)),
+            swap_ab_config(problem),
+            with(GemmKernel::wgmma_sm90, 128, 256, 64, sm90_deepest_pipeline(GemmKernel::wgmma_sm90, 128, 256), 2)};
   }
   return {portable_config(problem)};
 }
 
 int grouped_gemm_shared_bytes(const GroupedGemmSpec& s) {
-  if (s.kernel != GemmKernel::wgmma_sm90) return 0;  // the portable kernel's tiles are static
-  // GroupedGemmSm90Config::kSharedBytes (the generated code asserts they
-  // agree): the stages, 1 KB of slack to align them to the swizzle's 1 KB,
-  // and two mbarriers per stage.
-  return s.stages * (s.tile_m + s.tile_n) * s.tile_k * 2 + 1024 + 16 * s.stages;
+  if (!is_sm90(s.kernel)) return 0;  // the portable kernel's tiles are static
+  // GroupedGemmSm90Config::kSharedBytes and GroupedGemmSwapAbConfig's (the
+  // generated code asserts they agree): the stages, 1 KB of slack to align
+  // them to the swizzle's 1 KB, two mbarriers per stage; swap AB adds its
+  // epilogue scratch, 1 KB per consumer warp (tile_n / 64 warpgroups), and
+  // its tile queue (4 slots of two mbarriers and an index).
+  const int scratch = s.kernel == GemmKernel::wgmma_sm90_swap_ab ? s.tile_n / 64 * 4 * 1024 + 4 * 24 : 0;
+  return s.stages * (s.tile_m + s.tile_n) * s.tile_k * 2 + 1024 + 16 * s.stages + scratch;
 }
 
 namespace {
@@ -286,19 +319,25 @@ namespace {
 Expected<std::vector<GroupedGemmSpec>> requested_configs(const GroupedGemmSpec& problem, std::string_view target,
                                                          const GemmRequest& request) {
   const bool sm90 = target == "sm_90a";
-  if (request.kernel == GemmRequest::Kernel::sm90 && !sm90)
+  using Kernel = GemmRequest::Kernel;
+  if ((request.kernel == Kernel::sm90 || request.kernel == Kernel::sm90_swap_ab) && !sm90)
     return fail(KJIT_ERROR_UNSUPPORTED,
-                fmt::format("the SM90 grouped GEMM kernel runs only on sm_90a (Hopper); this device compiles for {}",
+                fmt::format("the SM90 grouped GEMM kernels run only on sm_90a (Hopper); this device compiles for {}",
                             target));
-  auto configs = request.kernel == GemmRequest::Kernel::portable ? std::vector{portable_config(problem)}
-                                                                 : grouped_gemm_configs(problem, target);
+  auto configs = request.kernel == Kernel::portable ? std::vector{portable_config(problem)}
+                                                    : grouped_gemm_configs(problem, target);
+  if (request.kernel == Kernel::sm90_swap_ab)
+    for (auto& s : configs) s = swap_ab_config(problem);
   if (request.tile_m == 0 && request.tile_n == 0 && request.cluster == 0) return configs;
   for (auto& s : configs) {
+    // A tile names a kernel's tile: the rows-on-M kernel's unless swap AB is asked for.
+    if (is_sm90(s.kernel))
+      s.kernel = request.kernel == Kernel::sm90_swap_ab ? GemmKernel::wgmma_sm90_swap_ab : GemmKernel::wgmma_sm90;
     if (request.tile_m != 0) s.tile_m = request.tile_m;
     if (request.tile_n != 0) s.tile_n = request.tile_n;
     s.cluster = request.cluster != 0 ? request.cluster : 1;
     s.cluster_axis = s.cluster > 1 ? request.cluster_axis : ClusterAxis::m;
-    if (s.kernel == GemmKernel::wgmma_sm90) s.stages = sm90_deepest_pipeline(s.tile_m, s.tile_n);
+    if (is_sm90(s.kernel)) s.stages = sm90_deepest_pipeline(s.kernel, s.tile_m, s.tile_n);
     if (auto ok = validate_gemm(s); !ok) return std::unexpected(ok.error());
   }
   return configs;
@@ -477,7 +516,7 @@ Expected<void> validate_for_target(const KernelSpec& spec, std::string_view targ
     return fail(KJIT_ERROR_INVALID_ARGUMENT,
                 fmt::format("{} names no configuration: expand it for an arch first (kernels_for_target)",
                             canonical(spec)));
-  if (gemm && gemm->kernel == GemmKernel::wgmma_sm90 && target != "sm_90a")
+  if (gemm && is_sm90(gemm->kernel) && target != "sm_90a")
     return fail(KJIT_ERROR_UNSUPPORTED,
                 fmt::format("{} is Hopper's kernel (wgmma, TMA) and builds only for sm_90a, not {}", canonical(spec),
                             target));

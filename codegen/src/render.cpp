@@ -116,12 +116,13 @@ constexpr int kGemmThreads = 128;
 constexpr int kRoutingThreads = 1024;  // routing runs in one block (see the template)
 constexpr int kCombineThreads = 256;
 
-// The wgmma instruction of the SM90 kernel's tile, as a struct the Config
-// names: m64nNk16, bf16 operands from shared-memory descriptors, fp32
-// accumulators in N/2 registers per thread (one asm operand each, which is
-// why it is generated rather than written out for every N). `accumulate` 0
-// overwrites the accumulators (the first k-step of a tile).
-std::string wgmma_wrapper(std::string_view name, int n, bool transpose_b) {
+// A wgmma instruction as a struct a Config names: m64nNk16, bf16 operands
+// from shared-memory descriptors (either one may be MN-major: "transposed"),
+// fp32 accumulators in N/2 registers per thread (one asm operand each, which
+// is why it is generated rather than written out for every N). `head` is the
+// struct's declaration, e.g. "struct KjitWgmma". `accumulate` 0 overwrites
+// the accumulators (the first k-step of a tile).
+std::string wgmma_wrapper(std::string_view head, int n, bool transpose_a, bool transpose_b) {
   const int regs = n / 2;
   std::string list, operands;
   for (int i = 0; i < regs; ++i) {
@@ -129,17 +130,27 @@ std::string wgmma_wrapper(std::string_view name, int n, bool transpose_b) {
     operands += fmt::format("{}\"+f\"(d[{}])", i ? ", " : "", i);
   }
   return fmt::format(
-      "struct {8} {{\n"
+      "{8} {{\n"
       "  static __device__ __forceinline__ void run(float (&d)[{0}], unsigned long long a, unsigned long long b,\n"
       "                                             int accumulate) {{\n"
       "    asm volatile(\n"
       "        \"{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{1}, 0;\\n\"\n"
-      "        \"wgmma.mma_async.sync.aligned.m64n{2}k16.f32.bf16.bf16 {{{3}}}, %{4}, %{5}, p, 1, 1, 0, {6};\\n}}\\n\"\n"
+      "        \"wgmma.mma_async.sync.aligned.m64n{2}k16.f32.bf16.bf16 {{{3}}}, %{4}, %{5}, p, 1, 1, {9}, {6};\\n}}\\n\"\n"
       "        : {7}\n"
       "        : \"l\"(a), \"l\"(b), \"r\"(accumulate));\n"
       "  }}\n"
       "}};\n",
-      regs, regs + 2, n, list, regs, regs + 1, transpose_b ? 1 : 0, operands, name);
+      regs, regs + 2, n, list, regs, regs + 1, transpose_b ? 1 : 0, operands, head, transpose_a ? 1 : 0);
+}
+
+// Swap AB's instructions: m64n<rows>k16 for every tile height, as
+// specialisations of KjitWgmmaRows<rows> (the weights are operand A).
+std::string swap_ab_wgmma_wrappers(const GroupedGemmSpec& s) {
+  std::string out = "template <int kRows>\nstruct KjitWgmmaRows;\n";
+  for (int rows = 32; rows <= s.tile_m; rows += 32)
+    out += wgmma_wrapper(fmt::format("template <>\nstruct KjitWgmmaRows<{}>", rows), rows,
+                         s.weights == WeightLayout::e_k_n, false);
+  return out;
 }
 
 RenderedKernel render_gemm(const GroupedGemmSpec& s) {
@@ -147,19 +158,35 @@ RenderedKernel render_gemm(const GroupedGemmSpec& s) {
       fmt::format("kjit::GemmProblem<{}LL, {}LL, {}, {}, {}, {}, {}>", s.n, s.k, s.experts,
                   s.weights == WeightLayout::e_k_n, s.offsets == OffsetsConvention::with_leading_zero, s.row_scale,
                   s.out == DType::f32);
+  if (s.kernel == GemmKernel::wgmma_sm90_swap_ab)
+    return assemble(s, {.entry_point = "kjit_grouped_gemm_sm90_swap_ab",
+                        .threads = 128 * (s.tile_n / 64 + 1),
+                        .min_blocks = 1,  // a register cap at entry, which setmaxnreg needs
+                        .templates = {"abi/grouped_gemm_params.h", "common/fp8_convert.cuh",
+                                      "gemm/grouped_gemm_common.cuh", "gemm/grouped_gemm_sm90_pipeline.cuh",
+                                      "gemm/grouped_gemm_sm90_swap_ab.cuh"},
+                        .config = fmt::format("kjit::GroupedGemmSwapAbConfig<{}, {}, {}, {}, {}, KjitWgmmaRows>",
+                                              problem, s.tile_m, s.tile_n, s.stages, s.cluster),
+                        .params_type = "kjit_grouped_gemm_sm90_params",
+                        .body = "kjit::grouped_gemm_sm90_swap_ab",
+                        .prelude = swap_ab_wgmma_wrappers(s),
+                        .dynamic_shared_bytes = grouped_gemm_shared_bytes(s),
+                        .cluster_x = s.cluster});
   if (s.kernel == GemmKernel::wgmma_sm90)
     return assemble(s, {.entry_point = "kjit_grouped_gemm_sm90",
                         .threads = 128 * (s.tile_m / 64 + 1),
                         .min_blocks = 1,  // a register cap at entry, which setmaxnreg needs
                         .templates = {"abi/grouped_gemm_params.h", "common/fp8_convert.cuh",
-                                      "gemm/grouped_gemm_common.cuh", "gemm/grouped_gemm_sm90.cuh"},
+                                      "gemm/grouped_gemm_common.cuh", "gemm/grouped_gemm_sm90_pipeline.cuh",
+                                      "gemm/grouped_gemm_sm90.cuh"},
                         .config = fmt::format(
                             "kjit::GroupedGemmSm90Config<{}, {}, {}, {}, {}, {}, KjitWgmma, KjitWgmmaHalf>", problem,
                             s.tile_m, s.tile_n, s.stages, s.cluster, s.cluster_axis == ClusterAxis::n),
                         .params_type = "kjit_grouped_gemm_sm90_params",
                         .body = "kjit::grouped_gemm_sm90",
-                        .prelude = wgmma_wrapper("KjitWgmma", s.tile_n, s.weights == WeightLayout::e_k_n) +
-                                   wgmma_wrapper("KjitWgmmaHalf", s.tile_n / 2, s.weights == WeightLayout::e_k_n),
+                        .prelude = wgmma_wrapper("struct KjitWgmma", s.tile_n, false, s.weights == WeightLayout::e_k_n) +
+                                   wgmma_wrapper("struct KjitWgmmaHalf", s.tile_n / 2, false,
+                                                 s.weights == WeightLayout::e_k_n),
                         .dynamic_shared_bytes = grouped_gemm_shared_bytes(s),
                         .cluster_x = s.cluster});
   return assemble(s, {.entry_point = "kjit_grouped_gemm",
@@ -206,16 +233,19 @@ LaunchGeometry grouped_gemm_geometry(const GroupedGemmSpec& spec, int64_t total_
   // offsets on the host. Surplus blocks (or persistent iterations) find no tile.
   const int64_t m_tiles = (total_rows + spec.tile_m - 1) / spec.tile_m + spec.experts;
   const int64_t n_tiles = (spec.n + spec.tile_n - 1) / spec.tile_n;
-  if (spec.kernel == GemmKernel::wgmma_sm90) {
+  if (is_sm90(spec.kernel)) {
     // Persistent: one block per SM (the shared memory admits no second), in
-    // whole clusters: `resident_blocks` is how many fit at once.
+    // whole clusters: `resident_blocks` is how many fit at once. Swap AB's
+    // row tiles per expert are ceil(rows / tile_m) too, and its pairs lie along n.
+    const bool swap_ab = spec.kernel == GemmKernel::wgmma_sm90_swap_ab;
     const int m_group = spec.cluster_axis == ClusterAxis::m ? spec.cluster : 1;
     const int n_group = spec.cluster / m_group;
     const int64_t cluster_tiles =
         ((total_rows + spec.tile_m * m_group - 1) / (spec.tile_m * m_group) + spec.experts) *
         ((n_tiles + n_group - 1) / n_group);
     const int64_t clusters = std::clamp<int64_t>(cluster_tiles, 1, std::max(resident_blocks / spec.cluster, 1));
-    g.block_x = static_cast<uint32_t>(128 * (spec.tile_m / 64 + 1));
+    const int consumers = swap_ab ? spec.tile_n / 64 : spec.tile_m / 64;
+    g.block_x = static_cast<uint32_t>(128 * (consumers + 1));
     g.grid_x = static_cast<uint32_t>(clusters * spec.cluster);
     g.cluster_x = static_cast<uint32_t>(spec.cluster);
     g.shared_bytes = static_cast<uint32_t>(grouped_gemm_shared_bytes(spec));

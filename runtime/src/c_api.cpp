@@ -101,6 +101,8 @@ KJIT_API kjit_status kjit_moe_routing(const kjit_moe_routing_desc* desc, kjit_st
   });
 }
 
+KJIT_API uint64_t kjit_grouped_gemm_workspace_bytes(void) { return kjit::ops::kGroupedGemmWorkspaceBytes; }
+
 KJIT_API uint64_t kjit_moe_routing_workspace_bytes(int64_t tokens, int64_t top_k, int64_t experts_local) {
   if (tokens < 0 || top_k < 1 || experts_local < 1) return 0;
   return kjit::ops::moe_routing_workspace_bytes(tokens * top_k, experts_local);

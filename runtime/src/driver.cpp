@@ -65,7 +65,8 @@ Expected<DriverApi> resolve_driver() {
   KJIT_RESOLVE(cuStreamEndCapture) KJIT_RESOLVE(cuGraphInstantiateWithFlags) KJIT_RESOLVE(cuGraphLaunch)
   KJIT_RESOLVE(cuGraphExecDestroy) KJIT_RESOLVE(cuGraphDestroy)
   KJIT_RESOLVE(cuMemAlloc) KJIT_RESOLVE(cuMemFree)
-  KJIT_RESOLVE(cuMemsetD8) KJIT_RESOLVE(cuMemsetD32) KJIT_RESOLVE(cuMemcpyHtoD)
+  KJIT_RESOLVE(cuMemsetD8) KJIT_RESOLVE(cuMemsetD32) KJIT_RESOLVE(cuMemsetD32Async)
+  KJIT_RESOLVE(cuMemcpyHtoD)
   KJIT_RESOLVE(cuMemcpyDtoH) KJIT_RESOLVE(cuMemGetInfo)
 #undef KJIT_RESOLVE
   if (!missing.empty())

@@ -51,6 +51,7 @@ struct DriverApi {
   KJIT_DRIVER_FN(cuMemFree)
   KJIT_DRIVER_FN(cuMemsetD8)
   KJIT_DRIVER_FN(cuMemsetD32)
+  KJIT_DRIVER_FN(cuMemsetD32Async)
   KJIT_DRIVER_FN(cuMemcpyHtoD)
   KJIT_DRIVER_FN(cuMemcpyDtoH)
   KJIT_DRIVER_FN(cuMemGetInfo)

@@ -13,6 +13,8 @@ struct kjit_grouped_gemm_params {
   const float* row_scale;  /* optional [total_rows] fp32 epilogue scale (routing weights) */
   unsigned int* device_error; /* kjit's per-device error words */
   long long total_rows;    /* rows of A and out; every offset must lie in [0, total_rows] */
+  unsigned int* tile_counter; /* optional, zeroed before each launch: tiles handed out on demand (swap AB);
+                                 null: a static round robin */
 };
 
 /* A CUtensorMap (the driver's 128-byte TMA descriptor, 128-byte aligned as cuda.h declares it), opaque to kernels:

@@ -42,6 +42,8 @@ struct KernelPath {
   int32_t tile_m, tile_n;
   int32_t cluster;
   kjit_gemm_cluster_axis cluster_axis = KJIT_GEMM_CLUSTER_ALONG_M;
+  int64_t n_multiple = 8;  // the path runs only where N is a multiple of this (swap AB pairs never pass N)
+  bool workspace = true;   // swap AB: tiles on demand from the workspace's counter, or a static round robin
 };
 
 bool is_hopper() {
@@ -62,6 +64,12 @@ std::vector<KernelPath> kernel_paths() {
            KJIT_GEMM_CLUSTER_ALONG_N},
           {"sm90 64x256 tiles, clusters of 2 along N sharing A", KJIT_GEMM_KERNEL_SM90, 64, 256, 2,
            KJIT_GEMM_CLUSTER_ALONG_N},
+          {"sm90 swap AB, rows up to 256 x 128 columns", KJIT_GEMM_KERNEL_SM90_SWAP_AB, 256, 128, 1},
+          {"sm90 swap AB 256 x 128 without a workspace (static tiles)", KJIT_GEMM_KERNEL_SM90_SWAP_AB, 256, 128, 1,
+           KJIT_GEMM_CLUSTER_ALONG_M, 8, false},
+          {"sm90 swap AB, rows up to 96 x 64 columns (one consumer)", KJIT_GEMM_KERNEL_SM90_SWAP_AB, 96, 64, 1},
+          {"sm90 swap AB 256 x 128, clusters of 2 along N sharing the rows", KJIT_GEMM_KERNEL_SM90_SWAP_AB, 256, 128, 2,
+           KJIT_GEMM_CLUSTER_ALONG_N, 256},
           {"portable", KJIT_GEMM_KERNEL_PORTABLE, 0, 0, 0}};
 }
 
@@ -137,16 +145,18 @@ double relative_error(const GemmCase& c, const std::vector<double>& ref, const s
 }
 
 struct GemmBuffers {
-  DeviceBuffer a, w, out, offsets, scale;
+  DeviceBuffer a, w, out, offsets, scale, workspace;
   GemmBuffers(const GemmCase& c, int64_t rows, const GemmData& d)
       : a(0, std::max<size_t>(16, d.a.size() * 2)), w(0, d.w.size() * 2),
         out(0, std::max<int64_t>(16, rows * c.n * (c.out == KJIT_DTYPE_F32 ? 4 : 2))),
-        offsets(0, (c.counts.size() + 1) * 4), scale(0, std::max<size_t>(4, d.scale.size() * 4)) {
+        offsets(0, (c.counts.size() + 1) * 4), scale(0, std::max<size_t>(4, d.scale.size() * 4)),
+        workspace(0, kjit_grouped_gemm_workspace_bytes()) {
     if (!d.a.empty()) a.upload(d.a);
     w.upload(d.w);
     offsets.upload(offsets_for(c));
     if (!d.scale.empty()) scale.upload(d.scale);
     out.poison();
+    workspace.poison();  // kjit zeroes the tile counter before each launch
   }
   kjit_grouped_gemm_desc desc(const GemmCase& c, int64_t rows) const {
     kjit_grouped_gemm_desc g;
@@ -164,6 +174,8 @@ struct GemmBuffers {
     g.out = out.get();
     g.offsets = static_cast<const int32_t*>(offsets.get());
     g.row_scale = c.row_scale ? static_cast<const float*>(scale.get()) : nullptr;
+    g.workspace = workspace.get();
+    g.workspace_bytes = kjit_grouped_gemm_workspace_bytes();
     return g;
   }
 };
@@ -177,6 +189,7 @@ void run_gemm(const GemmCase& c) {
   const auto ref = reference(c, d);
   GemmBuffers b(c, rows, d);
   for (const auto& path : kernel_paths()) {
+    if (c.n % path.n_multiple != 0) continue;
     const std::string path_name = path.name;
     CAPTURE(path_name);
     auto g = b.desc(c, rows);
@@ -185,6 +198,10 @@ void run_gemm(const GemmCase& c) {
     g.tile_n = path.tile_n;
     g.cluster = path.cluster;
     g.cluster_axis = path.cluster_axis;
+    if (!path.workspace) {
+      g.workspace = nullptr;
+      g.workspace_bytes = 0;
+    }
     b.out.poison();
     REQUIRE_MESSAGE(kjit_grouped_gemm(&g, nullptr) == KJIT_OK, std::string(kjit_last_error_message()));
     REQUIRE_MESSAGE(kjit_device_errors(0) == KJIT_OK, std::string(kjit_last_error_message()));
@@ -272,37 +289,46 @@ TEST_CASE("decreasing or out-of-range offsets write nothing and are reported") {
 }
 
 TEST_CASE("a captured grouped GEMM replays with per-expert counts changing between replays") {
-  GemmCase c;
-  c.counts = {50, 50, 50, 50};
-  const int64_t rows = 200;
-  auto d = gemm_inputs(c, rows);
-  GemmBuffers b(c, rows, d);
-  const auto g = b.desc(c, rows);
-  REQUIRE_MESSAGE(kjit_grouped_gemm_prepare(&g, 0) == KJIT_OK, std::string(kjit_last_error_message()));
-  CUstream stream;
-  must(api().cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-  must(api().cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "cuStreamBeginCapture");
-  const kjit_status captured = kjit_grouped_gemm(&g, reinterpret_cast<kjit_stream>(stream));
-  CUgraph graph;
-  must(api().cuStreamEndCapture(stream, &graph), "cuStreamEndCapture");
-  REQUIRE(captured == KJIT_OK);
-  CUgraphExec exec;
-  must(api().cuGraphInstantiateWithFlags(&exec, graph, 0), "cuGraphInstantiateWithFlags");
-  for (const std::vector<int32_t>& counts : {std::vector<int32_t>{0, 200, 0, 0}, {13, 77, 0, 110}, {199, 0, 1, 0}}) {
-    c.counts = counts;
-    d = gemm_inputs(c, rows);
-    b.a.upload(d.a);
-    b.w.upload(d.w);
-    b.offsets.upload(offsets_for(c));
-    b.out.poison();
-    must(api().cuGraphLaunch(exec, stream), "cuGraphLaunch");
-    must(api().cuStreamSynchronize(stream), "cuStreamSynchronize");
-    const double err = relative_error(c, reference(c, d), b.out.download<uint8_t>(0, b.out.bytes), rows);
-    CHECK_MESSAGE(err <= 1e-2, "relative error ", err);
+  // The heuristic's kernel, and on Hopper swap AB, whose tile counter is
+  // zeroed by a memset node captured before the kernel.
+  std::vector<kjit_gemm_kernel> kernels{KJIT_GEMM_KERNEL_AUTO};
+  if (is_hopper()) kernels.push_back(KJIT_GEMM_KERNEL_SM90_SWAP_AB);
+  for (const auto kernel : kernels) {
+    CAPTURE(kernel);
+    GemmCase c;
+    c.counts = {50, 50, 50, 50};
+    const int64_t rows = 200;
+    auto d = gemm_inputs(c, rows);
+    GemmBuffers b(c, rows, d);
+    auto g = b.desc(c, rows);
+    g.kernel = kernel;
+    REQUIRE_MESSAGE(kjit_grouped_gemm_prepare(&g, 0) == KJIT_OK, std::string(kjit_last_error_message()));
+    CUstream stream;
+    must(api().cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    must(api().cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "cuStreamBeginCapture");
+    const kjit_status captured = kjit_grouped_gemm(&g, reinterpret_cast<kjit_stream>(stream));
+    CUgraph graph;
+    must(api().cuStreamEndCapture(stream, &graph), "cuStreamEndCapture");
+    REQUIRE_MESSAGE(captured == KJIT_OK, std::string(kjit_last_error_message()));
+    CUgraphExec exec;
+    must(api().cuGraphInstantiateWithFlags(&exec, graph, 0), "cuGraphInstantiateWithFlags");
+    for (const std::vector<int32_t>& counts : {std::vector<int32_t>{0, 200, 0, 0}, {13, 77, 0, 110}, {199, 0, 1, 0}}) {
+      c.counts = counts;
+      d = gemm_inputs(c, rows);
+      b.a.upload(d.a);
+      b.w.upload(d.w);
+      b.offsets.upload(offsets_for(c));
+      b.out.poison();
+      b.workspace.poison();
+      must(api().cuGraphLaunch(exec, stream), "cuGraphLaunch");
+      must(api().cuStreamSynchronize(stream), "cuStreamSynchronize");
+      const double err = relative_error(c, reference(c, d), b.out.download<uint8_t>(0, b.out.bytes), rows);
+      CHECK_MESSAGE(err <= 1e-2, "relative error ", err);
+    }
+    api().cuGraphExecDestroy(exec);
+    api().cuGraphDestroy(graph);
+    api().cuStreamDestroy(stream);
   }
-  api().cuGraphExecDestroy(exec);
-  api().cuGraphDestroy(graph);
-  api().cuStreamDestroy(stream);
 }
 
 TEST_CASE("the portable kernel forced on the same GPU agrees with the SM90 kernel on a multi-wave problem") {
@@ -326,10 +352,13 @@ TEST_CASE("the portable kernel forced on the same GPU agrees with the SM90 kerne
     const auto d = gemm_inputs(c, rows);
     GemmBuffers b(c, rows, d);
     auto g = b.desc(c, rows);
-    // SM90 (the heuristic's), SM90 in clusters along M and along N, portable last.
+    // SM90 (the heuristic's), SM90 in clusters along M and along N, swap AB alone and in pairs, portable last.
     const KernelPath paths[] = {{"sm90, the heuristic's", KJIT_GEMM_KERNEL_AUTO, 0, 0, 0},
                                 {"sm90 clusters along M", KJIT_GEMM_KERNEL_SM90, 128, 256, 2},
                                 {"sm90 clusters along N", KJIT_GEMM_KERNEL_SM90, 128, 192, 2, KJIT_GEMM_CLUSTER_ALONG_N},
+                                {"sm90 swap AB", KJIT_GEMM_KERNEL_SM90_SWAP_AB, 256, 128, 1},
+                                {"sm90 swap AB, pairs along N", KJIT_GEMM_KERNEL_SM90_SWAP_AB, 256, 128, 2,
+                                 KJIT_GEMM_CLUSTER_ALONG_N},
                                 {"portable", KJIT_GEMM_KERNEL_PORTABLE, 0, 0, 0}};
     std::vector<std::vector<uint8_t>> outputs;
     for (const auto& path : paths) {

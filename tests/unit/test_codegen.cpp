@@ -218,14 +218,20 @@ TEST_CASE("grouped GEMM configurations: buckets by rows per expert on sm_90a, th
   CHECK(pick(64 * 32, "sm_90a").tile_m == 64);
   CHECK(pick(0, "sm_90a").tile_n == 256);
   const auto middle = pick(65 * 32, "sm_90a");
-  CHECK((middle.tile_m == 128 && middle.tile_n == 192 && middle.cluster == 1));
-  CHECK(pick(512 * 32, "sm_90a").tile_n == 192);
+  CHECK((middle.kernel == GemmKernel::wgmma_sm90_swap_ab && middle.tile_m == 256 && middle.tile_n == 128 &&
+         middle.cluster == 1 && middle.stages == 4));
+  CHECK(pick(512 * 32, "sm_90a").kernel == GemmKernel::wgmma_sm90_swap_ab);
   const auto many = pick(513 * 32, "sm_90a");
   CHECK((many.tile_m == 128 && many.tile_n == 256 && many.cluster == 2 && many.stages == 4));
-  for (const auto& s : {pick(64 * 32, "sm_90a"), middle, many}) {
-    CHECK(s.kernel == GemmKernel::wgmma_sm90);
-    CHECK(validate(KernelSpec{s}).has_value());
-  }
+  CHECK(pick(64 * 32, "sm_90a").kernel == GemmKernel::wgmma_sm90);
+  CHECK(many.kernel == GemmKernel::wgmma_sm90);
+  for (const auto& s : {pick(64 * 32, "sm_90a"), middle, many}) CHECK(validate(KernelSpec{s}).has_value());
+  // A tile without swap AB asked for is the rows-on-M kernel's, in every bucket; with it, swap AB's.
+  CHECK(pick(256 * 32, "sm_90a", {.kernel = GemmRequest::Kernel::sm90, .tile_m = 128, .tile_n = 192}).kernel ==
+        GemmKernel::wgmma_sm90);
+  CHECK(pick(256 * 32, "sm_90a", {.tile_m = 128, .tile_n = 192}).kernel == GemmKernel::wgmma_sm90);
+  const auto swapped = pick(16, "sm_90a", {.kernel = GemmRequest::Kernel::sm90_swap_ab, .tile_m = 96, .tile_n = 64});
+  CHECK((swapped.kernel == GemmKernel::wgmma_sm90_swap_ab && swapped.tile_m == 96 && swapped.tile_n == 64));
   // Every configuration a launch may pick is what precompile builds and prepare loads.
   auto all = grouped_gemm_candidates(problem, "sm_90a");
   REQUIRE(all.has_value());
@@ -237,7 +243,7 @@ TEST_CASE("grouped GEMM configurations: buckets by rows per expert on sm_90a, th
   CHECK(pick(int64_t{1} << 32, "sm_90a").kernel == GemmKernel::mma_sync);
   auto off_hopper = choose_grouped_gemm_config(problem, "sm_120a", 4096, {.kernel = GemmRequest::Kernel::sm90});
   REQUIRE_FALSE(off_hopper.has_value());
-  CHECK(off_hopper.error().message.find("runs only on sm_90a") != std::string::npos);
+  CHECK(off_hopper.error().message.find("run only on sm_90a") != std::string::npos);
   // Overrides are validated; a cluster needs a tile_n of 128 or 256.
   CHECK(pick(4096, "sm_90a", {.tile_m = 128, .tile_n = 128, .cluster = 2}).cluster == 2);
   auto bad = choose_grouped_gemm_config(problem, "sm_90a", 4096, {.tile_m = 128, .tile_n = 192, .cluster = 2});

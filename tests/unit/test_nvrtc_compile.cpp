@@ -138,7 +138,7 @@ TEST_CASE("every grouped GEMM variant compiles with NVRTC for sm_90a, sm_100a an
       CHECK(kernels.size() == (std::string_view(arch) == "sm_90a" ? 3u : 1u));
       for (const auto& spec : kernels) {
         const auto& config = std::get<GroupedGemmSpec>(spec);
-        CHECK(config.kernel == (std::string_view(arch) == "sm_90a" ? GemmKernel::wgmma_sm90 : GemmKernel::mma_sync));
+        CHECK(is_sm90(config.kernel) == (std::string_view(arch) == "sm_90a"));
         auto cubin = runtime.cubin(spec, arch);
         REQUIRE_MESSAGE(cubin.has_value(), arch, " ", canonical(spec), ": ", kjit::testing::why(cubin));
         CHECK(std::memcmp(cubin->image.data(), "\x7f" "ELF", 4) == 0);
@@ -182,6 +182,12 @@ TEST_CASE("ptxas reports no local-memory spills in the grouped GEMM and dequant 
     for (int tile_n : {192, 256})
       specs.push_back(*choose_grouped_gemm_config(
           g, "sm_90a", 1 << 20, {.tile_m = 128, .tile_n = tile_n, .cluster = 2, .cluster_axis = ClusterAxis::n}));
+    // Swap AB, alone and in pairs along N (every tile height is in each).
+    specs.push_back(*choose_grouped_gemm_config(g, "sm_90a", 1 << 20, {.kernel = GemmRequest::Kernel::sm90_swap_ab}));
+    specs.push_back(*choose_grouped_gemm_config(
+        g, "sm_90a", 1 << 20,
+        {.kernel = GemmRequest::Kernel::sm90_swap_ab, .tile_m = 256, .tile_n = 128, .cluster = 2,
+         .cluster_axis = ClusterAxis::n}));
     if (v < 4) specs.push_back(*choose_grouped_gemm_config(g, "sm_90a", 0, {.kernel = GemmRequest::Kernel::portable}));
   }
   for (const auto& d : variants()) specs.push_back(d);

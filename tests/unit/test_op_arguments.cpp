@@ -34,6 +34,7 @@ struct FakeMachine {
   std::vector<std::vector<cuuint64_t>> tensor_map_dims, tensor_map_boxes;  // each cuTensorMapEncodeTiled
   bool reject_tensor_maps = false;
   int contexts_pushed = 0;  // the driver needs a current context for some calls
+  std::vector<std::pair<CUdeviceptr, CUstream>> async_memsets;  // each cuMemsetD32Async: where, in which stream
 };
 FakeMachine machine;
 
@@ -82,6 +83,10 @@ kjit::DriverApi fake_driver() {
   api.cuMemAlloc = [](CUdeviceptr* p, size_t) { *p = 0xE0000; return CUDA_SUCCESS; };
   api.cuMemFree = [](CUdeviceptr) { return CUDA_SUCCESS; };
   api.cuMemsetD32 = [](CUdeviceptr, unsigned int, size_t) { return CUDA_SUCCESS; };
+  api.cuMemsetD32Async = [](CUdeviceptr p, unsigned int, size_t, CUstream s) {
+    machine.async_memsets.emplace_back(p, s);
+    return CUDA_SUCCESS;
+  };
   api.cuPointerGetAttributes = [](unsigned int n, CUpointer_attribute* attrs, void** data, CUdeviceptr ptr) {
     unsigned memory_type = 0;
     int ordinal = -2;
@@ -186,6 +191,7 @@ struct Fixture {
     machine.capturing = false;
     machine.tensor_map_dims.clear();
     machine.tensor_map_boxes.clear();
+    machine.async_memsets.clear();
     machine.reject_tensor_maps = false;
     machine.compute_major = 9;
     machine.compute_minor = 0;
@@ -400,7 +406,7 @@ TEST_CASE_FIXTURE(GemmFixture, "on sm_90 a grouped GEMM launches the persistent 
   CHECK(machine.tensor_map_dims[1] == std::vector<cuuint64_t>{256, 128, 4});  // B [E, N, K]: K, N, E
   CHECK(machine.tensor_map_boxes[1] == std::vector<cuuint64_t>{64, 256, 1});
 
-  // 256 rows per expert: the two-consumer bucket, 128 x 192 tiles.
+  // 256 rows per expert: swap AB, rows in tiles of up to 256 x 128 columns.
   FakeBuffer many_a(8192 * 256 * 2, 0), many_out(8192 * 128 * 2, 0);
   g.rows = 1024;
   g.a = many_a.data();
@@ -408,8 +414,9 @@ TEST_CASE_FIXTURE(GemmFixture, "on sm_90 a grouped GEMM launches the persistent 
   REQUIRE(kjit::ops::grouped_gemm(runtime, g, fake_stream(0)).has_value());
   CHECK(machine.block_x == 384);
   CHECK(machine.cluster_x == 0);
-  CHECK(machine.grid[0] == 12);  // (1024 / 128 + 4) m-tiles x 1 n-tile, under 132 SMs
-  CHECK(machine.tensor_map_boxes[3] == std::vector<cuuint64_t>{64, 192, 1});
+  CHECK(machine.grid[0] == 8);  // (1024 / 256 + 4) row tiles x 1 n-tile, under 132 SMs
+  CHECK(machine.tensor_map_boxes[2] == std::vector<cuuint64_t>{64, 32});
+  CHECK(machine.tensor_map_boxes[3] == std::vector<cuuint64_t>{64, 128, 1});
 
   // 2048 rows per expert: 128 x 256 tiles in clusters of two blocks, each
   // loading half of the B tile (128 of its 256 rows) for both.
@@ -447,6 +454,60 @@ TEST_CASE_FIXTURE(GemmFixture, "on sm_90 a grouped GEMM launches the persistent 
   CHECK(machine.grid[0] == 12);
 }
 
+TEST_CASE_FIXTURE(GemmFixture, "swap AB launches with boxes of 32 rows, zeroing its tile counter in the stream first") {
+  FakeBuffer workspace(kjit_grouped_gemm_workspace_bytes(), 0);
+  g.kernel = KJIT_GEMM_KERNEL_SM90_SWAP_AB;
+  g.rows = 1024;
+  FakeBuffer many_a(1024 * 256 * 2, 0), many_out(1024 * 128 * 2, 0);
+  g.a = many_a.data();
+  g.out = many_out.data();
+  // Without a workspace: a static round robin, nothing zeroed.
+  REQUIRE(kjit::ops::grouped_gemm(runtime, g, fake_stream(0)).has_value());
+  CHECK(machine.block_x == 384);  // 128 columns: two consumer warpgroups and the producer
+  CHECK(machine.cluster_x == 0);
+  CHECK(machine.grid[0] == 8);  // (1024 / 256 + 4) row tiles x 1 n-tile, under 132 SMs
+  CHECK(machine.tensor_map_boxes[0] == std::vector<cuuint64_t>{64, 32});      // rows in boxes of 32
+  CHECK(machine.tensor_map_boxes[1] == std::vector<cuuint64_t>{64, 128, 1});  // the block's whole weight tile
+  CHECK(machine.async_memsets.empty());
+  // With one: zeroed in the launch's stream, before the launch.
+  g.workspace = workspace.data();
+  g.workspace_bytes = kjit_grouped_gemm_workspace_bytes();
+  REQUIRE(kjit::ops::grouped_gemm(runtime, g, fake_stream(0)).has_value());
+  REQUIRE(machine.async_memsets.size() == 1);
+  CHECK(machine.async_memsets[0].first == reinterpret_cast<CUdeviceptr>(workspace.data()));
+  CHECK(machine.async_memsets[0].second == fake_stream(0));
+  CHECK(machine.launches == 2);
+  // The other kernels ignore the workspace.
+  g.kernel = KJIT_GEMM_KERNEL_SM90;
+  g.tile_m = 128;
+  g.tile_n = 192;
+  REQUIRE(kjit::ops::grouped_gemm(runtime, g, fake_stream(0)).has_value());
+  CHECK(machine.async_memsets.size() == 1);
+  // A workspace too small, misaligned, or on another device: nothing zeroed, nothing launched.
+  machine.launches = 0;
+  g.kernel = KJIT_GEMM_KERNEL_SM90_SWAP_AB;
+  g.tile_m = g.tile_n = 0;
+  g.workspace_bytes = 4;
+  expect_gemm_rejected("workspace_bytes is 4, the grouped GEMM needs 16");
+  g.workspace_bytes = 16;
+  g.workspace = workspace.data() + 4;
+  expect_gemm_rejected("'workspace' must be 16-byte aligned");
+  FakeBuffer elsewhere(16, 1);
+  g.workspace = elsewhere.data();
+  check_rejected(kjit::ops::grouped_gemm(runtime, g, fake_stream(0)), KJIT_ERROR_INVALID_ARGUMENT, "workspace");
+  CHECK(machine.async_memsets.size() == 1);
+  // Pairs of blocks lie along N only, and only where N holds whole pairs.
+  g.workspace = workspace.data();
+  g.cluster = 2;
+  g.cluster_axis = KJIT_GEMM_CLUSTER_ALONG_N;
+  expect_gemm_rejected("swap AB");  // N = 128 is one 128-column tile
+  g.tile_m = 256;
+  g.tile_n = 64;
+  REQUIRE(kjit::ops::grouped_gemm(runtime, g, fake_stream(0)).has_value());
+  CHECK(machine.cluster_x == 2);
+  CHECK(machine.block_x == 256);
+}
+
 TEST_CASE_FIXTURE(GemmFixture, "a cluster axis is checked: along N needs a cluster, and only M or N exist") {
   g.cluster_axis = KJIT_GEMM_CLUSTER_ALONG_N;
   expect_gemm_rejected("cluster_axis ALONG_N needs cluster 2");
@@ -474,8 +535,9 @@ TEST_CASE_FIXTURE(GemmFixture, "kernel and tile requests are checked against the
   g.tile_n = 512;
   expect_gemm_rejected("is not supported");
   g.tile_n = 0;
-  g.kernel = static_cast<kjit_gemm_kernel>(3);
-  expect_gemm_rejected("kernel must be KJIT_GEMM_KERNEL_AUTO, _PORTABLE or _SM90, got 3");
+  const int unknown_kernel = 4;  // what a C caller may pass; C++ cannot name it as the enum
+  std::memcpy(&g.kernel, &unknown_kernel, sizeof unknown_kernel);
+  expect_gemm_rejected("kernel must be KJIT_GEMM_KERNEL_AUTO, _PORTABLE, _SM90 or _SM90_SWAP_AB, got 4");
   g.kernel = KJIT_GEMM_KERNEL_SM90;
   REQUIRE(kjit::ops::grouped_gemm(runtime, g, fake_stream(0)).has_value());
   CHECK(machine.block_x == 384);  // tile_m 128 asked for
@@ -487,7 +549,9 @@ TEST_CASE_FIXTURE(GemmFixture, "kernel and tile requests are checked against the
   // Off Hopper the SM90 kernel is refused, and AUTO runs the portable one.
   machine.compute_major = 12;
   kjit::Runtime blackwell{&fake_api, kjit::cache::StoreConfig{cache_dir, {}, 0}};
-  check_rejected(kjit::ops::grouped_gemm(blackwell, g, fake_stream(0)), KJIT_ERROR_UNSUPPORTED, "runs only on sm_90a");
+  check_rejected(kjit::ops::grouped_gemm(blackwell, g, fake_stream(0)), KJIT_ERROR_UNSUPPORTED, "run only on sm_90a");
+  g.kernel = KJIT_GEMM_KERNEL_SM90_SWAP_AB;
+  check_rejected(kjit::ops::grouped_gemm(blackwell, g, fake_stream(0)), KJIT_ERROR_UNSUPPORTED, "run only on sm_90a");
   g.kernel = KJIT_GEMM_KERNEL_AUTO;
   REQUIRE(kjit::ops::grouped_gemm(blackwell, g, fake_stream(0)).has_value());
   CHECK(machine.block_x == 128);

@@ -27,21 +27,26 @@ SHAPES = [  # (E, K, N, rows)
 ]
 
 
-# (tile_m, tile_n, cluster, cluster axis)
-SWEEP_TILES = [(64, 128, 1, "m"), (64, 256, 1, "m"), (128, 128, 1, "m"), (128, 192, 1, "m"), (128, 256, 1, "m"),
-               (128, 128, 2, "m"), (128, 256, 2, "m"), (128, 192, 2, "n"), (128, 256, 2, "n")]
+# (tile_m, tile_n, cluster, cluster axis, kernel)
+SWEEP_TILES = [(64, 128, 1, "m", "sm90"), (64, 256, 1, "m", "sm90"), (128, 128, 1, "m", "sm90"),
+               (128, 192, 1, "m", "sm90"), (128, 256, 1, "m", "sm90"), (128, 128, 2, "m", "sm90"),
+               (128, 256, 2, "m", "sm90"), (128, 192, 2, "n", "sm90"), (128, 256, 2, "n", "sm90"),
+               (256, 128, 1, "m", "sm90_swap_ab"), (256, 128, 2, "n", "sm90_swap_ab")]
 
 
 def parse_tile(text):
-    """'128x192x2n' -> (128, 192, 2, 'n'); the axis defaults to m."""
+    """'128x192x2n' -> (128, 192, 2, 'n', 'sm90'); the axis defaults to m; a
+    leading 's' ('s256x128x1') asks for the swap-AB kernel."""
+    kernel = "sm90_swap_ab" if text.startswith("s") else "sm90"
     axis = "n" if text.endswith("n") else "m"
-    m, n, cluster = (int(v) for v in text.rstrip("mn").split("x"))
-    return m, n, cluster, axis
+    m, n, cluster = (int(v) for v in text.lstrip("s").rstrip("mn").split("x"))
+    return m, n, cluster, axis, kernel
 
 
 def tile_name(tile):
-    m, n, cluster, axis = tile
-    return f"{m}x{n} cluster {cluster}" + (f" along {axis}" if cluster > 1 else "")
+    m, n, cluster, axis, kernel = tile
+    return (f"{'swap AB ' if kernel == 'sm90_swap_ab' else ''}{m}x{n} cluster {cluster}" +
+            (f" along {axis}" if cluster > 1 else ""))
 
 
 def main():
@@ -49,7 +54,7 @@ def main():
     parser.add_argument("--json")
     parser.add_argument("--sweep", action="store_true", help="also time every SM90 tile")
     parser.add_argument("--tiles", help="with --sweep, only these: e.g. 128x256x2,128x192x2n,64x256x1 "
-                        "(tile_m x tile_n x cluster, 'n': the pair lies along N)")
+                        "(tile_m x tile_n x cluster, 'n': the pair lies along N; a leading 's': swap AB)")
     parser.add_argument("--layouts", default="e_n_k", help="comma-separated weight layouts: e_n_k, e_k_n")
     parser.add_argument("--rounds", type=int, default=3, help="alternating kjit/torch timings per shape (medians)")
     parser.add_argument("--shapes", help="comma-separated indices into the shape list (default: all)")
@@ -78,7 +83,7 @@ def main():
             def run_kjit(tile=None):
                 kjit.grouped_gemm(a, w, ends, weights=layout, offsets_convention="cumulative_end", out=out,
                                   tile=tile and tile[:2], cluster=tile[2] if tile else 0,
-                                  cluster_axis=tile[3] if tile else "m")
+                                  cluster_axis=tile[3] if tile else "m", kernel=tile[4] if tile else "auto")
 
             w_for_torch = w.transpose(1, 2) if layout == "e_n_k" else w  # [E, K, N] view
 

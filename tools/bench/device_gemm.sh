@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call for the grouped GEMM: its GPU tests, the SASS check (HGMMA in
+# One device call for the grouped GEMM: the GPU tests, the SASS check (HGMMA in
 # the SM90 kernel), and the benchmark against torch._grouped_mm (with the tile
 # sweep when given --sweep). Binaries come prebuilt in .devbin/ (see
 # docs/benchmarks.md). Results go to $OUT.
@@ -9,12 +9,12 @@ out=${OUT:-/tmp/kjit-out}
 mkdir -p "$out"
 export KJIT_CACHE_DIR=$(mktemp -d)/cache
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$out/device.txt"
-echo "== grouped GEMM GPU tests"
-timeout 180 "$bin/kjit_gpu_tests" -tc="*grouped*,*portable*,*smallest*,*256 experts*,*one expert*,*uneven*,*decreasing*" \
-  > "$out/gpu_gemm_tests.log" 2>&1
+echo "== GPU tests (every case, in parallel processes)"
+tools/bench/gpu_tests_parallel.sh "$bin/kjit_gpu_tests" "$out/gpu_tests"
 rc=$?
-echo "gpu tests exit $rc"; grep -E "ERROR|relative error|SM90 vs" "$out/gpu_gemm_tests.log" | head -20; tail -3 "$out/gpu_gemm_tests.log"
-[ $rc -eq 124 ] && { echo "timed out: a hang; no benchmark"; exit 1; }
+echo "gpu tests exit $rc"
+grep -h -B2 -A6 "ERROR" "$out"/gpu_tests/cases/*.log | head -40
+grep -q "^rc=124" "$out/gpu_tests/summary.txt" && { echo "a case timed out: a hang; no benchmark"; exit 1; }
 echo "== SASS of the SM90 kernel"
 tools/bench/sass_check.sh "$bin/jitctl" "$out"
 echo "== grouped GEMM benchmark"

@@ -11,7 +11,7 @@ mkdir -p "$out"
 export KJIT_CACHE_DIR=$(mktemp -d)/cache
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/device.txt"
 echo "== gpu tests"
-timeout 300 "$bin/kjit_gpu_tests" > "$out/gpu_tests.log" 2>&1; echo "gpu tests exit $?"; tail -4 "$out/gpu_tests.log"
+tools/bench/gpu_tests_parallel.sh "$bin/kjit_gpu_tests" "$out/gpu_tests"; echo "gpu tests exit $?"
 echo "== Python MoE pipeline test"
 KJIT_LIBRARY=$PWD/$bin/libkjit.so PYTHONPATH=runtime/python timeout 120 python3 tests/python/test_moe_pipeline_gpu.py "$PWD/$bin/libkjit.so" 2>&1 | tail -3
 echo "== main job (GPU part)"

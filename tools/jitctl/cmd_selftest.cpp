@@ -197,7 +197,9 @@ Expected<double> selftest_gemm(Runtime& runtime, DeviceState& device, const code
   auto doff = buffers.upload(offsets.data(), offsets.size() * 4);
   auto dscale = buffers.upload(scale.data(), scale.size() * 4);
   auto dout = buffers.upload(nullptr, out_size);  // 0xA5 poison
-  for (auto* r : {&da, &dw, &doff, &dscale, &dout})
+  // Swap AB's tile counter (kjit zeroes it before the launch; the poison checks that).
+  auto dworkspace = buffers.upload(nullptr, kjit_grouped_gemm_workspace_bytes());
+  for (auto* r : {&da, &dw, &doff, &dscale, &dout, &dworkspace})
     if (!*r) return std::unexpected(r->error());
   {
     ScopedContext scope(api, device.context);
@@ -226,7 +228,11 @@ Expected<double> selftest_gemm(Runtime& runtime, DeviceState& device, const code
   g.offsets = reinterpret_cast<const int32_t*>(*doff);
   g.row_scale = spec.row_scale ? reinterpret_cast<const float*>(*dscale) : nullptr;
   // Run this cached configuration, whatever the heuristic would pick for these rows.
-  g.kernel = spec.kernel == codegen::GemmKernel::wgmma_sm90 ? KJIT_GEMM_KERNEL_SM90 : KJIT_GEMM_KERNEL_PORTABLE;
+  g.kernel = spec.kernel == codegen::GemmKernel::wgmma_sm90           ? KJIT_GEMM_KERNEL_SM90
+             : spec.kernel == codegen::GemmKernel::wgmma_sm90_swap_ab ? KJIT_GEMM_KERNEL_SM90_SWAP_AB
+                                                                      : KJIT_GEMM_KERNEL_PORTABLE;
+  g.workspace = reinterpret_cast<void*>(*dworkspace);
+  g.workspace_bytes = kjit_grouped_gemm_workspace_bytes();
   g.tile_m = spec.tile_m;
   g.tile_n = spec.tile_n;
   g.cluster = spec.cluster;

@@ -19,7 +19,8 @@ constexpr int kManifestVersion = 1;
 std::vector<nlohmann::json> expand(const nlohmann::json& entry) {
   std::vector<nlohmann::json> out{nlohmann::json::object()};
   for (const auto& [field, value] : entry.items()) {
-    const bool listed = value.is_array() && field != "block";
+    // A block ([rows, cols]) and a tile ([m, n, k]) are one value each, not alternatives.
+    const bool listed = value.is_array() && field != "block" && field != "tile";
     std::vector<nlohmann::json> next;
     for (const auto& partial : out) {
       if (!listed) {

@@ -133,7 +133,8 @@ typedef enum kjit_weight_layout {
 typedef enum kjit_gemm_kernel {
   KJIT_GEMM_KERNEL_AUTO = 0,     /* the arch's own (default): wgmma + TMA on SM90, mma.sync elsewhere */
   KJIT_GEMM_KERNEL_PORTABLE = 1, /* the mma.sync kernel on any arch (comparisons, debugging) */
-  KJIT_GEMM_KERNEL_SM90 = 2      /* the wgmma kernel; KJIT_ERROR_UNSUPPORTED off Hopper */
+  KJIT_GEMM_KERNEL_SM90 = 2,     /* the arch's wgmma kernels; KJIT_ERROR_UNSUPPORTED off Hopper */
+  KJIT_GEMM_KERNEL_SM90_SWAP_AB = 3 /* the wgmma kernel with rows on wgmma's N in every bucket; off Hopper as _SM90 */
 } kjit_gemm_kernel;
 
 /* Which way a grouped GEMM cluster's blocks lie over the output tiles. */
@@ -171,13 +172,23 @@ typedef struct kjit_grouped_gemm_desc {
   const int32_t* offsets;  /* device memory, E or E + 1 entries */
   const float* row_scale;  /* optional device memory [rows] */
   kjit_gemm_kernel kernel; /* KJIT_GEMM_KERNEL_AUTO after _desc_init */
-  int32_t tile_m;          /* 0 (default): the heuristic's; else SM90 64 or 128, portable 32 to 128 by 32 */
-  int32_t tile_n;          /* 0 (default): the heuristic's; else SM90 64 to 256 by 64, portable 16 to 128 by 16 */
+  int32_t tile_m;          /* 0 (default): the heuristic's; else SM90 64 or 128, swap AB 32 to 256 by 32 (the
+                              tallest row tile), portable 32 to 128 by 32 */
+  int32_t tile_n;          /* 0 (default): the heuristic's; else SM90 64 to 256 by 64, swap AB 64 or 128, portable
+                              16 to 128 by 16 */
   int32_t cluster;         /* 0 (default): the heuristic's; SM90: 1, or 2 blocks sharing an operand */
-  kjit_gemm_cluster_axis cluster_axis; /* with cluster 2: ALONG_M (default; tile_n 128 or 256) or ALONG_N */
+  kjit_gemm_cluster_axis cluster_axis; /* with cluster 2: ALONG_M (default; tile_n 128 or 256; not swap AB) or
+                                          ALONG_N (swap AB: N a multiple of 2 tile_n) */
+  void* workspace;          /* optional device scratch of kjit_grouped_gemm_workspace_bytes() for the tile
+                               counter of the swap-AB kernel (which then hands tiles out on demand; NULL: a static
+                               round robin, slower when tile heights differ). kjit zeroes it in the stream before
+                               each launch; launches that may run concurrently need separate workspaces. */
+  uint64_t workspace_bytes; /* its size */
 } kjit_grouped_gemm_desc;
 
 KJIT_API void kjit_grouped_gemm_desc_init(kjit_grouped_gemm_desc* desc);
+/* The workspace a grouped GEMM can use (see kjit_grouped_gemm_desc.workspace). */
+KJIT_API uint64_t kjit_grouped_gemm_workspace_bytes(void);
 KJIT_API kjit_status kjit_grouped_gemm(const kjit_grouped_gemm_desc* desc, kjit_stream stream);
 /* Compiles (or finds) and loads the kernel `desc` needs on `device`; pointers unused. */
 KJIT_API kjit_status kjit_grouped_gemm_prepare(const kjit_grouped_gemm_desc* desc, int device);

@@ -20,7 +20,7 @@ _OK = 0
 _DTYPE = {"float8_e4m3fn": 1, "float8_e5m2": 2, "bfloat16": 3, "float16": 4, "float32": 5}
 _GRANULARITY = {"tensor": 1, "row": 2, "block": 3}
 _CONVENTION = {"multiply": 1, "divide": 2}
-_GEMM_KERNEL = {"auto": 0, "portable": 1, "sm90": 2}
+_GEMM_KERNEL = {"auto": 0, "portable": 1, "sm90": 2, "sm90_swap_ab": 3}
 _CLUSTER_AXIS = {"m": 0, "n": 1}  # kjit_gemm_cluster_axis
 
 
@@ -78,6 +78,8 @@ class _GroupedGemmDesc(ctypes.Structure):
         ("tile_n", ctypes.c_int32),
         ("cluster", ctypes.c_int32),
         ("cluster_axis", ctypes.c_int),
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_uint64),
     ]
 
 
@@ -157,6 +159,8 @@ def library() -> ctypes.CDLL:
             getattr(lib, f"kjit_{name}_desc_init").restype = None
             getattr(lib, f"kjit_{name}").argtypes = [ctypes.POINTER(desc), ctypes.c_void_p]
             getattr(lib, f"kjit_{name}").restype = ctypes.c_int
+        lib.kjit_grouped_gemm_workspace_bytes.argtypes = []
+        lib.kjit_grouped_gemm_workspace_bytes.restype = ctypes.c_uint64
         lib.kjit_moe_routing_workspace_bytes.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
         lib.kjit_moe_routing_workspace_bytes.restype = ctypes.c_uint64
         lib.kjit_device_errors.argtypes = [ctypes.c_int]
@@ -252,7 +256,7 @@ def prepare_dequant_fp8(w, scales, out, *, scale="block", block=(128, 128), conv
 def _describe_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel="auto", tile=None, cluster=0,
                    cluster_axis="m"):
     if kernel not in _GEMM_KERNEL:
-        raise KjitError("KJIT_ERROR_INVALID_ARGUMENT", f"kernel must be 'auto', 'portable' or 'sm90', got {kernel!r}")
+        raise KjitError("KJIT_ERROR_INVALID_ARGUMENT", f"kernel must be one of {', '.join(map(repr, _GEMM_KERNEL))}, got {kernel!r}")
     if weights not in _WEIGHTS:
         raise KjitError("KJIT_ERROR_INVALID_ARGUMENT", f"weights must be 'e_n_k' or 'e_k_n', got {weights!r}")
     if cluster_axis not in _CLUSTER_AXIS:
@@ -289,8 +293,8 @@ def grouped_gemm(a, w, offsets, *, weights="e_n_k", offsets_convention, row_scal
     are the E cumulative ends ('cumulative_end', as torch._grouped_mm) or E + 1
     entries with a leading 0 ('with_leading_zero'). row_scale (fp32 [rows])
     multiplies each output row. Returns out [rows, N] (bf16 unless out_dtype).
-    kernel: 'auto' (the arch's own: wgmma on Hopper), 'portable' (mma.sync)
-    or 'sm90'; tile=(tile_m, tile_n), cluster (1 or 2) and cluster_axis
+    kernel: 'auto' (the arch's own: wgmma on Hopper), 'portable' (mma.sync),
+    'sm90' or 'sm90_swap_ab' (rows on wgmma's N in every bucket); tile=(tile_m, tile_n), cluster (1 or 2) and cluster_axis
     ('m': the pair shares weight tiles, 'n': activation tiles) override the
     heuristic (tuning)."""
     import torch
@@ -300,6 +304,12 @@ def grouped_gemm(a, w, offsets, *, weights="e_n_k", offsets_convention, row_scal
         out = torch.empty(a.shape[0], n, dtype=out_dtype or torch.bfloat16, device=a.device)
     d = _describe_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile, cluster,
                        cluster_axis)
+    # The tile counter (swap AB hands tiles out on demand), from torch's
+    # allocator: stream-ordered, so concurrent calls never share one, and
+    # graph-capturable.
+    workspace_bytes = library().kjit_grouped_gemm_workspace_bytes()
+    workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=a.device)
+    d.workspace, d.workspace_bytes = workspace.data_ptr(), workspace_bytes
     if stream is None:
         stream = torch.cuda.current_stream(a.device).cuda_stream
     _check(library().kjit_grouped_gemm(ctypes.byref(d), ctypes.c_void_p(stream)))

@@ -28,8 +28,9 @@ Expected<GroupedGemmPlan> plan_grouped_gemm(const kjit_grouped_gemm_desc& d, boo
     return invalid("offsets_convention must be KJIT_OFFSETS_CUMULATIVE_END (E ends, as torch._grouped_mm) or "
                    "KJIT_OFFSETS_WITH_LEADING_ZERO (E + 1 entries); there is no default");
 
-  if (d.kernel != KJIT_GEMM_KERNEL_AUTO && d.kernel != KJIT_GEMM_KERNEL_PORTABLE && d.kernel != KJIT_GEMM_KERNEL_SM90)
-    return invalid(fmt::format("kernel must be KJIT_GEMM_KERNEL_AUTO, _PORTABLE or _SM90, got {}",
+  if (d.kernel != KJIT_GEMM_KERNEL_AUTO && d.kernel != KJIT_GEMM_KERNEL_PORTABLE && d.kernel != KJIT_GEMM_KERNEL_SM90 &&
+      d.kernel != KJIT_GEMM_KERNEL_SM90_SWAP_AB)
+    return invalid(fmt::format("kernel must be KJIT_GEMM_KERNEL_AUTO, _PORTABLE, _SM90 or _SM90_SWAP_AB, got {}",
                                static_cast<int>(d.kernel)));
   if (d.tile_m < 0 || d.tile_n < 0 || d.cluster < 0)
     return invalid(fmt::format("tile_m, tile_n and cluster must be 0 (the heuristic's) or supported values, got "
@@ -43,9 +44,10 @@ Expected<GroupedGemmPlan> plan_grouped_gemm(const kjit_grouped_gemm_desc& d, boo
 
   GroupedGemmPlan plan;
   using Kernel = codegen::GemmRequest::Kernel;
-  plan.request = {.kernel = d.kernel == KJIT_GEMM_KERNEL_PORTABLE ? Kernel::portable
-                            : d.kernel == KJIT_GEMM_KERNEL_SM90   ? Kernel::sm90
-                                                                  : Kernel::arch_default,
+  plan.request = {.kernel = d.kernel == KJIT_GEMM_KERNEL_PORTABLE       ? Kernel::portable
+                            : d.kernel == KJIT_GEMM_KERNEL_SM90         ? Kernel::sm90
+                            : d.kernel == KJIT_GEMM_KERNEL_SM90_SWAP_AB ? Kernel::sm90_swap_ab
+                                                                        : Kernel::arch_default,
                   .tile_m = d.tile_m,
                   .tile_n = d.tile_n,
                   .cluster = d.cluster,
@@ -71,6 +73,12 @@ Expected<GroupedGemmPlan> plan_grouped_gemm(const kjit_grouped_gemm_desc& d, boo
     if (reinterpret_cast<uintptr_t>(d.offsets) % 4 != 0 || reinterpret_cast<uintptr_t>(d.row_scale) % 4 != 0)
       return invalid("'offsets' and 'row_scale' must be 4-byte aligned");
   }
+  if (d.workspace != nullptr) {
+    if (d.workspace_bytes < kGroupedGemmWorkspaceBytes)
+      return invalid(fmt::format("workspace_bytes is {}, the grouped GEMM needs {} (kjit_grouped_gemm_workspace_bytes)",
+                                 d.workspace_bytes, kGroupedGemmWorkspaceBytes));
+    if (reinterpret_cast<uintptr_t>(d.workspace) % 16 != 0) return invalid("'workspace' must be 16-byte aligned");
+  }
   auto& p = plan.params;
   p.a = d.a;
   p.b = d.b;
@@ -78,6 +86,7 @@ Expected<GroupedGemmPlan> plan_grouped_gemm(const kjit_grouped_gemm_desc& d, boo
   p.offsets = d.offsets;
   p.row_scale = d.row_scale;
   p.total_rows = d.rows;
+  p.tile_counter = static_cast<unsigned int*>(d.workspace);
   return plan;
 }
 
@@ -107,13 +116,16 @@ Expected<void> encode_sm90_maps(const DriverApi& api, const codegen::GroupedGemm
   const cuuint64_t a_dims[2] = {k, static_cast<cuuint64_t>(p.gemm.total_rows)};
   const cuuint64_t a_strides[1] = {k * 2};
   // With a cluster each block loads its share of the operand the pair shares.
+  // Swap AB loads rows in boxes of 32 (its tile heights' step) and every
+  // block its own weight tile.
+  const bool swap_ab = s.kernel == codegen::GemmKernel::wgmma_sm90_swap_ab;
   const bool along_n = s.cluster_axis == codegen::ClusterAxis::n;
-  const cuuint32_t a_box[2] = {64, static_cast<cuuint32_t>(along_n ? s.tile_m / s.cluster : s.tile_m)};
+  const cuuint32_t a_box[2] = {64, static_cast<cuuint32_t>(swap_ab ? 32 : along_n ? s.tile_m / s.cluster : s.tile_m)};
   if (auto ok = encode_tensor_map(api, p.a_map, p.gemm.a, 2, a_dims, a_strides, a_box, "A"); !ok) return ok;
   if (s.weights == codegen::WeightLayout::e_n_k) {
     const cuuint64_t dims[3] = {k, n, e};
     const cuuint64_t strides[2] = {k * 2, n * k * 2};
-    const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(along_n ? s.tile_n : s.tile_n / s.cluster), 1};
+    const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(along_n || swap_ab ? s.tile_n : s.tile_n / s.cluster), 1};
     return encode_tensor_map(api, p.b_map, p.gemm.b, 3, dims, strides, box, "B [E, N, K]");
   }
   const cuuint64_t dims[3] = {n, k, e};
@@ -129,9 +141,14 @@ Expected<void> grouped_gemm(Runtime& runtime, const kjit_grouped_gemm_desc& desc
   if (!plan) return std::unexpected(plan.error());
   if (plan->empty) return {};
   auto& p = plan->params;
-  auto device = owning_device_for(
-      runtime, {{p.a, "a"}, {p.b, "b"}, {p.out, "out"}, {p.offsets, "offsets"}, {p.row_scale, "row_scale"}},
-      KernelFamily::grouped_gemm);
+  auto device = owning_device_for(runtime,
+                                  {{p.a, "a"},
+                                   {p.b, "b"},
+                                   {p.out, "out"},
+                                   {p.offsets, "offsets"},
+                                   {p.row_scale, "row_scale"},
+                                   {p.tile_counter, "workspace"}},
+                                  KernelFamily::grouped_gemm);
   if (!device) return std::unexpected(device.error());
   auto spec = codegen::choose_grouped_gemm_config(plan->problem, (*device)->arch->target, p.total_rows, plan->request);
   if (!spec) return std::unexpected(spec.error());
@@ -139,17 +156,26 @@ Expected<void> grouped_gemm(Runtime& runtime, const kjit_grouped_gemm_desc& desc
   if (!kernel) return std::unexpected(kernel.error());
   // The SM90 kernel is persistent: its grid is what fits on the device at once.
   const auto geometry = codegen::grouped_gemm_geometry(*spec, p.total_rows, (*kernel)->resident_blocks);
-  if (spec->kernel != codegen::GemmKernel::wgmma_sm90)
+  if (!codegen::is_sm90(spec->kernel))
     return launch_kernel(runtime, **device, **kernel, p.device_error, geometry, &p, stream);
 
   kjit_grouped_gemm_sm90_params sm90{};
   sm90.gemm = p;
+  // Only swap AB hands tiles out on demand; the others' tiles cost the same.
+  if (spec->kernel != codegen::GemmKernel::wgmma_sm90_swap_ab) sm90.gemm.tile_counter = nullptr;
   {
     // Encoding needs a current context (a bare thread, as in jitctl, has none).
     const DriverApi& api = **runtime.driver();
     ScopedContext scope(api, (*device)->context);
     if (auto ok = scope.status(); !ok) return ok;
     if (auto ok = encode_sm90_maps(api, *spec, sm90); !ok) return ok;
+    // The counter starts at 0 in stream order (a memset node when captured).
+    if (sm90.gemm.tile_counter != nullptr)
+      if (auto ok = check(api,
+                          api.cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(sm90.gemm.tile_counter), 0, 1, stream),
+                          "cuMemsetD32Async");
+          !ok)
+        return ok;
   }
   return launch_kernel(runtime, **device, **kernel, sm90.gemm.device_error, geometry, &sm90, stream);
 }

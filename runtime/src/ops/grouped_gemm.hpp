@@ -10,6 +10,9 @@
 
 namespace kjit::ops {
 
+// The workspace: one 32-bit tile counter (16 bytes leave room to grow).
+inline constexpr uint64_t kGroupedGemmWorkspaceBytes = 16;
+
 struct GroupedGemmPlan {
   codegen::GroupedGemmSpec problem;  // no configuration yet: that depends on the device
   codegen::GemmRequest request;

@@ -50,9 +50,12 @@ std::string_view name(WeightLayout l);
 std::string_view name(OffsetsConvention c);
 
 // Which grouped GEMM kernel a configuration uses: the portable mma.sync one
-// (sm_80 and newer) or Hopper's wgmma/TMA one (sm_90a only).
-enum class GemmKernel : uint8_t { mma_sync, wgmma_sm90 };
+// (sm_80 and newer) or one of Hopper's wgmma/TMA ones (sm_90a only): rows on
+// wgmma's M (tiles of 64 or 128 rows), or "swap AB", rows on wgmma's N (tiles
+// of any multiple of 32 rows up to tile_m; tile_n columns per block).
+enum class GemmKernel : uint8_t { mma_sync, wgmma_sm90, wgmma_sm90_swap_ab };
 std::string_view name(GemmKernel k);
+constexpr bool is_sm90(GemmKernel k) { return k == GemmKernel::wgmma_sm90 || k == GemmKernel::wgmma_sm90_swap_ab; }
 // Which way a cluster's blocks lie over the output tiles: along m they share
 // the weight tile (B), along n the activation tile (A), by TMA multicast.
 enum class ClusterAxis : uint8_t { m, n };
@@ -113,8 +116,10 @@ int grouped_gemm_shared_bytes(const GroupedGemmSpec& spec);
 
 // What a caller may ask of the configuration choice.
 struct GemmRequest {
-  enum class Kernel : uint8_t { arch_default, portable, sm90 };
-  Kernel kernel = Kernel::arch_default;  // portable: tests, comparisons; sm90: an error off Hopper
+  enum class Kernel : uint8_t { arch_default, portable, sm90, sm90_swap_ab };
+  // portable: tests, comparisons; sm90 (the arch's SM90 buckets) and sm90_swap_ab (every bucket swap AB): an
+  // error off Hopper
+  Kernel kernel = Kernel::arch_default;
   int tile_m = 0, tile_n = 0;  // 0: the heuristic's
   int cluster = 0;             // 0: the heuristic's (1 whenever a tile is given)
   ClusterAxis cluster_axis = ClusterAxis::m;  // with cluster 2

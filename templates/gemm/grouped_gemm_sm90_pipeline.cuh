@@ -1,0 +1,191 @@
+// What the SM90 grouped GEMM kernels share: the mbarrier ring between one
+// producer thread issuing TMA copies and consumer warpgroups issuing wgmma,
+// wgmma's shared-memory descriptors, cluster helpers, the k-loop of one tile
+// and the warp-specialised frame of the kernel. Needs grouped_gemm_common.cuh.
+#pragma once
+
+#include <cuda/ptx>
+
+namespace kjit {
+
+__device__ __forceinline__ void mbarrier_wait(unsigned long long* bar, unsigned phase) {
+  while (!cuda::ptx::mbarrier_try_wait_parity(bar, phase)) {
+  }
+}
+
+// A wgmma shared-memory descriptor: start address, leading and stride byte
+// offsets (16-byte units), 128-byte swizzle (PTX ISA, "matrix descriptor").
+__device__ __forceinline__ unsigned long long wgmma_descriptor(const void* tile, unsigned leading_bytes,
+                                                               unsigned stride_bytes) {
+  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(tile));
+  return static_cast<unsigned long long>((address & 0x3FFFF) >> 4) |
+         static_cast<unsigned long long>(leading_bytes >> 4) << 16 |
+         static_cast<unsigned long long>(stride_bytes >> 4) << 32 | 1ull << 62;
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int kInFlight>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kInFlight) : "memory");
+}
+// Keeps the compiler from moving accumulator reads or writes across wgmma
+// instructions, which read and write these registers asynchronously.
+template <int kCount>
+__device__ __forceinline__ void fence_accumulators(float (&acc)[kCount]) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(acc[i])::"memory");
+}
+
+
+// Operand tiles in shared memory are 128-byte swizzled, in one of two majors:
+// - K-major: one 128-byte row (64 k) per m (or n) row; 8-row groups 1 KB apart.
+// - MN-major: 64-row (k) x 64-column chunks (each k row 128 bytes of m or n),
+//   8 KB apart (the leading byte offset); 8-k groups 1 KB apart.
+template <bool kMnMajor>
+__device__ __forceinline__ unsigned long long operand_descriptor(const void* tile) {
+  return kMnMajor ? wgmma_descriptor(tile, 64 * 128, 1024) : wgmma_descriptor(tile, 16, 1024);
+}
+// Descriptor advance of k-step `kk` (16 k) inside a stage, in the
+// descriptor's 16-byte units: 32 bytes along a K-major row, 16 rows of 128
+// bytes in an MN-major chunk.
+template <bool kMnMajor>
+__device__ __forceinline__ unsigned long long operand_k_step(int kk) {
+  return kMnMajor ? kk * (16 * 128 / 16) : kk * (32 / 16);
+}
+
+// This block's rank in its cluster (0 without clusters).
+template <class Cfg>
+__device__ __forceinline__ int cluster_rank() {
+  if constexpr (Cfg::kCluster == 1) {
+    return 0;
+  } else {
+    unsigned rank;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+    return static_cast<int>(rank);
+  }
+}
+
+// Arrives on `bar` in every block of the cluster (the same shared offset in each).
+template <class Cfg>
+__device__ __forceinline__ void arrive_cluster_wide(unsigned long long* bar) {
+  if constexpr (Cfg::kCluster == 1) {
+    (void)cuda::ptx::mbarrier_arrive(bar);
+  } else {
+    const unsigned local = static_cast<unsigned>(__cvta_generic_to_shared(bar));
+#pragma unroll
+    for (int r = 0; r < Cfg::kCluster; ++r) {
+      unsigned remote;
+      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(r));
+      // CTA-scope release (the default): the consumer only read the stage,
+      // so nothing needs a cluster-scope fence, which would cost every arrive.
+      asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+    }
+  }
+}
+
+// One tile's k-loop for one consumer warpgroup: wgmma m64 x kRegs*2, reading
+// wgmma's A operand from `a_offset` bytes into each stage and its B operand
+// from `b_offset` bytes. `it` counts k-blocks over all tiles (stage and phase).
+template <class Cfg, class Mma, int kRegs>
+__device__ __forceinline__ void mainloop(float (&acc)[kRegs], unsigned char* tiles, unsigned long long* full,
+                                         unsigned long long* empty, unsigned a_offset, unsigned b_offset,
+                                         unsigned& it) {
+  const int lane = threadIdx.x % 32;
+  unsigned previous = 0;
+  for (int kb = 0; kb < Cfg::kKBlocks; ++kb, ++it) {
+    const unsigned s = it % Cfg::kStages;
+    mbarrier_wait(&full[s], (it / Cfg::kStages) & 1);
+    const unsigned char* stage = tiles + s * Cfg::kStageBytes;
+    const unsigned long long a_desc = operand_descriptor<Cfg::kOperandAMnMajor>(stage + a_offset);
+    const unsigned long long b_desc = operand_descriptor<Cfg::kOperandBMnMajor>(stage + b_offset);
+    fence_accumulators(acc);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Cfg::kBK / 16; ++kk)
+      Mma::run(acc, a_desc + operand_k_step<Cfg::kOperandAMnMajor>(kk),
+               b_desc + operand_k_step<Cfg::kOperandBMnMajor>(kk), kb > 0 || kk > 0);
+    wgmma_commit();
+    fence_accumulators(acc);
+    if (kb > 0) {
+      // The previous k-block's group is done reading its stage: hand it back.
+      wgmma_wait<1>();
+      if (lane == 0) arrive_cluster_wide<Cfg>(&empty[previous]);
+    }
+    previous = s;
+  }
+  wgmma_wait<0>();
+  fence_accumulators(acc);
+  if (lane == 0) arrive_cluster_wide<Cfg>(&empty[previous]);
+}
+
+// The k-loop of a block with nothing to store: its rows all lie past its
+// expert's end (the second block of an expert's odd m-tile count in a pair
+// along M) or its columns past N (the second block of a lone n-tile in a pair
+// along N). Its producer still loads its share for the peer; its consumers
+// hand each stage back unread. The SM's time is spent either way, but idle
+// tensor cores draw less power, and under the power cap every SM's clock
+// gains (H100, separate runs: 128 x 256 pairs along M 1268 -> 1144 us on
+// (32, 7168, 4096, 8192)). Whole blocks only: letting a lone consumer drain a
+// short tile cost 128 x 192 20% on that shape (probably because it then runs
+// a ring's depth ahead of the other and waits on every load).
+template <class Cfg>
+__device__ __forceinline__ void drain(unsigned long long* full, unsigned long long* empty, unsigned& it) {
+  const int lane = threadIdx.x % 32;
+  for (int kb = 0; kb < Cfg::kKBlocks; ++kb, ++it) {
+    const unsigned s = it % Cfg::kStages;
+    mbarrier_wait(&full[s], (it / Cfg::kStages) & 1);
+    if (lane == 0) arrive_cluster_wide<Cfg>(&empty[s]);
+  }
+}
+
+// The shared frame of the SM90 kernels: validates the offsets, lays out the
+// stages (1 KB aligned for the swizzle) and their mbarriers, then splits the
+// block: the last warpgroup produces (one thread issues the copies), the
+// others consume. Cfg provides kStages, kStageBytes, kConsumers, kCluster and
+// the register split. The consumers also get where the barriers end (a
+// kernel's own shared memory after them), and `init` (run by thread 0 before
+// the cluster-wide sync) initialises whatever barriers live there.
+template <class Cfg, class Params, class Init, class Producer, class Consumer>
+__device__ __forceinline__ void warp_specialized_gemm(const Params& p, Init init, Producer produce, Consumer consume) {
+  if (!offsets_valid<Cfg>(p.gemm)) return;
+
+  extern __shared__ __align__(1024) unsigned char kjit_dynamic_smem[];
+  // The dynamic window is only 16-byte aligned by contract; the swizzle needs 1024.
+  unsigned char* tiles = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<unsigned long long>(kjit_dynamic_smem) + 1023) & ~static_cast<unsigned long long>(1023));
+  auto* full = reinterpret_cast<unsigned long long*>(tiles + Cfg::kStages * Cfg::kStageBytes);
+  unsigned long long* empty = full + Cfg::kStages;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < Cfg::kStages; ++s) {
+      cuda::ptx::mbarrier_init(&full[s], 1);                    // the producer's arrive.expect_tx
+      // One arrival per consumer warp of every block in the cluster: a
+      // producer writes into its peers' stages too.
+      cuda::ptx::mbarrier_init(&empty[s], Cfg::kConsumers * 4 * Cfg::kCluster);
+    }
+    init(reinterpret_cast<unsigned char*>(empty + Cfg::kStages));
+    cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
+  }
+  // Peers arrive on and copy into this block's barriers and stages: all of
+  // them must be initialised before anyone starts, and stay until all finish.
+  auto sync_cluster = [] {
+    if constexpr (Cfg::kCluster > 1) {
+      cuda::ptx::barrier_cluster_arrive(cuda::ptx::sem_release);
+      cuda::ptx::barrier_cluster_wait(cuda::ptx::sem_acquire);
+    } else {
+      __syncthreads();
+    }
+  };
+  sync_cluster();
+
+  if (threadIdx.x / 128 == Cfg::kConsumers) {
+    if constexpr (Cfg::kConsumers > 1) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(Cfg::kProducerRegisters));
+    if (threadIdx.x % 128 == 0) produce(tiles, full, empty, reinterpret_cast<unsigned char*>(empty + Cfg::kStages));
+  } else {
+    if constexpr (Cfg::kConsumers > 1) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Cfg::kConsumerRegisters));
+    consume(tiles, full, empty, reinterpret_cast<unsigned char*>(empty + Cfg::kStages));
+  }
+  if constexpr (Cfg::kCluster > 1) sync_cluster();
+}
+
+}  // namespace kjit

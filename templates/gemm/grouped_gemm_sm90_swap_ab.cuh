@@ -1,0 +1,389 @@
+// Grouped GEMM for MoE experts on sm_90a with wgmma's operands swapped
+// ("swap AB"): the weights ride wgmma's M (64 output columns per consumer
+// warpgroup) and the rows of A (tokens) ride its N, which wgmma takes in
+// steps of 8. Same op as grouped_gemm_sm90.cuh; the point is the tile height.
+//
+// Why: with rows on M a tile is 64 or 128 rows, and an expert's last m-tile
+// computes up to 127 rows past the expert's end; at ~256 rows per expert
+// (uniform routing of prefill batches) a fifth of all wgmma work is on rows
+// nobody stores. Here a tile is any multiple of kRowStep rows up to kBM: an
+// expert's rows are split into ceil(rows / kBM) tiles of near-equal height,
+// so fewer than kRowStep rows per tile are wasted, and each weight tile is
+// read once per up-to-kBM rows instead of once per 128.
+//
+// Shape of the kernel (the pipeline is grouped_gemm_sm90_pipeline.cuh's):
+// - Persistent over tiles (expert, n-tile, row tile), row tiles fastest, so
+//   blocks running side by side read the same weight tile. Tiles are handed
+//   out on demand from a counter in global memory (TileQueue): their heights
+//   differ, and a static round robin gave some SMs all the tall ones.
+// - Heights vary per tile; each height (kRowStep, 2 kRowStep, ..., kBM) is its
+//   own instantiation of the k-loop and epilogue, picked by a switch per tile
+//   (wgmma's N is an immediate). The producer copies only the tile's rows, in
+//   boxes of kRowStep rows.
+// - Clusters of 2 lie along N: the pair takes adjacent n-tiles of one row tile
+//   (same height), each block loading every other box of rows and
+//   multicasting it into both.
+// - Epilogue: the accumulator holds out^T (columns on M); stmatrix.trans
+//   turns each warpgroup's 64 columns x 32 rows into row-major order in a
+//   4 KB scratch, from which its threads store whole 128-byte row segments.
+//
+// Shared-memory stage: the weight tile (kBN x 64 k: [E, N, K] K-major rows,
+// [E, K, N] N-major 64-column chunks, as wgmma's A operand), then the row tile
+// (up to kBM rows x 64 k, K-major, as wgmma's B operand).
+#pragma once
+
+#include <cuda/ptx>
+
+namespace kjit {
+
+template <class Problem, int kBM_, int kBN_, int kStages_, int kCluster_, template <int> class Mma_>
+struct GroupedGemmSwapAbConfig : Problem {
+  using Problem::kK, Problem::kN;
+  static constexpr int kBM = kBM_;  // the tallest row tile
+  static constexpr int kBN = kBN_;  // output columns per block: 64 per consumer warpgroup
+  static constexpr int kStages = kStages_, kCluster = kCluster_;
+  static constexpr int kRowStep = 32;  // tile heights and row boxes (TMA box of 32 rows x 64 k)
+  template <int kRows>
+  using Mma = Mma_<kRows>;  // the generated wgmma m64n<kRows>k16 wrappers
+  static constexpr int kBK = 64;
+  static constexpr int kConsumers = kBN / 64;
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr int kWTileBytes = kBN * kBK * 2;
+  static constexpr int kRowBoxBytes = kRowStep * kBK * 2;
+  static constexpr int kStageBytes = kWTileBytes + kBM * kBK * 2;
+  // wgmma's A operand is the weight tile (N-major for [E, K, N]), B the rows.
+  static constexpr bool kOperandAMnMajor = Problem::kWeightsKN, kOperandBMnMajor = false;
+  static constexpr long long kNTiles = (kN + kBN - 1) / kBN;
+  static constexpr long long kNClusterTiles = (kNTiles + kCluster - 1) / kCluster;
+  static constexpr bool kColumnsMasked = kN % kBN != 0;
+  static constexpr int kKBlocks = static_cast<int>((kK + kBK - 1) / kBK);
+  // After the stage barriers: the epilogue's scratch, 32 rows x 64 columns of
+  // bf16 per consumer warpgroup, then the tile queue (kQueueSlots x two
+  // mbarriers and an index, 8 bytes each).
+  static constexpr int kScratchBytes = kConsumers * 32 * 64 * 2;
+  static constexpr int kQueueSlots = 4;
+  static constexpr int kQueueBytes = kQueueSlots * 24;
+  // Stages, alignment slack, two mbarriers per stage, scratch, queue (codegen's
+  // grouped_gemm_shared_bytes computes the same; the generated code checks).
+  static constexpr int kSharedBytes = kStages * kStageBytes + 1024 + 16 * kStages + kScratchBytes + kQueueBytes;
+  static constexpr int kProducerRegisters = 56, kConsumerRegisters = 224;
+  static_assert(kBM % kRowStep == 0 && kBM >= kRowStep && kBM <= 256, "wgmma N is at most 256");
+  static_assert(kBN == 64 || kBN == 128, "one or two consumer warpgroups");
+  static_assert(kCluster == 1 || (kCluster == 2 && kN % (kBN * kCluster) == 0),
+                "pairs along N never run past N (the host only picks them then)");
+};
+
+// One tile of the walk: `rows` (1..kBM) rows of `expert` from row0, columns from n0.
+struct SwapAbTile {
+  int expert;
+  long long row0;
+  int rows;
+  int n0;
+};
+
+// Maps tile indices to tiles, like TileWalker (a forward cursor over the
+// experts, the same increasing sequence for every role). An expert of r rows
+// gets ceil(r / kBM) row tiles of `height` rows (r / tiles rounded up to
+// kRowStep), the last one shorter; the rounding keeps every tile non-empty
+// (for up to 8 tiles the slack is under a tile, beyond that height is kBM).
+template <class Cfg>
+struct SwapAbTileWalker {
+  const kjit_grouped_gemm_params* p;
+  int rank;
+  int expert = -1;
+  long long first = 0, tiles = 0, m_tiles = 0;
+  long long start = 0, end = 0;
+  int height = 0;
+
+  __device__ bool seek(long long t, SwapAbTile& tile) {
+    while (t >= first + tiles) {
+      first += tiles;
+      if (++expert >= Cfg::kExperts) return false;
+      expert_rows<Cfg>(*p, expert, start, end);
+      const long long rows = end - start;
+      m_tiles = (rows + Cfg::kBM - 1) / Cfg::kBM;
+      const long long even = m_tiles > 0 ? (rows + m_tiles - 1) / m_tiles : 0;
+      height = static_cast<int>((even + Cfg::kRowStep - 1) / Cfg::kRowStep * Cfg::kRowStep);
+      tiles = m_tiles * Cfg::kNClusterTiles;
+    }
+    const long long local = t - first;
+    const long long m = local % m_tiles, n = local / m_tiles;
+    tile.expert = expert;
+    tile.row0 = start + m * height;
+    const long long rows = end - tile.row0;
+    tile.rows = static_cast<int>(rows < height ? rows : height);
+    tile.n0 = static_cast<int>((n * Cfg::kCluster + rank) * Cfg::kBN);
+    return true;
+  }
+};
+
+// The tiles a cluster runs, in increasing index order (what the walkers
+// need): its first is its cluster index, each next one either the next free
+// tile of a counter in global memory (p.tile_counter, zeroed before the
+// launch: a cluster that finishes early takes more tiles, so tiles of
+// different heights even out) or, without one, the index a grid's worth of
+// clusters further (a static round robin). Rank 0's producer thread draws the
+// indices and publishes them in a ring of kQueueSlots slots in every block of
+// the cluster; each consumer warp and each producer thread reads every index.
+template <class Cfg>
+struct TileQueue {
+  unsigned long long* full;   // [slot]: rank 0's producer arrives once the index is in place
+  unsigned long long* empty;  // [slot], rank 0's block: every reader of the cluster arrives
+  unsigned long long* index;  // [slot]
+  static constexpr int kReadersPerBlock = 4 * Cfg::kConsumers + 1;
+
+  __device__ explicit TileQueue(unsigned char* base)
+      : full(reinterpret_cast<unsigned long long*>(base + Cfg::kScratchBytes)),
+        empty(full + Cfg::kQueueSlots),
+        index(empty + Cfg::kQueueSlots) {}
+
+  __device__ void init() const {
+    for (int s = 0; s < Cfg::kQueueSlots; ++s) {
+      cuda::ptx::mbarrier_init(&full[s], 1);
+      cuda::ptx::mbarrier_init(&empty[s], kReadersPerBlock * Cfg::kCluster);
+    }
+  }
+
+  // Rank 0's producer: the cluster's i-th tile is `tile`.
+  __device__ void publish(unsigned i, unsigned long long tile) const {
+    const unsigned s = i % Cfg::kQueueSlots;
+    mbarrier_wait(&empty[s], ((i / Cfg::kQueueSlots) & 1) ^ 1);
+    if constexpr (Cfg::kCluster == 1) {
+      *reinterpret_cast<volatile unsigned long long*>(&index[s]) = tile;
+      (void)cuda::ptx::mbarrier_arrive(&full[s]);  // release: the index is visible to whoever waits
+    } else {
+      const unsigned local_index = static_cast<unsigned>(__cvta_generic_to_shared(&index[s]));
+      const unsigned local_full = static_cast<unsigned>(__cvta_generic_to_shared(&full[s]));
+#pragma unroll
+      for (int r = 0; r < Cfg::kCluster; ++r) {
+        unsigned remote_index, remote_full;
+        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote_index) : "r"(local_index), "r"(r));
+        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote_full) : "r"(local_full), "r"(r));
+        asm volatile("st.shared::cluster.u64 [%0], %1;" ::"r"(remote_index), "l"(tile) : "memory");
+        // Cluster-scope release: the peer must see the index before the arrival.
+        asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote_full) : "memory");
+      }
+    }
+  }
+
+  // Every reader: the cluster's i-th tile. The caller then releases the slot
+  // (once per warp, after every lane has read).
+  __device__ unsigned long long read(unsigned i) const {
+    const unsigned s = i % Cfg::kQueueSlots;
+    const unsigned phase = (i / Cfg::kQueueSlots) & 1;
+    if constexpr (Cfg::kCluster == 1) {
+      mbarrier_wait(&full[s], phase);
+    } else {
+      while (!cuda::ptx::mbarrier_try_wait_parity(cuda::ptx::sem_acquire, cuda::ptx::scope_cluster, &full[s], phase)) {
+      }
+    }
+    return *reinterpret_cast<volatile unsigned long long*>(&index[s]);
+  }
+
+  __device__ void release(unsigned i) const {
+    unsigned long long* bar = &empty[i % Cfg::kQueueSlots];
+    if constexpr (Cfg::kCluster == 1) {
+      (void)cuda::ptx::mbarrier_arrive(bar);
+    } else {
+      // Rank 0's barrier; the reader only read, so the default CTA-scope release suffices.
+      const unsigned local = static_cast<unsigned>(__cvta_generic_to_shared(bar));
+      unsigned remote;
+      asm volatile("mapa.shared::cluster.u32 %0, %1, 0;" : "=r"(remote) : "r"(local));
+      asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+    }
+  }
+};
+
+template <class Cfg>
+__device__ __forceinline__ void swap_ab_producer(const kjit_grouped_gemm_sm90_params& p, unsigned char* tiles,
+                                                 unsigned long long* full, unsigned long long* empty,
+                                                 unsigned char* after_barriers) {
+  namespace ptx = cuda::ptx;
+  asm volatile("prefetch.tensormap [%0];" ::"l"(&p.a_map) : "memory");
+  asm volatile("prefetch.tensormap [%0];" ::"l"(&p.b_map) : "memory");
+  const int rank = cluster_rank<Cfg>();
+  const TileQueue<Cfg> queue(after_barriers);
+  const unsigned long long clusters = gridDim.x / Cfg::kCluster;
+  if (rank == 0) queue.publish(0, blockIdx.x / Cfg::kCluster);
+  SwapAbTileWalker<Cfg> walk{&p.gemm, rank};
+  SwapAbTile tile;
+  unsigned it = 0;  // k-blocks issued so far, over all tiles: selects stage and phase
+  for (unsigned i = 0;; ++i) {
+    const unsigned long long t = queue.read(i);
+    queue.release(i);
+    if (!walk.seek(static_cast<long long>(t), tile)) break;
+    // Draw the next index now; the atomic's latency passes while this tile's copies are issued.
+    unsigned long long next = 0;
+    if (rank == 0) next = p.gemm.tile_counter != nullptr ? clusters + atomicAdd(p.gemm.tile_counter, 1u) : t + clusters;
+    const int boxes = (tile.rows + Cfg::kRowStep - 1) / Cfg::kRowStep;
+    for (int kb = 0; kb < Cfg::kKBlocks; ++kb, ++it) {
+      const unsigned s = it % Cfg::kStages;
+      mbarrier_wait(&empty[s], ((it / Cfg::kStages) & 1) ^ 1);
+      // Every box of rows lands in every block of the cluster, whoever copied it.
+      ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &full[s],
+                                     Cfg::kWTileBytes + boxes * Cfg::kRowBoxBytes);
+      unsigned char* w_tile = tiles + s * Cfg::kStageBytes;
+      unsigned char* a_tile = w_tile + Cfg::kWTileBytes;
+      const int k0 = kb * Cfg::kBK;
+      if constexpr (!Cfg::kWeightsKN) {
+        const int w_coords[3] = {k0, tile.n0, tile.expert};
+        ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, w_tile, &p.b_map, w_coords, &full[s]);
+      } else {
+#pragma unroll
+        for (int c = 0; c < Cfg::kBN / 64; ++c) {
+          const int w_coords[3] = {tile.n0 + 64 * c, k0, tile.expert};
+          ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, w_tile + c * 64 * 128, &p.b_map,
+                                    w_coords, &full[s]);
+        }
+      }
+      for (int box = 0; box < boxes; ++box) {
+        const int a_coords[2] = {k0, static_cast<int>(tile.row0) + box * Cfg::kRowStep};
+        unsigned char* destination = a_tile + box * Cfg::kRowBoxBytes;
+        if constexpr (Cfg::kCluster == 1) {
+          ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, destination, &p.a_map, a_coords, &full[s]);
+        } else if (box % Cfg::kCluster == rank) {
+          constexpr unsigned short kAll = (1u << Cfg::kCluster) - 1;
+          ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, destination, &p.a_map, a_coords, &full[s],
+                                    kAll);
+        }
+      }
+    }
+    if (rank == 0) queue.publish(i + 1, next);
+  }
+}
+
+// Stores a warpgroup's accumulator (m64 n<kRows> f32: register 4j + 2h + c
+// holds column 16 * warp + lane / 4 + 8h of the warpgroup's 64, row
+// 8j + 2 (lane % 4) + c of the tile) with the optional row scale, masked to
+// the tile's rows and to N.
+template <class Cfg, int kRows>
+__device__ __forceinline__ void swap_ab_store(const kjit_grouped_gemm_params& p, const float (&acc)[kRows / 2],
+                                              const SwapAbTile& tile, long long col0, unsigned char* scratch) {
+  const int warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32, q = lane % 4;
+  if constexpr (Cfg::kOutF32) {
+    // Lanes of equal q hold 8 consecutive columns of a row: 32-byte runs.
+#pragma unroll
+    for (int j = 0; j < kRows / 8; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int r = 8 * j + 2 * q + c;
+        if (r >= tile.rows) continue;
+        const long long row = tile.row0 + r;
+        const float scale = Cfg::kRowScale ? p.row_scale[row] : 1.0f;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const long long col = col0 + 16 * warp + lane / 4 + 8 * h;
+          if (!Cfg::kColumnsMasked || col < Cfg::kN)
+            static_cast<float*>(p.out)[row * Cfg::kN + col] = acc[4 * j + 2 * h + c] * scale;
+        }
+      }
+  } else {
+    // Per 32 rows, through the warpgroup's 4 KB of scratch (32 rows x 64
+    // columns, 128 bytes a row): each warp writes its 16 columns with two
+    // stmatrix.x4.trans, then each thread copies two 16-byte pieces out, so
+    // that a warp's store covers 4 whole 128-byte row segments. (Each warp
+    // storing its own 32-byte row pieces cost this kernel ~20% at K = 2048 on
+    // an H100.) The 16-byte units of a row are XOR-swizzled by the row's low
+    // 3 bits, which keeps both sides free of bank conflicts.
+    const int consumer = threadIdx.x / 128;
+    const unsigned base = static_cast<unsigned>(__cvta_generic_to_shared(scratch + consumer * 32 * 128));
+    auto unit_offset = [](int row, int unit) { return row * 128 + 16 * (unit ^ (row & 7)); };
+    auto sync_warpgroup = [consumer] { asm volatile("bar.sync %0, 128;" ::"r"(1 + consumer) : "memory"); };
+#pragma unroll
+    for (int chunk = 0; chunk < kRows / 32; ++chunk) {
+#pragma unroll
+      for (int pair = 0; pair < 2; ++pair) {
+        // Matrices 0..3: (j, h) = (j0, 0), (j0, 1), (j0 + 1, 0), (j0 + 1, 1); lane
+        // 8m + r gives the address of stored row r (tile row 8j + r) of matrix m.
+        const int j0 = 4 * chunk + 2 * pair;
+        unsigned w[4];
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          const int j = j0 + m / 2, h = m % 2;
+          float s0 = 1.0f, s1 = 1.0f;
+          if constexpr (Cfg::kRowScale) {
+            const int r = 8 * j + 2 * q;
+            s0 = r < tile.rows ? p.row_scale[tile.row0 + r] : 0.0f;
+            s1 = r + 1 < tile.rows ? p.row_scale[tile.row0 + r + 1] : 0.0f;
+          }
+          w[m] = cvt_rn_bf16x2_f32(acc[4 * j + 2 * h] * s0, acc[4 * j + 2 * h + 1] * s1);
+        }
+        const int m = lane / 8, row = 8 * (2 * pair + m / 2) + lane % 8;
+        asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(
+                         base + unit_offset(row, 2 * warp + m % 2)),
+                     "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
+                     : "memory");
+      }
+      sync_warpgroup();
+      const int unit = threadIdx.x % 8;
+      const long long col = col0 + 8 * unit;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = threadIdx.x % 128 / 8 + 16 * half;
+        uint4 v;
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "r"(base + unit_offset(row, unit)));
+        const int r = 32 * chunk + row;
+        if (r < tile.rows && (!Cfg::kColumnsMasked || col < Cfg::kN))
+          *reinterpret_cast<uint4*>(static_cast<unsigned short*>(p.out) + (tile.row0 + r) * Cfg::kN + col) = v;
+      }
+      sync_warpgroup();  // the next chunk's stmatrix overwrites the scratch
+    }
+  }
+}
+
+// One tile for one consumer warpgroup: the k-loop and the epilogue at the
+// tile's height, the smallest multiple of kRowStep holding its rows (wgmma's
+// N is an immediate, so each height is its own instantiation; the recursion
+// is the switch over them).
+template <class Cfg, int kRows = Cfg::kRowStep>
+__device__ __forceinline__ void swap_ab_tile(const kjit_grouped_gemm_sm90_params& p, const SwapAbTile& tile,
+                                             float (&acc)[Cfg::kBM / 2], unsigned char* tiles,
+                                             unsigned long long* full, unsigned long long* empty,
+                                             unsigned char* scratch, unsigned& it) {
+  if constexpr (kRows < Cfg::kBM) {
+    if (tile.rows > kRows) {
+      swap_ab_tile<Cfg, kRows + Cfg::kRowStep>(p, tile, acc, tiles, full, empty, scratch, it);
+      return;
+    }
+  }
+  const int consumer = threadIdx.x / 128;
+  float(&part)[kRows / 2] = *reinterpret_cast<float(*)[kRows / 2]>(acc);
+  // This consumer's 64 weight rows ([E, N, K]) or 64-column chunk ([E, K, N]): 8 KB either way.
+  mainloop<Cfg, typename Cfg::template Mma<kRows>, kRows / 2>(part, tiles, full, empty, consumer * 64 * 128,
+                                                              Cfg::kWTileBytes, it);
+  swap_ab_store<Cfg, kRows>(p.gemm, part, tile, tile.n0 + consumer * 64, scratch);
+}
+
+template <class Cfg>
+__device__ __forceinline__ void swap_ab_consumer(const kjit_grouped_gemm_sm90_params& p, unsigned char* tiles,
+                                                 unsigned long long* full, unsigned long long* empty,
+                                                 unsigned char* after_barriers) {
+  float acc[Cfg::kBM / 2];
+  const TileQueue<Cfg> queue(after_barriers);
+  SwapAbTileWalker<Cfg> walk{&p.gemm, cluster_rank<Cfg>()};
+  SwapAbTile tile;
+  unsigned it = 0;
+  for (unsigned i = 0;; ++i) {
+    const unsigned long long t = queue.read(i);
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) queue.release(i);
+    if (!walk.seek(static_cast<long long>(t), tile)) break;
+    swap_ab_tile<Cfg>(p, tile, acc, tiles, full, empty, after_barriers, it);
+  }
+}
+
+template <class Cfg>
+__device__ __forceinline__ void grouped_gemm_sm90_swap_ab(const kjit_grouped_gemm_sm90_params& p) {
+  warp_specialized_gemm<Cfg>(
+      p, [](unsigned char* after_barriers) { TileQueue<Cfg>(after_barriers).init(); },
+      [&](unsigned char* tiles, unsigned long long* full, unsigned long long* empty, unsigned char* after_barriers) {
+        swap_ab_producer<Cfg>(p, tiles, full, empty, after_barriers);
+      },
+      [&](unsigned char* tiles, unsigned long long* full, unsigned long long* empty, unsigned char* after_barriers) {
+        swap_ab_consumer<Cfg>(p, tiles, full, empty, after_barriers);
+      });
+}
+
+}  // namespace kjit
