@@ -29,6 +29,7 @@ struct kjit_grouped_gemm_sm90_params {
   struct kjit_grouped_gemm_params gemm;
   struct kjit_tensor_map a_map; /* A as [total_rows, K], box [BM, 64], 128-byte swizzle */
   struct kjit_tensor_map b_map; /* B as [E, N, K] (box [1, BN, 64]) or [E, K, N] (box [1, 64, 64]) */
+  struct kjit_tensor_map a_wide_map; /* swap AB only: A in boxes of [128, 64] (a_map's are [32, 64]) */
 };
 
 /* Codes a grouped GEMM leaves in device_error[0]; device_error[1] holds the expert. */

@@ -416,7 +416,8 @@ TEST_CASE_FIXTURE(GemmFixture, "on sm_90 a grouped GEMM launches the persistent 
   CHECK(machine.cluster_x == 0);
   CHECK(machine.grid[0] == 8);  // (1024 / 256 + 4) row tiles x 1 n-tile, under 132 SMs
   CHECK(machine.tensor_map_boxes[2] == std::vector<cuuint64_t>{64, 32});
-  CHECK(machine.tensor_map_boxes[3] == std::vector<cuuint64_t>{64, 128, 1});
+  CHECK(machine.tensor_map_boxes[3] == std::vector<cuuint64_t>{64, 128});  // and in wide boxes of 128
+  CHECK(machine.tensor_map_boxes[4] == std::vector<cuuint64_t>{64, 128, 1});
 
   // 2048 rows per expert: 128 x 256 tiles in clusters of two blocks, each
   // loading half of the B tile (128 of its 256 rows) for both.
@@ -424,7 +425,7 @@ TEST_CASE_FIXTURE(GemmFixture, "on sm_90 a grouped GEMM launches the persistent 
   REQUIRE(kjit::ops::grouped_gemm(runtime, g, fake_stream(0)).has_value());
   CHECK(machine.cluster_x == 2);
   CHECK(machine.grid[0] == 72);  // (8192 / 256 + 4) cluster tiles x 1 n-tile, 2 blocks each, under 66 clusters x 2
-  CHECK(machine.tensor_map_boxes[5] == std::vector<cuuint64_t>{64, 128, 1});
+  CHECK(machine.tensor_map_boxes[6] == std::vector<cuuint64_t>{64, 128, 1});
 
   // With 128 x 64 tiles (asked for: no cluster then) there are
   // (64 + 4) x 2 = 136 tiles, and the grid stops at the SM count.
@@ -435,8 +436,8 @@ TEST_CASE_FIXTURE(GemmFixture, "on sm_90 a grouped GEMM launches the persistent 
   CHECK(machine.block_x == 384);
   CHECK(machine.grid[0] == 132);
   CHECK(machine.cluster_x == 0);
-  CHECK(machine.tensor_map_dims[7] == std::vector<cuuint64_t>{128, 256, 4});  // B [E, K, N]: N, K, E
-  CHECK(machine.tensor_map_boxes[7] == std::vector<cuuint64_t>{64, 64, 1});
+  CHECK(machine.tensor_map_dims[8] == std::vector<cuuint64_t>{128, 256, 4});  // B [E, K, N]: N, K, E
+  CHECK(machine.tensor_map_boxes[8] == std::vector<cuuint64_t>{64, 64, 1});
 
   // Pairs along N share A: each block loads 64 of the 128 A rows and the
   // whole B tile. N = 128 is one 64-column n-tile, so each pair's second block
@@ -447,8 +448,8 @@ TEST_CASE_FIXTURE(GemmFixture, "on sm_90 a grouped GEMM launches the persistent 
   REQUIRE(kjit::ops::grouped_gemm(runtime, g, fake_stream(0)).has_value());
   CHECK(machine.cluster_x == 2);
   CHECK(machine.grid[0] == 132);
-  CHECK(machine.tensor_map_boxes[8] == std::vector<cuuint64_t>{64, 64});
-  CHECK(machine.tensor_map_boxes[9] == std::vector<cuuint64_t>{64, 64, 1});
+  CHECK(machine.tensor_map_boxes[9] == std::vector<cuuint64_t>{64, 64});
+  CHECK(machine.tensor_map_boxes[10] == std::vector<cuuint64_t>{64, 64, 1});
   g.rows = 256;  // (2 + 4) m-tiles: 6 clusters
   REQUIRE(kjit::ops::grouped_gemm(runtime, g, fake_stream(0)).has_value());
   CHECK(machine.grid[0] == 12);
@@ -467,7 +468,8 @@ TEST_CASE_FIXTURE(GemmFixture, "swap AB launches with boxes of 32 rows, zeroing 
   CHECK(machine.cluster_x == 0);
   CHECK(machine.grid[0] == 8);  // (1024 / 256 + 4) row tiles x 1 n-tile, under 132 SMs
   CHECK(machine.tensor_map_boxes[0] == std::vector<cuuint64_t>{64, 32});      // rows in boxes of 32
-  CHECK(machine.tensor_map_boxes[1] == std::vector<cuuint64_t>{64, 128, 1});  // the block's whole weight tile
+  CHECK(machine.tensor_map_boxes[1] == std::vector<cuuint64_t>{64, 128});     // and in boxes of 128
+  CHECK(machine.tensor_map_boxes[2] == std::vector<cuuint64_t>{64, 128, 1});  // the block's whole weight tile
   CHECK(machine.async_memsets.empty());
   // With one: zeroed in the launch's stream, before the launch.
   g.workspace = workspace.data();

@@ -122,6 +122,10 @@ Expected<void> encode_sm90_maps(const DriverApi& api, const codegen::GroupedGemm
   const bool along_n = s.cluster_axis == codegen::ClusterAxis::n;
   const cuuint32_t a_box[2] = {64, static_cast<cuuint32_t>(swap_ab ? 32 : along_n ? s.tile_m / s.cluster : s.tile_m)};
   if (auto ok = encode_tensor_map(api, p.a_map, p.gemm.a, 2, a_dims, a_strides, a_box, "A"); !ok) return ok;
+  if (swap_ab) {
+    const cuuint32_t wide_box[2] = {64, 128};
+    if (auto ok = encode_tensor_map(api, p.a_wide_map, p.gemm.a, 2, a_dims, a_strides, wide_box, "A"); !ok) return ok;
+  }
   if (s.weights == codegen::WeightLayout::e_n_k) {
     const cuuint64_t dims[3] = {k, n, e};
     const cuuint64_t strides[2] = {k * 2, n * k * 2};
