@@ -48,6 +48,7 @@ struct DeviceBuffer {
   void upload(const std::vector<T>& host) {
     api().cuCtxSetCurrent(ctx);
     must(api().cuMemcpyHtoD(ptr, host.data(), host.size() * sizeof(T)), "cuMemcpyHtoD");
+    settle();
   }
   template <class T>
   std::vector<T> download(size_t offset_bytes, size_t count) const {
@@ -62,7 +63,13 @@ struct DeviceBuffer {
   void poison() {
     api().cuCtxSetCurrent(ctx);
     must(api().cuMemsetD32(ptr, 0xDEADBEEFu, bytes / 4), "cuMemsetD32");
+    settle();
   }
+  // The copy and the memset above may return before the device has finished
+  // them (pageable copies, device memsets), and a non-blocking stream does
+  // not wait for the legacy stream they ran on: a graph replayed right after
+  // raced with the poison under load (seen: output still poison).
+  static void settle() { must(api().cuStreamSynchronize(nullptr), "cuStreamSynchronize"); }
 };
 
 }  // namespace kjit::testing

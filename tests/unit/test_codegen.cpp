@@ -5,6 +5,8 @@
 #include <string>
 #include <thread>
 
+#include <fmt/format.h>
+
 #include <llvm/FileCheck/FileCheck.h>
 #include <llvm/Support/MemoryBuffer.h>
 #include <llvm/Support/SourceMgr.h>
@@ -222,9 +224,15 @@ TEST_CASE("grouped GEMM configurations: buckets by rows per expert on sm_90a, th
          middle.cluster == 1 && middle.stages == 4));
   CHECK(pick(512 * 32, "sm_90a").kernel == GemmKernel::wgmma_sm90_swap_ab);
   const auto many = pick(513 * 32, "sm_90a");
-  CHECK((many.tile_m == 128 && many.tile_n == 256 && many.cluster == 2 && many.stages == 4));
+  CHECK((many.kernel == GemmKernel::wgmma_sm90_swap_ab && many.tile_m == 256 && many.tile_n == 128 &&
+         many.cluster == 2 && many.cluster_axis == ClusterAxis::n && many.stages == 4));
   CHECK(pick(64 * 32, "sm_90a").kernel == GemmKernel::wgmma_sm90);
-  CHECK(many.kernel == GemmKernel::wgmma_sm90);
+  // Where N holds no whole pair of 128-column tiles, the many-rows bucket pairs 128 x 256 tiles along M.
+  auto odd_n = problem;
+  odd_n.n = 4096 + 128;
+  const auto pairs_along_m = *choose_grouped_gemm_config(odd_n, "sm_90a", 513 * 32);
+  CHECK((pairs_along_m.kernel == GemmKernel::wgmma_sm90 && pairs_along_m.tile_m == 128 &&
+         pairs_along_m.tile_n == 256 && pairs_along_m.cluster == 2 && pairs_along_m.cluster_axis == ClusterAxis::m));
   for (const auto& s : {pick(64 * 32, "sm_90a"), middle, many}) CHECK(validate(KernelSpec{s}).has_value());
   // A tile without swap AB asked for is the rows-on-M kernel's, in every bucket; with it, swap AB's.
   CHECK(pick(256 * 32, "sm_90a", {.kernel = GemmRequest::Kernel::sm90, .tile_m = 128, .tile_n = 192}).kernel ==
@@ -264,9 +272,10 @@ TEST_CASE("grouped GEMM specs: a problem and each configuration round-trip throu
   std::vector<KernelSpec> specs{gemm_problem()};
   for (auto& k : kernels_for_target(gemm_problem(), "sm_90a")) specs.push_back(k);
   for (auto& k : kernels_for_target(gemm_problem(), "sm_120a")) specs.push_back(k);
-  auto along_n = std::get<GroupedGemmSpec>(specs[3]);
-  along_n.cluster_axis = ClusterAxis::n;
-  specs.push_back(along_n);
+  auto pairs = *choose_grouped_gemm_config(gemm_problem(), "sm_90a", 1 << 20, {.tile_m = 128, .tile_n = 256, .cluster = 2});
+  specs.push_back(pairs);
+  pairs.cluster_axis = ClusterAxis::n;
+  specs.push_back(pairs);
   std::set<std::string> names;
   for (const auto& spec : specs) {
     auto back = spec_from_json(to_json(spec));
@@ -276,7 +285,10 @@ TEST_CASE("grouped GEMM specs: a problem and each configuration round-trip throu
   }
   CHECK(names.size() == specs.size());
   CHECK(canonical(specs[0]).ends_with("config=per-arch"));
-  CHECK(canonical(specs[3]).find("kernel=wgmma_sm90 tile=128x256x64 stages=4 cluster=2") != std::string::npos);
+  CHECK(canonical(specs[2]).find("kernel=wgmma_sm90_swap_ab tile=256x128x64 stages=4 cluster=1") != std::string::npos);
+  CHECK(canonical(specs[3]).find("kernel=wgmma_sm90_swap_ab tile=256x128x64 stages=4 cluster=2 along n") !=
+        std::string::npos);
+  CHECK(canonical(specs[5]).find("kernel=wgmma_sm90 tile=128x256x64 stages=4 cluster=2 along m") != std::string::npos);
   // A tile without a kernel is neither a problem nor a configuration.
   auto j = to_json(specs[1]);
   j.erase("kernel");
@@ -286,7 +298,8 @@ TEST_CASE("grouped GEMM specs: a problem and each configuration round-trip throu
 }
 
 TEST_CASE("the SM90 grouped GEMM renders its wgmma wrappers and asks for its shared memory and cluster") {
-  const auto many = std::get<GroupedGemmSpec>(kernels_for_target(gemm_problem(), "sm_90a")[2]);
+  const auto many =
+      *choose_grouped_gemm_config(gemm_problem(), "sm_90a", 1 << 20, {.tile_m = 128, .tile_n = 256, .cluster = 2});
   const auto k = render(many);
   CHECK(k.entry_point == "kjit_grouped_gemm_sm90");
   CHECK(k.threads_per_block == 384);
@@ -305,4 +318,27 @@ TEST_CASE("the SM90 grouped GEMM renders its wgmma wrappers and asks for its sha
   CHECK(render(along_n).source.find(", 4, 2, true, KjitWgmma, KjitWgmmaHalf>") != std::string::npos);
   const auto small = grouped_gemm_geometry(along_n, 256, 1000);
   CHECK(small.grid_x == 2 * 8 * (2 + along_n.experts));
+}
+
+TEST_CASE("swap AB renders one wgmma per tile height, weights as operand A, and asks for its scratch and queue") {
+  auto swap = std::get<GroupedGemmSpec>(kernels_for_target(gemm_problem(), "sm_90a")[1]);
+  REQUIRE(swap.kernel == GemmKernel::wgmma_sm90_swap_ab);
+  swap.weights = WeightLayout::e_k_n;
+  const auto k = render(swap);
+  CHECK(k.entry_point == "kjit_grouped_gemm_sm90_swap_ab");
+  CHECK(k.threads_per_block == 384);  // two consumer warpgroups (128 columns) and the producer
+  // Stages, slack, stage barriers, 4 KB of epilogue scratch per consumer, the tile queue.
+  CHECK(k.dynamic_shared_bytes == 4 * (256 + 128) * 64 * 2 + 1024 + 16 * 4 + 2 * 4096 + 4 * 24);
+  for (int rows = 32; rows <= 256; rows += 32) {
+    CAPTURE(rows);
+    // [E, K, N] weights are N-major: operand A transposed, the rows (B) not.
+    CHECK(k.source.find(fmt::format("wgmma.mma_async.sync.aligned.m64n{}k16.f32.bf16.bf16", rows)) !=
+          std::string::npos);
+    CHECK(k.source.find(fmt::format("struct KjitWgmmaRows<{}>", rows)) != std::string::npos);
+  }
+  CHECK(k.source.find("p, 1, 1, 1, 0;") != std::string::npos);
+  CHECK(k.source.find("m64n288") == std::string::npos);
+  // The grid bounds row tiles by ceil(rows / 256) + one per expert, over 128-column n-tiles.
+  const auto g = grouped_gemm_geometry(swap, 512, 4000);
+  CHECK((g.grid_x == (512 / 256 + 32) * (4096 / 128) && g.cluster_x == 1 && g.block_x == 384));
 }
