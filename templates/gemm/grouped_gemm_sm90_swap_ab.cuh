@@ -266,14 +266,22 @@ __device__ __forceinline__ void swap_ab_producer(const kjit_grouped_gemm_sm90_pa
 // holds column 16 * warp + lane / 4 + 8h of the warpgroup's 64, row
 // 8j + 2 (lane % 4) + c of the tile) with the optional row scale, masked to
 // the tile's rows and to N.
-template <class Cfg, int kRows>
-__device__ __forceinline__ void swap_ab_store(const kjit_grouped_gemm_params& p, const float (&acc)[kRows / 2],
-                                              const SwapAbTile& tile, long long col0, unsigned char* scratch) {
+//
+// One instantiation serves every tile height: the loops run over the tallest
+// tile at constant register indices and stop after `chunks` x 32 rows (the
+// k-loop wrote only those). Eight copies of this, one per height, made a
+// configuration compile in up to 2.3 s instead of ~1.
+template <class Cfg>
+__device__ __forceinline__ void swap_ab_store(const kjit_grouped_gemm_params& p, const float (&acc)[Cfg::kBM / 2],
+                                              const SwapAbTile& tile, long long col0, unsigned char* scratch,
+                                              int chunks) {
+  constexpr int kRows = Cfg::kBM;
   const int warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32, q = lane % 4;
   if constexpr (Cfg::kOutF32) {
     // Lanes of equal q hold 8 consecutive columns of a row: 32-byte runs.
 #pragma unroll
-    for (int j = 0; j < kRows / 8; ++j)
+    for (int j = 0; j < kRows / 8; ++j) {
+      if (j >= 4 * chunks) break;
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const int r = 8 * j + 2 * q + c;
@@ -287,6 +295,7 @@ __device__ __forceinline__ void swap_ab_store(const kjit_grouped_gemm_params& p,
             static_cast<float*>(p.out)[row * Cfg::kN + col] = acc[4 * j + 2 * h + c] * scale;
         }
       }
+    }
   } else {
     // Per 32 rows, through the warpgroup's 4 KB of scratch (32 rows x 64
     // columns, 128 bytes a row): each warp writes its 16 columns with two
@@ -301,6 +310,7 @@ __device__ __forceinline__ void swap_ab_store(const kjit_grouped_gemm_params& p,
     auto sync_warpgroup = [consumer] { asm volatile("bar.sync %0, 128;" ::"r"(1 + consumer) : "memory"); };
 #pragma unroll
     for (int chunk = 0; chunk < kRows / 32; ++chunk) {
+      if (chunk >= chunks) break;
 #pragma unroll
       for (int pair = 0; pair < 2; ++pair) {
         // Matrices 0..3: (j, h) = (j0, 0), (j0, 1), (j0 + 1, 0), (j0 + 1, 1); lane
@@ -343,18 +353,18 @@ __device__ __forceinline__ void swap_ab_store(const kjit_grouped_gemm_params& p,
   }
 }
 
-// One tile for one consumer warpgroup: the k-loop and the epilogue at the
-// tile's height, the smallest multiple of kRowStep holding its rows (wgmma's
-// N is an immediate, so each height is its own instantiation; the recursion
-// is the switch over them).
+// One tile's k-loop for one consumer warpgroup at the tile's height, the
+// smallest multiple of kRowStep holding its rows (wgmma's N is an immediate,
+// so each height is its own instantiation; the recursion is the switch over
+// them).
 template <class Cfg, int kRows = Cfg::kRowStep>
 __device__ __forceinline__ void swap_ab_tile(const kjit_grouped_gemm_sm90_params& p, const SwapAbTile& tile,
                                              float (&acc)[Cfg::kBM / 2], unsigned char* tiles,
                                              unsigned long long* full, unsigned long long* empty,
-                                             unsigned char* scratch, unsigned& it) {
+                                             unsigned& it) {
   if constexpr (kRows < Cfg::kBM) {
     if (tile.rows > kRows) {
-      swap_ab_tile<Cfg, kRows + Cfg::kRowStep>(p, tile, acc, tiles, full, empty, scratch, it);
+      swap_ab_tile<Cfg, kRows + Cfg::kRowStep>(p, tile, acc, tiles, full, empty, it);
       return;
     }
   }
@@ -363,7 +373,6 @@ __device__ __forceinline__ void swap_ab_tile(const kjit_grouped_gemm_sm90_params
   // This consumer's 64 weight rows ([E, N, K]) or 64-column chunk ([E, K, N]): 8 KB either way.
   mainloop<Cfg, typename Cfg::template Mma<kRows>, kRows / 2>(part, tiles, full, empty, consumer * 64 * 128,
                                                               Cfg::kWTileBytes, it);
-  swap_ab_store<Cfg, kRows>(p.gemm, part, tile, tile.n0 + consumer * 64, scratch);
 }
 
 template <class Cfg>
@@ -380,7 +389,9 @@ __device__ __forceinline__ void swap_ab_consumer(const kjit_grouped_gemm_sm90_pa
     __syncwarp();
     if (threadIdx.x % 32 == 0) queue.release(i);
     if (!walk.seek(static_cast<long long>(t), tile)) break;
-    swap_ab_tile<Cfg>(p, tile, acc, tiles, full, empty, after_barriers, it);
+    swap_ab_tile<Cfg>(p, tile, acc, tiles, full, empty, it);
+    swap_ab_store<Cfg>(p.gemm, acc, tile, tile.n0 + threadIdx.x / 128 * 64, after_barriers,
+                       (tile.rows + 31) / 32);
   }
 }
 
