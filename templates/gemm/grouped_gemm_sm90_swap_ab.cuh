@@ -17,8 +17,8 @@
 //   out on demand from a counter in global memory (TileQueue): their heights
 //   differ, and a static round robin gave some SMs all the tall ones.
 // - Heights vary per tile; each height (kRowStep, 2 kRowStep, ..., kBM) is its
-//   own instantiation of the k-loop and epilogue, picked by a switch per tile
-//   (wgmma's N is an immediate). The producer copies only the tile's rows, in
+//   own instantiation of the k-loop, picked by a switch per tile (wgmma's N
+//   is an immediate); one epilogue serves them all. The producer copies only the tile's rows, in
 //   boxes of kWideRows rows then of kRowStep (fewer copies per stage: 8
 //   boxes of 32 rows for 256 rows measured 2-4% slower than 4 of 64).
 // - Clusters of 2 lie along N: the pair takes adjacent n-tiles of one row tile
