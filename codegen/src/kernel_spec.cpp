@@ -101,7 +101,8 @@ Expected<void> validate_gemm(const GroupedGemmSpec& s) {
     if (!ok) return invalid(fmt::format("grouped_gemm {} is not supported", tile));
     return {};
   }
-  const bool pipeline_ok = s.tile_k == 64 && s.stages >= 2 && s.stages <= sm90_deepest_pipeline(s.kernel, s.tile_m, s.tile_n);
+  const bool pipeline_ok =
+      s.tile_k == 64 && s.stages >= 2 && s.stages <= sm90_deepest_pipeline(s.kernel, s.tile_m, s.tile_n);
   if (s.kernel == GemmKernel::wgmma_sm90_swap_ab) {
     // Pairs lie along n only, and never past N (GroupedGemmSwapAbConfig).
     const bool ok = s.tile_m % 32 == 0 && s.tile_m >= 32 && s.tile_m <= 256 && (s.tile_n == 64 || s.tile_n == 128) &&
@@ -251,35 +252,28 @@ GroupedGemmSpec portable_config(const GroupedGemmSpec& problem) {
   return s;
 }
 
-// Swap AB's configuration: up to 256 rows per tile, 128 columns per block
-// (two consumer warpgroups), the deepest pipeline that fits.
-GroupedGemmSpec swap_ab_config(const GroupedGemmSpec& problem) {
+// An SM90 configuration of `problem`: k-blocks of 64, the deepest pipeline that fits.
+GroupedGemmSpec sm90_config(const GroupedGemmSpec& problem, GemmKernel kernel, int tile_m, int tile_n,
+                            int cluster = 1, ClusterAxis axis = ClusterAxis::m) {
   GroupedGemmSpec s = problem;
-  s.kernel = GemmKernel::wgmma_sm90_swap_ab;
-  s.tile_m = 256;
-  s.tile_n = 128;
+  s.kernel = kernel;
+  s.tile_m = tile_m;
+  s.tile_n = tile_n;
   s.tile_k = 64;
-  s.stages = sm90_deepest_pipeline(s.kernel, s.tile_m, s.tile_n);
-  s.cluster = 1;
-  s.cluster_axis = ClusterAxis::m;
+  s.stages = sm90_deepest_pipeline(kernel, tile_m, tile_n);
+  s.cluster = cluster;
+  s.cluster_axis = axis;
   return s;
+}
+
+// Swap AB's configuration: up to 256 rows per tile, 128 columns per block (two consumer warpgroups).
+GroupedGemmSpec swap_ab_config(const GroupedGemmSpec& problem) {
+  return sm90_config(problem, GemmKernel::wgmma_sm90_swap_ab, 256, 128);
 }
 
 }  // namespace
 
 std::vector<GroupedGemmSpec> grouped_gemm_configs(const GroupedGemmSpec& problem, std::string_view target) {
-  auto with = [&](GemmKernel kernel, int m, int n, int k, int stages, int cluster = 1,
-                  ClusterAxis axis = ClusterAxis::m) {
-    GroupedGemmSpec s = problem;
-    s.cluster = cluster;
-    s.cluster_axis = axis;
-    s.kernel = kernel;
-    s.tile_m = m;
-    s.tile_n = n;
-    s.tile_k = k;
-    s.stages = stages;
-    return s;
-  };
   if (target == "sm_90a") {
     // Measured on an H100 against every tile (docs/benchmarks.md, the sweeps),
     // by average rows per expert:
@@ -294,15 +288,12 @@ std::vector<GroupedGemmSpec> grouped_gemm_configs(const GroupedGemmSpec& problem
     //   higher clocks under the power cap; 7% faster than alone at 1024 rows
     //   per expert, 2% slower at 256). Where N holds no whole pairs of
     //   128-column tiles: 128 x 256 tiles in pairs along M sharing B.
-    GroupedGemmSpec many = swap_ab_config(problem);
-    if (problem.n % (2 * many.tile_n) == 0) {
-      many.cluster = 2;
-      many.cluster_axis = ClusterAxis::n;
-    } else {
-      many = with(GemmKernel::wgmma_sm90, 128, 256, 64, sm90_deepest_pipeline(GemmKernel::wgmma_sm90, 128, 256), 2);
-    }
-    return {with(GemmKernel::wgmma_sm90, 64, 256, 64, sm90_deepest_pipeline(GemmKernel::wgmma_sm90, 64, 256)),
-            swap_ab_config(problem), many};
+    const GroupedGemmSpec swap_ab = swap_ab_config(problem);
+    const GroupedGemmSpec many =
+        problem.n % (2 * swap_ab.tile_n) == 0
+            ? sm90_config(problem, swap_ab.kernel, swap_ab.tile_m, swap_ab.tile_n, 2, ClusterAxis::n)
+            : sm90_config(problem, GemmKernel::wgmma_sm90, 128, 256, 2);
+    return {sm90_config(problem, GemmKernel::wgmma_sm90, 64, 256), swap_ab, many};
   }
   return {portable_config(problem)};
 }

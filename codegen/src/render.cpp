@@ -143,6 +143,13 @@ std::string wgmma_wrapper(std::string_view head, int n, bool transpose_a, bool t
       regs, regs + 2, n, list, regs, regs + 1, transpose_b ? 1 : 0, operands, head, transpose_a ? 1 : 0);
 }
 
+// Threads of an SM90 configuration: a producer warpgroup and a consumer
+// warpgroup per 64 rows (or, swap AB, per 64 columns) of the tile.
+int sm90_threads(const GroupedGemmSpec& s) {
+  const int consumers = (s.kernel == GemmKernel::wgmma_sm90_swap_ab ? s.tile_n : s.tile_m) / 64;
+  return 128 * (consumers + 1);
+}
+
 // Swap AB's instructions: m64n<rows>k16 for every tile height, as
 // specialisations of KjitWgmmaRows<rows> (the weights are operand A).
 std::string swap_ab_wgmma_wrappers(const GroupedGemmSpec& s) {
@@ -158,37 +165,30 @@ RenderedKernel render_gemm(const GroupedGemmSpec& s) {
       fmt::format("kjit::GemmProblem<{}LL, {}LL, {}, {}, {}, {}, {}>", s.n, s.k, s.experts,
                   s.weights == WeightLayout::e_k_n, s.offsets == OffsetsConvention::with_leading_zero, s.row_scale,
                   s.out == DType::f32);
-  if (s.kernel == GemmKernel::wgmma_sm90_swap_ab)
-    return assemble(s, {.entry_point = "kjit_grouped_gemm_sm90_swap_ab",
-                        .threads = 128 * (s.tile_n / 64 + 1),
-                        .min_blocks = 1,  // a register cap at entry, which setmaxnreg needs
-                        .templates = {"abi/grouped_gemm_params.h", "common/fp8_convert.cuh",
-                                      "gemm/grouped_gemm_common.cuh", "gemm/grouped_gemm_sm90_pipeline.cuh",
-                                      "gemm/grouped_gemm_sm90_swap_ab.cuh"},
-                        .config = fmt::format("kjit::GroupedGemmSwapAbConfig<{}, {}, {}, {}, {}, KjitWgmmaRows>",
-                                              problem, s.tile_m, s.tile_n, s.stages, s.cluster),
-                        .params_type = "kjit_grouped_gemm_sm90_params",
-                        .body = "kjit::grouped_gemm_sm90_swap_ab",
-                        .prelude = swap_ab_wgmma_wrappers(s),
-                        .dynamic_shared_bytes = grouped_gemm_shared_bytes(s),
-                        .cluster_x = s.cluster});
-  if (s.kernel == GemmKernel::wgmma_sm90)
-    return assemble(s, {.entry_point = "kjit_grouped_gemm_sm90",
-                        .threads = 128 * (s.tile_m / 64 + 1),
-                        .min_blocks = 1,  // a register cap at entry, which setmaxnreg needs
-                        .templates = {"abi/grouped_gemm_params.h", "common/fp8_convert.cuh",
-                                      "gemm/grouped_gemm_common.cuh", "gemm/grouped_gemm_sm90_pipeline.cuh",
-                                      "gemm/grouped_gemm_sm90.cuh"},
-                        .config = fmt::format(
-                            "kjit::GroupedGemmSm90Config<{}, {}, {}, {}, {}, {}, KjitWgmma, KjitWgmmaHalf>", problem,
-                            s.tile_m, s.tile_n, s.stages, s.cluster, s.cluster_axis == ClusterAxis::n),
-                        .params_type = "kjit_grouped_gemm_sm90_params",
-                        .body = "kjit::grouped_gemm_sm90",
-                        .prelude = wgmma_wrapper("struct KjitWgmma", s.tile_n, false, s.weights == WeightLayout::e_k_n) +
-                                   wgmma_wrapper("struct KjitWgmmaHalf", s.tile_n / 2, false,
-                                                 s.weights == WeightLayout::e_k_n),
-                        .dynamic_shared_bytes = grouped_gemm_shared_bytes(s),
-                        .cluster_x = s.cluster});
+  if (is_sm90(s.kernel)) {
+    const bool swap_ab = s.kernel == GemmKernel::wgmma_sm90_swap_ab;
+    const bool weights_kn = s.weights == WeightLayout::e_k_n;
+    return assemble(
+        s, {.entry_point = swap_ab ? "kjit_grouped_gemm_sm90_swap_ab" : "kjit_grouped_gemm_sm90",
+            .threads = sm90_threads(s),
+            .min_blocks = 1,  // a register cap at entry, which setmaxnreg needs
+            .templates = {"abi/grouped_gemm_params.h", "common/fp8_convert.cuh", "gemm/grouped_gemm_common.cuh",
+                          "gemm/grouped_gemm_sm90_pipeline.cuh",
+                          swap_ab ? "gemm/grouped_gemm_sm90_swap_ab.cuh" : "gemm/grouped_gemm_sm90.cuh"},
+            .config = swap_ab ? fmt::format("kjit::GroupedGemmSwapAbConfig<{}, {}, {}, {}, {}, KjitWgmmaRows>",
+                                            problem, s.tile_m, s.tile_n, s.stages, s.cluster)
+                              : fmt::format("kjit::GroupedGemmSm90Config<{}, {}, {}, {}, {}, {}, KjitWgmma, "
+                                            "KjitWgmmaHalf>",
+                                            problem, s.tile_m, s.tile_n, s.stages, s.cluster,
+                                            s.cluster_axis == ClusterAxis::n),
+            .params_type = "kjit_grouped_gemm_sm90_params",
+            .body = swap_ab ? "kjit::grouped_gemm_sm90_swap_ab" : "kjit::grouped_gemm_sm90",
+            .prelude = swap_ab ? swap_ab_wgmma_wrappers(s)
+                               : wgmma_wrapper("struct KjitWgmma", s.tile_n, false, weights_kn) +
+                                     wgmma_wrapper("struct KjitWgmmaHalf", s.tile_n / 2, false, weights_kn),
+            .dynamic_shared_bytes = grouped_gemm_shared_bytes(s),
+            .cluster_x = s.cluster});
+  }
   return assemble(s, {.entry_point = "kjit_grouped_gemm",
                       .threads = kGemmThreads,
                       .templates = {"abi/grouped_gemm_params.h", "common/fp8_convert.cuh",
@@ -237,15 +237,13 @@ LaunchGeometry grouped_gemm_geometry(const GroupedGemmSpec& spec, int64_t total_
     // Persistent: one block per SM (the shared memory admits no second), in
     // whole clusters: `resident_blocks` is how many fit at once. Swap AB's
     // row tiles per expert are ceil(rows / tile_m) too, and its pairs lie along n.
-    const bool swap_ab = spec.kernel == GemmKernel::wgmma_sm90_swap_ab;
     const int m_group = spec.cluster_axis == ClusterAxis::m ? spec.cluster : 1;
     const int n_group = spec.cluster / m_group;
     const int64_t cluster_tiles =
         ((total_rows + spec.tile_m * m_group - 1) / (spec.tile_m * m_group) + spec.experts) *
         ((n_tiles + n_group - 1) / n_group);
     const int64_t clusters = std::clamp<int64_t>(cluster_tiles, 1, std::max(resident_blocks / spec.cluster, 1));
-    const int consumers = swap_ab ? spec.tile_n / 64 : spec.tile_m / 64;
-    g.block_x = static_cast<uint32_t>(128 * (consumers + 1));
+    g.block_x = static_cast<uint32_t>(sm90_threads(spec));
     g.grid_x = static_cast<uint32_t>(clusters * spec.cluster);
     g.cluster_x = static_cast<uint32_t>(spec.cluster);
     g.shared_bytes = static_cast<uint32_t>(grouped_gemm_shared_bytes(spec));

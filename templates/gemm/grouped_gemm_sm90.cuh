@@ -162,30 +162,10 @@ __device__ __forceinline__ void grouped_gemm_producer(const kjit_grouped_gemm_sm
       if constexpr (Cfg::kCluster > 1 && !Cfg::kClusterAlongN) {
         // This block's half of the B tile, multicast into every block of the
         // cluster at the same offset (the box is BN/2 rows, or 64-column chunks).
-        constexpr int kHalfRows = Cfg::kBN / Cfg::kCluster;
-        if constexpr (!Cfg::kWeightsKN) {
-          const int b_coords[3] = {k0, tile.n0 + rank * kHalfRows, tile.expert};
-          ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, b_tile + rank * kHalfRows * 128, &p.b_map,
-                                    b_coords, &full[s], kAll);
-        } else {
-#pragma unroll
-          for (int c = 0; c < kHalfRows / 64; ++c) {
-            const int chunk = rank * (kHalfRows / 64) + c;
-            const int b_coords[3] = {tile.n0 + 64 * chunk, k0, tile.expert};
-            ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, b_tile + chunk * 64 * 128, &p.b_map,
-                                      b_coords, &full[s], kAll);
-          }
-        }
-      } else if constexpr (!Cfg::kWeightsKN) {
-        const int b_coords[3] = {k0, tile.n0, tile.expert};
-        ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, b_tile, &p.b_map, b_coords, &full[s]);
+        constexpr int kHalfCols = Cfg::kBN / Cfg::kCluster;
+        copy_weight_columns<Cfg, kHalfCols>(p, b_tile, tile.n0, rank * kHalfCols, k0, tile.expert, &full[s], kAll);
       } else {
-#pragma unroll
-        for (int c = 0; c < Cfg::kBN / 64; ++c) {
-          const int b_coords[3] = {tile.n0 + 64 * c, k0, tile.expert};
-          ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, b_tile + c * 64 * 128, &p.b_map,
-                                    b_coords, &full[s]);
-        }
+        copy_weight_columns<Cfg, Cfg::kBN>(p, b_tile, tile.n0, 0, k0, tile.expert, &full[s]);
       }
     }
   }

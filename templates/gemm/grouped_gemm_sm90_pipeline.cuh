@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cuda/ptx>
+// (kjit_grouped_gemm_sm90_params comes from abi/grouped_gemm_params.h.)
 
 namespace kjit {
 
@@ -66,21 +67,55 @@ __device__ __forceinline__ int cluster_rank() {
   }
 }
 
+// The shared::cluster address of `local` (this block's shared memory) in the
+// block of cluster rank `rank`: the same offset in that block.
+__device__ __forceinline__ unsigned cluster_address(const void* local, int rank) {
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+               : "=r"(remote)
+               : "r"(static_cast<unsigned>(__cvta_generic_to_shared(local))), "r"(rank));
+  return remote;
+}
+
+// Arrives on `bar` in the block of cluster rank `rank`. CTA-scope release
+// (the default): callers only read what the barrier guards, so nothing needs
+// a cluster-scope fence, which would cost every arrive.
+__device__ __forceinline__ void arrive_in_rank(unsigned long long* bar, int rank) {
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(cluster_address(bar, rank)) : "memory");
+}
+
 // Arrives on `bar` in every block of the cluster (the same shared offset in each).
 template <class Cfg>
 __device__ __forceinline__ void arrive_cluster_wide(unsigned long long* bar) {
   if constexpr (Cfg::kCluster == 1) {
     (void)cuda::ptx::mbarrier_arrive(bar);
   } else {
-    const unsigned local = static_cast<unsigned>(__cvta_generic_to_shared(bar));
 #pragma unroll
-    for (int r = 0; r < Cfg::kCluster; ++r) {
-      unsigned remote;
-      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(r));
-      // CTA-scope release (the default): the consumer only read the stage,
-      // so nothing needs a cluster-scope fence, which would cost every arrive.
-      asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
-    }
+    for (int r = 0; r < Cfg::kCluster; ++r) arrive_in_rank(bar, r);
+  }
+}
+
+// Copies k-block k0 of output columns [n0 + first, n0 + first + kCols) of
+// `expert`'s weights into `tile` at the columns' own offset, completing on
+// `bar`; with `multicast` (a mask of cluster ranks) into each of those blocks.
+// [E, N, K]: one box of kCols rows (the host encodes b_map's box that tall);
+// [E, K, N]: kCols / 64 chunks of 64 columns, 8 KB apart.
+template <class Cfg, int kCols>
+__device__ __forceinline__ void copy_weight_columns(const kjit_grouped_gemm_sm90_params& p, unsigned char* tile,
+                                                    int n0, int first, int k0, int expert, unsigned long long* bar,
+                                                    unsigned short multicast = 0) {
+  namespace ptx = cuda::ptx;
+  auto copy = [&](unsigned char* destination, const int (&coords)[3]) {
+    if (multicast != 0)
+      ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, destination, &p.b_map, coords, bar, multicast);
+    else
+      ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, destination, &p.b_map, coords, bar);
+  };
+  if constexpr (!Cfg::kWeightsKN) {
+    copy(tile + first * 128, {k0, n0 + first, expert});
+  } else {
+#pragma unroll
+    for (int c = first; c < first + kCols; c += 64) copy(tile + c * 128, {n0 + c, k0, expert});
   }
 }
 

@@ -154,16 +154,13 @@ struct TileQueue {
       *reinterpret_cast<volatile unsigned long long*>(&index[s]) = tile;
       (void)cuda::ptx::mbarrier_arrive(&full[s]);  // release: the index is visible to whoever waits
     } else {
-      const unsigned local_index = static_cast<unsigned>(__cvta_generic_to_shared(&index[s]));
-      const unsigned local_full = static_cast<unsigned>(__cvta_generic_to_shared(&full[s]));
 #pragma unroll
       for (int r = 0; r < Cfg::kCluster; ++r) {
-        unsigned remote_index, remote_full;
-        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote_index) : "r"(local_index), "r"(r));
-        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote_full) : "r"(local_full), "r"(r));
-        asm volatile("st.shared::cluster.u64 [%0], %1;" ::"r"(remote_index), "l"(tile) : "memory");
+        asm volatile("st.shared::cluster.u64 [%0], %1;" ::"r"(cluster_address(&index[s], r)), "l"(tile) : "memory");
         // Cluster-scope release: the peer must see the index before the arrival.
-        asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote_full) : "memory");
+        asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(
+                         cluster_address(&full[s], r))
+                     : "memory");
       }
     }
   }
@@ -184,15 +181,10 @@ struct TileQueue {
 
   __device__ void release(unsigned i) const {
     unsigned long long* bar = &empty[i % Cfg::kQueueSlots];
-    if constexpr (Cfg::kCluster == 1) {
+    if constexpr (Cfg::kCluster == 1)
       (void)cuda::ptx::mbarrier_arrive(bar);
-    } else {
-      // Rank 0's barrier; the reader only read, so the default CTA-scope release suffices.
-      const unsigned local = static_cast<unsigned>(__cvta_generic_to_shared(bar));
-      unsigned remote;
-      asm volatile("mapa.shared::cluster.u32 %0, %1, 0;" : "=r"(remote) : "r"(local));
-      asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
-    }
+    else
+      arrive_in_rank(bar, 0);  // rank 0's barrier
   }
 };
 
@@ -231,17 +223,7 @@ __device__ __forceinline__ void swap_ab_producer(const kjit_grouped_gemm_sm90_pa
       unsigned char* w_tile = tiles + s * Cfg::kStageBytes;
       unsigned char* a_tile = w_tile + Cfg::kWTileBytes;
       const int k0 = kb * Cfg::kBK;
-      if constexpr (!Cfg::kWeightsKN) {
-        const int w_coords[3] = {k0, tile.n0, tile.expert};
-        ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, w_tile, &p.b_map, w_coords, &full[s]);
-      } else {
-#pragma unroll
-        for (int c = 0; c < Cfg::kBN / 64; ++c) {
-          const int w_coords[3] = {tile.n0 + 64 * c, k0, tile.expert};
-          ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, w_tile + c * 64 * 128, &p.b_map,
-                                    w_coords, &full[s]);
-        }
-      }
+      copy_weight_columns<Cfg, Cfg::kBN>(p, w_tile, tile.n0, 0, k0, tile.expert, &full[s]);
       for (int copy = 0; copy < copies; ++copy) {
         // In a pair each block issues every other copy, multicast into both.
         if (Cfg::kCluster > 1 && copy % Cfg::kCluster != rank) continue;
