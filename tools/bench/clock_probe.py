@@ -1,26 +1,63 @@
-import math, subprocess, time, torch, triton, kjit
-E, K, N, M = 32, 7168, 4096, 8192
-torch.manual_seed(0)
-a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
-w = (torch.randn(E, N, K, device="cuda") / math.sqrt(K)).to(torch.bfloat16)
-ends = torch.cumsum(torch.bincount(torch.randint(0, E, (M,), device="cuda"), minlength=E), 0).to(torch.int32)
-out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
-wt = w.transpose(1, 2)
-fns = {"kjit": lambda: kjit.grouped_gemm(a, w, ends, weights="e_n_k", offsets_convention="cumulative_end", out=out),
-       "torch": lambda: torch._grouped_mm(a, wt, offs=ends)}
-for f in fns.values(): f()
-torch.cuda.synchronize()
-for rnd in range(3):
-    for name, f in fns.items():
-        mon = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits", "-lms", "100"], stdout=subprocess.PIPE, text=True)
-        t = triton.testing.do_bench(f, warmup=200, rep=1500, return_mode="median")
-        mon.terminate(); samples = mon.communicate()[0].split("\n")
-        vals = [tuple(float(x) for x in s.split(",")) for s in samples if s.strip()]
-        tail = vals[len(vals)//2:]
-        print(f"{name:6s} {t*1e3:8.1f} us  sm clock {sum(v[0] for v in tail)/len(tail):6.0f} MHz  power {sum(v[1] for v in tail)/len(tail):5.0f} W  ({len(vals)} samples)")
-    # short bursts: 20 launches after idle
-    for name, f in fns.items():
-        time.sleep(1.0)
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record(); [f() for _ in range(5)]; e.record(); e.synchronize()
-        print(f"{name:6s} burst of 5 after 1 s idle: {s.elapsed_time(e)/5*1e3:8.1f} us")
+"""SM clock, board power and throttle reasons while one provider runs alone
+for a few seconds (nvidia-smi sampling every 50 ms), on one shape (uniform
+random routing): torch._grouped_mm, then each named kjit configuration (names
+from probe_gemm_configs.py). Under a power cap the provider that spends less
+energy per call gets the higher clock.
+
+    KJIT_LIBRARY=.devbin/libkjit.so PYTHONPATH=runtime/python \
+      python3 tools/bench/clock_probe.py 32:2048:7168:8192 auto,s256c2n
+"""
+import math
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+import kjit
+
+sys.path.insert(0, "tools/bench")
+from probe_gemm_configs import CONFIGS  # noqa: E402
+
+SECONDS = 3.0
+
+
+def main():
+    E, K, N, M = (int(v) for v in sys.argv[1].split(":"))
+    torch.manual_seed(0)
+    a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = (torch.randn(E, N, K, device="cuda") / math.sqrt(K)).to(torch.bfloat16)
+    ends = torch.cumsum(torch.bincount(torch.randint(0, E, (M,), device="cuda"), minlength=E), 0).to(torch.int32)
+    out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    providers = {"torch": lambda: torch._grouped_mm(a, w.transpose(1, 2), offs=ends)}
+    for name in sys.argv[2].split(","):
+        providers[name] = lambda kw=CONFIGS[name]: kjit.grouped_gemm(
+            a, w, ends, weights="e_n_k", offsets_convention="cumulative_end", out=out, **kw)
+    for name, f in providers.items():
+        f()
+        torch.cuda.synchronize()
+        smi = subprocess.Popen(["nvidia-smi", "--format=csv,noheader,nounits", "-lms", "50",
+                                "--query-gpu=clocks.sm,power.draw,clocks_throttle_reasons.active"],
+                               stdout=subprocess.PIPE, text=True)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        calls, t0 = 0, time.time()
+        start.record()
+        while time.time() - t0 < SECONDS:
+            for _ in range(20):
+                f()
+            calls += 20
+            torch.cuda.synchronize()
+        end.record()
+        end.synchronize()
+        smi.terminate()
+        rows = [line.split(",") for line in smi.communicate()[0].strip().splitlines()[5:-2]]  # skip ramp and stop
+        us = start.elapsed_time(end) * 1e3 / calls
+        print(f"{sys.argv[1]} {name:10s} {us:8.1f} us {2 * M * N * K / us / 1e6:6.1f} TFLOP/s  "
+              f"clock {statistics.median(float(r[0]) for r in rows):5.0f} MHz  "
+              f"power {statistics.median(float(r[1]) for r in rows):4.0f} W  "
+              f"throttle reasons {sorted({r[2].strip() for r in rows})}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
