@@ -280,16 +280,16 @@ Expected<double> selftest_gemm(Runtime& runtime, DeviceState& device, const code
 // Runs a routing kind once as one rank of an expert-parallel layout (its
 // spec.experts experts start past 0, among about twice as many) and returns
 // the number of elements of counts, offsets and both permutations that differ
-// from the reference. 333 x 8 ids span three of the kernel's block-wide
-// chunks and end mid-warp; a quarter go to one hot local expert, so lanes of
-// a warp share an expert; the first six sit on the edges of the valid and
-// the local ranges.
-Expected<int64_t> selftest_routing(Runtime& runtime, DeviceState& device, const codegen::MoeRoutingSpec& spec,
-                                   std::mt19937_64& rng) {
+// from the reference. A quarter of the ids go to one hot local expert, so
+// lanes of a warp share an expert; the first six sit on the edges of the
+// valid and the local ranges. With `many_blocks`, a (poisoned) workspace
+// lets the ids run over several blocks.
+Expected<int64_t> selftest_routing_once(Runtime& runtime, DeviceState& device, const codegen::MoeRoutingSpec& spec,
+                                        std::mt19937_64& rng, int64_t tokens, bool many_blocks) {
   const DriverApi& api = **runtime.driver();
   kjit_moe_routing_desc d;
   kjit_moe_routing_desc_init(&d);
-  d.tokens = 333;
+  d.tokens = tokens;
   d.top_k = 8;
   d.experts_local = spec.experts;
   d.expert_base = spec.experts / 2 + 1;
@@ -311,8 +311,11 @@ Expected<int64_t> selftest_routing(Runtime& runtime, DeviceState& device, const 
   auto doffsets = buffers.upload(nullptr, want.offsets.size() * 4);
   auto dsorted = buffers.upload(nullptr, ids.size() * 4);
   auto dinverse = buffers.upload(nullptr, ids.size() * 4);
-  for (auto* r : {&dids, &dcounts, &doffsets, &dsorted, &dinverse})
+  d.workspace_bytes = many_blocks ? kjit_moe_routing_workspace_bytes(d.tokens, d.top_k, d.experts_local) : 0;
+  auto dworkspace = buffers.upload(nullptr, std::max<uint64_t>(d.workspace_bytes, 4));
+  for (auto* r : {&dids, &dcounts, &doffsets, &dsorted, &dinverse, &dworkspace})
     if (!*r) return std::unexpected(r->error());
+  if (many_blocks) d.workspace = reinterpret_cast<void*>(*dworkspace);
   d.topk_ids = reinterpret_cast<const int32_t*>(*dids);
   d.counts = reinterpret_cast<int32_t*>(*dcounts);
   d.offsets = reinterpret_cast<int32_t*>(*doffsets);
@@ -331,6 +334,18 @@ Expected<int64_t> selftest_routing(Runtime& runtime, DeviceState& device, const 
     for (size_t i = 0; i < got.size(); ++i) wrong += got[i] == (*expected)[i] ? 0 : 1;
   }
   return wrong;
+}
+
+// Both of routing's paths: 333 x 8 ids in one block (three of its block-wide
+// chunks, ending mid-warp), and 3333 x 8 over several blocks (the last one
+// partly filled).
+Expected<int64_t> selftest_routing(Runtime& runtime, DeviceState& device, const codegen::MoeRoutingSpec& spec,
+                                   std::mt19937_64& rng) {
+  auto one_block = selftest_routing_once(runtime, device, spec, rng, 333, false);
+  if (!one_block) return one_block;
+  auto many_blocks = selftest_routing_once(runtime, device, spec, rng, 3333, true);
+  if (!many_blocks) return many_blocks;
+  return *one_block + *many_blocks;
 }
 
 // Runs a combine kind once on the mapping a routing of random ids leaves on
