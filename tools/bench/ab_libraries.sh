@@ -17,7 +17,9 @@ for round in 1 2; do
     lib=$a
     [ $side = B ] && lib=$b
     KJIT_CACHE_DIR=/tmp/kjit-ab-$side KJIT_LIBRARY=$(realpath "$lib") PYTHONPATH=runtime/python PYTHONUNBUFFERED=1 \
-      timeout 300 python3 tools/bench/bench_grouped_gemm.py --json "$out/ab-$side-$round.json" "$@" 2>&1 |
-      grep -E "^ +e_" | sed "s/^/$side$round /"
+      timeout 300 python3 tools/bench/bench_grouped_gemm.py --json "$out/ab-$side-$round.json" "$@" \
+      > "$out/ab-$side-$round.log" 2>&1 ||
+      { echo "$side$round: the benchmark failed:"; tail -5 "$out/ab-$side-$round.log"; }
+    grep -E "^ +e_" "$out/ab-$side-$round.log" | sed "s/^/$side$round /"
   done
 done

@@ -15,6 +15,7 @@ import math
 import torch
 
 import kjit
+from gemm_problem import grouped_gemm_problem
 from timing import paired
 
 SHAPES = [  # (E, K, N, rows)
@@ -71,14 +72,9 @@ def main():
     for layout in args.layouts.split(","):
         shapes = [SHAPES[int(i)] for i in args.shapes.split(",")] if args.shapes else SHAPES
         for E, K, N, M in shapes:
-            a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
-            w = (torch.randn(E, N, K, device="cuda") / math.sqrt(K)).to(torch.bfloat16)
+            a, w, ends, out = grouped_gemm_problem(E, K, N, M)
             if layout == "e_k_n":
                 w = w.transpose(1, 2).contiguous()  # [E, K, N]
-            experts = torch.randint(0, E, (M,), device="cuda")
-            counts = torch.bincount(experts, minlength=E)
-            ends = torch.cumsum(counts, 0).to(torch.int32)
-            out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
 
             def run_kjit(tile=None):
                 kjit.grouped_gemm(a, w, ends, weights=layout, offsets_convention="cumulative_end", out=out,

@@ -7,7 +7,6 @@ energy per call gets the higher clock.
     KJIT_LIBRARY=.devbin/libkjit.so PYTHONPATH=runtime/python \
       python3 tools/bench/clock_probe.py 32:2048:7168:8192 auto,s256c2n
 """
-import math
 import statistics
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import torch
 import kjit
 
 sys.path.insert(0, "tools/bench")
+from gemm_problem import grouped_gemm_problem  # noqa: E402
 from probe_gemm_configs import CONFIGS  # noqa: E402
 
 SECONDS = 3.0
@@ -26,10 +26,7 @@ SECONDS = 3.0
 def main():
     E, K, N, M = (int(v) for v in sys.argv[1].split(":"))
     torch.manual_seed(0)
-    a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
-    w = (torch.randn(E, N, K, device="cuda") / math.sqrt(K)).to(torch.bfloat16)
-    ends = torch.cumsum(torch.bincount(torch.randint(0, E, (M,), device="cuda"), minlength=E), 0).to(torch.int32)
-    out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    a, w, ends, out = grouped_gemm_problem(E, K, N, M)
     providers = {"torch": lambda: torch._grouped_mm(a, w.transpose(1, 2), offs=ends)}
     for name in sys.argv[2].split(","):
         providers[name] = lambda kw=CONFIGS[name]: kjit.grouped_gemm(

@@ -9,7 +9,6 @@ its row waste and load balance. Outputs must equal torch's exactly.
 The first argument lists configurations (names below); each further one is
 E:K:N:rows_per_expert:jitter.
 """
-import math
 import sys
 
 import torch
@@ -17,6 +16,7 @@ import torch
 import kjit
 
 sys.path.insert(0, "tools/bench")
+from gemm_problem import grouped_gemm_problem  # noqa: E402
 from timing import paired  # noqa: E402
 
 # name -> kjit.grouped_gemm overrides: rows-on-M tiles, or swap AB ("s<rows>", c1 alone, c2n pairs along N).
@@ -30,14 +30,7 @@ for m in (256, 192, 128):
 def run(E, K, N, per, jitter, names):
     torch.manual_seed(0)
     M = E * per
-    a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
-    w = (torch.randn(E, N, K, device="cuda") / math.sqrt(K)).to(torch.bfloat16)
-    if jitter:
-        counts = torch.bincount(torch.randint(0, E, (M,), device="cuda"), minlength=E)
-    else:
-        counts = torch.full((E,), per, device="cuda")
-    ends = torch.cumsum(counts, 0).to(torch.int32)
-    out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    a, w, ends, out = grouped_gemm_problem(E, K, N, M, None if jitter else per)
     wt = w.transpose(1, 2)
     flops = 2 * M * N * K
     ref = torch._grouped_mm(a, wt, offs=ends)

@@ -311,11 +311,17 @@ Expected<int64_t> selftest_routing_once(Runtime& runtime, DeviceState& device, c
   auto doffsets = buffers.upload(nullptr, want.offsets.size() * 4);
   auto dsorted = buffers.upload(nullptr, ids.size() * 4);
   auto dinverse = buffers.upload(nullptr, ids.size() * 4);
-  d.workspace_bytes = many_blocks ? kjit_moe_routing_workspace_bytes(d.tokens, d.top_k, d.experts_local) : 0;
-  auto dworkspace = buffers.upload(nullptr, std::max<uint64_t>(d.workspace_bytes, 4));
-  for (auto* r : {&dids, &dcounts, &doffsets, &dsorted, &dinverse, &dworkspace})
+  for (auto* r : {&dids, &dcounts, &doffsets, &dsorted, &dinverse})
     if (!*r) return std::unexpected(r->error());
-  if (many_blocks) d.workspace = reinterpret_cast<void*>(*dworkspace);
+  if (many_blocks) {
+    d.workspace_bytes = kjit_moe_routing_workspace_bytes(d.tokens, d.top_k, d.experts_local);
+    if (d.workspace_bytes == 0)
+      return fail(KJIT_ERROR_INTERNAL, fmt::format("{} x {} ids fit one block: the many-block path would not run",
+                                                   d.tokens, d.top_k));
+    auto dworkspace = buffers.upload(nullptr, d.workspace_bytes);
+    if (!dworkspace) return std::unexpected(dworkspace.error());
+    d.workspace = reinterpret_cast<void*>(*dworkspace);
+  }
   d.topk_ids = reinterpret_cast<const int32_t*>(*dids);
   d.counts = reinterpret_cast<int32_t*>(*dcounts);
   d.offsets = reinterpret_cast<int32_t*>(*doffsets);
