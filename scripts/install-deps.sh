@@ -18,3 +18,20 @@ if [ ! -f "${CUDA_HOME:-/usr/local/cuda}/include/cuda.h" ]; then
   echo "install-deps: the CUDA toolkit's headers were not found (set CUDA_HOME)" >&2
   exit 1
 fi
+# nvdisasm, for the test suite's SASS check: a full toolkit has it; where the
+# toolkit has none, NVIDIA's wheel from PyPI, unpacked into .deps/ (no
+# environment is touched; tests/CMakeLists.txt looks there).
+root=$(cd "$(dirname "$0")/.." && pwd)
+if ! command -v nvdisasm > /dev/null && [ ! -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvdisasm" ] &&
+   [ ! -x "$root/.deps/nvdisasm/nvidia/cu13/bin/nvdisasm" ]; then
+  if ! python3 -m pip --version > /dev/null 2>&1; then
+    sudo_cmd=""
+    [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends python3-pip
+  fi
+  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
+    --target "$root/.deps/nvdisasm" 'nvidia-cuda-nvdisasm>=13,<14' || {
+    # Only the SASS test needs it: warn, build on, and let ctest show it skipped.
+    echo "install-deps: warning: could not install nvdisasm from PyPI (nvidia-cuda-nvdisasm); the SASS test will be skipped" >&2
+  }
+fi

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The SASS of what `jitctl precompile` caches, on a machine with no GPU:
+# every SM90 grouped GEMM kernel runs on wgmma (HGMMA, no mma.sync HMMA), the
+# portable kernel built for sm_100a and sm_120a on mma.sync (HMMA, no HGMMA),
+# and no kernel touches local memory (LDL/STL: spills, or an array the
+# compiler could not keep in registers). ptxas's report (test_nvrtc_compile)
+# says how much it spilled; this reads the instructions themselves.
+# Usage: test_sass.sh JITCTL NVDISASM   (exits 77, skipped, without nvdisasm)
+set -euo pipefail
+jitctl=$1
+nvdisasm=$2
+if [ ! -x "$nvdisasm" ]; then
+  echo "SKIPPED: nvdisasm not found (scripts/install-deps.sh installs it from PyPI)"
+  exit 77
+fi
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export KJIT_CACHE_DIR=$work/cache
+unset KJIT_CACHE_PATH
+
+# Both layouts in every sm_90a bucket, the f32 output with a row scale (another
+# epilogue), a dequant and the routing kernels.
+cat > "$work/sass.json" <<'JSON'
+{"kjit_manifest": 1, "name": "sass check", "kernels": [
+  {"op": "grouped_gemm", "out": "bf16", "n": 4096, "k": 7168, "experts": 32,
+   "weights": ["e_n_k", "e_k_n"], "offsets": "cumulative_end"},
+  {"op": "grouped_gemm", "out": "f32", "n": 4096, "k": 7168, "experts": 32,
+   "weights": "e_n_k", "offsets": "with_leading_zero", "row_scale": true},
+  {"op": "fp8_dequant", "in": "f8_e4m3fn", "out": "bf16", "cols": 7168,
+   "scale": "per_block", "block": [128, 128], "convention": "multiply"},
+  {"op": "moe_routing", "experts": 256, "offsets": "cumulative_end"},
+  {"op": "moe_combine", "top_k": 8, "hidden": 7168, "out": "bf16"}]}
+JSON
+"$jitctl" precompile --manifest "$work/sass.json" --arch sm_90a,sm_100a,sm_120a -j "$(nproc)" > "$work/precompile.txt" 2>/dev/null
+cat "$work/precompile.txt"
+grep -q " 0 failed" "$work/precompile.txt"
+
+"$jitctl" list --json > "$work/list.json"
+python3 - "$work/list.json" > "$work/entries.txt" <<'PY'
+import json, sys
+for e in json.load(open(sys.argv[1])):
+    print(e["key"], e["arch"], e["op"], e["spec"].get("kernel", "-"), e["canonical"].replace(" ", "_"))
+PY
+sort -k2,2 -k5,5 -o "$work/entries.txt" "$work/entries.txt"
+
+passed=0
+failed=0
+fail() { echo "FAILED: $1"; failed=$((failed + 1)); }
+count() { grep -cE "$1" "$work/k.sass" || true; }
+gemm_sm90=0
+gemm_portable=0
+while read -r key arch op kernel canonical; do
+  "$jitctl" show "$key" --cubin "$work/k.cubin" > /dev/null
+  "$nvdisasm" "$work/k.cubin" > "$work/k.sass"
+  hgmma=$(count '\bHGMMA\.')
+  hmma=$(count '\bHMMA\.')
+  local_memory=$(count '\b(LDL|STL)\b')
+  functions=$(count '^\s*\.text\.')
+  echo "$arch $canonical: HGMMA $hgmma, HMMA $hmma, LDL/STL $local_memory"
+  # The disassembly is real: it has a kernel's text section.
+  [ "$functions" -ge 1 ] || fail "$key: nvdisasm printed no kernel"
+  [ "$local_memory" -eq 0 ] || fail "$arch $canonical uses local memory"
+  if [ "$op" = grouped_gemm ]; then
+    case "$kernel" in
+      wgmma_sm90*)
+        gemm_sm90=$((gemm_sm90 + 1))
+        [ "$arch" = sm_90a ] || fail "$canonical was built for $arch"
+        [ "$hgmma" -gt 0 ] || fail "$canonical has no HGMMA"
+        [ "$hmma" -eq 0 ] || fail "$canonical has HMMA" ;;
+      mma_sync)
+        gemm_portable=$((gemm_portable + 1))
+        [ "$hmma" -gt 0 ] || fail "$arch $canonical has no HMMA"
+        [ "$hgmma" -eq 0 ] || fail "$arch $canonical has HGMMA" ;;
+      *) fail "$canonical: unknown kernel $kernel" ;;
+    esac
+  fi
+  passed=$((passed + 1))
+done < "$work/entries.txt"
+
+# Three problems: 3 sm_90a configurations each (the heuristic's buckets: 64x256,
+# swap AB alone, swap AB in pairs along N), one portable kernel each on sm_100a
+# and sm_120a.
+[ "$gemm_sm90" -eq 9 ] || fail "expected 9 SM90 GEMM kernels, read $gemm_sm90"
+[ "$gemm_portable" -eq 6 ] || fail "expected 6 portable GEMM kernels, read $gemm_portable"
+echo "$passed kernels read, $failed failures"
+[ "$failed" -eq 0 ]
