@@ -5,12 +5,12 @@
 set -euo pipefail
 packages=(cmake ninja-build g++ libfmt-dev nlohmann-json3-dev doctest-dev llvm-19-dev libzstd-dev zlib1g-dev python3)
 missing=()
+sudo_cmd=""
+[ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
-  sudo_cmd=""
-  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
   $sudo_cmd apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
@@ -25,8 +25,6 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 if ! command -v nvdisasm > /dev/null && [ ! -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvdisasm" ] &&
    [ ! -x "$root/.deps/nvdisasm/nvidia/cu13/bin/nvdisasm" ]; then
   if ! python3 -m pip --version > /dev/null 2>&1; then
-    sudo_cmd=""
-    [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
     DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends python3-pip
   fi
   python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
