@@ -25,6 +25,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 if ! command -v nvdisasm > /dev/null && [ ! -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvdisasm" ] &&
    [ ! -x "$root/.deps/nvdisasm/nvidia/cu13/bin/nvdisasm" ]; then
   if ! python3 -m pip --version > /dev/null 2>&1; then
+    $sudo_cmd apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends python3-pip
   fi
   python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
