@@ -10,7 +10,7 @@
 #include <limits>
 
 #include "kjit/cache/store.hpp"
-#include "kjit/detail/log.hpp"
+#include "kjit/base/log.hpp"
 #include "posix_io.hpp"
 
 namespace kjit::cache {

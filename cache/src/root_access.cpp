@@ -10,7 +10,7 @@
 
 #include <fmt/format.h>
 
-#include "kjit/detail/log.hpp"
+#include "kjit/base/log.hpp"
 
 namespace kjit::cache::detail {
 namespace {

@@ -13,7 +13,7 @@
 
 #include <fmt/format.h>
 
-#include "kjit/detail/log.hpp"
+#include "kjit/base/log.hpp"
 #include "store_impl.hpp"
 
 namespace kjit::cache {

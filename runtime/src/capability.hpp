@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-#include "kjit/detail/expected.hpp"
+#include "kjit/base/expected.hpp"
 
 namespace kjit {
 

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "kjit/detail/expected.hpp"
+#include "kjit/base/expected.hpp"
 
 namespace kjit {
 

@@ -15,7 +15,7 @@
 #include <unordered_map>
 
 #include "kjit/codegen/kernel_spec.hpp"
-#include "kjit/detail/expected.hpp"
+#include "kjit/base/expected.hpp"
 
 namespace kjit {
 

@@ -5,8 +5,9 @@
 
 #include <fmt/format.h>
 
+#include "kjit/base/log.hpp"
 #include "kjit/codegen/cache_key.hpp"
-#include "kjit/detail/log.hpp"
+#include "kjit/kjit.h"
 #include "dequant_params.h"
 #include "grouped_gemm_params.h"
 #include "moe_routing_params.h"

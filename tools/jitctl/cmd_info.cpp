@@ -3,6 +3,7 @@
 
 #include "capability.hpp"
 #include "cli.hpp"
+#include "kjit/kjit.h"
 #include "nvrtc.hpp"
 #include "runtime.hpp"
 

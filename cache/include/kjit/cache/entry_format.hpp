@@ -36,7 +36,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "kjit/detail/expected.hpp"
+#include "kjit/base/expected.hpp"
 
 namespace kjit::cache::format {
 

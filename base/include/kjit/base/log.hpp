@@ -1,9 +1,12 @@
 // kjit's one logger: lines on stderr prefixed "kjit: <level>:", filtered by
 // KJIT_LOG (error, warn, info, debug; default warn), read once per process.
+// An unknown KJIT_LOG value is reported once and treated as the default.
 #pragma once
 
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
+#include <string>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -15,10 +18,14 @@ enum class Level { error = 0, warn = 1, info = 2, debug = 3 };
 inline Level threshold() {
   static const Level level = [] {
     const char* env = std::getenv("KJIT_LOG");
-    std::string_view v = env ? env : "";
+    const std::string_view v = env ? env : "";
     if (v == "error") return Level::error;
     if (v == "info") return Level::info;
     if (v == "debug") return Level::debug;
+    if (!v.empty() && v != "warn" && v != "warning")
+      std::fputs(fmt::format("kjit: warning: KJIT_LOG='{}' is not one of error, warn, info, debug; using warn\n", v)
+                     .c_str(),
+                 stderr);
     return Level::warn;
   }();
   return level;
