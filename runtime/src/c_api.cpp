@@ -6,10 +6,11 @@
 #include <fmt/format.h>
 
 #include "kjit/kjit.h"
-#include "ops/dequant.hpp"
-#include "ops/grouped_gemm.hpp"
-#include "ops/moe_routing.hpp"
-#include "runtime.hpp"
+#include "kjit/version.h"
+#include "kjit/internal/ops/dequant.hpp"
+#include "kjit/internal/ops/grouped_gemm.hpp"
+#include "kjit/internal/ops/moe_routing.hpp"
+#include "kjit/internal/runtime.hpp"
 
 namespace {
 

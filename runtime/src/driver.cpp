@@ -1,5 +1,5 @@
 // Loading libcuda and resolving its entry points.
-#include "driver.hpp"
+#include "kjit/internal/driver.hpp"
 
 #include <dlfcn.h>
 

@@ -1,5 +1,5 @@
 // The sharded registry of loaded kernels.
-#include "registry.hpp"
+#include "kjit/internal/registry.hpp"
 
 namespace kjit {
 

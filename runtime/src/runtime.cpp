@@ -1,17 +1,12 @@
 // Devices, the spec -> loaded-kernel path, and launching.
-#include "runtime.hpp"
+#include "kjit/internal/runtime.hpp"
 
 #include <chrono>
 
 #include <fmt/format.h>
 
+#include "device_errors.h"
 #include "kjit/base/log.hpp"
-#include "kjit/codegen/cache_key.hpp"
-#include "kjit/kjit.h"
-#include "dequant_params.h"
-#include "grouped_gemm_params.h"
-#include "moe_routing_params.h"
-#include "nvrtc.hpp"
 
 namespace kjit {
 namespace {
@@ -49,14 +44,10 @@ std::string_view memory_type_name(unsigned int type) {
 
 }  // namespace
 
-KernelFamily family_of(const codegen::KernelSpec& spec) {
-  if (std::holds_alternative<codegen::GroupedGemmSpec>(spec)) return KernelFamily::grouped_gemm;
-  if (std::holds_alternative<codegen::DequantSpec>(spec)) return KernelFamily::fp8_dequant;
-  return KernelFamily::moe_routing;
-}
-
 Runtime::Runtime(Expected<const DriverApi*> driver, cache::StoreConfig cache_config)
-    : driver_(std::move(driver)), store_(std::make_unique<cache::Store>(std::move(cache_config))) {}
+    : driver_(std::move(driver)),
+      store_(std::make_unique<cache::Store>(std::move(cache_config))),
+      builder_(*store_) {}
 
 Runtime::~Runtime() {
   // Modules and contexts are released only by private runtimes (tests); the
@@ -109,7 +100,7 @@ Expected<DeviceState*> Runtime::device(int ordinal) {
   char name[256] = {};
   api.cuDeviceGetName(name, sizeof name, state->device);
   state->name = name;
-  auto arch = arch_for_capability(major, minor);
+  auto arch = codegen::arch_for_capability(major, minor);
   if (!arch)
     return fail(arch.error().code, fmt::format("device {} ({}): {}", ordinal, state->name, arch.error().message));
   state->arch = *arch;
@@ -181,143 +172,65 @@ Expected<void> Runtime::check_stream(const DeviceState& device, CUstream stream)
   return {};
 }
 
-Expected<Cubin> Runtime::cubin(const codegen::KernelSpec& spec, const std::string& arch) {
-  if (auto ok = codegen::validate_for_target(spec, arch); !ok) return std::unexpected(ok.error());
-  auto row = arch_for_target(arch);
-  if (!row) return std::unexpected(row.error());
-  if (auto ok = require_family(**row, family_of(spec)); !ok) return std::unexpected(ok.error());
-
-  const auto rendered = codegen::render(spec);
-  const auto options = compile_options(arch);
-  Cubin out;
-  auto lookup = [&](const std::string& nvrtc_version) {
-    out.key = codegen::cache_key({rendered.source, arch, options, nvrtc_version, kEntryFormatVersion});
-    auto entry = store_->load(out.key);
-    if (entry) {
-      out.image = std::move(entry->payload);
-      out.origin = CubinOrigin::disk_cache;
-    }
-    return entry.has_value();
-  };
-  // Keys name the NVRTC that compiles. The common case is the toolkit kjit
-  // was built with, so that key is tried first without loading NVRTC (a
-  // disk hit then costs no dlopen of libnvrtc, and works where there is none).
-  std::string nvrtc_version = built_with_cuda_version();
-  if (lookup(nvrtc_version)) return out;
-  const auto nvrtc = Nvrtc::load();
-  if (!nvrtc)
-    return fail(KJIT_ERROR_COMPILE, fmt::format("{} for {} is not in the cache and cannot be compiled: {}",
-                                                codegen::canonical(spec), arch, nvrtc.error().message));
-  if ((*nvrtc)->version() != nvrtc_version) {
-    nvrtc_version = (*nvrtc)->version();
-    if (lookup(nvrtc_version)) return out;
-  }
-  if (!(*nvrtc)->supports(arch))
-    return fail(KJIT_ERROR_UNSUPPORTED, fmt::format("NVRTC {} cannot build for {}", nvrtc_version, arch));
-  // Another process may be compiling this kernel right now: wait a bounded
-  // while for its advisory lock and look again before compiling ourselves.
-  // Correctness never depends on the lock (publish is atomic either way).
-  const auto lock = store_->try_lock(out.key, std::chrono::seconds(10));
-  if (lock.held() && lookup(nvrtc_version)) return out;
-
-  auto compiled =
-      (*nvrtc)->compile(rendered.source, std::string(codegen::op_name(spec)) + ".cu", arch, compile_flags(arch));
-  if (!compiled)
-    return fail(compiled.error().code,
-                fmt::format("compiling {}: {}", codegen::canonical(spec), compiled.error().message));
-  log::info("compiled {} for {} in {:.0f} ms", codegen::canonical(spec), arch, compiled->seconds * 1e3);
-
-  nlohmann::json meta = {{"spec", codegen::to_json(spec)},
-                         {"canonical", codegen::canonical(spec)},
-                         {"op", codegen::op_name(spec)},
-                         {"arch", arch},
-                         {"nvrtc", nvrtc_version},
-                         {"kjit", kjit_version()},
-                         {"options", options},
-                         {"entry_point", rendered.entry_point},
-                         {"compile_seconds", compiled->seconds},
-                         {"source", rendered.source},
-                         {"log", compiled->log}};
-  // A cache that cannot be written is not fatal: the store has warned once and
-  // the kernel is served from memory.
-  (void)store_->publish(out.key, meta, compiled->cubin);
-  out.image = std::move(compiled->cubin);
-  out.compile_seconds = compiled->seconds;
-  return out;
-}
-
-Expected<LoadedKernel> Runtime::load_module(const DeviceState& device, const std::vector<char>& image) const {
+Expected<LoadedKernel> Runtime::load(const DeviceState& device, const BuiltKernel& built) const {
   const DriverApi& api = **driver_;
+  const auto& rendered = built.rendered;
   ScopedContext scope(api, device.context);
-  if (auto ok = scope.status(); !ok) return std::unexpected(ok.error());
+  KJIT_TRY(scope.status());
   LoadedKernel kernel;
-  if (auto ok = check(api, api.cuModuleLoadData(&kernel.module, image.data()), "cuModuleLoadData"); !ok)
-    return std::unexpected(ok.error());
+  KJIT_TRY(check(api, api.cuModuleLoadData(&kernel.module, built.cubin.data()), "cuModuleLoadData"));
+  KJIT_TRY(check(api, api.cuModuleGetFunction(&kernel.function, kernel.module, rendered.entry_point.c_str()),
+                 "cuModuleGetFunction"));
+  // Dynamic shared memory past 48 KB is an opt-in per function.
+  if (rendered.dynamic_shared_bytes > 48 * 1024)
+    KJIT_TRY(check(api,
+                   api.cuFuncSetAttribute(kernel.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                          rendered.dynamic_shared_bytes),
+                   "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)"));
+  // How many blocks fit at once: one per SM for the big-shared-memory
+  // kernels, fewer when clusters must land on SMs of one GPC.
+  kernel.resident_blocks = device.multiprocessors;
+  if (rendered.cluster_x > 1) {
+    codegen::LaunchGeometry whole_device;
+    whole_device.grid_x = static_cast<uint32_t>(rendered.cluster_x * std::max(device.multiprocessors, 1));
+    whole_device.block_x = static_cast<uint32_t>(rendered.threads_per_block);
+    whole_device.shared_bytes = static_cast<uint32_t>(rendered.dynamic_shared_bytes);
+    whole_device.cluster_x = static_cast<uint32_t>(rendered.cluster_x);
+    ClusterLaunch launch(whole_device, nullptr);
+    int clusters = 0;
+    KJIT_TRY(check(api, api.cuOccupancyMaxActiveClusters(&clusters, kernel.function, &launch.config),
+                   "cuOccupancyMaxActiveClusters"));
+    if (clusters < 1)
+      return fail(KJIT_ERROR_UNSUPPORTED, fmt::format("{}: no cluster of {} blocks fits on device {}",
+                                                      rendered.entry_point, rendered.cluster_x, device.ordinal));
+    kernel.resident_blocks = clusters * rendered.cluster_x;
+  }
+  log::debug("loaded {} ({}) on device {}", built.key, rendered.entry_point, device.ordinal);
   return kernel;
 }
 
 Expected<const LoadedKernel*> Runtime::kernel(DeviceState& device, const codegen::KernelSpec& spec, CUstream stream) {
   if (const auto* hit = registry_.find(device.ordinal, spec)) return hit;
   return registry_.get_or_load(device.ordinal, spec, [&]() -> Expected<LoadedKernel> {
+    // An unsupported spec is that, whether or not the stream captures.
+    KJIT_TRY(codegen::validate_for_target(spec, *device.arch));
     const DriverApi& api = **driver_;
     {
       // The legacy stream resolves to the current context's: ask inside ours.
       ScopedContext scope(api, device.context);
-      if (auto ok = scope.status(); !ok) return std::unexpected(ok.error());
+      KJIT_TRY(scope.status());
       CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
       const CUresult r = api.cuStreamIsCapturing(stream, &capture);
       // IMPLICIT: the legacy stream while another stream captures globally.
-      if (r != CUDA_SUCCESS && r != CUDA_ERROR_STREAM_CAPTURE_IMPLICIT)
-        return std::unexpected(check(api, r, "cuStreamIsCapturing").error());
+      if (r != CUDA_SUCCESS && r != CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) KJIT_TRY(check(api, r, "cuStreamIsCapturing"));
       if (r != CUDA_SUCCESS || capture != CU_STREAM_CAPTURE_STATUS_NONE)
         return fail(KJIT_ERROR_CAPTURING,
                     fmt::format("{} is not loaded on device {} and the stream is capturing a CUDA graph, where kjit "
                                 "never compiles or loads: call the op's prepare function before capture",
                                 codegen::canonical(spec), device.ordinal));
     }
-    auto image = cubin(spec, device.arch->target);
-    if (!image) return std::unexpected(image.error());
-    auto loaded = load_module(device, image->image);
-    if (!loaded) return std::unexpected(loaded.error());
-    const auto rendered = codegen::render(spec);
-    if (auto ok = check(api, api.cuModuleGetFunction(&loaded->function, loaded->module, rendered.entry_point.c_str()),
-                        "cuModuleGetFunction");
-        !ok)
-      return std::unexpected(ok.error());
-    // Dynamic shared memory past 48 KB is an opt-in per function.
-    if (rendered.dynamic_shared_bytes > 48 * 1024) {
-      ScopedContext scope(api, device.context);
-      if (auto ok = scope.status(); !ok) return std::unexpected(ok.error());
-      if (auto ok = check(api,
-                          api.cuFuncSetAttribute(loaded->function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                                 rendered.dynamic_shared_bytes),
-                          "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
-          !ok)
-        return std::unexpected(ok.error());
-    }
-    // How many blocks fit at once: one per SM for the big-shared-memory
-    // kernels, fewer when clusters must land on SMs of one GPC.
-    loaded->resident_blocks = device.multiprocessors;
-    if (rendered.cluster_x > 1) {
-      ScopedContext scope(api, device.context);
-      if (auto ok = scope.status(); !ok) return std::unexpected(ok.error());
-      codegen::LaunchGeometry whole_device;
-      whole_device.grid_x = static_cast<uint32_t>(rendered.cluster_x * std::max(device.multiprocessors, 1));
-      whole_device.block_x = static_cast<uint32_t>(rendered.threads_per_block);
-      whole_device.shared_bytes = static_cast<uint32_t>(rendered.dynamic_shared_bytes);
-      whole_device.cluster_x = static_cast<uint32_t>(rendered.cluster_x);
-      ClusterLaunch launch(whole_device, nullptr);
-      int clusters = 0;
-      if (auto ok = check(api, api.cuOccupancyMaxActiveClusters(&clusters, loaded->function, &launch.config),
-                          "cuOccupancyMaxActiveClusters");
-          !ok)
-        return std::unexpected(ok.error());
-      if (clusters < 1)
-        return fail(KJIT_ERROR_UNSUPPORTED, fmt::format("{}: no cluster of {} blocks fits on device {}",
-                                                        codegen::canonical(spec), rendered.cluster_x, device.ordinal));
-      loaded->resident_blocks = clusters * rendered.cluster_x;
-    }
-    return loaded;
+    const auto built = KJIT_TRY(builder_.build(spec, *device.arch));
+    return load(device, built);
   });
 }
 
@@ -349,31 +262,18 @@ Expected<void> Runtime::take_device_errors(int ordinal) {
     return ok;
   if (words[0] == 0) return {};
   if (auto ok = check(api, api.cuMemsetD32((*state)->error_words, 0, 2), "cuMemsetD32"); !ok) return ok;
-  if (words[0] == KJIT_DEVICE_ERROR_OFFSETS_NOT_MONOTONIC)
-    return fail(KJIT_ERROR_DEVICE_REPORTED,
-                fmt::format("a grouped GEMM on device {} was given expert offsets that decrease at expert {}; it "
-                            "wrote nothing",
-                            ordinal, words[1]));
-  if (words[0] == KJIT_DEVICE_ERROR_OFFSETS_OUT_OF_RANGE)
-    return fail(KJIT_ERROR_DEVICE_REPORTED,
-                fmt::format("a grouped GEMM on device {} was given an offset for expert {} outside [0, rows] (or a "
-                            "first offset that is not 0); it wrote nothing",
-                            ordinal, words[1]));
-  if (words[0] == KJIT_DEVICE_ERROR_GLOBAL_EXPERT_ID_OUT_OF_RANGE)
-    return fail(KJIT_ERROR_DEVICE_REPORTED,
-                fmt::format("MoE routing on device {} was given expert id {} outside [0, experts_total); it wrote "
-                            "nothing",
-                            ordinal, static_cast<int32_t>(words[1])));
-  if (words[0] == KJIT_DEVICE_ERROR_COMBINE_INDEX_OUT_OF_RANGE)
-    return fail(KJIT_ERROR_DEVICE_REPORTED,
-                fmt::format("MoE combine on device {} was given sorted row {} past the rows of expert_out; that "
-                            "term was left out",
-                            ordinal, static_cast<int32_t>(words[1])));
-  if (words[0] == KJIT_DEVICE_ERROR_EXPERT_ID_OUT_OF_RANGE)
-    return fail(KJIT_ERROR_DEVICE_REPORTED,
-                fmt::format("a dequant launch on device {} was given expert id {} outside [0, experts); it wrote "
-                            "nothing",
-                            ordinal, static_cast<int32_t>(words[1])));
+  // The message beside each code in abi/device_errors.h.
+  struct Text {
+    uint32_t code;
+    const char* format;
+  };
+#define KJIT_DEVICE_ERROR_TEXT(name, code, message) Text{code, message},
+  static constexpr Text kTexts[] = {KJIT_DEVICE_ERRORS(KJIT_DEVICE_ERROR_TEXT)};
+#undef KJIT_DEVICE_ERROR_TEXT
+  for (const auto& text : kTexts)
+    if (text.code == words[0])
+      return fail(KJIT_ERROR_DEVICE_REPORTED, fmt::format(fmt::runtime(text.format), fmt::arg("device", ordinal),
+                                                          fmt::arg("value", static_cast<int32_t>(words[1]))));
   return fail(KJIT_ERROR_DEVICE_REPORTED, fmt::format("device {} reported error code {}", ordinal, words[0]));
 }
 

@@ -22,7 +22,5 @@ struct kjit_dequant_params {
   long long output_slots; /* experts written: `experts`, or the number of ids */
 };
 
-/* Codes a kernel leaves in device_error[0]; device_error[1] holds the bad value. */
-#define KJIT_DEVICE_ERROR_EXPERT_ID_OUT_OF_RANGE 1u
 
 #endif

@@ -17,6 +17,14 @@ struct kjit_grouped_gemm_params {
                                  null: a static round robin */
 };
 
+/* TMA box facts the host's tensor-map encoder and the SM90 kernels share (in
+ * elements). Every box is KJIT_SM90_K_BLOCK bf16 wide along its contiguous
+ * axis: one 128-byte swizzle row. */
+#define KJIT_SM90_K_BLOCK 64               /* k-block of a pipeline stage */
+#define KJIT_SM90_KN_CHUNK 64              /* [E, K, N] weights: N columns per box (one swizzle row) */
+#define KJIT_SWAP_AB_ROW_BOX 32            /* swap AB: rows per narrow box, the step of its tile heights */
+#define KJIT_SWAP_AB_WIDE_ROW_BOX 128      /* swap AB: rows per wide box (a_wide_map) */
+
 /* A CUtensorMap (the driver's 128-byte TMA descriptor, 128-byte aligned as cuda.h declares it), opaque to kernels:
  * NVRTC has no cuda.h. The host static_asserts the size and alignment. */
 struct alignas(128) kjit_tensor_map {
@@ -32,8 +40,5 @@ struct kjit_grouped_gemm_sm90_params {
   struct kjit_tensor_map a_wide_map; /* swap AB only: A in boxes of [128, 64] (a_map's are [32, 64]) */
 };
 
-/* Codes a grouped GEMM leaves in device_error[0]; device_error[1] holds the expert. */
-#define KJIT_DEVICE_ERROR_OFFSETS_NOT_MONOTONIC 2u
-#define KJIT_DEVICE_ERROR_OFFSETS_OUT_OF_RANGE 3u
 
 #endif

@@ -39,7 +39,5 @@ struct kjit_moe_combine_params {
   long long rows;            /* rows of expert_out; an index at or past it is an error */
 };
 
-#define KJIT_DEVICE_ERROR_GLOBAL_EXPERT_ID_OUT_OF_RANGE 4u
-#define KJIT_DEVICE_ERROR_COMBINE_INDEX_OUT_OF_RANGE 5u
 
 #endif

@@ -13,6 +13,11 @@
 // the same is matched bit for bit. NaN codes give NaN, e5m2 inf gives inf.
 #pragma once
 
+#include "../abi/device_errors.h"
+#include "../abi/dequant_params.h"
+#include "../common/fp8_convert.cuh"
+#include "../common/vector_io.cuh"
+
 namespace kjit {
 
 enum class OutType { bf16, f16, f32 };

@@ -4,6 +4,9 @@
 // Cfg provides kExperts, kOffsetsWithZero and kThreads.
 #pragma once
 
+#include "../abi/device_errors.h"
+#include "../abi/grouped_gemm_params.h"
+
 namespace kjit {
 
 // The problem's constants, shared by both kernels' Configs (which add the tile).

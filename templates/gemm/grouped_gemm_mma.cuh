@@ -18,6 +18,10 @@
 // fragment register is one 32-bit shared load.
 #pragma once
 
+#include "../abi/grouped_gemm_params.h"
+#include "../common/fp8_convert.cuh"
+#include "grouped_gemm_common.cuh"
+
 namespace kjit {
 
 template <class Problem, int kBM_, int kBN_, int kBK_>

@@ -36,6 +36,11 @@
 // N-major one by 16 rows (2 KB).
 #pragma once
 
+#include "../abi/grouped_gemm_params.h"
+#include "../common/fp8_convert.cuh"
+#include "grouped_gemm_common.cuh"
+#include "grouped_gemm_sm90_pipeline.cuh"
+
 #include <cuda/ptx>
 
 namespace kjit {
@@ -56,7 +61,7 @@ struct GroupedGemmSm90Config : Problem {
   static constexpr int kNGroup = kClusterAlongN ? kCluster : 1;  // n-tiles per cluster tile
   using Mma = Mma_;          // the generated wgmma m64nBNk16 wrapper
   using MmaHalf = MmaHalf_;  // m64n(BN/2)k16, for tiles of at most 64 rows
-  static constexpr int kBK = 64;  // one 128-byte swizzle row of bf16
+  static constexpr int kBK = KJIT_SM90_K_BLOCK;  // one 128-byte swizzle row of bf16
   static constexpr int kConsumers = kBM / 64;
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kATileBytes = kBM * kBK * 2;

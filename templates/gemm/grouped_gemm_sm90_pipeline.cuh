@@ -4,8 +4,10 @@
 // and the warp-specialised frame of the kernel. Needs grouped_gemm_common.cuh.
 #pragma once
 
+#include "../abi/grouped_gemm_params.h"
+#include "grouped_gemm_common.cuh"
+
 #include <cuda/ptx>
-// (kjit_grouped_gemm_sm90_params comes from abi/grouped_gemm_params.h.)
 
 namespace kjit {
 
@@ -99,7 +101,7 @@ __device__ __forceinline__ void arrive_cluster_wide(unsigned long long* bar) {
 // `expert`'s weights into `tile` at the columns' own offset, completing on
 // `bar`; with `multicast` (a mask of cluster ranks) into each of those blocks.
 // [E, N, K]: one box of kCols rows (the host encodes b_map's box that tall);
-// [E, K, N]: kCols / 64 chunks of 64 columns, 8 KB apart.
+// [E, K, N]: kCols / 64 chunks of KJIT_SM90_KN_CHUNK columns, 8 KB apart.
 template <class Cfg, int kCols>
 __device__ __forceinline__ void copy_weight_columns(const kjit_grouped_gemm_sm90_params& p, unsigned char* tile,
                                                     int n0, int first, int k0, int expert, unsigned long long* bar,
@@ -115,7 +117,7 @@ __device__ __forceinline__ void copy_weight_columns(const kjit_grouped_gemm_sm90
     copy(tile + first * 128, {k0, n0 + first, expert});
   } else {
 #pragma unroll
-    for (int c = first; c < first + kCols; c += 64) copy(tile + c * 128, {n0 + c, k0, expert});
+    for (int c = first; c < first + kCols; c += KJIT_SM90_KN_CHUNK) copy(tile + c * 128, {n0 + c, k0, expert});
   }
 }
 

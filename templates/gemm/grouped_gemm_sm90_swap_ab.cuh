@@ -33,6 +33,11 @@
 // (up to kBM rows x 64 k, K-major, as wgmma's B operand).
 #pragma once
 
+#include "../abi/grouped_gemm_params.h"
+#include "../common/fp8_convert.cuh"
+#include "grouped_gemm_common.cuh"
+#include "grouped_gemm_sm90_pipeline.cuh"
+
 #include <cuda/ptx>
 
 namespace kjit {
@@ -43,11 +48,11 @@ struct GroupedGemmSwapAbConfig : Problem {
   static constexpr int kBM = kBM_;  // the tallest row tile
   static constexpr int kBN = kBN_;  // output columns per block: 64 per consumer warpgroup
   static constexpr int kStages = kStages_, kCluster = kCluster_;
-  static constexpr int kRowStep = 32;  // tile heights and row boxes (TMA box of 32 rows x 64 k)
-  static constexpr int kWideRows = 128;  // the wide row box: fewer copies per stage (a_wide_map)
+  static constexpr int kRowStep = KJIT_SWAP_AB_ROW_BOX;  // tile heights and row boxes (TMA box of 32 rows x 64 k)
+  static constexpr int kWideRows = KJIT_SWAP_AB_WIDE_ROW_BOX;  // the wide row box: fewer copies per stage (a_wide_map)
   template <int kRows>
   using Mma = Mma_<kRows>;  // the generated wgmma m64n<kRows>k16 wrappers
-  static constexpr int kBK = 64;
+  static constexpr int kBK = KJIT_SM90_K_BLOCK;
   static constexpr int kConsumers = kBN / 64;
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kWTileBytes = kBN * kBK * 2;

@@ -18,6 +18,10 @@
 // over the j routed to this rank, accumulated in fp32, rounded once.
 #pragma once
 
+#include "../abi/device_errors.h"
+#include "../abi/moe_routing_params.h"
+#include "../common/fp8_convert.cuh"
+
 namespace kjit {
 
 template <long long kExperts_, bool kOffsetsWithZero_>

@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "driver.hpp"
+#include "kjit/internal/driver.hpp"
 
 namespace kjit::testing {
 

@@ -5,7 +5,7 @@
 
 #include <cstdio>
 
-#include "driver.hpp"
+#include "kjit/internal/driver.hpp"
 
 int main(int argc, char** argv) {
   auto driver = kjit::load_driver();

@@ -1,5 +1,6 @@
-// Every dequant variant compiles with NVRTC for sm_90a, sm_100a and sm_120a on
-// a machine with no GPU, into a private cache.
+// Every kernel family compiles with NVRTC for sm_90a, sm_100a and sm_120a on
+// a machine with no GPU, through the Builder into a private cache; a miss
+// renders once; the same key gives the same bytes from any working directory.
 #include <doctest/doctest.h>
 
 #include "why.hpp"
@@ -9,12 +10,25 @@
 #include <string>
 #include <unistd.h>
 
-#include "nvrtc.hpp"
-#include "runtime.hpp"
+#include "kjit/builder/builder.hpp"
+#include "kjit/builder/nvrtc.hpp"
 
 using namespace kjit::codegen;
 
 namespace {
+
+const ArchInfo& arch_of(std::string_view target) { return **arch_for_target(target); }
+
+// A Builder over a private cache root that removes itself.
+struct PrivateBuilder {
+  std::filesystem::path dir;
+  kjit::cache::Store store;
+  kjit::Builder builder{store};
+  explicit PrivateBuilder(const std::string& name)
+      : dir(std::filesystem::temp_directory_path() / (name + "-" + std::to_string(::getpid()))),
+        store(kjit::cache::StoreConfig{dir.string(), {}, 0}) {}
+  ~PrivateBuilder() { std::filesystem::remove_all(dir); }
+};
 
 // Each dimension's every value appears, and every template branch (scale per
 // vector or per element, each vector width, selected experts) is reached.
@@ -46,27 +60,68 @@ std::vector<DequantSpec> variants() {
 TEST_CASE("every dequant variant compiles with NVRTC for sm_90a, sm_100a and sm_120a") {
   auto nvrtc = kjit::Nvrtc::load();
   REQUIRE_MESSAGE(nvrtc.has_value(), kjit::testing::why(nvrtc));
-  const auto dir = std::filesystem::temp_directory_path() / ("kjit-nvrtc-" + std::to_string(::getpid()));
-  kjit::Runtime runtime{kjit::fail(KJIT_ERROR_NO_DEVICE, "no driver in this test"),
-                        kjit::cache::StoreConfig{dir.string(), {}, 0}};
+  PrivateBuilder b("kjit-nvrtc");
   size_t compiled = 0;
   for (const char* arch : {"sm_90a", "sm_100a", "sm_120a"}) {
     for (const auto& spec : variants()) {
-      auto cubin = runtime.cubin(spec, arch);
+      auto cubin = b.builder.build(spec, arch_of(arch));
       REQUIRE_MESSAGE(cubin.has_value(), arch, " ", canonical(spec), ": ", kjit::testing::why(cubin));
-      CHECK(cubin->image.size() > 1000);
-      CHECK(std::memcmp(cubin->image.data(), "\x7f" "ELF", 4) == 0);
+      CHECK(cubin->cubin.size() > 1000);
+      CHECK(std::memcmp(cubin->cubin.data(), "\x7f" "ELF", 4) == 0);
+      CHECK(cubin->stored);
       ++compiled;
     }
   }
   MESSAGE("compiled " << compiled << " kernels");
   // The same specs again are all cache hits.
   for (const auto& spec : variants()) {
-    auto again = runtime.cubin(spec, "sm_90a");
+    auto again = b.builder.build(spec, arch_of("sm_90a"));
     REQUIRE(again.has_value());
     CHECK(again->origin == kjit::CubinOrigin::disk_cache);
   }
-  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a cache miss renders the spec once, and a hit once too") {
+  PrivateBuilder b("kjit-renders");
+  DequantSpec s;
+  s.cols = 4096;
+  s.granularity = ScaleGranularity::per_tensor;
+  s.vec = 8;
+  REQUIRE(b.builder.build(s, arch_of("sm_90a")).has_value());
+  CHECK(b.builder.counters().renders == 1);
+  CHECK(b.builder.counters().compiles == 1);
+  auto hit = b.builder.build(s, arch_of("sm_90a"));
+  REQUIRE(hit.has_value());
+  CHECK(hit->origin == kjit::CubinOrigin::disk_cache);
+  CHECK(hit->rendered.entry_point == "kjit_fp8_dequant");
+  CHECK(b.builder.counters().renders == 2);
+  CHECK(b.builder.counters().compiles == 1);
+  CHECK(b.builder.counters().disk_hits == 1);
+}
+
+TEST_CASE("one spec compiles to the same cubin bytes from two working directories") {
+  // -lineinfo records names; with relative ones NVRTC adds the working directory.
+  auto compile_in = [](const std::filesystem::path& cwd) {
+    const auto before = std::filesystem::current_path();
+    std::filesystem::create_directories(cwd);
+    std::filesystem::current_path(cwd);
+    PrivateBuilder b("kjit-repro-" + cwd.filename().string());
+    GroupedGemmSpec g;
+    g.n = 256;
+    g.k = 128;
+    g.experts = 2;
+    auto built = b.builder.build(kernels_for_target(g, arch_of("sm_90a"))[1], arch_of("sm_90a"));
+    std::filesystem::current_path(before);
+    REQUIRE_MESSAGE(built.has_value(), kjit::testing::why(built));
+    CHECK(built->origin == kjit::CubinOrigin::compiled);
+    return built->cubin;
+  };
+  const auto root = std::filesystem::temp_directory_path() / ("kjit-cwd-" + std::to_string(::getpid()));
+  const auto first = compile_in(root / "first");
+  const auto second = compile_in(root / "second" / "deeper");
+  std::filesystem::remove_all(root);
+  CHECK(first.size() == second.size());
+  CHECK(first == second);
 }
 
 TEST_CASE("a compile error carries NVRTC's log") {
@@ -79,14 +134,23 @@ TEST_CASE("a compile error carries NVRTC's log") {
   CHECK(r.error().message.find("undefined_thing") != std::string::npos);
 }
 
-TEST_CASE("unknown arch names are rejected before compiling") {
-  kjit::Runtime runtime{kjit::fail(KJIT_ERROR_NO_DEVICE, "no driver"), kjit::cache::StoreConfig{"", {}, 0}};
+TEST_CASE("unknown arch names are rejected, naming the known ones") {
+  auto r = arch_for_target("sm_91z");
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().message.find("unknown arch 'sm_91z'") != std::string::npos);
+  CHECK(r.error().message.find("sm_90a") != std::string::npos);
+}
+
+TEST_CASE("fp8 dequant is refused for archs without fp8 conversion, before compiling") {
+  PrivateBuilder b("kjit-gate");
   DequantSpec s;
   s.cols = 128;
   s.granularity = ScaleGranularity::per_tensor;
-  auto r = runtime.cubin(s, "sm_91z");
+  auto r = b.builder.build(s, arch_of("sm_80"));
   REQUIRE_FALSE(r.has_value());
-  CHECK(r.error().message.find("unknown arch 'sm_91z'") != std::string::npos);
+  CHECK(r.error().code == KJIT_ERROR_UNSUPPORTED);
+  CHECK(r.error().message.find("compute capability 8.9 or newer") != std::string::npos);
+  CHECK(b.builder.counters().renders == 0);
 }
 
 namespace {
@@ -117,46 +181,41 @@ static std::vector<KernelSpec> routing_variants() {
 }
 
 TEST_CASE("the MoE routing helpers compile with NVRTC for sm_90a, sm_100a and sm_120a") {
-  const auto dir = std::filesystem::temp_directory_path() / ("kjit-nvrtc-routing-" + std::to_string(::getpid()));
-  kjit::Runtime runtime{kjit::fail(KJIT_ERROR_NO_DEVICE, "no driver in this test"),
-                        kjit::cache::StoreConfig{dir.string(), {}, 0}};
+  PrivateBuilder b("kjit-nvrtc-routing");
   for (const char* arch : {"sm_90a", "sm_100a", "sm_120a"})
     for (const auto& spec : routing_variants()) {
-      auto cubin = runtime.cubin(spec, arch);
+      auto cubin = b.builder.build(spec, arch_of(arch));
       REQUIRE_MESSAGE(cubin.has_value(), arch, " ", canonical(spec), ": ", kjit::testing::why(cubin));
     }
-  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("every grouped GEMM variant compiles with NVRTC for sm_90a, sm_100a and sm_120a") {
-  const auto dir = std::filesystem::temp_directory_path() / ("kjit-nvrtc-gemm-" + std::to_string(::getpid()));
-  kjit::Runtime runtime{kjit::fail(KJIT_ERROR_NO_DEVICE, "no driver in this test"),
-                        kjit::cache::StoreConfig{dir.string(), {}, 0}};
+  PrivateBuilder b("kjit-nvrtc-gemm");
   for (const char* arch : {"sm_90a", "sm_100a", "sm_120a"})
     for (const auto& problem : gemm_problems()) {
-      const auto kernels = kernels_for_target(problem, arch);
+      const auto kernels = kernels_for_target(problem, arch_of(arch));
       CHECK(kernels.size() == (std::string_view(arch) == "sm_90a" ? 3u : 1u));
       for (const auto& spec : kernels) {
         const auto& config = std::get<GroupedGemmSpec>(spec);
         CHECK(is_sm90(config.kernel) == (std::string_view(arch) == "sm_90a"));
-        auto cubin = runtime.cubin(spec, arch);
+        auto cubin = b.builder.build(spec, arch_of(arch));
         REQUIRE_MESSAGE(cubin.has_value(), arch, " ", canonical(spec), ": ", kjit::testing::why(cubin));
-        CHECK(std::memcmp(cubin->image.data(), "\x7f" "ELF", 4) == 0);
+        CHECK(std::memcmp(cubin->cubin.data(), "\x7f" "ELF", 4) == 0);
       }
     }
   // The portable kernel compiles for sm_90a too (it is what KJIT_GEMM_KERNEL_PORTABLE runs there).
   for (const auto& problem : gemm_problems()) {
-    auto portable = choose_grouped_gemm_config(problem, "sm_90a", 4096, {.kernel = GemmRequest::Kernel::portable});
+    auto portable =
+        choose_grouped_gemm_config(problem, arch_of("sm_90a"), 4096, {.kernel = GemmRequest::Kernel::portable});
     REQUIRE(portable.has_value());
-    auto cubin = runtime.cubin(*portable, "sm_90a");
+    auto cubin = b.builder.build(*portable, arch_of("sm_90a"));
     REQUIRE_MESSAGE(cubin.has_value(), kjit::testing::why(cubin));
   }
   // Hopper's kernel is refused for every other arch, before compiling.
-  auto sm90 = kernels_for_target(gemm_problems().front(), "sm_90a").front();
-  auto refused = runtime.cubin(sm90, "sm_100a");
+  auto sm90 = kernels_for_target(gemm_problems().front(), arch_of("sm_90a")).front();
+  auto refused = b.builder.build(sm90, arch_of("sm_100a"));
   REQUIRE_FALSE(refused.has_value());
   CHECK(refused.error().message.find("only for sm_90a") != std::string::npos);
-  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("ptxas reports no local-memory spills in the grouped GEMM and dequant kernels on sm_90a") {
@@ -177,18 +236,18 @@ TEST_CASE("ptxas reports no local-memory spills in the grouped GEMM and dequant 
     g.n = 4096;
     g.k = 7168;
     g.experts = 32;
-    for (auto& k : kernels_for_target(g, "sm_90a")) specs.push_back(std::move(k));
+    for (auto& k : kernels_for_target(g, arch_of("sm_90a"))) specs.push_back(std::move(k));
     // Pairs along N (the producer's A half and the masked columns of a lone n-tile).
     for (int tile_n : {192, 256})
       specs.push_back(*choose_grouped_gemm_config(
-          g, "sm_90a", 1 << 20, {.tile_m = 128, .tile_n = tile_n, .cluster = 2, .cluster_axis = ClusterAxis::n}));
+          g, arch_of("sm_90a"), 1 << 20, {.tile_m = 128, .tile_n = tile_n, .cluster = 2, .cluster_axis = ClusterAxis::n}));
     // Swap AB, alone and in pairs along N (every tile height is in each).
-    specs.push_back(*choose_grouped_gemm_config(g, "sm_90a", 1 << 20, {.kernel = GemmRequest::Kernel::sm90_swap_ab}));
+    specs.push_back(*choose_grouped_gemm_config(g, arch_of("sm_90a"), 1 << 20, {.kernel = GemmRequest::Kernel::sm90_swap_ab}));
     specs.push_back(*choose_grouped_gemm_config(
-        g, "sm_90a", 1 << 20,
+        g, arch_of("sm_90a"), 1 << 20,
         {.kernel = GemmRequest::Kernel::sm90_swap_ab, .tile_m = 256, .tile_n = 128, .cluster = 2,
          .cluster_axis = ClusterAxis::n}));
-    if (v < 4) specs.push_back(*choose_grouped_gemm_config(g, "sm_90a", 0, {.kernel = GemmRequest::Kernel::portable}));
+    if (v < 4) specs.push_back(*choose_grouped_gemm_config(g, arch_of("sm_90a"), 0, {.kernel = GemmRequest::Kernel::portable}));
   }
   for (const auto& d : variants()) specs.push_back(d);
   for (const auto& r : routing_variants()) specs.push_back(r);

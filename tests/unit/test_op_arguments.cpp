@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "ops/dequant.hpp"
-#include "ops/grouped_gemm.hpp"
-#include "ops/moe_routing.hpp"
-#include "runtime.hpp"
+#include "kjit/internal/ops/dequant.hpp"
+#include "kjit/internal/ops/grouped_gemm.hpp"
+#include "kjit/internal/ops/moe_routing.hpp"
+#include "kjit/internal/runtime.hpp"
 
 namespace {
 
@@ -246,9 +246,9 @@ TEST_CASE_FIXTURE(Fixture, "a second runtime over the same cache loads from disk
   REQUIRE(device.has_value());
   auto plan = kjit::ops::plan_dequant(desc, false);
   REQUIRE(plan.has_value());
-  auto cubin = second.cubin(plan->spec, "sm_90a");
-  REQUIRE(cubin.has_value());
-  CHECK(cubin->origin == kjit::CubinOrigin::disk_cache);
+  auto built = second.builder().build(plan->spec, *(*device)->arch);
+  REQUIRE(built.has_value());
+  CHECK(built->origin == kjit::CubinOrigin::disk_cache);
 }
 
 TEST_CASE_FIXTURE(Fixture, "null pointers are rejected by name") {
@@ -281,7 +281,7 @@ TEST_CASE_FIXTURE(Fixture, "a scale shape that does not match the tensor and blo
 
 TEST_CASE_FIXTURE(Fixture, "a zero block size is rejected") {
   desc.block_rows = 0;
-  expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "block size must be at least 1x1");
+  expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "per_block scales need block sizes >= 1, got 0x128");
 }
 
 TEST_CASE_FIXTURE(Fixture, "the scale convention has no default") {
@@ -352,7 +352,7 @@ TEST_CASE_FIXTURE(Fixture, "GPUs outside the capability table, or without fp8 co
 TEST_CASE_FIXTURE(Fixture, "an Ampere GPU is told fp8 dequant needs 8.9") {
   machine.compute_major = 8;
   machine.compute_minor = 0;
-  expect_rejected(KJIT_ERROR_UNSUPPORTED, "needs compute capability 8.9 or newer; this GPU is 8.0");
+  expect_rejected(KJIT_ERROR_UNSUPPORTED, "needs compute capability 8.9 or newer; sm_80 is 8.0");
 }
 
 TEST_CASE("the C ABI rejects a NULL descriptor and a descriptor without struct_size") {
@@ -646,6 +646,6 @@ TEST_CASE_FIXTURE(Fixture, "routing and combine argument errors are named and la
   c.out_dtype = KJIT_DTYPE_BF16;
   auto bad_hidden = kjit::ops::moe_combine(runtime, c, fake_stream(0));
   REQUIRE_FALSE(bad_hidden.has_value());
-  CHECK(bad_hidden.error().message == "hidden must be a positive multiple of 8, got 12");
+  CHECK(bad_hidden.error().message == "moe_combine: hidden must be a positive multiple of 8, got 12");
   CHECK(machine.launches == 5);  // none for the bad combine
 }

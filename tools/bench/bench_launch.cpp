@@ -12,10 +12,10 @@
 #include <cstdio>
 #include <vector>
 
-#include "driver.hpp"
+#include "kjit/internal/driver.hpp"
 #include "kjit/kjit.h"
-#include "ops/dequant.hpp"
-#include "runtime.hpp"
+#include "kjit/internal/ops/dequant.hpp"
+#include "kjit/internal/runtime.hpp"
 
 namespace {
 

@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 
 #include "cli.hpp"
-#include "runtime.hpp"
+#include "kjit/internal/runtime.hpp"
 
 namespace kjit::tools {
 namespace {

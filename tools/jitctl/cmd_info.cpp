@@ -1,11 +1,11 @@
 // jitctl info: what this machine offers kjit.
 #include <fmt/format.h>
 
-#include "capability.hpp"
+#include "kjit/codegen/arch.hpp"
 #include "cli.hpp"
 #include "kjit/kjit.h"
-#include "nvrtc.hpp"
-#include "runtime.hpp"
+#include "kjit/builder/nvrtc.hpp"
+#include "kjit/internal/runtime.hpp"
 
 namespace kjit::tools {
 
@@ -22,8 +22,8 @@ int cmd_info(Args& args) {
   if (auto nvrtc = Nvrtc::load()) {
     fmt::print("nvrtc: {} ({})\n", (*nvrtc)->version(), (*nvrtc)->library_path());
     std::string targets;
-    for (const auto& row : capability_table())
-      if ((*nvrtc)->supports(row.target)) targets += fmt::format(" {}", row.target);
+    for (const auto& row : codegen::capability_table())
+      if ((*nvrtc)->supports(std::string(row.target))) targets += fmt::format(" {}", row.target);
     fmt::print("  can build:{}\n", targets);
   } else {
     fmt::print("nvrtc: not available (kjit serves cached kernels only)\n  {}\n", nvrtc.error().message);
@@ -53,13 +53,15 @@ int cmd_info(Args& args) {
     int major = 0, minor = 0;
     (*driver)->cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
     (*driver)->cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
-    auto row = arch_for_capability(major, minor);
+    auto row = codegen::arch_for_capability(major, minor);
     if (!row) {
       fmt::print("  {}: {} (compute capability {}.{}): unsupported\n", i, name, major, minor);
       continue;
     }
     fmt::print("  {}: {} (compute capability {}.{}), target {}, fp8 dequant: {}, grouped GEMM: {}\n", i, name, major,
-               minor, (*row)->target, (*row)->fp8_dequant ? "yes" : "no", (*row)->grouped_gemm);
+               minor, (*row)->target, (*row)->fp8_conversion ? "yes" : "no",
+               (*row)->wgmma_tma ? "wgmma + TMA, persistent, warp-specialised (SM90); mma.sync on request"
+                                 : "mma.sync (portable)");
   }
   return kExitOk;
 }

@@ -15,18 +15,19 @@
 #include <llvm/Support/ThreadPool.h>
 #include <llvm/Support/Threading.h>
 
-#include "capability.hpp"
 #include "cli.hpp"
+#include "kjit/builder/builder.hpp"
+#include "kjit/builder/nvrtc.hpp"
+#include "kjit/cache/store.hpp"
+#include "kjit/codegen/arch.hpp"
 #include "manifest.hpp"
-#include "nvrtc.hpp"
-#include "runtime.hpp"
 
 namespace kjit::tools {
 namespace {
 
 struct Job {
   codegen::KernelSpec spec;
-  std::string arch;
+  const codegen::ArchInfo* arch;
 };
 
 std::vector<std::string> split_list(const std::string& text) {
@@ -45,13 +46,13 @@ class Progress {
  public:
   explicit Progress(size_t total) : total_(total), tty_(isatty(STDERR_FILENO) == 1) {}
 
-  void done(const Job& job, const Expected<Cubin>& result) {
+  void done(const Job& job, const Expected<BuiltKernel>& result) {
     std::lock_guard lock(mutex_);
     ++finished_;
     if (!result) ++failed_;
     else if (result->origin == CubinOrigin::disk_cache) ++cached_;
     else ++compiled_;
-    const std::string what = fmt::format("{} {}", job.arch, codegen::canonical(job.spec));
+    const std::string what = fmt::format("{} {}", job.arch->target, codegen::canonical(job.spec));
     if (tty_) {
       if (!result) fmt::print(stderr, "\r\033[Kfailed: {}\n", what);
       constexpr size_t kWidth = 30;
@@ -97,8 +98,12 @@ int cmd_precompile(Args& args) {
   }
   const auto archs = split_list(*arch_list);
   if (archs.empty()) return usage_error("--arch names no target");
-  for (const auto& arch : archs)
-    if (auto row = arch_for_target(arch); !row) return usage_error(row.error().message);
+  std::vector<const codegen::ArchInfo*> targets;
+  for (const auto& arch : archs) {
+    auto row = codegen::arch_for_target(arch);
+    if (!row) return usage_error(row.error().message);
+    targets.push_back(*row);
+  }
 
   auto manifest = read_manifest(*manifest_path);
   if (!manifest) {
@@ -118,14 +123,16 @@ int cmd_precompile(Args& args) {
                (*nvrtc)->version(), built_with, built_with);
 
   std::vector<Job> jobs;
-  for (const auto& arch : archs)
+  for (const auto* arch : targets)
     for (const auto& spec : manifest->kernels)
-      for (auto& kernel : codegen::kernels_for_target(spec, arch)) jobs.push_back({std::move(kernel), arch});
+      for (auto& kernel : codegen::kernels_for_target(spec, *arch)) jobs.push_back({std::move(kernel), arch});
   fmt::print(stderr, "precompiling {} kernel{} ({} spec{} for {} arch{}) with {} thread{}\n", jobs.size(),
              jobs.size() == 1 ? "" : "s", manifest->kernels.size(), manifest->kernels.size() == 1 ? "" : "s",
              archs.size(), archs.size() == 1 ? "" : "s", threads, threads == 1 ? "" : "s");
 
-  Runtime& runtime = Runtime::global();
+  // Precompiling needs no driver: the Builder over the environment's cache.
+  cache::Store store(cache::config_from_environment());
+  Builder builder(store);
   Progress progress(jobs.size());
   std::vector<std::string> failures(jobs.size());
   const auto start = std::chrono::steady_clock::now();
@@ -133,8 +140,13 @@ int cmd_precompile(Args& args) {
     llvm::DefaultThreadPool pool(llvm::hardware_concurrency(threads));
     for (size_t i = 0; i < jobs.size(); ++i)
       pool.async([&, i] {
-        auto result = runtime.cubin(jobs[i].spec, jobs[i].arch);
+        auto result = builder.build(jobs[i].spec, *jobs[i].arch);
         if (!result) failures[i] = result.error().message;
+        // A kernel the cache could not keep is not precompiled.
+        if (result && result->origin == CubinOrigin::compiled && !result->stored) {
+          failures[i] = fmt::format("compiled but not stored in the cache: {}", result->store_error);
+          result = fail(KJIT_ERROR_CACHE, failures[i]);
+        }
         progress.done(jobs[i], result);
       });
     pool.wait();
@@ -144,7 +156,7 @@ int cmd_precompile(Args& args) {
              progress.cached(), progress.failed(), seconds);
   for (size_t i = 0; i < jobs.size(); ++i)
     if (!failures[i].empty())
-      fmt::print(stderr, "failed: {} {}\n  {}\n", jobs[i].arch, codegen::canonical(jobs[i].spec), failures[i]);
+      fmt::print(stderr, "failed: {} {}\n  {}\n", jobs[i].arch->target, codegen::canonical(jobs[i].spec), failures[i]);
   return progress.failed() == 0 ? kExitOk : kExitFailure;
 }
 

@@ -25,10 +25,10 @@
 #include "cli.hpp"
 #include "kjit/reference/fp8.hpp"
 #include "kjit/reference/moe_routing.hpp"
-#include "ops/dequant.hpp"
-#include "ops/grouped_gemm.hpp"
-#include "ops/moe_routing.hpp"
-#include "runtime.hpp"
+#include "kjit/internal/ops/dequant.hpp"
+#include "kjit/internal/ops/grouped_gemm.hpp"
+#include "kjit/internal/ops/moe_routing.hpp"
+#include "kjit/internal/runtime.hpp"
 
 namespace kjit::tools {
 namespace {
@@ -482,7 +482,7 @@ int cmd_selftest(Args& args) {
       fmt::print("device {}: skipped: {}\n", ordinal, device.error().message);
       continue;
     }
-    const std::string target = (*device)->arch->target;
+    const std::string target((*device)->arch->target);
     if (std::find(tested_targets.begin(), tested_targets.end(), target) != tested_targets.end()) continue;
     tested_targets.push_back(target);
     for (const auto& entry : runtime.store().list()) {

@@ -1,5 +1,5 @@
 // The fp8 dequant op.
-#include "dequant.hpp"
+#include "kjit/internal/ops/dequant.hpp"
 
 #include "launch.hpp"
 
@@ -48,13 +48,37 @@ Expected<DequantPlan> plan_dequant(const kjit_dequant_desc& d, bool for_prepare)
   if (d.struct_size < sizeof(kjit_dequant_desc))
     return invalid(fmt::format("desc.struct_size is {}, expected {}: call kjit_dequant_desc_init first",
                                d.struct_size, sizeof(kjit_dequant_desc)));
-  auto in = fp8_input(d.in_dtype);
-  if (!in) return std::unexpected(in.error());
-  auto out = float_output(d.out_dtype);
-  if (!out) return std::unexpected(out.error());
+  // The descriptor -> the spec; the spec's invariants are codegen's to check.
+  codegen::DequantSpec spec;
+  spec.in = KJIT_TRY(fp8_input(d.in_dtype));
+  spec.out = KJIT_TRY(float_output(d.out_dtype));
+  spec.cols = d.cols;
+  switch (d.scale_granularity) {
+    case KJIT_SCALE_PER_TENSOR: spec.granularity = ScaleGranularity::per_tensor; break;
+    case KJIT_SCALE_PER_ROW: spec.granularity = ScaleGranularity::per_row; break;
+    case KJIT_SCALE_PER_BLOCK: spec.granularity = ScaleGranularity::per_block; break;
+    default:
+      return invalid(fmt::format("scale_granularity must be PER_TENSOR, PER_ROW or PER_BLOCK (got {})",
+                                 static_cast<int>(d.scale_granularity)));
+  }
+  if (d.scale_granularity != KJIT_SCALE_PER_BLOCK && (d.block_rows != 0 || d.block_cols != 0))
+    return invalid("block_rows/block_cols are only used with KJIT_SCALE_PER_BLOCK; leave them 0");
+  spec.block_rows = d.block_rows;
+  spec.block_cols = d.block_cols;
+  if (d.scale_convention == KJIT_SCALE_MULTIPLY) spec.convention = ScaleConvention::multiply;
+  else if (d.scale_convention == KJIT_SCALE_DIVIDE) spec.convention = ScaleConvention::divide;
+  else
+    return invalid("scale_convention must be KJIT_SCALE_MULTIPLY or KJIT_SCALE_DIVIDE (there is no default: "
+                   "DeepSeek's weight_scale_inv and compressed-tensors' weight_scale are both MULTIPLY)");
+  if (d.num_expert_ids < 0) return invalid(fmt::format("num_expert_ids must be >= 0, got {}", d.num_expert_ids));
+  if ((d.expert_ids == nullptr) != (d.num_expert_ids == 0) && !for_prepare)
+    return invalid(fmt::format("expert_ids and num_expert_ids go together (expert_ids {}, num_expert_ids {})",
+                               d.expert_ids ? "set" : "NULL", d.num_expert_ids));
+  spec.selected_experts = d.num_expert_ids > 0;
+
+  // Run-time shapes and strides (not part of the spec).
   if (d.experts < 1) return invalid(fmt::format("experts must be >= 1 (1 for a 2-D tensor), got {}", d.experts));
   if (d.rows < 0) return invalid(fmt::format("rows must be >= 0, got {}", d.rows));
-  if (d.cols < 1) return invalid(fmt::format("cols must be >= 1, got {}", d.cols));
   const int64_t in_stride = d.in_row_stride == 0 ? d.cols : d.in_row_stride;
   const int64_t out_stride = d.out_row_stride == 0 ? d.cols : d.out_row_stride;
   if (in_stride < d.cols)
@@ -62,64 +86,33 @@ Expected<DequantPlan> plan_dequant(const kjit_dequant_desc& d, bool for_prepare)
   if (out_stride < d.cols)
     return invalid(fmt::format("out_row_stride {} is smaller than cols {}", d.out_row_stride, d.cols));
 
-  codegen::DequantSpec spec;
-  spec.in = *in;
-  spec.out = *out;
-  spec.cols = d.cols;
-  int64_t expected_scale_rows = 1, expected_scale_cols = 1;
-  switch (d.scale_granularity) {
-    case KJIT_SCALE_PER_TENSOR: spec.granularity = ScaleGranularity::per_tensor; break;
-    case KJIT_SCALE_PER_ROW:
-      spec.granularity = ScaleGranularity::per_row;
-      expected_scale_rows = d.rows;
-      break;
-    case KJIT_SCALE_PER_BLOCK:
-      spec.granularity = ScaleGranularity::per_block;
-      if (d.block_rows < 1 || d.block_cols < 1)
-        return invalid(fmt::format("block size must be at least 1x1, got {}x{}", d.block_rows, d.block_cols));
-      spec.block_rows = d.block_rows;
-      spec.block_cols = d.block_cols;
-      expected_scale_rows = ceil_div(d.rows, d.block_rows);
-      expected_scale_cols = ceil_div(d.cols, d.block_cols);
-      break;
-    default:
-      return invalid(fmt::format("scale_granularity must be PER_TENSOR, PER_ROW or PER_BLOCK (got {})",
-                                 static_cast<int>(d.scale_granularity)));
-  }
-  if (d.scale_granularity != KJIT_SCALE_PER_BLOCK && (d.block_rows != 0 || d.block_cols != 0))
-    return invalid("block_rows/block_cols are only used with KJIT_SCALE_PER_BLOCK; leave them 0");
-  if (d.scale_rows != expected_scale_rows || d.scale_cols != expected_scale_cols)
-    return invalid(fmt::format("scales are [{}, {}] per expert but a {}x{} tensor with these scales needs [{}, {}]",
-                               d.scale_rows, d.scale_cols, d.rows, d.cols, expected_scale_rows, expected_scale_cols));
-  if (d.scale_convention == KJIT_SCALE_MULTIPLY) spec.convention = ScaleConvention::multiply;
-  else if (d.scale_convention == KJIT_SCALE_DIVIDE) spec.convention = ScaleConvention::divide;
-  else
-    return invalid("scale_convention must be KJIT_SCALE_MULTIPLY or KJIT_SCALE_DIVIDE (there is no default: "
-                   "DeepSeek's weight_scale_inv and compressed-tensors' weight_scale are both MULTIPLY)");
-
-  if (d.num_expert_ids < 0) return invalid(fmt::format("num_expert_ids must be >= 0, got {}", d.num_expert_ids));
-  if ((d.expert_ids == nullptr) != (d.num_expert_ids == 0) && !for_prepare)
-    return invalid(fmt::format("expert_ids and num_expert_ids go together (expert_ids {}, num_expert_ids {})",
-                               d.expert_ids ? "set" : "NULL", d.num_expert_ids));
-  spec.selected_experts = d.num_expert_ids > 0;
-
   const int out_bytes = codegen::size_bytes(spec.out);
   DequantPlan plan;
   const int64_t slots = spec.selected_experts ? d.num_expert_ids : d.experts;
   plan.empty = d.rows == 0 || slots == 0;
-  if (!for_prepare && !plan.empty) {
-    if (auto ok = require_non_null({{d.in, "in"}, {d.scales, "scales"}, {d.out, "out"}}); !ok)
-      return std::unexpected(ok.error());
-    if (reinterpret_cast<uintptr_t>(d.scales) % alignof(float) != 0) return invalid("'scales' is not 4-byte aligned");
-    if (reinterpret_cast<uintptr_t>(d.out) % static_cast<uintptr_t>(out_bytes) != 0)
-      return invalid(fmt::format("'out' is not aligned to its element size ({} bytes)", out_bytes));
-  }
   // The access width every row start allows: cols, both strides and the input
   // address; the output address needs vec * out_bytes alignment.
   spec.vec = codegen::dequant_vector(spec.out, d.cols, {in_stride, out_stride, for_prepare ? 16 : pointer_alignment(d.in)});
   while (!for_prepare && spec.vec > 1 &&
          reinterpret_cast<uintptr_t>(d.out) % static_cast<uintptr_t>(std::min(16, spec.vec * out_bytes)) != 0)
     spec.vec /= 2;
+  KJIT_TRY(codegen::validate(codegen::KernelSpec{spec}));
+
+  // The scales the caller holds must be the ones the granularity implies (checked once the block is known valid).
+  const bool blocked = spec.granularity == ScaleGranularity::per_block;
+  const int64_t expected_scale_rows = blocked ? ceil_div(d.rows, d.block_rows)
+                                      : spec.granularity == ScaleGranularity::per_row ? d.rows
+                                                                                       : 1;
+  const int64_t expected_scale_cols = blocked ? ceil_div(d.cols, d.block_cols) : 1;
+  if (d.scale_rows != expected_scale_rows || d.scale_cols != expected_scale_cols)
+    return invalid(fmt::format("scales are [{}, {}] per expert but a {}x{} tensor with these scales needs [{}, {}]",
+                               d.scale_rows, d.scale_cols, d.rows, d.cols, expected_scale_rows, expected_scale_cols));
+  if (!for_prepare && !plan.empty) {
+    KJIT_TRY(require_non_null({{d.in, "in"}, {d.scales, "scales"}, {d.out, "out"}}));
+    if (reinterpret_cast<uintptr_t>(d.scales) % alignof(float) != 0) return invalid("'scales' is not 4-byte aligned");
+    if (reinterpret_cast<uintptr_t>(d.out) % static_cast<uintptr_t>(out_bytes) != 0)
+      return invalid(fmt::format("'out' is not aligned to its element size ({} bytes)", out_bytes));
+  }
 
   plan.spec = spec;
   auto& p = plan.params;
@@ -148,15 +141,13 @@ Expected<void> launch_dequant(Runtime& runtime, DequantPlan& plan, CUstream stre
 }
 
 Expected<void> dequant_fp8(Runtime& runtime, const kjit_dequant_desc& desc, CUstream stream) {
-  auto plan = plan_dequant(desc, false);
-  if (!plan) return std::unexpected(plan.error());
-  return launch_dequant(runtime, *plan, stream);
+  auto plan = KJIT_TRY(plan_dequant(desc, false));
+  return launch_dequant(runtime, plan, stream);
 }
 
 Expected<void> prepare_dequant_fp8(Runtime& runtime, const kjit_dequant_desc& desc, int ordinal) {
-  auto plan = plan_dequant(desc, true);
-  if (!plan) return std::unexpected(plan.error());
-  return prepare_on_device(runtime, plan->spec, ordinal);
+  const auto plan = KJIT_TRY(plan_dequant(desc, true));
+  return prepare_on_device(runtime, plan.spec, ordinal);
 }
 
 }  // namespace kjit::ops

@@ -1,5 +1,5 @@
 // The grouped GEMM op.
-#include "grouped_gemm.hpp"
+#include "kjit/internal/ops/grouped_gemm.hpp"
 
 #include "launch.hpp"
 
@@ -19,9 +19,6 @@ Expected<GroupedGemmPlan> plan_grouped_gemm(const kjit_grouped_gemm_desc& d, boo
   if (d.out_dtype != KJIT_DTYPE_BF16 && d.out_dtype != KJIT_DTYPE_F32)
     return invalid("grouped GEMM out_dtype must be KJIT_DTYPE_BF16 or KJIT_DTYPE_F32");
   if (d.rows < 0) return invalid(fmt::format("rows must be >= 0, got {}", d.rows));
-  if (d.n < 8 || d.n % 8 != 0) return invalid(fmt::format("N must be a positive multiple of 8, got {}", d.n));
-  if (d.k < 8 || d.k % 8 != 0) return invalid(fmt::format("K must be a positive multiple of 8, got {}", d.k));
-  if (d.experts < 1 || d.experts > 4096) return invalid(fmt::format("experts must be 1 to 4096, got {}", d.experts));
   if (d.weights != KJIT_WEIGHTS_E_N_K && d.weights != KJIT_WEIGHTS_E_K_N)
     return invalid("weights must be KJIT_WEIGHTS_E_N_K or KJIT_WEIGHTS_E_K_N (no default)");
   if (d.offsets_convention != KJIT_OFFSETS_CUMULATIVE_END && d.offsets_convention != KJIT_OFFSETS_WITH_LEADING_ZERO)
@@ -62,11 +59,11 @@ Expected<GroupedGemmPlan> plan_grouped_gemm(const kjit_grouped_gemm_desc& d, boo
   s.offsets = d.offsets_convention == KJIT_OFFSETS_WITH_LEADING_ZERO ? codegen::OffsetsConvention::with_leading_zero
                                                                      : codegen::OffsetsConvention::cumulative_end;
   s.row_scale = d.row_scale != nullptr;
+  KJIT_TRY(codegen::validate(codegen::KernelSpec{s}));
   plan.empty = d.rows == 0;
 
   if (!for_prepare && !plan.empty) {
-    if (auto ok = require_non_null({{d.a, "a"}, {d.b, "b"}, {d.out, "out"}, {d.offsets, "offsets"}}); !ok)
-      return std::unexpected(ok.error());
+    KJIT_TRY(require_non_null({{d.a, "a"}, {d.b, "b"}, {d.out, "out"}, {d.offsets, "offsets"}}));
     // 16-byte accesses need 16-byte aligned rows; N and K divisible by 8 keep them so.
     for (const auto& [pointer, name] : {std::pair{d.a, "a"}, std::pair{d.b, "b"}, std::pair<const void*, const char*>{d.out, "out"}})
       if (reinterpret_cast<uintptr_t>(pointer) % 16 != 0) return invalid(fmt::format("'{}' is not 16-byte aligned", name));
@@ -120,79 +117,69 @@ Expected<void> encode_sm90_maps(const DriverApi& api, const codegen::GroupedGemm
   // block its own weight tile.
   const bool swap_ab = s.kernel == codegen::GemmKernel::wgmma_sm90_swap_ab;
   const bool along_n = s.cluster_axis == codegen::ClusterAxis::n;
-  const cuuint32_t a_box[2] = {64, static_cast<cuuint32_t>(swap_ab ? 32 : along_n ? s.tile_m / s.cluster : s.tile_m)};
+  const cuuint32_t a_box[2] = {KJIT_SM90_K_BLOCK,
+                               static_cast<cuuint32_t>(swap_ab ? KJIT_SWAP_AB_ROW_BOX
+                                                       : along_n ? s.tile_m / s.cluster
+                                                                 : s.tile_m)};
   if (auto ok = encode_tensor_map(api, p.a_map, p.gemm.a, 2, a_dims, a_strides, a_box, "A"); !ok) return ok;
   if (swap_ab) {
-    const cuuint32_t wide_box[2] = {64, 128};
+    const cuuint32_t wide_box[2] = {KJIT_SM90_K_BLOCK, KJIT_SWAP_AB_WIDE_ROW_BOX};
     if (auto ok = encode_tensor_map(api, p.a_wide_map, p.gemm.a, 2, a_dims, a_strides, wide_box, "A"); !ok) return ok;
   }
   if (s.weights == codegen::WeightLayout::e_n_k) {
     const cuuint64_t dims[3] = {k, n, e};
     const cuuint64_t strides[2] = {k * 2, n * k * 2};
-    const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(along_n || swap_ab ? s.tile_n : s.tile_n / s.cluster), 1};
+    const cuuint32_t box[3] = {KJIT_SM90_K_BLOCK,
+                               static_cast<cuuint32_t>(along_n || swap_ab ? s.tile_n : s.tile_n / s.cluster), 1};
     return encode_tensor_map(api, p.b_map, p.gemm.b, 3, dims, strides, box, "B [E, N, K]");
   }
   const cuuint64_t dims[3] = {n, k, e};
   const cuuint64_t strides[2] = {n * 2, k * n * 2};
-  const cuuint32_t box[3] = {64, 64, 1};
+  const cuuint32_t box[3] = {KJIT_SM90_KN_CHUNK, KJIT_SM90_K_BLOCK, 1};
   return encode_tensor_map(api, p.b_map, p.gemm.b, 3, dims, strides, box, "B [E, K, N]");
 }
 
 }  // namespace
 
 Expected<void> grouped_gemm(Runtime& runtime, const kjit_grouped_gemm_desc& desc, CUstream stream) {
-  auto plan = plan_grouped_gemm(desc, false);
-  if (!plan) return std::unexpected(plan.error());
-  if (plan->empty) return {};
-  auto& p = plan->params;
-  auto device = owning_device_for(runtime,
-                                  {{p.a, "a"},
-                                   {p.b, "b"},
-                                   {p.out, "out"},
-                                   {p.offsets, "offsets"},
-                                   {p.row_scale, "row_scale"},
-                                   {p.tile_counter, "workspace"}},
-                                  KernelFamily::grouped_gemm);
-  if (!device) return std::unexpected(device.error());
-  auto spec = codegen::choose_grouped_gemm_config(plan->problem, (*device)->arch->target, p.total_rows, plan->request);
-  if (!spec) return std::unexpected(spec.error());
-  auto kernel = launchable_kernel(runtime, **device, *spec, stream);
-  if (!kernel) return std::unexpected(kernel.error());
-  // The SM90 kernel is persistent: its grid is what fits on the device at once.
-  const auto geometry = codegen::grouped_gemm_geometry(*spec, p.total_rows, (*kernel)->resident_blocks);
-  if (!codegen::is_sm90(spec->kernel))
-    return launch_kernel(runtime, **device, **kernel, p.device_error, geometry, &p, stream);
+  auto plan = KJIT_TRY(plan_grouped_gemm(desc, false));
+  if (plan.empty) return {};
+  auto& p = plan.params;
+  DeviceState* device = KJIT_TRY(owning_device_for(runtime, {{p.a, "a"},
+                                                              {p.b, "b"},
+                                                              {p.out, "out"},
+                                                              {p.offsets, "offsets"},
+                                                              {p.row_scale, "row_scale"},
+                                                              {p.tile_counter, "workspace"}}));
+  const auto spec = KJIT_TRY(codegen::choose_grouped_gemm_config(plan.problem, *device->arch, p.total_rows, plan.request));
+  const LoadedKernel* kernel = KJIT_TRY(launchable_kernel(runtime, *device, spec, stream));
+  // The SM90 kernels are persistent: their grid is what fits on the device at once.
+  const auto geometry = codegen::grouped_gemm_geometry(spec, p.total_rows, kernel->resident_blocks);
+  if (!codegen::is_sm90(spec.kernel)) return launch_kernel(runtime, *device, *kernel, p.device_error, geometry, &p, stream);
 
   kjit_grouped_gemm_sm90_params sm90{};
   sm90.gemm = p;
   // Only swap AB hands tiles out on demand; the others' tiles cost the same.
-  if (spec->kernel != codegen::GemmKernel::wgmma_sm90_swap_ab) sm90.gemm.tile_counter = nullptr;
+  if (spec.kernel != codegen::GemmKernel::wgmma_sm90_swap_ab) sm90.gemm.tile_counter = nullptr;
   {
     // Encoding needs a current context (a bare thread, as in jitctl, has none).
     const DriverApi& api = **runtime.driver();
-    ScopedContext scope(api, (*device)->context);
-    if (auto ok = scope.status(); !ok) return ok;
-    if (auto ok = encode_sm90_maps(api, *spec, sm90); !ok) return ok;
+    ScopedContext scope(api, device->context);
+    KJIT_TRY(scope.status());
+    KJIT_TRY(encode_sm90_maps(api, spec, sm90));
     // The counter starts at 0 in stream order (a memset node when captured).
     if (sm90.gemm.tile_counter != nullptr)
-      if (auto ok = check(api,
-                          api.cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(sm90.gemm.tile_counter), 0, 1, stream),
-                          "cuMemsetD32Async");
-          !ok)
-        return ok;
+      KJIT_TRY(check(api, api.cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(sm90.gemm.tile_counter), 0, 1, stream),
+                     "cuMemsetD32Async"));
   }
-  return launch_kernel(runtime, **device, **kernel, sm90.gemm.device_error, geometry, &sm90, stream);
+  return launch_kernel(runtime, *device, *kernel, sm90.gemm.device_error, geometry, &sm90, stream);
 }
 
 Expected<void> prepare_grouped_gemm(Runtime& runtime, const kjit_grouped_gemm_desc& desc, int ordinal) {
-  auto plan = plan_grouped_gemm(desc, true);
-  if (!plan) return std::unexpected(plan.error());
-  auto device = runtime.device(ordinal);
-  if (!device) return std::unexpected(device.error());
-  auto configs = codegen::grouped_gemm_candidates(plan->problem, (*device)->arch->target, plan->request);
-  if (!configs) return std::unexpected(configs.error());
-  for (const auto& config : *configs)
-    if (auto ok = prepare_on_device(runtime, config, ordinal); !ok) return ok;
+  const auto plan = KJIT_TRY(plan_grouped_gemm(desc, true));
+  DeviceState* device = KJIT_TRY(runtime.device(ordinal));
+  const auto configs = KJIT_TRY(codegen::grouped_gemm_candidates(plan.problem, *device->arch, plan.request));
+  for (const auto& config : configs) KJIT_TRY(prepare_on_device(runtime, config, ordinal));
   return {};
 }
 

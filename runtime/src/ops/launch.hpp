@@ -1,21 +1,20 @@
 // The one path every op takes from checked arguments to a launch: the device
-// that owns the pointers, its capability gate, the stream check, the kernel
-// (never compiled while the stream captures), the error words, the launch.
+// that owns the pointers, the stream check, the kernel (checked against the
+// device's arch, never compiled while the stream captures), the error words,
+// the launch.
 #pragma once
 
 #include <initializer_list>
 
-#include "../runtime.hpp"
+#include "kjit/internal/runtime.hpp"
 
 namespace kjit::ops {
 
 // Fails with "'<name>' is NULL" for the first null pointer, in order.
 Expected<void> require_non_null(std::initializer_list<NamedPointer> pointers);
 
-// The device that owns `pointers`, initialised and checked against the
-// capability gate of `family`.
-Expected<DeviceState*> owning_device_for(Runtime& runtime, std::initializer_list<NamedPointer> pointers,
-                                         KernelFamily family);
+// The device that owns `pointers`, initialised.
+Expected<DeviceState*> owning_device_for(Runtime& runtime, std::initializer_list<NamedPointer> pointers);
 
 // Checks the stream and finds the kernel of `spec` on `device` (never
 // compiling or loading while the stream captures).
@@ -28,12 +27,8 @@ Expected<void> launch_kernel(Runtime& runtime, const DeviceState& device, const 
                              unsigned int*& device_error, const codegen::LaunchGeometry& geometry, void* params,
                              CUstream stream);
 
-// Both of the above.
-Expected<void> launch_on_device(Runtime& runtime, DeviceState& device, const codegen::KernelSpec& spec,
-                                unsigned int*& device_error, const codegen::LaunchGeometry& geometry, void* params,
-                                CUstream stream);
-
-// owning_device_for and launch_on_device, for ops whose spec does not depend on the device.
+// owning_device_for, launchable_kernel and launch_kernel, for ops whose spec
+// does not depend on the device.
 Expected<void> launch_on_owning_device(Runtime& runtime, const codegen::KernelSpec& spec,
                                        std::initializer_list<NamedPointer> pointers, unsigned int*& device_error,
                                        const codegen::LaunchGeometry& geometry, void* params, CUstream stream);

@@ -1,5 +1,5 @@
 // The MoE routing helpers.
-#include "moe_routing.hpp"
+#include "kjit/internal/ops/moe_routing.hpp"
 
 #include "launch.hpp"
 
@@ -13,17 +13,13 @@ namespace {
 
 auto invalid(std::string message) { return fail(KJIT_ERROR_INVALID_ARGUMENT, std::move(message)); }
 
-// Ids per block of a many-block routing: 8 chunks of the block's 1024 threads,
-// enough work to cover the extra launches and the per-expert scan over blocks.
-constexpr int64_t kIdsPerBlock = 8192;
+constexpr int64_t kIdsPerBlock = codegen::kRoutingIdsPerBlock;
 
 Expected<codegen::MoeRoutingSpec> routing_spec(const kjit_moe_routing_desc& d) {
   if (d.struct_size < sizeof(kjit_moe_routing_desc))
     return invalid("desc.struct_size is too small: call kjit_moe_routing_desc_init first");
   if (d.tokens < 0 || d.top_k < 1) return invalid(fmt::format("need tokens >= 0 and top_k >= 1, got {} and {}", d.tokens, d.top_k));
   if (d.tokens * d.top_k > INT32_MAX) return invalid("tokens * top_k must fit in int32 (the permutation's type)");
-  if (d.experts_local < 1 || d.experts_local > 4096)
-    return invalid(fmt::format("experts_local must be 1 to 4096, got {}", d.experts_local));
   if (d.expert_base < 0 || d.expert_base + d.experts_local > d.experts_total)
     return invalid(fmt::format("this rank's experts [{}, {}) must lie in [0, experts_total = {})", d.expert_base,
                                d.expert_base + d.experts_local, d.experts_total));
@@ -33,6 +29,7 @@ Expected<codegen::MoeRoutingSpec> routing_spec(const kjit_moe_routing_desc& d) {
   s.experts = d.experts_local;
   s.offsets = d.offsets_convention == KJIT_OFFSETS_WITH_LEADING_ZERO ? codegen::OffsetsConvention::with_leading_zero
                                                                      : codegen::OffsetsConvention::cumulative_end;
+  KJIT_TRY(codegen::validate(codegen::KernelSpec{s}));
   return s;
 }
 
@@ -44,12 +41,11 @@ Expected<codegen::MoeCombineSpec> combine_spec(const kjit_moe_combine_desc& d) {
     return invalid("moe_combine out_dtype must be KJIT_DTYPE_BF16 or KJIT_DTYPE_F32");
   if (d.tokens < 0 || d.rows < 0) return invalid("tokens and rows must be >= 0");
   if (d.tokens > INT32_MAX) return invalid("tokens must fit in a grid dimension (2^31 - 1)");
-  if (d.top_k < 1 || d.top_k > 32) return invalid(fmt::format("top_k must be 1 to 32, got {}", d.top_k));
-  if (d.hidden < 8 || d.hidden % 8 != 0) return invalid(fmt::format("hidden must be a positive multiple of 8, got {}", d.hidden));
   codegen::MoeCombineSpec s;
   s.top_k = d.top_k;
   s.hidden = d.hidden;
   s.out = d.out_dtype == KJIT_DTYPE_F32 ? codegen::DType::f32 : codegen::DType::bf16;
+  KJIT_TRY(codegen::validate(codegen::KernelSpec{s}));
   return s;
 }
 

@@ -3,10 +3,9 @@
 #pragma once
 
 #include "kjit/codegen/kernel_spec.hpp"
-#include "kjit/codegen/render.hpp"
 #include "kjit/kjit.h"
 #include "dequant_params.h"
-#include "../runtime.hpp"
+#include "kjit/internal/runtime.hpp"
 
 namespace kjit::ops {
 

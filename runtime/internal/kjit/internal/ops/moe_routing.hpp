@@ -2,7 +2,7 @@
 // moe_routing and moe_combine.
 #pragma once
 
-#include "../runtime.hpp"
+#include "kjit/internal/runtime.hpp"
 #include "kjit/kjit.h"
 #include "moe_routing_params.h"
 

@@ -1,7 +1,7 @@
 // The runtime: devices and their primary contexts, the path from a spec to a
-// loaded kernel (registry -> disk cache -> NVRTC), and launching. One Runtime
-// serves the whole process (Runtime::global()); tests build their own with a
-// fake driver table or a private cache root.
+// loaded kernel (registry, else the Builder: disk cache or NVRTC), and
+// launching. One Runtime serves the whole process (Runtime::global()); tests
+// build their own with a fake driver table or a private cache root.
 #pragma once
 
 #include <cuda.h>
@@ -15,36 +15,23 @@
 #include <utility>
 #include <vector>
 
-#include "capability.hpp"
-#include "driver.hpp"
+#include "kjit/internal/driver.hpp"
+#include "kjit/builder/builder.hpp"
 #include "kjit/cache/store.hpp"
+#include "kjit/codegen/arch.hpp"
 #include "kjit/codegen/kernel_spec.hpp"
-#include "kjit/codegen/render.hpp"
-#include "registry.hpp"
+#include "kjit/internal/registry.hpp"
 
 namespace kjit {
-
-// Bumped whenever the meaning of a cache entry changes; part of every key.
-inline constexpr int kEntryFormatVersion = 1;
 
 struct DeviceState {
   int ordinal = -1;
   CUdevice device = 0;
   CUcontext context = nullptr;  // the primary context, retained for the process
-  const ArchRow* arch = nullptr;
+  const codegen::ArchInfo* arch = nullptr;
   int multiprocessors = 0;
   CUdeviceptr error_words = 0;  // two uint32: code, value (kjit_device_errors)
   std::string name;
-};
-
-// Where a cubin came from, for logs, precompile summaries and tests.
-enum class CubinOrigin { disk_cache, compiled };
-
-struct Cubin {
-  std::string key;
-  std::vector<char> image;
-  CubinOrigin origin = CubinOrigin::compiled;
-  double compile_seconds = 0;
 };
 
 // A pointer argument to check, with the name the error should use.
@@ -52,9 +39,6 @@ struct NamedPointer {
   const void* pointer;
   const char* name;
 };
-
-// The kernel family a spec belongs to (for the capability gates).
-KernelFamily family_of(const codegen::KernelSpec& spec);
 
 class Runtime {
  public:
@@ -68,6 +52,7 @@ class Runtime {
 
   Expected<const DriverApi*> driver() const { return driver_; }
   cache::Store& store() { return *store_; }
+  Builder& builder() { return builder_; }
   const Registry& registry() const { return registry_; }
 
   Expected<int> device_count() const;
@@ -83,13 +68,10 @@ class Runtime {
   // a capturing stream (the driver forbids it); the launch checks it then.
   Expected<void> check_stream(const DeviceState& device, CUstream stream) const;
 
-  // The loaded kernel of `spec` on `device`. On a registry miss, loads from the
-  // disk cache or compiles, unless `stream` is capturing a graph.
+  // The loaded kernel of `spec` on `device`. On a registry miss, checks that
+  // the spec runs on the device's arch, then builds it (disk cache or NVRTC)
+  // and loads it, unless `stream` is capturing a graph.
   Expected<const LoadedKernel*> kernel(DeviceState& device, const codegen::KernelSpec& spec, CUstream stream);
-
-  // Finds in the cache or compiles `spec` for `arch` (e.g. "sm_90a"), and
-  // publishes what it compiles. Needs no GPU.
-  Expected<Cubin> cubin(const codegen::KernelSpec& spec, const std::string& arch);
 
   // Launches `function` on `stream` inside the device's context.
   Expected<void> launch(const DeviceState& device, const LoadedKernel& kernel,
@@ -99,10 +81,11 @@ class Runtime {
   Expected<void> take_device_errors(int ordinal);
 
  private:
-  Expected<LoadedKernel> load_module(const DeviceState& device, const std::vector<char>& image) const;
+  Expected<LoadedKernel> load(const DeviceState& device, const BuiltKernel& built) const;
 
   Expected<const DriverApi*> driver_;
   std::unique_ptr<cache::Store> store_;
+  Builder builder_;
   Registry registry_;
   // Device states by ordinal, published once initialised: the hot path reads
   // an atomic pointer, only first use takes the mutex.

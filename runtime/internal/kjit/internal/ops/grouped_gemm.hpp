@@ -2,10 +2,9 @@
 // configuration chosen for the device, and the launch.
 #pragma once
 
-#include "../runtime.hpp"
+#include "kjit/internal/runtime.hpp"
 #include "grouped_gemm_params.h"
 #include "kjit/codegen/kernel_spec.hpp"
-#include "kjit/codegen/render.hpp"
 #include "kjit/kjit.h"
 
 namespace kjit::ops {

@@ -1,5 +1,5 @@
 // Loading NVRTC and compiling with it.
-#include "nvrtc.hpp"
+#include "kjit/builder/nvrtc.hpp"
 
 #include <cuda.h>
 #include <dlfcn.h>

@@ -1,0 +1,60 @@
+// The fp8 dequant family: fp8 codes (e4m3fn, e5m2) and fp32 scales (per
+// tensor, per row, per 2-D block; multiplier or divisor) -> bf16/f16/f32.
+// Home: this header and codegen/src/families/fp8_dequant.cpp; device code in
+// templates/dequant/fp8_dequant.cuh; ABI block templates/abi/dequant_params.h.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "kjit/codegen/family.hpp"
+#include "kjit/codegen/render.hpp"
+#include "kjit/codegen/types.hpp"
+
+namespace kjit::codegen {
+
+// The shape key is the column count (the contiguous dimension, compiled in so
+// that index division is by a constant) and the scale block; rows, experts
+// and strides are run-time arguments, so one kernel serves every row count
+// and expert count of a weight shape.
+struct DequantSpec {
+  DType in = DType::f8_e4m3fn;
+  DType out = DType::bf16;
+  int64_t cols = 0;
+  ScaleGranularity granularity = ScaleGranularity::per_block;
+  int64_t block_rows = 0;  // per_block only; 0 otherwise
+  int64_t block_cols = 0;  // per_block only; 0 otherwise
+  ScaleConvention convention = ScaleConvention::multiply;
+  int vec = 16;                   // columns per thread access; divides cols
+  bool selected_experts = false;  // the "only these experts" form
+
+  bool operator==(const DequantSpec&) const = default;
+};
+
+template <>
+struct Family<DequantSpec> {
+  static constexpr std::string_view op = "fp8_dequant";
+  static std::string canonical(const DequantSpec& s);
+  static nlohmann::json to_json(const DequantSpec& s);
+  static Expected<DequantSpec> from_json(SpecReader& reader);
+  static void hash(const DequantSpec& s, HashMixer& mixer);
+  static Expected<void> validate(const DequantSpec& s);
+  static Expected<void> supported_on(const DequantSpec& s, const ArchInfo& arch);
+  static RenderedKernel render(const DequantSpec& s);
+  static std::vector<DequantSpec> kernels_for_target(const DequantSpec& s, const ArchInfo&) { return {s}; }
+};
+
+// The access width a dequant to `out` uses: the widest whose output is one
+// 16-byte store (8 columns for bf16/f16, 4 for f32): full-width coalesced
+// stores measured faster than wider accesses split into two stores. Used by
+// ops and manifests alike, so a manifest precompiles what a launch picks.
+int dequant_vector(DType out, int64_t cols, std::initializer_list<int64_t> alignments = {});
+
+// Grid for a dequant of `rows` rows into `output_slots` experts.
+LaunchGeometry dequant_geometry(const DequantSpec& spec, int64_t rows, int64_t output_slots);
+
+}  // namespace kjit::codegen

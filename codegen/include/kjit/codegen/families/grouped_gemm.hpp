@@ -1,0 +1,106 @@
+// The bf16 grouped GEMM family (MoE experts): out[rows of e] = A[rows of e] . W_e.
+// Home: this header, codegen/src/families/grouped_gemm.cpp (spec forms,
+// invariants, recipes, geometry) and grouped_gemm_tuning.cpp (which
+// configuration serves which arch and token count); device code in
+// templates/gemm/; ABI block templates/abi/grouped_gemm_params.h.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "kjit/codegen/family.hpp"
+#include "kjit/codegen/render.hpp"
+#include "kjit/codegen/types.hpp"
+
+namespace kjit::codegen {
+
+// Which grouped GEMM kernel a configuration uses: the portable mma.sync one
+// (sm_80 and newer) or one of Hopper's wgmma/TMA ones (sm_90a only): rows on
+// wgmma's M (tiles of 64 or 128 rows), or "swap AB", rows on wgmma's N (tiles
+// of any multiple of 32 rows up to tile_m; tile_n columns per block).
+enum class GemmKernel : uint8_t { mma_sync, wgmma_sm90, wgmma_sm90_swap_ab };
+std::string_view name(GemmKernel k);
+constexpr bool is_sm90(GemmKernel k) { return k == GemmKernel::wgmma_sm90 || k == GemmKernel::wgmma_sm90_swap_ab; }
+// Which way a cluster's blocks lie over the output tiles: along m they share
+// the weight tile (B), along n the activation tile (A), by TMA multicast.
+enum class ClusterAxis : uint8_t { m, n };
+std::string_view name(ClusterAxis a);
+
+// The shape key is N, K and the expert count; the token count (rows) is a
+// run-time argument and never part of a key. The kernel, tile and pipeline
+// depth are the configuration, chosen per arch and token-count bucket
+// (grouped_gemm_configs / choose_grouped_gemm_config). A spec whose tile is
+// 0x0x0 is a problem, not a kernel: manifests list problems, and precompile
+// expands each into every configuration its arch may pick.
+struct GroupedGemmSpec {
+  DType out = DType::bf16;  // operands are bf16
+  int64_t n = 0;
+  int64_t k = 0;
+  int64_t experts = 0;
+  WeightLayout weights = WeightLayout::e_n_k;
+  OffsetsConvention offsets = OffsetsConvention::cumulative_end;
+  bool row_scale = false;
+  GemmKernel kernel = GemmKernel::mma_sync;
+  int tile_m = 0, tile_n = 0, tile_k = 0;
+  int stages = 0;   // shared-memory pipeline depth (wgmma_sm90); 0 for mma_sync
+  int cluster = 1;  // blocks per cluster sharing an operand by TMA multicast (wgmma_sm90: 1 or 2)
+  ClusterAxis cluster_axis = ClusterAxis::m;  // with cluster 2: the axis the blocks lie along
+
+  bool configured() const { return tile_m != 0; }
+  bool operator==(const GroupedGemmSpec&) const = default;
+};
+
+template <>
+struct Family<GroupedGemmSpec> {
+  static constexpr std::string_view op = "grouped_gemm";
+  static std::string canonical(const GroupedGemmSpec& s);
+  static nlohmann::json to_json(const GroupedGemmSpec& s);
+  static Expected<GroupedGemmSpec> from_json(SpecReader& reader);
+  static void hash(const GroupedGemmSpec& s, HashMixer& mixer);
+  static Expected<void> validate(const GroupedGemmSpec& s);
+  // A configuration only (a problem is no kernel); Hopper's kernels only where the arch has wgmma and TMA.
+  static Expected<void> supported_on(const GroupedGemmSpec& s, const ArchInfo& arch);
+  static RenderedKernel render(const GroupedGemmSpec& s);
+  // A problem: every configuration `arch` may pick (grouped_gemm_configs); a configuration: itself.
+  static std::vector<GroupedGemmSpec> kernels_for_target(const GroupedGemmSpec& s, const ArchInfo& arch);
+};
+
+// The dynamic shared memory a configuration's kernel needs (0: none).
+int grouped_gemm_shared_bytes(const GroupedGemmSpec& spec);
+
+// Grid for a grouped GEMM over `total_rows` rows of A on a device where
+// `resident_blocks` blocks of the kernel fit at once (the SM90 kernels are
+// persistent: its SM count, or what its clusters leave of it).
+LaunchGeometry grouped_gemm_geometry(const GroupedGemmSpec& spec, int64_t total_rows, int resident_blocks);
+
+// ---- Tuning policy (grouped_gemm_tuning.cpp; docs/architecture.md "Grouped GEMM tiles") ----
+
+// The configurations `arch` may pick, one per token-count bucket, in bucket order (what precompile builds).
+std::vector<GroupedGemmSpec> grouped_gemm_configs(const GroupedGemmSpec& problem, const ArchInfo& arch);
+
+// The deepest SM90 pipeline of `kernel` with this tile that fits a Hopper block's shared memory.
+int sm90_max_stages(GemmKernel kernel, int tile_m, int tile_n);
+
+// What a caller may ask of the configuration choice.
+struct GemmRequest {
+  enum class Kernel : uint8_t { arch_default, portable, sm90, sm90_swap_ab };
+  // portable: tests, comparisons; sm90 (the arch's SM90 buckets) and sm90_swap_ab (every bucket swap AB): an
+  // error off Hopper
+  Kernel kernel = Kernel::arch_default;
+  int tile_m = 0, tile_n = 0;  // 0: the heuristic's
+  int cluster = 0;             // 0: the heuristic's (1 whenever a tile is given)
+  ClusterAxis cluster_axis = ClusterAxis::m;  // with cluster 2
+};
+// The configuration a launch of `rows` rows on `arch` uses.
+Expected<GroupedGemmSpec> choose_grouped_gemm_config(const GroupedGemmSpec& problem, const ArchInfo& arch,
+                                                     int64_t rows, const GemmRequest& request = {});
+// Every configuration choose_grouped_gemm_config may return for `request`
+// on `arch`, whatever the row count (what a prepare call loads).
+Expected<std::vector<GroupedGemmSpec>> grouped_gemm_candidates(const GroupedGemmSpec& problem, const ArchInfo& arch,
+                                                               const GemmRequest& request = {});
+
+}  // namespace kjit::codegen

@@ -1,0 +1,42 @@
+// The MoE combine family: out[t] = sum over j of weight[t, j] * expert_out[row of (t, j)].
+// Home: this header and codegen/src/families/moe_combine.cpp; device code in
+// templates/routing/moe_routing.cuh (beside routing, whose permutation it reads);
+// ABI block templates/abi/moe_routing_params.h.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "kjit/codegen/family.hpp"
+#include "kjit/codegen/render.hpp"
+#include "kjit/codegen/types.hpp"
+
+namespace kjit::codegen {
+
+struct MoeCombineSpec {
+  int64_t top_k = 0;
+  int64_t hidden = 0;
+  DType out = DType::bf16;  // expert_out is bf16
+  bool operator==(const MoeCombineSpec&) const = default;
+};
+
+template <>
+struct Family<MoeCombineSpec> {
+  static constexpr std::string_view op = "moe_combine";
+  static std::string canonical(const MoeCombineSpec& s);
+  static nlohmann::json to_json(const MoeCombineSpec& s);
+  static Expected<MoeCombineSpec> from_json(SpecReader& reader);
+  static void hash(const MoeCombineSpec& s, HashMixer& mixer);
+  static Expected<void> validate(const MoeCombineSpec& s);
+  static Expected<void> supported_on(const MoeCombineSpec&, const ArchInfo&) { return {}; }  // every arch
+  static RenderedKernel render(const MoeCombineSpec& s);
+  static std::vector<MoeCombineSpec> kernels_for_target(const MoeCombineSpec& s, const ArchInfo&) { return {s}; }
+};
+
+// One block per token.
+LaunchGeometry moe_combine_geometry(int64_t tokens);
+
+}  // namespace kjit::codegen

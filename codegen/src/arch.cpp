@@ -1,0 +1,46 @@
+// The capability table.
+#include "kjit/codegen/arch.hpp"
+
+#include <array>
+#include <string>
+
+#include <fmt/format.h>
+
+namespace kjit::codegen {
+namespace {
+
+constexpr std::array kTable{
+    ArchInfo{8, 0, "sm_80", false, false, "Ampere A100: no fp8 conversion instructions"},
+    ArchInfo{8, 6, "sm_86", false, false, "Ampere: no fp8 conversion instructions"},
+    ArchInfo{8, 7, "sm_87", false, false, "Orin: no fp8 conversion instructions"},
+    ArchInfo{8, 9, "sm_89", true, false, "Ada"},
+    ArchInfo{9, 0, "sm_90a", true, true, "Hopper (H100, H200): wgmma and TMA targets"},
+    ArchInfo{10, 0, "sm_100a", true, false, "Blackwell datacenter (B200, GB200)"},
+    ArchInfo{10, 3, "sm_103a", true, false, "Blackwell Ultra (B300, GB300)"},
+    ArchInfo{11, 0, "sm_110a", true, false, "Thor"},
+    ArchInfo{12, 0, "sm_120a", true, false, "Blackwell workstation/consumer (RTX PRO 6000, RTX 50xx)"},
+    ArchInfo{12, 1, "sm_121a", true, false, "DGX Spark (GB10)"},
+};
+
+}  // namespace
+
+std::span<const ArchInfo> capability_table() { return kTable; }
+
+Expected<const ArchInfo*> arch_for_capability(int major, int minor) {
+  for (const auto& row : kTable)
+    if (row.major == major && row.minor == minor) return &row;
+  return fail(KJIT_ERROR_UNSUPPORTED,
+              fmt::format("GPU of compute capability {}.{} is not in kjit's capability table (supported: 8.0-12.1, "
+                          "see `jitctl info`)",
+                          major, minor));
+}
+
+Expected<const ArchInfo*> arch_for_target(std::string_view target) {
+  for (const auto& row : kTable)
+    if (target == row.target) return &row;
+  std::string known;
+  for (const auto& row : kTable) known += fmt::format("{}{}", known.empty() ? "" : ", ", row.target);
+  return fail(KJIT_ERROR_INVALID_ARGUMENT, fmt::format("unknown arch '{}' (known: {})", target, known));
+}
+
+}  // namespace kjit::codegen

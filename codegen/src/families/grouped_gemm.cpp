@@ -1,0 +1,297 @@
+// The grouped GEMM family: spec forms, invariants, recipes and grid.
+#include "kjit/codegen/families/grouped_gemm.hpp"
+
+#include <algorithm>
+#include <array>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "../recipe.hpp"
+#include "../spec_reader.hpp"
+
+namespace kjit::codegen {
+
+template <>
+inline constexpr int kEnumCount<GemmKernel> = 3;
+template <>
+inline constexpr int kEnumCount<ClusterAxis> = 2;
+
+namespace {
+
+constexpr std::array kGemmKernelNames{"mma_sync", "wgmma_sm90", "wgmma_sm90_swap_ab"};
+constexpr std::array kClusterAxisNames{"m", "n"};
+
+// Invariants of the problem (what every configuration shares). The bounds are
+// what the kernels support: 16-byte rows (N, K multiples of 8), and experts
+// up to the routing helpers' 4096.
+Expected<void> validate_problem(const GroupedGemmSpec& s) {
+  auto invalid = [](std::string message) { return fail(KJIT_ERROR_INVALID_ARGUMENT, std::move(message)); };
+  if (s.out != DType::bf16 && s.out != DType::f32)
+    return invalid(fmt::format("grouped_gemm output must be bf16 or f32, not {}", name(s.out)));
+  if (s.n < 8 || s.n % 8 != 0) return invalid(fmt::format("grouped_gemm: N must be a positive multiple of 8, got {}", s.n));
+  if (s.k < 8 || s.k % 8 != 0) return invalid(fmt::format("grouped_gemm: K must be a positive multiple of 8, got {}", s.k));
+  if (s.experts < 1 || s.experts > 4096)
+    return invalid(fmt::format("grouped_gemm needs 1 to 4096 experts, got {}", s.experts));
+  return {};
+}
+
+Expected<void> validate_configuration(const GroupedGemmSpec& s) {
+  auto invalid = [](std::string message) { return fail(KJIT_ERROR_INVALID_ARGUMENT, std::move(message)); };
+  const auto tile = fmt::format("{} tile {}x{}x{} with {} stages, cluster {} along {}", name(s.kernel), s.tile_m,
+                                s.tile_n, s.tile_k, s.stages, s.cluster, name(s.cluster_axis));
+  // Along m is the only axis a lone block has: one spelling per kernel.
+  if (s.cluster == 1 && s.cluster_axis != ClusterAxis::m)
+    return invalid(fmt::format("grouped_gemm {}: a cluster of 1 has no axis (use m)", tile));
+  if (!s.configured()) {
+    if (s.tile_n != 0 || s.tile_k != 0 || s.stages != 0 || s.kernel != GemmKernel::mma_sync || s.cluster != 1)
+      return invalid(fmt::format("grouped_gemm {} is neither a configuration nor a problem (all zero)", tile));
+    return {};
+  }
+  if (s.kernel == GemmKernel::mma_sync) {
+    const bool ok = s.tile_m > 0 && s.tile_m % 32 == 0 && s.tile_m <= 128 && s.tile_n > 0 && s.tile_n % 16 == 0 &&
+                    s.tile_n <= 128 && s.tile_k > 0 && s.tile_k % 16 == 0 && s.tile_k <= 64 && s.stages == 0 &&
+                    s.cluster == 1;
+    if (!ok) return invalid(fmt::format("grouped_gemm {} is not supported", tile));
+    return {};
+  }
+  const bool pipeline_ok = s.tile_k == 64 && s.stages >= 2 && s.stages <= sm90_max_stages(s.kernel, s.tile_m, s.tile_n);
+  if (s.kernel == GemmKernel::wgmma_sm90_swap_ab) {
+    // Pairs lie along n only, and never past N (GroupedGemmSwapAbConfig).
+    const bool ok = s.tile_m % 32 == 0 && s.tile_m >= 32 && s.tile_m <= 256 && (s.tile_n == 64 || s.tile_n == 128) &&
+                    pipeline_ok &&
+                    (s.cluster == 1 || (s.cluster == 2 && s.cluster_axis == ClusterAxis::n && s.n % (2 * s.tile_n) == 0));
+    if (!ok)
+      return invalid(fmt::format("grouped_gemm {} is not supported (swap AB: tile_m 32 to 256 in steps of 32, tile_n "
+                                 "64 or 128, tile_k 64, 2 stages up to what fits in 227 KB, cluster 1, or 2 along n "
+                                 "when N is a multiple of 2 tile_n)",
+                                 tile));
+    return {};
+  }
+  const bool ok = (s.tile_m == 64 || s.tile_m == 128) && s.tile_n % 64 == 0 && s.tile_n >= 64 && s.tile_n <= 256 &&
+                  pipeline_ok &&
+                  (s.cluster == 1 || (s.cluster == 2 && (s.cluster_axis == ClusterAxis::n || s.tile_n % 128 == 0)));
+  if (!ok)
+    return invalid(fmt::format("grouped_gemm {} is not supported (tile_m 64 or 128, tile_n 64 to 256 in steps of 64, "
+                               "tile_k 64, 2 stages up to what fits in 227 KB, cluster 1, or 2 along n, or 2 along "
+                               "m with tile_n 128 or 256)",
+                               tile));
+  return {};
+}
+
+constexpr int kPortableThreads = 128;
+
+// A wgmma instruction as a struct a Config names: m64nNk16, bf16 operands
+// from shared-memory descriptors (either one may be MN-major: "transposed"),
+// fp32 accumulators in N/2 registers per thread (one asm operand each, which
+// is why it is generated rather than written out for every N). `head` is the
+// struct's declaration, e.g. "struct KjitWgmma". `accumulate` 0 overwrites
+// the accumulators (the first k-step of a tile).
+std::string wgmma_wrapper(std::string_view head, int n, bool transpose_a, bool transpose_b) {
+  const int regs = n / 2;
+  std::string list, operands;
+  for (int i = 0; i < regs; ++i) {
+    list += fmt::format("{}%{}", i ? ", " : "", i);
+    operands += fmt::format("{}\"+f\"(d[{}])", i ? ", " : "", i);
+  }
+  return fmt::format(
+      "{8} {{\n"
+      "  static __device__ __forceinline__ void run(float (&d)[{0}], unsigned long long a, unsigned long long b,\n"
+      "                                             int accumulate) {{\n"
+      "    asm volatile(\n"
+      "        \"{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{1}, 0;\\n\"\n"
+      "        \"wgmma.mma_async.sync.aligned.m64n{2}k16.f32.bf16.bf16 {{{3}}}, %{4}, %{5}, p, 1, 1, {9}, {6};\\n}}\\n\"\n"
+      "        : {7}\n"
+      "        : \"l\"(a), \"l\"(b), \"r\"(accumulate));\n"
+      "  }}\n"
+      "}};\n",
+      regs, regs + 2, n, list, regs, regs + 1, transpose_b ? 1 : 0, operands, head, transpose_a ? 1 : 0);
+}
+
+// Threads of an SM90 configuration: a producer warpgroup and a consumer
+// warpgroup per 64 rows (or, swap AB, per 64 columns) of the tile.
+int sm90_threads(const GroupedGemmSpec& s) {
+  const int consumers = (s.kernel == GemmKernel::wgmma_sm90_swap_ab ? s.tile_n : s.tile_m) / 64;
+  return 128 * (consumers + 1);
+}
+
+// Swap AB's instructions: m64n<rows>k16 for every tile height, as
+// specialisations of KjitWgmmaRows<rows> (the weights are operand A).
+std::string swap_ab_wgmma_wrappers(const GroupedGemmSpec& s) {
+  std::string out = "template <int kRows>\nstruct KjitWgmmaRows;\n";
+  for (int rows = 32; rows <= s.tile_m; rows += 32)
+    out += wgmma_wrapper(fmt::format("template <>\nstruct KjitWgmmaRows<{}>", rows), rows,
+                         s.weights == WeightLayout::e_k_n, false);
+  return out;
+}
+
+}  // namespace
+
+std::string_view name(GemmKernel k) { return kGemmKernelNames[static_cast<size_t>(k)]; }
+std::string_view name(ClusterAxis a) { return kClusterAxisNames[static_cast<size_t>(a)]; }
+
+std::string Family<GroupedGemmSpec>::canonical(const GroupedGemmSpec& g) {
+  return fmt::format("grouped_gemm a=bf16 b=bf16 out={} n={} k={} experts={} weights={} offsets={} row_scale={}{}",
+                     name(g.out), g.n, g.k, g.experts, name(g.weights), name(g.offsets), g.row_scale,
+                     g.configured() ? fmt::format(" kernel={} tile={}x{}x{} stages={} cluster={}{}", name(g.kernel),
+                                                  g.tile_m, g.tile_n, g.tile_k, g.stages, g.cluster,
+                                                  g.cluster > 1 ? fmt::format(" along {}", name(g.cluster_axis))
+                                                                : std::string())
+                                    : std::string(" config=per-arch"));
+}
+
+nlohmann::json Family<GroupedGemmSpec>::to_json(const GroupedGemmSpec& g) {
+  nlohmann::json j = {{"op", op},       {"out", name(g.out)},         {"n", g.n},
+                      {"k", g.k},       {"experts", g.experts},       {"weights", name(g.weights)},
+                      {"offsets", name(g.offsets)}, {"row_scale", g.row_scale}};
+  if (g.configured()) {
+    j["kernel"] = name(g.kernel);
+    j["tile"] = {g.tile_m, g.tile_n, g.tile_k};
+    j["stages"] = g.stages;
+    j["cluster"] = g.cluster;
+    j["cluster_axis"] = name(g.cluster_axis);
+  }
+  return j;
+}
+
+Expected<GroupedGemmSpec> Family<GroupedGemmSpec>::from_json(SpecReader& reader) {
+  GroupedGemmSpec s;
+  s.out = KJIT_TRY(reader.enumeration<DType>("out"));
+  s.weights = KJIT_TRY(reader.enumeration<WeightLayout>("weights"));
+  s.offsets = KJIT_TRY(reader.enumeration<OffsetsConvention>("offsets"));
+  s.n = KJIT_TRY(reader.integer("n"));
+  s.k = KJIT_TRY(reader.integer("k"));
+  s.experts = KJIT_TRY(reader.integer("experts"));
+  s.row_scale = KJIT_TRY(reader.boolean_or("row_scale", false));
+  // A configuration (cache metadata) names its kernel, tile and stages; a
+  // problem (manifests) names none of them.
+  if (!reader.has("kernel")) {
+    if (reader.has("tile") || reader.has("stages") || reader.has("cluster") || reader.has("cluster_axis"))
+      return fail(KJIT_ERROR_INVALID_ARGUMENT,
+                  "spec fields 'tile', 'stages', 'cluster' and 'cluster_axis' need 'kernel' beside them");
+    return s;
+  }
+  s.kernel = KJIT_TRY(reader.enumeration<GemmKernel>("kernel"));
+  const auto tile = KJIT_TRY(reader.small_integers("tile", 3, "[tile_m, tile_n, tile_k] with 'kernel'"));
+  s.tile_m = tile[0];
+  s.tile_n = tile[1];
+  s.tile_k = tile[2];
+  // Bounded by validate (a handful of stages, a cluster of 1 or 2) before any narrowing matters.
+  s.stages = static_cast<int>(std::clamp<int64_t>(KJIT_TRY(reader.integer_or("stages", 0)), -1, 64));
+  s.cluster = static_cast<int>(std::clamp<int64_t>(KJIT_TRY(reader.integer_or("cluster", 1)), -1, 64));
+  if (reader.has("cluster_axis")) s.cluster_axis = KJIT_TRY(reader.enumeration<ClusterAxis>("cluster_axis"));
+  return s;
+}
+
+void Family<GroupedGemmSpec>::hash(const GroupedGemmSpec& g, HashMixer& h) {
+  h.mix(static_cast<uint64_t>(g.n));
+  h.mix(static_cast<uint64_t>(g.k));
+  h.mix(static_cast<uint64_t>(g.experts));
+  h.mix(static_cast<uint64_t>(g.out) | static_cast<uint64_t>(g.weights) << 8 | static_cast<uint64_t>(g.offsets) << 16 |
+        static_cast<uint64_t>(g.row_scale) << 24);
+  h.mix(static_cast<uint64_t>(g.tile_m) << 32 | static_cast<uint64_t>(g.tile_n) << 16 | static_cast<uint64_t>(g.tile_k));
+  h.mix(static_cast<uint64_t>(g.cluster_axis) << 24 | static_cast<uint64_t>(g.kernel) << 16 |
+        static_cast<uint64_t>(g.stages) << 8 | static_cast<uint64_t>(g.cluster));
+}
+
+Expected<void> Family<GroupedGemmSpec>::validate(const GroupedGemmSpec& s) {
+  KJIT_TRY(validate_problem(s));
+  return validate_configuration(s);
+}
+
+Expected<void> Family<GroupedGemmSpec>::supported_on(const GroupedGemmSpec& s, const ArchInfo& arch) {
+  if (!s.configured())
+    return fail(KJIT_ERROR_INVALID_ARGUMENT,
+                fmt::format("{} names no configuration: expand it for an arch first (kernels_for_target)",
+                            canonical(s)));
+  if (is_sm90(s.kernel) && !arch.wgmma_tma)
+    return fail(KJIT_ERROR_UNSUPPORTED,
+                fmt::format("{} is Hopper's kernel (wgmma, TMA) and builds only for sm_90a, not {}", canonical(s),
+                            arch.target));
+  return {};  // the portable kernel runs on every arch in the table (sm_80 and newer)
+}
+
+RenderedKernel Family<GroupedGemmSpec>::render(const GroupedGemmSpec& s) {
+  const auto problem =
+      fmt::format("kjit::GemmProblem<{}LL, {}LL, {}, {}, {}, {}, {}>", s.n, s.k, s.experts,
+                  s.weights == WeightLayout::e_k_n, s.offsets == OffsetsConvention::with_leading_zero, s.row_scale,
+                  s.out == DType::f32);
+  if (is_sm90(s.kernel)) {
+    const bool swap_ab = s.kernel == GemmKernel::wgmma_sm90_swap_ab;
+    const bool weights_kn = s.weights == WeightLayout::e_k_n;
+    return assemble(
+        canonical(s),
+        {.entry_point = swap_ab ? "kjit_grouped_gemm_sm90_swap_ab" : "kjit_grouped_gemm_sm90",
+         .threads = sm90_threads(s),
+         .min_blocks = 1,  // a register cap at entry, which setmaxnreg needs
+         .templates = {swap_ab ? "gemm/grouped_gemm_sm90_swap_ab.cuh" : "gemm/grouped_gemm_sm90.cuh"},
+         .config = swap_ab ? fmt::format("kjit::GroupedGemmSwapAbConfig<{}, {}, {}, {}, {}, KjitWgmmaRows>", problem,
+                                         s.tile_m, s.tile_n, s.stages, s.cluster)
+                           : fmt::format("kjit::GroupedGemmSm90Config<{}, {}, {}, {}, {}, {}, KjitWgmma, "
+                                         "KjitWgmmaHalf>",
+                                         problem, s.tile_m, s.tile_n, s.stages, s.cluster,
+                                         s.cluster_axis == ClusterAxis::n),
+         .params_type = "kjit_grouped_gemm_sm90_params",
+         .body = swap_ab ? "kjit::grouped_gemm_sm90_swap_ab" : "kjit::grouped_gemm_sm90",
+         .prelude = swap_ab ? swap_ab_wgmma_wrappers(s)
+                            : wgmma_wrapper("struct KjitWgmma", s.tile_n, false, weights_kn) +
+                                  wgmma_wrapper("struct KjitWgmmaHalf", s.tile_n / 2, false, weights_kn),
+         .dynamic_shared_bytes = grouped_gemm_shared_bytes(s),
+         .cluster_x = s.cluster});
+  }
+  return assemble(canonical(s),
+                  {.entry_point = "kjit_grouped_gemm",
+                   .threads = kPortableThreads,
+                   .templates = {"gemm/grouped_gemm_mma.cuh"},
+                   .config = fmt::format("kjit::GroupedGemmConfig<{}, {}, {}, {}>", problem, s.tile_m, s.tile_n,
+                                         s.tile_k),
+                   .params_type = "kjit_grouped_gemm_params",
+                   .body = "kjit::grouped_gemm_mma"});
+}
+
+std::vector<GroupedGemmSpec> Family<GroupedGemmSpec>::kernels_for_target(const GroupedGemmSpec& s,
+                                                                         const ArchInfo& arch) {
+  if (s.configured()) return {s};
+  return grouped_gemm_configs(s, arch);
+}
+
+int grouped_gemm_shared_bytes(const GroupedGemmSpec& s) {
+  if (!is_sm90(s.kernel)) return 0;  // the portable kernel's tiles are static
+  // GroupedGemmSm90Config::kSharedBytes and GroupedGemmSwapAbConfig's (the
+  // generated code asserts they agree): the stages, 1 KB of slack to align
+  // them to the swizzle's 1 KB, two mbarriers per stage; swap AB adds its
+  // epilogue scratch, 1 KB per consumer warp (tile_n / 64 warpgroups), and
+  // its tile queue (4 slots of two mbarriers and an index).
+  const int scratch = s.kernel == GemmKernel::wgmma_sm90_swap_ab ? s.tile_n / 64 * 4 * 1024 + 4 * 24 : 0;
+  return s.stages * (s.tile_m + s.tile_n) * s.tile_k * 2 + 1024 + 16 * s.stages + scratch;
+}
+
+LaunchGeometry grouped_gemm_geometry(const GroupedGemmSpec& spec, int64_t total_rows, int resident_blocks) {
+  LaunchGeometry g;
+  // Every expert adds at most one partial m-tile: an upper bound that needs no
+  // offsets on the host. Surplus blocks (or persistent iterations) find no tile.
+  const int64_t m_tiles = (total_rows + spec.tile_m - 1) / spec.tile_m + spec.experts;
+  const int64_t n_tiles = (spec.n + spec.tile_n - 1) / spec.tile_n;
+  if (is_sm90(spec.kernel)) {
+    // Persistent: one block per SM (the shared memory admits no second), in
+    // whole clusters: `resident_blocks` is how many fit at once. Swap AB's
+    // row tiles per expert are ceil(rows / tile_m) too, and its pairs lie along n.
+    const int m_group = spec.cluster_axis == ClusterAxis::m ? spec.cluster : 1;
+    const int n_group = spec.cluster / m_group;
+    const int64_t cluster_tiles =
+        ((total_rows + spec.tile_m * m_group - 1) / (spec.tile_m * m_group) + spec.experts) *
+        ((n_tiles + n_group - 1) / n_group);
+    const int64_t clusters = std::clamp<int64_t>(cluster_tiles, 1, std::max(resident_blocks / spec.cluster, 1));
+    g.block_x = static_cast<uint32_t>(sm90_threads(spec));
+    g.grid_x = static_cast<uint32_t>(clusters * spec.cluster);
+    g.cluster_x = static_cast<uint32_t>(spec.cluster);
+    g.shared_bytes = static_cast<uint32_t>(grouped_gemm_shared_bytes(spec));
+    return g;
+  }
+  g.block_x = kPortableThreads;
+  g.grid_x = static_cast<uint32_t>(std::min<int64_t>(m_tiles, 0x7fffffff));
+  g.grid_y = static_cast<uint32_t>(n_tiles);
+  return g;
+}
+
+}  // namespace kjit::codegen
