@@ -157,6 +157,9 @@ __device__ __forceinline__ void place_ids(const kjit_moe_routing_params& p, long
       __syncwarp();
       // Only this warp reads its row of the table: reset it for the next chunk.
       if (local >= 0 && rank == 0) warp_rows[warp * Cfg::kExperts + local] = 0;
+      // Another lane of this warp may write the same entry at the next chunk's
+      // start; __match_any_sync orders execution there, not memory (racecheck).
+      __syncwarp();
     } else {
       for (int turn = 0; turn < Cfg::kThreads / 32; ++turn) {
         if (warp == turn && local >= 0) {

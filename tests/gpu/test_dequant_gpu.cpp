@@ -146,6 +146,8 @@ void run_case(const Case& c, int device = 0) {
 
 }  // namespace
 
+TEST_SUITE_BEGIN("dequant");
+
 TEST_CASE("every dtype, granularity and convention is bit-exact on odd shapes with partial blocks") {
   for (auto in : {KJIT_DTYPE_F8_E4M3FN, KJIT_DTYPE_F8_E5M2})
     for (auto out : {KJIT_DTYPE_BF16, KJIT_DTYPE_F16, KJIT_DTYPE_F32})
@@ -306,7 +308,7 @@ TEST_CASE("a tensor over 2^31 elements is dequantised correctly at its start, ac
   }
 }
 
-TEST_CASE("a prepared dequant is captured into a CUDA graph and replays on new data; unprepared capture fails") {
+TEST_CASE("a prepared dequant is captured into a CUDA graph and replays on new data, and unprepared capture fails") {
   Case c;
   c.rows = 512;
   c.cols = 1536;
@@ -400,3 +402,5 @@ TEST_CASE("with device 0 current, dequant of tensors on device 1 equals the same
   CHECK(std::string(kjit_last_error_message()).find("stream belongs to device 0") != std::string::npos);
   api().cuStreamDestroy(stream0);
 }
+
+TEST_SUITE_END();

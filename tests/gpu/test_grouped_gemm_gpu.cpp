@@ -218,6 +218,8 @@ void run_gemm(const GemmCase& c) {
 
 }  // namespace
 
+TEST_SUITE_BEGIN("grouped_gemm");
+
 TEST_CASE("uneven routing with empty experts, every layout, convention, scale and output type") {
   for (auto weights : {KJIT_WEIGHTS_E_N_K, KJIT_WEIGHTS_E_K_N})
     for (auto convention : {KJIT_OFFSETS_CUMULATIVE_END, KJIT_OFFSETS_WITH_LEADING_ZERO})
@@ -392,3 +394,5 @@ TEST_CASE("the portable kernel forced on the same GPU agrees with the SM90 kerne
     }
   }
 }
+
+TEST_SUITE_END();

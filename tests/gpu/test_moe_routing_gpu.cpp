@@ -96,6 +96,8 @@ void check_routing(const RoutingCase& c) {
 
 }  // namespace
 
+TEST_SUITE_BEGIN("moe_routing");
+
 TEST_CASE("routing equals the CPU reference: prefill, decode, both offset conventions, many experts") {
   for (auto convention : {KJIT_OFFSETS_CUMULATIVE_END, KJIT_OFFSETS_WITH_LEADING_ZERO}) {
     RoutingCase prefill;
@@ -183,6 +185,9 @@ TEST_CASE("a global expert id out of range writes nothing and is reported") {
   }
 }
 
+TEST_SUITE_END();
+TEST_SUITE_BEGIN("moe_combine");
+
 TEST_CASE("combine sums weighted expert rows back in token order, skipping other ranks' rows") {
   for (auto out_dtype : {KJIT_DTYPE_BF16, KJIT_DTYPE_F32}) {
     RoutingCase c;
@@ -240,3 +245,5 @@ TEST_CASE("combine sums weighted expert rows back in token order, skipping other
     CHECK(bad == 0);
   }
 }
+
+TEST_SUITE_END();

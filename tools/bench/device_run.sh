@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# One device call: GPU tests (C++ and the Python MoE pipeline), the main
-# job's GPU part (precompile, list, selftest), the SASS check of the SM90
-# grouped GEMM, host-side launch costs, and the dequant and grouped GEMM
-# benchmarks. Binaries come prebuilt in .devbin/ (built on the dev machine;
+# One device call: GPU tests (C++ and the Python MoE pipeline), the
+# sanitizers over every kernel family, the main job's GPU part (precompile,
+# list, selftest), the SASS check of the SM90 grouped GEMM, host-side launch
+# costs, and the dequant and grouped GEMM benchmarks. Binaries come prebuilt in .devbin/ (built on the dev machine;
 # see docs/benchmarks.md). Results go to $OUT.
 set -uo pipefail
 bin=.devbin
@@ -11,7 +11,9 @@ mkdir -p "$out"
 export KJIT_CACHE_DIR=$(mktemp -d)/cache
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/device.txt"
 echo "== gpu tests"
-tools/bench/gpu_tests_parallel.sh "$bin/kjit_gpu_tests" "$out/gpu_tests"; echo "gpu tests exit $?"
+tools/bench/gpu_ctest.sh "$bin/kjit_gpu_tests" "$out/gpu_tests"; echo "gpu tests exit $?"
+echo "== compute-sanitizer memcheck, racecheck, synccheck (every family)"
+tools/bench/sanitize_gpu.sh "$bin" "$out/sanitize"; echo "sanitizers exit $?"
 echo "== Python MoE pipeline test"
 KJIT_LIBRARY=$PWD/$bin/libkjit.so PYTHONPATH=runtime/python timeout 120 python3 tests/python/test_moe_pipeline_gpu.py "$PWD/$bin/libkjit.so" 2>&1 | tail -3
 echo "== main job (GPU part)"

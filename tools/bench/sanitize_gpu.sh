@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# compute-sanitizer memcheck, racecheck (shared-memory hazards) and synccheck
+# over small calls of every kernel family: one GPU test case per family, run
+# first without a tool ("plain": the case passes, and NVRTC fills the kernel
+# cache outside the sanitizers), then under each tool. Prints one line per
+# tool x family (also to OUT_DIR/summary.txt), puts the logs of failed runs
+# in OUT_DIR/failures.log, and exits 1 on any report, failed case or timeout.
+#     tools/bench/sanitize_gpu.sh BUILD_DIR OUT_DIR
+# BUILD_DIR holds kjit_gpu_tests, directly (.devbin/) or in tests/ (a build
+# folder). KJIT_CACHE_DIR is used if set, else a fresh one; JOBS runs at once
+# (default 5), TIMEOUT seconds each (default 300).
+set -uo pipefail
+build=$1 out=$2
+bin=$build/kjit_gpu_tests
+[[ -x $bin ]] || bin=$build/tests/kjit_gpu_tests
+[[ -x $bin ]] || { echo "sanitize_gpu.sh: no kjit_gpu_tests in $build or $build/tests" >&2; exit 2; }
+sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+[[ -x $sanitizer ]] || { echo "sanitize_gpu.sh: compute-sanitizer not found" >&2; exit 2; }
+mkdir -p "$out"
+logs=$(mktemp -d)
+export KJIT_CACHE_DIR=${KJIT_CACHE_DIR:-$(mktemp -d)/cache}
+export bin sanitizer logs TIMEOUT=${TIMEOUT:-300}
+
+# family|doctest suite|test case (its name exactly as in tests/gpu). On Hopper
+# the grouped GEMM case runs every kernel path: SM90 (both buckets, clusters),
+# swap AB (with and without a workspace) and the portable kernel.
+cases=(
+  "dequant|dequant|every dtype, granularity and convention is bit-exact on odd shapes with partial blocks"
+  "grouped_gemm|grouped_gemm|one expert owning every row, and a single expert"
+  "routing_one_block|moe_routing|routing equals the CPU reference: prefill, decode, both offset conventions, many experts"
+  "routing_many_blocks|moe_routing|with a workspace, large batches route over many blocks to the same result"
+  "combine|moe_combine|combine sums weighted expert rows back in token order, skipping other ranks' rows"
+)
+
+# Runs one case under one tool ("plain": none) and prints its summary line.
+run_one() {
+  local tool=$1 family=$2 suite=$3 name=$4 log="$logs/$1.$2.log" rc start verdict
+  local -a tool_args=()
+  case $tool in
+    memcheck) tool_args=(--tool memcheck) ;;
+    racecheck) tool_args=(--tool racecheck --racecheck-report hazard) ;;
+    synccheck) tool_args=(--tool synccheck) ;;
+  esac
+  start=$SECONDS
+  # doctest filters are comma-separated: a comma in a name is escaped.
+  if [[ $tool == plain ]]; then
+    timeout "$TIMEOUT" "$bin" "--test-suite=$suite" "--test-case=${name//,/\\,}" > "$log" 2>&1
+  else
+    timeout "$TIMEOUT" "$sanitizer" "${tool_args[@]}" --error-exitcode 1 --print-limit 20 \
+      "$bin" "--test-suite=$suite" "--test-case=${name//,/\\,}" > "$log" 2>&1
+  fi
+  rc=$?
+  local errors hazards
+  errors=$(grep -oE 'ERROR SUMMARY: [0-9]+' "$log" | grep -oE '[0-9]+$' | tail -1)
+  hazards=$(grep -oE 'RACECHECK SUMMARY: [0-9]+' "$log" | grep -oE '[0-9]+$' | tail -1)
+  if [[ $rc == 124 ]]; then verdict="FAIL: timed out after ${TIMEOUT}s"
+  elif [[ $tool != plain && -z $errors$hazards ]]; then verdict="FAIL: no sanitizer summary (exit $rc)"
+  elif [[ ${errors:-0} != 0 || ${hazards:-0} != 0 ]]; then
+    verdict="FAIL: ${hazards:-$errors} reported; first: $(grep -m1 -E '^========= +(Error|Warning|Invalid|Barrier|Race)' "$log" | cut -c1-160)"
+  elif [[ $rc != 0 ]]; then verdict="FAIL: the test case failed (exit $rc)"
+  elif ! grep -qE 'test cases: *1 \| *1 passed' "$log"; then verdict="FAIL: the test case did not run (renamed?)"
+  else verdict="clean"
+  fi
+  printf '%-10s %-20s %s (%ds)\n' "$tool" "$family" "$verdict" $((SECONDS - start))
+}
+export -f run_one
+
+list_runs() {  # TOOL...: one line "tool|family|suite|name" per tool and case
+  local tool c
+  for tool in "$@"; do for c in "${cases[@]}"; do printf '%s|%s\n' "$tool" "$c"; done; done
+}
+run_all() { tr '\n' '\0' | xargs -0 -P "${JOBS:-5}" -I{} bash -c 'IFS="|" read -r t f s n <<< "$1"; run_one "$t" "$f" "$s" "$n"' _ {}; }
+
+{
+  list_runs plain | run_all
+  list_runs memcheck racecheck synccheck | run_all
+} | tee "$out/summary.txt"
+: > "$out/failures.log"
+grep 'FAIL' "$out/summary.txt" | while read -r tool family _; do
+  { echo "==== $tool $family"; head -c 20000 "$logs/$tool.$family.log"; echo; } >> "$out/failures.log"
+done
+! grep -q 'FAIL' "$out/summary.txt"

@@ -1,0 +1,44 @@
+// Device buffers of the harness's checks (internal to the harness).
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "kjit/internal/driver.hpp"
+#include "kjit/base/expected.hpp"
+
+namespace kjit::harness {
+
+// Device memory of one check, freed on every path; uploads without data are
+// poisoned with 0xA5 bytes, so that unwritten elements fail.
+class Buffers {
+ public:
+  Buffers(const DriverApi& api, CUcontext ctx) : api_(api), ctx_(ctx) {}
+  ~Buffers() {
+    ScopedContext scope(api_, ctx_);
+    for (CUdeviceptr p : owned_) api_.cuMemFree(p);
+  }
+  Expected<CUdeviceptr> upload(const void* data, size_t bytes) {
+    ScopedContext scope(api_, ctx_);
+    CUdeviceptr p = 0;
+    if (auto ok = check(api_, api_.cuMemAlloc(&p, bytes), "cuMemAlloc"); !ok) return std::unexpected(ok.error());
+    owned_.push_back(p);
+    if (data) {
+      if (auto ok = check(api_, api_.cuMemcpyHtoD(p, data, bytes), "cuMemcpyHtoD"); !ok) return std::unexpected(ok.error());
+    } else if (auto ok = check(api_, api_.cuMemsetD8(p, 0xA5, bytes), "cuMemsetD8"); !ok) {
+      return std::unexpected(ok.error());
+    }
+    return p;
+  }
+  Expected<void> download(void* data, CUdeviceptr p, size_t bytes) {
+    ScopedContext scope(api_, ctx_);
+    return check(api_, api_.cuMemcpyDtoH(data, p, bytes), "cuMemcpyDtoH");
+  }
+
+ private:
+  const DriverApi& api_;
+  CUcontext ctx_;
+  std::vector<CUdeviceptr> owned_;
+};
+
+}  // namespace kjit::harness

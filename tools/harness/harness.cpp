@@ -1,0 +1,46 @@
+// check_spec: each spec to its family's check (harness.hpp).
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <variant>
+
+#include <fmt/format.h>
+
+#include "harness.hpp"
+
+namespace kjit::harness {
+namespace {
+
+Outcome counted(const Expected<int64_t>& wrong, std::string_view match) {
+  if (!wrong) return {false, "error: " + wrong.error().message};
+  if (*wrong == 0) return {true, std::string(match)};
+  return {false, fmt::format("{} wrong elements", *wrong)};
+}
+
+template <class>
+constexpr bool kNoCheck = false;
+
+}  // namespace
+
+Outcome check_spec(Runtime& runtime, DeviceState& device, const codegen::KernelSpec& spec, std::mt19937_64& rng) {
+  return std::visit(
+      [&](const auto& s) -> Outcome {
+        using S = std::decay_t<decltype(s)>;
+        if constexpr (std::is_same_v<S, codegen::DequantSpec>) {
+          return counted(check_dequant(runtime, device, s, rng), "bit-exact");
+        } else if constexpr (std::is_same_v<S, codegen::GroupedGemmSpec>) {
+          auto error = check_grouped_gemm(runtime, device, s, rng);
+          if (!error) return {false, "error: " + error.error().message};
+          return {*error <= 1e-2, fmt::format("relative error {:.1e}", *error)};  // NaN fails too
+        } else if constexpr (std::is_same_v<S, codegen::MoeRoutingSpec>) {
+          return counted(check_moe_routing(runtime, device, s, rng), "exact");
+        } else if constexpr (std::is_same_v<S, codegen::MoeCombineSpec>) {
+          return counted(check_moe_combine(runtime, device, s, rng), "within 1e-5 relative");
+        } else {
+          static_assert(kNoCheck<S>, "every kernel family needs a check in the harness");
+        }
+      },
+      spec);
+}
+
+}  // namespace kjit::harness

@@ -1,0 +1,43 @@
+// The correctness harness of every kernel family, shared by `jitctl selftest`
+// and the GPU tests: a random problem of a spec's shape on fresh data, the
+// spec launched exactly as given (no heuristic picks another kernel, vector
+// width or tile), every output compared with kjit/reference: dequant bit for
+// bit (partial blocks included), grouped GEMM to 1e-2 relative error on
+// sampled rows (uneven routing, empty experts, rows past the last offset that
+// must stay untouched), MoE routing exactly in every output (expert
+// parallelism, a hot expert, one block and many), MoE combine to the GPU
+// tests' tolerance. Outputs start poisoned, so unwritten elements fail.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <string>
+
+#include "kjit/codegen/kernel_spec.hpp"
+#include "kjit/internal/runtime.hpp"
+
+namespace kjit::harness {
+
+// What one check found: whether it passed, and its line ("bit-exact",
+// "relative error 3.1e-03", "12 wrong elements", "error: ...").
+struct Outcome {
+  bool ok;
+  std::string text;
+};
+
+// Launches exactly `spec` on `device` over a random problem of its shape and
+// compares every output with the reference.
+Outcome check_spec(Runtime& runtime, DeviceState& device, const codegen::KernelSpec& spec, std::mt19937_64& rng);
+
+// The families' checks check_spec runs: the number of wrong elements, or the
+// grouped GEMM's relative error.
+Expected<int64_t> check_dequant(Runtime& runtime, DeviceState& device, const codegen::DequantSpec& spec,
+                                std::mt19937_64& rng);
+Expected<double> check_grouped_gemm(Runtime& runtime, DeviceState& device, const codegen::GroupedGemmSpec& spec,
+                                    std::mt19937_64& rng);
+Expected<int64_t> check_moe_routing(Runtime& runtime, DeviceState& device, const codegen::MoeRoutingSpec& spec,
+                                    std::mt19937_64& rng);
+Expected<int64_t> check_moe_combine(Runtime& runtime, DeviceState& device, const codegen::MoeCombineSpec& spec,
+                                    std::mt19937_64& rng);
+
+}  // namespace kjit::harness
