@@ -119,6 +119,18 @@ check "verify --json counts the entries" python3 -c "
 import json; j=json.load(open('$work/verify.json')); assert j['bad']==[] and j['verified']==$n, j"
 
 cp -a "$work/cache" "$work/copy"
+if command -v script > /dev/null; then
+  # On a terminal (script(1) gives one, fed from our stdin) clear asks; only "y" removes.
+  printf 'n\n' | KJIT_CACHE_DIR=$work/copy script -qec "'$jitctl' clear" "$work/ask.log" > /dev/null || true
+  check "clear of a large cache asks on a terminal" grep -q "remove all $n entries of $work/copy? \[y/N\]" "$work/ask.log"
+  check "answering n removes nothing" test "$(KJIT_CACHE_DIR=$work/copy entries)" -eq "$n"
+  printf 'y\n' | KJIT_CACHE_DIR=$work/copy script -qec "'$jitctl' clear" "$work/ask.log" > /dev/null
+  check "answering y removes everything" test "$(KJIT_CACHE_DIR=$work/copy entries)" -eq 0
+  rm -rf "$work/copy"
+  cp -a "$work/cache" "$work/copy"
+else
+  echo "note: script(1) not found; the terminal confirmation was not tested"
+fi
 run "$work/out" "$work/err" clear --arch sm_120a --op fp8_dequant --json
 check "clear --json says how many it removed" python3 -c "
 import json; j=json.load(open('$work/out')); assert j['removed']==8, j"

@@ -153,7 +153,8 @@ Expected<void> probe_writable_root(cache::Store& store) {
 int cmd_precompile(const PrecompileOptions& options) {
   const unsigned threads = options.jobs > 0 ? options.jobs : std::max(1u, std::thread::hardware_concurrency());
   const auto& archs = options.archs;
-  if (archs.empty()) return usage_error("--arch names no target", "precompile");
+  if (options.manifest.empty()) return usage_error("precompile needs --manifest FILE", "precompile");
+  if (archs.empty()) return usage_error("precompile needs --arch LIST (e.g. sm_90a,sm_100a,sm_120a)", "precompile");
 
   auto manifest = read_manifest(options.manifest);
   if (!manifest) {

@@ -117,11 +117,10 @@ int run(int argc, char** argv) {
   PrecompileOptions precompile;
   auto* precompile_cmd = app.add_subcommand(
       "precompile", "compile a manifest's kernels into the writable root (needs no GPU)");
-  precompile_cmd->add_option("--manifest", precompile.manifest, "the manifest (tools/manifests/*.json)")
-      ->required()
+  // Both required; checked by cmd_precompile, whose message says what it needs.
+  precompile_cmd->add_option("--manifest", precompile.manifest, "the manifest (tools/manifests/*.json); required")
       ->type_name("FILE");
-  precompile_cmd->add_option("--arch", precompile.archs, "targets, comma separated (e.g. sm_90a,sm_100a,sm_120a)")
-      ->required()
+  precompile_cmd->add_option("--arch", precompile.archs, "targets, comma separated (e.g. sm_90a,sm_100a); required")
       ->delimiter(',')
       ->type_name("LIST")
       ->check(CLI::Validator(
