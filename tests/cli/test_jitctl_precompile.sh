@@ -8,6 +8,9 @@
 # - progress: on a terminal one line redrawn with \r that fits COLUMNS and
 #   shows the rate and an ETA; on a pipe or TERM=dumb plain lines, about one
 #   per 10% rather than one per kernel.
+# - where mounts may be made (a private mount namespace), a read-only bind
+#   mount and a full tmpfs fail up front, and a tmpfs that fills up part way
+#   exits 1 naming the kernels it could not keep.
 # Tests run as root in CI, and root ignores mode bits: every case here stops
 # root too (mode 0500 is tried only when not root).
 # Usage: test_jitctl_precompile.sh JITCTL
@@ -72,6 +75,41 @@ for key in $blocked_keys; do
   check "the kernel not stored is named: $spec" grep -qF "$spec" "$work/err"
 done
 check "the other kernels were stored" test "$(find "$work/partial" -name '*.kjit' | wc -l)" -eq $((8 - blocked))
+
+# --- a read-only mount and a tmpfs that fills up, where mounts may be made ---
+# (a private mount namespace: needs root or user namespaces; skipped otherwise)
+if unshare -m true 2> /dev/null; then
+  mkdir -m 0700 "$work/ro" "$work/full" "$work/small-fs"
+  set +e
+  unshare -m bash -c "
+    mount --bind '$work/ro' '$work/ro' && mount -o remount,bind,ro '$work/ro' &&
+    mount -t tmpfs -o size=16k,mode=0700 tmpfs '$work/full' && { cat /dev/zero > '$work/full/fill' 2> /dev/null; true; } &&
+    mount -t tmpfs -o size=96k,mode=0700 tmpfs '$work/small-fs' || exit 99
+    KJIT_CACHE_DIR='$work/ro' '$jitctl' precompile --manifest '$work/small.json' --arch sm_90a > /dev/null 2> '$work/ro.err'
+    echo \$? > '$work/ro.rc'
+    KJIT_CACHE_DIR='$work/full' '$jitctl' precompile --manifest '$work/small.json' --arch sm_90a > /dev/null 2> '$work/full.err'
+    echo \$? > '$work/full.rc'
+    KJIT_CACHE_DIR='$work/small-fs' '$jitctl' precompile --manifest '$work/small.json' --arch sm_90a \
+      > '$work/small-fs.out' 2> '$work/small-fs.err'
+    echo \$? > '$work/small-fs.rc'
+    find '$work/small-fs' -name '*.kjit' | wc -l > '$work/small-fs.count'"
+  mounted=$?
+  set -e
+  if [ "$mounted" -eq 99 ]; then
+    echo "note: mounts not permitted here; the read-only and full tmpfs cases were not run"
+  else
+    check "precompile into a read-only bind mount exits 1" test "$(cat "$work/ro.rc")" -eq 1
+    check "precompile into a read-only bind mount says so up front" grep -q "cannot be written" "$work/ro.err"
+    check "precompile into a full tmpfs exits 1" test "$(cat "$work/full.rc")" -eq 1
+    check "precompile into a full tmpfs says so up front" grep -q "cannot be written" "$work/full.err"
+    kept=$(cat "$work/small-fs.count")
+    check "precompile into a tmpfs that fills up exits 1 (kept $kept of 8)" test "$(cat "$work/small-fs.rc")" -eq 1
+    check "the summary counts the $((8 - kept)) kernels not stored" grep -q "$((8 - kept)) not stored" "$work/small-fs.out"
+    check "each kernel not stored is named" test "$(grep -c '^not stored in' "$work/small-fs.err")" -eq $((8 - kept))
+  fi
+else
+  echo "note: unshare -m not permitted; the read-only mount and full tmpfs cases were not run"
+fi
 
 # --- progress ------------------------------------------------------------------
 # 24 kernels, all cached: the progress output alone is under test.

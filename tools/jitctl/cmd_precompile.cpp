@@ -49,6 +49,12 @@ size_t terminal_columns() {
   return 80;
 }
 
+// Whether stderr is a terminal that understands \r and "erase line".
+bool stderr_redraws() {
+  const char* term = std::getenv("TERM");
+  return isatty(STDERR_FILENO) == 1 && term != nullptr && *term != '\0' && std::string_view(term) != "dumb";
+}
+
 std::string short_duration(double seconds) {
   const auto s = static_cast<long long>(seconds + 0.5);
   if (s >= 3600) return fmt::format("{}h{:02}m", s / 3600, s % 3600 / 60);
@@ -62,10 +68,7 @@ std::string short_duration(double seconds) {
 class Progress {
  public:
   explicit Progress(size_t total)
-      : total_(total),
-        redraw_(isatty(STDERR_FILENO) == 1 && std::getenv("TERM") && std::string_view(std::getenv("TERM")) != "dumb" &&
-                *std::getenv("TERM") != '\0'),
-        start_(std::chrono::steady_clock::now()) {}
+      : total_(total), redraw_(stderr_redraws()), start_(std::chrono::steady_clock::now()) {}
 
   void done(const Job& job, const Expected<Cubin>& result) {
     std::lock_guard lock(mutex_);
