@@ -12,7 +12,6 @@ jitctl=build/tools/jitctl
 "$jitctl" info
 "$jitctl" precompile --manifest tools/manifests/default.json --arch sm_90a,sm_100a,sm_120a
 "$jitctl" list --summary
-echo "(every entry: $jitctl list)"
 "$jitctl" verify
 set +e
 "$jitctl" selftest | tee build/selftest.txt
