@@ -182,18 +182,18 @@ int cmd_list(const ListOptions& options) {
 int cmd_show(const ShowOptions& options) {
   const std::optional<std::string> cubin_path =
       options.cubin.empty() ? std::nullopt : std::optional<std::string>(options.cubin);
-  const std::optional<std::string> prefix = options.key;
-  if (prefix->empty()) return usage_error("show needs a KEY (or a unique prefix of one)", "show");
+  const std::string& prefix = options.key;
+  if (prefix.empty()) return usage_error("show needs a KEY (or a unique prefix of one)", "show");
   std::vector<cache::EntryInfo> found;
   for (auto& e : Runtime::global().store().list())
-    if (e.key.starts_with(*prefix)) found.push_back(std::move(e));
+    if (e.key.starts_with(prefix)) found.push_back(std::move(e));
   if (found.empty()) {
-    fmt::print(stderr, "jitctl: error: no cached kernel has a key starting with '{}'\n", *prefix);
+    fmt::print(stderr, "jitctl: error: no cached kernel has a key starting with '{}'\n", prefix);
     return kExitFailure;
   }
   const bool same_key = std::all_of(found.begin(), found.end(), [&](const auto& e) { return e.key == found[0].key; });
   if (!same_key) {
-    fmt::print(stderr, "jitctl: error: '{}' matches {} keys; give more characters\n", *prefix, found.size());
+    fmt::print(stderr, "jitctl: error: '{}' matches {} keys; give more characters\n", prefix, found.size());
     return kExitFailure;
   }
   const auto& e = found.front();  // the writable root's copy comes first
