@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job (README): install, build, precompile the bundled default
-# manifest for sm_90a, sm_100a and sm_120a into the cache and list it; on a
-# machine with a GPU, also launch every cached kernel kind once and verify it.
+# manifest for sm_90a, sm_100a and sm_120a into the cache, summarise and verify
+# it; on a machine with a GPU, also launch every cached kernel kind once and
+# verify it (with no GPU, selftest exits 77: reported as skipped, not failed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -10,6 +11,14 @@ cmake --build --preset default
 jitctl=build/tools/jitctl
 "$jitctl" info
 "$jitctl" precompile --manifest tools/manifests/default.json --arch sm_90a,sm_100a,sm_120a
-"$jitctl" list
+"$jitctl" list --summary
 "$jitctl" verify
-"$jitctl" selftest
+set +e
+"$jitctl" selftest | tee build/selftest.txt
+rc=${PIPESTATUS[0]}
+set -e
+case $rc in
+  0) ;;
+  77) echo "main-job: selftest skipped: $(sed -n 's/^selftest: skipped: //p' build/selftest.txt)" ;;
+  *) exit "$rc" ;;
+esac

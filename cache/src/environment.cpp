@@ -1,5 +1,5 @@
 // The store's configuration from the environment, and the small parsers it
-// needs (keys, byte sizes). The only place in cache/ that reads environment
+// needs (keys, byte sizes, durations). The only place in cache/ that reads environment
 // variables, apart from the test-only fault hook in store.cpp.
 #include <pwd.h>
 #include <unistd.h>
@@ -81,6 +81,22 @@ std::optional<uint64_t> parse_byte_size(std::string_view text) {
   if (multiplier == 0) return std::nullopt;
   if (number > std::numeric_limits<uint64_t>::max() / multiplier) return std::nullopt;
   return number * multiplier;
+}
+
+std::optional<std::chrono::seconds> parse_duration(std::string_view text) {
+  int64_t count = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), count);
+  if (ec != std::errc() || end == text.data() || count < 0 || text.front() == '-') return std::nullopt;
+  const std::string_view unit = text.substr(static_cast<std::size_t>(end - text.data()));
+  int64_t unit_seconds = 0;
+  if (unit == "s") unit_seconds = 1;
+  else if (unit == "m") unit_seconds = 60;
+  else if (unit == "h") unit_seconds = 3600;
+  else if (unit == "d") unit_seconds = 86400;
+  else if (unit == "w") unit_seconds = 7 * 86400;
+  else return std::nullopt;
+  if (count > std::numeric_limits<int64_t>::max() / unit_seconds) return std::nullopt;
+  return std::chrono::seconds(count * unit_seconds);
 }
 
 StoreConfig config_from_environment() {

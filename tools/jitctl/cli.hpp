@@ -1,6 +1,9 @@
-// Shared pieces of the jitctl subcommands: argument access and exit codes.
+// Shared pieces of the jitctl subcommands: their options (parsed and checked
+// in main.cpp, with CLI11, before any command runs) and exit codes.
 #pragma once
 
+#include <chrono>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -9,35 +12,61 @@
 namespace kjit::tools {
 
 // Conventional exit codes: 0 success, 1 the work found or hit a failure,
-// 2 the command line was wrong.
-enum ExitCode { kExitOk = 0, kExitFailure = 1, kExitUsage = 2 };
+// 2 the command line was wrong, 77 nothing to do here (automake's "skipped",
+// which ctest and the main-job script read as such).
+enum ExitCode { kExitOk = 0, kExitFailure = 1, kExitUsage = 2, kExitSkipped = 77 };
 
-// The arguments after the subcommand, consumed as options are read; whatever
-// is left over at the end is an error the subcommand reports.
-class Args {
- public:
-  explicit Args(std::vector<std::string> args) : args_(std::move(args)) {}
-  bool flag(std::string_view name);                         // --json
-  std::optional<std::string> value(std::string_view name);  // --arch X or --arch=X
-  std::optional<std::string> positional();
-  // Non-empty when an option was left unread or lacked its value.
-  std::string leftover_error() const;
-
- private:
-  std::vector<std::string> args_;
-  std::string missing_value_;
+struct InfoOptions {
+  bool json = false;
 };
 
-int cmd_info(Args& args);
-int cmd_list(Args& args);
-int cmd_show(Args& args);
-int cmd_clear(Args& args);
-int cmd_prune(Args& args);
-int cmd_verify(Args& args);
-int cmd_precompile(Args& args);
-int cmd_selftest(Args& args);
+struct ListOptions {
+  bool json = false;
+  bool summary = false;  // counts per op and arch instead of one line per entry
+  std::string op, arch;
+};
 
-// Prints "jitctl: error: ..." to stderr and returns kExitUsage.
-int usage_error(std::string_view message);
+struct ShowOptions {
+  std::string key;    // or a unique prefix of one
+  std::string cubin;  // where to write the cubin; empty: nowhere
+  bool json = false;
+};
+
+struct ClearOptions {
+  std::string op, arch;
+  std::optional<std::chrono::seconds> older_than;
+  bool yes = false;  // no confirmation for clearing a large cache without a filter
+  bool json = false;
+};
+
+struct PruneOptions {
+  std::optional<uint64_t> max_bytes;  // default: the cap in force
+  bool json = false;
+};
+
+struct VerifyOptions {
+  bool fix = false;
+  bool json = false;
+};
+
+struct PrecompileOptions {
+  std::string manifest;
+  std::vector<std::string> archs;
+  unsigned jobs = 0;  // 0: one per hardware thread
+  bool json = false;
+};
+
+int cmd_info(const InfoOptions& options);
+int cmd_list(const ListOptions& options);
+int cmd_show(const ShowOptions& options);
+int cmd_clear(const ClearOptions& options);
+int cmd_prune(const PruneOptions& options);
+int cmd_verify(const VerifyOptions& options);
+int cmd_precompile(const PrecompileOptions& options);
+int cmd_selftest();
+
+// Prints "jitctl: error: ..." to stderr, pointing at `jitctl [command] --help`,
+// and returns kExitUsage.
+int usage_error(std::string_view message, std::string_view command = "");
 
 }  // namespace kjit::tools

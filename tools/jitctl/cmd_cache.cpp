@@ -1,10 +1,13 @@
 // jitctl list / show / clear / prune / verify: the cache as a user sees it.
 // Read-only roots are never modified; to manage one, make it the writable
 // root for the command (KJIT_CACHE_DIR=/path jitctl clear).
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
+#include <iostream>
+#include <map>
 #include <string>
 
 #include <fmt/format.h>
@@ -32,32 +35,6 @@ std::string human_age(int64_t seconds) {
   if (seconds >= 3600) return fmt::format("{}h", seconds / 3600);
   if (seconds >= 60) return fmt::format("{}m", seconds / 60);
   return fmt::format("{}s", seconds);
-}
-
-// "7d", "12h", "30m", "45s" or plain seconds; -1 when malformed.
-int64_t parse_duration(const std::string& text) {
-  char* end = nullptr;
-  const long long n = std::strtoll(text.c_str(), &end, 10);
-  if (end == text.c_str() || n < 0) return -1;
-  const std::string unit(end);
-  if (unit.empty() || unit == "s") return n;
-  if (unit == "m") return n * 60;
-  if (unit == "h") return n * 3600;
-  if (unit == "d") return n * 86400;
-  return -1;
-}
-
-// "4G", "512M", "100K" or plain bytes; nullopt when malformed.
-std::optional<uint64_t> parse_size(const std::string& text) {
-  char* end = nullptr;
-  const unsigned long long n = std::strtoull(text.c_str(), &end, 10);
-  if (end == text.c_str()) return std::nullopt;
-  const std::string unit(end);
-  if (unit.empty()) return n;
-  if (unit == "K") return n << 10;
-  if (unit == "M") return n << 20;
-  if (unit == "G") return n << 30;
-  return std::nullopt;
 }
 
 std::string meta_string(const nlohmann::json& meta, const char* field) {
@@ -105,16 +82,76 @@ nlohmann::json entry_json(const cache::EntryInfo& e) {
   return j;
 }
 
+// Entry counts and bytes per op and arch (entries that are not ok under their state).
+int print_summary(const std::vector<cache::EntryInfo>& entries, bool json) {
+  struct Group {
+    uint64_t entries = 0, bytes = 0;
+  };
+  std::map<std::pair<std::string, std::string>, Group> groups;
+  uint64_t total = 0;
+  for (const auto& e : entries) {
+    const std::string op = e.state == cache::EntryState::ok ? meta_string(e.meta, "op")
+                                                            : fmt::format("({})", state_name(e.state));
+    auto& group = groups[{op, meta_string(e.meta, "arch")}];
+    ++group.entries;
+    group.bytes += e.file_bytes;
+    total += e.file_bytes;
+  }
+  if (json) {
+    nlohmann::json out = {{"entries", entries.size()}, {"bytes", total}, {"groups", nlohmann::json::array()}};
+    for (const auto& [name, group] : groups)
+      out["groups"].push_back({{"op", name.first}, {"arch", name.second}, {"entries", group.entries},
+                               {"bytes", group.bytes}});
+    fmt::print("{}\n", out.dump(2));
+    return kExitOk;
+  }
+  fmt::print("{:<14} {:<8} {:>7} {:>8}\n", "OP", "ARCH", "ENTRIES", "SIZE");
+  for (const auto& [name, group] : groups)
+    fmt::print("{:<14} {:<8} {:>7} {:>8}\n", name.first, name.second, group.entries, human_bytes(group.bytes));
+  fmt::print("{} entr{}, {} (`jitctl list` shows each)\n", entries.size(), entries.size() == 1 ? "y" : "ies",
+             human_bytes(total));
+  return kExitOk;
+}
+
+// Writes the cubin alone, for cuobjdump / nvdisasm; its size, or nullopt
+// after saying why on stderr.
+std::optional<size_t> write_cubin(const std::string& key, const std::string& path) {
+  auto entry = Runtime::global().store().load(key);
+  if (!entry) {
+    fmt::print(stderr, "jitctl: error: entry {} could not be read back\n", key);
+    return std::nullopt;
+  }
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  const bool written = f && std::fwrite(entry->payload.data(), 1, entry->payload.size(), f) == entry->payload.size();
+  if (f && std::fclose(f) != 0) f = nullptr;
+  if (!written || !f) {
+    fmt::print(stderr, "jitctl: error: cannot write {}\n", path);
+    return std::nullopt;
+  }
+  return entry->payload.size();
+}
+
+// A clear with no filter of more entries than this asks first (or needs --yes).
+constexpr size_t kClearAllAsksAbove = 20;
+
+bool confirmed_on_terminal(const std::string& question) {
+  fmt::print(stderr, "{} [y/N] ", question);
+  std::fflush(stderr);
+  std::string answer;
+  std::getline(std::cin, answer);
+  return answer == "y" || answer == "Y" || answer == "yes";
+}
+
 }  // namespace
 
-int cmd_list(Args& args) {
-  const bool json = args.flag("--json");
+int cmd_list(const ListOptions& options) {
+  const bool json = options.json;
   Filter filter;
-  filter.op = args.value("--op").value_or("");
-  filter.arch = args.value("--arch").value_or("");
-  if (auto e = args.leftover_error(); !e.empty()) return usage_error(e);
+  filter.op = options.op;
+  filter.arch = options.arch;
   auto entries = Runtime::global().store().list();
   std::erase_if(entries, [&](const cache::EntryInfo& e) { return !filter.matches(e); });
+  if (options.summary) return print_summary(entries, json);
   if (json) {
     nlohmann::json out = nlohmann::json::array();
     for (const auto& e : entries) out.push_back(entry_json(e));
@@ -142,24 +179,41 @@ int cmd_list(Args& args) {
   return kExitOk;
 }
 
-int cmd_show(Args& args) {
-  const auto cubin_path = args.value("--cubin");
-  const auto prefix = args.positional();
-  if (auto e = args.leftover_error(); !e.empty()) return usage_error(e);
-  if (!prefix || prefix->empty()) return usage_error("show needs a KEY (or a unique prefix of one)");
+int cmd_show(const ShowOptions& options) {
+  const std::optional<std::string> cubin_path =
+      options.cubin.empty() ? std::nullopt : std::optional<std::string>(options.cubin);
+  const std::string& prefix = options.key;
+  if (prefix.empty()) return usage_error("show needs a KEY (or a unique prefix of one)", "show");
   std::vector<cache::EntryInfo> found;
   for (auto& e : Runtime::global().store().list())
-    if (e.key.starts_with(*prefix)) found.push_back(std::move(e));
+    if (e.key.starts_with(prefix)) found.push_back(std::move(e));
   if (found.empty()) {
-    fmt::print(stderr, "jitctl: error: no cached kernel has a key starting with '{}'\n", *prefix);
+    fmt::print(stderr, "jitctl: error: no cached kernel has a key starting with '{}'\n", prefix);
     return kExitFailure;
   }
   const bool same_key = std::all_of(found.begin(), found.end(), [&](const auto& e) { return e.key == found[0].key; });
   if (!same_key) {
-    fmt::print(stderr, "jitctl: error: '{}' matches {} keys; give more characters\n", *prefix, found.size());
+    fmt::print(stderr, "jitctl: error: '{}' matches {} keys; give more characters\n", prefix, found.size());
     return kExitFailure;
   }
   const auto& e = found.front();  // the writable root's copy comes first
+  if (options.json) {
+    nlohmann::json out = entry_json(e);
+    out["path"] = e.path;
+    if (e.state == cache::EntryState::ok) {
+      out["kjit"] = meta_string(e.meta, "kjit");
+      out["options"] = e.meta.value("options", nlohmann::json::array());
+      out["log"] = meta_string(e.meta, "log");
+      out["source"] = meta_string(e.meta, "source");
+      if (cubin_path) {
+        auto bytes = write_cubin(e.key, *cubin_path);
+        if (!bytes) return kExitFailure;
+        out["cubin"] = {{"path", *cubin_path}, {"bytes", *bytes}};
+      }
+    }
+    fmt::print("{}\n", out.dump(2));
+    return e.state == cache::EntryState::ok ? kExitOk : kExitFailure;
+  }
   fmt::print("key:      {}\nfile:     {}\nstate:    {}{}\nsize:     {} bytes\n", e.key, e.path, state_name(e.state),
              e.problem.empty() ? "" : " (" + e.problem + ")", e.file_bytes);
   if (e.state != cache::EntryState::ok) return kExitFailure;
@@ -168,20 +222,9 @@ int cmd_show(Args& args) {
              meta_string(e.meta, "kjit"), e.meta.value("options", nlohmann::json::array()).dump(),
              e.meta.value("compile_seconds", 0.0) * 1e3);
   if (cubin_path) {
-    // The cubin alone, for cuobjdump / nvdisasm.
-    auto entry = Runtime::global().store().load(e.key);
-    if (!entry) {
-      fmt::print(stderr, "jitctl: error: entry {} could not be read back\n", e.key);
-      return kExitFailure;
-    }
-    std::FILE* f = std::fopen(cubin_path->c_str(), "wb");
-    const bool written = f && std::fwrite(entry->payload.data(), 1, entry->payload.size(), f) == entry->payload.size();
-    if (f && std::fclose(f) != 0) f = nullptr;
-    if (!written || !f) {
-      fmt::print(stderr, "jitctl: error: cannot write {}\n", *cubin_path);
-      return kExitFailure;
-    }
-    fmt::print("cubin:    {} ({} bytes)\n", *cubin_path, entry->payload.size());
+    auto bytes = write_cubin(e.key, *cubin_path);
+    if (!bytes) return kExitFailure;
+    fmt::print("cubin:    {} ({} bytes)\n", *cubin_path, *bytes);
   }
   const auto log = meta_string(e.meta, "log");
   fmt::print("\n--- compile log ---\n{}\n--- source ---\n{}", log.empty() ? "(empty)" : log,
@@ -189,38 +232,62 @@ int cmd_show(Args& args) {
   return kExitOk;
 }
 
-int cmd_clear(Args& args) {
+int cmd_clear(const ClearOptions& options) {
   Filter filter;
-  filter.op = args.value("--op").value_or("");
-  filter.arch = args.value("--arch").value_or("");
-  if (auto older = args.value("--older-than")) {
-    filter.older_than = parse_duration(*older);
-    if (filter.older_than < 0) return usage_error(fmt::format("--older-than takes 7d, 12h, 30m or 45s, got '{}'", *older));
+  filter.op = options.op;
+  filter.arch = options.arch;
+  if (options.older_than) filter.older_than = options.older_than->count();
+  const bool everything = filter.op.empty() && filter.arch.empty() && !options.older_than;
+  if (everything && !options.yes) {
+    auto& store = Runtime::global().store();
+    const auto all = store.list();
+    const auto writable = static_cast<size_t>(
+        std::count_if(all.begin(), all.end(), [](const cache::EntryInfo& e) { return !e.read_only; }));
+    if (writable > kClearAllAsksAbove) {
+      const auto what = fmt::format("all {} entries of {}", writable, store.config().writable_root);
+      if (isatty(STDIN_FILENO) != 1)
+        return usage_error(fmt::format("refusing to remove {} without --yes (or a filter: --op, --arch, --older-than)",
+                                       what),
+                           "clear");
+      if (!confirmed_on_terminal(fmt::format("remove {}?", what))) {
+        fmt::print(stderr, "jitctl: nothing removed\n");
+        return kExitFailure;
+      }
+    }
   }
-  if (auto e = args.leftover_error(); !e.empty()) return usage_error(e);
   auto removed = Runtime::global().store().clear([&](const cache::EntryInfo& e) { return filter.matches(e); });
   if (!removed) {
     fmt::print(stderr, "jitctl: error: {}\n", removed.error().message);
     return kExitFailure;
+  }
+  if (options.json) {
+    fmt::print("{}\n", nlohmann::json{{"removed", *removed},
+                                      {"root", Runtime::global().store().config().writable_root}}.dump(2));
+    return kExitOk;
   }
   fmt::print("removed {} entr{} from {}\n", *removed, *removed == 1 ? "y" : "ies",
              Runtime::global().store().config().writable_root);
   return kExitOk;
 }
 
-int cmd_prune(Args& args) {
+int cmd_prune(const PruneOptions& options) {
   auto& store = Runtime::global().store();
-  uint64_t max_bytes = store.config().max_bytes;
-  if (auto text = args.value("--max-bytes")) {
-    auto parsed = parse_size(*text);
-    if (!parsed) return usage_error(fmt::format("--max-bytes takes a size like 4G, 512M or 1048576, got '{}'", *text));
-    max_bytes = *parsed;
-  }
-  if (auto e = args.leftover_error(); !e.empty()) return usage_error(e);
+  const uint64_t max_bytes = options.max_bytes.value_or(store.config().max_bytes);
   auto report = store.prune(max_bytes);
   if (!report) {
     fmt::print(stderr, "jitctl: error: {}\n", report.error().message);
     return kExitFailure;
+  }
+  if (options.json) {
+    fmt::print("{}\n", nlohmann::json{{"max_bytes", max_bytes},
+                                      {"removed_entries", report->removed_entries},
+                                      {"removed_other_format", report->removed_other_format},
+                                      {"removed_corrupt", report->removed_corrupt},
+                                      {"removed_temp_files", report->removed_temp_files},
+                                      {"removed_bytes", report->removed_bytes},
+                                      {"remaining_bytes", report->remaining_bytes}}
+                            .dump(2));
+    return kExitOk;
   }
   fmt::print("pruned to {}: removed {} least recently used, {} of another format, {} corrupt, {} temp files; "
              "{} freed, {} remain\n",
@@ -229,12 +296,18 @@ int cmd_prune(Args& args) {
   return kExitOk;
 }
 
-int cmd_verify(Args& args) {
-  const bool fix = args.flag("--fix");
-  if (auto e = args.leftover_error(); !e.empty()) return usage_error(e);
+int cmd_verify(const VerifyOptions& options) {
+  const bool fix = options.fix;
   auto& store = Runtime::global().store();
   const auto bad = store.verify(fix);
   const size_t total = store.list().size() + (fix ? bad.size() : 0);
+  if (options.json) {
+    nlohmann::json out = {{"verified", total}, {"fixed", fix}, {"bad", nlohmann::json::array()}};
+    for (const auto& e : bad)
+      out["bad"].push_back({{"key", e.key}, {"root", e.root}, {"read_only", e.read_only}, {"problem", e.problem}});
+    fmt::print("{}\n", out.dump(2));
+    return bad.empty() ? kExitOk : kExitFailure;
+  }
   for (const auto& e : bad)
     fmt::print("bad: {} ({}){}: {}\n", e.key, e.root, e.read_only ? " [read-only]" : "", e.problem);
   fmt::print("verified {} entr{}: {} bad{}\n", total, total == 1 ? "y" : "ies", bad.size(),

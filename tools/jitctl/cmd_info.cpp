@@ -9,43 +9,37 @@
 
 namespace kjit::tools {
 
-int cmd_info(Args& args) {
-  if (auto e = args.leftover_error(); !e.empty()) return usage_error(e);
+namespace {
+
+// What info reports, gathered once and then printed as text or JSON.
+nlohmann::json gather() {
   Runtime& runtime = Runtime::global();
-  fmt::print("kjit {}\n", kjit_version());
-
   const auto& cfg = runtime.store().config();
-  fmt::print("cache:\n  writable root: {}\n", cfg.writable_root.empty() ? "(none: memory only)" : cfg.writable_root);
-  for (const auto& root : cfg.read_only_roots) fmt::print("  read-only root: {}\n", root);
-  fmt::print("  size cap: {} bytes\n", cfg.max_bytes);
-
+  nlohmann::json out = {{"version", kjit_version()},
+                        {"cache",
+                         {{"writable_root", cfg.writable_root},
+                          {"read_only_roots", cfg.read_only_roots},
+                          {"max_bytes", cfg.max_bytes}}}};
   if (auto nvrtc = Nvrtc::load()) {
-    fmt::print("nvrtc: {} ({})\n", (*nvrtc)->version(), (*nvrtc)->library_path());
-    std::string targets;
+    nlohmann::json targets = nlohmann::json::array();
     for (const auto& row : codegen::capability_table())
-      if ((*nvrtc)->supports(std::string(row.target))) targets += fmt::format(" {}", row.target);
-    fmt::print("  can build:{}\n", targets);
+      if ((*nvrtc)->supports(std::string(row.target))) targets.push_back(std::string(row.target));
+    out["nvrtc"] = {{"version", (*nvrtc)->version()}, {"library", (*nvrtc)->library_path()}, {"targets", targets}};
   } else {
-    fmt::print("nvrtc: not available (kjit serves cached kernels only)\n  {}\n", nvrtc.error().message);
+    out["nvrtc"] = {{"error", nvrtc.error().message}};
   }
-  const auto include = cuda_include_dir();
-  fmt::print("cuda headers: {}\n", include.empty() ? "not found" : include);
-
+  out["cuda_headers"] = cuda_include_dir();
+  out["devices"] = nlohmann::json::array();
   auto driver = runtime.driver();
   if (!driver) {
-    fmt::print("driver: not available\n  {}\ndevices: no GPU\n", driver.error().message);
-    return kExitOk;
+    out["driver"] = {{"error", driver.error().message}};
+    return out;
   }
   int version = 0;
   (*driver)->cuDriverGetVersion(&version);
-  fmt::print("driver: CUDA {}.{}\n", version / 1000, (version % 1000) / 10);
+  out["driver"] = {{"cuda", fmt::format("{}.{}", version / 1000, (version % 1000) / 10)}};
   auto count = runtime.device_count();
-  if (!count || *count == 0) {
-    fmt::print("devices: no GPU\n");
-    return kExitOk;
-  }
-  fmt::print("devices:\n");
-  for (int i = 0; i < *count; ++i) {
+  for (int i = 0; count && i < *count; ++i) {
     CUdevice dev = 0;
     (*driver)->cuDeviceGet(&dev, i);
     char name[256] = {};
@@ -53,15 +47,65 @@ int cmd_info(Args& args) {
     int major = 0, minor = 0;
     (*driver)->cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
     (*driver)->cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
-    auto row = codegen::arch_for_capability(major, minor);
-    if (!row) {
-      fmt::print("  {}: {} (compute capability {}.{}): unsupported\n", i, name, major, minor);
+    nlohmann::json device = {{"ordinal", i}, {"name", name}, {"compute_capability", fmt::format("{}.{}", major, minor)}};
+    if (auto row = codegen::arch_for_capability(major, minor)) {
+      device["target"] = std::string((*row)->target);
+      device["fp8_dequant"] = (*row)->fp8_conversion;
+      device["grouped_gemm"] = (*row)->wgmma_tma ? "wgmma + TMA, persistent, warp-specialised (SM90); mma.sync on request"
+                                                 : "mma.sync (portable)";
+    }
+    out["devices"].push_back(device);
+  }
+  return out;
+}
+
+}  // namespace
+
+int cmd_info(const InfoOptions& options) {
+  const nlohmann::json info = gather();
+  if (options.json) {
+    fmt::print("{}\n", info.dump(2));
+    return kExitOk;
+  }
+  const auto& cache = info["cache"];
+  fmt::print("kjit {}\n", info["version"].get<std::string>());
+  const auto writable = cache["writable_root"].get<std::string>();
+  fmt::print("cache:\n  writable root: {}\n", writable.empty() ? "(none: memory only)" : writable);
+  for (const auto& root : cache["read_only_roots"]) fmt::print("  read-only root: {}\n", root.get<std::string>());
+  fmt::print("  size cap: {} bytes\n", cache["max_bytes"].get<uint64_t>());
+
+  const auto& nvrtc = info["nvrtc"];
+  if (nvrtc.contains("error")) {
+    fmt::print("nvrtc: not available (kjit serves cached kernels only)\n  {}\n", nvrtc["error"].get<std::string>());
+  } else {
+    std::string targets;
+    for (const auto& target : nvrtc["targets"]) targets += fmt::format(" {}", target.get<std::string>());
+    fmt::print("nvrtc: {} ({})\n  can build:{}\n", nvrtc["version"].get<std::string>(),
+               nvrtc["library"].get<std::string>(), targets);
+  }
+  const auto include = info["cuda_headers"].get<std::string>();
+  fmt::print("cuda headers: {}\n", include.empty() ? "not found" : include);
+
+  const auto& driver = info["driver"];
+  if (driver.contains("error")) {
+    fmt::print("driver: not available\n  {}\ndevices: no GPU\n", driver["error"].get<std::string>());
+    return kExitOk;
+  }
+  fmt::print("driver: CUDA {}\n", driver["cuda"].get<std::string>());
+  if (info["devices"].empty()) {
+    fmt::print("devices: no GPU\n");
+    return kExitOk;
+  }
+  fmt::print("devices:\n");
+  for (const auto& d : info["devices"]) {
+    const auto head = fmt::format("  {}: {} (compute capability {})", d["ordinal"].get<int>(),
+                                  d["name"].get<std::string>(), d["compute_capability"].get<std::string>());
+    if (!d.contains("target")) {
+      fmt::print("{}: unsupported\n", head);
       continue;
     }
-    fmt::print("  {}: {} (compute capability {}.{}), target {}, fp8 dequant: {}, grouped GEMM: {}\n", i, name, major,
-               minor, (*row)->target, (*row)->fp8_conversion ? "yes" : "no",
-               (*row)->wgmma_tma ? "wgmma + TMA, persistent, warp-specialised (SM90); mma.sync on request"
-                                 : "mma.sync (portable)");
+    fmt::print("{}, target {}, fp8 dequant: {}, grouped GEMM: {}\n", head, d["target"].get<std::string>(),
+               d["fp8_dequant"].get<bool>() ? "yes" : "no", d["grouped_gemm"].get<std::string>());
   }
   return kExitOk;
 }

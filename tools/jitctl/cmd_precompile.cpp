@@ -1,9 +1,15 @@
-// jitctl precompile: compile a manifest for a list of archs into the cache, in
-// parallel, with a progress bar on a terminal and one line per kernel
-// otherwise. Idempotent: a second run finds everything in the cache.
+// jitctl precompile: compile a manifest for a list of archs into the writable
+// root, in parallel, with a progress line (redrawn on a terminal, about one
+// line per 10% otherwise). Idempotent: a second run finds everything in the
+// cache. Exits 1 when any kernel failed to build or is not in the writable
+// root afterwards, naming each.
+#include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <cstdlib>
 #include <mutex>
@@ -30,21 +36,40 @@ struct Job {
   const codegen::ArchInfo* arch;
 };
 
-std::vector<std::string> split_list(const std::string& text) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= text.size()) {
-    const size_t end = std::min(text.find(',', start), text.size());
-    if (end > start) out.push_back(text.substr(start, end - start));
-    start = end + 1;
+// The terminal's width: the window's, else $COLUMNS, else 80.
+size_t terminal_columns() {
+  winsize size{};
+  if (ioctl(STDERR_FILENO, TIOCGWINSZ, &size) == 0 && size.ws_col > 0) return size.ws_col;
+  if (const char* columns = std::getenv("COLUMNS")) {
+    size_t n = 0;
+    const std::string_view text(columns);
+    if (auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+        ec == std::errc() && end == text.data() + text.size() && n > 0)
+      return n;
   }
-  return out;
+  return 80;
 }
 
-// Progress output: a redrawn bar on a terminal, plain lines otherwise.
+// Whether stderr is a terminal that understands \r and "erase line".
+bool stderr_redraws() {
+  const char* term = std::getenv("TERM");
+  return isatty(STDERR_FILENO) == 1 && term != nullptr && *term != '\0' && std::string_view(term) != "dumb";
+}
+
+std::string short_duration(double seconds) {
+  const auto s = static_cast<long long>(seconds + 0.5);
+  if (s >= 3600) return fmt::format("{}h{:02}m", s / 3600, s % 3600 / 60);
+  if (s >= 60) return fmt::format("{}m{:02}s", s / 60, s % 60);
+  return fmt::format("{}s", s);
+}
+
+// Progress on stderr: on a terminal (TERM set and not dumb) one line, redrawn
+// with \r, that fits its width, with a bar where there is room; otherwise
+// plain lines, one per tenth of the work and one per failure.
 class Progress {
  public:
-  explicit Progress(size_t total) : total_(total), tty_(isatty(STDERR_FILENO) == 1) {}
+  explicit Progress(size_t total)
+      : total_(total), redraw_(stderr_redraws()), start_(std::chrono::steady_clock::now()) {}
 
   void done(const Job& job, const Expected<BuiltKernel>& result) {
     std::lock_guard lock(mutex_);
@@ -53,20 +78,17 @@ class Progress {
     else if (result->origin == CubinOrigin::disk_cache) ++cached_;
     else ++compiled_;
     const std::string what = fmt::format("{} {}", job.arch->target, codegen::canonical(job.spec));
-    if (tty_) {
+    if (redraw_) {
       if (!result) fmt::print(stderr, "\r\033[Kfailed: {}\n", what);
-      constexpr size_t kWidth = 30;
-      const size_t filled = kWidth * finished_ / total_;
-      fmt::print(stderr, "\r\033[K[{}{}] {}/{}  compiled {}  cached {}  failed {}", std::string(filled, '#'),
-                 std::string(kWidth - filled, '.'), finished_, total_, compiled_, cached_, failed_);
+      fmt::print(stderr, "\r\033[K{}", fitted(terminal_columns() - 1));
       if (finished_ == total_) fmt::print(stderr, "\n");
-    } else if (!result) {
-      fmt::print(stderr, "[{}/{}] failed {}\n", finished_, total_, what);
-    } else {
-      fmt::print(stderr, "[{}/{}] {} {}{}\n", finished_, total_,
-                 result->origin == CubinOrigin::disk_cache ? "cached  " : "compiled", what,
-                 result->origin == CubinOrigin::compiled ? fmt::format(" ({:.0f} ms)", result->compile_seconds * 1e3)
-                                                         : "");
+      return;
+    }
+    if (!result) fmt::print(stderr, "failed: {}\n", what);
+    const size_t tenth = finished_ * 10 / total_;
+    if (tenth > printed_tenth_ || finished_ == total_) {
+      printed_tenth_ = tenth;
+      fmt::print(stderr, "{}\n", status());
     }
   }
   size_t compiled() const { return compiled_; }
@@ -74,38 +96,71 @@ class Progress {
   size_t failed() const { return failed_; }
 
  private:
+  // "[12/216]", "5%", "3.1/s", "ETA 1m05s", "compiled 10", "cached 2", "failed 0"
+  std::vector<std::string> fields() const {
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    const double rate = elapsed > 0 ? static_cast<double>(finished_) / elapsed : 0;
+    const std::string eta =
+        finished_ == total_ ? "done" : rate > 0 ? short_duration(static_cast<double>(total_ - finished_) / rate) : "?";
+    return {fmt::format("[{}/{}]", finished_, total_), fmt::format("{}%", 100 * finished_ / total_),
+            fmt::format("{:.1f}/s", rate),            fmt::format("ETA {}", eta),
+            fmt::format("compiled {}", compiled_),    fmt::format("cached {}", cached_),
+            fmt::format("failed {}", failed_)};
+  }
+  std::string status() const { return fmt::format("{}", fmt::join(fields(), "  ")); }
+  // As many whole fields as fit in `width`, after a bar where there is room.
+  std::string fitted(size_t width) const {
+    std::string line;
+    for (const auto& field : fields()) {
+      if (line.size() + 2 + field.size() > width) break;
+      if (!line.empty()) line += "  ";
+      line += field;
+    }
+    constexpr size_t kMinBar = 10, kMaxBar = 40;
+    if (line.size() + kMinBar + 3 <= width) {
+      const size_t bar = std::min(kMaxBar, width - line.size() - 3);
+      const size_t filled = bar * finished_ / total_;
+      line = fmt::format("[{}{}] {}", std::string(filled, '#'), std::string(bar - filled, '.'), line);
+    }
+    return line;
+  }
+
   std::mutex mutex_;
-  size_t total_, finished_ = 0, compiled_ = 0, cached_ = 0, failed_ = 0;
-  bool tty_;
+  size_t total_, finished_ = 0, compiled_ = 0, cached_ = 0, failed_ = 0, printed_tenth_ = 0;
+  bool redraw_;
+  std::chrono::steady_clock::time_point start_;
 };
+
+nlohmann::json with(nlohmann::json object, const char* field, const std::string& value) {
+  object[field] = value;
+  return object;
+}
+
+// Whether the writable root holds `key`'s entry (a regular file at its name).
+bool stored(const cache::Store& store, const std::string& key) {
+  const std::string path = store.entry_path(key);
+  struct stat st {};
+  return !path.empty() && ::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+// Whether the store can write its writable root at all, tried the store's own
+// way (a probe entry published and removed), so that nothing is compiled for
+// a root that would keep none of it; the reason when not.
+Expected<void> probe_writable_root(cache::Store& store) {
+  static const std::string kProbeKey(64, '0');  // no kernel's key: a hash
+  KJIT_TRY(store.publish(kProbeKey, nlohmann::json{{"probe", "jitctl precompile"}}, std::span<const char>()));
+  return store.remove(kProbeKey);
+}
 
 }  // namespace
 
-int cmd_precompile(Args& args) {
-  const auto manifest_path = args.value("--manifest");
-  const auto arch_list = args.value("--arch");
-  auto jobs_text = args.value("-j");
-  if (!jobs_text) jobs_text = args.value("--jobs");
-  if (auto e = args.leftover_error(); !e.empty()) return usage_error(e);
-  if (!manifest_path) return usage_error("precompile needs --manifest FILE");
-  if (!arch_list) return usage_error("precompile needs --arch LIST (e.g. sm_90a,sm_100a,sm_120a)");
-  unsigned threads = std::max(1u, std::thread::hardware_concurrency());
-  if (jobs_text) {
-    char* end = nullptr;
-    const long n = std::strtol(jobs_text->c_str(), &end, 10);
-    if (*end != '\0' || n < 1 || n > 1024) return usage_error(fmt::format("-j needs a positive count, got '{}'", *jobs_text));
-    threads = static_cast<unsigned>(n);
-  }
-  const auto archs = split_list(*arch_list);
-  if (archs.empty()) return usage_error("--arch names no target");
-  std::vector<const codegen::ArchInfo*> targets;
-  for (const auto& arch : archs) {
-    auto row = codegen::arch_for_target(arch);
-    if (!row) return usage_error(row.error().message);
-    targets.push_back(*row);
-  }
+int cmd_precompile(const PrecompileOptions& options) {
+  const unsigned threads = options.jobs > 0 ? options.jobs : std::max(1u, std::thread::hardware_concurrency());
+  const auto& archs = options.archs;
+  if (options.manifest.empty()) return usage_error("precompile needs --manifest FILE", "precompile");
+  if (archs.empty()) return usage_error("precompile needs --arch LIST (e.g. sm_90a,sm_100a,sm_120a)", "precompile");
 
-  auto manifest = read_manifest(*manifest_path);
+  auto manifest = read_manifest(options.manifest);
   if (!manifest) {
     fmt::print(stderr, "jitctl: error: {}\n", manifest.error().message);
     return kExitFailure;
@@ -122,19 +177,29 @@ int cmd_precompile(Args& args) {
                "NVRTC will look for CUDA {} entries and not find these\n",
                (*nvrtc)->version(), built_with, built_with);
 
+  // Precompiling needs no driver: the Builder over the environment's cache.
+  cache::Store store(cache::config_from_environment());
+  Builder builder(store);
+  const std::string& root = store.config().writable_root;
+  if (auto writable = probe_writable_root(store); !writable) {
+    fmt::print(stderr, "jitctl: error: nothing would be kept: the writable cache root {} cannot be written: {}\n",
+               root.empty() ? "(none)" : root, writable.error().message);
+    return kExitFailure;
+  }
+
   std::vector<Job> jobs;
-  for (const auto* arch : targets)
+  for (const auto& target : archs) {
+    const codegen::ArchInfo* arch = *codegen::arch_for_target(target);  // validated with the arguments
     for (const auto& spec : manifest->kernels)
       for (auto& kernel : codegen::kernels_for_target(spec, *arch)) jobs.push_back({std::move(kernel), arch});
+  }
   fmt::print(stderr, "precompiling {} kernel{} ({} spec{} for {} arch{}) with {} thread{}\n", jobs.size(),
              jobs.size() == 1 ? "" : "s", manifest->kernels.size(), manifest->kernels.size() == 1 ? "" : "s",
              archs.size(), archs.size() == 1 ? "" : "s", threads, threads == 1 ? "" : "s");
 
-  // Precompiling needs no driver: the Builder over the environment's cache.
-  cache::Store store(cache::config_from_environment());
-  Builder builder(store);
   Progress progress(jobs.size());
   std::vector<std::string> failures(jobs.size());
+  std::vector<std::string> not_stored(jobs.size());  // keys built but absent from the writable root
   const auto start = std::chrono::steady_clock::now();
   {
     llvm::DefaultThreadPool pool(llvm::hardware_concurrency(threads));
@@ -142,22 +207,38 @@ int cmd_precompile(Args& args) {
       pool.async([&, i] {
         auto result = builder.build(jobs[i].spec, *jobs[i].arch);
         if (!result) failures[i] = result.error().message;
-        // A kernel the cache could not keep is not precompiled.
-        if (result && result->origin == CubinOrigin::compiled && !result->stored) {
-          failures[i] = fmt::format("compiled but not stored in the cache: {}", result->store_error);
-          result = fail(KJIT_ERROR_CACHE, failures[i]);
-        }
+        else if (!stored(store, result->key)) not_stored[i] = result->key;
         progress.done(jobs[i], result);
       });
     pool.wait();
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  fmt::print("precompile: {} compiled, {} already cached, {} failed in {:.1f} s\n", progress.compiled(),
-             progress.cached(), progress.failed(), seconds);
-  for (size_t i = 0; i < jobs.size(); ++i)
+  const auto missing = static_cast<size_t>(std::count_if(not_stored.begin(), not_stored.end(),
+                                                         [](const std::string& key) { return !key.empty(); }));
+  const bool ok = progress.failed() == 0 && missing == 0;
+  if (options.json) {
+    nlohmann::json out = {{"kernels", jobs.size()},      {"compiled", progress.compiled()},
+                          {"cached", progress.cached()}, {"failed", progress.failed()},
+                          {"seconds", seconds},          {"root", root},
+                          {"failures", nlohmann::json::array()}, {"not_stored", nlohmann::json::array()}};
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      const nlohmann::json kernel = {{"arch", std::string(jobs[i].arch->target)}, {"spec", codegen::canonical(jobs[i].spec)}};
+      if (!failures[i].empty()) out["failures"].push_back(with(kernel, "error", failures[i]));
+      if (!not_stored[i].empty()) out["not_stored"].push_back(with(kernel, "key", not_stored[i]));
+    }
+    fmt::print("{}\n", out.dump(2));
+  } else {
+    fmt::print("precompile: {} compiled, {} already cached, {} failed, {} not stored in {:.1f} s\n",
+               progress.compiled(), progress.cached(), progress.failed(), missing, seconds);
+  }
+  for (size_t i = 0; i < jobs.size(); ++i) {
     if (!failures[i].empty())
       fmt::print(stderr, "failed: {} {}\n  {}\n", jobs[i].arch->target, codegen::canonical(jobs[i].spec), failures[i]);
-  return progress.failed() == 0 ? kExitOk : kExitFailure;
+    if (!not_stored[i].empty())
+      fmt::print(stderr, "not stored in {}: {} {} (key {})\n", root, jobs[i].arch->target, codegen::canonical(jobs[i].spec),
+                 not_stored[i]);
+  }
+  return ok ? kExitOk : kExitFailure;
 }
 
 }  // namespace kjit::tools

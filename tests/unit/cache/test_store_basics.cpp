@@ -242,6 +242,19 @@ TEST_CASE("byte sizes parse with K M G T suffixes and reject anything else") {
     CHECK_FALSE_MESSAGE(parse_byte_size(bad).has_value(), "accepted \"" << bad << "\"");
 }
 
+TEST_CASE("durations need a unit of s m h d or w and reject signs, overflow and anything else") {
+  CHECK(parse_duration("0s") == std::chrono::seconds(0));
+  CHECK(parse_duration("45s") == std::chrono::seconds(45));
+  CHECK(parse_duration("30m") == std::chrono::minutes(30));
+  CHECK(parse_duration("12h") == std::chrono::hours(12));
+  CHECK(parse_duration("7d") == std::chrono::hours(7 * 24));
+  CHECK(parse_duration("2w") == std::chrono::hours(14 * 24));
+  CHECK(parse_duration("106751991167300d") == std::chrono::seconds(int64_t{106751991167300} * 86400));
+  for (const char* bad : {"", "7", "d", "-5d", "+5d", "1.5h", "7 d", "7D", "7dd", "7days", "999999999999999999d",
+                          "106751991167301d", "99999999999999999999s"})
+    CHECK_FALSE_MESSAGE(parse_duration(bad).has_value(), "accepted \"" << bad << "\"");
+}
+
 TEST_CASE("configuration comes from KJIT_CACHE_DIR then XDG_CACHE_HOME then HOME") {
   ScopedEnv path("KJIT_CACHE_PATH", "/images/a::/images/b:");
   ScopedEnv max("KJIT_CACHE_MAX_BYTES", "512M");

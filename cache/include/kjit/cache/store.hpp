@@ -58,6 +58,11 @@ bool is_valid_key(std::string_view key);
 // powers of 1024, case-insensitive). nullopt for anything else or on overflow.
 std::optional<uint64_t> parse_byte_size(std::string_view text);
 
+// "45s", "30m", "12h", "7d", "2w": a count and a unit, which is required (a
+// bare number is refused, not taken as seconds). nullopt for anything else,
+// a sign, or a value past what std::chrono::seconds holds.
+std::optional<std::chrono::seconds> parse_duration(std::string_view text);
+
 struct StoreConfig {
   std::string writable_root;                // may be empty: memory only, no writes
   std::vector<std::string> read_only_roots; // searched after the writable root
