@@ -3,6 +3,7 @@
 #include "kjit/cache/entry_format.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <optional>
 
@@ -65,6 +66,33 @@ std::optional<uint64_t> unsigned_member(const nlohmann::json& object, const char
   return static_cast<uint64_t>(v);
 }
 
+// Empty when no array or object in the JSON text nests deeper than
+// kMaxMetaDepth. A scan of the bytes before any parsing, so that nothing
+// recursive ever meets a deeper document; brackets inside strings do not count.
+std::string nesting_problem(std::span<const char> text) {
+  int depth = 0;
+  bool in_string = false;
+  bool escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxMetaDepth) return fmt::format("meta nests deeper than {} levels", kMaxMetaDepth);
+    } else if (c == ']' || c == '}') {
+      --depth;  // unbalanced text is the parser's to reject
+    }
+  }
+  return {};
+}
+
 // Empty when the bookkeeping member agrees with the header and the key.
 std::string bookkeeping_problem(const nlohmann::json& meta, const Header& header,
                                 std::string_view expected_key) {
@@ -80,6 +108,45 @@ std::string bookkeeping_problem(const nlohmann::json& meta, const Header& header
   if (!expected_key.empty() && key->get_ref<const std::string&>() != expected_key)
     return fmt::format("meta key {} differs from the file name's {}", key->get_ref<const std::string&>(),
                        expected_key);
+  return {};
+}
+
+// Reads the members of Fields out of a meta whose bookkeeping checked out;
+// empty when each has its type, else the first one that does not.
+std::string read_fields(const nlohmann::json& meta, Fields& out) {
+  const nlohmann::json& book = meta[kBookkeepingKey];
+  auto created = book.find("created_unix");
+  if (created == book.end() || !created->is_number_integer()) return "meta created_unix is not an integer";
+  std::optional<uint64_t> created_unix = unsigned_member(book, "created_unix");
+  if (!created_unix || *created_unix >= static_cast<uint64_t>(kMaxUnixSeconds))
+    return fmt::format("meta created_unix {} is out of range", created->dump());
+  out.created_unix = static_cast<int64_t>(*created_unix);
+
+  struct Text {
+    const char* name;
+    std::string* into;
+  };
+  for (Text text : {Text{"op", &out.op}, Text{"arch", &out.arch}, Text{"canonical", &out.canonical},
+                    Text{"nvrtc", &out.nvrtc}, Text{"kjit", &out.kjit}, Text{"entry_point", &out.entry_point},
+                    Text{"source", &out.source}, Text{"log", &out.log}}) {
+    auto it = meta.find(text.name);
+    if (it == meta.end()) continue;
+    if (!it->is_string()) return fmt::format("meta {} is a {}, not a string", text.name, it->type_name());
+    *text.into = it->get<std::string>();
+  }
+  if (auto it = meta.find("options"); it != meta.end()) {
+    if (!it->is_array()) return fmt::format("meta options is a {}, not an array", it->type_name());
+    for (const nlohmann::json& option : *it) {
+      if (!option.is_string()) return fmt::format("meta options holds a {}, not a string", option.type_name());
+      out.options.push_back(option.get<std::string>());
+    }
+  }
+  if (auto it = meta.find("compile_seconds"); it != meta.end()) {
+    double seconds = it->is_number() ? it->get<double>() : -1.0;
+    if (!std::isfinite(seconds) || seconds < 0.0)
+      return fmt::format("meta compile_seconds is not a duration: {}", it->dump());
+    out.compile_seconds = seconds;
+  }
   return {};
 }
 
@@ -108,6 +175,13 @@ Expected<std::vector<char>> encode(const nlohmann::json& meta, std::span<const c
     // dump() throws on strings that are not valid UTF-8.
     return fail(KJIT_ERROR_INVALID_ARGUMENT, fmt::format("cache entry meta cannot be written: {}", e.what()));
   }
+  // What the reader would refuse is refused here, with the reason.
+  if (std::string problem = nesting_problem(meta_text); !problem.empty())
+    return fail(KJIT_ERROR_INVALID_ARGUMENT, "cache entry " + problem);
+  return encode_meta_text(meta_text, payload);
+}
+
+Expected<std::vector<char>> encode_meta_text(std::string_view meta_text, std::span<const char> payload) {
   if (meta_text.size() > kMaxMetaBytes)
     return fail(KJIT_ERROR_INVALID_ARGUMENT,
                 fmt::format("cache entry meta is {} bytes, over the limit of {}", meta_text.size(), kMaxMetaBytes));
@@ -160,29 +234,40 @@ HeaderCheck check_header(std::span<const char> head, uint64_t file_bytes) {
 
 Decoded decode_meta_only(const HeaderCheck& header, std::span<const char> meta_bytes,
                          std::string_view expected_key) {
-  if (header.verdict != Verdict::ok) return Decoded{header.verdict, header.problem, header.header, {}, {}};
+  if (header.verdict != Verdict::ok) return Decoded{header.verdict, header.problem, header.header, {}, {}, {}};
   if (meta_bytes.size() != header.header.meta_bytes) return corrupt("meta shorter than the header says");
+  // check_header bounded the size; the depth is bounded here, before parsing.
+  if (std::string problem = nesting_problem(meta_bytes); !problem.empty()) return corrupt(std::move(problem));
   nlohmann::json meta = nlohmann::json::parse(meta_bytes.begin(), meta_bytes.end(), nullptr, false);
   if (meta.is_discarded()) return corrupt("meta is not valid JSON");
   if (std::string problem = bookkeeping_problem(meta, header.header, expected_key); !problem.empty())
     return corrupt(std::move(problem));
   Decoded d;
+  if (std::string problem = read_fields(meta, d.fields); !problem.empty()) return corrupt(std::move(problem));
   d.verdict = Verdict::ok;
   d.header = header.header;
   d.meta = std::move(meta);
   return d;
 }
 
-Decoded decode(std::span<const char> file, std::string_view expected_key) {
-  HeaderCheck header = check_header(file, file.size());
-  if (header.verdict != Verdict::ok) return Decoded{header.verdict, header.problem, header.header, {}, {}};
-  auto meta_bytes = file.subspan(kHeaderBytes, header.header.meta_bytes);
-  auto payload = file.subspan(kHeaderBytes + header.header.meta_bytes);
-  if (content_hash(file.first(kHashedHeaderBytes), meta_bytes, payload) != header.header.hash)
+Decoded decode(std::span<const char> head, std::span<const char> meta_bytes, std::span<const char> payload,
+               std::string_view expected_key) {
+  HeaderCheck header = check_header(head, head.size() + meta_bytes.size() + payload.size());
+  if (header.verdict != Verdict::ok) return Decoded{header.verdict, header.problem, header.header, {}, {}, {}};
+  if (head.size() != kHeaderBytes || meta_bytes.size() != header.header.meta_bytes)
+    return corrupt("the pieces differ from the lengths in the header");
+  if (content_hash(head.first(kHashedHeaderBytes), meta_bytes, payload) != header.header.hash)
     return corrupt("content hash mismatch");
   Decoded d = decode_meta_only(header, meta_bytes, expected_key);
   if (d.verdict == Verdict::ok) d.payload = payload;
   return d;
+}
+
+Decoded decode(std::span<const char> file, std::string_view expected_key) {
+  HeaderCheck header = check_header(file, file.size());
+  if (header.verdict != Verdict::ok) return Decoded{header.verdict, header.problem, header.header, {}, {}, {}};
+  return decode(file.first(kHeaderBytes), file.subspan(kHeaderBytes, header.header.meta_bytes),
+                file.subspan(kHeaderBytes + header.header.meta_bytes), expected_key);
 }
 
 }  // namespace kjit::cache::format

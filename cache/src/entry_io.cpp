@@ -13,56 +13,79 @@
 namespace kjit::cache::detail {
 namespace {
 
-constexpr uint64_t kMaxEntryBytes = format::kHeaderBytes + format::kMaxMetaBytes + format::kMaxPayloadBytes;
+// Directories planted at an entry's name are removed this deep, no deeper.
+constexpr int kMaxRemovedDepth = 16;
 
-Inspection& set_status(Inspection& out, ReadStatus status, std::string problem) {
+void set_status(Inspection& out, ReadStatus status, std::string problem) {
   out.status = status;
   out.problem = std::move(problem);
-  return out;
 }
 
-Inspection& apply(Inspection& out, format::Decoded& decoded) {
+void apply(Inspection& out, format::Decoded& decoded) {
   out.header = decoded.header;
   switch (decoded.verdict) {
     case format::Verdict::ok:
       out.meta = std::move(decoded.meta);
+      out.fields = std::move(decoded.fields);
       return set_status(out, ReadStatus::ok, {});
     case format::Verdict::other_format:
       return set_status(out, ReadStatus::other_format, std::move(decoded.problem));
     case format::Verdict::corrupt:
       break;
   }
-  return set_status(out, ReadStatus::corrupt, std::move(decoded.problem));
+  set_status(out, ReadStatus::corrupt, std::move(decoded.problem));
 }
 
 // A short read of a file that is never rewritten in place is corruption (it
 // was truncated); an I/O error is not the entry's fault.
-Inspection& read_failed(Inspection& out, const SysError& error) {
-  return set_status(out, error.err == 0 ? ReadStatus::corrupt : ReadStatus::unreadable, error.message);
+void read_failed(Inspection& out, const SysError& error) {
+  set_status(out, error.err == 0 ? ReadStatus::corrupt : ReadStatus::unreadable, error.message);
 }
 
-Inspection& read_whole(Inspection& out, int fd, const std::string& path, std::string_view key) {
-  if (out.file_bytes > kMaxEntryBytes)
-    return set_status(out, ReadStatus::corrupt, fmt::format("{} bytes, larger than any entry", out.file_bytes));
-  auto data = read_exactly(fd, 0, out.file_bytes, path);
-  if (!data) return read_failed(out, data.error());
-  format::Decoded decoded = format::decode(*data, key);
-  if (decoded.verdict == format::Verdict::ok) out.payload.assign(decoded.payload.begin(), decoded.payload.end());
-  return apply(out, decoded);
-}
-
-Inspection& read_header_and_meta(Inspection& out, int fd, const std::string& path, std::string_view key) {
+// Reads the header, then the meta, then (for a whole read) the payload into a
+// buffer of its own, which becomes the Inspection's: the payload is never copied.
+void read_entry(Inspection& out, int fd, const std::string& path, std::string_view key, ReadDepth depth) {
   auto head = read_exactly(fd, 0, std::min<uint64_t>(out.file_bytes, format::kHeaderBytes), path);
   if (!head) return read_failed(out, head.error());
   format::HeaderCheck check = format::check_header(*head, out.file_bytes);
   if (check.verdict != format::Verdict::ok) {
-    format::Decoded decoded{check.verdict, check.problem, check.header, {}, {}};
+    format::Decoded decoded{check.verdict, check.problem, check.header, {}, {}, {}};
     return apply(out, decoded);
   }
   auto meta = read_exactly(fd, format::kHeaderBytes, check.header.meta_bytes, path);
   if (!meta) return read_failed(out, meta.error());
-  format::Decoded decoded = format::decode_meta_only(check, *meta, key);
-  return apply(out, decoded);
+  if (depth == ReadDepth::header_and_meta) {
+    format::Decoded decoded = format::decode_meta_only(check, *meta, key);
+    return apply(out, decoded);
+  }
+  auto payload = read_exactly(fd, format::kHeaderBytes + check.header.meta_bytes, check.header.payload_bytes, path);
+  if (!payload) return read_failed(out, payload.error());
+  format::Decoded decoded = format::decode(*head, *meta, *payload, key);
+  if (decoded.verdict == format::Verdict::ok) out.payload = std::move(*payload);
+  apply(out, decoded);
+}
+
+// Identifies what is at `name` without following a link, for unlink_if_same.
+void identify(Inspection& out, int shard_fd, const std::string& name) {
+  struct stat st {};
+  if (::fstatat(shard_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) return;
+  out.device = st.st_dev;
+  out.inode = st.st_ino;
+}
+
+// Empties and removes the directory `name` in `dir_fd`, never following a link.
+SysExpected<void> remove_directory(int dir_fd, const std::string& name, const std::string& path, int depth_left) {
+  if (depth_left <= 0) return sys_error(ELOOP, "remove the deeply nested directory", path);
+  auto dir = open_subdirectory(dir_fd, name, path);
+  if (!dir) return std::unexpected(dir.error());
+  for (const std::string& inner : directory_names(dir->get())) {
+    std::string inner_path = join_path(path, inner);
+    if (::unlinkat(dir->get(), inner.c_str(), 0) == 0 || errno == ENOENT) continue;
+    if (errno != EISDIR) return sys_error(errno, "remove", inner_path);
+    if (auto removed = remove_directory(dir->get(), inner, inner_path, depth_left - 1); !removed) return removed;
+  }
+  if (::unlinkat(dir_fd, name.c_str(), AT_REMOVEDIR) == 0 || errno == ENOENT) return {};
+  return sys_error(errno, "remove", path);
 }
 
 }  // namespace
@@ -78,25 +101,46 @@ Inspection inspect_entry(int shard_fd, const std::string& name, const std::strin
     if (err == ENOENT) return out;
     if (err == ELOOP) {
       // The link itself is the bad entry: identify it for unlink_if_same.
-      struct stat link {};
-      if (::fstatat(shard_fd, name.c_str(), &link, AT_SYMLINK_NOFOLLOW) == 0) {
-        out.device = link.st_dev;
-        out.inode = link.st_ino;
-      }
-      return set_status(out, ReadStatus::corrupt, "is a symbolic link");
+      identify(out, shard_fd, name);
+      set_status(out, ReadStatus::corrupt, "is a symbolic link");
+      return out;
     }
-    return set_status(out, ReadStatus::unreadable, sys_error(err, "open", path).error().message);
+    // A socket cannot be opened (ENXIO): still not a file, so corrupt, not unreadable.
+    struct stat st {};
+    if (::fstatat(shard_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISREG(st.st_mode)) {
+      identify(out, shard_fd, name);
+      set_status(out, ReadStatus::corrupt, "is not a regular file");
+      return out;
+    }
+    set_status(out, ReadStatus::unreadable, sys_error(err, "open", path).error().message);
+    return out;
   }
   Fd fd(raw);
   auto st = stat_fd(fd.get(), path);
-  if (!st) return set_status(out, ReadStatus::unreadable, st.error().message);
+  if (!st) {
+    set_status(out, ReadStatus::unreadable, st.error().message);
+    return out;
+  }
   out.file_bytes = static_cast<uint64_t>(st->st_size);
   out.mtime_ns = nanoseconds(st->st_mtim);
   out.device = st->st_dev;
   out.inode = st->st_ino;
-  if (!S_ISREG(st->st_mode)) return set_status(out, ReadStatus::corrupt, "is not a regular file");
-  if (depth == ReadDepth::whole) return read_whole(out, fd.get(), path, key);
-  return read_header_and_meta(out, fd.get(), path, key);
+  if (!S_ISREG(st->st_mode)) {
+    out.file_bytes = 0;  // a directory's size is not entry bytes
+    set_status(out, ReadStatus::corrupt, S_ISDIR(st->st_mode) ? "is a directory" : "is not a regular file");
+    return out;
+  }
+  read_entry(out, fd.get(), path, key, depth);
+  return out;
+}
+
+SysExpected<bool> remove_at(int dir_fd, const std::string& name, const std::string& path) {
+  if (::unlinkat(dir_fd, name.c_str(), 0) == 0) return true;
+  if (errno == ENOENT) return false;
+  if (errno != EISDIR) return sys_error(errno, "remove", path);
+  if (auto removed = remove_directory(dir_fd, name, path, kMaxRemovedDepth); !removed)
+    return std::unexpected(removed.error());
+  return true;
 }
 
 SysExpected<bool> unlink_at(int dir_fd, const std::string& name, const std::string& path) {
@@ -113,7 +157,7 @@ SysExpected<bool> unlink_if_same(int dir_fd, const std::string& name, const std:
     return sys_error(errno, "stat", path);
   }
   if (st.st_dev != device || st.st_ino != inode) return false;
-  return unlink_at(dir_fd, name, path);
+  return remove_at(dir_fd, name, path);
 }
 
 void for_each_shard(int root_fd, const std::string& root_path, RootRole role, const ShardVisitor& visit) {

@@ -6,9 +6,11 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <ctime>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -144,7 +146,9 @@ bool process_is_dead(pid_t pid) {
 }
 
 int64_t nanoseconds(const struct timespec& t) {
-  return static_cast<int64_t>(t.tv_sec) * 1'000'000'000 + t.tv_nsec;
+  // Clamped: a file's mtime can be set to anything, and the product must not overflow.
+  constexpr int64_t kMaxSeconds = std::numeric_limits<int64_t>::max() / 1'000'000'000 - 1;
+  return std::clamp<int64_t>(t.tv_sec, -kMaxSeconds, kMaxSeconds) * 1'000'000'000 + t.tv_nsec;
 }
 
 int64_t now_unix_seconds() { return static_cast<int64_t>(std::time(nullptr)); }

@@ -64,7 +64,7 @@ std::string shard_path_of(const std::string& root, std::string_view key) {
 Error cache_error(const SysError& error) { return Error{KJIT_ERROR_CACHE, error.message}; }
 
 // A key as it may appear in a message: control bytes escaped, long ones cut.
-std::string printable(std::string_view key) {
+std::string printable_key(std::string_view key) {
   constexpr std::size_t kShown = 40;
   std::string out;
   for (char c : key.substr(0, kShown)) {
@@ -79,9 +79,33 @@ std::string printable(std::string_view key) {
   return out;
 }
 
+}  // namespace
+
+std::string printable(std::string_view text, bool keep_newlines) {
+  std::string out;
+  out.reserve(text.size());
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    auto byte = static_cast<unsigned char>(text[i]);
+    if ((byte == '\n' || byte == '\t') && keep_newlines) {
+      out += text[i];
+    } else if (byte < 0x20 || byte == 0x7F) {
+      out += fmt::format("\\x{:02x}", byte);
+    } else if (byte == 0xC2 && i + 1 < text.size() && static_cast<unsigned char>(text[i + 1]) >= 0x80 &&
+               static_cast<unsigned char>(text[i + 1]) <= 0x9F) {
+      // U+0080..U+009F in UTF-8: C1 controls, CSI (U+009B) among them.
+      out += fmt::format("\\u{:04x}", static_cast<unsigned char>(text[++i]));
+    } else {
+      out += text[i];
+    }
+  }
+  return out;
+}
+
+namespace {
+
 Expected<void> invalid_key(std::string_view key) {
   return fail(KJIT_ERROR_INVALID_ARGUMENT,
-              fmt::format("invalid cache key \"{}\": expected 16 to 128 lowercase hex digits", printable(key)));
+              fmt::format("invalid cache key \"{}\": expected 16 to 128 lowercase hex digits", printable_key(key)));
 }
 
 // Logs why a root could not be opened: an untrusted root warns once, an absent
@@ -169,7 +193,7 @@ bool Store::Impl::is_pinned(const std::string& key) const {
 
 std::optional<Entry> Store::Impl::load(std::string_view key) {
   if (!is_valid_key(key)) {
-    log::debug("cache load of invalid key \"{}\": a miss", printable(key));
+    log::debug("cache load of invalid key \"{}\": a miss", printable_key(key));
     ++misses;
     return std::nullopt;
   }
@@ -186,11 +210,13 @@ std::optional<Entry> Store::Impl::load(std::string_view key) {
 std::optional<Entry> Store::Impl::load_from(const RootRef& root, std::string_view key) {
   auto root_fd = detail::open_root(root.path, root.role);
   if (!root_fd) {
+    log::debug("cache lookup {} in {}: miss (root not usable)", key, root.path);
     report_unopened(root, root_fd.error());
     return std::nullopt;
   }
   auto shard = detail::open_shard(root_fd->get(), root.path, detail::shard_of(key), root.role, false);
   if (!shard) {
+    log::debug("cache lookup {} in {}: miss (no usable shard)", key, root.path);
     report_unopened(RootRef{shard_path_of(root.path, key), root.role}, shard.error());
     return std::nullopt;
   }
@@ -200,17 +226,20 @@ std::optional<Entry> Store::Impl::load_from(const RootRef& root, std::string_vie
   detail::Inspection found = detail::inspect_entry(shard->get(), name, path, key, detail::ReadDepth::whole);
   switch (found.status) {
     case detail::ReadStatus::ok:
+      log::debug("cache lookup {} in {}: hit", key, root.path);
       if (root.role == RootRole::writable) note_use(shard->get(), shard_path, key);
       return Entry{std::move(found.meta), std::move(found.payload), root.path};
     case detail::ReadStatus::absent:
+      log::debug("cache lookup {} in {}: miss", key, root.path);
       return std::nullopt;
     case detail::ReadStatus::other_format:
     case detail::ReadStatus::unreadable:
-      log::debug("cache entry {} skipped: {}", path, found.problem);
+      log::debug("cache lookup {} in {}: miss, entry skipped ({})", key, root.path, found.problem);
       return std::nullopt;
     case detail::ReadStatus::corrupt:
       break;
   }
+  log::debug("cache lookup {} in {}: corrupt ({})", key, root.path, found.problem);
   ++corrupt;
   if (root.role == RootRole::read_only) {
     log::warn("cache entry {} is corrupt ({}); skipping it (read-only root)", path, found.problem);
@@ -311,6 +340,13 @@ SysExpected<void> Store::Impl::rename_into_place(int shard_fd, const std::string
     // open. Either may pass: accept a valid entry, else retry a few times.
     bool transient = err == ENOENT || err == EBUSY || err == EINTR;
     if (valid_entry_at(shard_fd, shard_path, key)) return {};
+    // A directory planted at the entry's name would block the key for good.
+    if ((err == EISDIR || err == ENOTEMPTY || err == EEXIST) && attempt + 1 < kRenameAttempts) {
+      if (auto removed = detail::remove_at(shard_fd, final_name, join_path(shard_path, final_name)); removed) {
+        log::warn("removed the non-file at cache entry {}", join_path(shard_path, final_name));
+        continue;
+      }
+    }
     if (!transient || attempt + 1 >= kRenameAttempts)
       return detail::sys_error(err, fmt::format("rename {} to", join_path(shard_path, temp)),
                                join_path(shard_path, final_name));
@@ -406,11 +442,11 @@ Expected<void> Store::publish(std::string_view key, const nlohmann::json& meta, 
   return impl_->publish(key, meta, payload);
 }
 
-std::vector<EntryInfo> Store::list() const { return impl_->list(); }
-std::vector<EntryInfo> Store::verify(bool fix) { return impl_->verify(fix); }
+std::vector<EntryInfo> Store::list(const ListOptions& options) const { return impl_->list(options); }
+VerifyReport Store::verify(bool fix) { return impl_->verify(fix); }
 Expected<PruneReport> Store::prune(uint64_t max_bytes) { return impl_->prune(max_bytes); }
 
-Expected<uint64_t> Store::clear(const std::function<bool(const EntryInfo&)>& filter) {
+Expected<ClearReport> Store::clear(const std::function<bool(const EntryInfo&)>& filter) {
   return impl_->clear(filter);
 }
 

@@ -43,6 +43,7 @@ struct Inspection {
   std::string problem;
   format::Header header;
   nlohmann::json meta;
+  format::Fields fields;
   std::vector<char> payload;  // only from a whole read of an ok entry
   uint64_t file_bytes = 0;
   int64_t mtime_ns = 0;
@@ -57,8 +58,12 @@ enum class ReadDepth { header_and_meta, whole };
 Inspection inspect_entry(int shard_fd, const std::string& name, const std::string& path, std::string_view key,
                          ReadDepth depth);
 
-// Unlinks `name` unless it is no longer the file that was inspected: a writer
-// may have renamed a fresh entry over the bad one since it was read.
+// Removes `name`, a directory planted there with what it holds (never through
+// a link, a bounded depth). False when nothing was there.
+SysExpected<bool> remove_at(int dir_fd, const std::string& name, const std::string& path);
+
+// Removes `name` (as remove_at) unless it is no longer the file that was
+// inspected: a writer may have renamed a fresh entry over the bad one since.
 SysExpected<bool> unlink_if_same(int dir_fd, const std::string& name, const std::string& path, dev_t device,
                                  ino_t inode);
 SysExpected<bool> unlink_at(int dir_fd, const std::string& name, const std::string& path);
@@ -133,18 +138,18 @@ struct Store::Impl {
   void open_for_writing(int root_fd);
   void account_and_evict(std::string_view just_published, uint64_t bytes);
   detail::Removed evict_lru(int root_fd, std::vector<detail::Candidate>& candidates, uint64_t total, uint64_t target,
-                            std::string_view keep);
-  std::vector<EntryInfo> list_root(const detail::RootRef& root, detail::ReadDepth depth,
+                            std::string_view keep, std::vector<Failure>* failures = nullptr);
+  std::vector<EntryInfo> list_root(const detail::RootRef& root, detail::ReadDepth depth, std::string_view key_prefix,
                                    const detail::EntryVisitor& visit = {}) const;
-  std::vector<EntryInfo> list() const;
-  std::vector<EntryInfo> verify(bool fix);
+  std::vector<EntryInfo> list(const ListOptions& options) const;
+  VerifyReport verify(bool fix);
   Expected<PruneReport> prune(uint64_t target_bytes);
   void prune_shard(int shard_fd, const std::string& shard_path, const std::vector<detail::ScannedFile>& files,
                    int64_t now, PruneReport& report, std::vector<detail::Candidate>& candidates, uint64_t& total);
   void prune_entry(int shard_fd, const std::string& shard_path, const detail::ScannedFile& file, PruneReport& report,
                    const std::map<std::string, int64_t>& stamps, std::vector<detail::Candidate>& candidates,
                    uint64_t& total);
-  Expected<uint64_t> clear(const std::function<bool(const EntryInfo&)>& filter);
+  Expected<ClearReport> clear(const std::function<bool(const EntryInfo&)>& filter);
   bool is_pinned(const std::string& key) const;
 };
 

@@ -37,16 +37,27 @@ std::string human_age(int64_t seconds) {
   return fmt::format("{}s", seconds);
 }
 
-std::string meta_string(const nlohmann::json& meta, const char* field) {
-  return meta.is_object() && meta.contains(field) && meta[field].is_string() ? meta[field].get<std::string>() : "";
+// A meta text as it may reach the terminal (the cache checked its type, not its bytes).
+std::string shown(const std::string& text) { return cache::printable(text); }
+
+// Names what maintenance could not act on; true when there was any.
+bool report_failures(const std::vector<cache::Failure>& failures) {
+  for (const auto& f : failures) fmt::print(stderr, "jitctl: error: not removed: {}\n", shown(f.message));
+  return !failures.empty();
+}
+
+nlohmann::json failures_json(const std::vector<cache::Failure>& failures) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& f : failures) out.push_back(f.message);
+  return out;
 }
 
 struct Filter {
   std::string op, arch;
   int64_t older_than = -1;
   bool matches(const cache::EntryInfo& e) const {
-    if (!op.empty() && meta_string(e.meta, "op") != op) return false;
-    if (!arch.empty() && meta_string(e.meta, "arch") != arch) return false;
+    if (!op.empty() && e.fields.op != op) return false;
+    if (!arch.empty() && e.fields.arch != arch) return false;
     if (older_than >= 0 && now_unix() - e.last_used_unix < older_than) return false;
     return true;
   }
@@ -69,13 +80,14 @@ nlohmann::json entry_json(const cache::EntryInfo& e) {
                       {"read_only", e.read_only},
                       {"bytes", e.file_bytes},
                       {"created_unix", e.created_unix},
-                      {"last_used_unix", e.last_used_unix}};
+                      {"last_used_unix", e.last_used_unix},
+                      {"verified", e.verified}};
   if (e.state == cache::EntryState::ok) {
-    j["op"] = meta_string(e.meta, "op");
-    j["arch"] = meta_string(e.meta, "arch");
+    j["op"] = e.fields.op;
+    j["arch"] = e.fields.arch;
     j["spec"] = e.meta.value("spec", nlohmann::json());
-    j["canonical"] = meta_string(e.meta, "canonical");
-    j["nvrtc"] = meta_string(e.meta, "nvrtc");
+    j["canonical"] = e.fields.canonical;
+    j["nvrtc"] = e.fields.nvrtc;
   } else {
     j["problem"] = e.problem;
   }
@@ -90,9 +102,9 @@ int print_summary(const std::vector<cache::EntryInfo>& entries, bool json) {
   std::map<std::pair<std::string, std::string>, Group> groups;
   uint64_t total = 0;
   for (const auto& e : entries) {
-    const std::string op = e.state == cache::EntryState::ok ? meta_string(e.meta, "op")
+    const std::string op = e.state == cache::EntryState::ok ? e.fields.op
                                                             : fmt::format("({})", state_name(e.state));
-    auto& group = groups[{op, meta_string(e.meta, "arch")}];
+    auto& group = groups[{op, e.fields.arch}];
     ++group.entries;
     group.bytes += e.file_bytes;
     total += e.file_bytes;
@@ -169,13 +181,15 @@ int cmd_list(const ListOptions& options) {
   for (const auto& e : entries) {
     total += e.file_bytes;
     const std::string spec = e.state == cache::EntryState::ok
-                                 ? meta_string(e.meta, "canonical")
-                                 : fmt::format("({}: {})", state_name(e.state), e.problem);
-    fmt::print("{:<16} {:<12} {:<8} {:>8} {:>5} {:>5}  {:<3} {}\n", e.key.substr(0, 16), meta_string(e.meta, "op"),
-               meta_string(e.meta, "arch"), human_bytes(e.file_bytes), human_age(now - e.created_unix),
+                                 ? shown(e.fields.canonical)
+                                 : fmt::format("({}: {})", state_name(e.state), shown(e.problem));
+    // The cache bounds both times to [0, 2^40): the differences cannot overflow.
+    fmt::print("{:<16} {:<12} {:<8} {:>8} {:>5} {:>5}  {:<3} {}\n", e.key.substr(0, 16), shown(e.fields.op),
+               shown(e.fields.arch), human_bytes(e.file_bytes), human_age(now - e.created_unix),
                human_age(now - e.last_used_unix), e.read_only ? "yes" : "", spec);
   }
-  fmt::print("{} entr{}, {}\n", entries.size(), entries.size() == 1 ? "y" : "ies", human_bytes(total));
+  fmt::print("{} entr{}, {} (unverified: headers and meta checked, payload hashes not; `jitctl verify` checks them)\n",
+             entries.size(), entries.size() == 1 ? "y" : "ies", human_bytes(total));
   return kExitOk;
 }
 
@@ -185,8 +199,8 @@ int cmd_show(const ShowOptions& options) {
   const std::string& prefix = options.key;
   if (prefix.empty()) return usage_error("show needs a KEY (or a unique prefix of one)", "show");
   std::vector<cache::EntryInfo> found;
-  for (auto& e : Runtime::global().store().list())
-    if (e.key.starts_with(prefix)) found.push_back(std::move(e));
+  // Hashed: show prints only meta whose entry is verified whole.
+  for (auto& e : Runtime::global().store().list({prefix, true})) found.push_back(std::move(e));
   if (found.empty()) {
     fmt::print(stderr, "jitctl: error: no cached kernel has a key starting with '{}'\n", prefix);
     return kExitFailure;
@@ -201,10 +215,10 @@ int cmd_show(const ShowOptions& options) {
     nlohmann::json out = entry_json(e);
     out["path"] = e.path;
     if (e.state == cache::EntryState::ok) {
-      out["kjit"] = meta_string(e.meta, "kjit");
-      out["options"] = e.meta.value("options", nlohmann::json::array());
-      out["log"] = meta_string(e.meta, "log");
-      out["source"] = meta_string(e.meta, "source");
+      out["kjit"] = e.fields.kjit;
+      out["options"] = e.fields.options;
+      out["log"] = e.fields.log;
+      out["source"] = e.fields.source;
       if (cubin_path) {
         auto bytes = write_cubin(e.key, *cubin_path);
         if (!bytes) return kExitFailure;
@@ -214,21 +228,21 @@ int cmd_show(const ShowOptions& options) {
     fmt::print("{}\n", out.dump(2));
     return e.state == cache::EntryState::ok ? kExitOk : kExitFailure;
   }
-  fmt::print("key:      {}\nfile:     {}\nstate:    {}{}\nsize:     {} bytes\n", e.key, e.path, state_name(e.state),
-             e.problem.empty() ? "" : " (" + e.problem + ")", e.file_bytes);
+  fmt::print("key:      {}\nfile:     {}\nstate:    {}{}\nsize:     {} bytes\n", e.key, shown(e.path),
+             e.state == cache::EntryState::ok ? "ok (hash verified)" : state_name(e.state),
+             e.problem.empty() ? "" : " (" + shown(e.problem) + ")", e.file_bytes);
   if (e.state != cache::EntryState::ok) return kExitFailure;
-  fmt::print("spec:     {}\narch:     {}\nnvrtc:    {}\nkjit:     {}\noptions:  {}\ncompile:  {:.0f} ms\n",
-             meta_string(e.meta, "canonical"), meta_string(e.meta, "arch"), meta_string(e.meta, "nvrtc"),
-             meta_string(e.meta, "kjit"), e.meta.value("options", nlohmann::json::array()).dump(),
-             e.meta.value("compile_seconds", 0.0) * 1e3);
+  const auto& fields = e.fields;
+  fmt::print("spec:     {}\narch:     {}\nnvrtc:    {}\nkjit:     {}\noptions:  {}\ncompile:  {}\n", shown(fields.canonical),
+             shown(fields.arch), shown(fields.nvrtc), shown(fields.kjit), shown(nlohmann::json(fields.options).dump()),
+             fields.compile_seconds ? fmt::format("{:.0f} ms", *fields.compile_seconds * 1e3) : "unknown");
   if (cubin_path) {
     auto bytes = write_cubin(e.key, *cubin_path);
     if (!bytes) return kExitFailure;
     fmt::print("cubin:    {} ({} bytes)\n", *cubin_path, *bytes);
   }
-  const auto log = meta_string(e.meta, "log");
-  fmt::print("\n--- compile log ---\n{}\n--- source ---\n{}", log.empty() ? "(empty)" : log,
-             meta_string(e.meta, "source"));
+  fmt::print("\n--- compile log ---\n{}\n--- source ---\n{}",
+             fields.log.empty() ? "(empty)" : cache::printable(fields.log, true), cache::printable(fields.source, true));
   return kExitOk;
 }
 
@@ -261,13 +275,15 @@ int cmd_clear(const ClearOptions& options) {
     return kExitFailure;
   }
   if (options.json) {
-    fmt::print("{}\n", nlohmann::json{{"removed", *removed},
-                                      {"root", Runtime::global().store().config().writable_root}}.dump(2));
-    return kExitOk;
+    fmt::print("{}\n", nlohmann::json{{"removed", removed->removed_entries},
+                                      {"root", Runtime::global().store().config().writable_root},
+                                      {"failures", failures_json(removed->failures)}}
+                            .dump(2));
+    return removed->failures.empty() ? kExitOk : kExitFailure;
   }
-  fmt::print("removed {} entr{} from {}\n", *removed, *removed == 1 ? "y" : "ies",
+  fmt::print("removed {} entr{} from {}\n", removed->removed_entries, removed->removed_entries == 1 ? "y" : "ies",
              Runtime::global().store().config().writable_root);
-  return kExitOk;
+  return report_failures(removed->failures) ? kExitFailure : kExitOk;
 }
 
 int cmd_prune(const PruneOptions& options) {
@@ -285,34 +301,39 @@ int cmd_prune(const PruneOptions& options) {
                                       {"removed_corrupt", report->removed_corrupt},
                                       {"removed_temp_files", report->removed_temp_files},
                                       {"removed_bytes", report->removed_bytes},
-                                      {"remaining_bytes", report->remaining_bytes}}
+                                      {"remaining_bytes", report->remaining_bytes},
+                                      {"failures", failures_json(report->failures)}}
                             .dump(2));
-    return kExitOk;
+    return report->failures.empty() ? kExitOk : kExitFailure;
   }
   fmt::print("pruned to {}: removed {} least recently used, {} of another format, {} corrupt, {} temp files; "
              "{} freed, {} remain\n",
              human_bytes(max_bytes), report->removed_entries, report->removed_other_format, report->removed_corrupt,
              report->removed_temp_files, human_bytes(report->removed_bytes), human_bytes(report->remaining_bytes));
-  return kExitOk;
+  return report_failures(report->failures) ? kExitFailure : kExitOk;
 }
 
 int cmd_verify(const VerifyOptions& options) {
   const bool fix = options.fix;
   auto& store = Runtime::global().store();
-  const auto bad = store.verify(fix);
-  const size_t total = store.list().size() + (fix ? bad.size() : 0);
+  const auto report = store.verify(fix);
   if (options.json) {
-    nlohmann::json out = {{"verified", total}, {"fixed", fix}, {"bad", nlohmann::json::array()}};
-    for (const auto& e : bad)
+    nlohmann::json out = {{"verified", report.checked},
+                          {"fixed", fix},
+                          {"removed", report.removed},
+                          {"bad", nlohmann::json::array()},
+                          {"failures", failures_json(report.failures)}};
+    for (const auto& e : report.bad)
       out["bad"].push_back({{"key", e.key}, {"root", e.root}, {"read_only", e.read_only}, {"problem", e.problem}});
     fmt::print("{}\n", out.dump(2));
-    return bad.empty() ? kExitOk : kExitFailure;
+    return report.bad.empty() && report.failures.empty() ? kExitOk : kExitFailure;
   }
-  for (const auto& e : bad)
-    fmt::print("bad: {} ({}){}: {}\n", e.key, e.root, e.read_only ? " [read-only]" : "", e.problem);
-  fmt::print("verified {} entr{}: {} bad{}\n", total, total == 1 ? "y" : "ies", bad.size(),
-             fix && !bad.empty() ? " (removed those in the writable root)" : "");
-  return bad.empty() ? kExitOk : kExitFailure;
+  for (const auto& e : report.bad)
+    fmt::print("bad: {} ({}){}: {}\n", e.key, shown(e.root), e.read_only ? " [read-only]" : "", shown(e.problem));
+  fmt::print("verified {} entr{}: {} bad{}\n", report.checked, report.checked == 1 ? "y" : "ies", report.bad.size(),
+             fix ? fmt::format(", {} removed", report.removed) : "");
+  const bool unremoved = report_failures(report.failures);
+  return report.bad.empty() && !unremoved ? kExitOk : kExitFailure;
 }
 
 }  // namespace kjit::tools

@@ -176,10 +176,10 @@ TEST_CASE("clear removes the entries its filter selects and only those") {
     REQUIRE(store.publish(key_of(30 + i), {{"even", i % 2 == 0}}, payload_of(i, 10)).has_value());
   auto cleared = store.clear([](const EntryInfo& info) { return info.meta.value("even", false); });
   REQUIRE(cleared.has_value());
-  CHECK(*cleared == 3);
+  CHECK(cleared->removed_entries == 3);
   CHECK(store.list().size() == 3);
   for (const EntryInfo& info : store.list()) CHECK_FALSE(info.meta["even"].get<bool>());
-  CHECK(*store.clear() == 3);
+  CHECK(store.clear()->removed_entries == 3);
   CHECK(store.list().empty());
 }
 

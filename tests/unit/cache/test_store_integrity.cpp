@@ -94,16 +94,16 @@ TEST_CASE("verify reports damaged entries and removes them only when asked to fi
     return keys;
   };
 
-  std::vector<EntryInfo> bad = store.verify(false);
+  std::vector<EntryInfo> bad = store.verify(false).bad;
   CHECK(keys_of(bad) == damaged);
   for (const EntryInfo& info : bad) {
     CHECK(info.state == EntryState::corrupt);
     CHECK_FALSE(info.problem.empty());
     CHECK(fs::exists(info.path));
   }
-  CHECK(keys_of(store.verify(true)) == damaged);
+  CHECK(keys_of(store.verify(true).bad) == damaged);
   for (const std::string& key : damaged) CHECK_FALSE(fs::exists(store.entry_path(key)));
-  CHECK(store.verify(false).empty());
+  CHECK(store.verify(false).bad.empty());
   CHECK(store.list().size() == 10 - damaged.size());
 }
 
@@ -120,7 +120,7 @@ TEST_CASE("list marks entries whose header or meta is bad and leaves payload che
   CHECK(by_key[key_of(150)].state == EntryState::corrupt);
   CHECK(by_key[key_of(151)].state == EntryState::corrupt);
   CHECK(by_key[key_of(152)].state == EntryState::ok);
-  CHECK(store.verify(false).size() == 3);
+  CHECK(store.verify(false).bad.size() == 3);
 }
 
 std::vector<char> other_format_entry(const std::string& key, uint32_t version) {
@@ -147,7 +147,7 @@ TEST_CASE("an entry of another format version is a miss left for prune to remove
   CHECK(store.counters().misses == 1);
   CHECK_MESSAGE(store.counters().corrupt == 0, "another format is not corruption");
   CHECK_MESSAGE(fs::exists(store.entry_path(key)), "load must not remove another format's entry");
-  CHECK(store.verify(false).empty());
+  CHECK(store.verify(false).bad.empty());
   std::vector<EntryInfo> infos = store.list();
   REQUIRE(infos.size() == 1);
   CHECK(infos[0].state == EntryState::other_format);

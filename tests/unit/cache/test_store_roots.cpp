@@ -82,7 +82,7 @@ TEST_CASE("a corrupt entry in a read-only root is skipped and never deleted") {
   CHECK(store.counters().corrupt == 2);
   CHECK(fs::exists(damaged));
 
-  CHECK(store.verify(true).size() == 2);
+  CHECK(store.verify(true).bad.size() == 2);
   CHECK_MESSAGE(fs::exists(damaged), "verify(fix) deleted from a read-only root");
   REQUIRE(store.prune(0).has_value());
   REQUIRE(store.clear().has_value());

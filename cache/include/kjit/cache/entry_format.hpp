@@ -24,11 +24,19 @@
 // The meta object is the caller's meta with one member added by the store:
 //   "kjit_entry": {"format": 1, "key": "<key>", "created_unix": <s>, "payload_bytes": <p>}
 // A reader checks that it agrees with the header and with the file's name.
+//
+// A hash proves only that the bytes are the ones some writer wrote, not that
+// they are sane: anyone who can write a root can write a valid hash. So the
+// meta is bounded before it is parsed (at most kMaxMetaBytes, brackets nested
+// at most kMaxMetaDepth deep: deeper JSON would make every later copy, dump or
+// destruction of the document recurse that deep), and the fields the store
+// and jitctl read back (Fields) are type-checked; anything else is corrupt.
 #pragma once
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -46,6 +54,9 @@ inline constexpr std::size_t kHeaderBytes = 64;
 inline constexpr std::size_t kHashedHeaderBytes = 32;
 inline constexpr uint64_t kMaxMetaBytes = uint64_t{1} << 20;     // 1 MiB of JSON
 inline constexpr uint64_t kMaxPayloadBytes = uint64_t{1} << 31;  // 2 GiB
+inline constexpr int kMaxMetaDepth = 64;                         // nested arrays and objects
+// created_unix is in [0, kMaxUnixSeconds): differences of two such values never overflow.
+inline constexpr int64_t kMaxUnixSeconds = int64_t{1} << 40;
 inline constexpr const char* kBookkeepingKey = "kjit_entry";
 
 using Hash = std::array<uint8_t, 32>;
@@ -70,11 +81,24 @@ struct HeaderCheck {
   Header header;
 };
 
+// The meta members that kjit reads back (the store's bookkeeping, and the
+// description the runtime writes and jitctl prints), type-checked on every
+// read: a member of the wrong type makes the entry corrupt. Absent
+// descriptive members stay empty; strings are as stored (escape them before
+// printing: kjit::cache::printable).
+struct Fields {
+  int64_t created_unix = 0;  // bookkeeping, required: in [0, kMaxUnixSeconds)
+  std::string op, arch, canonical, nvrtc, kjit, entry_point, source, log;
+  std::vector<std::string> options;
+  std::optional<double> compile_seconds;  // finite and >= 0 when present
+};
+
 struct Decoded {
   Verdict verdict = Verdict::corrupt;
   std::string problem;           // empty when ok
   Header header;
   nlohmann::json meta;           // the whole meta object, when ok
+  Fields fields;                 // when ok
   std::span<const char> payload; // a view into the decoded bytes, when ok
 };
 
@@ -88,6 +112,10 @@ Expected<nlohmann::json> with_bookkeeping(const nlohmann::json& caller_meta, std
 // Rejects meta that cannot be serialised (invalid UTF-8) and sizes over the limits.
 Expected<std::vector<char>> encode(const nlohmann::json& meta, std::span<const char> payload);
 
+// The same from the meta's JSON text, which is written as given (not checked):
+// for tests and tools that build damaged or hostile entries with valid hashes.
+Expected<std::vector<char>> encode_meta_text(std::string_view meta_text, std::span<const char> payload);
+
 // Checks magic, version and that the lengths agree with `file_bytes`; needs
 // only the first kHeaderBytes (fewer is a corrupt verdict). Does not hash.
 HeaderCheck check_header(std::span<const char> head, uint64_t file_bytes);
@@ -97,9 +125,17 @@ HeaderCheck check_header(std::span<const char> head, uint64_t file_bytes);
 // (skipped when empty). Never returns ok for bytes whose hash does not match.
 Decoded decode(std::span<const char> file, std::string_view expected_key);
 
+// The same over an entry read in three pieces (the kHeaderBytes header, the
+// meta, the payload), so that a reader can keep the payload's own buffer
+// instead of copying it out of the file's.
+Decoded decode(std::span<const char> head, std::span<const char> meta_bytes, std::span<const char> payload,
+               std::string_view expected_key);
+
 // Parses the meta document of an entry whose header passed check_header,
-// without hashing: for listings that must not read payloads. Reports a meta
-// that is not an object with consistent bookkeeping as corrupt.
+// without hashing: for listings that must not read payloads. Reports as
+// corrupt a meta over the size or nesting bounds (checked before parsing),
+// one that is not an object with consistent bookkeeping, and Fields of the
+// wrong type.
 Decoded decode_meta_only(const HeaderCheck& header, std::span<const char> meta_bytes,
                          std::string_view expected_key);
 

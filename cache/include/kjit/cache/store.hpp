@@ -15,7 +15,8 @@
 //   <root>/<key[0:2]>/<key>.used     last-used stamp, its mtime set on load (at
 //                                    most once per Store and key); LRU order is
 //                                    max(mtime of .kjit, mtime of .used)
-//   <root>/<key[0:2]>/<key>.lock     advisory lock of try_lock(); never required
+//   <root>/<key[0:2]>/<key>.lock     advisory lock of try_lock(); never required;
+//                                    removed with its entry when nobody holds it
 //   <root>/<key[0:2]>/<key>.tmp-<host>-<pid>-<tid>-<random>   a publish in flight
 // The writable root and its shard directories are 0700, files 0600.
 //
@@ -45,6 +46,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kjit/base/expected.hpp"
+#include "kjit/cache/entry_format.hpp"
 
 namespace kjit::cache {
 
@@ -62,6 +64,12 @@ std::optional<uint64_t> parse_byte_size(std::string_view text);
 // bare number is refused, not taken as seconds). nullopt for anything else,
 // a sign, or a value past what std::chrono::seconds holds.
 std::optional<std::chrono::seconds> parse_duration(std::string_view text);
+
+// `text` safe to print on a terminal: ASCII control bytes, DEL and the C1
+// controls (U+0080..U+009F) escaped as \xNN or \u00NN, so that nothing read
+// from an entry can send escape sequences. With `keep_newlines`, '\n' and '\t'
+// stay (for sources and logs printed as blocks).
+std::string printable(std::string_view text, bool keep_newlines = false);
 
 struct StoreConfig {
   std::string writable_root;                // may be empty: memory only, no writes
@@ -93,11 +101,15 @@ enum class EntryState {
 struct EntryInfo {
   std::string key;
   nlohmann::json meta;          // null unless state is ok
+  format::Fields fields;        // the meta's checked fields; empty unless state is ok
+  bool verified = false;        // the payload was hashed too (verify(), list with hash_payloads);
+                                // otherwise an ok state vouches for the header and meta only
   uint64_t file_bytes = 0;
   uint64_t payload_bytes = 0;
   std::string root;
   std::string path;             // the entry file
   bool read_only = false;
+  // Both in [0, format::kMaxUnixSeconds), so that differences never overflow.
   int64_t created_unix = 0;     // from the meta; the file's mtime when unknown
   int64_t last_used_unix = 0;   // max(mtime of the entry, of its .used stamp)
   uint32_t format_version = 0;  // 0 when the header cannot be read
@@ -114,6 +126,13 @@ struct Counters {
   uint64_t evicted = 0;         // entries removed to keep the writable root under its cap
 };
 
+// A file that maintenance meant to remove and could not (read-only root,
+// EACCES, a directory it could not empty...).
+struct Failure {
+  std::string path;
+  std::string message;  // names the path and the errno text
+};
+
 struct PruneReport {
   uint64_t removed_entries = 0;       // evicted by LRU to reach the size
   uint64_t removed_other_format = 0;  // entries of another format version
@@ -121,6 +140,24 @@ struct PruneReport {
   uint64_t removed_temp_files = 0;    // temp files of dead or long-gone writers
   uint64_t removed_bytes = 0;         // entry bytes removed, all kinds
   uint64_t remaining_bytes = 0;       // entry bytes left in the writable root
+  std::vector<Failure> failures;      // what should have been removed and was not
+};
+
+struct ClearReport {
+  uint64_t removed_entries = 0;
+  std::vector<Failure> failures;      // selected entries (and their files) that could not be removed
+};
+
+struct VerifyReport {
+  uint64_t checked = 0;               // entry files read and hashed, all roots
+  std::vector<EntryInfo> bad;         // corrupt or unreadable, all roots
+  uint64_t removed = 0;               // bad ones removed (fix only)
+  std::vector<Failure> failures;      // bad ones in the writable root that fix could not remove
+};
+
+struct ListOptions {
+  std::string key_prefix;             // only keys starting with it
+  bool hash_payloads = false;         // read and hash payloads: ok then means verified
 };
 
 // An advisory per-key lock held by this process (flock on <key>.lock), so that
@@ -158,11 +195,13 @@ class Store {
   // counts as a miss and as corrupt, is removed from the writable root and
   // skipped in a read-only one; an other-format entry is a miss, left for
   // prune. An invalid key is a miss. A hit from the writable root pins the key
-  // (this Store never evicts it) and stamps its last use.
+  // (this Store never evicts it) and stamps its last use. At KJIT_LOG=debug,
+  // each root looked at logs the key, the root and hit, miss or corrupt (why).
   std::optional<Entry> load(std::string_view key);
 
   // Publishes atomically (temp file beside the target, fsync, rename, fsync of
-  // the directory). Many writers of one key end with one valid entry; a valid
+  // the directory; a directory or other non-file at the entry's name is
+  // removed first). Many writers of one key end with one valid entry; a valid
   // entry already there counts as published. Rejects an invalid key or a meta
   // that is not an object or null (KJIT_ERROR_INVALID_ARGUMENT). When the
   // writable root is unusable (read-only, full, not ours, none configured),
@@ -172,24 +211,32 @@ class Store {
                          std::span<const char> payload);
 
   // Every entry file in every usable root (writable first), from its header
-  // and meta only: the payload is not read or hashed (verify() does that).
-  std::vector<EntryInfo> list() const;
+  // and meta only unless options.hash_payloads (then as verify() reads them).
+  // Anything at an entry's name that is not a regular file is listed corrupt.
+  std::vector<EntryInfo> list(const ListOptions& options = {}) const;
 
-  // Reads and hashes every entry of every usable root; returns the corrupt
-  // ones. With `fix`, removes those in the writable root (read-only roots are
-  // never modified). Other-format entries are not reported: prune removes them.
-  std::vector<EntryInfo> verify(bool fix);
+  // Reads and hashes every entry of every usable root; reports the corrupt and
+  // unreadable ones. With `fix`, removes the corrupt ones in the writable root
+  // (a directory or other non-file included; read-only roots are never
+  // modified) with their stamps and unheld locks, and reports those it could
+  // not remove. Other-format entries are not reported: prune removes them.
+  VerifyReport verify(bool fix);
 
   // Brings the writable root to at most `max_bytes` of entries, least recently
   // used first (never an entry this Store has loaded); also removes
-  // other-format entries, entries with a bad header or meta, temp files of
-  // dead writers or older than 10 minutes, orphaned stamps and unheld locks.
+  // other-format entries, corrupt ones (payload hashes are checked: prune
+  // reads every entry whole), non-files at entry names, temp files of dead
+  // writers or older than 10 minutes, stamps without entries, and unheld
+  // locks without entries or older than 10 minutes. Reports what it could
+  // not remove.
   Expected<PruneReport> prune(uint64_t max_bytes);
 
   // Removes the writable root's entries for which `filter` is true (all of
-  // them when it is empty), whatever their state; returns how many. Read-only
-  // roots are untouched.
-  Expected<uint64_t> clear(const std::function<bool(const EntryInfo&)>& filter = {});
+  // them when it is empty), whatever their state, non-files at entry names
+  // included, with their stamps and unheld locks; also stamps and unheld locks
+  // without entries. Reports how many entries went and which could not.
+  // Read-only roots are untouched.
+  Expected<ClearReport> clear(const std::function<bool(const EntryInfo&)>& filter = {});
 
   // Removes `key` from the writable root; removing an absent key succeeds.
   // Rejects an invalid key, and fails when no writable root is usable.

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The CPU tests that need no CUDA toolkit at run time, built with AddressSanitizer
+# and UndefinedBehaviorSanitizer (the `debug` preset, build-debug/), for CI.
+# Restricted to the cache store's tests (its decoder fuzz included) to keep
+# CI's time in budget: a sanitizer build of everything takes far longer.
+# Any sanitizer report fails the run. Extra targets and a ctest regex can be
+# given: scripts/test-sanitizers.sh [TARGET... [-- CTEST_REGEX]].
+set -euo pipefail
+cd "$(dirname "$0")/.."
+targets=(kjit_cache_tests kjit_cache_fault_tests)
+regex='^cache\.'
+if [ $# -gt 0 ]; then
+  targets=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do targets+=("$1"); shift; done
+  [ "${1:-}" = "--" ] && regex="$2"
+fi
+launcher=()
+command -v ccache > /dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+cmake --preset debug "${launcher[@]}" > /dev/null
+cmake --build --preset debug --target "${targets[@]}"
+# halt_on_error: UBSan only prints by default; a report must fail the test.
+export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
+export ASAN_OPTIONS="halt_on_error=1:detect_stack_use_after_return=1:strict_string_checks=1"
+started=$(date +%s)
+ctest --preset debug -R "$regex" -j "$(nproc)"
+echo "sanitizer tests: $(( $(date +%s) - started )) s"
