@@ -256,8 +256,13 @@ Expected<void> check_nesting(std::string_view text, int max_depth) {
     } else if (c == '"') {
       in_string = true;
     } else if (c == '[' || c == '{') {
-      if (++depth > max_depth)
-        return invalid(fmt::format("at byte {}: arrays and objects nested deeper than {} levels", i, max_depth));
+      if (++depth > max_depth) {
+        const auto line_start = text.rfind('\n', i);
+        const size_t column = line_start == std::string_view::npos ? i + 1 : i - line_start;
+        return invalid(fmt::format("line {}, column {} (byte {}): arrays and objects nested deeper than {} levels",
+                                   1 + std::count(text.begin(), text.begin() + static_cast<long>(i), '\n'), column,
+                                   i, max_depth));
+      }
     } else if (c == ']' || c == '}') {
       --depth;
     }
@@ -276,8 +281,15 @@ Expected<Parsed> parse_document(std::string_view text, const ManifestLimits& lim
   if (text.size() > limits.max_bytes)
     return invalid(fmt::format("{} bytes, more than the limit {}", text.size(), limits.max_bytes));
   KJIT_TRY(check_nesting(text, limits.max_depth));
-  const auto doc = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded()) return invalid("not valid JSON");
+  json doc;
+  try {
+    doc = json::parse(text);
+  } catch (const json::exception& e) {
+    // e.g. "[json.exception.parse_error.101] parse error at line 3, column 7: syntax error ... last read: '..'"
+    std::string why = e.what();
+    if (why.size() > 300) why = why.substr(0, 296) + " ...";
+    return invalid(fmt::format("not valid JSON: {}", why));
+  }
   if (!doc.is_object()) return invalid(fmt::format("got {}, expected a JSON object", excerpt(doc)));
   static const std::vector<std::string_view> kTopLevel{"kjit_manifest", "name", "source", "include", "kernels"};
   for (const auto& [key, value] : doc.items())
