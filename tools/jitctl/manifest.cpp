@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <unordered_set>
 
 #include <fmt/format.h>
@@ -270,6 +271,42 @@ Expected<void> check_nesting(std::string_view text, int max_depth) {
   return {};
 }
 
+// A parser callback that sets `repeated` to the JSON path of the first field
+// an object names twice: JSON allows it and nlohmann keeps the last value,
+// so {"cols": 64, "cols": 128} would drop a value silently.
+json::parser_callback_t repeated_fields(std::string& repeated) {
+  struct Frame {
+    bool array;
+    size_t index = 0;                     // array: the element being read
+    std::string key = {};                 // object: the field being read
+    std::unordered_set<std::string> keys = {};  // object: the fields read
+  };
+  auto frames = std::make_shared<std::vector<Frame>>();
+  return [frames, &repeated](int /*depth*/, json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start: frames->push_back({.array = false}); break;
+      case json::parse_event_t::array_start: frames->push_back({.array = true}); break;
+      case json::parse_event_t::key: {
+        auto& object = frames->back();
+        object.key = parsed.get<std::string>();
+        if (!object.keys.insert(object.key).second && repeated.empty()) {
+          for (const auto& frame : *frames)
+            repeated = frame.array ? fmt::format("{}[{}]", repeated, frame.index) : member(repeated, frame.key);
+        }
+        break;
+      }
+      case json::parse_event_t::object_end:
+      case json::parse_event_t::array_end:
+        frames->pop_back();
+        [[fallthrough]];
+      case json::parse_event_t::value:
+        if (!frames->empty() && frames->back().array) ++frames->back().index;
+        break;
+    }
+    return true;
+  };
+}
+
 struct Parsed {
   Manifest manifest;
   size_t expanded = 0;  // specs before de-duplication
@@ -282,14 +319,16 @@ Expected<Parsed> parse_document(std::string_view text, const ManifestLimits& lim
     return invalid(fmt::format("{} bytes, more than the limit {}", text.size(), limits.max_bytes));
   KJIT_TRY(check_nesting(text, limits.max_depth));
   json doc;
+  std::string repeated;  // the path of the first field an object names twice
   try {
-    doc = json::parse(text);
+    doc = json::parse(text, repeated_fields(repeated));
   } catch (const json::exception& e) {
     // e.g. "[json.exception.parse_error.101] parse error at line 3, column 7: syntax error ... last read: '..'"
     std::string why = e.what();
     if (why.size() > 300) why = why.substr(0, 296) + " ...";
     return invalid(fmt::format("not valid JSON: {}", why));
   }
+  if (!repeated.empty()) return invalid(fmt::format("{}: given twice in one object (JSON would keep the last)", repeated));
   if (!doc.is_object()) return invalid(fmt::format("got {}, expected a JSON object", excerpt(doc)));
   static const std::vector<std::string_view> kTopLevel{"kjit_manifest", "name", "source", "include", "kernels"};
   for (const auto& [key, value] : doc.items())
