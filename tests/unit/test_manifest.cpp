@@ -90,6 +90,10 @@ TEST_CASE("manifest errors name the JSON path and what was expected") {
   // Invariants across fields are codegen's: the entry is named with the values it was expanded with.
   CHECK(error_of(with_kernel(std::string("{") + std::string(kDequant) + R"(, "cols": [64, 100], "vec": 16})"))
             .find("kernels[0] with cols[1] = 100: vec 16 does not divide cols 100") != std::string::npos);
+  CHECK(error_of(with_kernel(R"({"op": "fp8_dequant", "in": "f8_e4m3fn", "out": "bf16", "cols": 64,
+      "scale": ["per_block", "per_row"], "block": [128, 128], "convention": "multiply"})"))
+            .find("kernels[0].block with scale[1] = \"per_row\": only meaningful with scale per_block") !=
+        std::string::npos);
   CHECK(error_of("{\n not json").find("not valid JSON: [json.exception.parse_error.101] parse error at line 2, column 3") !=
         std::string::npos);
 }
@@ -202,7 +206,12 @@ TEST_CASE("a manifest at the kernel limit expands and de-duplicates in bounded t
   REQUIRE_MESSAGE(m.has_value(), kjit::testing::why(m));
   CHECK(m->kernels.size() == 100'000);
   MESSAGE("100000 specs parsed, expanded and de-duplicated in " << seconds << " s of processor time");
-  CHECK(seconds < 8.0);  // generous for sanitizer builds; the quadratic version took 19 s in release
+  // The quadratic version took 19 s in release; this one 0.3 s, 8 s in the sanitizer build (-O0).
+#if defined(__SANITIZE_ADDRESS__)
+  CHECK(seconds < 60.0);
+#else
+  CHECK(seconds < 5.0);
+#endif
 }
 
 // Finding 3: a value nested 200k deep crashed the parser's caller (recursive copy).
@@ -303,7 +312,7 @@ void mutate(json& doc, std::mt19937_64& rng) {
     case 4: node = random_scalar(rng); break;  // swap type or value
     case 5: {  // a long list
       json list = json::array();
-      const size_t length = 1 + rng() % 2000;
+      const size_t length = 1 + rng() % 512;
       for (size_t i = 0; i < length; ++i) list.push_back(rng() % 2 ? json(16 * (1 + rng() % 4096)) : random_scalar(rng));
       node = std::move(list);
       break;
@@ -343,10 +352,11 @@ TEST_CASE("the manifest parser survives a seeded mutation fuzz of the bundled ma
   const char* override_count = std::getenv("KJIT_MANIFEST_FUZZ_ITERATIONS");
   const long iterations = override_count ? std::atol(override_count) : 20'000;
   // A smaller kernel limit keeps every iteration cheap; the limit itself is tested above.
-  const ManifestLimits limits{.max_kernels = 5000};
+  const ManifestLimits limits{.max_kernels = 256};
   std::mt19937_64 rng(20261123);
   long accepted = 0;
   const auto start = std::chrono::steady_clock::now();
+  const std::clock_t start_processor = std::clock();
   for (long i = 0; i < iterations; ++i) {
     json doc = seeds[rng() % seeds.size()];
     const int mutations = 1 + static_cast<int>(rng() % 4);
@@ -364,5 +374,7 @@ TEST_CASE("the manifest parser survives a seeded mutation fuzz of the bundled ma
     }
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  MESSAGE(iterations << " mutated manifests in " << seconds << " s, " << accepted << " accepted");
+  const double processor = static_cast<double>(std::clock() - start_processor) / CLOCKS_PER_SEC;
+  MESSAGE(iterations << " mutated manifests in " << seconds << " s (" << processor << " s of processor time), "
+                     << accepted << " accepted");
 }

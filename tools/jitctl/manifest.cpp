@@ -231,7 +231,7 @@ Expected<void> expand(const json& entry, const std::vector<Axis>& axes, const st
     }
     // Codegen reads a block only beside per_block scales: anywhere else it would be dropped silently.
     if (one.contains("block") && (!one.contains("scale") || one["scale"] != "per_block"))
-      return invalid(fmt::format("{}{}: block is only meaningful with scale per_block", path, chosen));
+      return invalid(fmt::format("{}.block{}: only meaningful with scale per_block", path, chosen));
     auto spec = codegen::spec_from_json(one);
     if (!spec) return fail(spec.error().code, fmt::format("{}{}: {}", path, chosen, spec.error().message));
     out.add(*spec);
