@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The CPU tests that need no CUDA toolkit at run time, built with AddressSanitizer
 # and UndefinedBehaviorSanitizer (the `debug` preset, build-debug/), for CI.
-# Restricted to the cache store's tests (its decoder fuzz included) to keep
-# CI's time in budget: a sanitizer build of everything takes far longer.
+# Restricted to the cache store's tests (its decoder fuzz included) and the
+# manifest parser's (its fuzz reaches codegen's spec parsing too) to keep CI's
+# time in budget: a sanitizer build of everything takes far longer.
 # Any sanitizer report fails the run. Extra targets and a ctest regex can be
 # given: scripts/test-sanitizers.sh [TARGET... [-- CTEST_REGEX]].
 set -euo pipefail
 cd "$(dirname "$0")/.."
-targets=(kjit_cache_tests kjit_cache_fault_tests)
-regex='^cache\.'
+targets=(kjit_cache_tests kjit_cache_fault_tests kjit_manifest_tests)
+regex='^(cache\.|manifest: )'
 if [ $# -gt 0 ]; then
   targets=()
   while [ $# -gt 0 ] && [ "$1" != "--" ]; do targets+=("$1"); shift; done

@@ -1,7 +1,8 @@
 // Precompile manifests: JSON documents listing kernel specs, bundled under
-// tools/manifests/ (format in tools/manifests/README.md).
+// tools/manifests/ (format and limits in tools/manifests/README.md).
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -15,9 +16,20 @@ struct Manifest {
   std::vector<std::string> includes;         // other manifests, relative to this one
 };
 
-// Parses a manifest document; errors name the kernel index and field.
-Expected<Manifest> parse_manifest(std::string_view text);
-// Reads a manifest file and the manifests it includes (paths relative to it).
-Expected<Manifest> read_manifest(const std::string& path);
+// What a manifest may cost before it is refused: a file or a careless list
+// must not exhaust memory, the stack or the precompile's time.
+struct ManifestLimits {
+  size_t max_bytes = size_t{16} << 20;  // of one file, and of a manifest and its includes together
+  int max_depth = 32;                   // nesting of arrays and objects (the bundled ones nest 4 deep)
+  size_t max_kernels = 100'000;         // specs the kernel entries expand to, includes together
+};
+
+// Parses a manifest document: every field of every entry is checked before
+// anything expands; errors name the JSON path (kernels[2].cols[1]) and what
+// was expected.
+Expected<Manifest> parse_manifest(std::string_view text, const ManifestLimits& limits = {});
+// Reads a manifest file (a regular file) and the manifests it includes (paths
+// relative to it); errors start with the file's path.
+Expected<Manifest> read_manifest(const std::string& path, const ManifestLimits& limits = {});
 
 }  // namespace kjit::tools
