@@ -82,7 +82,7 @@ SysExpected<void> remove_directory(int dir_fd, const std::string& name, const st
     std::string inner_path = join_path(path, inner);
     if (::unlinkat(dir->get(), inner.c_str(), 0) == 0 || errno == ENOENT) continue;
     if (errno != EISDIR) return sys_error(errno, "remove", inner_path);
-    if (auto removed = remove_directory(dir->get(), inner, inner_path, depth_left - 1); !removed) return removed;
+    KJIT_TRY(remove_directory(dir->get(), inner, inner_path, depth_left - 1));
   }
   if (::unlinkat(dir_fd, name.c_str(), AT_REMOVEDIR) == 0 || errno == ENOENT) return {};
   return sys_error(errno, "remove", path);
@@ -138,8 +138,7 @@ SysExpected<bool> remove_at(int dir_fd, const std::string& name, const std::stri
   if (::unlinkat(dir_fd, name.c_str(), 0) == 0) return true;
   if (errno == ENOENT) return false;
   if (errno != EISDIR) return sys_error(errno, "remove", path);
-  if (auto removed = remove_directory(dir_fd, name, path, kMaxRemovedDepth); !removed)
-    return std::unexpected(removed.error());
+  KJIT_TRY(remove_directory(dir_fd, name, path, kMaxRemovedDepth));
   return true;
 }
 

@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "kjit/base/expected.hpp"
 #include "kjit/base/log.hpp"
 
 namespace kjit::cache::detail {
@@ -64,7 +65,7 @@ SysExpected<Fd> open_root(const std::string& path, RootRole role) {
 SysExpected<Fd> open_root_for_writing(const std::string& path) {
   auto fd = open_directory(path);
   if (!fd && fd.error().err == ENOENT) {
-    if (auto made = create_directories(path, 0700); !made) return std::unexpected(made.error());
+    KJIT_TRY(create_directories(path, 0700));
     fd = open_directory(path);
   }
   if (!fd) return std::unexpected(fd.error());
@@ -79,7 +80,7 @@ SysExpected<Fd> open_shard(int root_fd, const std::string& root_path, const std:
     if (::mkdirat(root_fd, name.c_str(), 0700) == 0) {
       // A new directory's own name lives in the root: sync the root so that a
       // crash cannot lose the shard together with entries renamed into it.
-      if (auto synced = sync_fd(root_fd, root_path); !synced) return std::unexpected(synced.error());
+      KJIT_TRY(sync_fd(root_fd, root_path));
     } else if (errno != EEXIST) {
       return sys_error(errno, "create directory", path);
     }

@@ -311,16 +311,15 @@ SysExpected<bool> Store::Impl::write_entry(std::string_view key, std::span<const
   if (!temp) return std::unexpected(temp.error());
   TempGuard guard(shard->get(), temp->name);
   std::string temp_path = join_path(shard_path, temp->name);
-  if (auto written = write_temp(temp->fd.get(), file, temp_path); !written) return std::unexpected(written.error());
+  KJIT_TRY(write_temp(temp->fd.get(), file, temp_path));
   // Sync the data before the rename makes it visible: otherwise a crash can
   // leave the new name pointing at a file whose blocks were never written.
-  if (auto synced = detail::sync_fd(temp->fd.get(), temp_path); !synced) return std::unexpected(synced.error());
-  if (auto closed = temp->fd.close_checked(temp_path); !closed) return std::unexpected(closed.error());
-  if (auto renamed = rename_into_place(shard->get(), shard_path, temp->name, key); !renamed)
-    return std::unexpected(renamed.error());
+  KJIT_TRY(detail::sync_fd(temp->fd.get(), temp_path));
+  KJIT_TRY(temp->fd.close_checked(temp_path));
+  KJIT_TRY(rename_into_place(shard->get(), shard_path, temp->name, key));
   guard.keep();
   // The rename is a change to the directory: durable only once it is synced.
-  if (auto synced = detail::sync_fd(shard->get(), shard_path); !synced) return std::unexpected(synced.error());
+  KJIT_TRY(detail::sync_fd(shard->get(), shard_path));
   return true;
 }
 

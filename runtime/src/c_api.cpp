@@ -57,14 +57,14 @@ KJIT_API void kjit_dequant_desc_init(kjit_dequant_desc* desc) {
 
 KJIT_API kjit_status kjit_dequant_fp8(const kjit_dequant_desc* desc, kjit_stream stream) {
   return guarded([&]() -> kjit::Expected<void> {
-    if (auto ok = require(desc, "desc"); !ok) return ok;
+    KJIT_TRY(require(desc, "desc"));
     return kjit::ops::dequant_fp8(kjit::Runtime::global(), *desc, reinterpret_cast<CUstream>(stream));
   });
 }
 
 KJIT_API kjit_status kjit_dequant_fp8_prepare(const kjit_dequant_desc* desc, int device) {
   return guarded([&]() -> kjit::Expected<void> {
-    if (auto ok = require(desc, "desc"); !ok) return ok;
+    KJIT_TRY(require(desc, "desc"));
     return kjit::ops::prepare_dequant_fp8(kjit::Runtime::global(), *desc, device);
   });
 }
@@ -77,14 +77,14 @@ KJIT_API void kjit_grouped_gemm_desc_init(kjit_grouped_gemm_desc* desc) {
 
 KJIT_API kjit_status kjit_grouped_gemm(const kjit_grouped_gemm_desc* desc, kjit_stream stream) {
   return guarded([&]() -> kjit::Expected<void> {
-    if (auto ok = require(desc, "desc"); !ok) return ok;
+    KJIT_TRY(require(desc, "desc"));
     return kjit::ops::grouped_gemm(kjit::Runtime::global(), *desc, reinterpret_cast<CUstream>(stream));
   });
 }
 
 KJIT_API kjit_status kjit_grouped_gemm_prepare(const kjit_grouped_gemm_desc* desc, int device) {
   return guarded([&]() -> kjit::Expected<void> {
-    if (auto ok = require(desc, "desc"); !ok) return ok;
+    KJIT_TRY(require(desc, "desc"));
     return kjit::ops::prepare_grouped_gemm(kjit::Runtime::global(), *desc, device);
   });
 }
@@ -97,7 +97,7 @@ KJIT_API void kjit_moe_routing_desc_init(kjit_moe_routing_desc* desc) {
 
 KJIT_API kjit_status kjit_moe_routing(const kjit_moe_routing_desc* desc, kjit_stream stream) {
   return guarded([&]() -> kjit::Expected<void> {
-    if (auto ok = require(desc, "desc"); !ok) return ok;
+    KJIT_TRY(require(desc, "desc"));
     return kjit::ops::moe_routing(kjit::Runtime::global(), *desc, reinterpret_cast<CUstream>(stream));
   });
 }
@@ -111,7 +111,7 @@ KJIT_API uint64_t kjit_moe_routing_workspace_bytes(int64_t tokens, int64_t top_k
 
 KJIT_API kjit_status kjit_moe_routing_prepare(const kjit_moe_routing_desc* desc, int device) {
   return guarded([&]() -> kjit::Expected<void> {
-    if (auto ok = require(desc, "desc"); !ok) return ok;
+    KJIT_TRY(require(desc, "desc"));
     return kjit::ops::prepare_moe_routing(kjit::Runtime::global(), *desc, device);
   });
 }
@@ -124,14 +124,14 @@ KJIT_API void kjit_moe_combine_desc_init(kjit_moe_combine_desc* desc) {
 
 KJIT_API kjit_status kjit_moe_combine(const kjit_moe_combine_desc* desc, kjit_stream stream) {
   return guarded([&]() -> kjit::Expected<void> {
-    if (auto ok = require(desc, "desc"); !ok) return ok;
+    KJIT_TRY(require(desc, "desc"));
     return kjit::ops::moe_combine(kjit::Runtime::global(), *desc, reinterpret_cast<CUstream>(stream));
   });
 }
 
 KJIT_API kjit_status kjit_moe_combine_prepare(const kjit_moe_combine_desc* desc, int device) {
   return guarded([&]() -> kjit::Expected<void> {
-    if (auto ok = require(desc, "desc"); !ok) return ok;
+    KJIT_TRY(require(desc, "desc"));
     return kjit::ops::prepare_moe_combine(kjit::Runtime::global(), *desc, device);
   });
 }
@@ -142,7 +142,7 @@ KJIT_API kjit_status kjit_device_errors(int device) {
 
 KJIT_API kjit_status kjit_device_count(int* count) {
   return guarded([&]() -> kjit::Expected<void> {
-    if (auto ok = require(count, "count"); !ok) return ok;
+    KJIT_TRY(require(count, "count"));
     *count = 0;
     auto n = kjit::Runtime::global().device_count();
     // No driver means no GPU: zero devices is the answer, not an error.

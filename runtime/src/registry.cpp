@@ -27,9 +27,7 @@ Expected<const LoadedKernel*> Registry::get_or_load(int device, const codegen::K
   // One loader per slot; latecomers wait for it and then see `ready`.
   std::lock_guard loading(slot->loading);
   if (slot->ready.load(std::memory_order_acquire)) return &slot->kernel;
-  auto loaded = load();
-  if (!loaded) return std::unexpected(loaded.error());
-  slot->kernel = *loaded;
+  slot->kernel = KJIT_TRY(load());
   slot->ready.store(true, std::memory_order_release);
   return &slot->kernel;
 }

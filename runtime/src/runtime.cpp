@@ -71,19 +71,17 @@ Runtime& Runtime::global() {
 Expected<int> Runtime::device_count() const {
   if (!driver_) return std::unexpected(driver_.error());
   int count = 0;
-  if (auto ok = check(**driver_, (*driver_)->cuDeviceGetCount(&count), "cuDeviceGetCount"); !ok)
-    return std::unexpected(ok.error());
+  KJIT_TRY(check(**driver_, (*driver_)->cuDeviceGetCount(&count), "cuDeviceGetCount"));
   return count;
 }
 
 Expected<DeviceState*> Runtime::device(int ordinal) {
   if (ordinal >= 0 && ordinal < kMaxDevices)
     if (DeviceState* ready = devices_[static_cast<size_t>(ordinal)].load(std::memory_order_acquire)) return ready;
-  auto count = device_count();
-  if (!count) return std::unexpected(count.error());
-  if (ordinal < 0 || ordinal >= *count || ordinal >= kMaxDevices)
+  const int count = KJIT_TRY(device_count());
+  if (ordinal < 0 || ordinal >= count || ordinal >= kMaxDevices)
     return fail(KJIT_ERROR_INVALID_ARGUMENT,
-                fmt::format("device {} does not exist ({} device{} visible)", ordinal, *count, *count == 1 ? "" : "s"));
+                fmt::format("device {} does not exist ({} device{} visible)", ordinal, count, count == 1 ? "" : "s"));
 
   std::lock_guard lock(devices_mutex_);
   auto& slot = devices_[static_cast<size_t>(ordinal)];
@@ -91,8 +89,7 @@ Expected<DeviceState*> Runtime::device(int ordinal) {
   const DriverApi& api = **driver_;
   auto state = std::make_unique<DeviceState>();
   state->ordinal = ordinal;
-  if (auto ok = check(api, api.cuDeviceGet(&state->device, ordinal), "cuDeviceGet"); !ok)
-    return std::unexpected(ok.error());
+  KJIT_TRY(check(api, api.cuDeviceGet(&state->device, ordinal), "cuDeviceGet"));
   int major = 0, minor = 0;
   api.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, state->device);
   api.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, state->device);
@@ -104,16 +101,12 @@ Expected<DeviceState*> Runtime::device(int ordinal) {
   if (!arch)
     return fail(arch.error().code, fmt::format("device {} ({}): {}", ordinal, state->name, arch.error().message));
   state->arch = *arch;
-  if (auto ok = check(api, api.cuDevicePrimaryCtxRetain(&state->context, state->device), "cuDevicePrimaryCtxRetain");
-      !ok)
-    return std::unexpected(ok.error());
+  KJIT_TRY(check(api, api.cuDevicePrimaryCtxRetain(&state->context, state->device), "cuDevicePrimaryCtxRetain"));
   {
     ScopedContext scope(api, state->context);
-    if (auto ok = scope.status(); !ok) return std::unexpected(ok.error());
-    if (auto ok = check(api, api.cuMemAlloc(&state->error_words, 2 * sizeof(uint32_t)), "cuMemAlloc"); !ok)
-      return std::unexpected(ok.error());
-    if (auto ok = check(api, api.cuMemsetD32(state->error_words, 0, 2), "cuMemsetD32"); !ok)
-      return std::unexpected(ok.error());
+    KJIT_TRY(scope.status());
+    KJIT_TRY(check(api, api.cuMemAlloc(&state->error_words, 2 * sizeof(uint32_t)), "cuMemAlloc"));
+    KJIT_TRY(check(api, api.cuMemsetD32(state->error_words, 0, 2), "cuMemsetD32"));
   }
   log::debug("device {}: {} ({}), context ready", ordinal, state->name, state->arch->target);
   slot.store(state.get(), std::memory_order_release);
@@ -134,10 +127,7 @@ Expected<int> Runtime::owning_device(std::initializer_list<NamedPointer> pointer
     void* data[] = {&memory_type, &ordinal};
     // Unlike cuPointerGetAttribute, this reports unknown (host) pointers as
     // memory type 0 instead of failing, which gives a clearer message.
-    if (auto ok = check(api, api.cuPointerGetAttributes(2, attributes, data, reinterpret_cast<CUdeviceptr>(pointer)),
-                        "cuPointerGetAttributes");
-        !ok)
-      return std::unexpected(ok.error());
+    KJIT_TRY(check(api, api.cuPointerGetAttributes(2, attributes, data, reinterpret_cast<CUdeviceptr>(pointer)), "cuPointerGetAttributes"));
     if (memory_type != CU_MEMORYTYPE_DEVICE && memory_type != CU_MEMORYTYPE_UNIFIED)
       return fail(KJIT_ERROR_INVALID_ARGUMENT,
                   fmt::format("'{}' ({}) is {}; kjit needs device memory", name, pointer, memory_type_name(memory_type)));
@@ -160,11 +150,10 @@ Expected<void> Runtime::check_stream(const DeviceState& device, CUstream stream)
   // invalidate the caller's capture, so during capture the check is left to
   // cuLaunchKernel, which rejects a stream of another context with an error.
   CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
-  if (auto ok = check(api, api.cuStreamIsCapturing(stream, &capture), "cuStreamIsCapturing"); !ok) return ok;
+  KJIT_TRY(check(api, api.cuStreamIsCapturing(stream, &capture), "cuStreamIsCapturing"));
   if (capture != CU_STREAM_CAPTURE_STATUS_NONE) return {};
   CUdevice stream_device = 0;
-  if (auto ok = check(api, api.cuStreamGetDevice(stream, &stream_device), "cuStreamGetDevice"); !ok)
-    return std::unexpected(ok.error());
+  KJIT_TRY(check(api, api.cuStreamGetDevice(stream, &stream_device), "cuStreamGetDevice"));
   if (stream_device != device.device)
     return fail(KJIT_ERROR_INVALID_ARGUMENT,
                 fmt::format("the stream belongs to device {} but the data is on device {}", static_cast<int>(stream_device),
@@ -238,7 +227,7 @@ Expected<void> Runtime::launch(const DeviceState& device, const LoadedKernel& ke
                                const codegen::LaunchGeometry& g, void* params, CUstream stream) const {
   const DriverApi& api = **driver_;
   ScopedContext scope(api, device.context);
-  if (auto ok = scope.status(); !ok) return ok;
+  KJIT_TRY(scope.status());
   void* args[] = {params};
   if (g.cluster_x > 1) {
     ClusterLaunch launch(g, stream);
@@ -251,17 +240,15 @@ Expected<void> Runtime::launch(const DeviceState& device, const LoadedKernel& ke
 }
 
 Expected<void> Runtime::take_device_errors(int ordinal) {
-  auto state = device(ordinal);
-  if (!state) return std::unexpected(state.error());
+  DeviceState* state = KJIT_TRY(device(ordinal));
   const DriverApi& api = **driver_;
-  ScopedContext scope(api, (*state)->context);
-  if (auto ok = scope.status(); !ok) return ok;
-  if (auto ok = check(api, api.cuCtxSynchronize(), "cuCtxSynchronize"); !ok) return ok;
+  ScopedContext scope(api, state->context);
+  KJIT_TRY(scope.status());
+  KJIT_TRY(check(api, api.cuCtxSynchronize(), "cuCtxSynchronize"));
   uint32_t words[2] = {};
-  if (auto ok = check(api, api.cuMemcpyDtoH(words, (*state)->error_words, sizeof words), "cuMemcpyDtoH"); !ok)
-    return ok;
+  KJIT_TRY(check(api, api.cuMemcpyDtoH(words, state->error_words, sizeof words), "cuMemcpyDtoH"));
   if (words[0] == 0) return {};
-  if (auto ok = check(api, api.cuMemsetD32((*state)->error_words, 0, 2), "cuMemsetD32"); !ok) return ok;
+  KJIT_TRY(check(api, api.cuMemsetD32(state->error_words, 0, 2), "cuMemsetD32"));
   // The message beside each code in abi/device_errors.h.
   struct Text {
     uint32_t code;

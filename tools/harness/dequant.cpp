@@ -75,11 +75,11 @@ Expected<int64_t> check_dequant(Runtime& runtime, DeviceState& device, const cod
   // Run exactly the cached kind: a narrower access than the buffers allow is valid.
   plan->spec.vec = spec.vec;
   plan->geometry = codegen::dequant_geometry(plan->spec, d.rows, slots);
-  if (auto ok = ops::launch_dequant(runtime, *plan, nullptr); !ok) return std::unexpected(ok.error());
-  if (auto ok = runtime.take_device_errors(device.ordinal); !ok) return std::unexpected(ok.error());
+  KJIT_TRY(ops::launch_dequant(runtime, *plan, nullptr));
+  KJIT_TRY(runtime.take_device_errors(device.ordinal));
 
   std::vector<uint8_t> result(out_size);
-  if (auto ok = buffers.download(result.data(), *out, out_size); !ok) return std::unexpected(ok.error());
+  KJIT_TRY(buffers.download(result.data(), *out, out_size));
   int64_t wrong = 0;
   for (int64_t s = 0; s < slots; ++s) {
     const int64_t e = spec.selected_experts ? ids[static_cast<size_t>(s)] : s;

@@ -21,10 +21,10 @@ class Buffers {
   Expected<CUdeviceptr> upload(const void* data, size_t bytes) {
     ScopedContext scope(api_, ctx_);
     CUdeviceptr p = 0;
-    if (auto ok = check(api_, api_.cuMemAlloc(&p, bytes), "cuMemAlloc"); !ok) return std::unexpected(ok.error());
+    KJIT_TRY(check(api_, api_.cuMemAlloc(&p, bytes), "cuMemAlloc"));
     owned_.push_back(p);
     if (data) {
-      if (auto ok = check(api_, api_.cuMemcpyHtoD(p, data, bytes), "cuMemcpyHtoD"); !ok) return std::unexpected(ok.error());
+      KJIT_TRY(check(api_, api_.cuMemcpyHtoD(p, data, bytes), "cuMemcpyHtoD"));
     } else if (auto ok = check(api_, api_.cuMemsetD8(p, 0xA5, bytes), "cuMemsetD8"); !ok) {
       return std::unexpected(ok.error());
     }

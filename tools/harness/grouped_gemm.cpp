@@ -68,12 +68,7 @@ Expected<double> check_grouped_gemm(Runtime& runtime, DeviceState& device, const
   {
     ScopedContext scope(api, device.context);
     for (int64_t e : active)
-      if (auto ok = check(api,
-                          api.cuMemcpyHtoD(*dw + static_cast<size_t>(e) * expert_elements * 2,
-                                           w[static_cast<size_t>(e)].data(), expert_elements * 2),
-                          "cuMemcpyHtoD");
-          !ok)
-        return std::unexpected(ok.error());
+      KJIT_TRY(check(api, api.cuMemcpyHtoD(*dw + static_cast<size_t>(e) * expert_elements * 2, w[static_cast<size_t>(e)].data(), expert_elements * 2), "cuMemcpyHtoD"));
   }
   kjit_grouped_gemm_desc g;
   kjit_grouped_gemm_desc_init(&g);
@@ -101,10 +96,10 @@ Expected<double> check_grouped_gemm(Runtime& runtime, DeviceState& device, const
   g.tile_n = spec.tile_n;
   g.cluster = spec.cluster;
   g.cluster_axis = spec.cluster_axis == codegen::ClusterAxis::n ? KJIT_GEMM_CLUSTER_ALONG_N : KJIT_GEMM_CLUSTER_ALONG_M;
-  if (auto ok = ops::grouped_gemm(runtime, g, nullptr); !ok) return std::unexpected(ok.error());
-  if (auto ok = runtime.take_device_errors(device.ordinal); !ok) return std::unexpected(ok.error());
+  KJIT_TRY(ops::grouped_gemm(runtime, g, nullptr));
+  KJIT_TRY(runtime.take_device_errors(device.ordinal));
   std::vector<uint8_t> out(out_size);
-  if (auto ok = buffers.download(out.data(), *dout, out_size); !ok) return std::unexpected(ok.error());
+  KJIT_TRY(buffers.download(out.data(), *dout, out_size));
   for (size_t i = static_cast<size_t>(routed * n * out_bytes); i < out_size; ++i)
     if (out[i] != 0xA5) return fail(KJIT_ERROR_INTERNAL, "a row past the last offset was written");
   std::vector<int64_t> expert_of(static_cast<size_t>(routed));

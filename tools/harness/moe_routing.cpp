@@ -70,8 +70,8 @@ Expected<int64_t> check_moe_routing_once(Runtime& runtime, DeviceState& device,
   d.offsets = reinterpret_cast<int32_t*>(*doffsets);
   d.sorted_to_flat = reinterpret_cast<int32_t*>(*dsorted);
   d.flat_to_sorted = reinterpret_cast<int32_t*>(*dinverse);
-  if (auto ok = ops::moe_routing(runtime, d, nullptr); !ok) return std::unexpected(ok.error());
-  if (auto ok = runtime.take_device_errors(device.ordinal); !ok) return std::unexpected(ok.error());
+  KJIT_TRY(ops::moe_routing(runtime, d, nullptr));
+  KJIT_TRY(runtime.take_device_errors(device.ordinal));
 
   int64_t wrong = 0;
   const std::pair<CUdeviceptr, const std::vector<int32_t>*> outputs[] = {
@@ -79,7 +79,7 @@ Expected<int64_t> check_moe_routing_once(Runtime& runtime, DeviceState& device,
       {*dinverse, &want.flat_to_sorted}};
   for (const auto& [p, expected] : outputs) {
     std::vector<int32_t> got(expected->size());
-    if (auto ok = buffers.download(got.data(), p, got.size() * 4); !ok) return std::unexpected(ok.error());
+    KJIT_TRY(buffers.download(got.data(), p, got.size() * 4));
     for (size_t i = 0; i < got.size(); ++i) wrong += got[i] == (*expected)[i] ? 0 : 1;
   }
   return wrong;
@@ -148,10 +148,10 @@ Expected<int64_t> check_moe_combine(Runtime& runtime, DeviceState& device, const
   d.topk_weights = reinterpret_cast<const float*>(*dw);
   d.flat_to_sorted = reinterpret_cast<const int32_t*>(*dmap);
   d.out = reinterpret_cast<void*>(*dout);
-  if (auto ok = ops::moe_combine(runtime, d, nullptr); !ok) return std::unexpected(ok.error());
-  if (auto ok = runtime.take_device_errors(device.ordinal); !ok) return std::unexpected(ok.error());
+  KJIT_TRY(ops::moe_combine(runtime, d, nullptr));
+  KJIT_TRY(runtime.take_device_errors(device.ordinal));
   std::vector<uint8_t> out(out_size);
-  if (auto ok = buffers.download(out.data(), *dout, out_size); !ok) return std::unexpected(ok.error());
+  KJIT_TRY(buffers.download(out.data(), *dout, out_size));
 
   int64_t wrong = 0;
   for (int64_t t = 0; t < tokens; ++t) {

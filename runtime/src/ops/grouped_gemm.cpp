@@ -121,10 +121,10 @@ Expected<void> encode_sm90_maps(const DriverApi& api, const codegen::GroupedGemm
                                static_cast<cuuint32_t>(swap_ab ? KJIT_SWAP_AB_ROW_BOX
                                                        : along_n ? s.tile_m / s.cluster
                                                                  : s.tile_m)};
-  if (auto ok = encode_tensor_map(api, p.a_map, p.gemm.a, 2, a_dims, a_strides, a_box, "A"); !ok) return ok;
+  KJIT_TRY(encode_tensor_map(api, p.a_map, p.gemm.a, 2, a_dims, a_strides, a_box, "A"));
   if (swap_ab) {
     const cuuint32_t wide_box[2] = {KJIT_SM90_K_BLOCK, KJIT_SWAP_AB_WIDE_ROW_BOX};
-    if (auto ok = encode_tensor_map(api, p.a_wide_map, p.gemm.a, 2, a_dims, a_strides, wide_box, "A"); !ok) return ok;
+    KJIT_TRY(encode_tensor_map(api, p.a_wide_map, p.gemm.a, 2, a_dims, a_strides, wide_box, "A"));
   }
   if (s.weights == codegen::WeightLayout::e_n_k) {
     const cuuint64_t dims[3] = {k, n, e};

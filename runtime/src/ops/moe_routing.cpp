@@ -52,14 +52,13 @@ Expected<codegen::MoeCombineSpec> combine_spec(const kjit_moe_combine_desc& d) {
 }  // namespace
 
 Expected<void> moe_routing(Runtime& runtime, const kjit_moe_routing_desc& d, CUstream stream) {
-  auto spec = routing_spec(d);
-  if (!spec) return std::unexpected(spec.error());
+  const auto spec = KJIT_TRY(routing_spec(d));
   const std::initializer_list<NamedPointer> pointers = {{d.topk_ids, "topk_ids"},
                                                         {d.counts, "counts"},
                                                         {d.offsets, "offsets"},
                                                         {d.sorted_to_flat, "sorted_to_flat"},
                                                         {d.flat_to_sorted, "flat_to_sorted"}};
-  if (auto ok = require_non_null(pointers); !ok) return ok;
+  KJIT_TRY(require_non_null(pointers));
   kjit_moe_routing_params p{};
   p.topk_ids = d.topk_ids;
   p.counts = d.counts;
@@ -73,7 +72,7 @@ Expected<void> moe_routing(Runtime& runtime, const kjit_moe_routing_desc& d, CUs
   const uint64_t needed = moe_routing_workspace_bytes(p.entries, d.experts_local);
   if (d.workspace == nullptr || needed == 0) {
     p.phase = KJIT_ROUTING_PHASE_ONE_BLOCK;
-    return launch_on_owning_device(runtime, *spec, pointers, p.device_error, g, &p, stream);
+    return launch_on_owning_device(runtime, spec, pointers, p.device_error, g, &p, stream);
   }
   if (d.workspace_bytes < needed)
     return invalid(fmt::format("workspace_bytes is {}, {} tokens x top_k {} over {} experts need {} "
@@ -91,8 +90,7 @@ Expected<void> moe_routing(Runtime& runtime, const kjit_moe_routing_desc& d, CUs
   for (int phase : {KJIT_ROUTING_PHASE_COUNT, KJIT_ROUTING_PHASE_SCAN, KJIT_ROUTING_PHASE_PLACE}) {
     p.phase = phase;
     g.grid_x = phase == KJIT_ROUTING_PHASE_SCAN ? 1 : blocks;
-    if (auto ok = launch_on_owning_device(runtime, *spec, with_workspace, p.device_error, g, &p, stream); !ok)
-      return ok;
+    KJIT_TRY(launch_on_owning_device(runtime, spec, with_workspace, p.device_error, g, &p, stream));
   }
   return {};
 }
@@ -104,18 +102,16 @@ uint64_t moe_routing_workspace_bytes(int64_t entries, int64_t experts_local) {
 }
 
 Expected<void> prepare_moe_routing(Runtime& runtime, const kjit_moe_routing_desc& d, int device) {
-  auto spec = routing_spec(d);
-  if (!spec) return std::unexpected(spec.error());
-  return prepare_on_device(runtime, *spec, device);
+  const auto spec = KJIT_TRY(routing_spec(d));
+  return prepare_on_device(runtime, spec, device);
 }
 
 Expected<void> moe_combine(Runtime& runtime, const kjit_moe_combine_desc& d, CUstream stream) {
-  auto spec = combine_spec(d);
-  if (!spec) return std::unexpected(spec.error());
+  const auto spec = KJIT_TRY(combine_spec(d));
   if (d.tokens == 0) return {};
   const std::initializer_list<NamedPointer> pointers = {
       {d.expert_out, "expert_out"}, {d.topk_weights, "topk_weights"}, {d.flat_to_sorted, "flat_to_sorted"}, {d.out, "out"}};
-  if (auto ok = require_non_null(pointers); !ok) return ok;
+  KJIT_TRY(require_non_null(pointers));
   if (reinterpret_cast<uintptr_t>(d.expert_out) % 16 != 0 || reinterpret_cast<uintptr_t>(d.out) % 16 != 0)
     return invalid("'expert_out' and 'out' must be 16-byte aligned");
   kjit_moe_combine_params p{};
@@ -126,13 +122,12 @@ Expected<void> moe_combine(Runtime& runtime, const kjit_moe_combine_desc& d, CUs
   p.tokens = d.tokens;
   p.rows = d.rows;
   const auto g = codegen::moe_combine_geometry(d.tokens);
-  return launch_on_owning_device(runtime, *spec, pointers, p.device_error, g, &p, stream);
+  return launch_on_owning_device(runtime, spec, pointers, p.device_error, g, &p, stream);
 }
 
 Expected<void> prepare_moe_combine(Runtime& runtime, const kjit_moe_combine_desc& d, int device) {
-  auto spec = combine_spec(d);
-  if (!spec) return std::unexpected(spec.error());
-  return prepare_on_device(runtime, *spec, device);
+  const auto spec = KJIT_TRY(combine_spec(d));
+  return prepare_on_device(runtime, spec, device);
 }
 
 }  // namespace kjit::ops

@@ -35,12 +35,13 @@ inline std::unexpected<Error> fail(kjit_status code, std::string message) {
 
 }  // namespace kjit
 
-// Evaluates an Expected: its value (nothing for Expected<void>), or returns its
-// error from the enclosing function (which returns some Expected). A GNU
-// statement expression, as in GCC and Clang; __extension__ keeps -Wpedantic quiet.
+// Evaluates an Expected (or any std::expected): its value (nothing for a void
+// one), or returns its error from the enclosing function, whose return type
+// takes that error. A GNU statement expression, as in GCC and Clang;
+// __extension__ keeps -Wpedantic quiet.
 #define KJIT_TRY(...)                                                                     \
   __extension__({                                                                         \
     auto&& kjit_try_result_ = (__VA_ARGS__);                                               \
-    if (!kjit_try_result_) return ::std::unexpected<::kjit::Error>(std::move(kjit_try_result_.error())); \
+    if (!kjit_try_result_) return ::std::unexpected(std::move(kjit_try_result_.error()));     \
     *std::move(kjit_try_result_);                                                         \
   })
