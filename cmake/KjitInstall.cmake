@@ -8,7 +8,13 @@ include(CMakePackageConfigHelpers)
 install(TARGETS kjit EXPORT kjitTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-install(TARGETS jitctl RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+if(SKBUILD_SCRIPTS_DIR)
+  # A Python wheel (pyproject.toml): jitctl goes where pip puts the
+  # environment's commands.
+  install(TARGETS jitctl RUNTIME DESTINATION ${SKBUILD_SCRIPTS_DIR})
+else()
+  install(TARGETS jitctl RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+endif()
 install(FILES ${PROJECT_SOURCE_DIR}/runtime/include/kjit/kjit.h ${PROJECT_SOURCE_DIR}/runtime/include/kjit/kjit.hpp
   ${PROJECT_SOURCE_DIR}/base/include/kjit/status.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kjit)
 
