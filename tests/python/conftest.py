@@ -5,9 +5,10 @@ that need torch skip themselves without it (pytest.importorskip). kjit is the
 one on sys.path: the installed package, or runtime/python with KJIT_LIBRARY
 (as ctest runs them, tests/CMakeLists.txt).
 
-ctest counts only exit codes: when KJIT_PYTEST_SKIPPED_EXIT is set and every
-test that ran was skipped, the run exits with that code, which ctest reports as
-skipped (pytest itself would say 0, as if they had passed).
+ctest counts only exit codes: when KJIT_PYTEST_SKIPPED_EXIT is set and all
+that pytest did was skip (tests, or whole modules without torch), the run exits
+with that code, which ctest reports as skipped; pytest itself would say 0 (as
+if they had passed) or 5 (no test collected, which otherwise stays a failure).
 """
 
 import os
@@ -39,7 +40,13 @@ def pytest_runtest_logreport(report):
         _outcomes[report.outcome] = _outcomes.get(report.outcome, 0) + 1
 
 
+def pytest_collectreport(report):
+    if report.skipped:  # a module's pytest.importorskip
+        _outcomes["skipped"] += 1
+
+
 def pytest_sessionfinish(session, exitstatus):
     code = os.environ.get("KJIT_PYTEST_SKIPPED_EXIT")
-    if code and exitstatus == 0 and _outcomes["skipped"] and not _outcomes["passed"]:
+    nothing_but_skips = _outcomes["skipped"] and not _outcomes["passed"] and not _outcomes["failed"]
+    if code and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED) and nothing_but_skips:
         session.exitstatus = int(code)
