@@ -98,12 +98,8 @@ def test_the_moe_block_is_captured_in_a_cuda_graph_after_prepare_and_replays_lik
     inputs = block_inputs("cuda", seed=1)
     eager = moe_block(*inputs)  # compiles and loads every kernel (prepare_* would too)
     graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        with torch.cuda.graph(graph):
-            captured = moe_block(*inputs)
-    torch.cuda.current_stream().wait_stream(stream)
+    with torch.cuda.graph(graph):
+        captured = moe_block(*inputs)
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured, eager)
@@ -113,12 +109,12 @@ def test_the_moe_block_is_captured_in_a_cuda_graph_after_prepare_and_replays_lik
 def test_a_launch_that_would_compile_while_capturing_fails_with_capturing():
     x = torch.randn(8, 8 * 128, device="cuda").to(torch.float8_e5m2)  # a shape no other test launches
     scales = torch.ones(1, 1, device="cuda")
-    graph = torch.cuda.CUDAGraph()
     with pytest.raises(kjit.KjitError, match="KJIT_ERROR_CAPTURING"):
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
             kjit.dequant_fp8(x, scales, scale="tensor", convention="divide", out_dtype=torch.float16)
     out = torch.empty(8, 8 * 128, device="cuda", dtype=torch.float16)
     kjit.prepare_dequant_fp8(x, scales, out, scale="tensor", convention="divide")
+    graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         kjit.dequant_fp8(x, scales, out=out, scale="tensor", convention="divide")
     graph.replay()
