@@ -9,9 +9,12 @@
 #   are off, and the programs compile against the kjit target's include
 #   directories (compiled only: linking would build all of kjit again).
 #
-#     test_package.sh BUILD_DIR SOURCE_DIR VERSION
+#     test_package.sh BUILD_DIR SOURCE_DIR VERSION [FLAGS]
+#
+# FLAGS are the build's CMAKE_CXX_FLAGS, given to the programs too (a
+# sanitizer build's libkjit needs its runtime in the program).
 set -uo pipefail
-build=$1 source=$2 version=$3
+build=$1 source=$2 version=$3 flags=${4:-}
 consumer=$source/tests/package/consumer
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -45,7 +48,8 @@ installed_files() {
 }
 
 build_with_find_package() {
-  cmake -S "$consumer" -B "$tmp/fp" -G Ninja -DCMAKE_PREFIX_PATH="$tmp/prefix" &&
+  cmake -S "$consumer" -B "$tmp/fp" -G Ninja -DCMAKE_PREFIX_PATH="$tmp/prefix" -DCMAKE_C_FLAGS="$flags" \
+    -DCMAKE_CXX_FLAGS="$flags" &&
     cmake --build "$tmp/fp" &&
     "$tmp/fp/consumer_c" "$version" && "$tmp/fp/consumer_cpp" "$version"
 }
@@ -56,9 +60,9 @@ build_with_pkg_config() {
   export PKG_CONFIG_PATH=$pc_dir
   [ "$(pkg-config --modversion kjit)" = "$version" ] || { echo "pkg-config --modversion kjit: not $version"; return 1; }
   cflags=$(pkg-config --cflags kjit) && libs=$(pkg-config --libs kjit) && libdir=$(pkg-config --variable=libdir kjit) &&
-    cc -std=c99 -Wall -Wextra -Wpedantic -Werror $cflags "$consumer/consumer.c" $libs -Wl,-rpath,"$libdir" \
+    cc -std=c99 -Wall -Wextra -Wpedantic -Werror $flags $cflags "$consumer/consumer.c" $libs -Wl,-rpath,"$libdir" \
       -o "$tmp/pc_c" &&
-    c++ -std=c++17 -Wall -Wextra -Wpedantic -Werror $cflags "$consumer/consumer.cpp" $libs -Wl,-rpath,"$libdir" \
+    c++ -std=c++17 -Wall -Wextra -Wpedantic -Werror $flags $cflags "$consumer/consumer.cpp" $libs -Wl,-rpath,"$libdir" \
       -o "$tmp/pc_cpp" &&
     "$tmp/pc_c" "$version" && "$tmp/pc_cpp" "$version"
 }
