@@ -3,7 +3,8 @@
 # The CUDA toolkit (headers; NVRTC to compile) is expected at /usr/local/cuda
 # or $CUDA_HOME: kjit loads libnvrtc and libcuda at run time, never links them.
 set -euo pipefail
-packages=(cmake ninja-build g++ libfmt-dev nlohmann-json3-dev doctest-dev libcli11-dev llvm-19-dev libzstd-dev zlib1g-dev python3)
+packages=(cmake ninja-build g++ libfmt-dev nlohmann-json3-dev doctest-dev libcli11-dev llvm-19-dev libzstd-dev zlib1g-dev
+  python3 python3-pip python3-venv python3-pytest pkgconf)
 missing=()
 sudo_cmd=""
 [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"

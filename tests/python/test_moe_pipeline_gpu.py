@@ -1,38 +1,22 @@
 """An MoE layer end to end through the Python module on a GPU, against plain
 torch: route (kjit.moe_routing), gather rows in expert order, expert GEMM
-(kjit.grouped_gemm), weighted combine (kjit.moe_combine). Also an expert-parallel
-rank that owns half the experts. Exits 77 (skipped) without torch or a GPU.
+(kjit.grouped_gemm), weighted combine (kjit.moe_combine). Also an
+expert-parallel rank that owns half the experts. Skipped without a GPU."""
 
-    python3 tests/python/test_moe_pipeline_gpu.py LIBKJIT
-"""
+import pytest
 
-import os
-import sys
+torch = pytest.importorskip("torch")
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "runtime", "python"))
-os.environ["KJIT_LIBRARY"] = sys.argv[1]
-try:
-    import torch
-except ImportError:
-    print("SKIPPED: torch is not installed")
-    sys.exit(77)
-if not torch.cuda.is_available():
-    print("SKIPPED: no GPU")
-    sys.exit(77)
 import kjit  # noqa: E402
 
-passed = failed = 0
 
-
-def check(name, ok, detail=""):
-    global passed, failed
-    passed += bool(ok)
-    failed += not ok
-    if not ok:
-        print("FAILED:", name, detail)
-
-
-def run(tokens, hidden, inter, experts_total, top_k, base, local):
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens,hidden,inter,experts_total,top_k,base,local", [
+    (200, 512, 256, 16, 4, 0, 16),
+    (64, 256, 128, 32, 2, 16, 16),  # a rank owning experts [16, 32)
+    (3, 128, 64, 8, 2, 0, 8),
+])
+def test_the_moe_layer_matches_plain_torch(tokens, hidden, inter, experts_total, top_k, base, local):
     torch.manual_seed(tokens + base)
     x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
     w = (torch.randn(local, inter, hidden, device="cuda") / hidden ** 0.5).to(torch.bfloat16)
@@ -54,16 +38,8 @@ def run(tokens, hidden, inter, experts_total, top_k, base, local):
         if mine.any():
             prod = torch.einsum("th,tih->ti", x[mine].float(), w[e[mine]].float())
             ref[mine] += topk_w[mine, j:j + 1] * prod
+    flat = topk_ids.flatten().long()
+    assert torch.equal(counts.long(), torch.bincount((flat - base)[(flat >= base) & (flat < base + local)],
+                                                     minlength=local))
     err = ((out - ref).norm() / ref.norm()).item()
-    name = f"tokens={tokens} experts={experts_total} top_k={top_k} rank experts [{base}, {base + local})"
-    check(name + ": counts match", torch.equal(counts.long(), torch.bincount(
-        (topk_ids.flatten().long() - base)[(topk_ids.flatten() >= base) & (topk_ids.flatten() < base + local)],
-        minlength=local)))
-    check(name + f": relative error {err:.1e} <= 1e-2", err <= 1e-2, err)
-
-
-run(tokens=200, hidden=512, inter=256, experts_total=16, top_k=4, base=0, local=16)
-run(tokens=64, hidden=256, inter=128, experts_total=32, top_k=2, base=16, local=16)
-run(tokens=3, hidden=128, inter=64, experts_total=8, top_k=2, base=0, local=8)
-print(f"{passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+    assert err <= 1e-2, err

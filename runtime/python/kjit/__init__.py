@@ -3,8 +3,14 @@ over libkjit's C ABI (runtime/include/kjit/kjit.h).
 
 Tensors are passed as torch tensors (their data_ptr, shape and strides are
 read; nothing is copied) and the launch goes on torch's current stream of the
-tensors' device. libkjit is found through KJIT_LIBRARY, else next to this
-package in a build tree (build/runtime/libkjit.so), else on the loader path.
+tensors' device. Every argument is checked here, before any call, and a wrong
+one raises KjitError naming it. The ops are torch custom ops (torch.ops.kjit.*,
+kjit/_torch_ops.py) with fake kernels, so torch.compile traces them without
+graph breaks and CUDA graphs capture them (after the prepare_* calls).
+
+libkjit is the one bundled with the installed package (pip install), else
+$KJIT_LIBRARY, else build/runtime/libkjit.so of a build tree this file lies in,
+else libkjit.so.0 on the loader path (cmake --install).
 """
 
 from __future__ import annotations
@@ -14,7 +20,8 @@ import os
 import pathlib
 
 __all__ = ["KjitError", "dequant_fp8", "prepare_dequant_fp8", "grouped_gemm", "prepare_grouped_gemm",
-           "moe_routing", "moe_combine", "check_device_errors", "library"]
+           "moe_routing", "prepare_moe_routing", "moe_combine", "prepare_moe_combine", "check_device_errors",
+           "library", "__version__"]
 
 _OK = 0
 _DTYPE = {"float8_e4m3fn": 1, "float8_e5m2": 2, "bfloat16": 3, "float16": 4, "float32": 5}
@@ -122,16 +129,25 @@ _WEIGHTS = {"e_n_k": 1, "e_k_n": 2}
 _OFFSETS = {"cumulative_end": 1, "with_leading_zero": 2}
 
 
+_INVALID = "KJIT_ERROR_INVALID_ARGUMENT"
+_LIBRARY_NAME = "libkjit.so.0"
+
+
+def _library_candidates() -> list[str]:
+    """Where libkjit is looked for, in order (see the module's docstring)."""
+    here = pathlib.Path(__file__).resolve().parent
+    candidates = [str(here / "lib" / _LIBRARY_NAME)]  # the wheel's (cmake/KjitInstall.cmake)
+    if os.environ.get("KJIT_LIBRARY"):
+        candidates.append(os.environ["KJIT_LIBRARY"])
+    candidates += [str(parent / "build" / "runtime" / "libkjit.so") for parent in here.parents]
+    return candidates
+
+
 def _find_library() -> str:
-    env = os.environ.get("KJIT_LIBRARY")
-    if env:
-        return env
-    here = pathlib.Path(__file__).resolve()
-    for parent in here.parents:
-        candidate = parent / "build" / "runtime" / "libkjit.so"
-        if candidate.exists():
-            return str(candidate)
-    return "libkjit.so.0"
+    for candidate in _library_candidates():
+        if os.path.exists(candidate):
+            return candidate
+    return _LIBRARY_NAME  # the loader's search path
 
 
 _lib = None
@@ -141,7 +157,14 @@ def library() -> ctypes.CDLL:
     """The loaded libkjit, with its function signatures declared."""
     global _lib
     if _lib is None:
-        lib = ctypes.CDLL(_find_library())
+        path = _find_library()
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as e:
+            raise OSError(f"libkjit could not be loaded ({e}); looked for {', '.join(_library_candidates())} and "
+                          f"{_LIBRARY_NAME} on the loader path: pip install kjit, or set KJIT_LIBRARY") from None
+        lib.kjit_version.argtypes = []
+        lib.kjit_version.restype = ctypes.c_char_p
         lib.kjit_dequant_desc_init.argtypes = [ctypes.POINTER(_DequantDesc)]
         lib.kjit_dequant_desc_init.restype = None
         lib.kjit_dequant_fp8.argtypes = [ctypes.POINTER(_DequantDesc), ctypes.c_void_p]
@@ -159,6 +182,8 @@ def library() -> ctypes.CDLL:
             getattr(lib, f"kjit_{name}_desc_init").restype = None
             getattr(lib, f"kjit_{name}").argtypes = [ctypes.POINTER(desc), ctypes.c_void_p]
             getattr(lib, f"kjit_{name}").restype = ctypes.c_int
+            getattr(lib, f"kjit_{name}_prepare").argtypes = [ctypes.POINTER(desc), ctypes.c_int]
+            getattr(lib, f"kjit_{name}_prepare").restype = ctypes.c_int
         lib.kjit_grouped_gemm_workspace_bytes.argtypes = []
         lib.kjit_grouped_gemm_workspace_bytes.restype = ctypes.c_uint64
         lib.kjit_moe_routing_workspace_bytes.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
@@ -172,48 +197,95 @@ def library() -> ctypes.CDLL:
     return _lib
 
 
+def __getattr__(name: str):
+    # __version__ is the loaded library's (CMake's project version, the one
+    # the wheel's metadata also reads), read on first use: importing kjit
+    # loads nothing.
+    if name == "__version__":
+        return library().kjit_version().decode()
+    raise AttributeError(f"module 'kjit' has no attribute {name!r}")
+
+
 def _check(status: int) -> None:
     if status != _OK:
         lib = library()
         raise KjitError(lib.kjit_status_name(status).decode(), lib.kjit_last_error_message().decode())
 
 
+def _invalid(message: str) -> KjitError:
+    return KjitError(_INVALID, message)
+
+
 def _dtype_code(t) -> int:
-    name = str(t).replace("torch.", "")
-    if name not in _DTYPE:
-        raise KjitError("KJIT_ERROR_INVALID_ARGUMENT", f"dtype {t} is not supported by kjit")
-    return _DTYPE[name]
+    return _DTYPE[str(t).replace("torch.", "")]
 
 
-def _describe(w, scales, out, scale: str, block, convention: str, expert_ids):
+def _check_choice(name: str, value, choices) -> None:
+    if value not in choices:
+        raise _invalid(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+
+
+def _check_tensor(name: str, t, dtypes, *, device=None, contiguous=True, optional=False) -> None:
+    """A tensor argument: a torch tensor on a CUDA device (`device` when given:
+    the first tensor's), of one of `dtypes` (torch dtype names), contiguous
+    unless told otherwise. Raises KjitError naming the argument."""
+    import torch
+
+    if t is None and optional:
+        return
+    if not isinstance(t, torch.Tensor):
+        raise _invalid(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cuda":
+        raise _invalid(f"{name} must be on a CUDA device, got {t.device}")
+    if device is not None and t.device != device:
+        raise _invalid(f"{name} is on {t.device}, but the other tensors are on {device}")
+    dtype = str(t.dtype).replace("torch.", "")
+    if dtype not in dtypes:
+        raise _invalid(f"{name} must be {' or '.join(dtypes)}, got {dtype}")
+    if contiguous and not t.is_contiguous():
+        raise _invalid(f"{name} must be contiguous (call .contiguous())")
+
+
+_FP8 = ("float8_e4m3fn", "float8_e5m2")
+_FLOAT_OUT = ("bfloat16", "float16", "float32")
+
+
+def _check_dequant(w, scales, out, scale, block, convention, expert_ids) -> None:
+    _check_tensor("w", w, _FP8, contiguous=False)
+    _check_tensor("scales", scales, ("float32",), device=w.device)
+    _check_tensor("out", out, _FLOAT_OUT, device=w.device, contiguous=False)
+    _check_tensor("expert_ids", expert_ids, ("int32",), device=w.device, optional=True)
     if w.dim() not in (2, 3):
-        raise KjitError("KJIT_ERROR_INVALID_ARGUMENT", f"weight must be [R, C] or [E, R, C], got {list(w.shape)}")
+        raise _invalid(f"w must be [R, C] or [E, R, C], got {list(w.shape)}")
     if w.stride(-1) != 1 or out.stride(-1) != 1:
-        raise KjitError("KJIT_ERROR_INVALID_ARGUMENT", "the last dimension of weight and out must be contiguous")
+        raise _invalid("the last dimension of w and out must be contiguous")
+    if w.dim() == 3 and w.stride(0) != w.shape[1] * w.stride(1):
+        raise _invalid("experts of w must follow each other densely")
+    _check_choice("scale", scale, _GRANULARITY)
+    _check_choice("convention", convention, _CONVENTION)
+    if scale == "block" and (len(block) != 2 or not all(isinstance(b, int) and b > 0 for b in block)):
+        raise _invalid(f"block must be two positive ints (rows, cols), got {block!r}")
     experts = w.shape[0] if w.dim() == 3 else 1
-    rows, cols = w.shape[-2], w.shape[-1]
-    if w.dim() == 3 and w.stride(0) != rows * w.stride(1):
-        raise KjitError("KJIT_ERROR_INVALID_ARGUMENT", "experts of weight must follow each other densely")
-    if scale not in _GRANULARITY:
-        raise KjitError("KJIT_ERROR_INVALID_ARGUMENT", f"scale must be one of {sorted(_GRANULARITY)}, got {scale!r}")
-    if convention not in _CONVENTION:
-        raise KjitError("KJIT_ERROR_INVALID_ARGUMENT", f"convention must be 'multiply' or 'divide', got {convention!r}")
     if w.dim() == 3 and (scales.dim() == 0 or scales.shape[0] != experts):
-        raise KjitError("KJIT_ERROR_INVALID_ARGUMENT", f"scales must lead with the expert count {experts}")
+        raise _invalid(f"scales must lead with the expert count {experts}, got {list(scales.shape)}")
+    if len(scales.shape[1:] if w.dim() == 3 else scales.shape) > 2:
+        raise _invalid(f"scales of shape {list(scales.shape)} have too many dims")
+
+
+def _dequant_desc(w, scales, out, scale, block_rows, block_cols, convention, expert_ids) -> _DequantDesc:
+    experts = w.shape[0] if w.dim() == 3 else 1
     per_expert = list(scales.shape[1:] if w.dim() == 3 else scales.shape)
-    if len(per_expert) > 2:
-        raise KjitError("KJIT_ERROR_INVALID_ARGUMENT", f"scales of shape {list(scales.shape)} have too many dims")
     shape = (per_expert + [1, 1])[:2]  # [] -> [1, 1], [R] -> [R, 1]; kjit checks it against the tensor
     d = _DequantDesc()
     library().kjit_dequant_desc_init(ctypes.byref(d))
     d.in_dtype = _dtype_code(w.dtype)
     d.out_dtype = _dtype_code(out.dtype)
-    d.experts, d.rows, d.cols = experts, rows, cols
+    d.experts, d.rows, d.cols = experts, w.shape[-2], w.shape[-1]
     d.in_row_stride = w.stride(-2)
     d.out_row_stride = out.stride(-2)
     d.scale_granularity = _GRANULARITY[scale]
     if scale == "block":
-        d.block_rows, d.block_cols = block
+        d.block_rows, d.block_cols = block_rows, block_cols
     d.scale_rows, d.scale_cols = shape[0], shape[1]
     d.scale_convention = _CONVENTION[convention]
     d.input, d.scales, d.out = w.data_ptr(), scales.data_ptr(), out.data_ptr()
@@ -231,46 +303,61 @@ def dequant_fp8(w, scales, *, out=None, out_dtype=None, scale="block", block=(12
     ([E, ceil(R/br), ceil(C/bc)]). convention is required: 'multiply' for
     DeepSeek's weight_scale_inv and compressed-tensors' weight_scale, 'divide'
     for checkpoints whose scale is a divisor. expert_ids (int32, on the device)
-    selects experts into a compact output. Returns `out`.
+    selects experts into a compact output. Returns `out`. `stream` (a CUstream
+    as an int) defaults to torch's current stream.
     """
     import torch
 
     if out is None:
+        _check_tensor("w", w, _FP8, contiguous=False)
+        _check_tensor("expert_ids", expert_ids, ("int32",), device=w.device, optional=True)
         slots = expert_ids.numel() if expert_ids is not None else (w.shape[0] if w.dim() == 3 else None)
         shape = list(w.shape[-2:]) if slots is None else [slots] + list(w.shape[-2:])
         out = torch.empty(shape, dtype=out_dtype or torch.bfloat16, device=w.device)
-    d = _describe(w, scales, out, scale, block, convention, expert_ids)
-    if stream is None:
-        stream = torch.cuda.current_stream(w.device).cuda_stream
-    _check(library().kjit_dequant_fp8(ctypes.byref(d), ctypes.c_void_p(stream)))
+    _check_dequant(w, scales, out, scale, block, convention, expert_ids)
+    block_rows, block_cols = block if scale == "block" else (0, 0)
+    torch.ops.kjit.dequant_fp8_(w, scales, out, scale, block_rows, block_cols, convention, expert_ids, stream)
     return out
 
 
 def prepare_dequant_fp8(w, scales, out, *, scale="block", block=(128, 128), convention, expert_ids=None):
     """Compiles (or finds in the cache) and loads the kernel a dequant_fp8 call
     with these arguments needs, so that the call can be captured in a graph."""
-    d = _describe(w, scales, out, scale, block, convention, expert_ids)
+    _check_dequant(w, scales, out, scale, block, convention, expert_ids)
+    block_rows, block_cols = block if scale == "block" else (0, 0)
+    d = _dequant_desc(w, scales, out, scale, block_rows, block_cols, convention, expert_ids)
     _check(library().kjit_dequant_fp8_prepare(ctypes.byref(d), w.device.index or 0))
 
 
-def _describe_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel="auto", tile=None, cluster=0,
-                   cluster_axis="m"):
-    if kernel not in _GEMM_KERNEL:
-        raise KjitError("KJIT_ERROR_INVALID_ARGUMENT", f"kernel must be one of {', '.join(map(repr, _GEMM_KERNEL))}, got {kernel!r}")
-    if weights not in _WEIGHTS:
-        raise KjitError("KJIT_ERROR_INVALID_ARGUMENT", f"weights must be 'e_n_k' or 'e_k_n', got {weights!r}")
-    if cluster_axis not in _CLUSTER_AXIS:
-        raise KjitError("KJIT_ERROR_INVALID_ARGUMENT", f"cluster_axis must be 'm' or 'n', got {cluster_axis!r}")
-    if offsets_convention not in _OFFSETS:
-        raise KjitError("KJIT_ERROR_INVALID_ARGUMENT",
-                        f"offsets_convention must be 'cumulative_end' or 'with_leading_zero', got {offsets_convention!r}")
-    for name, t in (("a", a), ("w", w), ("out", out)):
-        if not t.is_contiguous():
-            raise KjitError("KJIT_ERROR_INVALID_ARGUMENT", f"{name} must be contiguous")
+def _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, cluster_axis) -> None:
+    _check_tensor("a", a, ("bfloat16",))
+    _check_tensor("w", w, ("bfloat16",), device=a.device)
+    _check_tensor("offsets", offsets, ("int32",), device=a.device)
+    _check_tensor("out", out, ("bfloat16", "float32"), device=a.device)
+    _check_tensor("row_scale", row_scale, ("float32",), device=a.device, optional=True)
+    _check_choice("kernel", kernel, _GEMM_KERNEL)
+    _check_choice("weights", weights, _WEIGHTS)
+    _check_choice("cluster_axis", cluster_axis, _CLUSTER_AXIS)
+    _check_choice("offsets_convention", offsets_convention, _OFFSETS)
+    if w.dim() != 3:
+        raise _invalid(f"w must be [E, N, K] or [E, K, N], got {list(w.shape)}")
     experts = w.shape[0]
     n, k = (w.shape[1], w.shape[2]) if weights == "e_n_k" else (w.shape[2], w.shape[1])
     if a.dim() != 2 or a.shape[1] != k:
-        raise KjitError("KJIT_ERROR_INVALID_ARGUMENT", f"a must be [rows, {k}], got {list(a.shape)}")
+        raise _invalid(f"a must be [rows, {k}], got {list(a.shape)}")
+    expected = experts + (offsets_convention == "with_leading_zero")
+    if offsets.dim() != 1 or offsets.shape[0] != expected:
+        raise _invalid(f"offsets must be [{expected}] ({offsets_convention}), got {list(offsets.shape)}")
+    if list(out.shape) != [a.shape[0], n]:
+        raise _invalid(f"out must be [{a.shape[0]}, {n}], got {list(out.shape)}")
+    if row_scale is not None and list(row_scale.shape) != [a.shape[0]]:
+        raise _invalid(f"row_scale must be [{a.shape[0]}], got {list(row_scale.shape)}")
+
+
+def _gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n, cluster,
+               cluster_axis) -> _GroupedGemmDesc:
+    experts = w.shape[0]
+    n, k = (w.shape[1], w.shape[2]) if weights == "e_n_k" else (w.shape[2], w.shape[1])
     d = _GroupedGemmDesc()
     library().kjit_grouped_gemm_desc_init(ctypes.byref(d))
     d.a_dtype, d.b_dtype, d.out_dtype = _dtype_code(a.dtype), _dtype_code(w.dtype), _dtype_code(out.dtype)
@@ -279,7 +366,7 @@ def _describe_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, k
     d.a, d.b, d.out, d.offsets = a.data_ptr(), w.data_ptr(), out.data_ptr(), offsets.data_ptr()
     d.row_scale = row_scale.data_ptr() if row_scale is not None else None
     d.kernel = _GEMM_KERNEL[kernel]
-    d.tile_m, d.tile_n = tile if tile is not None else (0, 0)
+    d.tile_m, d.tile_n = tile_m, tile_n
     d.cluster = cluster
     d.cluster_axis = _CLUSTER_AXIS[cluster_axis]
     return d
@@ -300,19 +387,15 @@ def grouped_gemm(a, w, offsets, *, weights="e_n_k", offsets_convention, row_scal
     import torch
 
     if out is None:
+        _check_tensor("a", a, ("bfloat16",))
+        _check_tensor("w", w, ("bfloat16",), device=a.device)
+        _check_choice("weights", weights, _WEIGHTS)
         n = w.shape[1] if weights == "e_n_k" else w.shape[2]
         out = torch.empty(a.shape[0], n, dtype=out_dtype or torch.bfloat16, device=a.device)
-    d = _describe_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile, cluster,
-                       cluster_axis)
-    # The tile counter (swap AB hands tiles out on demand), from torch's
-    # allocator: stream-ordered, so concurrent calls never share one, and
-    # graph-capturable.
-    workspace_bytes = library().kjit_grouped_gemm_workspace_bytes()
-    workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=a.device)
-    d.workspace, d.workspace_bytes = workspace.data_ptr(), workspace_bytes
-    if stream is None:
-        stream = torch.cuda.current_stream(a.device).cuda_stream
-    _check(library().kjit_grouped_gemm(ctypes.byref(d), ctypes.c_void_p(stream)))
+    _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, cluster_axis)
+    tile_m, tile_n = tile if tile is not None else (0, 0)
+    torch.ops.kjit.grouped_gemm_(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n,
+                                 cluster, cluster_axis, stream)
     return out
 
 
@@ -321,8 +404,42 @@ def prepare_grouped_gemm(a, w, offsets, out, *, weights="e_n_k", offsets_convent
     """Compiles (or finds) and loads every kernel grouped_gemm may pick for
     these shapes, whatever the row count, so that later calls can be captured
     in a CUDA graph."""
-    d = _describe_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile)
+    _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, "m")
+    tile_m, tile_n = tile if tile is not None else (0, 0)
+    d = _gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n, 0, "m")
     _check(library().kjit_grouped_gemm_prepare(ctypes.byref(d), a.device.index or 0))
+
+
+def _check_routing(topk_ids, experts_total, expert_base, experts_local, offsets_convention) -> None:
+    _check_tensor("topk_ids", topk_ids, ("int32",))
+    _check_choice("offsets_convention", offsets_convention, _OFFSETS)
+    if topk_ids.dim() not in (1, 2):
+        raise _invalid(f"topk_ids must be [tokens, top_k] or [tokens], got {list(topk_ids.shape)}")
+    for name, value in (("experts_total", experts_total), ("expert_base", expert_base),
+                        ("experts_local", experts_local)):
+        if not isinstance(value, int):
+            raise _invalid(f"{name} must be an int, got {type(value).__name__}")
+
+
+def _routing_outputs(topk_ids, experts_local, offsets_convention):
+    import torch
+
+    n, dev = topk_ids.numel(), topk_ids.device
+    return (torch.empty(experts_local, dtype=torch.int32, device=dev),
+            torch.empty(experts_local + (offsets_convention == "with_leading_zero"), dtype=torch.int32, device=dev),
+            torch.empty(n, dtype=torch.int32, device=dev), torch.empty(n, dtype=torch.int32, device=dev))
+
+
+def _routing_desc(topk_ids, counts, offsets, sorted_to_flat, flat_to_sorted, experts_total, expert_base,
+                  experts_local, offsets_convention) -> _MoeRoutingDesc:
+    d = _MoeRoutingDesc()
+    library().kjit_moe_routing_desc_init(ctypes.byref(d))
+    d.tokens, d.top_k = topk_ids.shape[0], (topk_ids.shape[1] if topk_ids.dim() == 2 else 1)
+    d.experts_total, d.expert_base, d.experts_local = experts_total, expert_base, experts_local
+    d.offsets_convention = _OFFSETS[offsets_convention]
+    d.topk_ids, d.counts, d.offsets = topk_ids.data_ptr(), counts.data_ptr(), offsets.data_ptr()
+    d.sorted_to_flat, d.flat_to_sorted = sorted_to_flat.data_ptr(), flat_to_sorted.data_ptr()
+    return d
 
 
 def moe_routing(topk_ids, experts_total, *, expert_base=0, experts_local=None, offsets_convention, stream=None):
@@ -330,59 +447,87 @@ def moe_routing(topk_ids, experts_total, *, expert_base=0, experts_local=None, o
     (counts, offsets, sorted_to_flat, flat_to_sorted) for the experts this rank
     owns, [expert_base, expert_base + experts_local) (all of them by default).
     Rows of other ranks map to -1 in flat_to_sorted. Large batches route over
-    many blocks in a workspace allocated here (from torch's allocator, so the
-    call can be captured in a CUDA graph). See kjit.h."""
+    many blocks in a workspace allocated from torch's allocator (so the call
+    can be captured in a CUDA graph). See kjit.h."""
     import torch
 
     experts_local = experts_total - expert_base if experts_local is None else experts_local
-    if offsets_convention not in _OFFSETS:
-        raise KjitError("KJIT_ERROR_INVALID_ARGUMENT",
-                        f"offsets_convention must be 'cumulative_end' or 'with_leading_zero', got {offsets_convention!r}")
-    ids = topk_ids.contiguous()
-    n, dev = ids.numel(), ids.device
-    counts = torch.empty(experts_local, dtype=torch.int32, device=dev)
-    offsets = torch.empty(experts_local + (offsets_convention == "with_leading_zero"), dtype=torch.int32, device=dev)
-    sorted_to_flat = torch.empty(n, dtype=torch.int32, device=dev)
-    flat_to_sorted = torch.empty(n, dtype=torch.int32, device=dev)
-    d = _MoeRoutingDesc()
-    library().kjit_moe_routing_desc_init(ctypes.byref(d))
-    d.tokens, d.top_k = ids.shape[0], (ids.shape[1] if ids.dim() == 2 else 1)
-    d.experts_total, d.expert_base, d.experts_local = experts_total, expert_base, experts_local
-    d.offsets_convention = _OFFSETS[offsets_convention]
-    d.topk_ids, d.counts, d.offsets = ids.data_ptr(), counts.data_ptr(), offsets.data_ptr()
-    d.sorted_to_flat, d.flat_to_sorted = sorted_to_flat.data_ptr(), flat_to_sorted.data_ptr()
-    workspace_bytes = library().kjit_moe_routing_workspace_bytes(d.tokens, d.top_k, experts_local)
-    if workspace_bytes:
-        workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=dev)
-        d.workspace, d.workspace_bytes = workspace.data_ptr(), workspace_bytes
-    if stream is None:
-        stream = torch.cuda.current_stream(dev).cuda_stream
-    _check(library().kjit_moe_routing(ctypes.byref(d), ctypes.c_void_p(stream)))
-    return counts, offsets, sorted_to_flat, flat_to_sorted
+    _check_routing(topk_ids, experts_total, expert_base, experts_local, offsets_convention)
+    outputs = _routing_outputs(topk_ids, experts_local, offsets_convention)
+    torch.ops.kjit.moe_routing_(topk_ids, *outputs, experts_total, expert_base, experts_local, offsets_convention,
+                                stream)
+    return outputs
+
+
+def prepare_moe_routing(topk_ids, experts_total, *, expert_base=0, experts_local=None, offsets_convention):
+    """Compiles (or finds) and loads the kernels moe_routing needs for these
+    arguments, so that the call can be captured in a CUDA graph."""
+    experts_local = experts_total - expert_base if experts_local is None else experts_local
+    _check_routing(topk_ids, experts_total, expert_base, experts_local, offsets_convention)
+    outputs = _routing_outputs(topk_ids, experts_local, offsets_convention)
+    d = _routing_desc(topk_ids, *outputs, experts_total, expert_base, experts_local, offsets_convention)
+    _check(library().kjit_moe_routing_prepare(ctypes.byref(d), topk_ids.device.index or 0))
+
+
+def _check_combine(expert_out, topk_weights, flat_to_sorted, out) -> None:
+    _check_tensor("expert_out", expert_out, ("bfloat16",))
+    _check_tensor("topk_weights", topk_weights, ("float32",), device=expert_out.device)
+    _check_tensor("flat_to_sorted", flat_to_sorted, ("int32",), device=expert_out.device)
+    _check_tensor("out", out, ("bfloat16", "float32"), device=expert_out.device)
+    if expert_out.dim() != 2 or topk_weights.dim() != 2:
+        raise _invalid(f"expert_out must be [rows, hidden] and topk_weights [tokens, top_k], got "
+                       f"{list(expert_out.shape)} and {list(topk_weights.shape)}")
+    if flat_to_sorted.numel() != topk_weights.numel():
+        raise _invalid(f"flat_to_sorted must have tokens * top_k = {topk_weights.numel()} entries, got "
+                       f"{flat_to_sorted.numel()}")
+    if list(out.shape) != [topk_weights.shape[0], expert_out.shape[1]]:
+        raise _invalid(f"out must be [{topk_weights.shape[0]}, {expert_out.shape[1]}], got {list(out.shape)}")
+
+
+def _combine_desc(expert_out, topk_weights, flat_to_sorted, out) -> _MoeCombineDesc:
+    d = _MoeCombineDesc()
+    library().kjit_moe_combine_desc_init(ctypes.byref(d))
+    d.tokens, d.top_k = topk_weights.shape
+    d.hidden, d.rows = expert_out.shape[1], expert_out.shape[0]
+    d.in_dtype, d.out_dtype = _dtype_code(expert_out.dtype), _dtype_code(out.dtype)
+    d.expert_out, d.topk_weights = expert_out.data_ptr(), topk_weights.data_ptr()
+    d.flat_to_sorted, d.out = flat_to_sorted.data_ptr(), out.data_ptr()
+    return d
 
 
 def moe_combine(expert_out, topk_weights, flat_to_sorted, *, out=None, out_dtype=None, stream=None):
     """out[t] = sum_j topk_weights[t, j] * expert_out[flat_to_sorted[t, j]],
-    skipping -1; fp32 accumulation, one rounding. expert_out is bf16 [rows, H]."""
+    skipping -1; fp32 accumulation, one rounding. expert_out is bf16 [rows, H],
+    topk_weights fp32 [tokens, top_k], flat_to_sorted int32 (tokens * top_k)."""
     import torch
 
-    tokens, top_k = topk_weights.shape
     if out is None:
-        out = torch.empty(tokens, expert_out.shape[1], dtype=out_dtype or torch.bfloat16, device=expert_out.device)
-    d = _MoeCombineDesc()
-    library().kjit_moe_combine_desc_init(ctypes.byref(d))
-    d.tokens, d.top_k, d.hidden, d.rows = tokens, top_k, expert_out.shape[1], expert_out.shape[0]
-    d.in_dtype, d.out_dtype = _dtype_code(expert_out.dtype), _dtype_code(out.dtype)
-    w, inv = topk_weights.contiguous(), flat_to_sorted.contiguous()
-    d.expert_out, d.topk_weights, d.flat_to_sorted, d.out = (expert_out.data_ptr(), w.data_ptr(), inv.data_ptr(),
-                                                             out.data_ptr())
-    if stream is None:
-        stream = torch.cuda.current_stream(expert_out.device).cuda_stream
-    _check(library().kjit_moe_combine(ctypes.byref(d), ctypes.c_void_p(stream)))
+        _check_tensor("expert_out", expert_out, ("bfloat16",))
+        _check_tensor("topk_weights", topk_weights, ("float32",), device=expert_out.device)
+        out = torch.empty(topk_weights.shape[0], expert_out.shape[-1], dtype=out_dtype or torch.bfloat16,
+                          device=expert_out.device)
+    _check_combine(expert_out, topk_weights, flat_to_sorted, out)
+    torch.ops.kjit.moe_combine_(expert_out, topk_weights, flat_to_sorted, out, stream)
     return out
+
+
+def prepare_moe_combine(expert_out, topk_weights, flat_to_sorted, out):
+    """Compiles (or finds) and loads the kernel moe_combine needs for these
+    arguments, so that the call can be captured in a CUDA graph."""
+    _check_combine(expert_out, topk_weights, flat_to_sorted, out)
+    d = _combine_desc(expert_out, topk_weights, flat_to_sorted, out)
+    _check(library().kjit_moe_combine_prepare(ctypes.byref(d), expert_out.device.index or 0))
 
 
 def check_device_errors(device: int = 0) -> None:
     """Raises KjitError if a kernel on `device` recorded bad data (e.g. an
     expert id out of range). Synchronises the device."""
     _check(library().kjit_device_errors(device))
+
+
+try:
+    import torch as _torch  # noqa: F401
+except ModuleNotFoundError:  # the ctypes layer (library(), the descriptors) works without torch
+    pass
+else:
+    from . import _torch_ops  # noqa: F401,E402  registers torch.ops.kjit.*

@@ -1,0 +1,87 @@
+"""kjit's launches as torch custom ops (torch.ops.kjit.*), each with a fake
+kernel, so that torch.compile traces a model calling kjit without graph breaks
+and CUDA graphs capture the launches. Imported by kjit when torch is there.
+
+Each op writes into output tensors its caller allocated (mutates_args): the
+public functions of kjit check the arguments and allocate, all of which
+torch.compile traces; the op itself only launches. Workspaces (scratch that
+no caller sees) are allocated inside the op, from torch's allocator, so that
+they come from a graph's pool under capture.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Optional
+
+import torch
+
+from . import (_check, _combine_desc, _dequant_desc, _gemm_desc, _routing_desc, library)
+
+
+def _stream(device: torch.device, stream: Optional[int]) -> ctypes.c_void_p:
+    return ctypes.c_void_p(torch.cuda.current_stream(device).cuda_stream if stream is None else stream)
+
+
+@torch.library.custom_op("kjit::dequant_fp8_", mutates_args=("out",), device_types="cuda")
+def dequant_fp8_(w: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, scale: str, block_rows: int,
+                 block_cols: int, convention: str, expert_ids: Optional[torch.Tensor], stream: Optional[int]) -> None:
+    d = _dequant_desc(w, scales, out, scale, block_rows, block_cols, convention, expert_ids)
+    _check(library().kjit_dequant_fp8(ctypes.byref(d), _stream(w.device, stream)))
+
+
+@dequant_fp8_.register_fake
+def _(w, scales, out, scale, block_rows, block_cols, convention, expert_ids, stream) -> None:
+    return None
+
+
+@torch.library.custom_op("kjit::grouped_gemm_", mutates_args=("out",), device_types="cuda")
+def grouped_gemm_(a: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor, weights: str,
+                  offsets_convention: str, row_scale: Optional[torch.Tensor], kernel: str, tile_m: int, tile_n: int,
+                  cluster: int, cluster_axis: str, stream: Optional[int]) -> None:
+    d = _gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n, cluster,
+                   cluster_axis)
+    # The tile counter (swap AB hands tiles out on demand): stream-ordered, so
+    # concurrent calls never share one.
+    workspace_bytes = library().kjit_grouped_gemm_workspace_bytes()
+    workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=a.device)
+    d.workspace, d.workspace_bytes = workspace.data_ptr(), workspace_bytes
+    _check(library().kjit_grouped_gemm(ctypes.byref(d), _stream(a.device, stream)))
+
+
+@grouped_gemm_.register_fake
+def _(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n, cluster, cluster_axis,
+      stream) -> None:
+    return None
+
+
+@torch.library.custom_op("kjit::moe_routing_", mutates_args=("counts", "offsets", "sorted_to_flat", "flat_to_sorted"),
+                         device_types="cuda")
+def moe_routing_(topk_ids: torch.Tensor, counts: torch.Tensor, offsets: torch.Tensor, sorted_to_flat: torch.Tensor,
+                 flat_to_sorted: torch.Tensor, experts_total: int, expert_base: int, experts_local: int,
+                 offsets_convention: str, stream: Optional[int]) -> None:
+    d = _routing_desc(topk_ids, counts, offsets, sorted_to_flat, flat_to_sorted, experts_total, expert_base,
+                      experts_local, offsets_convention)
+    workspace_bytes = library().kjit_moe_routing_workspace_bytes(d.tokens, d.top_k, experts_local)
+    if workspace_bytes:
+        workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=topk_ids.device)
+        d.workspace, d.workspace_bytes = workspace.data_ptr(), workspace_bytes
+    _check(library().kjit_moe_routing(ctypes.byref(d), _stream(topk_ids.device, stream)))
+
+
+@moe_routing_.register_fake
+def _(topk_ids, counts, offsets, sorted_to_flat, flat_to_sorted, experts_total, expert_base, experts_local,
+      offsets_convention, stream) -> None:
+    return None
+
+
+@torch.library.custom_op("kjit::moe_combine_", mutates_args=("out",), device_types="cuda")
+def moe_combine_(expert_out: torch.Tensor, topk_weights: torch.Tensor, flat_to_sorted: torch.Tensor,
+                 out: torch.Tensor, stream: Optional[int]) -> None:
+    d = _combine_desc(expert_out, topk_weights, flat_to_sorted, out)
+    _check(library().kjit_moe_combine(ctypes.byref(d), _stream(expert_out.device, stream)))
+
+
+@moe_combine_.register_fake
+def _(expert_out, topk_weights, flat_to_sorted, out, stream) -> None:
+    return None

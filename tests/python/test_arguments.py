@@ -1,0 +1,110 @@
+"""Every argument is checked in Python before any call, and a wrong one raises
+kjit.KjitError naming it. CUDA tensors here are fake (FakeTensorMode: shapes,
+dtypes and devices without memory), so the checks run on machines with no GPU;
+no check reads data."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+
+import kjit  # noqa: E402
+
+bf16, f32, i32, i64, fp8 = torch.bfloat16, torch.float32, torch.int32, torch.int64, torch.float8_e4m3fn
+
+
+def cuda(*shape, dtype, device="cuda"):
+    return torch.empty(*shape, dtype=dtype, device=device)
+
+
+def raises_naming(text):
+    return pytest.raises(kjit.KjitError, match=text)
+
+
+def test_cpu_tensors_are_refused_naming_the_argument_before_any_launch():
+    with raises_naming("w must be on a CUDA device, got cpu"):
+        kjit.dequant_fp8(torch.zeros(128, 128, dtype=fp8), torch.ones(1, 1), convention="multiply")
+    with raises_naming("a must be on a CUDA device, got cpu"):
+        kjit.grouped_gemm(torch.zeros(4, 64, dtype=bf16), torch.zeros(2, 32, 64, dtype=bf16),
+                          torch.zeros(2, dtype=i32), offsets_convention="cumulative_end")
+    with raises_naming("topk_ids must be on a CUDA device, got cpu"):
+        kjit.moe_routing(torch.zeros(4, 2, dtype=i32), 8, offsets_convention="cumulative_end")
+    with raises_naming("expert_out must be on a CUDA device, got cpu"):
+        kjit.moe_combine(torch.zeros(8, 64, dtype=bf16), torch.zeros(4, 2), torch.zeros(8, dtype=i32))
+
+
+def test_a_cpu_tensor_among_cuda_tensors_is_named():
+    with FakeTensorMode():
+        a, w = cuda(4, 64, dtype=bf16), cuda(2, 32, 64, dtype=bf16)
+        with raises_naming("offsets must be on a CUDA device, got cpu"):
+            kjit.grouped_gemm(a, w, torch.zeros(2, dtype=i32), offsets_convention="cumulative_end")
+
+
+def test_tensors_on_different_gpus_are_refused():
+    with FakeTensorMode():
+        a, w = cuda(4, 64, dtype=bf16), cuda(2, 32, 64, dtype=bf16, device="cuda:1")
+        with raises_naming(r"w is on cuda:1, but the other tensors are on cuda:0"):
+            kjit.grouped_gemm(a, w, cuda(2, dtype=i32), offsets_convention="cumulative_end")
+
+
+def test_int64_offsets_are_refused_naming_offsets():
+    with FakeTensorMode():
+        a, w = cuda(4, 64, dtype=bf16), cuda(2, 32, 64, dtype=bf16)
+        with raises_naming("offsets must be int32, got int64"):
+            kjit.grouped_gemm(a, w, cuda(2, dtype=i64), offsets_convention="cumulative_end")
+        with raises_naming("offsets must be int32, got int64"):
+            kjit.prepare_grouped_gemm(a, w, cuda(2, dtype=i64), cuda(4, 32, dtype=bf16),
+                                      offsets_convention="cumulative_end")
+
+
+def test_int64_ids_are_refused_naming_them():
+    with FakeTensorMode():
+        with raises_naming("topk_ids must be int32, got int64"):
+            kjit.moe_routing(cuda(4, 2, dtype=i64), 8, offsets_convention="cumulative_end")
+        with raises_naming("flat_to_sorted must be int32, got int64"):
+            kjit.moe_combine(cuda(8, 64, dtype=bf16), cuda(4, 2, dtype=f32), cuda(8, dtype=i64))
+        with raises_naming("expert_ids must be int32, got int64"):
+            kjit.dequant_fp8(cuda(4, 128, 128, dtype=fp8), cuda(4, 1, 1, dtype=f32), convention="multiply",
+                             expert_ids=cuda(2, dtype=i64))
+
+
+def test_wrong_dtypes_are_named_with_the_ones_accepted():
+    with FakeTensorMode():
+        with raises_naming("w must be float8_e4m3fn or float8_e5m2, got bfloat16"):
+            kjit.dequant_fp8(cuda(128, 128, dtype=bf16), cuda(1, 1, dtype=f32), convention="multiply")
+        with raises_naming("scales must be float32, got bfloat16"):
+            kjit.dequant_fp8(cuda(128, 128, dtype=fp8), cuda(1, 1, dtype=bf16), convention="multiply")
+        with raises_naming("a must be bfloat16, got float16"):
+            kjit.grouped_gemm(cuda(4, 64, dtype=torch.float16), cuda(2, 32, 64, dtype=bf16), cuda(2, dtype=i32),
+                              offsets_convention="cumulative_end")
+        with raises_naming("topk_weights must be float32, got bfloat16"):
+            kjit.moe_combine(cuda(8, 64, dtype=bf16), cuda(4, 2, dtype=bf16), cuda(8, dtype=i32))
+
+
+def test_non_contiguous_tensors_are_named():
+    with FakeTensorMode():
+        a = cuda(64, 4, dtype=bf16).t()
+        with raises_naming(r"a must be contiguous"):
+            kjit.grouped_gemm(a, cuda(2, 32, 64, dtype=bf16), cuda(2, dtype=i32), offsets_convention="cumulative_end")
+        with raises_naming(r"topk_ids must be contiguous"):
+            kjit.moe_routing(cuda(2, 4, dtype=i32).t(), 8, offsets_convention="cumulative_end")
+
+
+def test_shapes_that_do_not_fit_are_named():
+    with FakeTensorMode():
+        a, w = cuda(4, 64, dtype=bf16), cuda(2, 32, 64, dtype=bf16)
+        with raises_naming(r"offsets must be \[3\] \(with_leading_zero\), got \[2\]"):
+            kjit.grouped_gemm(a, w, cuda(2, dtype=i32), offsets_convention="with_leading_zero")
+        with raises_naming(r"a must be \[rows, 64\], got \[4, 32\]"):
+            kjit.grouped_gemm(cuda(4, 32, dtype=bf16), w, cuda(2, dtype=i32), offsets_convention="cumulative_end")
+        with raises_naming(r"out must be \[4, 32\], got \[4, 16\]"):
+            kjit.grouped_gemm(a, w, cuda(2, dtype=i32), offsets_convention="cumulative_end",
+                              out=cuda(4, 16, dtype=bf16))
+
+
+def test_unknown_choices_are_named_with_the_valid_ones():
+    with FakeTensorMode():
+        with raises_naming("convention must be one of 'multiply', 'divide', got 'mul'"):
+            kjit.dequant_fp8(cuda(128, 128, dtype=fp8), cuda(1, 1, dtype=f32), convention="mul")
+        with raises_naming("offsets_convention must be one of 'cumulative_end', 'with_leading_zero', got 'ends'"):
+            kjit.moe_routing(cuda(4, 2, dtype=i32), 8, offsets_convention="ends")
