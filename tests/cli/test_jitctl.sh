@@ -6,16 +6,9 @@
 set -euo pipefail
 jitctl=$1
 manifests=$2
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+source "$(dirname "$0")/check.sh"
 export KJIT_CACHE_DIR=$work/cache
 unset KJIT_CACHE_PATH
-passed=0
-failed=0
-check() {  # check NAME COMMAND...: the command must succeed
-  local name=$1; shift
-  if "$@"; then passed=$((passed + 1)); else echo "FAILED: $name"; failed=$((failed + 1)); fi
-}
 
 cat > "$work/small.json" <<'JSON'
 {"kjit_manifest": 1, "name": "small", "kernels": [
@@ -96,5 +89,4 @@ check "one entry per kernel" grep -q "^16 entries" <("$jitctl" list)
 check "the model's routing and combine are precompiled" \
   grep -q "moe_routing experts=128 offsets=cumulative_end" <("$jitctl" list)
 
-echo "$passed passed, $failed failed"
-test "$failed" -eq 0
+finish

@@ -9,16 +9,9 @@
 set -euo pipefail
 jitctl=$1
 version=$2
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+source "$(dirname "$0")/check.sh"
 export KJIT_CACHE_DIR=$work/cache
 unset KJIT_CACHE_PATH
-passed=0
-failed=0
-check() {  # check NAME COMMAND...: the command must succeed
-  local name=$1; shift
-  if "$@"; then passed=$((passed + 1)); else echo "FAILED: $name"; failed=$((failed + 1)); fi
-}
 run() {  # run OUT ERR ARGS...: runs jitctl with stdin closed, sets $rc
   local out=$1 err=$2; shift 2
   set +e
@@ -142,5 +135,4 @@ run "$work/out" "$work/err" selftest
 check "selftest with nothing to run exits 77 (got $rc)" test "$rc" -eq 77
 check "selftest says it skipped and why" grep -Eq "skipped: (no GPU|no cached kernel)" "$work/out"
 
-echo "$passed passed, $failed failed"
-test "$failed" -eq 0
+finish

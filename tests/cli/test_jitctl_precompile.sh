@@ -16,15 +16,8 @@
 # Usage: test_jitctl_precompile.sh JITCTL
 set -euo pipefail
 jitctl=$1
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+source "$(dirname "$0")/check.sh"
 unset KJIT_CACHE_PATH
-passed=0
-failed=0
-check() {  # check NAME COMMAND...: the command must succeed
-  local name=$1; shift
-  if "$@"; then passed=$((passed + 1)); else echo "FAILED: $name"; failed=$((failed + 1)); fi
-}
 precompile() {  # precompile ROOT OUT ERR ARGS...: sets $rc
   local root=$1 out=$2 err=$3; shift 3
   set +e
@@ -141,5 +134,4 @@ else
   echo "note: script(1) not found; the terminal cases were not run"
 fi
 
-echo "$passed passed, $failed failed"
-test "$failed" -eq 0
+finish
