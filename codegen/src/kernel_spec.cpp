@@ -39,11 +39,21 @@ std::optional<Expected<KernelSpec>> parse_family(std::string_view op, SpecReader
 }
 
 template <size_t... I>
-std::string known_ops(std::index_sequence<I...>) {
-  std::string out;
-  ((out += fmt::format("{}{}", I ? ", " : "", Family<std::variant_alternative_t<I, KernelSpec>>::op)), ...);
-  return out;
+std::vector<std::string_view> ops(std::index_sequence<I...>) {
+  return {Family<std::variant_alternative_t<I, KernelSpec>>::op...};
 }
+
+template <size_t... I>
+const std::vector<FieldRule>* schema_of(std::string_view op, std::index_sequence<I...>) {
+  const std::vector<FieldRule>* found = nullptr;
+  ((op == Family<std::variant_alternative_t<I, KernelSpec>>::op
+        ? (found = &Family<std::variant_alternative_t<I, KernelSpec>>::schema(), 0)
+        : 0),
+   ...);
+  return found;
+}
+
+constexpr auto kFamilies = std::make_index_sequence<std::variant_size_v<KernelSpec>>();
 
 }  // namespace
 
@@ -77,6 +87,10 @@ std::string_view op_name(const KernelSpec& spec) {
   return std::visit([](const auto& s) { return Family<std::decay_t<decltype(s)>>::op; }, spec);
 }
 
+std::vector<std::string_view> spec_ops() { return ops(kFamilies); }
+
+const std::vector<FieldRule>* spec_schema(std::string_view op) { return schema_of(op, kFamilies); }
+
 std::string canonical(const KernelSpec& spec) {
   return std::visit([](const auto& s) { return Family<std::decay_t<decltype(s)>>::canonical(s); }, spec);
 }
@@ -93,9 +107,7 @@ Expected<KernelSpec> spec_from_json(const nlohmann::json& j) {
   SpecReader reader(j);
   auto parsed = parse_family(op, reader);
   if (!parsed)
-    return fail(KJIT_ERROR_INVALID_ARGUMENT,
-                fmt::format("unknown op '{}' (known: {})", op,
-                            known_ops(std::make_index_sequence<std::variant_size_v<KernelSpec>>())));
+    return fail(KJIT_ERROR_INVALID_ARGUMENT, fmt::format("unknown op '{}' (known: {})", op, fmt::join(spec_ops(), ", ")));
   const auto spec = KJIT_TRY(std::move(*parsed));
   KJIT_TRY(reader.finish(op));
   KJIT_TRY(validate(spec));

@@ -217,10 +217,10 @@ TEST_CASE_FIXTURE(GemmFixture, "grouped GEMM argument errors are named and launc
   expect_gemm_rejected("weights must be");
   g.weights = KJIT_WEIGHTS_E_K_N;
   g.k = 100;
-  expect_gemm_rejected("K must be a positive multiple of 8, got 100");
+  expect_gemm_rejected("K must be a positive multiple of 8 up to 1048576, got 100");
   g.k = 256;
   g.n = 0;
-  expect_gemm_rejected("N must be a positive multiple of 8, got 0");
+  expect_gemm_rejected("N must be a positive multiple of 8 up to 1048576, got 0");
   g.n = 128;
   g.a_dtype = KJIT_DTYPE_F8_E4M3FN;
   expect_gemm_rejected("operands must be KJIT_DTYPE_BF16");

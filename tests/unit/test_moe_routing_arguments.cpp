@@ -69,6 +69,6 @@ TEST_CASE_FIXTURE(FakeRuntimeFixture, "routing and combine argument errors are n
   c.out_dtype = KJIT_DTYPE_BF16;
   auto bad_hidden = kjit::ops::moe_combine(runtime, c, fake_stream(0));
   REQUIRE_FALSE(bad_hidden.has_value());
-  CHECK(bad_hidden.error().message == "moe_combine: hidden must be a positive multiple of 8, got 12");
+  CHECK(bad_hidden.error().message == "moe_combine: hidden must be a positive multiple of 8 up to 1048576, got 12");
   CHECK(machine.launches == 5);  // none for the bad combine
 }

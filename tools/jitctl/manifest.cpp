@@ -23,74 +23,9 @@ namespace kjit::tools {
 namespace {
 
 using nlohmann::json;
+using Field = codegen::FieldRule;
 
 constexpr int kManifestVersion = 1;
-
-// Sizes far above every model and far below overflow. The largest dimension
-// of released models is about 1e5 (Llama-3.1-405B's intermediate 53248,
-// Mixtral's gate_up N 28672), so 2^20 leaves a wide margin, while the products
-// kernels form (rows x cols, experts x N x K) stay far from 64-bit overflow;
-// cols 2^62 and hidden 2^40 compiled before these bounds.
-constexpr int64_t kMaxDimension = int64_t{1} << 20;
-// Codegen's bound on an expert count (the largest MoE models have a few hundred).
-constexpr int64_t kMaxExperts = 4096;
-// Tile sides, pipeline stages and cluster sizes: codegen checks which are
-// supported; these only keep them in int (a tile side of 2^32 + 64 would wrap to 64).
-constexpr int64_t kMaxTileSide = 256;
-constexpr int64_t kMaxStages = 16;
-constexpr int64_t kMaxCluster = 16;
-
-// One field of a kernel entry: what it may hold. A list of values of a text,
-// integer or boolean field expands; an `integers` field (block, tile) is one value.
-struct Field {
-  enum class Kind : uint8_t { text, integer, boolean, integers };
-  std::string_view name;
-  Kind kind;
-  bool required = false;
-  std::vector<std::string_view> values = {};  // text
-  int64_t min = 0, max = 0;                   // integer, and each of integers
-  std::string_view shape = {};                // integers, e.g. "[rows, cols]"
-  size_t count = 0;                           // integers
-};
-
-Field text_field(std::string_view name, std::vector<std::string_view> values, bool required = true) {
-  return {.name = name, .kind = Field::Kind::text, .required = required, .values = std::move(values)};
-}
-Field integer_field(std::string_view name, int64_t min, int64_t max, bool required = true) {
-  return {.name = name, .kind = Field::Kind::integer, .required = required, .min = min, .max = max};
-}
-Field boolean_field(std::string_view name) { return {.name = name, .kind = Field::Kind::boolean}; }
-Field integers_field(std::string_view name, std::string_view shape, size_t count, int64_t min, int64_t max) {
-  return {.name = name, .kind = Field::Kind::integers, .min = min, .max = max, .shape = shape, .count = count};
-}
-
-struct Family {
-  std::string_view op;
-  std::vector<Field> fields;
-};
-
-// The fields each op's spec reads (codegen's spec_from_json), and nothing else.
-const std::vector<Family>& families() {
-  static const std::vector<Family> table = [] {
-    const std::vector<std::string_view> offsets{"cumulative_end", "with_leading_zero"};
-    return std::vector<Family>{
-        {"fp8_dequant",
-         {text_field("in", {"f8_e4m3fn", "f8_e5m2"}), text_field("out", {"bf16", "f16", "f32"}),
-          integer_field("cols", 1, kMaxDimension), text_field("scale", {"per_tensor", "per_row", "per_block"}),
-          integers_field("block", "[rows, cols]", 2, 1, kMaxDimension), text_field("convention", {"multiply", "divide"}),
-          integer_field("vec", 1, 16, false), boolean_field("selected_experts")}},
-        {"grouped_gemm",
-         {text_field("out", {"bf16", "f32"}), integer_field("n", 8, kMaxDimension), integer_field("k", 8, kMaxDimension),
-          integer_field("experts", 1, kMaxExperts), text_field("weights", {"e_n_k", "e_k_n"}), text_field("offsets", offsets),
-          boolean_field("row_scale"), text_field("kernel", {"mma_sync", "wgmma_sm90", "wgmma_sm90_swap_ab"}, false),
-          integers_field("tile", "[m, n, k]", 3, 1, kMaxTileSide), integer_field("stages", 0, kMaxStages, false),
-          integer_field("cluster", 1, kMaxCluster, false), text_field("cluster_axis", {"m", "n"}, false)}},
-        {"moe_routing", {integer_field("experts", 1, kMaxExperts), text_field("offsets", offsets)}},
-        {"moe_combine", {integer_field("top_k", 1, 32), integer_field("hidden", 8, kMaxDimension), text_field("out", {"bf16", "f32"})}},
-    };
-  }();
-  return table;
-}
 
 std::unexpected<Error> invalid(std::string message) { return fail(KJIT_ERROR_INVALID_ARGUMENT, std::move(message)); }
 
@@ -160,25 +95,23 @@ struct Axis {
 // Checks every field of one kernel entry; returns its list-valued fields.
 Expected<std::vector<Axis>> check_entry(const json& entry, const std::string& path) {
   if (!entry.is_object()) return invalid(fmt::format("{}: got {}, expected an object (a kernel spec)", path, excerpt(entry)));
-  std::vector<std::string_view> ops;
-  for (const auto& family : families()) ops.push_back(family.op);
+  // The fields and what each may hold are the family's own (codegen's Family<Spec>::schema).
+  const auto ops = codegen::spec_ops();
   if (!entry.contains("op"))
     return invalid(fmt::format("{}.op: missing, expected one of: {}", path, fmt::join(ops, ", ")));
   const json& op = entry["op"];
-  const auto family = std::find_if(families().begin(), families().end(),
-                                   [&](const Family& f) { return op.is_string() && op.get<std::string>() == f.op; });
-  if (family == families().end())
+  const std::vector<Field>* fields = op.is_string() ? codegen::spec_schema(op.get<std::string>()) : nullptr;
+  if (!fields)
     return invalid(fmt::format("{}.op: got {}, expected one of: {}", path, excerpt(op), fmt::join(ops, ", ")));
 
   std::vector<Axis> axes;
   for (const auto& [key, value] : entry.items()) {
     if (key == "op") continue;
     const auto at = member(path, key);
-    const auto field = std::find_if(family->fields.begin(), family->fields.end(),
-                                    [&](const Field& f) { return f.name == key; });
-    if (field == family->fields.end()) {
+    const auto field = std::find_if(fields->begin(), fields->end(), [&](const Field& f) { return f.name == key; });
+    if (field == fields->end()) {
       std::vector<std::string_view> known{"op"};
-      for (const auto& f : family->fields) known.push_back(f.name);
+      for (const auto& f : *fields) known.push_back(f.name);
       return invalid(fmt::format("{}: unknown field (known: {})", at, fmt::join(known, ", ")));
     }
     if (value.is_array() && field->kind != Field::Kind::integers) {
@@ -189,7 +122,7 @@ Expected<std::vector<Axis>> check_entry(const json& entry, const std::string& pa
       KJIT_TRY(check_value(*field, value, at));
     }
   }
-  for (const auto& field : family->fields)
+  for (const auto& field : *fields)
     if (field.required && !entry.contains(field.name))
       return invalid(fmt::format("{}.{}: missing, expected {}", path, field.name, expected(field)));
   return axes;

@@ -83,6 +83,15 @@ Expected<DequantSpec> Family<DequantSpec>::from_json(SpecReader& reader) {
   return s;
 }
 
+const std::vector<FieldRule>& Family<DequantSpec>::schema() {
+  static const std::vector<FieldRule> rules{
+      text_field("in", {"f8_e4m3fn", "f8_e5m2"}), text_field("out", {"bf16", "f16", "f32"}),
+      integer_field("cols", 1, kMaxDimension), text_field("scale", {"per_tensor", "per_row", "per_block"}),
+      integers_field("block", "[rows, cols]", 2, 1, kMaxDimension), text_field("convention", {"multiply", "divide"}),
+      integer_field("vec", 1, 16, false), boolean_field("selected_experts")};
+  return rules;
+}
+
 void Family<DequantSpec>::hash(const DequantSpec& s, HashMixer& h) {
   h.mix(static_cast<uint64_t>(s.cols));
   h.mix(static_cast<uint64_t>(s.in) | static_cast<uint64_t>(s.out) << 8 | static_cast<uint64_t>(s.granularity) << 16 |
@@ -96,11 +105,14 @@ Expected<void> Family<DequantSpec>::validate(const DequantSpec& s) {
   auto invalid = [](std::string message) { return fail(KJIT_ERROR_INVALID_ARGUMENT, std::move(message)); };
   if (!is_fp8(s.in)) return invalid(fmt::format("fp8_dequant input must be f8_e4m3fn or f8_e5m2, not {}", name(s.in)));
   if (is_fp8(s.out)) return invalid(fmt::format("fp8_dequant output must be bf16, f16 or f32, not {}", name(s.out)));
-  if (s.cols <= 0) return invalid(fmt::format("cols must be positive, got {}", s.cols));
+  if (s.cols <= 0 || s.cols > kMaxDimension)
+    return invalid(fmt::format("cols must be 1 to {}, got {}", kMaxDimension, s.cols));
   if (s.vec != 1 && s.vec != 2 && s.vec != 4 && s.vec != 8 && s.vec != 16)
     return invalid(fmt::format("vec must be 1, 2, 4, 8 or 16, got {}", s.vec));
   if (s.cols % s.vec != 0) return invalid(fmt::format("vec {} does not divide cols {}", s.vec, s.cols));
   const bool blocked = s.granularity == ScaleGranularity::per_block;
+  if (blocked && (s.block_rows > kMaxDimension || s.block_cols > kMaxDimension))
+    return invalid(fmt::format("block sides must be at most {}, got {}x{}", kMaxDimension, s.block_rows, s.block_cols));
   if (blocked && (s.block_rows <= 0 || s.block_cols <= 0))
     return invalid(fmt::format("per_block scales need block sizes >= 1, got {}x{}", s.block_rows, s.block_cols));
   if (!blocked && (s.block_rows != 0 || s.block_cols != 0))

@@ -29,10 +29,12 @@ Expected<void> validate_problem(const GroupedGemmSpec& s) {
   auto invalid = [](std::string message) { return fail(KJIT_ERROR_INVALID_ARGUMENT, std::move(message)); };
   if (s.out != DType::bf16 && s.out != DType::f32)
     return invalid(fmt::format("grouped_gemm output must be bf16 or f32, not {}", name(s.out)));
-  if (s.n < 8 || s.n % 8 != 0) return invalid(fmt::format("grouped_gemm: N must be a positive multiple of 8, got {}", s.n));
-  if (s.k < 8 || s.k % 8 != 0) return invalid(fmt::format("grouped_gemm: K must be a positive multiple of 8, got {}", s.k));
-  if (s.experts < 1 || s.experts > 4096)
-    return invalid(fmt::format("grouped_gemm needs 1 to 4096 experts, got {}", s.experts));
+  if (s.n < 8 || s.n % 8 != 0 || s.n > kMaxDimension)
+    return invalid(fmt::format("grouped_gemm: N must be a positive multiple of 8 up to {}, got {}", kMaxDimension, s.n));
+  if (s.k < 8 || s.k % 8 != 0 || s.k > kMaxDimension)
+    return invalid(fmt::format("grouped_gemm: K must be a positive multiple of 8 up to {}, got {}", kMaxDimension, s.k));
+  if (s.experts < 1 || s.experts > kMaxExperts)
+    return invalid(fmt::format("grouped_gemm needs 1 to {} experts, got {}", kMaxExperts, s.experts));
   return {};
 }
 
@@ -181,6 +183,19 @@ Expected<GroupedGemmSpec> Family<GroupedGemmSpec>::from_json(SpecReader& reader)
   s.cluster = static_cast<int>(std::clamp<int64_t>(KJIT_TRY(reader.integer_or("cluster", 1)), -1, 64));
   if (reader.has("cluster_axis")) s.cluster_axis = KJIT_TRY(reader.enumeration<ClusterAxis>("cluster_axis"));
   return s;
+}
+
+const std::vector<FieldRule>& Family<GroupedGemmSpec>::schema() {
+  static const std::vector<FieldRule> rules{
+      text_field("out", {"bf16", "f32"}), integer_field("n", 8, kMaxDimension), integer_field("k", 8, kMaxDimension),
+      integer_field("experts", 1, kMaxExperts), text_field("weights", {"e_n_k", "e_k_n"}),
+      text_field("offsets", {"cumulative_end", "with_leading_zero"}), boolean_field("row_scale"),
+      // A configuration's fields (cache metadata; rare in manifests). Bounded so they stay in int;
+      // validate says which are supported.
+      text_field("kernel", {"mma_sync", "wgmma_sm90", "wgmma_sm90_swap_ab"}, false),
+      integers_field("tile", "[m, n, k]", 3, 1, 256), integer_field("stages", 0, 16, false),
+      integer_field("cluster", 1, 16, false), text_field("cluster_axis", {"m", "n"}, false)};
+  return rules;
 }
 
 void Family<GroupedGemmSpec>::hash(const GroupedGemmSpec& g, HashMixer& h) {

@@ -32,6 +32,12 @@ Expected<MoeCombineSpec> Family<MoeCombineSpec>::from_json(SpecReader& reader) {
   return s;
 }
 
+const std::vector<FieldRule>& Family<MoeCombineSpec>::schema() {
+  static const std::vector<FieldRule> rules{
+      integer_field("top_k", 1, 32), integer_field("hidden", 8, kMaxDimension), text_field("out", {"bf16", "f32"})};
+  return rules;
+}
+
 void Family<MoeCombineSpec>::hash(const MoeCombineSpec& s, HashMixer& h) {
   h.mix(static_cast<uint64_t>(s.top_k) << 40 | static_cast<uint64_t>(s.hidden) << 8 | static_cast<uint64_t>(s.out));
 }
@@ -39,9 +45,10 @@ void Family<MoeCombineSpec>::hash(const MoeCombineSpec& s, HashMixer& h) {
 Expected<void> Family<MoeCombineSpec>::validate(const MoeCombineSpec& s) {
   if (s.top_k < 1 || s.top_k > 32)
     return fail(KJIT_ERROR_INVALID_ARGUMENT, fmt::format("moe_combine needs top_k from 1 to 32, got {}", s.top_k));
-  if (s.hidden < 8 || s.hidden % 8 != 0)
+  if (s.hidden < 8 || s.hidden % 8 != 0 || s.hidden > kMaxDimension)
     return fail(KJIT_ERROR_INVALID_ARGUMENT,
-                fmt::format("moe_combine: hidden must be a positive multiple of 8, got {}", s.hidden));
+                fmt::format("moe_combine: hidden must be a positive multiple of 8 up to {}, got {}", kMaxDimension,
+                            s.hidden));
   if (s.out != DType::bf16 && s.out != DType::f32)
     return fail(KJIT_ERROR_INVALID_ARGUMENT, fmt::format("moe_combine output must be bf16 or f32, not {}", name(s.out)));
   return {};

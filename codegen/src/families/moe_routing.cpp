@@ -29,14 +29,20 @@ Expected<MoeRoutingSpec> Family<MoeRoutingSpec>::from_json(SpecReader& reader) {
   return s;
 }
 
+const std::vector<FieldRule>& Family<MoeRoutingSpec>::schema() {
+  static const std::vector<FieldRule> rules{
+      integer_field("experts", 1, kMaxExperts), text_field("offsets", {"cumulative_end", "with_leading_zero"})};
+  return rules;
+}
+
 void Family<MoeRoutingSpec>::hash(const MoeRoutingSpec& s, HashMixer& h) {
   h.mix(static_cast<uint64_t>(s.experts) << 8 | static_cast<uint64_t>(s.offsets));
 }
 
 Expected<void> Family<MoeRoutingSpec>::validate(const MoeRoutingSpec& s) {
-  if (s.experts < 1 || s.experts > 4096)
+  if (s.experts < 1 || s.experts > kMaxExperts)
     return fail(KJIT_ERROR_INVALID_ARGUMENT,
-                fmt::format("moe_routing needs 1 to 4096 local experts (experts_local), got {}", s.experts));
+                fmt::format("moe_routing needs 1 to {} local experts (experts_local), got {}", kMaxExperts, s.experts));
   return {};
 }
 

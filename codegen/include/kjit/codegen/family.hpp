@@ -7,6 +7,7 @@
 //   static std::string canonical(const Spec&);       // one stable line naming every field
 //   static nlohmann::json to_json(const Spec&);
 //   static Expected<Spec> from_json(SpecReader&);    // every field read through the reader (unknown ones refused)
+//   static const std::vector<FieldRule>& schema();   // what each JSON field may hold (manifests check entries by it)
 //   static void hash(const Spec&, HashMixer&);       // the registry's in-process hash
 //   static Expected<void> validate(const Spec&);     // the ONLY place the family's invariants are checked
 //   static Expected<void> supported_on(const Spec&, const ArchInfo&);  // can this one kernel build and run there
@@ -30,6 +31,7 @@
 
 #include "kjit/base/expected.hpp"
 #include "kjit/codegen/arch.hpp"
+#include "kjit/codegen/spec_schema.hpp"
 
 namespace kjit::codegen {
 
@@ -51,6 +53,7 @@ concept KernelFamilyTraits = requires(const Spec& s, SpecReader& reader, HashMix
   { Family<Spec>::canonical(s) } -> std::same_as<std::string>;
   { Family<Spec>::to_json(s) } -> std::same_as<nlohmann::json>;
   { Family<Spec>::from_json(reader) } -> std::same_as<Expected<Spec>>;
+  { Family<Spec>::schema() } -> std::same_as<const std::vector<FieldRule>&>;
   { Family<Spec>::hash(s, mixer) } -> std::same_as<void>;
   { Family<Spec>::validate(s) } -> std::same_as<Expected<void>>;
   { Family<Spec>::supported_on(s, arch) } -> std::same_as<Expected<void>>;

@@ -26,6 +26,7 @@
 #include "kjit/codegen/families/moe_combine.hpp"
 #include "kjit/codegen/families/moe_routing.hpp"
 #include "kjit/codegen/render.hpp"
+#include "kjit/codegen/spec_schema.hpp"
 #include "kjit/codegen/types.hpp"
 
 namespace kjit::codegen {
@@ -34,6 +35,10 @@ using KernelSpec = std::variant<DequantSpec, GroupedGemmSpec, MoeRoutingSpec, Mo
 
 // The family name, e.g. "fp8_dequant" (JSON "op").
 std::string_view op_name(const KernelSpec& spec);
+// Every family's op, in variant order.
+std::vector<std::string_view> spec_ops();
+// The fields the JSON form of `op` has and what each may hold; nullptr for an unknown op.
+const std::vector<FieldRule>* spec_schema(std::string_view op);
 
 // One line, stable across releases of the same entry format, e.g.
 // "fp8_dequant in=f8_e4m3fn out=bf16 cols=7168 scale=per_block:128x128 convention=multiply vec=16 experts=all".

@@ -41,6 +41,7 @@ struct Family<DequantSpec> {
   static std::string canonical(const DequantSpec& s);
   static nlohmann::json to_json(const DequantSpec& s);
   static Expected<DequantSpec> from_json(SpecReader& reader);
+  static const std::vector<FieldRule>& schema();
   static void hash(const DequantSpec& s, HashMixer& mixer);
   static Expected<void> validate(const DequantSpec& s);
   static Expected<void> supported_on(const DequantSpec& s, const ArchInfo& arch);

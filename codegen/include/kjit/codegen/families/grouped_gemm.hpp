@@ -60,6 +60,7 @@ struct Family<GroupedGemmSpec> {
   static std::string canonical(const GroupedGemmSpec& s);
   static nlohmann::json to_json(const GroupedGemmSpec& s);
   static Expected<GroupedGemmSpec> from_json(SpecReader& reader);
+  static const std::vector<FieldRule>& schema();
   static void hash(const GroupedGemmSpec& s, HashMixer& mixer);
   static Expected<void> validate(const GroupedGemmSpec& s);
   // A configuration only (a problem is no kernel); Hopper's kernels only where the arch has wgmma and TMA.

@@ -29,6 +29,7 @@ struct Family<MoeCombineSpec> {
   static std::string canonical(const MoeCombineSpec& s);
   static nlohmann::json to_json(const MoeCombineSpec& s);
   static Expected<MoeCombineSpec> from_json(SpecReader& reader);
+  static const std::vector<FieldRule>& schema();
   static void hash(const MoeCombineSpec& s, HashMixer& mixer);
   static Expected<void> validate(const MoeCombineSpec& s);
   static Expected<void> supported_on(const MoeCombineSpec&, const ArchInfo&) { return {}; }  // every arch

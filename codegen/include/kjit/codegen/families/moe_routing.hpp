@@ -29,6 +29,7 @@ struct Family<MoeRoutingSpec> {
   static std::string canonical(const MoeRoutingSpec& s);
   static nlohmann::json to_json(const MoeRoutingSpec& s);
   static Expected<MoeRoutingSpec> from_json(SpecReader& reader);
+  static const std::vector<FieldRule>& schema();
   static void hash(const MoeRoutingSpec& s, HashMixer& mixer);
   static Expected<void> validate(const MoeRoutingSpec& s);
   static Expected<void> supported_on(const MoeRoutingSpec&, const ArchInfo&) { return {}; }  // every arch

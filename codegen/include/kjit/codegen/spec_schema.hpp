@@ -1,0 +1,45 @@
+// What each field of a family's JSON form may hold: the family declares it
+// (Family<Spec>::schema) beside its parser, and manifests check every field
+// of every entry against it before expanding list-valued fields, so a manifest
+// learns of a new family or field from the family alone.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+namespace kjit::codegen {
+
+// The largest dimension (cols, N, K, hidden, a block side) any spec accepts.
+// The largest in released models is about 1e5 (Llama-3.1-405B's intermediate
+// 53248, Mixtral's gate_up N 28672), so 2^20 leaves a wide margin while the
+// products kernels form (rows x cols, experts x N x K) stay far from 64-bit
+// overflow; cols 2^62 and hidden 2^40 compiled before this bound.
+inline constexpr int64_t kMaxDimension = int64_t{1} << 20;
+// Experts one kernel may address (the largest MoE models have a few hundred).
+inline constexpr int64_t kMaxExperts = 4096;
+
+struct FieldRule {
+  enum class Kind : uint8_t { text, integer, boolean, integers };
+  std::string_view name;
+  Kind kind;
+  bool required = false;
+  std::vector<std::string_view> values = {};  // text
+  int64_t min = 0, max = 0;                   // integer, and each of integers
+  std::string_view shape = {};                // integers, e.g. "[rows, cols]"
+  size_t count = 0;                           // integers: a fixed-length list that is one value (a block, a tile)
+};
+
+inline FieldRule text_field(std::string_view name, std::vector<std::string_view> values, bool required = true) {
+  return {.name = name, .kind = FieldRule::Kind::text, .required = required, .values = std::move(values)};
+}
+inline FieldRule integer_field(std::string_view name, int64_t min, int64_t max, bool required = true) {
+  return {.name = name, .kind = FieldRule::Kind::integer, .required = required, .min = min, .max = max};
+}
+inline FieldRule boolean_field(std::string_view name) { return {.name = name, .kind = FieldRule::Kind::boolean}; }
+inline FieldRule integers_field(std::string_view name, std::string_view shape, size_t count, int64_t min, int64_t max) {
+  return {.name = name, .kind = FieldRule::Kind::integers, .min = min, .max = max, .shape = shape, .count = count};
+}
+
+}  // namespace kjit::codegen
