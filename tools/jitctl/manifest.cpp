@@ -87,6 +87,9 @@ const std::vector<Family>& families() {
           integer_field("cluster", 1, kMaxCluster, false), text_field("cluster_axis", {"m", "n"}, false)}},
         {"moe_routing", {integer_field("experts", 1, kMaxExperts), text_field("offsets", offsets)}},
         {"moe_combine", {integer_field("top_k", 1, 32), integer_field("hidden", 8, kMaxDimension), text_field("out", {"bf16", "f32"})}},
+        {"fp8_quantize",
+         {integer_field("k", 128, kMaxDimension), integer_field("group", 128, 128, false),
+          text_field("scale_format", {"fp32", "ue8m0"}, false), boolean_field("gather")}},
     };
   }();
   return table;
