@@ -92,14 +92,19 @@ __device__ __forceinline__ void fp8_quantize(const kjit_fp8_quantize_params& p) 
     codes = make_uint4(0x7f7f7f7fu, 0x7f7f7f7fu, 0x7f7f7f7fu, 0x7f7f7f7fu);
   } else {
     scale = quantize_scale<Cfg::kUe8m0>(__uint_as_float(magnitude << 16));
+    // x / scale, one IEEE division; a UE8M0 scale is a power of two in
+    // [2^-42, 2^120], whose reciprocal is exact, and x * (1 / scale) rounds the
+    // same real number as x / scale: the same bits, without the divisions.
+    const float inverse = __frcp_rn(scale);
+    auto scaled = [&](float x) { return Cfg::kUe8m0 ? __fmul_rn(x, inverse) : __fdiv_rn(x, scale); };
     unsigned int packed[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const unsigned int low = words[2 * i], high = words[2 * i + 1];
-      packed[i] = cvt_rn_satfinite_e4m3x2_f32(__fdiv_rn(__uint_as_float(low << 16), scale),
-                                              __fdiv_rn(__uint_as_float(low & 0xffff0000u), scale)) |
-                  static_cast<unsigned int>(cvt_rn_satfinite_e4m3x2_f32(
-                      __fdiv_rn(__uint_as_float(high << 16), scale), __fdiv_rn(__uint_as_float(high & 0xffff0000u), scale)))
+      packed[i] = cvt_rn_satfinite_e4m3x2_f32(scaled(__uint_as_float(low << 16)),
+                                              scaled(__uint_as_float(low & 0xffff0000u))) |
+                  static_cast<unsigned int>(cvt_rn_satfinite_e4m3x2_f32(scaled(__uint_as_float(high << 16)),
+                                                                        scaled(__uint_as_float(high & 0xffff0000u))))
                       << 16;
     }
     codes = make_uint4(packed[0], packed[1], packed[2], packed[3]);
