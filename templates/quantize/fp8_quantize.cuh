@@ -96,7 +96,7 @@ __device__ __forceinline__ void fp8_quantize(const kjit_fp8_quantize_params& p) 
     // [2^-42, 2^120], whose reciprocal is exact, and x * (1 / scale) rounds the
     // same real number as x / scale: the same bits, without the divisions.
     const float inverse = __frcp_rn(scale);
-    auto scaled = [&](float x) { return Cfg::kUe8m0 ? __fmul_rn(x, inverse) : __fdiv_rn(x, scale); };
+    auto scaled = [&](float value) { return Cfg::kUe8m0 ? __fmul_rn(value, inverse) : __fdiv_rn(value, scale); };
     unsigned int packed[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
