@@ -28,7 +28,8 @@ struct QuantizeConfig {
   static constexpr int kThreads = kThreads_;
   static constexpr int kThreadsPerGroup = 8;
   static constexpr int kColumns = kGroup / kThreadsPerGroup;  // per thread: 32 bytes in, 16 out
-  static_assert(kGroup == 128 && kK % kGroup == 0 && kColumns == 16, "codegen admits K a multiple of 128, groups of 128");
+  static_assert(kGroup == 128 && kK % kGroup == 0 && kColumns == 16,
+                "codegen admits K a multiple of 128, groups of 128");
   static_assert(kThreads % 32 == 0, "whole warps: the amax shuffle takes every lane");
 };
 
@@ -60,7 +61,8 @@ __device__ __forceinline__ void fp8_quantize(const kjit_fp8_quantize_params& p) 
       empty_row = true;
     } else if (flat >= p.entries) {
       empty_row = true;
-      if (group == 0 && member == 0 && atomicCAS(&p.device_error[0], 0u, KJIT_DEVICE_ERROR_QUANTIZE_INDEX_OUT_OF_RANGE) == 0u)
+      const bool reporter = group == 0 && member == 0;  // one report per row
+      if (reporter && atomicCAS(&p.device_error[0], 0u, KJIT_DEVICE_ERROR_QUANTIZE_INDEX_OUT_OF_RANGE) == 0u)
         p.device_error[1] = static_cast<unsigned>(flat);
     } else {
       source = flat / p.top_k;

@@ -85,9 +85,9 @@ Expected<void> fp8_quantize(Runtime& runtime, const kjit_fp8_quantize_desc& d, C
   auto plan = KJIT_TRY(plan_fp8_quantize(d, false));
   if (plan.empty) return {};
   if (plan.spec.gather) {
-    return launch_on_owning_device(runtime, plan.spec,
-                                   {{d.in, "in"}, {d.out, "out"}, {d.scales, "scales"}, {d.sorted_to_flat, "sorted_to_flat"}},
-                                   plan.params.device_error, plan.geometry, &plan.params, stream);
+    return launch_on_owning_device(
+        runtime, plan.spec, {{d.in, "in"}, {d.out, "out"}, {d.scales, "scales"}, {d.sorted_to_flat, "sorted_to_flat"}},
+        plan.params.device_error, plan.geometry, &plan.params, stream);
   }
   return launch_on_owning_device(runtime, plan.spec, {{d.in, "in"}, {d.out, "out"}, {d.scales, "scales"}},
                                  plan.params.device_error, plan.geometry, &plan.params, stream);
