@@ -8,6 +8,7 @@
 #include "kjit/kjit.h"
 #include "kjit/version.h"
 #include "kjit/internal/ops/dequant.hpp"
+#include "kjit/internal/ops/fp8_quantize.hpp"
 #include "kjit/internal/ops/grouped_gemm.hpp"
 #include "kjit/internal/ops/moe_routing.hpp"
 #include "kjit/internal/runtime.hpp"
@@ -133,6 +134,27 @@ KJIT_API kjit_status kjit_moe_combine_prepare(const kjit_moe_combine_desc* desc,
   return guarded([&]() -> kjit::Expected<void> {
     KJIT_TRY(require(desc, "desc"));
     return kjit::ops::prepare_moe_combine(kjit::Runtime::global(), *desc, device);
+  });
+}
+
+KJIT_API void kjit_fp8_quantize_desc_init(kjit_fp8_quantize_desc* desc) {
+  if (!desc) return;
+  *desc = kjit_fp8_quantize_desc{};
+  desc->struct_size = sizeof(kjit_fp8_quantize_desc);
+  desc->group = 128;
+}
+
+KJIT_API kjit_status kjit_fp8_quantize(const kjit_fp8_quantize_desc* desc, kjit_stream stream) {
+  return guarded([&]() -> kjit::Expected<void> {
+    KJIT_TRY(require(desc, "desc"));
+    return kjit::ops::fp8_quantize(kjit::Runtime::global(), *desc, reinterpret_cast<CUstream>(stream));
+  });
+}
+
+KJIT_API kjit_status kjit_fp8_quantize_prepare(const kjit_fp8_quantize_desc* desc, int device) {
+  return guarded([&]() -> kjit::Expected<void> {
+    KJIT_TRY(require(desc, "desc"));
+    return kjit::ops::prepare_fp8_quantize(kjit::Runtime::global(), *desc, device);
   });
 }
 

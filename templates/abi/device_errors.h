@@ -19,7 +19,10 @@
     "MoE routing on device {device} was given expert id {value} outside [0, experts_total); it wrote nothing")       \
   X(COMBINE_INDEX_OUT_OF_RANGE, 5,                                                                                   \
     "MoE combine on device {device} was given sorted row {value} past the rows of expert_out; that term was left "   \
-    "out")
+    "out")                                                                                                           \
+  X(QUANTIZE_INDEX_OUT_OF_RANGE, 6,                                                                                  \
+    "an fp8 quantize gather on device {device} was given flat index {value} past tokens * top_k; that row was "      \
+    "written as zeros")
 
 #define KJIT_DEVICE_ERROR_ENUMERATOR(name, code, message) KJIT_DEVICE_ERROR_##name = code,
 enum kjit_device_error_code { KJIT_DEVICE_ERRORS(KJIT_DEVICE_ERROR_ENUMERATOR) };

@@ -42,6 +42,14 @@ __device__ __forceinline__ unsigned int cvt_rn_f16x2_f32(float first, float seco
   return out;
 }
 
+// Round two floats to nearest-even e4m3fn, saturating finite values beyond
+// +-448 to +-448 (NaN stays NaN, 0x7F); `first` lands in the low byte.
+__device__ __forceinline__ unsigned short cvt_rn_satfinite_e4m3x2_f32(float first, float second) {
+  unsigned short out;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(out) : "f"(second), "f"(first));
+  return out;
+}
+
 enum class Fp8Format { e4m3fn, e5m2 };
 
 // Decodes two fp8 codes packed in a 16-bit word into two exact floats.

@@ -84,8 +84,9 @@ for pid in "${pids[@]}"; do wait "$pid" || all_ok=0; done
 check "8 concurrent precompiles all succeed" test "$all_ok" -eq 1
 check "verify is clean after the concurrent precompiles" "$jitctl" verify
 check "no temp files remain" test -z "$(find "$work/shared-cache" -name '*.tmp*' -print -quit)"
-# 5 dequant kernels + 3 grouped GEMM problems x 3 sm_90a token-count buckets + routing + combine.
-check "one entry per kernel" grep -q "^16 entries" <("$jitctl" list)
+# 5 dequant kernels + 3 grouped GEMM problems x 3 sm_90a token-count buckets + routing + combine
+# + 3 fp8 quantize kernels.
+check "one entry per kernel" grep -q "^19 entries" <("$jitctl" list)
 check "the model's routing and combine are precompiled" \
   grep -q "moe_routing experts=128 offsets=cumulative_end" <("$jitctl" list)
 

@@ -19,7 +19,7 @@ export KJIT_CACHE_DIR=$work/cache
 unset KJIT_CACHE_PATH
 
 # Both layouts in every sm_90a bucket, the f32 output with a row scale (another
-# epilogue), a dequant and the routing kernels.
+# epilogue), a dequant, the routing kernels and the fp8 quantizer.
 cat > "$work/sass.json" <<'JSON'
 {"kjit_manifest": 1, "name": "sass check", "kernels": [
   {"op": "grouped_gemm", "out": "bf16", "n": 4096, "k": 7168, "experts": 32,
@@ -29,7 +29,8 @@ cat > "$work/sass.json" <<'JSON'
   {"op": "fp8_dequant", "in": "f8_e4m3fn", "out": "bf16", "cols": 7168,
    "scale": "per_block", "block": [128, 128], "convention": "multiply"},
   {"op": "moe_routing", "experts": 256, "offsets": "cumulative_end"},
-  {"op": "moe_combine", "top_k": 8, "hidden": 7168, "out": "bf16"}]}
+  {"op": "moe_combine", "top_k": 8, "hidden": 7168, "out": "bf16"},
+  {"op": "fp8_quantize", "k": 7168, "scale_format": ["fp32", "ue8m0"], "gather": [false, true]}]}
 JSON
 "$jitctl" precompile --manifest "$work/sass.json" --arch sm_90a,sm_100a,sm_120a -j "$(nproc)" > "$work/precompile.txt" 2>/dev/null
 cat "$work/precompile.txt"

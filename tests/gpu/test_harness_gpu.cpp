@@ -131,3 +131,14 @@ TEST_CASE("the shared harness finds combine within tolerance, bf16 and f32 outpu
 }
 
 TEST_SUITE_END();
+
+TEST_SUITE_BEGIN("fp8_quantize");
+
+TEST_CASE("the shared harness finds fp8 quantize bit-exact, both scale formats, with and without gather") {
+  using codegen::Fp8QuantizeSpec, codegen::QuantScaleFormat;
+  check_exactly({Fp8QuantizeSpec{.k = 7168}, Fp8QuantizeSpec{.k = 2048, .scale_format = QuantScaleFormat::ue8m0},
+                 Fp8QuantizeSpec{.k = 7168, .gather = true},
+                 Fp8QuantizeSpec{.k = 128, .scale_format = QuantScaleFormat::ue8m0, .gather = true}});
+}
+
+TEST_SUITE_END();

@@ -46,7 +46,7 @@ def test_a_scale_shape_mismatch_is_caught():
 def test_every_descriptor_init_sets_struct_size_to_the_ctypes_size():
     lib = kjit.library()
     for name, desc in (("grouped_gemm", kjit._GroupedGemmDesc), ("moe_routing", kjit._MoeRoutingDesc),
-                       ("moe_combine", kjit._MoeCombineDesc)):
+                       ("moe_combine", kjit._MoeCombineDesc), ("fp8_quantize", kjit._Fp8QuantizeDesc)):
         x = desc()
         getattr(lib, f"kjit_{name}_desc_init")(ctypes.byref(x))
         assert x.struct_size == ctypes.sizeof(desc), name
@@ -60,6 +60,20 @@ def test_the_last_combine_field_lands_where_c_reads_it():
     c.expert_out, c.topk_weights, c.flat_to_sorted = 16, 16, 16
     lib.kjit_moe_combine(ctypes.byref(c), None)
     assert "'out' is NULL" in lib.kjit_last_error_message().decode()
+
+
+def test_the_last_fp8_quantize_fields_land_where_c_reads_them():
+    lib = kjit.library()
+    q = kjit._Fp8QuantizeDesc()
+    lib.kjit_fp8_quantize_desc_init(ctypes.byref(q))
+    assert q.group == 128
+    q.in_dtype, q.out_dtype, q.rows, q.k, q.scale_format = 3, 1, 4, 256, 1
+    q.top_k = -1
+    lib.kjit_fp8_quantize(ctypes.byref(q), None)
+    assert "top_k must be 0 (no gather) or >= 1, got -1" in lib.kjit_last_error_message().decode()
+    q.top_k, q.tokens = 0, 5
+    lib.kjit_fp8_quantize(ctypes.byref(q), None)
+    assert "sorted_to_flat and tokens are for a gather" in lib.kjit_last_error_message().decode()
 
 
 def test_version_is_the_librarys_and_a_release_number():

@@ -31,6 +31,8 @@ def test_cpu_tensors_are_refused_naming_the_argument_before_any_launch():
         kjit.moe_routing(torch.zeros(4, 2, dtype=i32), 8, offsets_convention="cumulative_end")
     with raises_naming("expert_out must be on a CUDA device, got cpu"):
         kjit.moe_combine(torch.zeros(8, 64, dtype=bf16), torch.zeros(4, 2), torch.zeros(8, dtype=i32))
+    with raises_naming("x must be on a CUDA device, got cpu"):
+        kjit.quantize_fp8(torch.zeros(4, 128, dtype=bf16))
 
 
 def test_a_cpu_tensor_among_cuda_tensors_is_named():
@@ -112,3 +114,26 @@ def test_unknown_choices_are_named_with_the_valid_ones():
             kjit.dequant_fp8(cuda(128, 128, dtype=fp8), cuda(1, 1, dtype=f32), convention="mul")
         with raises_naming("offsets_convention must be one of 'cumulative_end', 'with_leading_zero', got 'ends'"):
             kjit.moe_routing(cuda(4, 2, dtype=i32), 8, offsets_convention="ends")
+
+
+def test_quantize_fp8_arguments_are_named():
+    with FakeTensorMode():
+        x = cuda(4, 256, dtype=bf16)
+        with raises_naming("x must be bfloat16, got float16"):
+            kjit.quantize_fp8(cuda(4, 256, dtype=torch.float16))
+        with raises_naming("K = x.shape.1. must be a positive multiple of 128, got 200"):
+            kjit.quantize_fp8(cuda(4, 200, dtype=bf16))
+        with raises_naming("group must be 128"):
+            kjit.quantize_fp8(x, group=64)
+        with raises_naming("scale_format must be one of 'fp32', 'ue8m0', got 'e8m0'"):
+            kjit.quantize_fp8(x, scale_format="e8m0")
+        with raises_naming("gather must be .sorted_to_flat, top_k. or None"):
+            kjit.quantize_fp8(x, gather=cuda(6, dtype=i32))
+        with raises_naming("sorted_to_flat must be int32, got int64"):
+            kjit.quantize_fp8(x, gather=(cuda(6, dtype=i64), 2))
+        with raises_naming("top_k must be an int >= 1, got 0"):
+            kjit.quantize_fp8(x, gather=(cuda(6, dtype=i32), 0))
+        with raises_naming(r"codes must be \[6, 256\], got \[4, 256\]"):
+            kjit.quantize_fp8(x, gather=(cuda(6, dtype=i32), 2), out=cuda(4, 256, dtype=fp8))
+        with raises_naming(r"scales must be \[4, 2\]"):
+            kjit.quantize_fp8(x, scales=cuda(4, 1, dtype=f32))

@@ -347,3 +347,43 @@ TEST_CASE("swap AB renders one wgmma per tile height, weights as operand A, and 
   const auto g = grouped_gemm_geometry(swap, 512, 4000);
   CHECK((g.grid_x == (512 / 256 + 32) * (4096 / 128) && g.cluster_x == 1 && g.block_x == 384));
 }
+
+TEST_CASE("fp8 quantize specs round-trip through canonical text and JSON, and K must be a multiple of 128") {
+  std::set<std::string> canonicals;
+  for (auto format : {QuantScaleFormat::fp32, QuantScaleFormat::ue8m0})
+    for (bool gather : {false, true}) {
+      const KernelSpec spec = Fp8QuantizeSpec{.k = 7168, .scale_format = format, .gather = gather};
+      auto parsed = spec_from_json(to_json(spec));
+      REQUIRE_MESSAGE(parsed.has_value(), parsed.error().message);
+      CHECK(*parsed == spec);
+      canonicals.insert(canonical(spec));
+    }
+  CHECK(canonicals.size() == 4);
+  CHECK(canonical(KernelSpec{Fp8QuantizeSpec{.k = 2048, .scale_format = QuantScaleFormat::ue8m0, .gather = true}}) ==
+        "fp8_quantize in=bf16 out=f8_e4m3fn k=2048 group=128 scale=ue8m0 gather=true");
+  // group, scale_format and gather default; a field of another family is refused.
+  auto minimal = spec_from_json(nlohmann::json{{"op", "fp8_quantize"}, {"k", 7168}});
+  REQUIRE(minimal.has_value());
+  CHECK(*minimal == KernelSpec{Fp8QuantizeSpec{.k = 7168}});
+  auto stray = spec_from_json(nlohmann::json{{"op", "fp8_quantize"}, {"k", 7168}, {"cols", 7168}});
+  REQUIRE_FALSE(stray.has_value());
+  CHECK(stray.error().message.find("'cols' is not a field of fp8_quantize") != std::string::npos);
+  auto bad_format = spec_from_json(nlohmann::json{{"op", "fp8_quantize"}, {"k", 7168}, {"scale_format", "e8m0"}});
+  REQUIRE_FALSE(bad_format.has_value());
+  CHECK(bad_format.error().message.find("expected one of: fp32, ue8m0") != std::string::npos);
+  for (int64_t k : {int64_t{0}, int64_t{64}, int64_t{7168 + 64}, int64_t{1} << 21}) {
+    auto bad = validate(KernelSpec{Fp8QuantizeSpec{.k = k}});
+    REQUIRE_FALSE(bad.has_value());
+    CHECK(bad.error().message.find("K must be a positive multiple of 128") != std::string::npos);
+  }
+  CHECK_FALSE(validate(KernelSpec{Fp8QuantizeSpec{.k = 7168, .group = 64}}).has_value());
+}
+
+TEST_CASE("fp8 quantize launch geometry gives every 128-column group of every row one 8-thread team") {
+  const Fp8QuantizeSpec s{.k = 7168};
+  CHECK(fp8_quantize_geometry(s, 1).grid_x == 2);         // 56 groups, 32 per block
+  CHECK(fp8_quantize_geometry(s, 4).grid_x == 7);         // 224 groups
+  CHECK(fp8_quantize_geometry(s, 0).grid_x == 1);
+  CHECK(fp8_quantize_geometry(s, 4).block_x == 256);
+  CHECK(fp8_quantize_max_rows(s) * 56 / 32 <= 0x7fffffff);
+}

@@ -31,5 +31,10 @@ TEST_CASE("every C++ descriptor starts with its struct size and unset convention
   CHECK(routing.struct_size == sizeof(kjit_moe_routing_desc));
   kjit::MoeCombineDesc combine;
   CHECK(combine.struct_size == sizeof(kjit_moe_combine_desc));
+  kjit::Fp8QuantizeDesc quantize;
+  CHECK(quantize.struct_size == sizeof(kjit_fp8_quantize_desc));
+  CHECK(quantize.scale_format == KJIT_QUANT_SCALE_UNSET);
+  CHECK(quantize.group == 128);
   CHECK_THROWS_AS(kjit::grouped_gemm(gemm, nullptr), kjit::Exception);
+  CHECK_THROWS_AS(kjit::fp8_quantize(quantize, nullptr), kjit::Exception);
 }

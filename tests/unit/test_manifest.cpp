@@ -66,7 +66,7 @@ TEST_CASE("every bundled manifest parses, and the default one includes them all"
   }
   auto all = read_manifest((kBundled / "default.json").string());
   REQUIRE_MESSAGE(all.has_value(), kjit::testing::why(all));
-  CHECK(all->kernels.size() == 58);  // what the bundled models expanded to before the manifest checks
+  CHECK(all->kernels.size() == 70);  // 58 before the manifest checks, and 12 fp8 quantize specs
   CHECK(all->kernels.size() <= union_size);  // duplicates across models merged
 }
 
@@ -377,4 +377,20 @@ TEST_CASE("the manifest parser survives a seeded mutation fuzz of the bundled ma
   const double processor = static_cast<double>(std::clock() - start_processor) / CLOCKS_PER_SEC;
   MESSAGE(iterations << " mutated manifests in " << seconds << " s (" << processor << " s of processor time), "
                      << accepted << " accepted");
+}
+
+TEST_CASE("an fp8_quantize entry expands over scale formats and gather, and its fields are checked") {
+  auto m = parse_manifest(R"({"kjit_manifest": 1, "kernels": [
+      {"op": "fp8_quantize", "k": [7168, 2048], "scale_format": ["fp32", "ue8m0"], "gather": [false, true]}]})");
+  REQUIRE_MESSAGE(m.has_value(), kjit::testing::why(m));
+  CHECK(m->kernels.size() == 8);
+  auto bad = parse_manifest(R"({"kjit_manifest": 1, "kernels": [{"op": "fp8_quantize", "k": 7168, "scale_format": "e8m0"}]})");
+  REQUIRE_FALSE(bad.has_value());
+  CHECK(bad.error().message.find("kernels[0].scale_format: got \"e8m0\", expected one of: fp32, ue8m0") != std::string::npos);
+  auto small = parse_manifest(R"({"kjit_manifest": 1, "kernels": [{"op": "fp8_quantize", "k": 64}]})");
+  REQUIRE_FALSE(small.has_value());
+  CHECK(small.error().message.find("kernels[0].k: got 64, expected an integer from 128 to") != std::string::npos);
+  auto odd = parse_manifest(R"({"kjit_manifest": 1, "kernels": [{"op": "fp8_quantize", "k": 200}]})");
+  REQUIRE_FALSE(odd.has_value());
+  CHECK(odd.error().message.find("K must be a positive multiple of 128") != std::string::npos);
 }

@@ -262,3 +262,39 @@ TEST_CASE("ptxas reports no local-memory spills in the grouped GEMM and dequant 
     CHECK_MESSAGE(r->log.find("Performance Loss") == std::string::npos, r->log);
   }
 }
+
+static std::vector<Fp8QuantizeSpec> quantize_variants() {
+  std::vector<Fp8QuantizeSpec> out;
+  for (auto format : {QuantScaleFormat::fp32, QuantScaleFormat::ue8m0})
+    for (bool gather : {false, true}) out.push_back({.k = gather ? 2048 : 7168, .scale_format = format, .gather = gather});
+  return out;
+}
+
+TEST_CASE("every fp8 quantize variant compiles with NVRTC for sm_90a, sm_100a and sm_120a, and not for sm_80") {
+  PrivateBuilder b("kjit-nvrtc-quantize");
+  for (const char* arch : {"sm_90a", "sm_100a", "sm_120a"})
+    for (const auto& spec : quantize_variants()) {
+      auto cubin = b.builder.build(spec, arch_of(arch));
+      REQUIRE_MESSAGE(cubin.has_value(), arch, " ", canonical(spec), ": ", kjit::testing::why(cubin));
+      CHECK(std::memcmp(cubin->cubin.data(), "\x7f" "ELF", 4) == 0);
+    }
+  auto refused = b.builder.build(quantize_variants().front(), arch_of("sm_80"));
+  REQUIRE_FALSE(refused.has_value());
+  CHECK(refused.error().code == KJIT_ERROR_UNSUPPORTED);
+  CHECK(refused.error().message.find("fp8 quantize needs compute capability 8.9 or newer") != std::string::npos);
+}
+
+TEST_CASE("ptxas reports no local-memory spills in the fp8 quantize kernels on sm_90a") {
+  auto nvrtc = kjit::Nvrtc::load();
+  REQUIRE(nvrtc.has_value());
+  auto options = kjit::compile_flags("sm_90a");
+  options.push_back("--ptxas-options=-v");
+  for (const auto& spec : quantize_variants()) {
+    auto r = (*nvrtc)->compile(render(spec).source, "spill_check.cu", "sm_90a", options);
+    REQUIRE_MESSAGE(r.has_value(), kjit::testing::why(r));
+    CAPTURE(canonical(spec));
+    CHECK_MESSAGE(r->log.find("0 bytes spill stores, 0 bytes spill loads") != std::string::npos, r->log);
+    CHECK_MESSAGE(r->log.find("0 bytes stack frame") != std::string::npos, r->log);
+    CHECK_MESSAGE(r->log.find("warning") == std::string::npos, r->log);
+  }
+}

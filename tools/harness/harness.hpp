@@ -6,7 +6,9 @@
 // sampled rows (uneven routing, empty experts, rows past the last offset that
 // must stay untouched), MoE routing exactly in every output (expert
 // parallelism, a hot expert, one block and many), MoE combine to the GPU
-// tests' tolerance. Outputs start poisoned, so unwritten elements fail.
+// tests' tolerance, fp8 quantize bit for bit (codes and scales; kjit.h's edge
+// groups, gather with -1 rows). Outputs start poisoned, so unwritten elements
+// fail.
 #pragma once
 
 #include <cstdint>
@@ -39,5 +41,7 @@ Expected<int64_t> check_moe_routing(Runtime& runtime, DeviceState& device, const
                                     std::mt19937_64& rng);
 Expected<int64_t> check_moe_combine(Runtime& runtime, DeviceState& device, const codegen::MoeCombineSpec& spec,
                                     std::mt19937_64& rng);
+Expected<int64_t> check_fp8_quantize(Runtime& runtime, DeviceState& device, const codegen::Fp8QuantizeSpec& spec,
+                                     std::mt19937_64& rng);
 
 }  // namespace kjit::harness

@@ -243,6 +243,57 @@ KJIT_API void kjit_moe_combine_desc_init(kjit_moe_combine_desc* desc);
 KJIT_API kjit_status kjit_moe_combine(const kjit_moe_combine_desc* desc, kjit_stream stream);
 KJIT_API kjit_status kjit_moe_combine_prepare(const kjit_moe_combine_desc* desc, int device);
 
+/* What an fp8 quantize scale is. No default, on purpose. */
+typedef enum kjit_quant_scale_format {
+  KJIT_QUANT_SCALE_UNSET = 0, /* rejected */
+  KJIT_QUANT_SCALE_FP32 = 1,  /* scale = amax / 448 */
+  KJIT_QUANT_SCALE_UE8M0 = 2  /* scale = amax / 448 rounded up to a power of two (stored as fp32) */
+} kjit_quant_scale_format;
+
+/* kjit_fp8_quantize: bf16 activations -> e4m3fn codes out[rows, K] and fp32
+ * scales[rows, K / 128] (row-major: scales[r * K / 128 + g] covers columns
+ * [128 g, 128 g + 128) of row r), the DeepSeek / vLLM per-token-group recipe,
+ * so that x ~= code * scale. For each group of 128 values x (exactly, in fp32):
+ *   amax  = max |x|, clamped below to 1e-10f
+ *   scale = amax / 448.0f (one IEEE fp32 division, round to nearest even);
+ *           UE8M0: then rounded up to a power of two (2^ceil(log2(scale)),
+ *           exact on scale's bits: unchanged when its mantissa is zero)
+ *   code  = cvt.rn.satfinite.e4m3 of (x / scale) (one IEEE fp32 division per
+ *           value; nearest even; beyond +-448 saturates to +-448)
+ * An all-zero group gives codes 0 (0x80 for -0.0) and scale 1e-10f / 448.0f
+ * (UE8M0: its power of two, 2^-42). A group holding any inf or NaN gets scale
+ * NaN (0x7FC00000) and every code NaN (0x7F). The result is bit-exact with
+ * kjit/reference/fp8_quantize.hpp.
+ *
+ * Gather (top_k >= 1, with sorted_to_flat): output row r reads input row
+ * sorted_to_flat[r] / top_k (the permutation kjit_moe_routing writes, device
+ * int32 [rows]), so routing -> quantize -> grouped GEMM needs no copy. A
+ * negative entry (-1: past the routed rows) gives zero codes and scale 0; an
+ * entry at or past tokens * top_k does the same and is reported by
+ * kjit_device_errors. Without gather, input row r is output row r. */
+typedef struct kjit_fp8_quantize_desc {
+  uint32_t struct_size; /* sizeof(kjit_fp8_quantize_desc) */
+  kjit_dtype in_dtype;  /* KJIT_DTYPE_BF16 */
+  kjit_dtype out_dtype; /* KJIT_DTYPE_F8_E4M3FN */
+  int64_t rows;         /* output rows (and input rows without gather); 0 launches nothing */
+  int64_t k;            /* columns: a multiple of 128 */
+  int64_t group;        /* columns per scale: 128 (set by _desc_init; the only size) */
+  kjit_quant_scale_format scale_format;
+  int64_t in_row_stride; /* elements between input rows: 0 = k; otherwise >= k and a multiple of 8 */
+  const void* in;        /* device bf16 [input rows, in_row_stride], 16-byte aligned */
+  void* out;             /* device e4m3fn [rows, k], 16-byte aligned */
+  float* scales;         /* device fp32 [rows, k / 128], 4-byte aligned */
+  const int32_t* sorted_to_flat; /* gather only: device [rows] (see above); NULL without */
+  int64_t tokens;        /* gather only: input rows */
+  int64_t top_k;         /* 0 (after _desc_init): no gather; >= 1: gather, sorted_to_flat required */
+} kjit_fp8_quantize_desc;
+
+KJIT_API void kjit_fp8_quantize_desc_init(kjit_fp8_quantize_desc* desc);
+/* Quantises on `stream`, like kjit_dequant_fp8 (no compile while capturing). */
+KJIT_API kjit_status kjit_fp8_quantize(const kjit_fp8_quantize_desc* desc, kjit_stream stream);
+/* Compiles (or finds) and loads the kernel `desc` needs on `device`; pointers unused. */
+KJIT_API kjit_status kjit_fp8_quantize_prepare(const kjit_fp8_quantize_desc* desc, int device);
+
 /* Reads and clears the errors kernels have recorded on `device` (for example
  * an expert id out of range). Synchronises that device. Returns KJIT_OK when
  * none were recorded, else KJIT_ERROR_DEVICE_REPORTED with the message. */

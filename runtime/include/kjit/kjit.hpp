@@ -45,6 +45,9 @@ struct MoeRoutingDesc : kjit_moe_routing_desc {
 struct MoeCombineDesc : kjit_moe_combine_desc {
   MoeCombineDesc() : kjit_moe_combine_desc() { kjit_moe_combine_desc_init(this); }
 };
+struct Fp8QuantizeDesc : kjit_fp8_quantize_desc {
+  Fp8QuantizeDesc() : kjit_fp8_quantize_desc() { kjit_fp8_quantize_desc_init(this); }
+};
 
 inline void grouped_gemm(const GroupedGemmDesc& desc, kjit_stream stream) {
   throw_if_failed(kjit_grouped_gemm(&desc, stream));
@@ -63,6 +66,12 @@ inline void moe_combine(const MoeCombineDesc& desc, kjit_stream stream) {
 }
 inline void prepare_moe_combine(const MoeCombineDesc& desc, int device) {
   throw_if_failed(kjit_moe_combine_prepare(&desc, device));
+}
+inline void fp8_quantize(const Fp8QuantizeDesc& desc, kjit_stream stream) {
+  throw_if_failed(kjit_fp8_quantize(&desc, stream));
+}
+inline void prepare_fp8_quantize(const Fp8QuantizeDesc& desc, int device) {
+  throw_if_failed(kjit_fp8_quantize_prepare(&desc, device));
 }
 
 // Throws if a kernel on `device` recorded bad data (synchronises the device).

@@ -20,7 +20,8 @@ import os
 import pathlib
 
 __all__ = ["KjitError", "dequant_fp8", "prepare_dequant_fp8", "grouped_gemm", "prepare_grouped_gemm",
-           "moe_routing", "prepare_moe_routing", "moe_combine", "prepare_moe_combine", "check_device_errors",
+           "moe_routing", "prepare_moe_routing", "moe_combine", "prepare_moe_combine", "quantize_fp8",
+           "prepare_quantize_fp8", "check_device_errors",
            "library", "__version__"]
 
 _OK = 0
@@ -29,6 +30,7 @@ _GRANULARITY = {"tensor": 1, "row": 2, "block": 3}
 _CONVENTION = {"multiply": 1, "divide": 2}
 _GEMM_KERNEL = {"auto": 0, "portable": 1, "sm90": 2, "sm90_swap_ab": 3}
 _CLUSTER_AXIS = {"m": 0, "n": 1}  # kjit_gemm_cluster_axis
+_QUANT_SCALE = {"fp32": 1, "ue8m0": 2}  # kjit_quant_scale_format
 
 
 class KjitError(RuntimeError):
@@ -125,6 +127,25 @@ class _MoeCombineDesc(ctypes.Structure):
     ]
 
 
+class _Fp8QuantizeDesc(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("in_dtype", ctypes.c_int),
+        ("out_dtype", ctypes.c_int),
+        ("rows", ctypes.c_int64),
+        ("k", ctypes.c_int64),
+        ("group", ctypes.c_int64),
+        ("scale_format", ctypes.c_int),
+        ("in_row_stride", ctypes.c_int64),
+        ("input", ctypes.c_void_p),
+        ("out", ctypes.c_void_p),
+        ("scales", ctypes.c_void_p),
+        ("sorted_to_flat", ctypes.c_void_p),
+        ("tokens", ctypes.c_int64),
+        ("top_k", ctypes.c_int64),
+    ]
+
+
 _WEIGHTS = {"e_n_k": 1, "e_k_n": 2}
 _OFFSETS = {"cumulative_end": 1, "with_leading_zero": 2}
 
@@ -177,7 +198,8 @@ def library() -> ctypes.CDLL:
         lib.kjit_grouped_gemm.restype = ctypes.c_int
         lib.kjit_grouped_gemm_prepare.argtypes = [ctypes.POINTER(_GroupedGemmDesc), ctypes.c_int]
         lib.kjit_grouped_gemm_prepare.restype = ctypes.c_int
-        for name, desc in (("moe_routing", _MoeRoutingDesc), ("moe_combine", _MoeCombineDesc)):
+        for name, desc in (("moe_routing", _MoeRoutingDesc), ("moe_combine", _MoeCombineDesc),
+                           ("fp8_quantize", _Fp8QuantizeDesc)):
             getattr(lib, f"kjit_{name}_desc_init").argtypes = [ctypes.POINTER(desc)]
             getattr(lib, f"kjit_{name}_desc_init").restype = None
             getattr(lib, f"kjit_{name}").argtypes = [ctypes.POINTER(desc), ctypes.c_void_p]
@@ -517,6 +539,87 @@ def prepare_moe_combine(expert_out, topk_weights, flat_to_sorted, out):
     _check_combine(expert_out, topk_weights, flat_to_sorted, out)
     d = _combine_desc(expert_out, topk_weights, flat_to_sorted, out)
     _check(library().kjit_moe_combine_prepare(ctypes.byref(d), expert_out.device.index or 0))
+
+
+def _check_quantize(x, codes, scales, group, scale_format, sorted_to_flat, top_k) -> None:
+    _check_tensor("x", x, ("bfloat16",), contiguous=False)
+    if x.dim() != 2 or x.stride(-1) != 1:
+        raise _invalid(f"x must be [tokens, K] with contiguous rows, got shape {list(x.shape)} and strides "
+                       f"{list(x.stride())}")
+    if group != 128:
+        raise _invalid(f"group must be 128 (the only size), got {group!r}")
+    _check_choice("scale_format", scale_format, _QUANT_SCALE)
+    k = x.shape[1]
+    if k % 128 != 0 or k == 0:
+        raise _invalid(f"K = x.shape[1] must be a positive multiple of 128, got {k}")
+    _check_tensor("sorted_to_flat", sorted_to_flat, ("int32",), device=x.device, optional=True)
+    if sorted_to_flat is not None:
+        if sorted_to_flat.dim() != 1:
+            raise _invalid(f"sorted_to_flat must be 1-D [rows], got {list(sorted_to_flat.shape)}")
+        if not isinstance(top_k, int) or top_k < 1:
+            raise _invalid(f"top_k must be an int >= 1, got {top_k!r}")
+    rows = x.shape[0] if sorted_to_flat is None else sorted_to_flat.shape[0]
+    _check_tensor("codes", codes, ("float8_e4m3fn",), device=x.device)
+    _check_tensor("scales", scales, ("float32",), device=x.device)
+    if list(codes.shape) != [rows, k]:
+        raise _invalid(f"codes must be [{rows}, {k}], got {list(codes.shape)}")
+    if list(scales.shape) != [rows, k // 128]:
+        raise _invalid(f"scales must be [{rows}, {k // 128}] (row-major, one per 128 columns), got "
+                       f"{list(scales.shape)}")
+
+
+def _quantize_desc(x, codes, scales, scale_format, sorted_to_flat, top_k) -> _Fp8QuantizeDesc:
+    d = _Fp8QuantizeDesc()
+    library().kjit_fp8_quantize_desc_init(ctypes.byref(d))
+    d.in_dtype, d.out_dtype = _dtype_code(x.dtype), _dtype_code(codes.dtype)
+    d.rows, d.k = codes.shape
+    d.scale_format = _QUANT_SCALE[scale_format]
+    d.in_row_stride = x.stride(0)
+    d.input, d.out, d.scales = x.data_ptr(), codes.data_ptr(), scales.data_ptr()
+    if sorted_to_flat is not None:
+        d.sorted_to_flat, d.tokens, d.top_k = sorted_to_flat.data_ptr(), x.shape[0], top_k
+    return d
+
+
+def _unpack_gather(gather):
+    if gather is None:
+        return None, 0
+    if not isinstance(gather, tuple) or len(gather) != 2:
+        raise _invalid(f"gather must be (sorted_to_flat, top_k) or None, got {type(gather).__name__}")
+    return gather
+
+
+def quantize_fp8(x, *, group=128, scale_format="fp32", gather=None, out=None, scales=None, stream=None):
+    """bf16 activations x [tokens, K] -> (codes e4m3fn [rows, K], scales fp32
+    [rows, K / 128] row-major), DeepSeek's per-token-group recipe as kjit.h
+    states it: scale = max(amax, 1e-10) / 448 per 128 columns ("ue8m0": rounded
+    up to a power of two), codes = e4m3(x / scale), bit-exact. With
+    gather=(sorted_to_flat, top_k) (kjit.moe_routing's permutation), output row
+    r is input row sorted_to_flat[r] // top_k, and rows of -1 come out zero
+    (codes 0, scale 0); rows = sorted_to_flat.numel()."""
+    import torch
+
+    sorted_to_flat, top_k = _unpack_gather(gather)
+    _check_tensor("x", x, ("bfloat16",), contiguous=False)
+    if x.dim() != 2:
+        raise _invalid(f"x must be [tokens, K], got {list(x.shape)}")
+    rows = x.shape[0] if sorted_to_flat is None else sorted_to_flat.shape[0]
+    if out is None:
+        out = torch.empty(rows, x.shape[1], dtype=torch.float8_e4m3fn, device=x.device)
+    if scales is None:
+        scales = torch.empty(rows, x.shape[1] // 128, dtype=torch.float32, device=x.device)
+    _check_quantize(x, out, scales, group, scale_format, sorted_to_flat, top_k)
+    torch.ops.kjit.quantize_fp8_(x, out, scales, scale_format, sorted_to_flat, top_k, stream)
+    return out, scales
+
+
+def prepare_quantize_fp8(x, out, scales, *, group=128, scale_format="fp32", gather=None):
+    """Compiles (or finds) and loads the kernel quantize_fp8 needs for these
+    arguments, so that the call can be captured in a CUDA graph."""
+    sorted_to_flat, top_k = _unpack_gather(gather)
+    _check_quantize(x, out, scales, group, scale_format, sorted_to_flat, top_k)
+    d = _quantize_desc(x, out, scales, scale_format, sorted_to_flat, top_k)
+    _check(library().kjit_fp8_quantize_prepare(ctypes.byref(d), x.device.index or 0))
 
 
 def check_device_errors(device: int = 0) -> None:

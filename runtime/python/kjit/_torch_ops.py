@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from . import (_check, _combine_desc, _dequant_desc, _gemm_desc, _routing_desc, library)
+from . import (_check, _combine_desc, _dequant_desc, _gemm_desc, _quantize_desc, _routing_desc, library)
 
 
 def _stream(device: torch.device, stream: Optional[int]) -> ctypes.c_void_p:
@@ -84,4 +84,16 @@ def moe_combine_(expert_out: torch.Tensor, topk_weights: torch.Tensor, flat_to_s
 
 @moe_combine_.register_fake
 def _(expert_out, topk_weights, flat_to_sorted, out, stream) -> None:
+    return None
+
+
+@torch.library.custom_op("kjit::quantize_fp8_", mutates_args=("codes", "scales"), device_types="cuda")
+def quantize_fp8_(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, scale_format: str,
+                  sorted_to_flat: Optional[torch.Tensor], top_k: int, stream: Optional[int]) -> None:
+    d = _quantize_desc(x, codes, scales, scale_format, sorted_to_flat, top_k)
+    _check(library().kjit_fp8_quantize(ctypes.byref(d), _stream(x.device, stream)))
+
+
+@quantize_fp8_.register_fake
+def _(x, codes, scales, scale_format, sorted_to_flat, top_k, stream) -> None:
     return None

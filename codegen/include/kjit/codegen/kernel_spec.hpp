@@ -22,6 +22,7 @@
 #include "kjit/base/expected.hpp"
 #include "kjit/codegen/arch.hpp"
 #include "kjit/codegen/families/fp8_dequant.hpp"
+#include "kjit/codegen/families/fp8_quantize.hpp"
 #include "kjit/codegen/families/grouped_gemm.hpp"
 #include "kjit/codegen/families/moe_combine.hpp"
 #include "kjit/codegen/families/moe_routing.hpp"
@@ -31,7 +32,7 @@
 
 namespace kjit::codegen {
 
-using KernelSpec = std::variant<DequantSpec, GroupedGemmSpec, MoeRoutingSpec, MoeCombineSpec>;
+using KernelSpec = std::variant<DequantSpec, GroupedGemmSpec, MoeRoutingSpec, MoeCombineSpec, Fp8QuantizeSpec>;
 
 // The family name, e.g. "fp8_dequant" (JSON "op").
 std::string_view op_name(const KernelSpec& spec);
