@@ -30,6 +30,7 @@ cases=(
   "routing_one_block|moe_routing|routing equals the CPU reference: prefill, decode, both offset conventions, many experts"
   "routing_many_blocks|moe_routing|with a workspace, large batches route over many blocks to the same result"
   "combine|moe_combine|combine sums weighted expert rows back in token order, skipping other ranks' rows"
+  "quantize|fp8_quantize|gather through a real routing: row r quantizes token sorted_to_flat[r] / top_k, -1 rows are zero"
 )
 
 # Runs one case under one tool ("plain": none) and prints its summary line.
