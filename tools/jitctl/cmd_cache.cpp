@@ -13,10 +13,17 @@
 #include <fmt/format.h>
 
 #include "cli.hpp"
-#include "kjit/internal/runtime.hpp"
+#include "kjit/cache/store.hpp"
 
 namespace kjit::tools {
 namespace {
+
+// The cache of the environment (KJIT_CACHE_DIR, KJIT_CACHE_PATH): listing and
+// maintenance need no driver, so jitctl does not load one for them.
+cache::Store& cache_store() {
+  static cache::Store store(cache::config_from_environment());
+  return store;
+}
 
 int64_t now_unix() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -128,7 +135,7 @@ int print_summary(const std::vector<cache::EntryInfo>& entries, bool json) {
 // Writes the cubin alone, for cuobjdump / nvdisasm; its size, or nullopt
 // after saying why on stderr.
 std::optional<size_t> write_cubin(const std::string& key, const std::string& path) {
-  auto entry = Runtime::global().store().load(key);
+  auto entry = cache_store().load(key);
   if (!entry) {
     fmt::print(stderr, "jitctl: error: entry {} could not be read back\n", key);
     return std::nullopt;
@@ -161,7 +168,7 @@ int cmd_list(const ListOptions& options) {
   Filter filter;
   filter.op = options.op;
   filter.arch = options.arch;
-  auto entries = Runtime::global().store().list();
+  auto entries = cache_store().list();
   std::erase_if(entries, [&](const cache::EntryInfo& e) { return !filter.matches(e); });
   if (options.summary) return print_summary(entries, json);
   if (json) {
@@ -200,7 +207,7 @@ int cmd_show(const ShowOptions& options) {
   if (prefix.empty()) return usage_error("show needs a KEY (or a unique prefix of one)", "show");
   std::vector<cache::EntryInfo> found;
   // Hashed: show prints only meta whose entry is verified whole.
-  for (auto& e : Runtime::global().store().list({prefix, true})) found.push_back(std::move(e));
+  for (auto& e : cache_store().list({prefix, true})) found.push_back(std::move(e));
   if (found.empty()) {
     fmt::print(stderr, "jitctl: error: no cached kernel has a key starting with '{}'\n", prefix);
     return kExitFailure;
@@ -253,7 +260,7 @@ int cmd_clear(const ClearOptions& options) {
   if (options.older_than) filter.older_than = options.older_than->count();
   const bool everything = filter.op.empty() && filter.arch.empty() && !options.older_than;
   if (everything && !options.yes) {
-    auto& store = Runtime::global().store();
+    auto& store = cache_store();
     const auto all = store.list();
     const auto writable = static_cast<size_t>(
         std::count_if(all.begin(), all.end(), [](const cache::EntryInfo& e) { return !e.read_only; }));
@@ -269,25 +276,25 @@ int cmd_clear(const ClearOptions& options) {
       }
     }
   }
-  auto removed = Runtime::global().store().clear([&](const cache::EntryInfo& e) { return filter.matches(e); });
+  auto removed = cache_store().clear([&](const cache::EntryInfo& e) { return filter.matches(e); });
   if (!removed) {
     fmt::print(stderr, "jitctl: error: {}\n", removed.error().message);
     return kExitFailure;
   }
   if (options.json) {
     fmt::print("{}\n", nlohmann::json{{"removed", removed->removed_entries},
-                                      {"root", Runtime::global().store().config().writable_root},
+                                      {"root", cache_store().config().writable_root},
                                       {"failures", failures_json(removed->failures)}}
                             .dump(2));
     return removed->failures.empty() ? kExitOk : kExitFailure;
   }
   fmt::print("removed {} entr{} from {}\n", removed->removed_entries, removed->removed_entries == 1 ? "y" : "ies",
-             Runtime::global().store().config().writable_root);
+             cache_store().config().writable_root);
   return report_failures(removed->failures) ? kExitFailure : kExitOk;
 }
 
 int cmd_prune(const PruneOptions& options) {
-  auto& store = Runtime::global().store();
+  auto& store = cache_store();
   const uint64_t max_bytes = options.max_bytes.value_or(store.config().max_bytes);
   auto report = store.prune(max_bytes);
   if (!report) {
@@ -315,7 +322,7 @@ int cmd_prune(const PruneOptions& options) {
 
 int cmd_verify(const VerifyOptions& options) {
   const bool fix = options.fix;
-  auto& store = Runtime::global().store();
+  auto& store = cache_store();
   const auto report = store.verify(fix);
   if (options.json) {
     nlohmann::json out = {{"verified", report.checked},
