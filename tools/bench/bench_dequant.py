@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 import kjit
+from timing import bench_graph, bench_sets, copy_bandwidth
 
 
 @triton.jit
@@ -51,41 +52,6 @@ def torch_dequant(x, s, y):
 
 def kjit_dequant(x, s, y):
     return kjit.dequant_fp8(x, s, out=y, scale="block", block=(128, 128), convention="multiply")
-
-
-def bench(fn, sets, hot=False):
-    state = {"i": 0}
-
-    def call():
-        x, s, y = sets[0] if hot else sets[state["i"] % len(sets)]
-        state["i"] += 1
-        fn(x, s, y)
-
-    return triton.testing.do_bench(call, warmup=50, rep=300, return_mode="median") * 1e-3  # seconds
-
-
-def bench_graph(fn, sets, calls_per_set=4):
-    """GPU time per call with host overhead removed: the calls are captured in
-    one CUDA graph (rotating through `sets`) and the replay is timed."""
-    for x, s, y in sets:
-        fn(x, s, y)  # warm: compiles/loads outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    calls = len(sets) * calls_per_set
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            fn(*sets[i % len(sets)])
-    t = triton.testing.do_bench(graph.replay, warmup=20, rep=200, return_mode="median") * 1e-3
-    return t / calls
-
-
-def copy_bandwidth():
-    n = 1 << 31  # 2 GiB
-    a = torch.empty(n, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    a.random_(0, 255)
-    t = triton.testing.do_bench(lambda: b.copy_(a), warmup=20, rep=200, return_mode="median") * 1e-3
-    return 2 * n / t
 
 
 def make_sets(M, N, l2_bytes):
@@ -124,7 +90,7 @@ def main():
                  "torch": torch.equal(want.view(torch.int16), got_torch.view(torch.int16))}
         moved = M * N * 3 + s.numel() * 4
         providers = [("kjit", kjit_dequant), ("triton", triton_dequant), ("torch", torch_dequant)]
-        times = {name: bench(fn, sets) for name, fn in providers}
+        times = {name: bench_sets(fn, sets) for name, fn in providers}
         graph = {name: bench_graph(fn, sets) for name, fn in providers if name != "torch"}
         for name, t in times.items():
             bw = moved / t
@@ -141,7 +107,7 @@ def main():
                             "graph_fraction_of_copy": moved / g / copy, "graph_kjit_speedup": g / graph["kjit"]})
             result["rows"].append(row)
         if M == 7168:
-            hot = {name: bench(fn, sets, hot=True) for name, fn in
+            hot = {name: bench_sets(fn, sets, hot=True) for name, fn in
                    [("kjit", kjit_dequant), ("triton", triton_dequant)]}
             hot_graph = {name: bench_graph(fn, sets[:1], calls_per_set=20) for name, fn in
                          [("kjit", kjit_dequant), ("triton", triton_dequant)]}

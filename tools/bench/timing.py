@@ -2,6 +2,7 @@
 
 import statistics
 
+import torch
 import triton
 
 
@@ -19,3 +20,40 @@ def paired(first, second, rounds, rep=200):
         a.append(bench(first, rep))
         b.append(bench(second, rep))
     return statistics.median(a), statistics.median(b)
+
+
+def bench_sets(fn, sets, hot=False):
+    """Median seconds per call of fn(*set), rotating through `sets` (larger than
+    L2 together: DRAM-cold), or always the first with `hot`; host overhead included."""
+    state = {"i": 0}
+
+    def call():
+        args = sets[0] if hot else sets[state["i"] % len(sets)]
+        state["i"] += 1
+        fn(*args)
+
+    return triton.testing.do_bench(call, warmup=50, rep=300, return_mode="median") * 1e-3  # seconds
+
+
+def bench_graph(fn, sets, calls_per_set=4):
+    """GPU time per call with host overhead removed: the calls are captured in
+    one CUDA graph (rotating through `sets`) and the replay is timed."""
+    for args in sets:
+        fn(*args)  # warm: compiles/loads outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    calls = len(sets) * calls_per_set
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fn(*sets[i % len(sets)])
+    t = triton.testing.do_bench(graph.replay, warmup=20, rep=200, return_mode="median") * 1e-3
+    return t / calls
+
+
+def copy_bandwidth():
+    n = 1 << 31  # 2 GiB
+    a = torch.empty(n, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    a.random_(0, 255)
+    t = triton.testing.do_bench(lambda: b.copy_(a), warmup=20, rep=200, return_mode="median") * 1e-3
+    return 2 * n / t
