@@ -143,11 +143,13 @@ typedef enum kjit_gemm_cluster_axis {
  * The kernel configuration (tile, pipeline) is chosen per arch from the
  * average rows per expert, a few buckets, so a new batch size never
  * compiles; tile_m / tile_n / cluster / cluster_axis override the choice for
- * tuning. */
+ * tuning. With FP8 operands (the fields at the end) the same call runs the
+ * W8A8 kernels: wgmma on Hopper, mma.sync with FP8 operands on sm_89 and newer
+ * elsewhere; tile_m / tile_n / cluster then name those kernels' tiles. */
 typedef struct kjit_grouped_gemm_desc {
   uint32_t struct_size; /* sizeof(kjit_grouped_gemm_desc) */
-  kjit_dtype a_dtype;   /* KJIT_DTYPE_BF16 */
-  kjit_dtype b_dtype;   /* KJIT_DTYPE_BF16 */
+  kjit_dtype a_dtype;   /* KJIT_DTYPE_BF16, or KJIT_DTYPE_F8_E4M3FN with b_dtype (FP8, below) */
+  kjit_dtype b_dtype;   /* KJIT_DTYPE_BF16, or KJIT_DTYPE_F8_E4M3FN with a_dtype */
   kjit_dtype out_dtype; /* KJIT_DTYPE_BF16 or KJIT_DTYPE_F32 */
   int64_t rows;         /* rows of A and out (the token count; never part of a kernel key) */
   int64_t n;
@@ -173,6 +175,15 @@ typedef struct kjit_grouped_gemm_desc {
                                round robin, slower when tile heights differ). kjit zeroes it in the stream before
                                each launch; launches that may run concurrently need separate workspaces. */
   uint64_t workspace_bytes; /* its size */
+  /* FP8 (W8A8, DeepSeek's recipe): a_dtype and b_dtype KJIT_DTYPE_F8_E4M3FN, weights KJIT_WEIGHTS_E_N_K, K a
+   * multiple of 128. out = sum over 128-column blocks kb of
+   * (A[:, kb] . B_e[:, kb]^T) * a_scales[row, kb] * b_scale, accumulated in fp32. Scales are fp32 multipliers
+   * (x = code * scale); power-of-two (UE8M0-valued) scales are passed as the fp32 values they are, never made. */
+  const float* a_scales; /* device [rows, K / 128] row-major (what kjit_fp8_quantize writes), 4-byte aligned */
+  const float* b_scales; /* device: PER_BLOCK [E, ceil(N / 128), K / 128]; PER_ROW [E, N] (per output channel) */
+  kjit_scale_granularity b_scale_granularity; /* KJIT_SCALE_PER_BLOCK or KJIT_SCALE_PER_ROW (no default) */
+  int64_t b_block_rows; /* PER_BLOCK: the checkpoint's block along N and K, which must be 128 x 128 (stated so */
+  int64_t b_block_cols; /* that a checkpoint of another block is an error, not a wrong answer); else 0 */
 } kjit_grouped_gemm_desc;
 
 KJIT_API void kjit_grouped_gemm_desc_init(kjit_grouped_gemm_desc* desc);

@@ -1,0 +1,89 @@
+// The FP8 (W8A8) grouped GEMM family: out[rows of e] = dequant(A)[rows of e] .
+// dequant(W_e)^T, A e4m3fn with one fp32 scale per row per 128 columns (what
+// the fp8_quantize family writes), W e4m3fn [E, N, K] with fp32 scales per
+// 128 x 128 block (DeepSeek's weight_scale_inv) or per output channel
+// (compressed-tensors CHANNEL); DeepSeek-V3's recipe: each 128-column block
+// is multiplied on its own and promoted into an fp32 accumulator with its
+// scales. Home: this header and codegen/src/families/grouped_gemm_fp8.cpp
+// (spec forms, invariants, recipes, geometry, tuning); device code in
+// templates/gemm/grouped_gemm_fp8_*.cuh; ABI block
+// templates/abi/grouped_gemm_fp8_params.h. The op is the bf16 grouped GEMM's
+// (kjit_grouped_gemm with FP8 dtypes).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "kjit/codegen/families/grouped_gemm.hpp"
+#include "kjit/codegen/family.hpp"
+#include "kjit/codegen/render.hpp"
+#include "kjit/codegen/types.hpp"
+
+namespace kjit::codegen {
+
+// How the weights are scaled: one fp32 per 128 x 128 block ([E, ceil(N/128), K/128])
+// or one per output channel ([E, N]).
+enum class Fp8WeightScale : uint8_t { block_128, channel };
+std::string_view name(Fp8WeightScale s);
+
+// Which kernel: the portable mma.sync one with FP8 operands (sm_89 and newer)
+// or Hopper's (sm_90a): wgmma e4m3 with the rows of A on wgmma's N ("swap
+// AB": row tiles of any multiple of 32 rows up to tile_m, tile_n = 128
+// weight rows per block, one consumer warpgroup per 64).
+enum class Fp8GemmKernel : uint8_t { mma_sync, wgmma_sm90 };
+std::string_view name(Fp8GemmKernel k);
+
+// The shape key is N, K, the expert count and the weight scaling; the token
+// count is a run-time argument. As for the bf16 family, a spec with tile 0x0
+// is a problem (manifests), expanded per arch into its configurations; the
+// k-block is always 128 (one scale block).
+struct GroupedGemmFp8Spec {
+  DType out = DType::bf16;
+  int64_t n = 0;
+  int64_t k = 0;
+  int64_t experts = 0;
+  Fp8WeightScale weight_scale = Fp8WeightScale::block_128;
+  OffsetsConvention offsets = OffsetsConvention::cumulative_end;
+  bool row_scale = false;
+  Fp8GemmKernel kernel = Fp8GemmKernel::mma_sync;
+  int tile_m = 0, tile_n = 0;
+  int stages = 0;   // wgmma_sm90's pipeline depth; 0 for mma_sync
+  int cluster = 1;  // wgmma_sm90: 1, or 2 blocks along N sharing the row tile by TMA multicast
+
+  bool configured() const { return tile_m != 0; }
+  bool operator==(const GroupedGemmFp8Spec&) const = default;
+};
+
+template <>
+struct Family<GroupedGemmFp8Spec> {
+  static constexpr std::string_view op = "grouped_gemm_fp8";
+  static std::string canonical(const GroupedGemmFp8Spec& s);
+  static nlohmann::json to_json(const GroupedGemmFp8Spec& s);
+  static Expected<GroupedGemmFp8Spec> from_json(SpecReader& reader);
+  static const std::vector<FieldRule>& schema();
+  static void hash(const GroupedGemmFp8Spec& s, HashMixer& mixer);
+  static Expected<void> validate(const GroupedGemmFp8Spec& s);
+  // A configuration only; FP8 tensor cores (sm_89 and newer); wgmma_sm90 only where the arch has wgmma and TMA.
+  static Expected<void> supported_on(const GroupedGemmFp8Spec& s, const ArchInfo& arch);
+  static RenderedKernel render(const GroupedGemmFp8Spec& s);
+  static std::vector<GroupedGemmFp8Spec> kernels_for_target(const GroupedGemmFp8Spec& s, const ArchInfo& arch);
+};
+
+int grouped_gemm_fp8_shared_bytes(const GroupedGemmFp8Spec& spec);
+LaunchGeometry grouped_gemm_fp8_geometry(const GroupedGemmFp8Spec& spec, int64_t total_rows, int resident_blocks);
+
+// The configurations `arch` may pick, one per token-count bucket (what precompile builds).
+std::vector<GroupedGemmFp8Spec> grouped_gemm_fp8_configs(const GroupedGemmFp8Spec& problem, const ArchInfo& arch);
+// The configuration a launch of `rows` rows on `arch` uses; `request` as for the bf16 family (its kernel
+// sm90 and sm90_swap_ab both name the wgmma kernel; tile_m / tile_n / cluster override).
+Expected<GroupedGemmFp8Spec> choose_grouped_gemm_fp8_config(const GroupedGemmFp8Spec& problem, const ArchInfo& arch,
+                                                            int64_t rows, const GemmRequest& request = {});
+Expected<std::vector<GroupedGemmFp8Spec>> grouped_gemm_fp8_candidates(const GroupedGemmFp8Spec& problem,
+                                                                      const ArchInfo& arch,
+                                                                      const GemmRequest& request = {});
+
+}  // namespace kjit::codegen
