@@ -1,0 +1,54 @@
+// CPU reference of the FP8 (W8A8) grouped GEMM, written from the C ABI's
+// statement (kjit.h: the FP8 fields of kjit_grouped_gemm_desc), independent of
+// the kernels: codes decoded exactly, every product and sum in fp64, each
+// 128-column block's sum multiplied by its own scales (DeepSeek's recipe).
+// The GPU tests and jitctl selftest compare the kernels against it.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "kjit/kjit.h"
+#include "kjit/reference/fp8.hpp"
+
+namespace kjit::reference {
+
+// Columns of K per scale of A and per block of B (KJIT_FP8_SCALE_BLOCK).
+inline constexpr int64_t kFp8GemmBlock = 128;
+
+// One expert's weights: e4m3fn codes [N, K] and their fp32 multipliers,
+// KJIT_SCALE_PER_BLOCK [ceil(N / 128), K / 128] or KJIT_SCALE_PER_ROW [N].
+struct Fp8ExpertWeights {
+  std::span<const uint8_t> codes;
+  std::span<const float> scales;
+  kjit_scale_granularity granularity;
+};
+
+// One output row of the grouped GEMM for a row of A routed to expert W:
+//   out[n] = row_scale * sum over k-blocks kb of
+//            (sum_{k in kb} A[k] * W[n, k]) * a_scales[kb] * w_scale(n, kb)
+// with w_scale(n, kb) = scales[n / 128][kb] per block, scales[n] per channel
+// (the same sum, the channel's scale taken out of it). `a` holds the row's K
+// codes and `a_scales` its K / 128 scales; K is a multiple of 128. Row scale
+// 1 when the launch has none.
+inline void fp8_gemm_row(std::span<const uint8_t> a, std::span<const float> a_scales, const Fp8ExpertWeights& w,
+                         int64_t n, int64_t k, double row_scale, std::span<double> out) {
+  const int64_t k_blocks = k / kFp8GemmBlock;
+  for (int64_t col = 0; col < n; ++col) {
+    const uint8_t* w_row = w.codes.data() + col * k;
+    double sum = 0;
+    for (int64_t kb = 0; kb < k_blocks; ++kb) {
+      double partial = 0;
+      for (int64_t kk = kb * kFp8GemmBlock; kk < (kb + 1) * kFp8GemmBlock; ++kk)
+        partial += double(decode_e4m3fn(a[static_cast<size_t>(kk)])) * double(decode_e4m3fn(w_row[kk]));
+      double scaled = partial * double(a_scales[static_cast<size_t>(kb)]);
+      if (w.granularity == KJIT_SCALE_PER_BLOCK)
+        scaled *= double(w.scales[static_cast<size_t>((col / kFp8GemmBlock) * k_blocks + kb)]);
+      sum += scaled;
+    }
+    if (w.granularity != KJIT_SCALE_PER_BLOCK) sum *= double(w.scales[static_cast<size_t>(col)]);
+    out[static_cast<size_t>(col)] = sum * row_scale;
+  }
+}
+
+}  // namespace kjit::reference
