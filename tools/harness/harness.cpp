@@ -17,6 +17,11 @@ Outcome counted(const Expected<int64_t>& wrong, std::string_view match) {
   return {false, fmt::format("{} wrong elements", *wrong)};
 }
 
+Outcome relative(const Expected<double>& error) {
+  if (!error) return {false, "error: " + error.error().message};
+  return {*error <= 1e-2, fmt::format("relative error {:.1e}", *error)};  // NaN fails too
+}
+
 template <class>
 constexpr bool kNoCheck = false;
 
@@ -29,9 +34,9 @@ Outcome check_spec(Runtime& runtime, DeviceState& device, const codegen::KernelS
         if constexpr (std::is_same_v<S, codegen::DequantSpec>) {
           return counted(check_dequant(runtime, device, s, rng), "bit-exact");
         } else if constexpr (std::is_same_v<S, codegen::GroupedGemmSpec>) {
-          auto error = check_grouped_gemm(runtime, device, s, rng);
-          if (!error) return {false, "error: " + error.error().message};
-          return {*error <= 1e-2, fmt::format("relative error {:.1e}", *error)};  // NaN fails too
+          return relative(check_grouped_gemm(runtime, device, s, rng));
+        } else if constexpr (std::is_same_v<S, codegen::GroupedGemmFp8Spec>) {
+          return relative(check_grouped_gemm_fp8(runtime, device, s, rng));
         } else if constexpr (std::is_same_v<S, codegen::MoeRoutingSpec>) {
           return counted(check_moe_routing(runtime, device, s, rng), "exact");
         } else if constexpr (std::is_same_v<S, codegen::MoeCombineSpec>) {

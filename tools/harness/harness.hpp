@@ -2,7 +2,7 @@
 // and the GPU tests: a random problem of a spec's shape on fresh data, the
 // spec launched exactly as given (no heuristic picks another kernel, vector
 // width or tile), every output compared with kjit/reference: dequant bit for
-// bit (partial blocks included), grouped GEMM to 1e-2 relative error on
+// bit (partial blocks included), grouped GEMMs (bf16, FP8) to 1e-2 relative error on
 // sampled rows (uneven routing, empty experts, rows past the last offset that
 // must stay untouched), MoE routing exactly in every output (expert
 // parallelism, a hot expert, one block and many), MoE combine to the GPU
@@ -15,6 +15,7 @@
 #include <random>
 #include <string>
 
+#include "kjit/codegen/families/grouped_gemm_fp8.hpp"
 #include "kjit/codegen/kernel_spec.hpp"
 #include "kjit/internal/runtime.hpp"
 
@@ -37,6 +38,8 @@ Expected<int64_t> check_dequant(Runtime& runtime, DeviceState& device, const cod
                                 std::mt19937_64& rng);
 Expected<double> check_grouped_gemm(Runtime& runtime, DeviceState& device, const codegen::GroupedGemmSpec& spec,
                                     std::mt19937_64& rng);
+Expected<double> check_grouped_gemm_fp8(Runtime& runtime, DeviceState& device, const codegen::GroupedGemmFp8Spec& spec,
+                                        std::mt19937_64& rng);
 Expected<int64_t> check_moe_routing(Runtime& runtime, DeviceState& device, const codegen::MoeRoutingSpec& spec,
                                     std::mt19937_64& rng);
 Expected<int64_t> check_moe_combine(Runtime& runtime, DeviceState& device, const codegen::MoeCombineSpec& spec,

@@ -1,0 +1,185 @@
+// The FP8 (W8A8) grouped GEMM family's check (harness.hpp).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "device_buffers.hpp"
+#include "harness.hpp"
+#include "kjit/codegen/families/grouped_gemm_fp8.hpp"
+#include "kjit/internal/ops/grouped_gemm.hpp"
+#include "kjit/reference/fp8_gemm.hpp"
+#include "kjit/reference/fp8_quantize.hpp"
+
+namespace kjit::harness {
+namespace {
+
+// The request that makes the op pick `spec` itself, whatever the row count.
+codegen::GemmRequest pinning_request(const codegen::GroupedGemmFp8Spec& spec) {
+  return {.kernel = spec.kernel == codegen::Fp8GemmKernel::wgmma_sm90 ? codegen::GemmRequest::Kernel::sm90
+                                                                      : codegen::GemmRequest::Kernel::portable,
+          .tile_m = spec.tile_m,
+          .tile_n = spec.tile_n,
+          .cluster = spec.cluster,
+          .cluster_axis = codegen::ClusterAxis::n};
+}
+
+}  // namespace
+
+// Runs an FP8 grouped GEMM kind once and returns the relative error of
+// sampled rows (the first and last of each routed expert, two more at
+// random) against the fp64 reference. Rows go to three experts, the middle
+// one up to 300 rows (several row tiles); the others stay empty, and only
+// the routed experts' weights are filled (a DeepSeek spec's 256 experts hold
+// 7.5 GB). A is every finite e4m3fn code at random (subnormals, -0 and 448
+// included), the weights quantized normals, every scale random and positive.
+// Output starts as 0xA5 bytes, so an unwritten row shows as a ~100% error;
+// the three rows past the last offset must keep those bytes.
+Expected<double> check_grouped_gemm_fp8(Runtime& runtime, DeviceState& device, const codegen::GroupedGemmFp8Spec& spec,
+                                        std::mt19937_64& rng) {
+  const DriverApi& api = **runtime.driver();
+  const int64_t experts = spec.experts, n = spec.n, k = spec.k, k_blocks = k / 128;
+  const bool block_scaled = spec.weight_scale == codegen::Fp8WeightScale::block_128;
+
+  std::vector<int32_t> counts(static_cast<size_t>(experts));
+  std::vector<int64_t> active;
+  for (int64_t e : {std::min<int64_t>(1, experts - 1), experts / 2, experts - 1})
+    if (std::find(active.begin(), active.end(), e) == active.end()) active.push_back(e);
+  std::uniform_int_distribution<int> few(1, 6), many(1, 300);
+  for (int64_t e : active) counts[static_cast<size_t>(e)] = e == experts / 2 ? many(rng) : few(rng);
+  std::vector<int32_t> offsets;
+  if (spec.offsets == codegen::OffsetsConvention::with_leading_zero) offsets.push_back(0);
+  int64_t routed = 0;
+  for (int32_t c : counts) offsets.push_back(static_cast<int32_t>(routed += c));
+  const int64_t rows = routed + 3;  // three rows belong to no expert
+
+  // A configuration is launched as itself: the request that names its kernel and tile must pick it.
+  if (spec.configured()) {
+    codegen::GroupedGemmFp8Spec problem = spec;
+    problem.kernel = codegen::Fp8GemmKernel::mma_sync;
+    problem.tile_m = problem.tile_n = problem.stages = 0;
+    problem.cluster = 1;
+    const auto chosen = KJIT_TRY(codegen::choose_grouped_gemm_fp8_config(problem, *device.arch, rows, pinning_request(spec)));
+    if (chosen != spec)
+      return fail(KJIT_ERROR_INTERNAL,
+                  fmt::format("{} cannot be launched as itself: its kernel and tile pick {}",
+                              codegen::Family<codegen::GroupedGemmFp8Spec>::canonical(spec),
+                              codegen::Family<codegen::GroupedGemmFp8Spec>::canonical(chosen)));
+  }
+
+  std::uniform_int_distribution<int> finite_code(0, 253);  // 254 codes: all but the NaNs 0x7F and 0xFF
+  std::vector<uint8_t> a(static_cast<size_t>(rows * k));
+  for (auto& c : a) {
+    const int code = finite_code(rng);
+    c = static_cast<uint8_t>(code >= 0x7F ? code + 1 : code);
+  }
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const size_t expert_codes = static_cast<size_t>(n * k);
+  std::vector<std::vector<uint8_t>> w(static_cast<size_t>(experts));  // filled for routed experts only
+  for (int64_t e : active) {
+    w[static_cast<size_t>(e)].resize(expert_codes);
+    for (auto& c : w[static_cast<size_t>(e)]) c = reference::encode_e4m3fn_satfinite(normal(rng) * 64.0f);
+  }
+  // Scales from 1/4 to 4: a wrong scale index shows, and no block drowns the others in the error.
+  std::uniform_real_distribution<float> log2_scale(-2.0f, 2.0f);
+  std::vector<float> a_scales(static_cast<size_t>(rows * k_blocks));
+  for (auto& s : a_scales) s = std::exp2(log2_scale(rng));
+  const int64_t b_scales_per_expert = block_scaled ? (n + 127) / 128 * k_blocks : n;
+  std::vector<float> b_scales(static_cast<size_t>(experts * b_scales_per_expert));
+  for (auto& s : b_scales) s = std::exp2(log2_scale(rng));
+  std::vector<float> row_scale(static_cast<size_t>(rows));
+  for (auto& v : row_scale) v = 0.5f + 0.5f * std::abs(normal(rng));
+  const int out_bytes = codegen::size_bytes(spec.out);
+  const size_t out_size = static_cast<size_t>(rows * n * out_bytes);
+
+  Buffers buffers(api, device.context);
+  auto da = buffers.upload(a.data(), a.size());
+  auto dw = buffers.upload(nullptr, static_cast<size_t>(experts) * expert_codes);
+  auto da_scales = buffers.upload(a_scales.data(), a_scales.size() * 4);
+  auto db_scales = buffers.upload(b_scales.data(), b_scales.size() * 4);
+  auto doff = buffers.upload(offsets.data(), offsets.size() * 4);
+  auto drow_scale = buffers.upload(row_scale.data(), row_scale.size() * 4);
+  auto dout = buffers.upload(nullptr, out_size);  // 0xA5 poison
+  for (auto* r : {&da, &dw, &da_scales, &db_scales, &doff, &drow_scale, &dout})
+    if (!*r) return std::unexpected(r->error());
+  {
+    ScopedContext scope(api, device.context);
+    for (int64_t e : active)
+      KJIT_TRY(check(api, api.cuMemcpyHtoD(*dw + static_cast<size_t>(e) * expert_codes, w[static_cast<size_t>(e)].data(), expert_codes), "cuMemcpyHtoD"));
+  }
+  kjit_grouped_gemm_desc g;
+  kjit_grouped_gemm_desc_init(&g);
+  g.a_dtype = g.b_dtype = KJIT_DTYPE_F8_E4M3FN;
+  g.out_dtype = spec.out == codegen::DType::f32 ? KJIT_DTYPE_F32 : KJIT_DTYPE_BF16;
+  g.rows = rows;
+  g.n = n;
+  g.k = k;
+  g.experts = experts;
+  g.weights = KJIT_WEIGHTS_E_N_K;
+  g.offsets_convention = spec.offsets == codegen::OffsetsConvention::with_leading_zero ? KJIT_OFFSETS_WITH_LEADING_ZERO
+                                                                                       : KJIT_OFFSETS_CUMULATIVE_END;
+  g.a = reinterpret_cast<const void*>(*da);
+  g.b = reinterpret_cast<const void*>(*dw);
+  g.out = reinterpret_cast<void*>(*dout);
+  g.offsets = reinterpret_cast<const int32_t*>(*doff);
+  g.row_scale = spec.row_scale ? reinterpret_cast<const float*>(*drow_scale) : nullptr;
+  g.a_scales = reinterpret_cast<const float*>(*da_scales);
+  g.b_scales = reinterpret_cast<const float*>(*db_scales);
+  g.b_scale_granularity = block_scaled ? KJIT_SCALE_PER_BLOCK : KJIT_SCALE_PER_ROW;
+  g.b_block_rows = g.b_block_cols = block_scaled ? 128 : 0;
+  if (spec.configured()) {
+    g.kernel = spec.kernel == codegen::Fp8GemmKernel::wgmma_sm90 ? KJIT_GEMM_KERNEL_SM90 : KJIT_GEMM_KERNEL_PORTABLE;
+    g.tile_m = spec.tile_m;
+    g.tile_n = spec.tile_n;
+    g.cluster = spec.cluster;
+    g.cluster_axis = KJIT_GEMM_CLUSTER_ALONG_N;  // the FP8 kernel's clusters share the row tile
+  }
+  KJIT_TRY(ops::grouped_gemm(runtime, g, nullptr));
+  KJIT_TRY(runtime.take_device_errors(device.ordinal));
+  std::vector<uint8_t> out(out_size);
+  KJIT_TRY(buffers.download(out.data(), *dout, out_size));
+  for (size_t i = static_cast<size_t>(routed * n * out_bytes); i < out_size; ++i)
+    if (out[i] != 0xA5) return fail(KJIT_ERROR_INTERNAL, "a row past the last offset was written");
+
+  std::vector<int64_t> expert_of(static_cast<size_t>(routed));
+  std::vector<int64_t> sampled;
+  for (int64_t e = 0, row = 0; e < experts; ++e) {
+    if (counts[static_cast<size_t>(e)] > 0) sampled.insert(sampled.end(), {row, row + counts[static_cast<size_t>(e)] - 1});
+    for (int32_t i = 0; i < counts[static_cast<size_t>(e)]; ++i) expert_of[static_cast<size_t>(row++)] = e;
+  }
+  std::uniform_int_distribution<int64_t> pick(0, routed - 1);
+  sampled.insert(sampled.end(), {pick(rng), pick(rng)});
+  double diff = 0, norm = 0;
+  std::vector<double> want(static_cast<size_t>(n));
+  for (int64_t row : sampled) {
+    const int64_t e = expert_of[static_cast<size_t>(row)];
+    const std::span<const float> scales_of_e(b_scales.data() + e * b_scales_per_expert,
+                                             static_cast<size_t>(b_scales_per_expert));
+    reference::fp8_gemm_row(std::span(a).subspan(static_cast<size_t>(row * k), static_cast<size_t>(k)),
+                            std::span(a_scales).subspan(static_cast<size_t>(row * k_blocks), static_cast<size_t>(k_blocks)),
+                            {w[static_cast<size_t>(e)], scales_of_e, g.b_scale_granularity}, n, k,
+                            spec.row_scale ? double(row_scale[static_cast<size_t>(row)]) : 1.0, want);
+    for (int64_t col = 0; col < n; ++col) {
+      const size_t at = static_cast<size_t>((row * n + col) * out_bytes);
+      double got;
+      if (out_bytes == 4) {
+        float f;
+        std::memcpy(&f, &out[at], 4);
+        got = f;
+      } else {
+        uint16_t b;
+        std::memcpy(&b, &out[at], 2);
+        got = reference::bf16_to_float(b);
+      }
+      const double ref = want[static_cast<size_t>(col)];
+      diff += (got - ref) * (got - ref);
+      norm += ref * ref;
+    }
+  }
+  return std::sqrt(diff / std::max(norm, 1e-30));
+}
+
+}  // namespace kjit::harness
