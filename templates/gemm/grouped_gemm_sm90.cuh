@@ -86,6 +86,7 @@ struct GroupedGemmSm90Config : Problem {
   // Register split under setmaxnreg (two consumers: 128 * 56 + 256 * 224 <= 64K; the
   // producer's 4 [E, K, N] copies per stage spill under 40).
   static constexpr int kProducerRegisters = 56, kConsumerRegisters = 224;
+  static constexpr int kLoaderWarps = 0;  // TMA brings everything a stage holds
   static_assert(kBM == 64 || kBM == 128, "64 rows per consumer warpgroup, one or two consumers");
   static_assert(kBN % 64 == 0 && kBN >= 64 && kBN <= 256, "wgmma N and the [E, K, N] 64-column chunks");
   static_assert(kCluster == 1 || kCluster == 2, "pairs of blocks");

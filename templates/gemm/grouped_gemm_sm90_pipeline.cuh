@@ -178,13 +178,18 @@ __device__ __forceinline__ void drain(unsigned long long* full, unsigned long lo
 
 // The shared frame of the SM90 kernels: validates the offsets, lays out the
 // stages (1 KB aligned for the swizzle) and their mbarriers, then splits the
-// block: the last warpgroup produces (one thread issues the copies), the
-// others consume. Cfg provides kStages, kStageBytes, kConsumers, kCluster and
-// the register split. The consumers also get where the barriers end (a
-// kernel's own shared memory after them), and `init` (run by thread 0 before
-// the cluster-wide sync) initialises whatever barriers live there.
-template <class Cfg, class Params, class Init, class Producer, class Consumer>
-__device__ __forceinline__ void warp_specialized_gemm(const Params& p, Init init, Producer produce, Consumer consume) {
+// block: the last warpgroup produces (one thread issues the copies; with
+// Cfg::kLoaderWarps = 1 its second warp runs `load`, which fills each stage
+// with what TMA cannot copy, every lane arriving on the stage's full barrier),
+// the others consume. Cfg provides kStages, kStageBytes, kConsumers, kCluster,
+// kLoaderWarps and the register split. The consumers also get where the
+// barriers end (a kernel's own shared memory after them), and `init` (run by
+// thread 0 before the cluster-wide sync) initialises whatever barriers live
+// there.
+template <class Cfg, class Params, class Init, class Producer, class Loader, class Consumer>
+__device__ __forceinline__ void warp_specialized_gemm(const Params& p, Init init, Producer produce, Loader load,
+                                                      Consumer consume) {
+  static_assert(Cfg::kLoaderWarps == 0 || Cfg::kLoaderWarps == 1, "the producer warpgroup's second warp at most");
   if (!offsets_valid<Cfg>(p.gemm)) return;
 
   extern __shared__ __align__(1024) unsigned char kjit_dynamic_smem[];
@@ -195,7 +200,8 @@ __device__ __forceinline__ void warp_specialized_gemm(const Params& p, Init init
   unsigned long long* empty = full + Cfg::kStages;
   if (threadIdx.x == 0) {
     for (int s = 0; s < Cfg::kStages; ++s) {
-      cuda::ptx::mbarrier_init(&full[s], 1);                    // the producer's arrive.expect_tx
+      // The producer's arrive.expect_tx, and every lane of a loader warp.
+      cuda::ptx::mbarrier_init(&full[s], 1 + 32 * Cfg::kLoaderWarps);
       // One arrival per consumer warp of every block in the cluster: a
       // producer writes into its peers' stages too.
       cuda::ptx::mbarrier_init(&empty[s], Cfg::kConsumers * 4 * Cfg::kCluster);
@@ -217,12 +223,23 @@ __device__ __forceinline__ void warp_specialized_gemm(const Params& p, Init init
 
   if (threadIdx.x / 128 == Cfg::kConsumers) {
     if constexpr (Cfg::kConsumers > 1) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(Cfg::kProducerRegisters));
-    if (threadIdx.x % 128 == 0) produce(tiles, full, empty, reinterpret_cast<unsigned char*>(empty + Cfg::kStages));
+    unsigned char* after_barriers = reinterpret_cast<unsigned char*>(empty + Cfg::kStages);
+    if (threadIdx.x % 128 == 0)
+      produce(tiles, full, empty, after_barriers);
+    else if (Cfg::kLoaderWarps > 0 && threadIdx.x % 128 / 32 == 1)
+      load(full, empty, after_barriers);
   } else {
     if constexpr (Cfg::kConsumers > 1) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Cfg::kConsumerRegisters));
     consume(tiles, full, empty, reinterpret_cast<unsigned char*>(empty + Cfg::kStages));
   }
   if constexpr (Cfg::kCluster > 1) sync_cluster();
+}
+
+// The frame without a loader warp (Cfg::kLoaderWarps = 0).
+template <class Cfg, class Params, class Init, class Producer, class Consumer>
+__device__ __forceinline__ void warp_specialized_gemm(const Params& p, Init init, Producer produce, Consumer consume) {
+  warp_specialized_gemm<Cfg>(p, init, produce, [](unsigned long long*, unsigned long long*, unsigned char*) {},
+                             consume);
 }
 
 }  // namespace kjit

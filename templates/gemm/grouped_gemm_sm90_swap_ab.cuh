@@ -74,6 +74,7 @@ struct GroupedGemmSwapAbConfig : Problem {
   // grouped_gemm_shared_bytes computes the same; the generated code checks).
   static constexpr int kSharedBytes = kStages * kStageBytes + 1024 + 16 * kStages + kScratchBytes + kQueueBytes;
   static constexpr int kProducerRegisters = 56, kConsumerRegisters = 224;
+  static constexpr int kLoaderWarps = 0;  // TMA brings everything a stage holds
   static_assert(kBM % kRowStep == 0 && kBM >= kRowStep && kBM <= 256, "wgmma N is at most 256");
   static_assert(kBN == 64 || kBN == 128, "one or two consumer warpgroups");
   static_assert(kCluster == 1 || (kCluster == 2 && kN % (kBN * kCluster) == 0),
@@ -131,13 +132,14 @@ struct SwapAbTileWalker {
 // different heights even out) or, without one, the index a grid's worth of
 // clusters further (a static round robin). Rank 0's producer thread draws the
 // indices and publishes them in a ring of kQueueSlots slots in every block of
-// the cluster; each consumer warp and each producer thread reads every index.
+// the cluster; each consumer warp, each producer thread and each loader warp
+// (pipeline.cuh) reads every index.
 template <class Cfg>
 struct TileQueue {
   unsigned long long* full;   // [slot]: rank 0's producer arrives once the index is in place
   unsigned long long* empty;  // [slot], rank 0's block: every reader of the cluster arrives
   unsigned long long* index;  // [slot]
-  static constexpr int kReadersPerBlock = 4 * Cfg::kConsumers + 1;
+  static constexpr int kReadersPerBlock = 4 * Cfg::kConsumers + 1 + Cfg::kLoaderWarps;
 
   __device__ explicit TileQueue(unsigned char* base)
       : full(reinterpret_cast<unsigned long long*>(base + Cfg::kScratchBytes)),

@@ -9,6 +9,7 @@
 
 #include "../recipe.hpp"
 #include "../spec_reader.hpp"
+#include "wgmma_instructions.hpp"
 
 namespace kjit::codegen {
 
@@ -83,33 +84,6 @@ Expected<void> validate_configuration(const GroupedGemmSpec& s) {
 
 constexpr int kPortableThreads = 128;
 
-// A wgmma instruction as a struct a Config names: m64nNk16, bf16 operands
-// from shared-memory descriptors (either one may be MN-major: "transposed"),
-// fp32 accumulators in N/2 registers per thread (one asm operand each, which
-// is why it is generated rather than written out for every N). `head` is the
-// struct's declaration, e.g. "struct KjitWgmma". `accumulate` 0 overwrites
-// the accumulators (the first k-step of a tile).
-std::string wgmma_wrapper(std::string_view head, int n, bool transpose_a, bool transpose_b) {
-  const int regs = n / 2;
-  std::string list, operands;
-  for (int i = 0; i < regs; ++i) {
-    list += fmt::format("{}%{}", i ? ", " : "", i);
-    operands += fmt::format("{}\"+f\"(d[{}])", i ? ", " : "", i);
-  }
-  return fmt::format(
-      "{8} {{\n"
-      "  static __device__ __forceinline__ void run(float (&d)[{0}], unsigned long long a, unsigned long long b,\n"
-      "                                             int accumulate) {{\n"
-      "    asm volatile(\n"
-      "        \"{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{1}, 0;\\n\"\n"
-      "        \"wgmma.mma_async.sync.aligned.m64n{2}k16.f32.bf16.bf16 {{{3}}}, %{4}, %{5}, p, 1, 1, {9}, {6};\\n}}\\n\"\n"
-      "        : {7}\n"
-      "        : \"l\"(a), \"l\"(b), \"r\"(accumulate));\n"
-      "  }}\n"
-      "}};\n",
-      regs, regs + 2, n, list, regs, regs + 1, transpose_b ? 1 : 0, operands, head, transpose_a ? 1 : 0);
-}
-
 // Threads of an SM90 configuration: a producer warpgroup and a consumer
 // warpgroup per 64 rows (or, swap AB, per 64 columns) of the tile.
 int sm90_threads(const GroupedGemmSpec& s) {
@@ -122,8 +96,8 @@ int sm90_threads(const GroupedGemmSpec& s) {
 std::string swap_ab_wgmma_wrappers(const GroupedGemmSpec& s) {
   std::string out = "template <int kRows>\nstruct KjitWgmmaRows;\n";
   for (int rows = 32; rows <= s.tile_m; rows += 32)
-    out += wgmma_wrapper(fmt::format("template <>\nstruct KjitWgmmaRows<{}>", rows), rows,
-                         s.weights == WeightLayout::e_k_n, false);
+    out += wgmma_wrapper(fmt::format("template <>\nstruct KjitWgmmaRows<{}>", rows),
+                         {.n = rows, .operands = WgmmaOperands::bf16, .transpose_a = s.weights == WeightLayout::e_k_n});
   return out;
 }
 
@@ -249,8 +223,12 @@ RenderedKernel Family<GroupedGemmSpec>::render(const GroupedGemmSpec& s) {
          .params_type = "kjit_grouped_gemm_sm90_params",
          .body = swap_ab ? "kjit::grouped_gemm_sm90_swap_ab" : "kjit::grouped_gemm_sm90",
          .prelude = swap_ab ? swap_ab_wgmma_wrappers(s)
-                            : wgmma_wrapper("struct KjitWgmma", s.tile_n, false, weights_kn) +
-                                  wgmma_wrapper("struct KjitWgmmaHalf", s.tile_n / 2, false, weights_kn),
+                            : wgmma_wrapper("struct KjitWgmma", {.n = s.tile_n,
+                                                                 .operands = WgmmaOperands::bf16,
+                                                                 .transpose_b = weights_kn}) +
+                                  wgmma_wrapper("struct KjitWgmmaHalf", {.n = s.tile_n / 2,
+                                                                         .operands = WgmmaOperands::bf16,
+                                                                         .transpose_b = weights_kn}),
          .dynamic_shared_bytes = grouped_gemm_shared_bytes(s),
          .cluster_x = s.cluster});
   }

@@ -9,13 +9,11 @@
 
 namespace kjit::ops {
 
-Expected<GroupedGemmPlan> plan_grouped_gemm(const kjit_grouped_gemm_desc& d, bool for_prepare) {
+Expected<GemmCommonPlan> plan_gemm_common(const kjit_grouped_gemm_desc& d, bool for_prepare) {
   auto invalid = [](std::string message) { return fail(KJIT_ERROR_INVALID_ARGUMENT, std::move(message)); };
   if (d.struct_size < sizeof(kjit_grouped_gemm_desc))
     return invalid(fmt::format("desc.struct_size is {}, expected {}: call kjit_grouped_gemm_desc_init first",
                                d.struct_size, sizeof(kjit_grouped_gemm_desc)));
-  if (d.a_dtype != KJIT_DTYPE_BF16 || d.b_dtype != KJIT_DTYPE_BF16)
-    return invalid("grouped GEMM operands must be KJIT_DTYPE_BF16 (FP8 and FP4 grouped GEMMs are not there yet)");
   if (d.out_dtype != KJIT_DTYPE_BF16 && d.out_dtype != KJIT_DTYPE_F32)
     return invalid("grouped GEMM out_dtype must be KJIT_DTYPE_BF16 or KJIT_DTYPE_F32");
   if (d.rows < 0) return invalid(fmt::format("rows must be >= 0, got {}", d.rows));
@@ -39,7 +37,7 @@ Expected<GroupedGemmPlan> plan_grouped_gemm(const kjit_grouped_gemm_desc& d, boo
   if (d.cluster_axis == KJIT_GEMM_CLUSTER_ALONG_N && d.cluster < 2)
     return invalid(fmt::format("cluster_axis ALONG_N needs cluster 2, got cluster {}", d.cluster));
 
-  GroupedGemmPlan plan;
+  GemmCommonPlan plan;
   using Kernel = codegen::GemmRequest::Kernel;
   plan.request = {.kernel = d.kernel == KJIT_GEMM_KERNEL_PORTABLE       ? Kernel::portable
                             : d.kernel == KJIT_GEMM_KERNEL_SM90         ? Kernel::sm90
@@ -50,16 +48,9 @@ Expected<GroupedGemmPlan> plan_grouped_gemm(const kjit_grouped_gemm_desc& d, boo
                   .cluster = d.cluster,
                   .cluster_axis = d.cluster_axis == KJIT_GEMM_CLUSTER_ALONG_N ? codegen::ClusterAxis::n
                                                                               : codegen::ClusterAxis::m};
-  auto& s = plan.problem;
-  s.out = d.out_dtype == KJIT_DTYPE_F32 ? codegen::DType::f32 : codegen::DType::bf16;
-  s.n = d.n;
-  s.k = d.k;
-  s.experts = d.experts;
-  s.weights = d.weights == KJIT_WEIGHTS_E_K_N ? codegen::WeightLayout::e_k_n : codegen::WeightLayout::e_n_k;
-  s.offsets = d.offsets_convention == KJIT_OFFSETS_WITH_LEADING_ZERO ? codegen::OffsetsConvention::with_leading_zero
-                                                                     : codegen::OffsetsConvention::cumulative_end;
-  s.row_scale = d.row_scale != nullptr;
-  KJIT_TRY(codegen::validate(codegen::KernelSpec{s}));
+  plan.out = d.out_dtype == KJIT_DTYPE_F32 ? codegen::DType::f32 : codegen::DType::bf16;
+  plan.offsets = d.offsets_convention == KJIT_OFFSETS_WITH_LEADING_ZERO ? codegen::OffsetsConvention::with_leading_zero
+                                                                        : codegen::OffsetsConvention::cumulative_end;
   plan.empty = d.rows == 0;
 
   if (!for_prepare && !plan.empty) {
@@ -87,24 +78,35 @@ Expected<GroupedGemmPlan> plan_grouped_gemm(const kjit_grouped_gemm_desc& d, boo
   return plan;
 }
 
+bool is_fp8_gemm(const kjit_grouped_gemm_desc& d) {
+  return d.a_dtype == KJIT_DTYPE_F8_E4M3FN || d.a_dtype == KJIT_DTYPE_F8_E5M2 || d.b_dtype == KJIT_DTYPE_F8_E4M3FN ||
+         d.b_dtype == KJIT_DTYPE_F8_E5M2;
+}
+
+Expected<GroupedGemmPlan> plan_grouped_gemm(const kjit_grouped_gemm_desc& d, bool for_prepare) {
+  auto common = KJIT_TRY(plan_gemm_common(d, for_prepare));
+  if (d.a_dtype != KJIT_DTYPE_BF16 || d.b_dtype != KJIT_DTYPE_BF16)
+    return fail(KJIT_ERROR_INVALID_ARGUMENT,
+                "grouped GEMM operands must both be KJIT_DTYPE_BF16, or both KJIT_DTYPE_F8_E4M3FN with their scales");
+  GroupedGemmPlan plan;
+  plan.request = common.request;
+  plan.params = common.params;
+  plan.empty = common.empty;
+  auto& s = plan.problem;
+  s.out = common.out;
+  s.n = d.n;
+  s.k = d.k;
+  s.experts = d.experts;
+  s.weights = d.weights == KJIT_WEIGHTS_E_K_N ? codegen::WeightLayout::e_k_n : codegen::WeightLayout::e_n_k;
+  s.offsets = common.offsets;
+  s.row_scale = d.row_scale != nullptr;
+  KJIT_TRY(codegen::validate(codegen::KernelSpec{s}));
+  return plan;
+}
+
 namespace {
 
-// A TMA descriptor for a bf16 tensor of `rank` dimensions (innermost first),
-// 128-byte swizzled boxes, zero fill out of bounds.
-Expected<void> encode_tensor_map(const DriverApi& api, kjit_tensor_map& map, const void* base, uint32_t rank,
-                                 const cuuint64_t* dims, const cuuint64_t* byte_strides, const cuuint32_t* box,
-                                 const char* what) {
-  static_assert(sizeof(kjit_tensor_map) == sizeof(CUtensorMap) && alignof(kjit_tensor_map) == alignof(CUtensorMap));
-  const cuuint32_t element_strides[3] = {1, 1, 1};
-  const CUresult r = api.cuTensorMapEncodeTiled(
-      reinterpret_cast<CUtensorMap*>(&map), CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<void*>(base), dims,
-      byte_strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    return fail(KJIT_ERROR_INVALID_ARGUMENT,
-                fmt::format("cuTensorMapEncodeTiled rejected the {} tensor: {}", what, driver_error_text(api, r)));
-  return {};
-}
+constexpr CUtensorMapDataType kBf16 = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
 
 Expected<void> encode_sm90_maps(const DriverApi& api, const codegen::GroupedGemmSpec& s,
                                 kjit_grouped_gemm_sm90_params& p) {
@@ -121,27 +123,28 @@ Expected<void> encode_sm90_maps(const DriverApi& api, const codegen::GroupedGemm
                                static_cast<cuuint32_t>(swap_ab ? KJIT_SWAP_AB_ROW_BOX
                                                        : along_n ? s.tile_m / s.cluster
                                                                  : s.tile_m)};
-  KJIT_TRY(encode_tensor_map(api, p.a_map, p.gemm.a, 2, a_dims, a_strides, a_box, "A"));
+  KJIT_TRY(encode_tensor_map(api, p.a_map, kBf16, p.gemm.a, 2, a_dims, a_strides, a_box, "A"));
   if (swap_ab) {
     const cuuint32_t wide_box[2] = {KJIT_SM90_K_BLOCK, KJIT_SWAP_AB_WIDE_ROW_BOX};
-    KJIT_TRY(encode_tensor_map(api, p.a_wide_map, p.gemm.a, 2, a_dims, a_strides, wide_box, "A"));
+    KJIT_TRY(encode_tensor_map(api, p.a_wide_map, kBf16, p.gemm.a, 2, a_dims, a_strides, wide_box, "A"));
   }
   if (s.weights == codegen::WeightLayout::e_n_k) {
     const cuuint64_t dims[3] = {k, n, e};
     const cuuint64_t strides[2] = {k * 2, n * k * 2};
     const cuuint32_t box[3] = {KJIT_SM90_K_BLOCK,
                                static_cast<cuuint32_t>(along_n || swap_ab ? s.tile_n : s.tile_n / s.cluster), 1};
-    return encode_tensor_map(api, p.b_map, p.gemm.b, 3, dims, strides, box, "B [E, N, K]");
+    return encode_tensor_map(api, p.b_map, kBf16, p.gemm.b, 3, dims, strides, box, "B [E, N, K]");
   }
   const cuuint64_t dims[3] = {n, k, e};
   const cuuint64_t strides[2] = {n * 2, k * n * 2};
   const cuuint32_t box[3] = {KJIT_SM90_KN_CHUNK, KJIT_SM90_K_BLOCK, 1};
-  return encode_tensor_map(api, p.b_map, p.gemm.b, 3, dims, strides, box, "B [E, K, N]");
+  return encode_tensor_map(api, p.b_map, kBf16, p.gemm.b, 3, dims, strides, box, "B [E, K, N]");
 }
 
 }  // namespace
 
 Expected<void> grouped_gemm(Runtime& runtime, const kjit_grouped_gemm_desc& desc, CUstream stream) {
+  if (is_fp8_gemm(desc)) return grouped_gemm_fp8(runtime, desc, stream);
   auto plan = KJIT_TRY(plan_grouped_gemm(desc, false));
   if (plan.empty) return {};
   auto& p = plan.params;
@@ -176,6 +179,7 @@ Expected<void> grouped_gemm(Runtime& runtime, const kjit_grouped_gemm_desc& desc
 }
 
 Expected<void> prepare_grouped_gemm(Runtime& runtime, const kjit_grouped_gemm_desc& desc, int ordinal) {
+  if (is_fp8_gemm(desc)) return prepare_grouped_gemm_fp8(runtime, desc, ordinal);
   const auto plan = KJIT_TRY(plan_grouped_gemm(desc, true));
   DeviceState* device = KJIT_TRY(runtime.device(ordinal));
   const auto configs = KJIT_TRY(codegen::grouped_gemm_candidates(plan.problem, *device->arch, plan.request));

@@ -6,6 +6,7 @@
 
 #include <initializer_list>
 
+#include "grouped_gemm_params.h"
 #include "kjit/internal/runtime.hpp"
 
 namespace kjit::ops {
@@ -32,6 +33,13 @@ Expected<void> launch_kernel(Runtime& runtime, const DeviceState& device, const 
 Expected<void> launch_on_owning_device(Runtime& runtime, const codegen::KernelSpec& spec,
                                        std::initializer_list<NamedPointer> pointers, unsigned int*& device_error,
                                        const codegen::LaunchGeometry& geometry, void* params, CUstream stream);
+
+// A TMA descriptor for a tensor of `rank` dimensions (innermost first) of
+// `element` type, 128-byte swizzled boxes, zero fill out of bounds (the SM90
+// GEMMs). Needs a current context; `what` names the tensor in the error.
+Expected<void> encode_tensor_map(const DriverApi& api, kjit_tensor_map& map, CUtensorMapDataType element,
+                                 const void* base, uint32_t rank, const cuuint64_t* dims,
+                                 const cuuint64_t* byte_strides, const cuuint32_t* box, const char* what);
 
 // Compiles (or finds) and loads `spec` on `device` ahead of time.
 Expected<void> prepare_on_device(Runtime& runtime, const codegen::KernelSpec& spec, int device);

@@ -74,12 +74,15 @@ struct Family<GroupedGemmFp8Spec> {
 };
 
 int grouped_gemm_fp8_shared_bytes(const GroupedGemmFp8Spec& spec);
+// The deepest wgmma_sm90 pipeline with row tiles of up to `tile_m` rows that fits a Hopper block's shared memory.
+int grouped_gemm_fp8_max_stages(int tile_m);
 LaunchGeometry grouped_gemm_fp8_geometry(const GroupedGemmFp8Spec& spec, int64_t total_rows, int resident_blocks);
 
 // The configurations `arch` may pick, one per token-count bucket (what precompile builds).
 std::vector<GroupedGemmFp8Spec> grouped_gemm_fp8_configs(const GroupedGemmFp8Spec& problem, const ArchInfo& arch);
 // The configuration a launch of `rows` rows on `arch` uses; `request` as for the bf16 family (its kernel
-// sm90 and sm90_swap_ab both name the wgmma kernel; tile_m / tile_n / cluster override).
+// sm90 and sm90_swap_ab both name the wgmma kernel; tile_m / tile_n / cluster override; the wgmma kernel's
+// pairs always lie along N, whatever cluster_axis says).
 Expected<GroupedGemmFp8Spec> choose_grouped_gemm_fp8_config(const GroupedGemmFp8Spec& problem, const ArchInfo& arch,
                                                             int64_t rows, const GemmRequest& request = {});
 Expected<std::vector<GroupedGemmFp8Spec>> grouped_gemm_fp8_candidates(const GroupedGemmFp8Spec& problem,

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "kjit/internal/runtime.hpp"
+#include "grouped_gemm_fp8_params.h"
 #include "grouped_gemm_params.h"
 #include "kjit/codegen/kernel_spec.hpp"
 #include "kjit/kjit.h"
@@ -11,6 +12,29 @@ namespace kjit::ops {
 
 // The workspace: one 32-bit tile counter (16 bytes leave room to grow).
 inline constexpr uint64_t kGroupedGemmWorkspaceBytes = 16;
+
+// What every grouped GEMM's descriptor holds beyond its operands' types.
+struct GemmCommonPlan {
+  codegen::GemmRequest request;
+  codegen::DType out = codegen::DType::bf16;
+  codegen::OffsetsConvention offsets = codegen::OffsetsConvention::cumulative_end;
+  kjit_grouped_gemm_params params{};
+  bool empty = false;  // no rows: nothing to do
+};
+Expected<GemmCommonPlan> plan_gemm_common(const kjit_grouped_gemm_desc& desc, bool for_prepare);
+
+// Whether `desc` names FP8 operands (the grouped_gemm_fp8 family's op).
+bool is_fp8_gemm(const kjit_grouped_gemm_desc& desc);
+
+struct GroupedGemmFp8Plan {
+  codegen::GroupedGemmFp8Spec problem;  // no configuration yet
+  codegen::GemmRequest request;
+  kjit_grouped_gemm_fp8_params params{};
+  bool empty = false;
+};
+Expected<GroupedGemmFp8Plan> plan_grouped_gemm_fp8(const kjit_grouped_gemm_desc& desc, bool for_prepare);
+Expected<void> grouped_gemm_fp8(Runtime& runtime, const kjit_grouped_gemm_desc& desc, CUstream stream);
+Expected<void> prepare_grouped_gemm_fp8(Runtime& runtime, const kjit_grouped_gemm_desc& desc, int device);
 
 struct GroupedGemmPlan {
   codegen::GroupedGemmSpec problem;  // no configuration yet: that depends on the device

@@ -1,0 +1,347 @@
+// The FP8 (W8A8) grouped GEMM family: spec forms, invariants, recipes, grid
+// and tuning policy.
+#include "kjit/codegen/families/grouped_gemm_fp8.hpp"
+
+#include <algorithm>
+#include <array>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "../recipe.hpp"
+#include "../spec_reader.hpp"
+#include "wgmma_instructions.hpp"
+
+namespace kjit::codegen {
+
+template <>
+inline constexpr int kEnumCount<Fp8WeightScale> = 2;
+template <>
+inline constexpr int kEnumCount<Fp8GemmKernel> = 2;
+
+namespace {
+
+constexpr std::array kWeightScaleNames{"block_128", "channel"};
+constexpr std::array kKernelNames{"mma_sync", "wgmma_sm90"};
+
+constexpr int kScaleBlock = 128;      // K columns per scale of A, and B's block edge
+constexpr int kPortableThreads = 128;
+constexpr int kSm90TileN = 128;       // weight rows per block: two consumer warpgroups of 64
+constexpr int kSm90MaxRows = 160;     // the accumulator and the partial, tile_m / 2 registers each: 192 spills
+constexpr int kSm90SharedLimit = 227 * 1024;
+constexpr int kSm90MaxStages = 8;
+
+auto invalid(std::string message) { return fail(KJIT_ERROR_INVALID_ARGUMENT, std::move(message)); }
+
+// Invariants of the problem. K in whole scale blocks; N and K bounded as for
+// the bf16 family (16-byte rows of bf16 output need N divisible by 8).
+Expected<void> validate_problem(const GroupedGemmFp8Spec& s) {
+  if (s.out != DType::bf16 && s.out != DType::f32)
+    return invalid(fmt::format("grouped_gemm_fp8 output must be bf16 or f32, not {}", name(s.out)));
+  if (s.n < 8 || s.n % 8 != 0 || s.n > kMaxDimension)
+    return invalid(
+        fmt::format("grouped_gemm_fp8: N must be a positive multiple of 8 up to {}, got {}", kMaxDimension, s.n));
+  if (s.k < kScaleBlock || s.k % kScaleBlock != 0 || s.k > kMaxDimension)
+    return invalid(fmt::format("grouped_gemm_fp8: K must be a positive multiple of {} (whole 1x128 activation scale "
+                               "groups and 128x128 weight blocks) up to {}, got {}",
+                               kScaleBlock, kMaxDimension, s.k));
+  if (s.experts < 1 || s.experts > kMaxExperts)
+    return invalid(fmt::format("grouped_gemm_fp8 needs 1 to {} experts, got {}", kMaxExperts, s.experts));
+  return {};
+}
+
+Expected<void> validate_configuration(const GroupedGemmFp8Spec& s) {
+  const auto tile =
+      fmt::format("{} tile {}x{} with {} stages, cluster {}", name(s.kernel), s.tile_m, s.tile_n, s.stages, s.cluster);
+  if (!s.configured()) {
+    if (s.tile_n != 0 || s.stages != 0 || s.kernel != Fp8GemmKernel::mma_sync || s.cluster != 1)
+      return invalid(fmt::format("grouped_gemm_fp8 {} is neither a configuration nor a problem (all zero)", tile));
+    return {};
+  }
+  if (s.kernel == Fp8GemmKernel::mma_sync) {
+    auto edge_ok = [](int t) { return t == 32 || t == 64 || t == 128; };
+    if (!edge_ok(s.tile_m) || !edge_ok(s.tile_n) || s.stages != 0 || s.cluster != 1)
+      return invalid(fmt::format("grouped_gemm_fp8 {} is not supported (mma_sync: tile_m and tile_n 32, 64 or 128, "
+                                 "no stages, cluster 1)",
+                                 tile));
+    return {};
+  }
+  const bool ok = s.tile_m % 32 == 0 && s.tile_m >= 32 && s.tile_m <= kSm90MaxRows && s.tile_n == kSm90TileN &&
+                  s.stages >= 2 && s.stages <= grouped_gemm_fp8_max_stages(s.tile_m) &&
+                  (s.cluster == 1 || (s.cluster == 2 && s.n % (2 * kSm90TileN) == 0));
+  if (!ok)
+    return invalid(fmt::format("grouped_gemm_fp8 {} is not supported (wgmma_sm90: tile_m 32 to {} in steps of 32, "
+                               "tile_n {}, 2 stages up to what fits in 227 KB, cluster 1, or 2 when N is a multiple "
+                               "of {})",
+                               tile, kSm90MaxRows, kSm90TileN, 2 * kSm90TileN));
+  return {};
+}
+
+// Hopper's instructions: m64n<rows>k32 e4m3 for every tile height, as
+// specialisations of KjitWgmmaFp8Rows<rows> (the weights are operand A).
+std::string sm90_wgmma_wrappers(const GroupedGemmFp8Spec& s) {
+  std::string out = "template <int kRows>\nstruct KjitWgmmaFp8Rows;\n";
+  for (int rows = 32; rows <= s.tile_m; rows += 32)
+    out += wgmma_wrapper(fmt::format("template <>\nstruct KjitWgmmaFp8Rows<{}>", rows),
+                         {.n = rows, .operands = WgmmaOperands::e4m3});
+  return out;
+}
+
+int sm90_threads(const GroupedGemmFp8Spec& s) { return 128 * (s.tile_n / 64 + 1); }
+
+GroupedGemmFp8Spec portable_config(const GroupedGemmFp8Spec& problem) {
+  GroupedGemmFp8Spec s = problem;
+  s.kernel = Fp8GemmKernel::mma_sync;
+  s.tile_m = 64;
+  s.tile_n = 128;
+  s.stages = 0;
+  s.cluster = 1;
+  return s;
+}
+
+GroupedGemmFp8Spec sm90_config(const GroupedGemmFp8Spec& problem, int tile_m, int cluster) {
+  GroupedGemmFp8Spec s = problem;
+  s.kernel = Fp8GemmKernel::wgmma_sm90;
+  s.tile_m = tile_m;
+  s.tile_n = kSm90TileN;
+  s.stages = grouped_gemm_fp8_max_stages(tile_m);
+  s.cluster = cluster;
+  return s;
+}
+
+Expected<std::vector<GroupedGemmFp8Spec>> requested_configs(const GroupedGemmFp8Spec& problem, const ArchInfo& arch,
+                                                            const GemmRequest& request) {
+  using Kernel = GemmRequest::Kernel;
+  const bool wants_sm90 = request.kernel == Kernel::sm90 || request.kernel == Kernel::sm90_swap_ab;
+  if (wants_sm90 && !arch.wgmma_tma)
+    return fail(KJIT_ERROR_UNSUPPORTED,
+                fmt::format("the SM90 FP8 grouped GEMM kernel runs only on sm_90a (Hopper); this device compiles for "
+                            "{}",
+                            arch.target));
+  auto configs = request.kernel == Kernel::portable ? std::vector{portable_config(problem)}
+                                                    : grouped_gemm_fp8_configs(problem, arch);
+  if (request.tile_m == 0 && request.tile_n == 0 && request.cluster == 0) return configs;
+  for (auto& s : configs) {
+    if (request.tile_m != 0) s.tile_m = request.tile_m;
+    if (request.tile_n != 0) s.tile_n = request.tile_n;
+    s.cluster = request.cluster != 0 ? request.cluster : 1;
+    if (s.kernel == Fp8GemmKernel::wgmma_sm90) s.stages = grouped_gemm_fp8_max_stages(s.tile_m);
+    KJIT_TRY(Family<GroupedGemmFp8Spec>::validate(s));
+  }
+  return configs;
+}
+
+}  // namespace
+
+std::string_view name(Fp8WeightScale s) { return kWeightScaleNames[static_cast<size_t>(s)]; }
+std::string_view name(Fp8GemmKernel k) { return kKernelNames[static_cast<size_t>(k)]; }
+
+std::string Family<GroupedGemmFp8Spec>::canonical(const GroupedGemmFp8Spec& g) {
+  return fmt::format(
+      "grouped_gemm_fp8 a=f8_e4m3fn/1x128 b=f8_e4m3fn/{} out={} n={} k={} experts={} weights=e_n_k offsets={} "
+      "row_scale={}{}",
+      name(g.weight_scale), name(g.out), g.n, g.k, g.experts, name(g.offsets), g.row_scale,
+      g.configured() ? fmt::format(" kernel={} tile={}x{}x128 stages={} cluster={}", name(g.kernel), g.tile_m,
+                                   g.tile_n, g.stages, g.cluster)
+                     : std::string(" config=per-arch"));
+}
+
+nlohmann::json Family<GroupedGemmFp8Spec>::to_json(const GroupedGemmFp8Spec& g) {
+  nlohmann::json j = {{"op", op},
+                      {"out", name(g.out)},
+                      {"n", g.n},
+                      {"k", g.k},
+                      {"experts", g.experts},
+                      {"weight_scale", name(g.weight_scale)},
+                      {"offsets", name(g.offsets)},
+                      {"row_scale", g.row_scale}};
+  if (g.configured()) {
+    j["kernel"] = name(g.kernel);
+    j["tile"] = {g.tile_m, g.tile_n};
+    j["stages"] = g.stages;
+    j["cluster"] = g.cluster;
+  }
+  return j;
+}
+
+Expected<GroupedGemmFp8Spec> Family<GroupedGemmFp8Spec>::from_json(SpecReader& reader) {
+  GroupedGemmFp8Spec s;
+  s.out = KJIT_TRY(reader.enumeration<DType>("out"));
+  s.weight_scale = KJIT_TRY(reader.enumeration<Fp8WeightScale>("weight_scale"));
+  s.offsets = KJIT_TRY(reader.enumeration<OffsetsConvention>("offsets"));
+  s.n = KJIT_TRY(reader.integer("n"));
+  s.k = KJIT_TRY(reader.integer("k"));
+  s.experts = KJIT_TRY(reader.integer("experts"));
+  s.row_scale = KJIT_TRY(reader.boolean_or("row_scale", false));
+  if (!reader.has("kernel")) {
+    if (reader.has("tile") || reader.has("stages") || reader.has("cluster"))
+      return invalid("spec fields 'tile', 'stages' and 'cluster' need 'kernel' beside them");
+    return s;
+  }
+  s.kernel = KJIT_TRY(reader.enumeration<Fp8GemmKernel>("kernel"));
+  const auto tile = KJIT_TRY(reader.small_integers("tile", 2, "[tile_m, tile_n] with 'kernel'"));
+  s.tile_m = tile[0];
+  s.tile_n = tile[1];
+  // Bounded by validate before any narrowing matters.
+  s.stages = static_cast<int>(std::clamp<int64_t>(KJIT_TRY(reader.integer_or("stages", 0)), -1, 64));
+  s.cluster = static_cast<int>(std::clamp<int64_t>(KJIT_TRY(reader.integer_or("cluster", 1)), -1, 64));
+  return s;
+}
+
+const std::vector<FieldRule>& Family<GroupedGemmFp8Spec>::schema() {
+  static const std::vector<FieldRule> rules{
+      text_field("out", {"bf16", "f32"}), integer_field("n", 8, kMaxDimension),
+      integer_field("k", kScaleBlock, kMaxDimension), integer_field("experts", 1, kMaxExperts),
+      text_field("weight_scale", {"block_128", "channel"}),
+      text_field("offsets", {"cumulative_end", "with_leading_zero"}), boolean_field("row_scale"),
+      // A configuration's fields (cache metadata; rare in manifests).
+      text_field("kernel", {"mma_sync", "wgmma_sm90"}, false), integers_field("tile", "[m, n]", 2, 1, 256),
+      integer_field("stages", 0, 16, false), integer_field("cluster", 1, 16, false)};
+  return rules;
+}
+
+void Family<GroupedGemmFp8Spec>::hash(const GroupedGemmFp8Spec& g, HashMixer& h) {
+  h.mix(static_cast<uint64_t>(g.n));
+  h.mix(static_cast<uint64_t>(g.k));
+  h.mix(static_cast<uint64_t>(g.experts));
+  h.mix(static_cast<uint64_t>(g.out) | static_cast<uint64_t>(g.weight_scale) << 8 |
+        static_cast<uint64_t>(g.offsets) << 16 | static_cast<uint64_t>(g.row_scale) << 24);
+  h.mix(static_cast<uint64_t>(g.tile_m) << 32 | static_cast<uint64_t>(g.tile_n) << 16 |
+        static_cast<uint64_t>(g.kernel) << 12 | static_cast<uint64_t>(g.stages) << 4 |
+        static_cast<uint64_t>(g.cluster));
+}
+
+Expected<void> Family<GroupedGemmFp8Spec>::validate(const GroupedGemmFp8Spec& s) {
+  KJIT_TRY(validate_problem(s));
+  return validate_configuration(s);
+}
+
+Expected<void> Family<GroupedGemmFp8Spec>::supported_on(const GroupedGemmFp8Spec& s, const ArchInfo& arch) {
+  if (!s.configured())
+    return invalid(fmt::format("{} names no configuration: expand it for an arch first (kernels_for_target)",
+                               canonical(s)));
+  if (!arch.fp8_conversion)
+    return fail(KJIT_ERROR_UNSUPPORTED,
+                fmt::format("the FP8 grouped GEMM needs FP8 tensor cores (compute capability 8.9 or newer); {} is "
+                            "{}.{} ({})",
+                            arch.target, arch.major, arch.minor, arch.note));
+  if (s.kernel == Fp8GemmKernel::wgmma_sm90 && !arch.wgmma_tma)
+    return fail(KJIT_ERROR_UNSUPPORTED,
+                fmt::format("{} is Hopper's kernel (wgmma, TMA) and builds only for sm_90a, not {}", canonical(s),
+                            arch.target));
+  return {};
+}
+
+RenderedKernel Family<GroupedGemmFp8Spec>::render(const GroupedGemmFp8Spec& s) {
+  const auto problem = fmt::format("kjit::Fp8GemmProblem<{}LL, {}LL, {}, {}, {}, {}, {}>", s.n, s.k, s.experts,
+                                   s.offsets == OffsetsConvention::with_leading_zero, s.row_scale,
+                                   s.out == DType::f32, s.weight_scale == Fp8WeightScale::block_128);
+  if (s.kernel == Fp8GemmKernel::wgmma_sm90)
+    return assemble(canonical(s),
+                    {.entry_point = "kjit_grouped_gemm_fp8_sm90",
+                     .threads = sm90_threads(s),
+                     .min_blocks = 1,  // a register cap at entry, which setmaxnreg needs
+                     .templates = {"gemm/grouped_gemm_fp8_sm90.cuh"},
+                     .config = fmt::format("kjit::GroupedGemmFp8Sm90Config<{}, {}, {}, {}, KjitWgmmaFp8Rows>", problem,
+                                           s.tile_m, s.stages, s.cluster),
+                     .params_type = "kjit_grouped_gemm_fp8_sm90_params",
+                     .body = "kjit::grouped_gemm_fp8_sm90",
+                     .prelude = sm90_wgmma_wrappers(s),
+                     .dynamic_shared_bytes = grouped_gemm_fp8_shared_bytes(s),
+                     .cluster_x = s.cluster});
+  return assemble(canonical(s),
+                  {.entry_point = "kjit_grouped_gemm_fp8",
+                   .threads = kPortableThreads,
+                   .templates = {"gemm/grouped_gemm_fp8_mma.cuh"},
+                   .config = fmt::format("kjit::GroupedGemmFp8MmaConfig<{}, {}, {}>", problem, s.tile_m, s.tile_n),
+                   .params_type = "kjit_grouped_gemm_fp8_params",
+                   .body = "kjit::grouped_gemm_fp8_mma"});
+}
+
+std::vector<GroupedGemmFp8Spec> Family<GroupedGemmFp8Spec>::kernels_for_target(const GroupedGemmFp8Spec& s,
+                                                                               const ArchInfo& arch) {
+  if (s.configured()) return {s};
+  return grouped_gemm_fp8_configs(s, arch);  // off sm_89+, supported_on says why the portable one cannot build
+}
+
+int grouped_gemm_fp8_shared_bytes(const GroupedGemmFp8Spec& s) {
+  if (s.kernel != Fp8GemmKernel::wgmma_sm90) return 0;  // the portable kernel's tiles are static
+  // GroupedGemmFp8Sm90Config::kSharedBytes (the generated code asserts they
+  // agree): stages of weight and row tiles (128 bytes a row), 1 KB of
+  // alignment slack, two mbarriers per stage, the epilogue scratch (4 KB per
+  // consumer), the tile queue (4 slots of 24 bytes) and each stage's scales
+  // (tile_m + 4 floats).
+  const int consumers = s.tile_n / 64;
+  return s.stages * (s.tile_n + s.tile_m) * kScaleBlock + 1024 + 16 * s.stages + consumers * 4096 + 4 * 24 +
+         s.stages * (s.tile_m + 4) * 4;
+}
+
+int grouped_gemm_fp8_max_stages(int tile_m) {
+  GroupedGemmFp8Spec s;
+  s.kernel = Fp8GemmKernel::wgmma_sm90;
+  s.tile_m = tile_m;
+  s.tile_n = kSm90TileN;
+  for (s.stages = kSm90MaxStages; s.stages > 1; --s.stages)
+    if (grouped_gemm_fp8_shared_bytes(s) <= kSm90SharedLimit) break;
+  return s.stages;
+}
+
+LaunchGeometry grouped_gemm_fp8_geometry(const GroupedGemmFp8Spec& spec, int64_t total_rows, int resident_blocks) {
+  LaunchGeometry g;
+  // Every expert adds at most one partial row tile: an upper bound that needs no offsets on the host.
+  const int64_t m_tiles = (total_rows + spec.tile_m - 1) / spec.tile_m + spec.experts;
+  const int64_t n_tiles = (spec.n + spec.tile_n - 1) / spec.tile_n;
+  if (spec.kernel == Fp8GemmKernel::wgmma_sm90) {
+    // Persistent, in whole clusters (pairs along N).
+    const int64_t cluster_tiles = m_tiles * ((n_tiles + spec.cluster - 1) / spec.cluster);
+    const int64_t clusters = std::clamp<int64_t>(cluster_tiles, 1, std::max(resident_blocks / spec.cluster, 1));
+    g.block_x = static_cast<uint32_t>(sm90_threads(spec));
+    g.grid_x = static_cast<uint32_t>(clusters * spec.cluster);
+    g.cluster_x = static_cast<uint32_t>(spec.cluster);
+    g.shared_bytes = static_cast<uint32_t>(grouped_gemm_fp8_shared_bytes(spec));
+    return g;
+  }
+  g.block_x = kPortableThreads;
+  g.grid_x = static_cast<uint32_t>(std::min<int64_t>(m_tiles, 0x7fffffff));
+  g.grid_y = static_cast<uint32_t>(n_tiles);
+  return g;
+}
+
+std::vector<GroupedGemmFp8Spec> grouped_gemm_fp8_configs(const GroupedGemmFp8Spec& problem, const ArchInfo& arch) {
+  if (!arch.wgmma_tma) return {portable_config(problem)};
+  // By average rows per expert: up to 512, single blocks (row tiles of up to
+  // 128, near-equal heights in steps of 32); more, pairs along N sharing the
+  // row tile by TMA multicast where N holds whole pairs.
+  const GroupedGemmFp8Spec single = sm90_config(problem, 128, 1);
+  const GroupedGemmFp8Spec many = problem.n % (2 * kSm90TileN) == 0 ? sm90_config(problem, 128, 2) : single;
+  return {single, many};
+}
+
+Expected<GroupedGemmFp8Spec> choose_grouped_gemm_fp8_config(const GroupedGemmFp8Spec& problem, const ArchInfo& arch,
+                                                            int64_t rows, const GemmRequest& request) {
+  // TMA coordinates are 32-bit: past 2^31 rows only the portable kernel serves.
+  constexpr int64_t kTmaRowLimit = (int64_t{1} << 31) - 256;
+  const bool wants_sm90 =
+      request.kernel == GemmRequest::Kernel::sm90 || request.kernel == GemmRequest::Kernel::sm90_swap_ab;
+  if (rows > kTmaRowLimit && request.kernel != GemmRequest::Kernel::portable) {
+    if (wants_sm90)
+      return invalid(fmt::format("the SM90 FP8 grouped GEMM addresses at most {} rows, got {}", kTmaRowLimit, rows));
+    return choose_grouped_gemm_fp8_config(problem, arch, rows, {.kernel = GemmRequest::Kernel::portable});
+  }
+  const auto configs = KJIT_TRY(requested_configs(problem, arch, request));
+  const int64_t rows_per_expert = rows / std::max<int64_t>(problem.experts, 1);
+  const size_t bucket = rows_per_expert <= 512 ? 0 : 1;
+  return configs[std::min(bucket, configs.size() - 1)];
+}
+
+Expected<std::vector<GroupedGemmFp8Spec>> grouped_gemm_fp8_candidates(const GroupedGemmFp8Spec& problem,
+                                                                      const ArchInfo& arch,
+                                                                      const GemmRequest& request) {
+  const auto configs = KJIT_TRY(requested_configs(problem, arch, request));
+  std::vector<GroupedGemmFp8Spec> unique;
+  for (const auto& c : configs)
+    if (std::find(unique.begin(), unique.end(), c) == unique.end()) unique.push_back(c);
+  return unique;
+}
+
+}  // namespace kjit::codegen

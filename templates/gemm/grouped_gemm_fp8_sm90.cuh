@@ -1,0 +1,235 @@
+// FP8 (W8A8) grouped GEMM for MoE experts on sm_90a: wgmma e4m3 x e4m3 with
+// the rows of A on wgmma's N ("swap AB", grouped_gemm_sm90_swap_ab.cuh's
+// tiles, walk, tile queue, producer and epilogue), promoted into fp32 at
+// every 128-column scale block with its scales (grouped_gemm_fp8_common.cuh).
+//
+// Why swap AB: tiles are any multiple of 32 rows up to kBM, so an expert's
+// last tile wastes fewer than 32 rows (rows on M waste up to 127 of 128), and
+// FP8 wgmma needs both operands K-major, which [E, N, K] weights and
+// row-major A are.
+//
+// Why a k-block of 128: one 128-byte swizzle row of e4m3 is one scale block,
+// so a pipeline stage holds exactly the operands one scale pair covers.
+// Each consumer warpgroup runs the stage's four m64n<rows>k32 wgmmas into a
+// fresh fp32 partial (FP8 wgmma accumulates with reduced precision; 128
+// products is as far as DeepSeek-V3's recipe lets it run), waits for them,
+// and adds partial x a_scale[row] x b_scale to its accumulator. While it
+// does, the other consumer's wgmmas keep the tensor cores busy.
+//
+// The scales TMA cannot fetch (a_scales is row-major [rows, K/128]: a tile's
+// rows are a column of it) come from the producer warpgroup's second warp:
+// for each stage it loads the tile's row scales and the weight block's scale
+// into the stage's slot of a small array, then every lane arrives on the
+// stage's full barrier beside the TMA thread's expect_tx.
+#pragma once
+
+#include "../abi/grouped_gemm_fp8_params.h"
+#include "grouped_gemm_fp8_common.cuh"
+#include "grouped_gemm_sm90_pipeline.cuh"
+#include "grouped_gemm_sm90_swap_ab.cuh"
+
+#include <cuda/ptx>
+
+namespace kjit {
+
+template <class Problem, int kBM_, int kStages_, int kCluster_, template <int> class Mma_>
+struct GroupedGemmFp8Sm90Config : Problem {
+  using Problem::kK, Problem::kN;
+  static constexpr int kBM = kBM_;  // the tallest row tile
+  static constexpr int kBN = 128;   // weight rows (output columns) per block: 64 per consumer warpgroup
+  static constexpr int kStages = kStages_, kCluster = kCluster_;
+  static constexpr int kRowStep = KJIT_SWAP_AB_ROW_BOX;
+  static constexpr int kWideRows = KJIT_SWAP_AB_WIDE_ROW_BOX;
+  template <int kRows>
+  using Mma = Mma_<kRows>;  // the generated wgmma m64n<kRows>k32 e4m3 wrappers
+  static constexpr int kBK = KJIT_FP8_SCALE_BLOCK;  // codes (bytes) per k-block: one swizzle row, one scale block
+  static constexpr int kConsumers = kBN / 64;
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr int kWTileBytes = kBN * kBK;
+  static constexpr int kRowBoxBytes = kRowStep * kBK;
+  static constexpr int kStageBytes = kWTileBytes + kBM * kBK;
+  static constexpr bool kOperandAMnMajor = false, kOperandBMnMajor = false;  // 8-bit wgmma operands are K-major
+  static constexpr long long kNTiles = (kN + kBN - 1) / kBN;
+  static constexpr long long kNClusterTiles = (kNTiles + kCluster - 1) / kCluster;
+  static constexpr bool kColumnsMasked = kN % kBN != 0;
+  static constexpr int kKBlocks = static_cast<int>(kK / kBK);
+  // After the stage barriers: swap AB's epilogue scratch and tile queue, then
+  // each stage's scales (kBM row scales, then the weight block's: a slot of
+  // kBM + 4 floats keeps the next slot 16-byte aligned).
+  static constexpr int kScratchBytes = kConsumers * 32 * 64 * 2;
+  static constexpr int kQueueSlots = 4;
+  static constexpr int kQueueBytes = kQueueSlots * 24;
+  static constexpr int kScaleSlot = kBM + 4;
+  static constexpr int kScaleBytes = kStages * kScaleSlot * 4;
+  static constexpr int kLoaderWarps = 1;
+  // Stages, alignment slack, two mbarriers per stage, scratch, queue, scales
+  // (codegen's grouped_gemm_fp8_shared_bytes computes the same; the generated code checks).
+  static constexpr int kSharedBytes =
+      kStages * kStageBytes + 1024 + 16 * kStages + kScratchBytes + kQueueBytes + kScaleBytes;
+  // The accumulator and the partial are kBM / 2 registers each (the producer's
+  // walk and copies spill under 40).
+  static constexpr int kProducerRegisters = 56, kConsumerRegisters = 224;
+  static_assert(kBM % kRowStep == 0 && kBM >= kRowStep && kBM <= 160,
+                "two kBM / 2 register arrays per thread (192 rows spill)");
+  static_assert(kCluster == 1 || (kCluster == 2 && kN % (kBN * kCluster) == 0),
+                "pairs along N never run past N (the host only picks them then)");
+  static_assert(kBK * 1 == 128, "a k-block is one 128-byte swizzle row of e4m3");
+};
+
+// Each stage's slot of scales (after the tile queue).
+template <class Cfg>
+__device__ __forceinline__ float* fp8_stage_scales(unsigned char* after_barriers) {
+  return reinterpret_cast<float*>(after_barriers + Cfg::kScratchBytes + Cfg::kQueueBytes);
+}
+
+// The loader warp: follows the same tiles and stages as the TMA thread and
+// writes each stage's scales.
+template <class Cfg>
+__device__ __forceinline__ void fp8_scale_loader(const kjit_grouped_gemm_fp8_sm90_params& p, unsigned long long* full,
+                                                 unsigned long long* empty, unsigned char* after_barriers) {
+  const int lane = threadIdx.x % 32;
+  const TileQueue<Cfg> queue(after_barriers);
+  float* scales = fp8_stage_scales<Cfg>(after_barriers);
+  SwapAbTileWalker<Cfg> walk{&p.sm90.gemm, cluster_rank<Cfg>()};
+  SwapAbTile tile;
+  unsigned it = 0;
+  for (unsigned i = 0;; ++i) {
+    const unsigned long long t = queue.read(i);
+    __syncwarp();
+    if (lane == 0) queue.release(i);
+    if (!walk.seek(static_cast<long long>(t), tile)) break;
+    for (int kb = 0; kb < Cfg::kKBlocks; ++kb, ++it) {
+      // Read before waiting for the stage: the global latency passes while it drains.
+      // Rows past the tile's get 0 (the epilogue never stores them).
+      float a[Cfg::kBM / 32];
+#pragma unroll
+      for (int j = 0; j < Cfg::kBM / 32; ++j) {
+        const int r = lane + 32 * j;
+        a[j] = r < tile.rows ? a_scale<Cfg>(p.scales, tile.row0 + r, kb) : 0.0f;
+      }
+      const float b = Cfg::kBlockScales ? b_block_scale<Cfg>(p.scales, tile.expert, tile.n0, kb) : 1.0f;
+      const unsigned s = it % Cfg::kStages;
+      mbarrier_wait(&empty[s], ((it / Cfg::kStages) & 1) ^ 1);
+      float* slot = scales + s * Cfg::kScaleSlot;
+#pragma unroll
+      for (int j = 0; j < Cfg::kBM / 32; ++j) slot[lane + 32 * j] = a[j];
+      if (lane == 0) slot[Cfg::kBM] = b;
+      (void)cuda::ptx::mbarrier_arrive(&full[s]);  // release: the slot is visible to whoever waits
+    }
+  }
+}
+
+// One tile's k-loop for one consumer warpgroup at the tile's height (kRows,
+// a multiple of 32): per k-block, four wgmma m64n<kRows>k32 into `partial`,
+// then acc += partial x a_scale[row] x b_scale. Accumulator register
+// 4j + 2h + c holds weight row (output column) 16 * warp + lane / 4 + 8h of
+// the warpgroup's 64, tile row 8j + 2 (lane % 4) + c.
+template <class Cfg, int kRows>
+__device__ __forceinline__ void fp8_mainloop(float (&acc)[kRows / 2], float (&partial)[kRows / 2],
+                                             unsigned char* tiles, unsigned long long* full,
+                                             unsigned long long* empty, const float* scales, unsigned& it) {
+  using Mma = typename Cfg::template Mma<kRows>;
+  const int consumer = threadIdx.x / 128, lane = threadIdx.x % 32, q = lane % 4;
+#pragma unroll
+  for (int i = 0; i < kRows / 2; ++i) acc[i] = 0.0f;
+  for (int kb = 0; kb < Cfg::kKBlocks; ++kb, ++it) {
+    const unsigned s = it % Cfg::kStages;
+    mbarrier_wait(&full[s], (it / Cfg::kStages) & 1);
+    const unsigned char* stage = tiles + s * Cfg::kStageBytes;
+    // This consumer's 64 weight rows (8 KB), and the row tile after the weight tile.
+    const unsigned long long w_desc = operand_descriptor<false>(stage + consumer * 64 * Cfg::kBK);
+    const unsigned long long r_desc = operand_descriptor<false>(stage + Cfg::kWTileBytes);
+    fence_accumulators(partial);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Cfg::kBK / 32; ++kk)
+      Mma::run(partial, w_desc + operand_k_step<false>(kk), r_desc + operand_k_step<false>(kk), kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_accumulators(partial);
+    const float* slot = scales + s * Cfg::kScaleSlot;
+    const float b = Cfg::kBlockScales ? slot[Cfg::kBM] : 1.0f;
+#pragma unroll
+    for (int j = 0; j < kRows / 8; ++j) {
+      const float2 a = *reinterpret_cast<const float2*>(slot + 8 * j + 2 * q);
+      const float s0 = a.x * b, s1 = a.y * b;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        acc[4 * j + 2 * h] = fmaf(partial[4 * j + 2 * h], s0, acc[4 * j + 2 * h]);
+        acc[4 * j + 2 * h + 1] = fmaf(partial[4 * j + 2 * h + 1], s1, acc[4 * j + 2 * h + 1]);
+      }
+    }
+    // Every lane has read the stage's scales (and its wgmmas the tiles): hand it back.
+    __syncwarp();
+    if (lane == 0) arrive_cluster_wide<Cfg>(&empty[s]);
+  }
+}
+
+// Picks the tile's height (wgmma's N is an immediate: one instantiation per
+// multiple of 32, the recursion is the switch over them).
+template <class Cfg, int kRows = Cfg::kRowStep>
+__device__ __forceinline__ void fp8_tile(const SwapAbTile& tile, float (&acc)[Cfg::kBM / 2],
+                                         float (&partial)[Cfg::kBM / 2], unsigned char* tiles,
+                                         unsigned long long* full, unsigned long long* empty, const float* scales,
+                                         unsigned& it) {
+  if constexpr (kRows < Cfg::kBM) {
+    if (tile.rows > kRows) {
+      fp8_tile<Cfg, kRows + Cfg::kRowStep>(tile, acc, partial, tiles, full, empty, scales, it);
+      return;
+    }
+  }
+  fp8_mainloop<Cfg, kRows>(*reinterpret_cast<float(*)[kRows / 2]>(acc),
+                           *reinterpret_cast<float(*)[kRows / 2]>(partial), tiles, full, empty, scales, it);
+}
+
+template <class Cfg>
+__device__ __forceinline__ void fp8_consumer(const kjit_grouped_gemm_fp8_sm90_params& p, unsigned char* tiles,
+                                             unsigned long long* full, unsigned long long* empty,
+                                             unsigned char* after_barriers) {
+  float acc[Cfg::kBM / 2], partial[Cfg::kBM / 2];
+  const TileQueue<Cfg> queue(after_barriers);
+  const float* scales = fp8_stage_scales<Cfg>(after_barriers);
+  SwapAbTileWalker<Cfg> walk{&p.sm90.gemm, cluster_rank<Cfg>()};
+  SwapAbTile tile;
+  unsigned it = 0;
+  const int consumer = threadIdx.x / 128, warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32;
+  for (unsigned i = 0;; ++i) {
+    const unsigned long long t = queue.read(i);
+    __syncwarp();
+    if (lane == 0) queue.release(i);
+    if (!walk.seek(static_cast<long long>(t), tile)) break;
+    fp8_tile<Cfg>(tile, acc, partial, tiles, full, empty, scales, it);
+    const long long col0 = tile.n0 + consumer * 64;
+    if constexpr (!Cfg::kBlockScales) {
+      // Per-channel weight scales: this thread's two output columns.
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const long long col = col0 + 16 * warp + lane / 4 + 8 * h;
+        const float b = col < Cfg::kN ? b_channel_scale<Cfg>(p.scales, tile.expert, col) : 0.0f;
+#pragma unroll
+        for (int j = 0; j < Cfg::kBM / 8; ++j) {
+          acc[4 * j + 2 * h] *= b;
+          acc[4 * j + 2 * h + 1] *= b;
+        }
+      }
+    }
+    swap_ab_store<Cfg>(p.sm90.gemm, acc, tile, col0, after_barriers, (tile.rows + 31) / 32);
+  }
+}
+
+template <class Cfg>
+__device__ __forceinline__ void grouped_gemm_fp8_sm90(const kjit_grouped_gemm_fp8_sm90_params& p) {
+  warp_specialized_gemm<Cfg>(
+      p.sm90, [](unsigned char* after_barriers) { TileQueue<Cfg>(after_barriers).init(); },
+      [&](unsigned char* tiles, unsigned long long* full, unsigned long long* empty, unsigned char* after_barriers) {
+        swap_ab_producer<Cfg>(p.sm90, tiles, full, empty, after_barriers);
+      },
+      [&](unsigned long long* full, unsigned long long* empty, unsigned char* after_barriers) {
+        fp8_scale_loader<Cfg>(p, full, empty, after_barriers);
+      },
+      [&](unsigned char* tiles, unsigned long long* full, unsigned long long* empty, unsigned char* after_barriers) {
+        fp8_consumer<Cfg>(p, tiles, full, empty, after_barriers);
+      });
+}
+
+}  // namespace kjit
