@@ -80,11 +80,13 @@ bool has_fp8() {
 
 std::vector<KernelPath> kernel_paths() {
   std::vector<KernelPath> paths{{"the arch's default", KJIT_GEMM_KERNEL_AUTO, 0, 0, 0},
-                                {"portable", KJIT_GEMM_KERNEL_PORTABLE, 0, 0, 0}};
+                                {"portable, its default tile", KJIT_GEMM_KERNEL_PORTABLE, 0, 0, 0},
+                                {"portable 32 x 32 tiles", KJIT_GEMM_KERNEL_PORTABLE, 32, 32, 0},
+                                {"portable 128 x 64 tiles", KJIT_GEMM_KERNEL_PORTABLE, 128, 64, 0}};
   if (is_hopper()) {
-    paths.push_back({"sm90 rows up to 256 x 128 columns", KJIT_GEMM_KERNEL_SM90, 256, 128, 1});
-    paths.push_back({"sm90 rows up to 96 x 64 columns (one consumer)", KJIT_GEMM_KERNEL_SM90, 96, 64, 1});
-    paths.push_back({"sm90 256 x 128, pairs along N sharing the rows", KJIT_GEMM_KERNEL_SM90, 256, 128, 2, 256});
+    paths.push_back({"sm90 rows up to 160 (the tallest tile)", KJIT_GEMM_KERNEL_SM90, 160, 128, 1});
+    paths.push_back({"sm90 rows up to 32", KJIT_GEMM_KERNEL_SM90, 32, 128, 1});
+    paths.push_back({"sm90 rows up to 128, pairs along N sharing the rows", KJIT_GEMM_KERNEL_SM90, 128, 128, 2, 256});
   }
   return paths;
 }

@@ -55,15 +55,31 @@ TEST_CASE_FIXTURE(Fp8GemmFixture, "a valid FP8 grouped GEMM launches once, with 
   auto r = run();
   REQUIRE_MESSAGE(r.has_value(), why(r));
   CHECK(machine.launches == 1);
+  CHECK(machine.tensor_map_dims.size() == 3);  // Hopper's kernel: A in two boxes, B
   g.b_scale_granularity = KJIT_SCALE_PER_ROW;
   g.b_block_rows = g.b_block_cols = 0;
   r = run();
   REQUIRE_MESSAGE(r.has_value(), why(r));
   CHECK(machine.launches == 2);
+}
+
+TEST_CASE_FIXTURE(Fp8GemmFixture, "the portable FP8 kernel can be forced on sm_90, and is the default on sm_89") {
   g.kernel = KJIT_GEMM_KERNEL_PORTABLE;
-  r = run();
+  auto r = run();
   REQUIRE_MESSAGE(r.has_value(), why(r));
-  CHECK(machine.launches == 3);
+  CHECK(machine.launches == 1);
+  CHECK(machine.tensor_map_dims.empty());
+  machine.compute_major = 8;
+  machine.compute_minor = 9;
+  kjit::Runtime ada{&fake_api, kjit::cache::StoreConfig{cache_dir, {}, 0}};
+  g.kernel = KJIT_GEMM_KERNEL_AUTO;
+  r = kjit::ops::grouped_gemm(ada, g, fake_stream(0));
+  REQUIRE_MESSAGE(r.has_value(), why(r));
+  CHECK(machine.launches == 2);
+  CHECK(machine.tensor_map_dims.empty());
+  machine.launches = 0;
+  g.kernel = KJIT_GEMM_KERNEL_SM90;
+  check_rejected(kjit::ops::grouped_gemm(ada, g, fake_stream(0)), KJIT_ERROR_UNSUPPORTED, "sm_90a");
 }
 
 TEST_CASE_FIXTURE(Fp8GemmFixture, "FP8 operands without a_scales or b_scales are refused, naming the missing one") {
@@ -78,7 +94,7 @@ TEST_CASE_FIXTURE(Fp8GemmFixture, "the weight scale granularity has no default a
   g.b_scale_granularity = KJIT_SCALE_INVALID;
   expect_rejected("b_scale_granularity");
   g.b_scale_granularity = KJIT_SCALE_PER_TENSOR;
-  expect_rejected("b_scale_granularity");
+  expect_rejected("per-tensor", KJIT_ERROR_UNSUPPORTED);
 }
 
 TEST_CASE_FIXTURE(Fp8GemmFixture, "block weight scales must state 128 x 128 blocks, so that another checkpoint block is an error") {
@@ -89,6 +105,9 @@ TEST_CASE_FIXTURE(Fp8GemmFixture, "block weight scales must state 128 x 128 bloc
     g.b_block_cols = cols;
     expect_rejected("b_block");
   }
+  g.b_scale_granularity = KJIT_SCALE_PER_ROW;  // per channel: a block stated is a mistake, not ignored
+  g.b_block_rows = g.b_block_cols = 128;
+  expect_rejected("b_block");
 }
 
 TEST_CASE_FIXTURE(Fp8GemmFixture, "K must be a multiple of 128, one scale block") {
@@ -99,18 +118,18 @@ TEST_CASE_FIXTURE(Fp8GemmFixture, "K must be a multiple of 128, one scale block"
 }
 
 TEST_CASE_FIXTURE(Fp8GemmFixture, "mixed FP8 and bf16 operands are refused: W8A16 is a later kernel") {
-  g.b_dtype = KJIT_DTYPE_BF16;
-  expect_rejected("W8A16");
   g.a_dtype = KJIT_DTYPE_BF16;
-  g.b_dtype = KJIT_DTYPE_F8_E4M3FN;
-  expect_rejected("W8A16");
+  expect_rejected("W8A16", KJIT_ERROR_UNSUPPORTED);
+  g.a_dtype = KJIT_DTYPE_F8_E4M3FN;
+  g.b_dtype = KJIT_DTYPE_BF16;
+  expect_rejected("b_dtype", KJIT_ERROR_UNSUPPORTED);
   g.a_dtype = g.b_dtype = KJIT_DTYPE_F8_E5M2;  // the FP8 kernels take e4m3fn only
-  expect_rejected("E4M3FN");
+  expect_rejected("E4M3FN", KJIT_ERROR_UNSUPPORTED);
 }
 
 TEST_CASE_FIXTURE(Fp8GemmFixture, "FP8 weights must be [E, N, K]") {
   g.weights = KJIT_WEIGHTS_E_K_N;
-  expect_rejected("E_N_K");
+  expect_rejected("E_N_K", KJIT_ERROR_UNSUPPORTED);
 }
 
 TEST_CASE_FIXTURE(Fp8GemmFixture, "misaligned scales (4 bytes) and operands (16 bytes) are refused, naming the pointer") {
