@@ -54,12 +54,11 @@ struct GroupedGemmFp8Sm90Config : Problem {
   static constexpr bool kColumnsMasked = kN % kBN != 0;
   static constexpr int kKBlocks = static_cast<int>(kK / kBK);
   // After the stage barriers: swap AB's epilogue scratch and tile queue, then
-  // each stage's scales (kBM row scales, then the weight block's: a slot of
-  // kBM + 4 floats keeps the next slot 16-byte aligned).
+  // each stage's scales (kBM products a_scale x b_scale).
   static constexpr int kScratchBytes = kConsumers * 32 * 64 * 2;
   static constexpr int kQueueSlots = 4;
   static constexpr int kQueueBytes = kQueueSlots * 24;
-  static constexpr int kScaleSlot = kBM + 4;
+  static constexpr int kScaleSlot = kBM;
   static constexpr int kScaleBytes = kStages * kScaleSlot * 4;
   static constexpr int kLoaderWarps = 1;
   // Stages, alignment slack, two mbarriers per stage, scratch, queue, scales
@@ -69,8 +68,8 @@ struct GroupedGemmFp8Sm90Config : Problem {
   // The accumulator and the partial are kBM / 2 registers each (the producer's
   // walk and copies spill under 40).
   static constexpr int kProducerRegisters = 56, kConsumerRegisters = 224;
-  static_assert(kBM % kRowStep == 0 && kBM >= kRowStep && kBM <= 160,
-                "two kBM / 2 register arrays per thread (192 rows spill)");
+  static_assert(kBM % kRowStep == 0 && kBM >= kRowStep && kBM <= 128,
+                "two kBM / 2 register arrays per thread (160 rows spill)");
   static_assert(kCluster == 1 || (kCluster == 2 && kN % (kBN * kCluster) == 0),
                 "pairs along N never run past N (the host only picks them then)");
   static_assert(kBK * 1 == 128, "a k-block is one 128-byte swizzle row of e4m3");
@@ -82,8 +81,17 @@ __device__ __forceinline__ float* fp8_stage_scales(unsigned char* after_barriers
   return reinterpret_cast<float*>(after_barriers + Cfg::kScratchBytes + Cfg::kQueueBytes);
 }
 
+// Where the loader puts row r's scale in a stage's slot: the consumers read
+// rows 8j + 2q and 8j + 2q + 1 for every j (q = lane % 4), so the four rows a
+// thread needs of j and j + 1 lie side by side, one 16-byte load.
+__device__ __forceinline__ int fp8_scale_position(int r) {
+  const int j = r / 8, q = r % 8 / 2, c = r % 2;
+  return j / 2 * 16 + q * 4 + j % 2 * 2 + c;
+}
+
 // The loader warp: follows the same tiles and stages as the TMA thread and
-// writes each stage's scales.
+// writes each stage's scales: a_scale[row] x b_scale, the product the
+// consumers promote with.
 template <class Cfg>
 __device__ __forceinline__ void fp8_scale_loader(const kjit_grouped_gemm_fp8_sm90_params& p, unsigned long long* full,
                                                  unsigned long long* empty, unsigned char* after_barriers) {
@@ -112,8 +120,7 @@ __device__ __forceinline__ void fp8_scale_loader(const kjit_grouped_gemm_fp8_sm9
       mbarrier_wait(&empty[s], ((it / Cfg::kStages) & 1) ^ 1);
       float* slot = scales + s * Cfg::kScaleSlot;
 #pragma unroll
-      for (int j = 0; j < Cfg::kBM / 32; ++j) slot[lane + 32 * j] = a[j];
-      if (lane == 0) slot[Cfg::kBM] = b;
+      for (int j = 0; j < Cfg::kBM / 32; ++j) slot[fp8_scale_position(lane + 32 * j)] = a[j] * b;
       (void)cuda::ptx::mbarrier_arrive(&full[s]);  // release: the slot is visible to whoever waits
     }
   }
@@ -130,6 +137,7 @@ __device__ __forceinline__ void fp8_mainloop(float (&acc)[kRows / 2], float (&pa
                                              unsigned long long* empty, const float* scales, unsigned& it) {
   using Mma = typename Cfg::template Mma<kRows>;
   const int consumer = threadIdx.x / 128, lane = threadIdx.x % 32, q = lane % 4;
+  static_assert(kRows % 16 == 0, "scales are read for two j at a time");
 #pragma unroll
   for (int i = 0; i < kRows / 2; ++i) acc[i] = 0.0f;
   for (int kb = 0; kb < Cfg::kKBlocks; ++kb, ++it) {
@@ -148,15 +156,16 @@ __device__ __forceinline__ void fp8_mainloop(float (&acc)[kRows / 2], float (&pa
     wgmma_wait<0>();
     fence_accumulators(partial);
     const float* slot = scales + s * Cfg::kScaleSlot;
-    const float b = Cfg::kBlockScales ? slot[Cfg::kBM] : 1.0f;
 #pragma unroll
-    for (int j = 0; j < kRows / 8; ++j) {
-      const float2 a = *reinterpret_cast<const float2*>(slot + 8 * j + 2 * q);
-      const float s0 = a.x * b, s1 = a.y * b;
+    for (int j = 0; j < kRows / 8; j += 2) {
+      // Rows 8j + 2q + c and 8(j + 1) + 2q + c (fp8_scale_position).
+      const float4 scale = *reinterpret_cast<const float4*>(slot + j / 2 * 16 + q * 4);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        acc[4 * j + 2 * h] = fmaf(partial[4 * j + 2 * h], s0, acc[4 * j + 2 * h]);
-        acc[4 * j + 2 * h + 1] = fmaf(partial[4 * j + 2 * h + 1], s1, acc[4 * j + 2 * h + 1]);
+        acc[4 * j + 2 * h] = fmaf(partial[4 * j + 2 * h], scale.x, acc[4 * j + 2 * h]);
+        acc[4 * j + 2 * h + 1] = fmaf(partial[4 * j + 2 * h + 1], scale.y, acc[4 * j + 2 * h + 1]);
+        acc[4 * j + 4 + 2 * h] = fmaf(partial[4 * j + 4 + 2 * h], scale.z, acc[4 * j + 4 + 2 * h]);
+        acc[4 * j + 4 + 2 * h + 1] = fmaf(partial[4 * j + 4 + 2 * h + 1], scale.w, acc[4 * j + 4 + 2 * h + 1]);
       }
     }
     // Every lane has read the stage's scales (and its wgmmas the tiles): hand it back.

@@ -2,8 +2,11 @@
 # The SASS of what `jitctl precompile` caches, on a machine with no GPU:
 # every SM90 grouped GEMM kernel runs on wgmma (HGMMA, no mma.sync HMMA), the
 # portable kernel built for sm_100a and sm_120a on mma.sync (HMMA, no HGMMA),
-# and no kernel touches local memory (LDL/STL: spills, or an array the
-# compiler could not keep in registers). ptxas's report (test_nvrtc_compile)
+# the FP8 GEMM's SM90 kernels on FP8 wgmma (QGMMA ... E4M3.E4M3) and its
+# portable ones on FP8 mma.sync (QMMA.16832 ... E4M3.E4M3 on sm_120a; sm_100a
+# has no FP8 mma.sync and runs it as f16 HMMA), and no kernel
+# touches local memory (LDL/STL: spills, or an array the compiler could not
+# keep in registers). ptxas's report (test_nvrtc_compile)
 # says how much it spilled; this reads the instructions themselves.
 # Usage: test_sass.sh JITCTL NVDISASM   (exits 77, skipped, without nvdisasm)
 set -euo pipefail
@@ -19,7 +22,9 @@ export KJIT_CACHE_DIR=$work/cache
 unset KJIT_CACHE_PATH
 
 # Both layouts in every sm_90a bucket, the f32 output with a row scale (another
-# epilogue), a dequant, the routing kernels and the fp8 quantizer.
+# epilogue), a dequant, the routing kernels, the fp8 quantizer, and the FP8
+# GEMM in both weight scalings (N 2816 holds no whole pairs of 128-row tiles:
+# one SM90 bucket).
 cat > "$work/sass.json" <<'JSON'
 {"kjit_manifest": 1, "name": "sass check", "kernels": [
   {"op": "grouped_gemm", "out": "bf16", "n": 4096, "k": 7168, "experts": 32,
@@ -30,7 +35,11 @@ cat > "$work/sass.json" <<'JSON'
    "scale": "per_block", "block": [128, 128], "convention": "multiply"},
   {"op": "moe_routing", "experts": 256, "offsets": "cumulative_end"},
   {"op": "moe_combine", "top_k": 8, "hidden": 7168, "out": "bf16"},
-  {"op": "fp8_quantize", "k": 7168, "scale_format": ["fp32", "ue8m0"], "gather": [false, true]}]}
+  {"op": "fp8_quantize", "k": 7168, "scale_format": ["fp32", "ue8m0"], "gather": [false, true]},
+  {"op": "grouped_gemm_fp8", "out": "bf16", "n": 4096, "k": 7168, "experts": 32, "weight_scale": "block_128",
+   "offsets": "cumulative_end"},
+  {"op": "grouped_gemm_fp8", "out": "f32", "n": 2816, "k": 1408, "experts": 128, "weight_scale": "channel",
+   "offsets": "with_leading_zero", "row_scale": true}]}
 JSON
 "$jitctl" precompile --manifest "$work/sass.json" --arch sm_90a,sm_100a,sm_120a -j "$(nproc)" > "$work/precompile.txt" 2>/dev/null
 cat "$work/precompile.txt"
@@ -50,6 +59,8 @@ fail() { echo "FAILED: $1"; failed=$((failed + 1)); }
 count() { grep -cE "$1" "$work/k.sass" || true; }
 gemm_sm90=0
 gemm_portable=0
+fp8_sm90=0
+fp8_portable=0
 while read -r key arch op kernel canonical; do
   "$jitctl" show "$key" --cubin "$work/k.cubin" > /dev/null
   "$nvdisasm" "$work/k.cubin" > "$work/k.sass"
@@ -75,6 +86,29 @@ while read -r key arch op kernel canonical; do
       *) fail "$canonical: unknown kernel $kernel" ;;
     esac
   fi
+  if [ "$op" = grouped_gemm_fp8 ]; then
+    qgmma=$(count '\bQGMMA\.64x[0-9]+x32\.F32\.E4M3\.E4M3\b')
+    qmma=$(count '\bQMMA\.16832\.F32\.E4M3\.E4M3\b')
+    echo "  FP8 forms: QGMMA $qgmma, QMMA $qmma"
+    case "$kernel" in
+      wgmma_sm90)
+        fp8_sm90=$((fp8_sm90 + 1))
+        [ "$arch" = sm_90a ] || fail "$canonical was built for $arch"
+        [ "$qgmma" -gt 0 ] || fail "$canonical has no FP8 wgmma (QGMMA E4M3)"
+        [ "$qmma" -eq 0 ] && [ "$hmma" -eq 0 ] || fail "$canonical has mma.sync" ;;
+      mma_sync)
+        # sm_120a has FP8 mma.sync (QMMA); sm_100a (like sm_90a) has it only
+        # through wgmma/tcgen05, and ptxas lowers mma.sync .e4m3 to f16 HMMA.
+        fp8_portable=$((fp8_portable + 1))
+        if [ "$arch" = sm_120a ]; then
+          [ "$qmma" -gt 0 ] || fail "$arch $canonical has no FP8 mma.sync (QMMA E4M3)"
+        else
+          [ "$hmma" -gt 0 ] || fail "$arch $canonical has no mma.sync (HMMA)"
+        fi
+        [ "$qgmma" -eq 0 ] || fail "$arch $canonical has wgmma" ;;
+      *) fail "$canonical: unknown kernel $kernel" ;;
+    esac
+  fi
   passed=$((passed + 1))
 done < "$work/entries.txt"
 
@@ -83,5 +117,9 @@ done < "$work/entries.txt"
 # and sm_120a.
 [ "$gemm_sm90" -eq 9 ] || fail "expected 9 SM90 GEMM kernels, read $gemm_sm90"
 [ "$gemm_portable" -eq 6 ] || fail "expected 6 portable GEMM kernels, read $gemm_portable"
+# FP8: N 4096 has both sm_90a buckets (alone, pairs along N), N 2816 one; one
+# portable kernel per problem on sm_100a and sm_120a.
+[ "$fp8_sm90" -eq 3 ] || fail "expected 3 SM90 FP8 GEMM kernels, read $fp8_sm90"
+[ "$fp8_portable" -eq 4 ] || fail "expected 4 portable FP8 GEMM kernels, read $fp8_portable"
 echo "$passed kernels read, $failed failures"
 [ "$failed" -eq 0 ]

@@ -27,7 +27,7 @@ constexpr std::array kKernelNames{"mma_sync", "wgmma_sm90"};
 constexpr int kScaleBlock = 128;      // K columns per scale of A, and B's block edge
 constexpr int kPortableThreads = 128;
 constexpr int kSm90TileN = 128;       // weight rows per block: two consumer warpgroups of 64
-constexpr int kSm90MaxRows = 160;     // the accumulator and the partial, tile_m / 2 registers each: 192 spills
+constexpr int kSm90MaxRows = 128;     // the accumulator and the partial, tile_m / 2 registers each: 160 spills
 constexpr int kSm90SharedLimit = 227 * 1024;
 constexpr int kSm90MaxStages = 8;
 
@@ -270,10 +270,10 @@ int grouped_gemm_fp8_shared_bytes(const GroupedGemmFp8Spec& s) {
   // agree): stages of weight and row tiles (128 bytes a row), 1 KB of
   // alignment slack, two mbarriers per stage, the epilogue scratch (4 KB per
   // consumer), the tile queue (4 slots of 24 bytes) and each stage's scales
-  // (tile_m + 4 floats).
+  // (tile_m floats).
   const int consumers = s.tile_n / 64;
   return s.stages * (s.tile_n + s.tile_m) * kScaleBlock + 1024 + 16 * s.stages + consumers * 4096 + 4 * 24 +
-         s.stages * (s.tile_m + 4) * 4;
+         s.stages * s.tile_m * 4;
 }
 
 int grouped_gemm_fp8_max_stages(int tile_m) {
