@@ -84,7 +84,7 @@ std::vector<KernelPath> kernel_paths() {
                                 {"portable 32 x 32 tiles", KJIT_GEMM_KERNEL_PORTABLE, 32, 32, 0},
                                 {"portable 128 x 64 tiles", KJIT_GEMM_KERNEL_PORTABLE, 128, 64, 0}};
   if (is_hopper()) {
-    paths.push_back({"sm90 rows up to 160 (the tallest tile)", KJIT_GEMM_KERNEL_SM90, 160, 128, 1});
+    paths.push_back({"sm90 rows up to 96", KJIT_GEMM_KERNEL_SM90, 96, 128, 1});
     paths.push_back({"sm90 rows up to 32", KJIT_GEMM_KERNEL_SM90, 32, 128, 1});
     paths.push_back({"sm90 rows up to 128, pairs along N sharing the rows", KJIT_GEMM_KERNEL_SM90, 128, 128, 2, 256});
   }
