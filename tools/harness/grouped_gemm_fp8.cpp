@@ -135,7 +135,8 @@ Expected<double> check_grouped_gemm_fp8(Runtime& runtime, DeviceState& device, c
     g.tile_m = spec.tile_m;
     g.tile_n = spec.tile_n;
     g.cluster = spec.cluster;
-    g.cluster_axis = KJIT_GEMM_CLUSTER_ALONG_N;  // the FP8 kernel's clusters share the row tile
+    // The FP8 kernel's pairs lie along N (sharing the row tile); a lone block has no axis.
+    g.cluster_axis = spec.cluster > 1 ? KJIT_GEMM_CLUSTER_ALONG_N : KJIT_GEMM_CLUSTER_ALONG_M;
   }
   KJIT_TRY(ops::grouped_gemm(runtime, g, nullptr));
   KJIT_TRY(runtime.take_device_errors(device.ordinal));
