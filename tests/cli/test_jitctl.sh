@@ -85,8 +85,8 @@ check "8 concurrent precompiles all succeed" test "$all_ok" -eq 1
 check "verify is clean after the concurrent precompiles" "$jitctl" verify
 check "no temp files remain" test -z "$(find "$work/shared-cache" -name '*.tmp*' -print -quit)"
 # 5 dequant kernels + 3 grouped GEMM problems x 3 sm_90a token-count buckets + routing + combine
-# + 3 fp8 quantize kernels.
-check "one entry per kernel" grep -q "^19 entries" <("$jitctl" list)
+# + 3 fp8 quantize kernels + 3 FP8 grouped GEMM problems x 2 sm_90a buckets.
+check "one entry per kernel" grep -q "^25 entries" <("$jitctl" list)
 check "the model's routing and combine are precompiled" \
   grep -q "moe_routing experts=128 offsets=cumulative_end" <("$jitctl" list)
 

@@ -66,7 +66,7 @@ TEST_CASE("every bundled manifest parses, and the default one includes them all"
   }
   auto all = read_manifest((kBundled / "default.json").string());
   REQUIRE_MESSAGE(all.has_value(), kjit::testing::why(all));
-  CHECK(all->kernels.size() == 70);  // 58 before the manifest checks, and 12 fp8 quantize specs
+  CHECK(all->kernels.size() == 88);  // 58 before the manifest checks, 12 fp8 quantize specs, 18 FP8 GEMM problems
   CHECK(all->kernels.size() <= union_size);  // duplicates across models merged
 }
 
