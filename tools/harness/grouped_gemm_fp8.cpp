@@ -24,7 +24,7 @@ codegen::GemmRequest pinning_request(const codegen::GroupedGemmFp8Spec& spec) {
           .tile_m = spec.tile_m,
           .tile_n = spec.tile_n,
           .cluster = spec.cluster,
-          .cluster_axis = codegen::ClusterAxis::n};
+          .cluster_axis = spec.cluster > 1 ? codegen::ClusterAxis::n : codegen::ClusterAxis::m};
 }
 
 }  // namespace
@@ -135,7 +135,7 @@ Expected<double> check_grouped_gemm_fp8(Runtime& runtime, DeviceState& device, c
     g.tile_m = spec.tile_m;
     g.tile_n = spec.tile_n;
     g.cluster = spec.cluster;
-    g.cluster_axis = KJIT_GEMM_CLUSTER_ALONG_N;  // the FP8 kernel's clusters share the row tile
+    if (spec.cluster > 1) g.cluster_axis = KJIT_GEMM_CLUSTER_ALONG_N;  // the FP8 kernel's pairs share the row tile
   }
   KJIT_TRY(ops::grouped_gemm(runtime, g, nullptr));
   KJIT_TRY(runtime.take_device_errors(device.ordinal));
