@@ -1,7 +1,10 @@
 // Grouped GEMM for MoE experts with FP8 (W8A8) operands, the portable path
 // (sm_89 and newer: Ada, Blackwell, and Hopper when the wgmma kernel is not
 // wanted): A e4m3fn [total_rows, K], B e4m3fn [E, N, K], fp32 accumulation
-// through mma.sync m16n8k32 .e4m3, bf16 or fp32 output.
+// through mma.sync m16n8k32 .e4m3, bf16 or fp32 output. NOTES: only sm_89 and
+// sm_120/121 run that mma natively (QMMA.16832); for sm_90 and sm_100/103/110
+// ptxas unpacks the codes to f16 and issues two HMMA.16816 per mma (exact, but
+// no faster than bf16).
 //
 // DeepSeek-V3's recipe (grouped_gemm_fp8_common.cuh): each 128-column k-block
 // kb is multiplied into a fresh fp32 partial sum, then promoted into the
@@ -42,9 +45,9 @@ struct GroupedGemmFp8MmaConfig : Problem {
   static constexpr int kThreads = 128;              // 4 warps, 2 x 2 over the block tile
   static constexpr int kWarpM = kBM / 2, kWarpN = kBN / 2;
   static constexpr int kFragsM = kWarpM / 16, kFragsN = kWarpN / 8;
-  // A k-block's partial sums live beside the accumulator: as many as it when
-  // it is small, 32 per thread beside the 128 of 128 x 128, whose warp rows
-  // then take passes (each re-reading B's fragments), so that nothing spills.
+  // A k-block's partial sums live beside the accumulator: up to 64 per
+  // thread, but 32 beside the 128 of 128 x 128, whose warp tile then takes
+  // four passes of 16 rows (each re-reading B's fragments), so nothing spills.
   static constexpr int kPartials = kFragsM * kFragsN * 4 >= 128 ? 32 : 64;
   static constexpr int kPassFragsM = kFragsM < kPartials / (4 * kFragsN) ? kFragsM : kPartials / (4 * kFragsN);
   static constexpr int kPasses = kFragsM / kPassFragsM;

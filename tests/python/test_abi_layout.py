@@ -1,8 +1,15 @@
 """The Python module's ctypes view of kjit's descriptors matches the C structs:
-each *_desc_init writes sizeof(struct) into struct_size, and fields land where
-C reads them (a wrong last field is named). Needs neither torch nor a GPU."""
+each *_desc_init writes sizeof(struct) into struct_size, every field lies at
+its C offset (a C probe compiled from kjit.h, where a C compiler and the
+source tree are there), and fields land where C reads them (a wrong last field
+is named). Needs neither torch nor a GPU."""
 
 import ctypes
+import pathlib
+import shutil
+import subprocess
+
+import pytest
 
 import kjit
 
@@ -50,6 +57,30 @@ def test_every_descriptor_init_sets_struct_size_to_the_ctypes_size():
         x = desc()
         getattr(lib, f"kjit_{name}_desc_init")(ctypes.byref(x))
         assert x.struct_size == ctypes.sizeof(desc), name
+
+
+def test_every_ctypes_field_lies_at_the_offset_of_its_c_field(tmp_path):
+    root = pathlib.Path(__file__).resolve().parents[2]
+    includes = [root / "runtime" / "include", root / "base" / "include"]
+    compiler = shutil.which("cc")
+    if compiler is None or not (includes[0] / "kjit" / "kjit.h").is_file():
+        pytest.skip("needs a C compiler (cc) and kjit's source tree (runtime/include/kjit/kjit.h)")
+    structs = {"kjit_dequant_desc": kjit._DequantDesc, "kjit_grouped_gemm_desc": kjit._GroupedGemmDesc,
+               "kjit_moe_routing_desc": kjit._MoeRoutingDesc, "kjit_moe_combine_desc": kjit._MoeCombineDesc,
+               "kjit_fp8_quantize_desc": kjit._Fp8QuantizeDesc}
+    c_name = {"input": "in"}  # C's `in` is a keyword in Python
+    prints = [f'printf("{c} {f} %zu\\n", offsetof({c}, {c_name.get(f, f)}));'
+              for c, desc in structs.items() for f, _ in desc._fields_]
+    prints += [f'printf("{c} sizeof %zu\\n", sizeof({c}));' for c in structs]
+    probe = tmp_path / "probe.c"
+    probe.write_text('#include <stddef.h>\n#include <stdio.h>\n#include "kjit/kjit.h"\nint main(void) {\n' +
+                     "\n".join(prints) + "\nreturn 0;\n}\n")
+    subprocess.run([compiler, *(f"-I{d}" for d in includes), str(probe), "-o", str(tmp_path / "probe")], check=True)
+    printed = subprocess.run([str(tmp_path / "probe")], capture_output=True, text=True, check=True).stdout
+    in_c = {tuple(line.split()[:2]): int(line.split()[2]) for line in printed.splitlines()}
+    in_ctypes = {(c, f): getattr(desc, f).offset for c, desc in structs.items() for f, _ in desc._fields_}
+    in_ctypes.update({(c, "sizeof"): ctypes.sizeof(desc) for c, desc in structs.items()})
+    assert in_ctypes == in_c
 
 
 def test_the_last_combine_field_lands_where_c_reads_it():

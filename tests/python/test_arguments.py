@@ -80,7 +80,7 @@ def test_wrong_dtypes_are_named_with_the_ones_accepted():
             kjit.dequant_fp8(cuda(128, 128, dtype=bf16), cuda(1, 1, dtype=f32), convention="multiply")
         with raises_naming("scales must be float32, got bfloat16"):
             kjit.dequant_fp8(cuda(128, 128, dtype=fp8), cuda(1, 1, dtype=bf16), convention="multiply")
-        with raises_naming("a must be bfloat16, got float16"):
+        with raises_naming("a must be bfloat16 or float8_e4m3fn, got float16"):
             kjit.grouped_gemm(cuda(4, 64, dtype=torch.float16), cuda(2, 32, 64, dtype=bf16), cuda(2, dtype=i32),
                               offsets_convention="cumulative_end")
         with raises_naming("topk_weights must be float32, got bfloat16"):
@@ -137,3 +137,94 @@ def test_quantize_fp8_arguments_are_named():
             kjit.quantize_fp8(x, gather=(cuda(6, dtype=i32), 2), out=cuda(4, 256, dtype=fp8))
         with raises_naming(r"scales must be \[4, 2\]"):
             kjit.quantize_fp8(x, scales=cuda(4, 1, dtype=f32))
+
+
+# FP8 (W8A8): a [rows, K] and w [E, N, K] float8_e4m3fn, a_scale [rows, K/128],
+# w_scale [E, ceil(N/128), K/128] (128x128 blocks) or [E, N] / [E, N, 1].
+ROWS, EXPERTS, N, K = 6, 2, 320, 256
+
+
+def fp8_operands():
+    return (cuda(ROWS, K, dtype=fp8), cuda(ROWS, K // 128, dtype=f32), cuda(EXPERTS, N, K, dtype=fp8),
+            cuda(EXPERTS, 3, K // 128, dtype=f32), cuda(EXPERTS, dtype=i32))
+
+
+def fp8_gemm(a, a_scale, w, w_scale, offsets, **kwargs):
+    return kjit.grouped_gemm(a, w, offsets, offsets_convention="cumulative_end", a_scale=a_scale, w_scale=w_scale,
+                             **kwargs)
+
+
+def test_fp8_gemm_arguments_that_fit_reach_the_op_with_either_weight_scale_granularity():
+    with FakeTensorMode():
+        a, a_scale, w, w_scale, offsets = fp8_operands()
+        for scales in (w_scale, cuda(EXPERTS, N, dtype=f32), cuda(EXPERTS, N, 1, dtype=f32)):
+            out = fp8_gemm(a, a_scale, w, scales, offsets, row_scale=cuda(ROWS, dtype=f32))
+            assert (out.shape, out.dtype) == ((ROWS, N), bf16)
+        assert fp8_gemm(a, a_scale, w, w_scale, offsets, out_dtype=f32).dtype == f32
+
+
+def test_fp8_activations_with_bf16_weights_and_the_reverse_are_refused_saying_w8a16_is_not_there_yet():
+    with FakeTensorMode():
+        a, a_scale, w, w_scale, offsets = fp8_operands()
+        with raises_naming("a is float8_e4m3fn but w is bfloat16: .*mixed operands .W8A16. are not there yet"):
+            fp8_gemm(a, a_scale, cuda(EXPERTS, N, K, dtype=bf16), w_scale, offsets)
+        with raises_naming("a is bfloat16 but w is float8_e4m3fn: .*mixed operands .W8A16. are not there yet"):
+            fp8_gemm(cuda(ROWS, K, dtype=bf16), a_scale, w, w_scale, offsets)
+        with raises_naming("a must be bfloat16 or float8_e4m3fn, got float8_e5m2"):
+            fp8_gemm(cuda(ROWS, K, dtype=torch.float8_e5m2), a_scale, w, w_scale, offsets)
+
+
+def test_fp8_operands_without_their_scales_are_refused_naming_the_scale_and_its_shape():
+    with FakeTensorMode():
+        a, a_scale, w, w_scale, offsets = fp8_operands()
+        with raises_naming(r"a_scale is required with float8_e4m3fn a: fp32 \[6, 2\]"):
+            fp8_gemm(a, None, w, w_scale, offsets)
+        with raises_naming(r"w_scale is required with float8_e4m3fn w: fp32 \[2, 3, 2\] .128x128 blocks. or "
+                           r"\[2, 320\] .per output channel."):
+            fp8_gemm(a, a_scale, w, None, offsets)
+        with raises_naming(r"w_scale is required"):
+            kjit.prepare_grouped_gemm(a, w, offsets, cuda(ROWS, N, dtype=bf16), offsets_convention="cumulative_end",
+                                      a_scale=a_scale)
+
+
+def test_fp8_scales_of_the_wrong_shape_or_dtype_are_named_with_the_shape_expected():
+    with FakeTensorMode():
+        a, a_scale, w, w_scale, offsets = fp8_operands()
+        with raises_naming(r"a_scale must be \[6, 2\] \(rows, K / 128; .*got \[6, 1\]"):
+            fp8_gemm(a, cuda(ROWS, 1, dtype=f32), w, w_scale, offsets)
+        with raises_naming(r"a_scale must be \[6, 2\].*got \[2, 6\]"):
+            fp8_gemm(a, cuda(2, ROWS, dtype=f32), w, w_scale, offsets)
+        with raises_naming(r"w_scale must be \[2, 3, 2\] \(E, ceil\(N / 128\), K / 128.*or \[2, 320\] "
+                           r"\(per output channel\), got \[2, 2, 2\]"):
+            fp8_gemm(a, a_scale, w, cuda(EXPERTS, 2, K // 128, dtype=f32), offsets)
+        with raises_naming(r"w_scale must be .*got \[2, 320, 2\]"):
+            fp8_gemm(a, a_scale, w, cuda(EXPERTS, N, K // 128, dtype=f32), offsets)
+        with raises_naming("a_scale must be float32, got bfloat16"):
+            fp8_gemm(a, cuda(ROWS, K // 128, dtype=bf16), w, w_scale, offsets)
+        with raises_naming("w_scale must be float32, got bfloat16"):
+            fp8_gemm(a, a_scale, w, cuda(EXPERTS, 3, K // 128, dtype=bf16), offsets)
+        with raises_naming("a_scale must be contiguous"):
+            fp8_gemm(a, cuda(K // 128, ROWS, dtype=f32).t(), w, w_scale, offsets)
+
+
+def test_fp8_weight_blocks_other_than_128x128_are_refused():
+    with FakeTensorMode():
+        a, a_scale, w, _, offsets = fp8_operands()
+        with raises_naming(r"w_block must be \(128, 128\) .the FP8 GEMM's only weight block., got \(64, 64\)"):
+            fp8_gemm(a, a_scale, w, cuda(EXPERTS, 5, K // 64, dtype=f32), offsets, w_block=(64, 64))
+
+
+def test_fp8_gemm_needs_e_n_k_weights_and_k_a_multiple_of_128():
+    with FakeTensorMode():
+        a, a_scale, w, w_scale, offsets = fp8_operands()
+        with raises_naming("weights must be 'e_n_k' .*with float8_e4m3fn operands, got 'e_k_n'"):
+            fp8_gemm(a, a_scale, cuda(EXPERTS, K, N, dtype=fp8), w_scale, offsets, weights="e_k_n")
+        with raises_naming("K must be a multiple of 128 with float8_e4m3fn operands .*got 192"):
+            fp8_gemm(cuda(ROWS, 192, dtype=fp8), a_scale, cuda(EXPERTS, N, 192, dtype=fp8), w_scale, offsets)
+
+
+def test_scales_with_bf16_operands_are_refused():
+    with FakeTensorMode():
+        _, a_scale, _, w_scale, offsets = fp8_operands()
+        with raises_naming(r"a_scale and w_scale are for float8_e4m3fn a and w \(W8A8\); a and w are bfloat16"):
+            fp8_gemm(cuda(ROWS, K, dtype=bf16), a_scale, cuda(EXPERTS, N, K, dtype=bf16), w_scale, offsets)

@@ -11,15 +11,20 @@ def bench(fn, rep=200):
     return triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median") * 1e-3
 
 
-def paired(first, second, rounds, rep=200):
-    """Medians over `rounds` alternating timings of two functions, in seconds.
-    Both kernels run at the power cap, where the clock drifts with temperature
-    over seconds: alternating keeps that drift out of the ratio."""
-    a, b = [], []
+def interleaved(fns, rounds, rep=200):
+    """Medians over `rounds` alternating timings of each function, in seconds.
+    The kernels run at the power cap, where the clock drifts with temperature
+    over seconds: alternating keeps that drift out of the ratios."""
+    times = [[] for _ in fns]
     for _ in range(rounds):
-        a.append(bench(first, rep))
-        b.append(bench(second, rep))
-    return statistics.median(a), statistics.median(b)
+        for t, fn in zip(times, fns):
+            t.append(bench(fn, rep))
+    return [statistics.median(t) for t in times]
+
+
+def paired(first, second, rounds, rep=200):
+    """interleaved() of two functions."""
+    return tuple(interleaved([first, second], rounds, rep))
 
 
 def bench_sets(fn, sets, hot=False):

@@ -89,6 +89,11 @@ class _GroupedGemmDesc(ctypes.Structure):
         ("cluster_axis", ctypes.c_int),
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_uint64),
+        ("a_scales", ctypes.c_void_p),
+        ("b_scales", ctypes.c_void_p),
+        ("b_scale_granularity", ctypes.c_int),
+        ("b_block_rows", ctypes.c_int64),
+        ("b_block_cols", ctypes.c_int64),
     ]
 
 
@@ -351,9 +356,58 @@ def prepare_dequant_fp8(w, scales, out, *, scale="block", block=(128, 128), conv
     _check(library().kjit_dequant_fp8_prepare(ctypes.byref(d), w.device.index or 0))
 
 
-def _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, cluster_axis) -> None:
-    _check_tensor("a", a, ("bfloat16",))
-    _check_tensor("w", w, ("bfloat16",), device=a.device)
+_GEMM_OPERANDS = ("bfloat16", "float8_e4m3fn")
+_FP8_GEMM_BLOCK = 128  # the FP8 GEMM's scale block along K (activations and weights) and N (weights)
+
+
+def _check_gemm_operands(a, w) -> bool:
+    """a and w are both bf16, or both e4m3fn (W8A8); True for FP8."""
+    _check_tensor("a", a, _GEMM_OPERANDS)
+    _check_tensor("w", w, _GEMM_OPERANDS, device=a.device)
+    a_dtype, w_dtype = (str(t.dtype).replace("torch.", "") for t in (a, w))
+    if a_dtype != w_dtype:
+        raise _invalid(f"a is {a_dtype} but w is {w_dtype}: a and w must both be bfloat16 or both float8_e4m3fn "
+                       "(W8A8); mixed operands (W8A16) are not there yet: quantize a with kjit.quantize_fp8, or "
+                       "dequantize w with kjit.dequant_fp8")
+    return a_dtype == "float8_e4m3fn"
+
+
+def _check_fp8_scales(a, w, a_scale, w_scale, w_block) -> str:
+    """The W8A8 scales as kjit.h states them; returns w_scale's granularity,
+    'block' ([E, ceil(N/128), K/128]) or 'row' ([E, N] or [E, N, 1])."""
+    experts, n, k = w.shape
+    block = _FP8_GEMM_BLOCK
+    if k % block != 0:
+        raise _invalid(f"K must be a multiple of {block} with float8_e4m3fn operands (one scale per {block} columns), "
+                       f"got {k}")
+    a_expected = [a.shape[0], k // block]
+    block_expected = [experts, -(-n // block), k // block]
+    if a_scale is None:
+        raise _invalid(f"a_scale is required with float8_e4m3fn a: fp32 {a_expected} (one scale per {block} columns "
+                       "of a row, as kjit.quantize_fp8 returns)")
+    if w_scale is None:
+        raise _invalid(f"w_scale is required with float8_e4m3fn w: fp32 {block_expected} ({block}x{block} blocks) or "
+                       f"{[experts, n]} (per output channel)")
+    _check_tensor("a_scale", a_scale, ("float32",), device=a.device)
+    _check_tensor("w_scale", w_scale, ("float32",), device=a.device)
+    if list(a_scale.shape) != a_expected:
+        raise _invalid(f"a_scale must be {a_expected} (rows, K / {block}; row-major, as kjit.quantize_fp8 returns), "
+                       f"got {list(a_scale.shape)}")
+    if list(w_scale.shape) in ([experts, n], [experts, n, 1]):
+        return "row"
+    if not isinstance(w_block, (tuple, list)) or tuple(w_block) != (block, block):
+        raise _invalid(f"w_block must be ({block}, {block}) (the FP8 GEMM's only weight block), got {w_block!r}")
+    if list(w_scale.shape) != block_expected:
+        raise _invalid(f"w_scale must be {block_expected} (E, ceil(N / {block}), K / {block}: {block}x{block} blocks) "
+                       f"or {[experts, n]} (per output channel), got {list(w_scale.shape)}")
+    return "block"
+
+
+def _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, cluster_axis, a_scale=None,
+                w_scale=None, w_block=(_FP8_GEMM_BLOCK, _FP8_GEMM_BLOCK)):
+    """Returns None for bf16 operands, else the FP8 weight scales'
+    granularity ('block' or 'row')."""
+    fp8 = _check_gemm_operands(a, w)
     _check_tensor("offsets", offsets, ("int32",), device=a.device)
     _check_tensor("out", out, ("bfloat16", "float32"), device=a.device)
     _check_tensor("row_scale", row_scale, ("float32",), device=a.device, optional=True)
@@ -361,6 +415,9 @@ def _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kern
     _check_choice("weights", weights, _WEIGHTS)
     _check_choice("cluster_axis", cluster_axis, _CLUSTER_AXIS)
     _check_choice("offsets_convention", offsets_convention, _OFFSETS)
+    if fp8 and weights != "e_n_k":
+        raise _invalid(f"weights must be 'e_n_k' ([E, N, K], as checkpoints store them) with float8_e4m3fn operands, "
+                       f"got {weights!r}")
     if w.dim() != 3:
         raise _invalid(f"w must be [E, N, K] or [E, K, N], got {list(w.shape)}")
     experts = w.shape[0]
@@ -374,10 +431,15 @@ def _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kern
         raise _invalid(f"out must be [{a.shape[0]}, {n}], got {list(out.shape)}")
     if row_scale is not None and list(row_scale.shape) != [a.shape[0]]:
         raise _invalid(f"row_scale must be [{a.shape[0]}], got {list(row_scale.shape)}")
+    if not fp8:
+        if a_scale is not None or w_scale is not None:
+            raise _invalid("a_scale and w_scale are for float8_e4m3fn a and w (W8A8); a and w are bfloat16")
+        return None
+    return _check_fp8_scales(a, w, a_scale, w_scale, w_block)
 
 
 def _gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n, cluster,
-               cluster_axis) -> _GroupedGemmDesc:
+               cluster_axis, a_scale=None, w_scale=None, w_scale_granularity=None) -> _GroupedGemmDesc:
     experts = w.shape[0]
     n, k = (w.shape[1], w.shape[2]) if weights == "e_n_k" else (w.shape[2], w.shape[1])
     d = _GroupedGemmDesc()
@@ -391,11 +453,17 @@ def _gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kerne
     d.tile_m, d.tile_n = tile_m, tile_n
     d.cluster = cluster
     d.cluster_axis = _CLUSTER_AXIS[cluster_axis]
+    if w_scale_granularity is not None:
+        d.a_scales, d.b_scales = a_scale.data_ptr(), w_scale.data_ptr()
+        d.b_scale_granularity = _GRANULARITY[w_scale_granularity]
+        if w_scale_granularity == "block":
+            d.b_block_rows = d.b_block_cols = _FP8_GEMM_BLOCK
     return d
 
 
 def grouped_gemm(a, w, offsets, *, weights="e_n_k", offsets_convention, row_scale=None, out=None,
-                 out_dtype=None, stream=None, kernel="auto", tile=None, cluster=0, cluster_axis="m"):
+                 out_dtype=None, stream=None, kernel="auto", tile=None, cluster=0, cluster_axis="m", a_scale=None,
+                 w_scale=None, w_block=(_FP8_GEMM_BLOCK, _FP8_GEMM_BLOCK)):
     """MoE expert GEMM: rows of `a` ([rows, K] bf16, sorted by expert) times
     each expert's weights `w` ([E, N, K] with weights='e_n_k', as checkpoints
     store them, or [E, K, N] with 'e_k_n'). `offsets` (int32, on the device)
@@ -405,30 +473,42 @@ def grouped_gemm(a, w, offsets, *, weights="e_n_k", offsets_convention, row_scal
     kernel: 'auto' (the arch's own: wgmma on Hopper), 'portable' (mma.sync),
     'sm90' or 'sm90_swap_ab' (rows on wgmma's N in every bucket); tile=(tile_m, tile_n), cluster (1 or 2) and cluster_axis
     ('m': the pair shares weight tiles, 'n': activation tiles) override the
-    heuristic (tuning)."""
+    heuristic (tuning).
+
+    FP8 (W8A8, DeepSeek's recipe): a and w float8_e4m3fn, w [E, N, K]
+    ('e_n_k'), K a multiple of 128, and both scales given, fp32 multipliers:
+    a_scale [rows, K / 128] (what kjit.quantize_fp8 returns) and w_scale
+    [E, ceil(N / 128), K / 128] (128x128 blocks: w_block must say (128, 128))
+    or [E, N] / [E, N, 1] (one per output channel)."""
     import torch
 
     if out is None:
-        _check_tensor("a", a, ("bfloat16",))
-        _check_tensor("w", w, ("bfloat16",), device=a.device)
+        _check_gemm_operands(a, w)
         _check_choice("weights", weights, _WEIGHTS)
         n = w.shape[1] if weights == "e_n_k" else w.shape[2]
         out = torch.empty(a.shape[0], n, dtype=out_dtype or torch.bfloat16, device=a.device)
-    _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, cluster_axis)
+    granularity = _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, cluster_axis,
+                              a_scale, w_scale, w_block)
     tile_m, tile_n = tile if tile is not None else (0, 0)
-    torch.ops.kjit.grouped_gemm_(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n,
-                                 cluster, cluster_axis, stream)
+    if granularity is None:
+        torch.ops.kjit.grouped_gemm_(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m,
+                                     tile_n, cluster, cluster_axis, stream)
+    else:
+        torch.ops.kjit.grouped_gemm_fp8_(a, a_scale, w, w_scale, offsets, out, offsets_convention, row_scale,
+                                         granularity, kernel, tile_m, tile_n, cluster, cluster_axis, stream)
     return out
 
 
 def prepare_grouped_gemm(a, w, offsets, out, *, weights="e_n_k", offsets_convention, row_scale=None, kernel="auto",
-                         tile=None):
+                         tile=None, a_scale=None, w_scale=None, w_block=(_FP8_GEMM_BLOCK, _FP8_GEMM_BLOCK)):
     """Compiles (or finds) and loads every kernel grouped_gemm may pick for
     these shapes, whatever the row count, so that later calls can be captured
-    in a CUDA graph."""
-    _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, "m")
+    in a CUDA graph. FP8 operands need their scales here too (grouped_gemm)."""
+    granularity = _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, "m", a_scale,
+                              w_scale, w_block)
     tile_m, tile_n = tile if tile is not None else (0, 0)
-    d = _gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n, 0, "m")
+    d = _gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n, 0, "m",
+                   a_scale, w_scale, granularity)
     _check(library().kjit_grouped_gemm_prepare(ctypes.byref(d), a.device.index or 0))
 
 

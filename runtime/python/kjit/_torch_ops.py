@@ -35,23 +35,43 @@ def _(w, scales, out, scale, block_rows, block_cols, convention, expert_ids, str
     return None
 
 
+def _launch_gemm(d, device: torch.device, stream: Optional[int]) -> None:
+    # The tile counter (swap AB hands tiles out on demand): stream-ordered, so
+    # concurrent calls never share one.
+    workspace_bytes = library().kjit_grouped_gemm_workspace_bytes()
+    workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=device)
+    d.workspace, d.workspace_bytes = workspace.data_ptr(), workspace_bytes
+    _check(library().kjit_grouped_gemm(ctypes.byref(d), _stream(device, stream)))
+
+
 @torch.library.custom_op("kjit::grouped_gemm_", mutates_args=("out",), device_types="cuda")
 def grouped_gemm_(a: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor, weights: str,
                   offsets_convention: str, row_scale: Optional[torch.Tensor], kernel: str, tile_m: int, tile_n: int,
                   cluster: int, cluster_axis: str, stream: Optional[int]) -> None:
-    d = _gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n, cluster,
-                   cluster_axis)
-    # The tile counter (swap AB hands tiles out on demand): stream-ordered, so
-    # concurrent calls never share one.
-    workspace_bytes = library().kjit_grouped_gemm_workspace_bytes()
-    workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=a.device)
-    d.workspace, d.workspace_bytes = workspace.data_ptr(), workspace_bytes
-    _check(library().kjit_grouped_gemm(ctypes.byref(d), _stream(a.device, stream)))
+    _launch_gemm(_gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n,
+                            cluster, cluster_axis), a.device, stream)
 
 
 @grouped_gemm_.register_fake
 def _(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n, cluster, cluster_axis,
       stream) -> None:
+    return None
+
+
+# The W8A8 grouped GEMM: the same C entry point, with the scales (weights are
+# always [E, N, K]; w_scale_granularity is 'block' or 'row').
+@torch.library.custom_op("kjit::grouped_gemm_fp8_", mutates_args=("out",), device_types="cuda")
+def grouped_gemm_fp8_(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
+                      offsets: torch.Tensor, out: torch.Tensor, offsets_convention: str,
+                      row_scale: Optional[torch.Tensor], w_scale_granularity: str, kernel: str, tile_m: int,
+                      tile_n: int, cluster: int, cluster_axis: str, stream: Optional[int]) -> None:
+    _launch_gemm(_gemm_desc(a, w, offsets, out, "e_n_k", offsets_convention, row_scale, kernel, tile_m, tile_n,
+                            cluster, cluster_axis, a_scale, w_scale, w_scale_granularity), a.device, stream)
+
+
+@grouped_gemm_fp8_.register_fake
+def _(a, a_scale, w, w_scale, offsets, out, offsets_convention, row_scale, w_scale_granularity, kernel, tile_m, tile_n,
+      cluster, cluster_axis, stream) -> None:
     return None
 
 
