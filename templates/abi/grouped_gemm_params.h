@@ -6,8 +6,8 @@
 #define KJIT_ABI_GROUPED_GEMM_PARAMS_H
 
 struct kjit_grouped_gemm_params {
-  const void* a;           /* [total_rows, K] bf16, row-major, rows sorted by expert */
-  const void* b;           /* [E, N, K] or [E, K, N] bf16 (the spec says which) */
+  const void* a;           /* [total_rows, K] bf16 (e4m3fn in the FP8 kernels), row-major, rows sorted by expert */
+  const void* b;           /* [E, N, K] or [E, K, N] bf16 (the spec says which), or [E, N, K] e4m3fn */
   void* out;               /* [total_rows, N] bf16 or fp32 */
   const int* offsets;      /* E cumulative ends, or E + 1 starts with a leading 0 (spec) */
   const float* row_scale;  /* optional [total_rows] fp32 epilogue scale (routing weights) */
