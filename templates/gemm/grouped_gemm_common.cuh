@@ -33,6 +33,27 @@ __device__ __forceinline__ void expert_rows(const kjit_grouped_gemm_params& p, i
   }
 }
 
+// The portable kernels' grid walks every expert's m-tiles of Cfg::kBM rows
+// in order: block `tile` of that walk is expert `expert`'s rows [m0, m0 +
+// rows). False for a surplus block of the upper-bound grid (no such tile).
+template <class Cfg>
+__device__ __forceinline__ bool find_m_tile(const kjit_grouped_gemm_params& p, long long tile, int& expert,
+                                            long long& m0, long long& rows) {
+  for (int e = 0; e < Cfg::kExperts; ++e) {
+    long long start, end;
+    expert_rows<Cfg>(p, e, start, end);
+    const long long tiles = (end - start + Cfg::kBM - 1) / Cfg::kBM;
+    if (tile < tiles) {
+      expert = e;
+      m0 = start + tile * Cfg::kBM;
+      rows = end - m0 < Cfg::kBM ? end - m0 : Cfg::kBM;
+      return true;
+    }
+    tile -= tiles;
+  }
+  return false;
+}
+
 template <class Cfg>
 __device__ __forceinline__ bool offsets_valid(const kjit_grouped_gemm_params& p) {
   int bad = 0;

@@ -88,21 +88,9 @@ __device__ __forceinline__ void grouped_gemm_fp8_mma(const kjit_grouped_gemm_fp8
   if (!offsets_valid<Cfg>(p.gemm)) return;
 
   // Which expert and m-tile this block owns.
-  long long tile = blockIdx.x, m0 = 0, rows = 0;
+  long long m0 = 0, rows = 0;
   int expert = -1;
-  for (int e = 0; e < Cfg::kExperts; ++e) {
-    long long start, end;
-    expert_rows<Cfg>(p.gemm, e, start, end);
-    const long long tiles = (end - start + Cfg::kBM - 1) / Cfg::kBM;
-    if (tile < tiles) {
-      expert = e;
-      m0 = start + tile * Cfg::kBM;
-      rows = end - m0 < Cfg::kBM ? end - m0 : Cfg::kBM;
-      break;
-    }
-    tile -= tiles;
-  }
-  if (expert < 0) return;  // surplus block of the upper-bound grid
+  if (!find_m_tile<Cfg>(p.gemm, blockIdx.x, expert, m0, rows)) return;  // surplus block of the upper-bound grid
   const long long n0 = static_cast<long long>(blockIdx.y) * Cfg::kBN;
   const int b_rows = Cfg::kN - n0 < Cfg::kBN ? static_cast<int>(Cfg::kN - n0) : Cfg::kBN;
 

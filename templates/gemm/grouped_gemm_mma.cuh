@@ -46,21 +46,9 @@ __device__ __forceinline__ void grouped_gemm_mma(const kjit_grouped_gemm_params&
   if (!offsets_valid<Cfg>(p)) return;
 
   // Which expert and m-tile this block owns.
-  long long tile = blockIdx.x, m0 = 0, rows = 0;
+  long long m0 = 0, rows = 0;
   int expert = -1;
-  for (int e = 0; e < Cfg::kExperts; ++e) {
-    long long start, end;
-    expert_rows<Cfg>(p, e, start, end);
-    const long long tiles = (end - start + Cfg::kBM - 1) / Cfg::kBM;
-    if (tile < tiles) {
-      expert = e;
-      m0 = start + tile * Cfg::kBM;
-      rows = end - m0 < Cfg::kBM ? end - m0 : Cfg::kBM;
-      break;
-    }
-    tile -= tiles;
-  }
-  if (expert < 0) return;  // surplus block of the upper-bound grid
+  if (!find_m_tile<Cfg>(p, blockIdx.x, expert, m0, rows)) return;  // surplus block of the upper-bound grid
   const long long n0 = static_cast<long long>(blockIdx.y) * Cfg::kBN;
 
   __shared__ __align__(16) unsigned short a_tile[Cfg::kBM][Cfg::kStride];

@@ -9,6 +9,7 @@
 
 #include "../recipe.hpp"
 #include "../spec_reader.hpp"
+#include "gemm_problem_fields.hpp"
 #include "wgmma_instructions.hpp"
 
 namespace kjit::codegen {
@@ -132,13 +133,8 @@ nlohmann::json Family<GroupedGemmSpec>::to_json(const GroupedGemmSpec& g) {
 
 Expected<GroupedGemmSpec> Family<GroupedGemmSpec>::from_json(SpecReader& reader) {
   GroupedGemmSpec s;
-  s.out = KJIT_TRY(reader.enumeration<DType>("out"));
+  KJIT_TRY(read_gemm_problem(reader, s));
   s.weights = KJIT_TRY(reader.enumeration<WeightLayout>("weights"));
-  s.offsets = KJIT_TRY(reader.enumeration<OffsetsConvention>("offsets"));
-  s.n = KJIT_TRY(reader.integer("n"));
-  s.k = KJIT_TRY(reader.integer("k"));
-  s.experts = KJIT_TRY(reader.integer("experts"));
-  s.row_scale = KJIT_TRY(reader.boolean_or("row_scale", false));
   // A configuration (cache metadata) names its kernel, tile and stages; a
   // problem (manifests) names none of them.
   if (!reader.has("kernel")) {

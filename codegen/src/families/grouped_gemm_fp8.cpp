@@ -10,6 +10,7 @@
 
 #include "../recipe.hpp"
 #include "../spec_reader.hpp"
+#include "gemm_problem_fields.hpp"
 #include "wgmma_instructions.hpp"
 
 namespace kjit::codegen {
@@ -166,13 +167,8 @@ nlohmann::json Family<GroupedGemmFp8Spec>::to_json(const GroupedGemmFp8Spec& g) 
 
 Expected<GroupedGemmFp8Spec> Family<GroupedGemmFp8Spec>::from_json(SpecReader& reader) {
   GroupedGemmFp8Spec s;
-  s.out = KJIT_TRY(reader.enumeration<DType>("out"));
+  KJIT_TRY(read_gemm_problem(reader, s));
   s.weight_scale = KJIT_TRY(reader.enumeration<Fp8WeightScale>("weight_scale"));
-  s.offsets = KJIT_TRY(reader.enumeration<OffsetsConvention>("offsets"));
-  s.n = KJIT_TRY(reader.integer("n"));
-  s.k = KJIT_TRY(reader.integer("k"));
-  s.experts = KJIT_TRY(reader.integer("experts"));
-  s.row_scale = KJIT_TRY(reader.boolean_or("row_scale", false));
   if (!reader.has("kernel")) {
     if (reader.has("tile") || reader.has("stages") || reader.has("cluster"))
       return invalid("spec fields 'tile', 'stages' and 'cluster' need 'kernel' beside them");
@@ -337,11 +333,7 @@ Expected<GroupedGemmFp8Spec> choose_grouped_gemm_fp8_config(const GroupedGemmFp8
 Expected<std::vector<GroupedGemmFp8Spec>> grouped_gemm_fp8_candidates(const GroupedGemmFp8Spec& problem,
                                                                       const ArchInfo& arch,
                                                                       const GemmRequest& request) {
-  const auto configs = KJIT_TRY(requested_configs(problem, arch, request));
-  std::vector<GroupedGemmFp8Spec> unique;
-  for (const auto& c : configs)
-    if (std::find(unique.begin(), unique.end(), c) == unique.end()) unique.push_back(c);
-  return unique;
+  return distinct_configs(KJIT_TRY(requested_configs(problem, arch, request)));
 }
 
 }  // namespace kjit::codegen

@@ -131,11 +131,7 @@ Expected<GroupedGemmSpec> choose_grouped_gemm_config(const GroupedGemmSpec& prob
 
 Expected<std::vector<GroupedGemmSpec>> grouped_gemm_candidates(const GroupedGemmSpec& problem, const ArchInfo& arch,
                                                                const GemmRequest& request) {
-  const auto configs = KJIT_TRY(requested_configs(problem, arch, request));
-  std::vector<GroupedGemmSpec> unique;
-  for (const auto& c : configs)
-    if (std::find(unique.begin(), unique.end(), c) == unique.end()) unique.push_back(c);
-  return unique;
+  return distinct_configs(KJIT_TRY(requested_configs(problem, arch, request)));
 }
 
 }  // namespace kjit::codegen

@@ -170,10 +170,7 @@ Expected<void> grouped_gemm(Runtime& runtime, const kjit_grouped_gemm_desc& desc
     ScopedContext scope(api, device->context);
     KJIT_TRY(scope.status());
     KJIT_TRY(encode_sm90_maps(api, spec, sm90));
-    // The counter starts at 0 in stream order (a memset node when captured).
-    if (sm90.gemm.tile_counter != nullptr)
-      KJIT_TRY(check(api, api.cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(sm90.gemm.tile_counter), 0, 1, stream),
-                     "cuMemsetD32Async"));
+    if (sm90.gemm.tile_counter != nullptr) KJIT_TRY(zero_tile_counter(api, sm90.gemm.tile_counter, stream));
   }
   return launch_kernel(runtime, *device, *kernel, sm90.gemm.device_error, geometry, &sm90, stream);
 }

@@ -58,4 +58,8 @@ Expected<void> encode_tensor_map(const DriverApi& api, kjit_tensor_map& map, CUt
   return {};
 }
 
+Expected<void> zero_tile_counter(const DriverApi& api, unsigned int* counter, CUstream stream) {
+  return check(api, api.cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(counter), 0, 1, stream), "cuMemsetD32Async");
+}
+
 }  // namespace kjit::ops

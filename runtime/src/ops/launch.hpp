@@ -41,6 +41,10 @@ Expected<void> encode_tensor_map(const DriverApi& api, kjit_tensor_map& map, CUt
                                  const void* base, uint32_t rank, const cuuint64_t* dims,
                                  const cuuint64_t* byte_strides, const cuuint32_t* box, const char* what);
 
+// Zeroes the swap-AB kernels' tile counter in stream order (a memset node
+// when the stream captures). Needs a current context.
+Expected<void> zero_tile_counter(const DriverApi& api, unsigned int* counter, CUstream stream);
+
 // Compiles (or finds) and loads `spec` on `device` ahead of time.
 Expected<void> prepare_on_device(Runtime& runtime, const codegen::KernelSpec& spec, int device);
 

@@ -5,6 +5,7 @@
 // templates/gemm/; ABI block templates/abi/grouped_gemm_params.h.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -96,6 +97,15 @@ struct GemmRequest {
   int cluster = 0;             // 0: the heuristic's (1 whenever a tile is given)
   ClusterAxis cluster_axis = ClusterAxis::m;  // with cluster 2
 };
+// `configs` without repeats, in order (buckets may share a configuration; a prepare call loads each once).
+template <class Spec>
+std::vector<Spec> distinct_configs(const std::vector<Spec>& configs) {
+  std::vector<Spec> unique;
+  for (const auto& c : configs)
+    if (std::find(unique.begin(), unique.end(), c) == unique.end()) unique.push_back(c);
+  return unique;
+}
+
 // The configuration a launch of `rows` rows on `arch` uses.
 Expected<GroupedGemmSpec> choose_grouped_gemm_config(const GroupedGemmSpec& problem, const ArchInfo& arch,
                                                      int64_t rows, const GemmRequest& request = {});
