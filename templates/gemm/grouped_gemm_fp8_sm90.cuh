@@ -3,10 +3,10 @@
 // tiles, walk, tile queue, producer and epilogue), promoted into fp32 at
 // every 128-column scale block with its scales (grouped_gemm_fp8_common.cuh).
 //
-// Why swap AB: tiles are any multiple of 32 rows up to kBM, so an expert's
-// last tile wastes fewer than 32 rows (rows on M waste up to 127 of 128), and
-// FP8 wgmma needs both operands K-major, which [E, N, K] weights and
-// row-major A are.
+// Why swap AB: an expert's rows split into near-equal tiles of up to kBM
+// rows, of which only the tile's own rows are loaded and stored (the wgmma
+// runs kBM wide: fp8_consumer says why), and FP8 wgmma needs both operands
+// K-major, which [E, N, K] weights and row-major A are.
 //
 // Why a k-block of 128: one 128-byte swizzle row of e4m3 is one scale block,
 // so a pipeline stage holds exactly the operands one scale pair covers.
@@ -126,8 +126,7 @@ __device__ __forceinline__ void fp8_scale_loader(const kjit_grouped_gemm_fp8_sm9
   }
 }
 
-// One tile's k-loop for one consumer warpgroup at the tile's height (kRows,
-// a multiple of 32): per k-block, four wgmma m64n<kRows>k32 into `partial`,
+// One tile's k-loop for one consumer warpgroup (kRows rows): per k-block, four wgmma m64n<kRows>k32 into `partial`,
 // then acc += partial x a_scale[row] x b_scale. Accumulator register
 // 4j + 2h + c holds weight row (output column) 16 * warp + lane / 4 + 8h of
 // the warpgroup's 64, tile row 8j + 2 (lane % 4) + c.
@@ -174,23 +173,6 @@ __device__ __forceinline__ void fp8_mainloop(float (&acc)[kRows / 2], float (&pa
   }
 }
 
-// Picks the tile's height (wgmma's N is an immediate: one instantiation per
-// multiple of 32, the recursion is the switch over them).
-template <class Cfg, int kRows = Cfg::kRowStep>
-__device__ __forceinline__ void fp8_tile(const SwapAbTile& tile, float (&acc)[Cfg::kBM / 2],
-                                         float (&partial)[Cfg::kBM / 2], unsigned char* tiles,
-                                         unsigned long long* full, unsigned long long* empty, const float* scales,
-                                         unsigned& it) {
-  if constexpr (kRows < Cfg::kBM) {
-    if (tile.rows > kRows) {
-      fp8_tile<Cfg, kRows + Cfg::kRowStep>(tile, acc, partial, tiles, full, empty, scales, it);
-      return;
-    }
-  }
-  fp8_mainloop<Cfg, kRows>(*reinterpret_cast<float(*)[kRows / 2]>(acc),
-                           *reinterpret_cast<float(*)[kRows / 2]>(partial), tiles, full, empty, scales, it);
-}
-
 template <class Cfg>
 __device__ __forceinline__ void fp8_consumer(const kjit_grouped_gemm_fp8_sm90_params& p, unsigned char* tiles,
                                              unsigned long long* full, unsigned long long* empty,
@@ -207,7 +189,15 @@ __device__ __forceinline__ void fp8_consumer(const kjit_grouped_gemm_fp8_sm90_pa
     __syncwarp();
     if (lane == 0) queue.release(i);
     if (!walk.seek(static_cast<long long>(t), tile)) break;
-    fp8_tile<Cfg>(tile, acc, partial, tiles, full, empty, scales, it);
+    // Every tile runs at the tallest height, whatever its rows: wgmma's N is an
+    // immediate, and with one k-loop per multiple of 32 (three or more widths)
+    // ptxas serialised the kernel's wgmmas ("C7511 ... insufficient register
+    // resources for the wgmma pipeline"). Measured on an H100, one width ran
+    // as fast as four on every benchmark shape, decode included (memory-bound
+    // there), and compiles in half the time. Rows past the tile's own hold
+    // stale codes of an earlier stage; their products are never stored (their
+    // scales are 0 and the epilogue masks them).
+    fp8_mainloop<Cfg, Cfg::kBM>(acc, partial, tiles, full, empty, scales, it);
     const long long col0 = tile.n0 + consumer * 64;
     if constexpr (!Cfg::kBlockScales) {
       // Per-channel weight scales: this thread's two output columns.

@@ -78,14 +78,12 @@ Expected<void> validate_configuration(const GroupedGemmFp8Spec& s) {
   return {};
 }
 
-// Hopper's instructions: m64n<rows>k32 e4m3 for every tile height, as
-// specialisations of KjitWgmmaFp8Rows<rows> (the weights are operand A).
-std::string sm90_wgmma_wrappers(const GroupedGemmFp8Spec& s) {
-  std::string out = "template <int kRows>\nstruct KjitWgmmaFp8Rows;\n";
-  for (int rows = 32; rows <= s.tile_m; rows += 32)
-    out += wgmma_wrapper(fmt::format("template <>\nstruct KjitWgmmaFp8Rows<{}>", rows),
-                         {.n = rows, .operands = WgmmaOperands::e4m3});
-  return out;
+// Hopper's instruction: m64n<tile_m>k32 e4m3 (every tile runs at the tallest
+// height: fp8_consumer says why), as KjitWgmmaFp8Rows<tile_m> (the weights are operand A).
+std::string sm90_wgmma_wrapper(const GroupedGemmFp8Spec& s) {
+  return "template <int kRows>\nstruct KjitWgmmaFp8Rows;\n" +
+         wgmma_wrapper(fmt::format("template <>\nstruct KjitWgmmaFp8Rows<{}>", s.tile_m),
+                       {.n = s.tile_m, .operands = WgmmaOperands::e4m3});
 }
 
 int sm90_threads(const GroupedGemmFp8Spec& s) { return 128 * (s.tile_n / 64 + 1); }
@@ -242,7 +240,7 @@ RenderedKernel Family<GroupedGemmFp8Spec>::render(const GroupedGemmFp8Spec& s) {
                                            s.tile_m, s.stages, s.cluster),
                      .params_type = "kjit_grouped_gemm_fp8_sm90_params",
                      .body = "kjit::grouped_gemm_fp8_sm90",
-                     .prelude = sm90_wgmma_wrappers(s),
+                     .prelude = sm90_wgmma_wrapper(s),
                      .dynamic_shared_bytes = grouped_gemm_fp8_shared_bytes(s),
                      .cluster_x = s.cluster});
   return assemble(canonical(s),
