@@ -12,6 +12,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kjit/internal/driver.hpp"
@@ -163,6 +164,25 @@ inline double disagreement(kjit_dtype out, const std::vector<uint8_t>& x, const 
     norm += b * b;
   }
   return std::sqrt(diff / norm);
+}
+
+// Poisons `out`, launches `g` (whose output it is) on the legacy stream,
+// requires that neither the launch nor the device report an error, and
+// returns the whole of `out`.
+inline std::vector<uint8_t> grouped_gemm_output(const kjit_grouped_gemm_desc& g, DeviceBuffer& out) {
+  out.poison();
+  REQUIRE_MESSAGE(kjit_grouped_gemm(&g, nullptr) == KJIT_OK, std::string(kjit_last_error_message()));
+  REQUIRE_MESSAGE(kjit_device_errors(0) == KJIT_OK, std::string(kjit_last_error_message()));
+  return out.download<uint8_t>(0, out.bytes);
+}
+
+// `g` holds bad offsets: it launches, the device reports that it wrote
+// nothing, and `out` (its output) keeps its poison.
+inline void check_bad_offsets_refused(const kjit_grouped_gemm_desc& g, const DeviceBuffer& out) {
+  REQUIRE_MESSAGE(kjit_grouped_gemm(&g, nullptr) == KJIT_OK, std::string(kjit_last_error_message()));
+  CHECK(kjit_device_errors(0) == KJIT_ERROR_DEVICE_REPORTED);
+  CHECK(std::string(kjit_last_error_message()).find("wrote nothing") != std::string::npos);
+  CHECK(out.written_words() == 0);
 }
 
 // The bytes of `out` in [from, to) that are none of DeviceBuffer::poison's.

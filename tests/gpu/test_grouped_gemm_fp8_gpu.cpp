@@ -201,10 +201,7 @@ void run_fp8_gemm(const Fp8Case& c) {
     CAPTURE(path_name);
     auto g = b.desc(c, rows);
     use_path(g, path);
-    b.out.poison();
-    REQUIRE_MESSAGE(kjit_grouped_gemm(&g, nullptr) == KJIT_OK, std::string(kjit_last_error_message()));
-    REQUIRE_MESSAGE(kjit_device_errors(0) == KJIT_OK, std::string(kjit_last_error_message()));
-    const auto out = b.out.download<uint8_t>(0, b.out.bytes);
+    const auto out = grouped_gemm_output(g, b.out);
     const double err = relative_error(c.out, c.n, ref, out, routed);
     CHECK_MESSAGE(err <= kTolerance, "relative error ", err);
     const auto row_bytes = static_cast<size_t>(c.n * c.out_bytes());
@@ -291,11 +288,7 @@ TEST_CASE("decreasing or out-of-range offsets write nothing and are reported") {
   for (const std::vector<int32_t>& bad : {std::vector<int32_t>{10, 5, 60}, std::vector<int32_t>{10, 30, 61}}) {
     Fp8Buffers b(c, 60, d);
     b.offsets.upload(bad);
-    const auto g = b.desc(c, 60);
-    REQUIRE_MESSAGE(kjit_grouped_gemm(&g, nullptr) == KJIT_OK, std::string(kjit_last_error_message()));
-    CHECK(kjit_device_errors(0) == KJIT_ERROR_DEVICE_REPORTED);
-    CHECK(std::string(kjit_last_error_message()).find("wrote nothing") != std::string::npos);
-    CHECK(b.out.written_words() == 0);
+    check_bad_offsets_refused(b.desc(c, 60), b.out);
   }
 }
 
@@ -349,10 +342,7 @@ TEST_CASE("the portable kernel forced on the same GPU agrees with the default ke
     std::vector<std::vector<uint8_t>> outputs;
     for (auto kernel : {KJIT_GEMM_KERNEL_AUTO, KJIT_GEMM_KERNEL_PORTABLE}) {
       g.kernel = kernel;
-      b.out.poison();
-      REQUIRE_MESSAGE(kjit_grouped_gemm(&g, nullptr) == KJIT_OK, std::string(kjit_last_error_message()));
-      REQUIRE_MESSAGE(kjit_device_errors(0) == KJIT_OK, std::string(kjit_last_error_message()));
-      outputs.push_back(b.out.download<uint8_t>(0, b.out.bytes));
+      outputs.push_back(grouped_gemm_output(g, b.out));
     }
     // Every output element: the kernels differ only in summation order and final rounding.
     const double apart = disagreement(c.out, outputs[0], outputs[1], rows * c.n);
