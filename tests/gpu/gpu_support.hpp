@@ -1,14 +1,23 @@
 // Shared helpers of the GPU tests: the driver table, checked calls, device
-// buffers that make their device current, fresh random numbers.
+// buffers that make their device current, fresh random numbers, graph
+// capture, and what the grouped GEMM tests (bf16 and FP8) share: offsets,
+// reading and comparing outputs, the poison check of rows past the last offset.
 #pragma once
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kjit/internal/driver.hpp"
+#include "kjit/kjit.h"
+#include "kjit/reference/fp8.hpp"
 
 namespace kjit::testing {
 
@@ -60,10 +69,17 @@ struct DeviceBuffer {
   }
   // A pattern no dequant can produce (scales here are < 16): -6.3e18 in bf16,
   // f16 NaN with a distinctive payload is avoided by checking bits exactly.
+  static constexpr uint32_t kPoison = 0xDEADBEEFu;
   void poison() {
     api().cuCtxSetCurrent(ctx);
-    must(api().cuMemsetD32(ptr, 0xDEADBEEFu, bytes / 4), "cuMemsetD32");
+    must(api().cuMemsetD32(ptr, kPoison, bytes / 4), "cuMemsetD32");
     settle();
+  }
+  // The 32-bit words that lost the poison.
+  int64_t written_words() const {
+    int64_t written = 0;
+    for (uint32_t word : download<uint32_t>(0, bytes / 4)) written += word != kPoison;
+    return written;
   }
   // The copy and the memset above may return before the device has finished
   // them (pageable copies, device memsets), and a non-blocking stream does
@@ -71,5 +87,109 @@ struct DeviceBuffer {
   // raced with the poison under load (seen: output still poison).
   static void settle() { must(api().cuStreamSynchronize(nullptr), "cuStreamSynchronize"); }
 };
+
+// One stream capture on a fresh non-blocking stream: the calls between the
+// constructor and end() are captured, instantiate() makes the graph
+// replayable; the stream, graph and its instance die with this.
+class GraphCapture {
+ public:
+  GraphCapture() {
+    must(api().cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    must(api().cuStreamBeginCapture(stream_, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "cuStreamBeginCapture");
+  }
+  GraphCapture(const GraphCapture&) = delete;
+  GraphCapture& operator=(const GraphCapture&) = delete;
+  ~GraphCapture() {
+    if (exec_) api().cuGraphExecDestroy(exec_);
+    if (graph_) api().cuGraphDestroy(graph_);
+    api().cuStreamDestroy(stream_);
+  }
+  kjit_stream stream() const { return reinterpret_cast<kjit_stream>(stream_); }
+  void end() { must(api().cuStreamEndCapture(stream_, &graph_), "cuStreamEndCapture"); }
+  void instantiate() { must(api().cuGraphInstantiateWithFlags(&exec_, graph_, 0), "cuGraphInstantiateWithFlags"); }
+  // One replay, waited for.
+  void replay() {
+    must(api().cuGraphLaunch(exec_, stream_), "cuGraphLaunch");
+    must(api().cuStreamSynchronize(stream_), "cuStreamSynchronize");
+  }
+
+ private:
+  CUstream stream_ = nullptr;
+  CUgraph graph_ = nullptr;
+  CUgraphExec exec_ = nullptr;
+};
+
+// A grouped GEMM's offsets of `counts` rows per expert in `convention`.
+inline std::vector<int32_t> offsets_for(const std::vector<int32_t>& counts, kjit_expert_offsets convention) {
+  std::vector<int32_t> ends(counts.size());
+  std::partial_sum(counts.begin(), counts.end(), ends.begin());
+  if (convention == KJIT_OFFSETS_CUMULATIVE_END) return ends;
+  ends.insert(ends.begin(), 0);
+  return ends;
+}
+
+// Element `index` of a downloaded output of dtype `out` (bf16 or f32).
+inline double output_value(kjit_dtype out, const std::vector<uint8_t>& bytes, int64_t index) {
+  if (out == KJIT_DTYPE_F32) {
+    float f;
+    std::memcpy(&f, &bytes[static_cast<size_t>(index * 4)], 4);
+    return f;
+  }
+  uint16_t b;
+  std::memcpy(&b, &bytes[static_cast<size_t>(index * 2)], 2);
+  return kjit::reference::bf16_to_float(b);
+}
+
+// ||out - ref|| / ||ref|| over every `row_step`-th of the first `routed` rows
+// of N columns (`ref` holds those rows only); huge when a row was never written.
+inline double relative_error(kjit_dtype out, int64_t n, const std::vector<double>& ref, const std::vector<uint8_t>& bytes,
+                             int64_t routed, int64_t row_step = 1) {
+  double diff = 0, norm = 0;
+  size_t i = 0;
+  for (int64_t row = 0; row < routed; row += row_step)
+    for (int64_t col = 0; col < n; ++col, ++i) {
+      const double got = output_value(out, bytes, row * n + col), want = ref[i];
+      diff += (got - want) * (got - want);
+      norm += want * want;
+    }
+  return std::sqrt(diff / std::max(norm, 1e-30));
+}
+
+// ||x - y|| / ||y|| over the first `count` elements of two outputs of dtype `out`.
+inline double disagreement(kjit_dtype out, const std::vector<uint8_t>& x, const std::vector<uint8_t>& y, int64_t count) {
+  double diff = 0, norm = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const double a = output_value(out, x, i), b = output_value(out, y, i);
+    diff += (a - b) * (a - b);
+    norm += b * b;
+  }
+  return std::sqrt(diff / norm);
+}
+
+// Poisons `out`, launches `g` (whose output it is) on the legacy stream,
+// requires that neither the launch nor the device report an error, and
+// returns the whole of `out`.
+inline std::vector<uint8_t> grouped_gemm_output(const kjit_grouped_gemm_desc& g, DeviceBuffer& out) {
+  out.poison();
+  REQUIRE_MESSAGE(kjit_grouped_gemm(&g, nullptr) == KJIT_OK, std::string(kjit_last_error_message()));
+  REQUIRE_MESSAGE(kjit_device_errors(0) == KJIT_OK, std::string(kjit_last_error_message()));
+  return out.download<uint8_t>(0, out.bytes);
+}
+
+// `g` holds bad offsets: it launches, the device reports that it wrote
+// nothing, and `out` (its output) keeps its poison.
+inline void check_bad_offsets_refused(const kjit_grouped_gemm_desc& g, const DeviceBuffer& out) {
+  REQUIRE_MESSAGE(kjit_grouped_gemm(&g, nullptr) == KJIT_OK, std::string(kjit_last_error_message()));
+  CHECK(kjit_device_errors(0) == KJIT_ERROR_DEVICE_REPORTED);
+  CHECK(std::string(kjit_last_error_message()).find("wrote nothing") != std::string::npos);
+  CHECK(out.written_words() == 0);
+}
+
+// The bytes of `out` in [from, to) that are none of DeviceBuffer::poison's.
+inline int64_t touched_bytes(const std::vector<uint8_t>& out, size_t from, size_t to) {
+  int64_t touched = 0;
+  for (size_t i = from; i < to; ++i) touched += out[i] != 0xEF && out[i] != 0xBE && out[i] != 0xAD && out[i] != 0xDE;
+  return touched;
+}
 
 }  // namespace kjit::testing

@@ -14,7 +14,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -29,7 +28,6 @@
 #include "why.hpp"
 
 using namespace kjit::testing;
-using kjit::reference::bf16_to_float;
 namespace codegen = kjit::codegen;
 
 namespace {
@@ -91,14 +89,6 @@ std::vector<KernelPath> kernel_paths() {
   return paths;
 }
 
-std::vector<int32_t> offsets_for(const Fp8Case& c) {
-  std::vector<int32_t> ends(c.counts.size());
-  std::partial_sum(c.counts.begin(), c.counts.end(), ends.begin());
-  if (c.convention == KJIT_OFFSETS_CUMULATIVE_END) return ends;
-  ends.insert(ends.begin(), 0);
-  return ends;
-}
-
 struct Fp8Data {
   std::vector<uint8_t> a, w;  // e4m3fn codes [rows, K], [E, N, K]
   std::vector<float> a_scales, b_scales, row_scale;
@@ -147,39 +137,6 @@ std::vector<double> reference(const Fp8Case& c, const Fp8Data& d, int64_t row_st
   return ref;
 }
 
-double output_value(const Fp8Case& c, const std::vector<uint8_t>& out, int64_t index) {
-  if (c.out == KJIT_DTYPE_F32) {
-    float f;
-    std::memcpy(&f, &out[static_cast<size_t>(index * 4)], 4);
-    return f;
-  }
-  uint16_t b;
-  std::memcpy(&b, &out[static_cast<size_t>(index * 2)], 2);
-  return bf16_to_float(b);
-}
-
-// ||out - ref|| / ||ref|| over the sampled rows; huge when a row was never written.
-double relative_error(const Fp8Case& c, const std::vector<double>& ref, const std::vector<uint8_t>& out,
-                      int64_t routed, int64_t row_step = 1) {
-  double diff = 0, norm = 0;
-  size_t i = 0;
-  for (int64_t row = 0; row < routed; row += row_step)
-    for (int64_t col = 0; col < c.n; ++col, ++i) {
-      const double got = output_value(c, out, row * c.n + col), want = ref[i];
-      diff += (got - want) * (got - want);
-      norm += want * want;
-    }
-  return std::sqrt(diff / std::max(norm, 1e-30));
-}
-
-// Bytes of the rows past the last offset that lost DeviceBuffer::poison's pattern.
-int64_t touched_past_routed(const Fp8Case& c, const std::vector<uint8_t>& out, int64_t routed, int64_t rows) {
-  int64_t touched = 0;
-  for (size_t i = static_cast<size_t>(routed * c.n * c.out_bytes()); i < static_cast<size_t>(rows * c.n * c.out_bytes()); ++i)
-    touched += out[i] != 0xEF && out[i] != 0xBE && out[i] != 0xAD && out[i] != 0xDE;
-  return touched;
-}
-
 struct Fp8Buffers {
   DeviceBuffer a, w, a_scales, b_scales, row_scale, out, offsets;
   Fp8Buffers(const Fp8Case& c, int64_t rows, const Fp8Data& d)
@@ -195,7 +152,7 @@ struct Fp8Buffers {
     if (!d.a_scales.empty()) a_scales.upload(d.a_scales);
     b_scales.upload(d.b_scales);
     if (!d.row_scale.empty()) row_scale.upload(d.row_scale);
-    offsets.upload(offsets_for(c));
+    offsets.upload(offsets_for(c.counts, c.convention));
     out.poison();
   }
   kjit_grouped_gemm_desc desc(const Fp8Case& c, int64_t rows) const {
@@ -244,13 +201,19 @@ void run_fp8_gemm(const Fp8Case& c) {
     CAPTURE(path_name);
     auto g = b.desc(c, rows);
     use_path(g, path);
-    b.out.poison();
-    REQUIRE_MESSAGE(kjit_grouped_gemm(&g, nullptr) == KJIT_OK, std::string(kjit_last_error_message()));
-    REQUIRE_MESSAGE(kjit_device_errors(0) == KJIT_OK, std::string(kjit_last_error_message()));
-    const auto out = b.out.download<uint8_t>(0, b.out.bytes);
-    const double err = relative_error(c, ref, out, routed);
+    const auto out = grouped_gemm_output(g, b.out);
+    const double err = relative_error(c.out, c.n, ref, out, routed);
     CHECK_MESSAGE(err <= kTolerance, "relative error ", err);
-    CHECK(touched_past_routed(c, out, routed, rows) == 0);
+    const auto row_bytes = static_cast<size_t>(c.n * c.out_bytes());
+    CHECK(touched_bytes(out, static_cast<size_t>(routed) * row_bytes, static_cast<size_t>(rows) * row_bytes) == 0);
+  }
+}
+
+// run_fp8_gemm with block and with per-channel weight scales.
+void run_fp8_gemm_both_scalings(Fp8Case c) {
+  for (auto weight_scale : {KJIT_SCALE_PER_BLOCK, KJIT_SCALE_PER_ROW}) {
+    c.weight_scale = weight_scale;
+    run_fp8_gemm(c);
   }
 }
 
@@ -286,27 +249,21 @@ TEST_CASE("one expert owning every row (333, no multiple of any tile), and a sin
   c.counts[5] = 333;
   c.extra_rows = 3;
   run_fp8_gemm(c);
-  for (auto weight_scale : {KJIT_SCALE_PER_BLOCK, KJIT_SCALE_PER_ROW}) {
-    Fp8Case single;
-    single.counts = {77};
-    single.n = 136;  // two weight blocks along N, the second 8 rows
-    single.k = 128;  // one k-block
-    single.weight_scale = weight_scale;
-    run_fp8_gemm(single);
-  }
+  Fp8Case single;
+  single.counts = {77};
+  single.n = 136;  // two weight blocks along N, the second 8 rows
+  single.k = 128;  // one k-block
+  run_fp8_gemm_both_scalings(single);
 }
 
 TEST_CASE("one row in total, with rows past it untouched") {
   if (!has_fp8()) return;
-  for (auto weight_scale : {KJIT_SCALE_PER_BLOCK, KJIT_SCALE_PER_ROW}) {
-    Fp8Case c;
-    c.counts = {0, 1, 0};
-    c.extra_rows = 5;
-    c.n = 320;  // a partial last weight block of N
-    c.weight_scale = weight_scale;
-    c.row_scale = true;
-    run_fp8_gemm(c);
-  }
+  Fp8Case c;
+  c.counts = {0, 1, 0};
+  c.extra_rows = 5;
+  c.n = 320;  // a partial last weight block of N
+  c.row_scale = true;
+  run_fp8_gemm_both_scalings(c);
 }
 
 TEST_CASE("256 experts with random counts, both weight scalings") {
@@ -331,14 +288,7 @@ TEST_CASE("decreasing or out-of-range offsets write nothing and are reported") {
   for (const std::vector<int32_t>& bad : {std::vector<int32_t>{10, 5, 60}, std::vector<int32_t>{10, 30, 61}}) {
     Fp8Buffers b(c, 60, d);
     b.offsets.upload(bad);
-    const auto g = b.desc(c, 60);
-    REQUIRE_MESSAGE(kjit_grouped_gemm(&g, nullptr) == KJIT_OK, std::string(kjit_last_error_message()));
-    CHECK(kjit_device_errors(0) == KJIT_ERROR_DEVICE_REPORTED);
-    CHECK(std::string(kjit_last_error_message()).find("wrote nothing") != std::string::npos);
-    const auto words = b.out.download<uint32_t>(0, b.out.bytes / 4);
-    int64_t written = 0;
-    for (uint32_t word : words) written += word != 0xDEADBEEFu;
-    CHECK(written == 0);
+    check_bad_offsets_refused(b.desc(c, 60), b.out);
   }
 }
 
@@ -354,28 +304,20 @@ TEST_CASE("a captured FP8 grouped GEMM replays with per-expert counts changing b
     Fp8Buffers b(c, rows, d);
     const auto g = b.desc(c, rows);
     REQUIRE_MESSAGE(kjit_grouped_gemm_prepare(&g, 0) == KJIT_OK, std::string(kjit_last_error_message()));
-    CUstream stream;
-    must(api().cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-    must(api().cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "cuStreamBeginCapture");
-    const kjit_status captured = kjit_grouped_gemm(&g, reinterpret_cast<kjit_stream>(stream));
-    CUgraph graph;
-    must(api().cuStreamEndCapture(stream, &graph), "cuStreamEndCapture");
+    GraphCapture capture;
+    const kjit_status captured = kjit_grouped_gemm(&g, capture.stream());
+    capture.end();
     REQUIRE_MESSAGE(captured == KJIT_OK, std::string(kjit_last_error_message()));
-    CUgraphExec exec;
-    must(api().cuGraphInstantiateWithFlags(&exec, graph, 0), "cuGraphInstantiateWithFlags");
+    capture.instantiate();
     for (const std::vector<int32_t>& counts : {std::vector<int32_t>{0, 200, 0, 0}, {13, 77, 0, 110}, {199, 0, 1, 0}}) {
       c.counts = counts;
       d = fp8_inputs(c, rows);
       b.upload(c, d);
-      must(api().cuGraphLaunch(exec, stream), "cuGraphLaunch");
-      must(api().cuStreamSynchronize(stream), "cuStreamSynchronize");
-      const double err = relative_error(c, reference(c, d), b.out.download<uint8_t>(0, b.out.bytes), rows);
+      capture.replay();
+      const double err = relative_error(c.out, c.n, reference(c, d), b.out.download<uint8_t>(0, b.out.bytes), rows);
       CHECK_MESSAGE(err <= kTolerance, "relative error ", err);
     }
     CHECK(kjit_device_errors(0) == KJIT_OK);
-    api().cuGraphExecDestroy(exec);
-    api().cuGraphDestroy(graph);
-    api().cuStreamDestroy(stream);
   }
 }
 
@@ -400,24 +342,15 @@ TEST_CASE("the portable kernel forced on the same GPU agrees with the default ke
     std::vector<std::vector<uint8_t>> outputs;
     for (auto kernel : {KJIT_GEMM_KERNEL_AUTO, KJIT_GEMM_KERNEL_PORTABLE}) {
       g.kernel = kernel;
-      b.out.poison();
-      REQUIRE_MESSAGE(kjit_grouped_gemm(&g, nullptr) == KJIT_OK, std::string(kjit_last_error_message()));
-      REQUIRE_MESSAGE(kjit_device_errors(0) == KJIT_OK, std::string(kjit_last_error_message()));
-      outputs.push_back(b.out.download<uint8_t>(0, b.out.bytes));
+      outputs.push_back(grouped_gemm_output(g, b.out));
     }
     // Every output element: the kernels differ only in summation order and final rounding.
-    double diff = 0, norm = 0;
-    for (int64_t i = 0; i < rows * c.n; ++i) {
-      const double x = output_value(c, outputs[0], i), y = output_value(c, outputs[1], i);
-      diff += (x - y) * (x - y);
-      norm += y * y;
-    }
-    const double disagreement = std::sqrt(diff / norm);
-    CHECK_MESSAGE(disagreement <= kTolerance, "default vs portable ", disagreement);
+    const double apart = disagreement(c.out, outputs[0], outputs[1], rows * c.n);
+    CHECK_MESSAGE(apart <= kTolerance, "default vs portable ", apart);
     // And each against fp64 on every 17th row.
     const auto ref = reference(c, d, 17);
     for (const auto& out : outputs) {
-      const double err = relative_error(c, ref, out, rows, 17);
+      const double err = relative_error(c.out, c.n, ref, out, rows, 17);
       CHECK_MESSAGE(err <= kTolerance, "relative error ", err);
     }
   }

@@ -10,7 +10,6 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
-#include <cstring>
 #include <numeric>
 #include <vector>
 
@@ -73,14 +72,6 @@ std::vector<KernelPath> kernel_paths() {
           {"portable", KJIT_GEMM_KERNEL_PORTABLE, 0, 0, 0}};
 }
 
-std::vector<int32_t> offsets_for(const GemmCase& c) {
-  std::vector<int32_t> ends(c.counts.size());
-  std::partial_sum(c.counts.begin(), c.counts.end(), ends.begin());
-  if (c.convention == KJIT_OFFSETS_CUMULATIVE_END) return ends;
-  ends.insert(ends.begin(), 0);
-  return ends;
-}
-
 struct GemmData {
   std::vector<uint16_t> a, w;
   std::vector<float> scale;
@@ -119,31 +110,6 @@ std::vector<double> reference(const GemmCase& c, const GemmData& d, int64_t row_
   return ref;
 }
 
-double output_value(const GemmCase& c, const std::vector<uint8_t>& out, int64_t index) {
-  if (c.out == KJIT_DTYPE_F32) {
-    float f;
-    std::memcpy(&f, &out[static_cast<size_t>(index * 4)], 4);
-    return f;
-  }
-  uint16_t b;
-  std::memcpy(&b, &out[static_cast<size_t>(index * 2)], 2);
-  return bf16_to_float(b);
-}
-
-// ||out - ref|| / ||ref|| over the sampled rows; NaN-like (huge) when a row was never written.
-double relative_error(const GemmCase& c, const std::vector<double>& ref, const std::vector<uint8_t>& out,
-                      int64_t routed, int64_t row_step = 1) {
-  double diff = 0, norm = 0;
-  size_t i = 0;
-  for (int64_t row = 0; row < routed; row += row_step)
-    for (int64_t col = 0; col < c.n; ++col, ++i) {
-      const double got = output_value(c, out, row * c.n + col), want = ref[i];
-      diff += (got - want) * (got - want);
-      norm += want * want;
-    }
-  return std::sqrt(diff / std::max(norm, 1e-30));
-}
-
 struct GemmBuffers {
   DeviceBuffer a, w, out, offsets, scale, workspace;
   GemmBuffers(const GemmCase& c, int64_t rows, const GemmData& d)
@@ -153,7 +119,7 @@ struct GemmBuffers {
         workspace(0, kjit_grouped_gemm_workspace_bytes()) {
     if (!d.a.empty()) a.upload(d.a);
     w.upload(d.w);
-    offsets.upload(offsets_for(c));
+    offsets.upload(offsets_for(c.counts, c.convention));
     if (!d.scale.empty()) scale.upload(d.scale);
     out.poison();
     workspace.poison();  // kjit zeroes the tile counter before each launch
@@ -202,17 +168,11 @@ void run_gemm(const GemmCase& c) {
       g.workspace = nullptr;
       g.workspace_bytes = 0;
     }
-    b.out.poison();
-    REQUIRE_MESSAGE(kjit_grouped_gemm(&g, nullptr) == KJIT_OK, std::string(kjit_last_error_message()));
-    REQUIRE_MESSAGE(kjit_device_errors(0) == KJIT_OK, std::string(kjit_last_error_message()));
-    const auto out = b.out.download<uint8_t>(0, b.out.bytes);
-    const double err = relative_error(c, ref, out, routed);
+    const auto out = grouped_gemm_output(g, b.out);
+    const double err = relative_error(c.out, c.n, ref, out, routed);
     CHECK_MESSAGE(err <= 1e-2, "relative error ", err);
-    const size_t esize = c.out == KJIT_DTYPE_F32 ? 4 : 2;
-    int64_t touched = 0;
-    for (size_t i = static_cast<size_t>(routed * c.n) * esize; i < static_cast<size_t>(rows * c.n) * esize; ++i)
-      touched += out[i] != 0xEF && out[i] != 0xBE && out[i] != 0xAD && out[i] != 0xDE;
-    CHECK(touched == 0);
+    const size_t row_bytes = static_cast<size_t>(c.n) * (c.out == KJIT_DTYPE_F32 ? 4 : 2);
+    CHECK(touched_bytes(out, static_cast<size_t>(routed) * row_bytes, static_cast<size_t>(rows) * row_bytes) == 0);
   }
 }
 
@@ -279,14 +239,7 @@ TEST_CASE("decreasing or out-of-range offsets write nothing and are reported") {
   for (const std::vector<int32_t>& bad : {std::vector<int32_t>{10, 5, 60}, std::vector<int32_t>{10, 30, 61}}) {
     GemmBuffers b(c, 60, d);
     b.offsets.upload(bad);
-    const auto g = b.desc(c, 60);
-    REQUIRE(kjit_grouped_gemm(&g, nullptr) == KJIT_OK);
-    CHECK(kjit_device_errors(0) == KJIT_ERROR_DEVICE_REPORTED);
-    CHECK(std::string(kjit_last_error_message()).find("wrote nothing") != std::string::npos);
-    const auto words = b.out.download<uint32_t>(0, b.out.bytes / 4);
-    int64_t written = 0;
-    for (uint32_t word : words) written += word != 0xDEADBEEFu;
-    CHECK(written == 0);
+    check_bad_offsets_refused(b.desc(c, 60), b.out);
   }
 }
 
@@ -305,31 +258,23 @@ TEST_CASE("a captured grouped GEMM replays with per-expert counts changing betwe
     auto g = b.desc(c, rows);
     g.kernel = kernel;
     REQUIRE_MESSAGE(kjit_grouped_gemm_prepare(&g, 0) == KJIT_OK, std::string(kjit_last_error_message()));
-    CUstream stream;
-    must(api().cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-    must(api().cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "cuStreamBeginCapture");
-    const kjit_status captured = kjit_grouped_gemm(&g, reinterpret_cast<kjit_stream>(stream));
-    CUgraph graph;
-    must(api().cuStreamEndCapture(stream, &graph), "cuStreamEndCapture");
+    GraphCapture capture;
+    const kjit_status captured = kjit_grouped_gemm(&g, capture.stream());
+    capture.end();
     REQUIRE_MESSAGE(captured == KJIT_OK, std::string(kjit_last_error_message()));
-    CUgraphExec exec;
-    must(api().cuGraphInstantiateWithFlags(&exec, graph, 0), "cuGraphInstantiateWithFlags");
+    capture.instantiate();
     for (const std::vector<int32_t>& counts : {std::vector<int32_t>{0, 200, 0, 0}, {13, 77, 0, 110}, {199, 0, 1, 0}}) {
       c.counts = counts;
       d = gemm_inputs(c, rows);
       b.a.upload(d.a);
       b.w.upload(d.w);
-      b.offsets.upload(offsets_for(c));
+      b.offsets.upload(offsets_for(c.counts, c.convention));
       b.out.poison();
       b.workspace.poison();
-      must(api().cuGraphLaunch(exec, stream), "cuGraphLaunch");
-      must(api().cuStreamSynchronize(stream), "cuStreamSynchronize");
-      const double err = relative_error(c, reference(c, d), b.out.download<uint8_t>(0, b.out.bytes), rows);
+      capture.replay();
+      const double err = relative_error(c.out, c.n, reference(c, d), b.out.download<uint8_t>(0, b.out.bytes), rows);
       CHECK_MESSAGE(err <= 1e-2, "relative error ", err);
     }
-    api().cuGraphExecDestroy(exec);
-    api().cuGraphDestroy(graph);
-    api().cuStreamDestroy(stream);
   }
 }
 
@@ -364,32 +309,25 @@ TEST_CASE("the portable kernel forced on the same GPU agrees with the SM90 kerne
                                 {"portable", KJIT_GEMM_KERNEL_PORTABLE, 0, 0, 0}};
     std::vector<std::vector<uint8_t>> outputs;
     for (const auto& path : paths) {
+      const std::string path_name = path.name;
+      CAPTURE(path_name);
       g.kernel = path.kernel;
       g.tile_m = path.tile_m;
       g.tile_n = path.tile_n;
       g.cluster = path.cluster;
       g.cluster_axis = path.cluster_axis;
-      b.out.poison();
-      REQUIRE_MESSAGE(kjit_grouped_gemm(&g, nullptr) == KJIT_OK, path.name, ": ", std::string(kjit_last_error_message()));
-      REQUIRE_MESSAGE(kjit_device_errors(0) == KJIT_OK, std::string(kjit_last_error_message()));
-      outputs.push_back(b.out.download<uint8_t>(0, b.out.bytes));
+      outputs.push_back(grouped_gemm_output(g, b.out));
     }
     // Every output element: the kernels differ only in summation order and final rounding.
     const auto& portable = outputs.back();
     for (size_t sm90 = 0; sm90 + 1 < outputs.size(); ++sm90) {
-      double diff = 0, norm = 0;
-      for (int64_t i = 0; i < rows * c.n; ++i) {
-        const double x = output_value(c, outputs[sm90], i), y = output_value(c, portable, i);
-        diff += (x - y) * (x - y);
-        norm += y * y;
-      }
-      const double disagreement = std::sqrt(diff / norm);
-      CHECK_MESSAGE(disagreement <= 1e-2, paths[sm90].name, " vs portable ", disagreement);
+      const double apart = disagreement(c.out, outputs[sm90], portable, rows * c.n);
+      CHECK_MESSAGE(apart <= 1e-2, paths[sm90].name, " vs portable ", apart);
     }
     // And each against float64 on every 17th row.
     const auto ref = reference(c, d, 17);
     for (const auto& out : outputs) {
-      const double err = relative_error(c, ref, out, rows, 17);
+      const double err = relative_error(c.out, c.n, ref, out, rows, 17);
       CHECK_MESSAGE(err <= 1e-2, "relative error ", err);
     }
   }

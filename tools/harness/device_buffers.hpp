@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "kjit/internal/driver.hpp"
@@ -10,9 +11,10 @@
 namespace kjit::harness {
 
 // Device memory of one check, freed on every path; uploads without data are
-// poisoned with 0xA5 bytes, so that unwritten elements fail.
+// poisoned with kPoison bytes, so that unwritten elements fail.
 class Buffers {
  public:
+  static constexpr uint8_t kPoison = 0xA5;
   Buffers(const DriverApi& api, CUcontext ctx) : api_(api), ctx_(ctx) {}
   ~Buffers() {
     ScopedContext scope(api_, ctx_);
@@ -25,10 +27,15 @@ class Buffers {
     owned_.push_back(p);
     if (data) {
       KJIT_TRY(check(api_, api_.cuMemcpyHtoD(p, data, bytes), "cuMemcpyHtoD"));
-    } else if (auto ok = check(api_, api_.cuMemsetD8(p, 0xA5, bytes), "cuMemsetD8"); !ok) {
+    } else if (auto ok = check(api_, api_.cuMemsetD8(p, kPoison, bytes), "cuMemsetD8"); !ok) {
       return std::unexpected(ok.error());
     }
     return p;
+  }
+  // Copies into memory this object allocated (`p` may point inside it).
+  Expected<void> copy_in(CUdeviceptr p, const void* data, size_t bytes) {
+    ScopedContext scope(api_, ctx_);
+    return check(api_, api_.cuMemcpyHtoD(p, data, bytes), "cuMemcpyHtoD");
   }
   Expected<void> download(void* data, CUdeviceptr p, size_t bytes) {
     ScopedContext scope(api_, ctx_);

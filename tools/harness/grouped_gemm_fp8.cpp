@@ -1,13 +1,13 @@
 // The FP8 (W8A8) grouped GEMM family's check (harness.hpp).
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <random>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "device_buffers.hpp"
+#include "grouped_gemm_check.hpp"
 #include "harness.hpp"
 #include "kjit/codegen/families/grouped_gemm_fp8.hpp"
 #include "kjit/internal/ops/grouped_gemm.hpp"
@@ -45,16 +45,11 @@ Expected<double> check_grouped_gemm_fp8(Runtime& runtime, DeviceState& device, c
   const bool block_scaled = spec.weight_scale == codegen::Fp8WeightScale::block_128;
 
   std::vector<int32_t> counts(static_cast<size_t>(experts));
-  std::vector<int64_t> active;
-  for (int64_t e : {std::min<int64_t>(1, experts - 1), experts / 2, experts - 1})
-    if (std::find(active.begin(), active.end(), e) == active.end()) active.push_back(e);
+  const std::vector<int64_t> active = routed_experts(experts);
   std::uniform_int_distribution<int> few(1, 6), many(1, 300);
   for (int64_t e : active) counts[static_cast<size_t>(e)] = e == experts / 2 ? many(rng) : few(rng);
-  std::vector<int32_t> offsets;
-  if (spec.offsets == codegen::OffsetsConvention::with_leading_zero) offsets.push_back(0);
-  int64_t routed = 0;
-  for (int32_t c : counts) offsets.push_back(static_cast<int32_t>(routed += c));
-  const int64_t rows = routed + 3;  // three rows belong to no expert
+  const Routing routing(counts, spec.offsets);
+  const int64_t routed = routing.routed(), rows = routed + 3;  // three rows belong to no expert
 
   // A configuration is launched as itself: the request that names its kernel and tile must pick it.
   if (spec.configured()) {
@@ -100,32 +95,14 @@ Expected<double> check_grouped_gemm_fp8(Runtime& runtime, DeviceState& device, c
   auto dw = buffers.upload(nullptr, static_cast<size_t>(experts) * expert_codes);
   auto da_scales = buffers.upload(a_scales.data(), a_scales.size() * 4);
   auto db_scales = buffers.upload(b_scales.data(), b_scales.size() * 4);
-  auto doff = buffers.upload(offsets.data(), offsets.size() * 4);
+  auto doff = buffers.upload(routing.offsets.data(), routing.offsets.size() * 4);
   auto drow_scale = buffers.upload(row_scale.data(), row_scale.size() * 4);
   auto dout = buffers.upload(nullptr, out_size);  // 0xA5 poison
   for (auto* r : {&da, &dw, &da_scales, &db_scales, &doff, &drow_scale, &dout})
     if (!*r) return std::unexpected(r->error());
-  {
-    ScopedContext scope(api, device.context);
-    for (int64_t e : active)
-      KJIT_TRY(check(api, api.cuMemcpyHtoD(*dw + static_cast<size_t>(e) * expert_codes, w[static_cast<size_t>(e)].data(), expert_codes), "cuMemcpyHtoD"));
-  }
-  kjit_grouped_gemm_desc g;
-  kjit_grouped_gemm_desc_init(&g);
-  g.a_dtype = g.b_dtype = KJIT_DTYPE_F8_E4M3FN;
-  g.out_dtype = spec.out == codegen::DType::f32 ? KJIT_DTYPE_F32 : KJIT_DTYPE_BF16;
-  g.rows = rows;
-  g.n = n;
-  g.k = k;
-  g.experts = experts;
+  KJIT_TRY(upload_routed_weights(buffers, *dw, w, active));
+  kjit_grouped_gemm_desc g = launch_desc(spec, KJIT_DTYPE_F8_E4M3FN, rows, *da, *dw, *dout, *doff, *drow_scale);
   g.weights = KJIT_WEIGHTS_E_N_K;
-  g.offsets_convention = spec.offsets == codegen::OffsetsConvention::with_leading_zero ? KJIT_OFFSETS_WITH_LEADING_ZERO
-                                                                                       : KJIT_OFFSETS_CUMULATIVE_END;
-  g.a = reinterpret_cast<const void*>(*da);
-  g.b = reinterpret_cast<const void*>(*dw);
-  g.out = reinterpret_cast<void*>(*dout);
-  g.offsets = reinterpret_cast<const int32_t*>(*doff);
-  g.row_scale = spec.row_scale ? reinterpret_cast<const float*>(*drow_scale) : nullptr;
   g.a_scales = reinterpret_cast<const float*>(*da_scales);
   g.b_scales = reinterpret_cast<const float*>(*db_scales);
   g.b_scale_granularity = block_scaled ? KJIT_SCALE_PER_BLOCK : KJIT_SCALE_PER_ROW;
@@ -142,45 +119,26 @@ Expected<double> check_grouped_gemm_fp8(Runtime& runtime, DeviceState& device, c
   KJIT_TRY(runtime.take_device_errors(device.ordinal));
   std::vector<uint8_t> out(out_size);
   KJIT_TRY(buffers.download(out.data(), *dout, out_size));
-  for (size_t i = static_cast<size_t>(routed * n * out_bytes); i < out_size; ++i)
-    if (out[i] != 0xA5) return fail(KJIT_ERROR_INTERNAL, "a row past the last offset was written");
+  KJIT_TRY(rows_past_routed_untouched(out, static_cast<size_t>(routed * n * out_bytes)));
 
-  std::vector<int64_t> expert_of(static_cast<size_t>(routed));
   std::vector<int64_t> sampled;
-  for (int64_t e = 0, row = 0; e < experts; ++e) {
+  for (int64_t e = 0, row = 0; e < experts; row += counts[static_cast<size_t>(e)], ++e)
     if (counts[static_cast<size_t>(e)] > 0) sampled.insert(sampled.end(), {row, row + counts[static_cast<size_t>(e)] - 1});
-    for (int32_t i = 0; i < counts[static_cast<size_t>(e)]; ++i) expert_of[static_cast<size_t>(row++)] = e;
-  }
   std::uniform_int_distribution<int64_t> pick(0, routed - 1);
   sampled.insert(sampled.end(), {pick(rng), pick(rng)});
-  double diff = 0, norm = 0;
+  RelativeError error;
   std::vector<double> want(static_cast<size_t>(n));
   for (int64_t row : sampled) {
-    const int64_t e = expert_of[static_cast<size_t>(row)];
+    const int64_t e = routing.expert_of[static_cast<size_t>(row)];
     const std::span<const float> scales_of_e(b_scales.data() + e * b_scales_per_expert,
                                              static_cast<size_t>(b_scales_per_expert));
     reference::fp8_gemm_row(std::span(a).subspan(static_cast<size_t>(row * k), static_cast<size_t>(k)),
                             std::span(a_scales).subspan(static_cast<size_t>(row * k_blocks), static_cast<size_t>(k_blocks)),
                             {w[static_cast<size_t>(e)], scales_of_e, g.b_scale_granularity}, n, k,
                             spec.row_scale ? double(row_scale[static_cast<size_t>(row)]) : 1.0, want);
-    for (int64_t col = 0; col < n; ++col) {
-      const size_t at = static_cast<size_t>((row * n + col) * out_bytes);
-      double got;
-      if (out_bytes == 4) {
-        float f;
-        std::memcpy(&f, &out[at], 4);
-        got = f;
-      } else {
-        uint16_t b;
-        std::memcpy(&b, &out[at], 2);
-        got = reference::bf16_to_float(b);
-      }
-      const double ref = want[static_cast<size_t>(col)];
-      diff += (got - ref) * (got - ref);
-      norm += ref * ref;
-    }
+    error.add_row(out, out_bytes, row, want);
   }
-  return std::sqrt(diff / std::max(norm, 1e-30));
+  return error.value();
 }
 
 }  // namespace kjit::harness
