@@ -126,8 +126,9 @@ __device__ __forceinline__ void fp8_scale_loader(const kjit_grouped_gemm_fp8_sm9
   }
 }
 
-// One tile's k-loop for one consumer warpgroup (kRows rows): per k-block, four wgmma m64n<kRows>k32 into `partial`,
-// then acc += partial x a_scale[row] x b_scale. Accumulator register
+// One tile's k-loop for one consumer warpgroup (kRows rows): per k-block,
+// four wgmma m64n<kRows>k32 into `partial`, then
+// acc += partial x a_scale[row] x b_scale. Accumulator register
 // 4j + 2h + c holds weight row (output column) 16 * warp + lane / 4 + 8h of
 // the warpgroup's 64, tile row 8j + 2 (lane % 4) + c.
 template <class Cfg, int kRows>
