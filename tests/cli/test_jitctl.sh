@@ -90,4 +90,20 @@ check "one entry per kernel" grep -q "^25 entries" <("$jitctl" list)
 check "the model's routing and combine are precompiled" \
   grep -q "moe_routing experts=128 offsets=cumulative_end" <("$jitctl" list)
 
+# The same FP8 model for an A100 (sm_80, no FP8 tensor cores or conversions):
+# the FP8 kernels are skipped and named, the rest is built, and the run succeeds
+# (it exited 1, each FP8 kernel "failed").
+export KJIT_CACHE_DIR=$work/ampere-cache
+set +e
+"$jitctl" precompile --manifest "$manifests/qwen3-30b-a3b.json" --arch sm_80 -j 2 > "$work/a100.txt" 2> "$work/a100.err"
+rc=$?
+set -e
+check "kernels an arch cannot run do not fail the precompile" test "$rc" -eq 0
+# Skipped: 5 fp8 dequant + 3 fp8 quantize kernels + 3 FP8 GEMM problems (one portable configuration each);
+# built: the 3 bf16 GEMM problems' portable kernels, routing and combine.
+check "the summary counts the skipped kernels" grep -q "5 compiled, 0 already cached, 0 failed.*; 11 skipped" "$work/a100.txt"
+check "each skipped kernel is named with the reason" \
+  grep -q "needs FP8 tensor cores (compute capability 8.9 or newer); sm_80" "$work/a100.err"
+check "nothing of the skipped families is cached" bash -c "! '$jitctl' list | grep -q 'fp8_'"
+
 finish

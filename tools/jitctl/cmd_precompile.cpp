@@ -2,7 +2,9 @@
 // root, in parallel, with a progress line (redrawn on a terminal, about one
 // line per 10% otherwise). Idempotent: a second run finds everything in the
 // cache. Exits 1 when any kernel failed to build or is not in the writable
-// root afterwards, naming each.
+// root afterwards, naming each. A kernel an arch cannot run (an FP8 family on
+// sm_80, Hopper's kernels elsewhere) is skipped, named with the reason, and
+// does not fail the run: a fleet manifest lists kernels for several archs.
 #include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -188,10 +190,17 @@ int cmd_precompile(const PrecompileOptions& options) {
   }
 
   std::vector<Job> jobs;
+  std::vector<std::pair<Job, std::string>> skipped;  // with why the arch cannot run it
   for (const auto& target : archs) {
     const codegen::ArchInfo* arch = *codegen::arch_for_target(target);  // validated with the arguments
     for (const auto& spec : manifest->kernels)
-      for (auto& kernel : codegen::kernels_for_target(spec, *arch)) jobs.push_back({std::move(kernel), arch});
+      for (auto& kernel : codegen::kernels_for_target(spec, *arch)) {
+        // Any other invalid spec is the Builder's to report, as a failure.
+        if (auto fits = codegen::validate_for_target(kernel, *arch); !fits && fits.error().code == KJIT_ERROR_UNSUPPORTED)
+          skipped.push_back({{std::move(kernel), arch}, fits.error().message});
+        else
+          jobs.push_back({std::move(kernel), arch});
+      }
   }
   fmt::print(stderr, "precompiling {} kernel{} ({} spec{} for {} arch{}) with {} thread{}\n", jobs.size(),
              jobs.size() == 1 ? "" : "s", manifest->kernels.size(), manifest->kernels.size() == 1 ? "" : "s",
@@ -219,8 +228,12 @@ int cmd_precompile(const PrecompileOptions& options) {
   if (options.json) {
     nlohmann::json out = {{"kernels", jobs.size()},      {"compiled", progress.compiled()},
                           {"cached", progress.cached()}, {"failed", progress.failed()},
-                          {"seconds", seconds},          {"root", root},
-                          {"failures", nlohmann::json::array()}, {"not_stored", nlohmann::json::array()}};
+                          {"skipped", skipped.size()},   {"seconds", seconds},
+                          {"root", root},                {"failures", nlohmann::json::array()},
+                          {"not_stored", nlohmann::json::array()}, {"skips", nlohmann::json::array()}};
+    for (const auto& [job, why] : skipped)
+      out["skips"].push_back({{"arch", std::string(job.arch->target)}, {"spec", codegen::canonical(job.spec)},
+                              {"reason", why}});
     for (size_t i = 0; i < jobs.size(); ++i) {
       const nlohmann::json kernel = {{"arch", std::string(jobs[i].arch->target)}, {"spec", codegen::canonical(jobs[i].spec)}};
       if (!failures[i].empty()) out["failures"].push_back(with(kernel, "error", failures[i]));
@@ -228,9 +241,12 @@ int cmd_precompile(const PrecompileOptions& options) {
     }
     fmt::print("{}\n", out.dump(2));
   } else {
-    fmt::print("precompile: {} compiled, {} already cached, {} failed, {} not stored in {:.1f} s\n",
-               progress.compiled(), progress.cached(), progress.failed(), missing, seconds);
+    fmt::print("precompile: {} compiled, {} already cached, {} failed, {} not stored in {:.1f} s{}\n",
+               progress.compiled(), progress.cached(), progress.failed(), missing, seconds,
+               skipped.empty() ? "" : fmt::format("; {} skipped (not supported on their arch)", skipped.size()));
   }
+  for (const auto& [job, why] : skipped)
+    fmt::print(stderr, "skipped: {} {}\n  {}\n", job.arch->target, codegen::canonical(job.spec), why);
   for (size_t i = 0; i < jobs.size(); ++i) {
     if (!failures[i].empty())
       fmt::print(stderr, "failed: {} {}\n  {}\n", jobs[i].arch->target, codegen::canonical(jobs[i].spec), failures[i]);
