@@ -49,7 +49,7 @@ inline float decode_e2m1(uint8_t nibble) {
 }
 
 // Element i of a row of packed e2m1 pairs: byte i / 2, the even element in the
-// LOW nibble (FORMATS.md; gpt-oss, ModelOpt and compressed-tensors agree).
+// LOW nibble (FORMATS.md).
 inline uint8_t e2m1_code_at(std::span<const uint8_t> packed, int64_t i) {
   const uint8_t byte = packed[static_cast<size_t>(i / 2)];
   return (i % 2) ? static_cast<uint8_t>(byte >> 4) : static_cast<uint8_t>(byte & 0xFu);
@@ -186,8 +186,9 @@ inline float block_amax(std::span<const float> block) {
 }
 
 // One NVFP4 block of 16 values -> 8 packed bytes; returns its e4m3fn scale byte.
-// The arithmetic, all fp32 IEEE round-to-nearest (TensorRT-LLM's recipe, with
-// IEEE division where it uses approximate reciprocals):
+// The arithmetic, all fp32 IEEE round-to-nearest (the NVFP4 recipe of
+// TensorRT-LLM's quantizer, written with IEEE divisions: a kernel matches it
+// with div.rn, not with approximate reciprocals):
 //   amax  = max |x|
 //   s     = amax / 6, then s / global (MULTIPLY: dequant multiplies by global)
 //           or s · global (DIVIDE: dequant divides by it)
@@ -216,7 +217,7 @@ inline uint8_t quantize_nvfp4_block(std::span<const float> block, float global_s
   return scale;
 }
 
-// The OCP MX shared scale of a block (OCP MX spec v1.0, 6.3): X = 2^E with
+// The OCP MX shared scale of a block (OCP MX spec v1.0): X = 2^E with
 // E = floor(log2(amax)) - emax of the element format, clamped to UE8M0's
 // [-127, 127]; returned as its byte E + 127. floor(log2) is read off the
 // binary exponent (frexp), exactly. amax 0 gives 0x00 (2^-127); a NaN amax
