@@ -387,3 +387,60 @@ TEST_CASE("fp8 quantize launch geometry gives every 128-column group of every ro
   CHECK(fp8_quantize_geometry(s, 4).block_x == 256);
   CHECK(fp8_quantize_max_rows(s) * 56 / 32 <= 0x7fffffff);
 }
+
+namespace {
+
+GroupedGemmFp8Spec fp8_problem() {
+  return {.n = 4096, .k = 7168, .experts = 32, .weight_scale = Fp8WeightScale::block_128};
+}
+
+}  // namespace
+
+TEST_CASE("FP8 grouped GEMM specs round-trip through text and JSON, and K must be whole 128-column blocks") {
+  std::set<std::string> canonicals;
+  for (const auto& config : kernels_for_target(KernelSpec{fp8_problem()}, arch("sm_90a"))) {
+    const auto back = spec_from_json(to_json(config));
+    REQUIRE(back.has_value());
+    CHECK(*back == config);
+    canonicals.insert(canonical(config));
+  }
+  CHECK(canonicals.size() == 2);  // alone, and pairs along N (4096 holds whole pairs of 128-row tiles)
+  auto bad = fp8_problem();
+  bad.k = 7168 + 64;
+  const auto invalid = validate(KernelSpec{bad});
+  REQUIRE_FALSE(invalid.has_value());
+  CHECK(invalid.error().message.find("multiple of 128") != std::string::npos);
+  // No FP8 tensor cores before sm_89: the portable configuration is refused there, with the reason.
+  const auto portable = kernels_for_target(KernelSpec{fp8_problem()}, arch("sm_80"));
+  REQUIRE(portable.size() == 1);
+  const auto refused = validate_for_target(portable[0], arch("sm_80"));
+  REQUIRE_FALSE(refused.has_value());
+  CHECK(refused.error().code == KJIT_ERROR_UNSUPPORTED);
+}
+
+TEST_CASE("the SM90 FP8 GEMM renders one e4m3 wgmma width and asks for its shared memory; both grids bound the tiles") {
+  const auto alone = *choose_grouped_gemm_fp8_config(fp8_problem(), arch("sm_90a"), 32 * 256);
+  REQUIRE(alone.kernel == Fp8GemmKernel::wgmma_sm90);
+  CHECK(alone.cluster == 1);
+  const auto k = render(alone);
+  CHECK(k.entry_point == "kjit_grouped_gemm_fp8_sm90");
+  CHECK(k.threads_per_block == 384);
+  // Stages of 128 weight rows + 128 rows of 128 codes, slack, barriers, scratch, queue, scales.
+  CHECK(k.dynamic_shared_bytes == 6 * (128 + 128) * 128 + 1024 + 16 * 6 + 2 * 4096 + 4 * 24 + 6 * 128 * 4);
+  CHECK(k.source.find("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3") != std::string::npos);
+  CHECK(k.source.find("m64n32k32") == std::string::npos);  // one width
+  // Persistent: row tiles bounded by ceil(rows / 128) + experts, over 128-column n-tiles, capped by residency.
+  const auto small = grouped_gemm_fp8_geometry(alone, 512, 4000);
+  CHECK((small.grid_x == (512 / 128 + 32) * (4096 / 128) && small.cluster_x == 1 && small.block_x == 384));
+  const auto capped = grouped_gemm_fp8_geometry(alone, 1 << 20, 132);
+  CHECK((capped.grid_x == 132 && capped.shared_bytes == static_cast<uint32_t>(k.dynamic_shared_bytes)));
+  const auto pairs = *choose_grouped_gemm_fp8_config(fp8_problem(), arch("sm_90a"), 32 * 1024);
+  CHECK(pairs.cluster == 2);
+  CHECK(grouped_gemm_fp8_geometry(pairs, 1 << 20, 132).grid_x == 132);
+  CHECK(grouped_gemm_fp8_geometry(pairs, 256, 4000).grid_x == 2 * (4096 / 256) * (256 / 128 + 32));
+  // The portable kernel: x over the m-tile bound, y over n-tiles, 128 threads.
+  const auto portable = *choose_grouped_gemm_fp8_config(fp8_problem(), arch("sm_120a"), 1000);
+  CHECK(render(portable).entry_point == "kjit_grouped_gemm_fp8");
+  const auto g = grouped_gemm_fp8_geometry(portable, 1000, 0);
+  CHECK((g.grid_x == (1000 + 63) / 64 + 32 && g.grid_y == 4096 / 128 && g.block_x == 128));
+}
