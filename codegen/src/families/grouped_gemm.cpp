@@ -256,7 +256,6 @@ int grouped_gemm_shared_bytes(const GroupedGemmSpec& s) {
 }
 
 LaunchGeometry grouped_gemm_geometry(const GroupedGemmSpec& spec, int64_t total_rows, int resident_blocks) {
-  LaunchGeometry g;
   // Every expert adds at most one partial m-tile: an upper bound that needs no
   // offsets on the host. Surplus blocks (or persistent iterations) find no tile.
   const int64_t m_tiles = (total_rows + spec.tile_m - 1) / spec.tile_m + spec.experts;
@@ -270,14 +269,26 @@ LaunchGeometry grouped_gemm_geometry(const GroupedGemmSpec& spec, int64_t total_
     const int64_t cluster_tiles =
         ((total_rows + spec.tile_m * m_group - 1) / (spec.tile_m * m_group) + spec.experts) *
         ((n_tiles + n_group - 1) / n_group);
-    const int64_t clusters = std::clamp<int64_t>(cluster_tiles, 1, std::max(resident_blocks / spec.cluster, 1));
-    g.block_x = static_cast<uint32_t>(sm90_threads(spec));
-    g.grid_x = static_cast<uint32_t>(clusters * spec.cluster);
-    g.cluster_x = static_cast<uint32_t>(spec.cluster);
-    g.shared_bytes = static_cast<uint32_t>(grouped_gemm_shared_bytes(spec));
-    return g;
+    return persistent_gemm_grid(cluster_tiles, spec.cluster, resident_blocks, sm90_threads(spec),
+                                grouped_gemm_shared_bytes(spec));
   }
-  g.block_x = kPortableThreads;
+  return portable_gemm_grid(m_tiles, n_tiles, kPortableThreads);
+}
+
+LaunchGeometry persistent_gemm_grid(int64_t cluster_tiles, int cluster, int resident_blocks, int threads,
+                                    int shared_bytes) {
+  LaunchGeometry g;
+  const int64_t clusters = std::clamp<int64_t>(cluster_tiles, 1, std::max(resident_blocks / cluster, 1));
+  g.block_x = static_cast<uint32_t>(threads);
+  g.grid_x = static_cast<uint32_t>(clusters * cluster);
+  g.cluster_x = static_cast<uint32_t>(cluster);
+  g.shared_bytes = static_cast<uint32_t>(shared_bytes);
+  return g;
+}
+
+LaunchGeometry portable_gemm_grid(int64_t m_tiles, int64_t n_tiles, int threads) {
+  LaunchGeometry g;
+  g.block_x = static_cast<uint32_t>(threads);
   g.grid_x = static_cast<uint32_t>(std::min<int64_t>(m_tiles, 0x7fffffff));
   g.grid_y = static_cast<uint32_t>(n_tiles);
   return g;

@@ -281,24 +281,13 @@ int grouped_gemm_fp8_max_stages(int tile_m) {
 }
 
 LaunchGeometry grouped_gemm_fp8_geometry(const GroupedGemmFp8Spec& spec, int64_t total_rows, int resident_blocks) {
-  LaunchGeometry g;
   // Every expert adds at most one partial row tile: an upper bound that needs no offsets on the host.
   const int64_t m_tiles = (total_rows + spec.tile_m - 1) / spec.tile_m + spec.experts;
   const int64_t n_tiles = (spec.n + spec.tile_n - 1) / spec.tile_n;
-  if (spec.kernel == Fp8GemmKernel::wgmma_sm90) {
-    // Persistent, in whole clusters (pairs along N).
-    const int64_t cluster_tiles = m_tiles * ((n_tiles + spec.cluster - 1) / spec.cluster);
-    const int64_t clusters = std::clamp<int64_t>(cluster_tiles, 1, std::max(resident_blocks / spec.cluster, 1));
-    g.block_x = static_cast<uint32_t>(sm90_threads(spec));
-    g.grid_x = static_cast<uint32_t>(clusters * spec.cluster);
-    g.cluster_x = static_cast<uint32_t>(spec.cluster);
-    g.shared_bytes = static_cast<uint32_t>(grouped_gemm_fp8_shared_bytes(spec));
-    return g;
-  }
-  g.block_x = kPortableThreads;
-  g.grid_x = static_cast<uint32_t>(std::min<int64_t>(m_tiles, 0x7fffffff));
-  g.grid_y = static_cast<uint32_t>(n_tiles);
-  return g;
+  if (spec.kernel == Fp8GemmKernel::wgmma_sm90)  // pairs lie along N
+    return persistent_gemm_grid(m_tiles * ((n_tiles + spec.cluster - 1) / spec.cluster), spec.cluster,
+                                resident_blocks, sm90_threads(spec), grouped_gemm_fp8_shared_bytes(spec));
+  return portable_gemm_grid(m_tiles, n_tiles, kPortableThreads);
 }
 
 std::vector<GroupedGemmFp8Spec> grouped_gemm_fp8_configs(const GroupedGemmFp8Spec& problem, const ArchInfo& arch) {

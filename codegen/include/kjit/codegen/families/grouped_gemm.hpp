@@ -79,6 +79,14 @@ int grouped_gemm_shared_bytes(const GroupedGemmSpec& spec);
 // persistent: its SM count, or what its clusters leave of it).
 LaunchGeometry grouped_gemm_geometry(const GroupedGemmSpec& spec, int64_t total_rows, int resident_blocks);
 
+// The two grid shapes of the grouped GEMM kernels (both families):
+// - persistent (SM90): whole clusters of `cluster` blocks, one per cluster
+//   tile up to what is resident at once (`resident_blocks`), at least one;
+// - portable: x over an upper bound of m-tiles (surplus blocks find no tile), y over n-tiles.
+LaunchGeometry persistent_gemm_grid(int64_t cluster_tiles, int cluster, int resident_blocks, int threads,
+                                    int shared_bytes);
+LaunchGeometry portable_gemm_grid(int64_t m_tiles, int64_t n_tiles, int threads);
+
 // ---- Tuning policy (grouped_gemm_tuning.cpp; docs/architecture.md "Grouped GEMM tiles") ----
 
 // The configurations `arch` may pick, one per token-count bucket, in bucket order (what precompile builds).
