@@ -145,11 +145,12 @@ typedef enum kjit_gemm_cluster_axis {
  * compiles; tile_m / tile_n / cluster / cluster_axis override the choice for
  * tuning. With FP8 operands (the fields at the end) the same call runs the
  * W8A8 kernels: wgmma on Hopper, mma.sync with FP8 operands on sm_89 and newer
- * elsewhere; tile_m / tile_n / cluster then name those kernels' tiles. */
+ * elsewhere; tile_m / tile_n / cluster then name those kernels' tiles. FP8 weights with bf16 activations run
+ * the W8A16 kernels (the last fields). */
 typedef struct kjit_grouped_gemm_desc {
   uint32_t struct_size; /* sizeof(kjit_grouped_gemm_desc) */
   kjit_dtype a_dtype;   /* KJIT_DTYPE_BF16, or KJIT_DTYPE_F8_E4M3FN with b_dtype (FP8, below) */
-  kjit_dtype b_dtype;   /* KJIT_DTYPE_BF16, or KJIT_DTYPE_F8_E4M3FN with a_dtype */
+  kjit_dtype b_dtype;   /* KJIT_DTYPE_BF16, KJIT_DTYPE_F8_E4M3FN with a_dtype (W8A8), or FP8 with bf16 A (W8A16) */
   kjit_dtype out_dtype; /* KJIT_DTYPE_BF16 or KJIT_DTYPE_F32 */
   int64_t rows;         /* rows of A and out (the token count; never part of a kernel key) */
   int64_t n;
@@ -184,6 +185,17 @@ typedef struct kjit_grouped_gemm_desc {
   kjit_scale_granularity b_scale_granularity; /* KJIT_SCALE_PER_BLOCK or KJIT_SCALE_PER_ROW (no default) */
   int64_t b_block_rows; /* PER_BLOCK: the checkpoint's block along N and K, which must be 128 x 128 (stated so */
   int64_t b_block_cols; /* that a checkpoint of another block is an error, not a wrong answer); else 0 */
+  /* W8A16 (FP8 weights, bf16 activations, the weights converted inside the kernel's mainloop): a_dtype
+   * KJIT_DTYPE_BF16, b_dtype KJIT_DTYPE_F8_E4M3FN or _E5M2, a_scales NULL, N and K multiples of 16. The stored
+   * weights are read as `weights` says: a checkpoint's [E, N, K] tensor is KJIT_WEIGHTS_E_N_K for the forward
+   * pass (out = A . W_e^T) and the same storage is KJIT_WEIGHTS_E_K_N for the backward pass's dX = dY . W_e
+   * (the GEMM's N is then the checkpoint's K). Over the stored [E, R, C] (R, C = N, K or K, N), b_scales are
+   * PER_BLOCK [E, ceil(R / 128), ceil(C / 128)] (b_block_rows = b_block_cols = 128), PER_ROW [E, R] (one per
+   * stored row: per output channel for E_N_K) or PER_TENSOR [E]. Each weight is converted as kjit_dequant_fp8
+   * converts it, w = code * scale (MULTIPLY) or code * (1 / scale) (DIVIDE: the reciprocal rounded to fp32, which
+   * may differ from dequant's IEEE division in the last fp32 bit), rounded to nearest-even bf16, and multiplied
+   * with A in the bf16 tensor cores with fp32 accumulation. */
+  kjit_scale_convention b_scale_convention; /* W8A16: MULTIPLY or DIVIDE (no default). W8A8: UNSET or MULTIPLY */
 } kjit_grouped_gemm_desc;
 
 KJIT_API void kjit_grouped_gemm_desc_init(kjit_grouped_gemm_desc* desc);
