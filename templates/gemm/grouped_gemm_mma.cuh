@@ -41,8 +41,42 @@ __device__ __forceinline__ void mma_m16n8k16_bf16(float (&c)[4], const unsigned 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// Copies k-block k0 of bf16 weights into the tile.
 template <class Cfg>
-__device__ __forceinline__ void grouped_gemm_mma(const kjit_grouped_gemm_params& p) {
+__device__ __forceinline__ void stage_bf16_weights(const kjit_grouped_gemm_params& p,
+                                                   unsigned short (&b_tile)[Cfg::kBN][Cfg::kStride], int expert,
+                                                   long long n0, long long k0) {
+  constexpr int kChunksK = Cfg::kBK / 8;  // 16-byte chunks per tile row
+  const unsigned short* w = static_cast<const unsigned short*>(p.b) + expert * Cfg::kN * Cfg::kK;
+  if constexpr (!Cfg::kWeightsKN) {
+    // W_e is [N, K]: tile rows are n, already K-contiguous.
+    for (int c = threadIdx.x; c < Cfg::kBN * kChunksK; c += Cfg::kThreads) {
+      const int n = c / kChunksK, kc = (c % kChunksK) * 8;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (n0 + n < Cfg::kN && k0 + kc < Cfg::kK)
+        v = *reinterpret_cast<const uint4*>(w + (n0 + n) * Cfg::kK + k0 + kc);
+      *reinterpret_cast<uint4*>(&b_tile[n][kc]) = v;
+    }
+  } else {
+    // W_e is [K, N]: read N-contiguous chunks, transpose into the K-contiguous tile.
+    constexpr int kChunksN = Cfg::kBN / 8;
+    for (int c = threadIdx.x; c < Cfg::kBK * kChunksN; c += Cfg::kThreads) {
+      const int kr = c / kChunksN, nc = (c % kChunksN) * 8;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (k0 + kr < Cfg::kK && n0 + nc < Cfg::kN)
+        v = *reinterpret_cast<const uint4*>(w + (k0 + kr) * Cfg::kN + n0 + nc);
+      const unsigned short* h = reinterpret_cast<const unsigned short*>(&v);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) b_tile[nc + i][kr] = h[i];
+    }
+  }
+}
+
+// The kernel, with `stage_weights(b_tile, expert, n0, k0)` filling the
+// weight tile (kBN rows of n, kBK k each, bf16, zeros past N and K) for
+// k-block k0: bf16 weights are copied, the mixed-input kernel's converted.
+template <class Cfg, class StageWeights>
+__device__ __forceinline__ void grouped_gemm_mma_with(const kjit_grouped_gemm_params& p, StageWeights stage_weights) {
   if (!offsets_valid<Cfg>(p)) return;
 
   // Which expert and m-tile this block owns.
@@ -54,7 +88,6 @@ __device__ __forceinline__ void grouped_gemm_mma(const kjit_grouped_gemm_params&
   __shared__ __align__(16) unsigned short a_tile[Cfg::kBM][Cfg::kStride];
   __shared__ __align__(16) unsigned short b_tile[Cfg::kBN][Cfg::kStride];
   const unsigned short* a = static_cast<const unsigned short*>(p.a) + m0 * Cfg::kK;
-  const unsigned short* w = static_cast<const unsigned short*>(p.b) + expert * Cfg::kN * Cfg::kK;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int group = lane / 4, quad = lane % 4;
   const int warp_m = (warp / 2) * Cfg::kWarpM, warp_n = (warp % 2) * Cfg::kWarpN;
@@ -76,28 +109,7 @@ __device__ __forceinline__ void grouped_gemm_mma(const kjit_grouped_gemm_params&
       if (r < rows && k0 + kc < Cfg::kK) v = *reinterpret_cast<const uint4*>(a + r * Cfg::kK + k0 + kc);
       *reinterpret_cast<uint4*>(&a_tile[r][kc]) = v;
     }
-    if constexpr (!Cfg::kWeightsKN) {
-      // W_e is [N, K]: tile rows are n, already K-contiguous.
-      for (int c = threadIdx.x; c < Cfg::kBN * kChunksK; c += Cfg::kThreads) {
-        const int n = c / kChunksK, kc = (c % kChunksK) * 8;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (n0 + n < Cfg::kN && k0 + kc < Cfg::kK)
-          v = *reinterpret_cast<const uint4*>(w + (n0 + n) * Cfg::kK + k0 + kc);
-        *reinterpret_cast<uint4*>(&b_tile[n][kc]) = v;
-      }
-    } else {
-      // W_e is [K, N]: read N-contiguous chunks, transpose into the K-contiguous tile.
-      constexpr int kChunksN = Cfg::kBN / 8;
-      for (int c = threadIdx.x; c < Cfg::kBK * kChunksN; c += Cfg::kThreads) {
-        const int kr = c / kChunksN, nc = (c % kChunksN) * 8;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (k0 + kr < Cfg::kK && n0 + nc < Cfg::kN)
-          v = *reinterpret_cast<const uint4*>(w + (k0 + kr) * Cfg::kN + n0 + nc);
-        const unsigned short* h = reinterpret_cast<const unsigned short*>(&v);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) b_tile[nc + i][kr] = h[i];
-      }
-    }
+    stage_weights(b_tile, expert, n0, k0);
     __syncthreads();
 #pragma unroll
     for (int kk = 0; kk < Cfg::kBK; kk += 16) {
@@ -146,6 +158,12 @@ __device__ __forceinline__ void grouped_gemm_mma(const kjit_grouped_gemm_params&
         }
       }
     }
+}
+
+template <class Cfg>
+__device__ __forceinline__ void grouped_gemm_mma(const kjit_grouped_gemm_params& p) {
+  grouped_gemm_mma_with<Cfg>(p, [&](unsigned short(&b_tile)[Cfg::kBN][Cfg::kStride], int expert, long long n0,
+                                    long long k0) { stage_bf16_weights<Cfg>(p, b_tile, expert, n0, k0); });
 }
 
 }  // namespace kjit

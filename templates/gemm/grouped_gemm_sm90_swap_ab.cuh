@@ -195,7 +195,18 @@ struct TileQueue {
   }
 };
 
-template <class Cfg>
+// How the producer copies a stage's weight tile: copy_weight_columns's
+// boxes (bf16 weights, and the W8A8 kernel's, whose boxes are one 128-byte
+// row of codes each); the W8A16 kernel brings its own.
+struct WeightColumnsCopy {
+  template <class Cfg>
+  static __device__ __forceinline__ void copy(const kjit_grouped_gemm_sm90_params& p, unsigned char* tile, int n0,
+                                              int k0, int expert, unsigned long long* bar) {
+    copy_weight_columns<Cfg, Cfg::kBN>(p, tile, n0, 0, k0, expert, bar);
+  }
+};
+
+template <class Cfg, class WeightCopy = WeightColumnsCopy>
 __device__ __forceinline__ void swap_ab_producer(const kjit_grouped_gemm_sm90_params& p, unsigned char* tiles,
                                                  unsigned long long* full, unsigned long long* empty,
                                                  unsigned char* after_barriers) {
@@ -230,7 +241,7 @@ __device__ __forceinline__ void swap_ab_producer(const kjit_grouped_gemm_sm90_pa
       unsigned char* w_tile = tiles + s * Cfg::kStageBytes;
       unsigned char* a_tile = w_tile + Cfg::kWTileBytes;
       const int k0 = kb * Cfg::kBK;
-      copy_weight_columns<Cfg, Cfg::kBN>(p, w_tile, tile.n0, 0, k0, tile.expert, &full[s]);
+      WeightCopy::template copy<Cfg>(p, w_tile, tile.n0, k0, tile.expert, &full[s]);
       for (int copy = 0; copy < copies; ++copy) {
         // In a pair each block issues every other copy, multicast into both.
         if (Cfg::kCluster > 1 && copy % Cfg::kCluster != rank) continue;
@@ -253,14 +264,15 @@ __device__ __forceinline__ void swap_ab_producer(const kjit_grouped_gemm_sm90_pa
 
 // Stores a warpgroup's accumulator (m64 n<kRows> f32: register 4j + 2h + c
 // holds column 16 * warp + lane / 4 + 8h of the warpgroup's 64, row
-// 8j + 2 (lane % 4) + c of the tile) with the optional row scale, masked to
-// the tile's rows and to N.
+// 8j + 2 (lane % 4) + c of the tile; with kPairedColumns column 16 * warp +
+// 2 (lane / 4) + h, the order the W8A16 kernel's transposed weight fragments
+// give) with the optional row scale, masked to the tile's rows and to N.
 //
 // One instantiation serves every tile height: the loops run over the tallest
 // tile at constant register indices and stop after `chunks` x 32 rows (the
 // k-loop wrote only those). Eight copies of this, one per height, made a
 // configuration compile in up to 2.3 s instead of ~1.
-template <class Cfg>
+template <class Cfg, bool kPairedColumns = false>
 __device__ __forceinline__ void swap_ab_store(const kjit_grouped_gemm_params& p, const float (&acc)[Cfg::kBM / 2],
                                               const SwapAbTile& tile, long long col0, unsigned char* scratch,
                                               int chunks) {
@@ -279,7 +291,7 @@ __device__ __forceinline__ void swap_ab_store(const kjit_grouped_gemm_params& p,
         const float scale = Cfg::kRowScale ? p.row_scale[row] : 1.0f;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const long long col = col0 + 16 * warp + lane / 4 + 8 * h;
+          const long long col = col0 + 16 * warp + (kPairedColumns ? 2 * (lane / 4) + h : lane / 4 + 8 * h);
           if (!Cfg::kColumnsMasked || col < Cfg::kN)
             static_cast<float*>(p.out)[row * Cfg::kN + col] = acc[4 * j + 2 * h + c] * scale;
         }
@@ -300,8 +312,27 @@ __device__ __forceinline__ void swap_ab_store(const kjit_grouped_gemm_params& p,
 #pragma unroll
     for (int chunk = 0; chunk < kRows / 32; ++chunk) {
       if (chunk >= chunks) break;
+      if constexpr (kPairedColumns) {
+        // A thread's two columns of a row are adjacent: one 4-byte store per
+        // row (8 rows x 2 units a warp, on distinct banks through the swizzle).
 #pragma unroll
-      for (int pair = 0; pair < 2; ++pair) {
+        for (int jj = 0; jj < 4; ++jj) {
+          const int j = 4 * chunk + jj;
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int r = 8 * j + 2 * q + c;
+            float scale = 1.0f;
+            if constexpr (Cfg::kRowScale) scale = r < tile.rows ? p.row_scale[tile.row0 + r] : 0.0f;
+            const unsigned v = cvt_rn_bf16x2_f32(acc[4 * j + c] * scale, acc[4 * j + 2 + c] * scale);
+            const int column = 16 * warp + 2 * (lane / 4);
+            asm volatile("st.shared.b32 [%0], %1;" ::"r"(base + unit_offset(r % 32, column / 8) + column % 8 * 2),
+                         "r"(v)
+                         : "memory");
+          }
+        }
+      }
+#pragma unroll
+      for (int pair = 0; pair < 2 && !kPairedColumns; ++pair) {
         // Matrices 0..3: (j, h) = (j0, 0), (j0, 1), (j0 + 1, 0), (j0 + 1, 1); lane
         // 8m + r gives the address of stored row r (tile row 8j + r) of matrix m.
         const int j0 = 4 * chunk + 2 * pair;

@@ -17,13 +17,15 @@ struct WgmmaShape {
   int n;  // wgmma's N (M is 64)
   WgmmaOperands operands;
   bool transpose_a = false, transpose_b = false;  // bf16 only
+  bool register_a = false;  // bf16 only: A from four registers of bf16 pairs (wgmma's fragment), not shared memory
 };
 
 // `head` is the struct's declaration, e.g. "struct KjitWgmma" or
 // "template <>\nstruct KjitWgmmaRows<64>". The struct's run(d, a, b,
 // accumulate) issues m64n<N>k<16|32> with fp32 accumulators d, operands from
 // the shared-memory descriptors a and b; accumulate 0 overwrites d (a tile's
-// first k-step).
+// first k-step). With register_a, run(d, a, b, accumulate) takes A as
+// `const unsigned (&a)[4]`, the thread's fragment of the 64 x 16 A tile.
 std::string wgmma_wrapper(std::string_view head, const WgmmaShape& shape);
 
 }  // namespace kjit::codegen

@@ -83,6 +83,10 @@ bool is_fp8_gemm(const kjit_grouped_gemm_desc& d) {
          d.b_dtype == KJIT_DTYPE_F8_E5M2;
 }
 
+bool is_mixed_gemm(const kjit_grouped_gemm_desc& d) {
+  return d.a_dtype == KJIT_DTYPE_BF16 && (d.b_dtype == KJIT_DTYPE_F8_E4M3FN || d.b_dtype == KJIT_DTYPE_F8_E5M2);
+}
+
 Expected<GroupedGemmPlan> plan_grouped_gemm(const kjit_grouped_gemm_desc& d, bool for_prepare) {
   auto common = KJIT_TRY(plan_gemm_common(d, for_prepare));
   if (d.a_dtype != KJIT_DTYPE_BF16 || d.b_dtype != KJIT_DTYPE_BF16)
@@ -105,8 +109,19 @@ Expected<GroupedGemmPlan> plan_grouped_gemm(const kjit_grouped_gemm_desc& d, boo
 }
 
 namespace {
-
 constexpr CUtensorMapDataType kBf16 = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+}  // namespace
+
+Expected<void> encode_swap_ab_row_maps(const DriverApi& api, int64_t k, kjit_grouped_gemm_sm90_params& p) {
+  const cuuint64_t a_dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(p.gemm.total_rows)};
+  const cuuint64_t a_strides[1] = {static_cast<cuuint64_t>(k) * 2};
+  const cuuint32_t a_box[2] = {KJIT_SM90_K_BLOCK, KJIT_SWAP_AB_ROW_BOX};
+  const cuuint32_t wide_box[2] = {KJIT_SM90_K_BLOCK, KJIT_SWAP_AB_WIDE_ROW_BOX};
+  KJIT_TRY(encode_tensor_map(api, p.a_map, kBf16, p.gemm.a, 2, a_dims, a_strides, a_box, "A"));
+  return encode_tensor_map(api, p.a_wide_map, kBf16, p.gemm.a, 2, a_dims, a_strides, wide_box, "A");
+}
+
+namespace {
 
 Expected<void> encode_sm90_maps(const DriverApi& api, const codegen::GroupedGemmSpec& s,
                                 kjit_grouped_gemm_sm90_params& p) {
@@ -119,14 +134,11 @@ Expected<void> encode_sm90_maps(const DriverApi& api, const codegen::GroupedGemm
   // block its own weight tile.
   const bool swap_ab = s.kernel == codegen::GemmKernel::wgmma_sm90_swap_ab;
   const bool along_n = s.cluster_axis == codegen::ClusterAxis::n;
-  const cuuint32_t a_box[2] = {KJIT_SM90_K_BLOCK,
-                               static_cast<cuuint32_t>(swap_ab ? KJIT_SWAP_AB_ROW_BOX
-                                                       : along_n ? s.tile_m / s.cluster
-                                                                 : s.tile_m)};
-  KJIT_TRY(encode_tensor_map(api, p.a_map, kBf16, p.gemm.a, 2, a_dims, a_strides, a_box, "A"));
   if (swap_ab) {
-    const cuuint32_t wide_box[2] = {KJIT_SM90_K_BLOCK, KJIT_SWAP_AB_WIDE_ROW_BOX};
-    KJIT_TRY(encode_tensor_map(api, p.a_wide_map, kBf16, p.gemm.a, 2, a_dims, a_strides, wide_box, "A"));
+    KJIT_TRY(encode_swap_ab_row_maps(api, s.k, p));
+  } else {
+    const cuuint32_t a_box[2] = {KJIT_SM90_K_BLOCK, static_cast<cuuint32_t>(along_n ? s.tile_m / s.cluster : s.tile_m)};
+    KJIT_TRY(encode_tensor_map(api, p.a_map, kBf16, p.gemm.a, 2, a_dims, a_strides, a_box, "A"));
   }
   if (s.weights == codegen::WeightLayout::e_n_k) {
     const cuuint64_t dims[3] = {k, n, e};
@@ -144,6 +156,7 @@ Expected<void> encode_sm90_maps(const DriverApi& api, const codegen::GroupedGemm
 }  // namespace
 
 Expected<void> grouped_gemm(Runtime& runtime, const kjit_grouped_gemm_desc& desc, CUstream stream) {
+  if (is_mixed_gemm(desc)) return grouped_gemm_mixed(runtime, desc, stream);
   if (is_fp8_gemm(desc)) return grouped_gemm_fp8(runtime, desc, stream);
   auto plan = KJIT_TRY(plan_grouped_gemm(desc, false));
   if (plan.empty) return {};
@@ -176,6 +189,7 @@ Expected<void> grouped_gemm(Runtime& runtime, const kjit_grouped_gemm_desc& desc
 }
 
 Expected<void> prepare_grouped_gemm(Runtime& runtime, const kjit_grouped_gemm_desc& desc, int ordinal) {
+  if (is_mixed_gemm(desc)) return prepare_grouped_gemm_mixed(runtime, desc, ordinal);
   if (is_fp8_gemm(desc)) return prepare_grouped_gemm_fp8(runtime, desc, ordinal);
   const auto plan = KJIT_TRY(plan_grouped_gemm(desc, true));
   DeviceState* device = KJIT_TRY(runtime.device(ordinal));

@@ -25,6 +25,7 @@
 #include "kjit/codegen/families/fp8_quantize.hpp"
 #include "kjit/codegen/families/grouped_gemm.hpp"
 #include "kjit/codegen/families/grouped_gemm_fp8.hpp"
+#include "kjit/codegen/families/grouped_gemm_mixed.hpp"
 #include "kjit/codegen/families/moe_combine.hpp"
 #include "kjit/codegen/families/moe_routing.hpp"
 #include "kjit/codegen/render.hpp"
@@ -34,7 +35,8 @@
 namespace kjit::codegen {
 
 using KernelSpec =
-    std::variant<DequantSpec, GroupedGemmSpec, MoeRoutingSpec, MoeCombineSpec, Fp8QuantizeSpec, GroupedGemmFp8Spec>;
+    std::variant<DequantSpec, GroupedGemmSpec, MoeRoutingSpec, MoeCombineSpec, Fp8QuantizeSpec, GroupedGemmFp8Spec,
+                 GroupedGemmMixedSpec>;
 
 // The family name, e.g. "fp8_dequant" (JSON "op").
 std::string_view op_name(const KernelSpec& spec);

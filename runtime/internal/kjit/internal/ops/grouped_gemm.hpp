@@ -4,6 +4,7 @@
 
 #include "kjit/internal/runtime.hpp"
 #include "grouped_gemm_fp8_params.h"
+#include "grouped_gemm_mixed_params.h"
 #include "grouped_gemm_params.h"
 #include "kjit/codegen/kernel_spec.hpp"
 #include "kjit/kjit.h"
@@ -35,6 +36,22 @@ struct GroupedGemmFp8Plan {
 Expected<GroupedGemmFp8Plan> plan_grouped_gemm_fp8(const kjit_grouped_gemm_desc& desc, bool for_prepare);
 Expected<void> grouped_gemm_fp8(Runtime& runtime, const kjit_grouped_gemm_desc& desc, CUstream stream);
 Expected<void> prepare_grouped_gemm_fp8(Runtime& runtime, const kjit_grouped_gemm_desc& desc, int device);
+
+// Whether `desc` names fp8 weights with bf16 activations (W8A16: the grouped_gemm_mixed family's op).
+bool is_mixed_gemm(const kjit_grouped_gemm_desc& desc);
+
+struct GroupedGemmMixedPlan {
+  codegen::GroupedGemmMixedSpec problem;  // no configuration yet
+  codegen::GemmRequest request;
+  kjit_grouped_gemm_mixed_params params{};
+  bool empty = false;
+};
+Expected<GroupedGemmMixedPlan> plan_grouped_gemm_mixed(const kjit_grouped_gemm_desc& desc, bool for_prepare);
+Expected<void> grouped_gemm_mixed(Runtime& runtime, const kjit_grouped_gemm_desc& desc, CUstream stream);
+Expected<void> prepare_grouped_gemm_mixed(Runtime& runtime, const kjit_grouped_gemm_desc& desc, int device);
+
+// The swap-AB kernels' maps of bf16 rows A [total_rows, K] (boxes of 64 k x 32 rows, and x 128: a_wide_map).
+Expected<void> encode_swap_ab_row_maps(const DriverApi& api, int64_t k, kjit_grouped_gemm_sm90_params& params);
 
 struct GroupedGemmPlan {
   codegen::GroupedGemmSpec problem;  // no configuration yet: that depends on the device

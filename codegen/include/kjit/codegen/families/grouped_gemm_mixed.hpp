@@ -1,0 +1,89 @@
+// The mixed-input (W8A16) grouped GEMM family: out[rows of e] = A[rows of e] .
+// convert(W_e) (^T for [E, N, K] weights), A bf16, W fp8 codes (e4m3fn or
+// e5m2) with fp32 scales per 128 x 128 block, per stored row or per expert;
+// each weight is converted to bf16 inside the kernel's mainloop exactly as
+// kjit's dequant converts it (code x scale in fp32, rounded to nearest-even
+// bf16), so no bf16 copy of the weights is ever written. The same stored
+// tensor serves the forward pass ([E, N, K]) and the backward pass's dX = dY .
+// W ([E, K, N]: the storage read the other way). Home: this header and
+// codegen/src/families/grouped_gemm_mixed.cpp; device code in
+// templates/gemm/grouped_gemm_mixed_*.cuh; ABI block
+// templates/abi/grouped_gemm_mixed_params.h. The op is the bf16 grouped
+// GEMM's (kjit_grouped_gemm with fp8 weights and bf16 activations).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "kjit/codegen/families/grouped_gemm.hpp"
+#include "kjit/codegen/family.hpp"
+#include "kjit/codegen/render.hpp"
+#include "kjit/codegen/types.hpp"
+
+namespace kjit::codegen {
+
+// Which kernel: the portable mma.sync one (sm_89 and newer: fp8 conversion
+// instructions), or Hopper's: wgmma with the weights as its register operand
+// (rows of A on wgmma's N, "swap AB"), converted from the TMA-fed fp8 tile by
+// the consumer warpgroups themselves.
+enum class MixedGemmKernel : uint8_t { mma_sync, wgmma_sm90 };
+std::string_view name(MixedGemmKernel k);
+
+// The shape key is N, K, the experts, the weights' layout, code type and
+// scaling; the token count is a run-time argument. A spec with tile 0x0 is a
+// problem (manifests), expanded per arch into its configurations.
+struct GroupedGemmMixedSpec {
+  DType out = DType::bf16;
+  int64_t n = 0;
+  int64_t k = 0;
+  int64_t experts = 0;
+  WeightLayout weights = WeightLayout::e_n_k;
+  DType weight = DType::f8_e4m3fn;                          // the codes: f8_e4m3fn or f8_e5m2
+  ScaleGranularity weight_scale = ScaleGranularity::per_block;  // per_block is 128 x 128 of the stored tensor
+  ScaleConvention scale_convention = ScaleConvention::multiply;
+  OffsetsConvention offsets = OffsetsConvention::cumulative_end;
+  bool row_scale = false;
+  MixedGemmKernel kernel = MixedGemmKernel::mma_sync;
+  int tile_m = 0, tile_n = 0;
+  int stages = 0;  // wgmma_sm90's pipeline depth; 0 for mma_sync
+
+  bool configured() const { return tile_m != 0; }
+  bool operator==(const GroupedGemmMixedSpec&) const = default;
+};
+
+template <>
+struct Family<GroupedGemmMixedSpec> {
+  static constexpr std::string_view op = "grouped_gemm_mixed";
+  static std::string canonical(const GroupedGemmMixedSpec& s);
+  static nlohmann::json to_json(const GroupedGemmMixedSpec& s);
+  static Expected<GroupedGemmMixedSpec> from_json(SpecReader& reader);
+  static const std::vector<FieldRule>& schema();
+  static void hash(const GroupedGemmMixedSpec& s, HashMixer& mixer);
+  static Expected<void> validate(const GroupedGemmMixedSpec& s);
+  // A configuration only; fp8 conversion instructions (sm_89 and newer); wgmma_sm90 only where wgmma and TMA are.
+  static Expected<void> supported_on(const GroupedGemmMixedSpec& s, const ArchInfo& arch);
+  static RenderedKernel render(const GroupedGemmMixedSpec& s);
+  static std::vector<GroupedGemmMixedSpec> kernels_for_target(const GroupedGemmMixedSpec& s, const ArchInfo& arch);
+};
+
+int grouped_gemm_mixed_shared_bytes(const GroupedGemmMixedSpec& spec);
+// The deepest wgmma_sm90 pipeline with row tiles of `tile_m` rows that fits a Hopper block's shared memory.
+int grouped_gemm_mixed_max_stages(int tile_m);
+LaunchGeometry grouped_gemm_mixed_geometry(const GroupedGemmMixedSpec& spec, int64_t total_rows, int resident_blocks);
+
+// The configurations `arch` may pick, one per token-count bucket (what precompile builds).
+std::vector<GroupedGemmMixedSpec> grouped_gemm_mixed_configs(const GroupedGemmMixedSpec& problem, const ArchInfo& arch);
+// The configuration a launch of `rows` rows on `arch` uses; `request` as for the bf16 family (sm90 and
+// sm90_swap_ab both name the wgmma kernel; tile_m / tile_n override; no clusters).
+Expected<GroupedGemmMixedSpec> choose_grouped_gemm_mixed_config(const GroupedGemmMixedSpec& problem,
+                                                                const ArchInfo& arch, int64_t rows,
+                                                                const GemmRequest& request = {});
+Expected<std::vector<GroupedGemmMixedSpec>> grouped_gemm_mixed_candidates(const GroupedGemmMixedSpec& problem,
+                                                                          const ArchInfo& arch,
+                                                                          const GemmRequest& request = {});
+
+}  // namespace kjit::codegen

@@ -1,0 +1,331 @@
+// The mixed-input (W8A16) grouped GEMM family: spec forms, invariants,
+// recipes, grid and tuning policy.
+#include "kjit/codegen/families/grouped_gemm_mixed.hpp"
+
+#include <algorithm>
+#include <array>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "../recipe.hpp"
+#include "../spec_reader.hpp"
+#include "gemm_problem_fields.hpp"
+#include "wgmma_instructions.hpp"
+
+namespace kjit::codegen {
+
+template <>
+inline constexpr int kEnumCount<MixedGemmKernel> = 2;
+
+namespace {
+
+constexpr std::array kKernelNames{"mma_sync", "wgmma_sm90"};
+
+constexpr int kScaleBlock = 128;  // the block of PER_BLOCK weight scales (both edges)
+constexpr int kPortableThreads = 128;
+constexpr int kPortableTileK = 32;
+constexpr int kSm90TileN = 128;     // weight rows per block: two consumer warpgroups of 64
+constexpr int kSm90KBlock = 64;     // k per pipeline stage (the bf16 row tile's 128-byte swizzle row)
+constexpr int kSm90MaxRows = 256;   // wgmma's widest N
+constexpr int kSm90SharedLimit = 227 * 1024;
+constexpr int kSm90MaxStages = 8;
+
+auto invalid(std::string message) { return fail(KJIT_ERROR_INVALID_ARGUMENT, std::move(message)); }
+
+// Invariants of the problem. N and K multiples of 16: the fp8 rows of either
+// orientation are then 16-byte multiples (TMA strides, 16-byte loads).
+Expected<void> validate_problem(const GroupedGemmMixedSpec& s) {
+  if (s.out != DType::bf16 && s.out != DType::f32)
+    return invalid(fmt::format("grouped_gemm_mixed output must be bf16 or f32, not {}", name(s.out)));
+  if (s.weight != DType::f8_e4m3fn && s.weight != DType::f8_e5m2)
+    return invalid(fmt::format("grouped_gemm_mixed weights must be f8_e4m3fn or f8_e5m2 codes, not {}",
+                               name(s.weight)));
+  for (const auto& [value, what] : {std::pair{s.n, "N"}, std::pair{s.k, "K"}})
+    if (value < 16 || value % 16 != 0 || value > kMaxDimension)
+      return invalid(fmt::format("grouped_gemm_mixed: {} must be a positive multiple of 16 (16-byte rows of fp8 "
+                                 "codes) up to {}, got {}",
+                                 what, kMaxDimension, value));
+  if (s.experts < 1 || s.experts > kMaxExperts)
+    return invalid(fmt::format("grouped_gemm_mixed needs 1 to {} experts, got {}", kMaxExperts, s.experts));
+  return {};
+}
+
+Expected<void> validate_configuration(const GroupedGemmMixedSpec& s) {
+  const auto tile = fmt::format("{} tile {}x{} with {} stages", name(s.kernel), s.tile_m, s.tile_n, s.stages);
+  if (!s.configured()) {
+    if (s.tile_n != 0 || s.stages != 0 || s.kernel != MixedGemmKernel::mma_sync)
+      return invalid(fmt::format("grouped_gemm_mixed {} is neither a configuration nor a problem (all zero)", tile));
+    return {};
+  }
+  if (s.kernel == MixedGemmKernel::mma_sync) {
+    const bool ok = s.tile_m % 32 == 0 && s.tile_m >= 32 && s.tile_m <= 128 && s.tile_n % 16 == 0 &&
+                    s.tile_n >= 16 && s.tile_n <= 128 && s.stages == 0;
+    if (!ok)
+      return invalid(fmt::format("grouped_gemm_mixed {} is not supported (mma_sync: tile_m 32 to 128 by 32, tile_n "
+                                 "16 to 128 by 16, no stages)",
+                                 tile));
+    return {};
+  }
+  const bool ok = s.tile_m % 32 == 0 && s.tile_m >= 32 && s.tile_m <= kSm90MaxRows && s.tile_n == kSm90TileN &&
+                  s.stages >= 2 && s.stages <= grouped_gemm_mixed_max_stages(s.tile_m);
+  if (!ok)
+    return invalid(fmt::format("grouped_gemm_mixed {} is not supported (wgmma_sm90: tile_m 32 to {} in steps of 32, "
+                               "tile_n {}, 2 stages up to what fits in 227 KB)",
+                               tile, kSm90MaxRows, kSm90TileN));
+  return {};
+}
+
+// Hopper's instruction: m64n<tile_m>k16 bf16 with the weights from registers
+// (every tile runs at the tallest height, as the FP8 kernel's).
+std::string sm90_wgmma_wrapper(const GroupedGemmMixedSpec& s) {
+  return wgmma_wrapper("struct KjitWgmmaMixed", {.n = s.tile_m, .operands = WgmmaOperands::bf16, .register_a = true});
+}
+
+int sm90_threads(const GroupedGemmMixedSpec& s) { return 128 * (s.tile_n / 64 + 1); }
+
+GroupedGemmMixedSpec portable_config(const GroupedGemmMixedSpec& problem) {
+  GroupedGemmMixedSpec s = problem;
+  s.kernel = MixedGemmKernel::mma_sync;
+  s.tile_m = 64;
+  s.tile_n = 128;
+  s.stages = 0;
+  return s;
+}
+
+GroupedGemmMixedSpec sm90_config(const GroupedGemmMixedSpec& problem, int tile_m) {
+  GroupedGemmMixedSpec s = problem;
+  s.kernel = MixedGemmKernel::wgmma_sm90;
+  s.tile_m = tile_m;
+  s.tile_n = kSm90TileN;
+  s.stages = grouped_gemm_mixed_max_stages(tile_m);
+  return s;
+}
+
+Expected<std::vector<GroupedGemmMixedSpec>> requested_configs(const GroupedGemmMixedSpec& problem,
+                                                              const ArchInfo& arch, const GemmRequest& request) {
+  using Kernel = GemmRequest::Kernel;
+  const bool wants_sm90 = request.kernel == Kernel::sm90 || request.kernel == Kernel::sm90_swap_ab;
+  if (wants_sm90 && !arch.wgmma_tma)
+    return fail(KJIT_ERROR_UNSUPPORTED,
+                fmt::format("the SM90 W8A16 grouped GEMM kernel runs only on sm_90a (Hopper); this device compiles "
+                            "for {}",
+                            arch.target));
+  if (request.cluster > 1)
+    return fail(KJIT_ERROR_UNSUPPORTED, "the W8A16 grouped GEMM kernels run without clusters (cluster 0 or 1)");
+  auto configs = request.kernel == Kernel::portable ? std::vector{portable_config(problem)}
+                                                    : grouped_gemm_mixed_configs(problem, arch);
+  if (request.tile_m == 0 && request.tile_n == 0) return configs;
+  for (auto& s : configs) {
+    if (request.tile_m != 0) s.tile_m = request.tile_m;
+    if (request.tile_n != 0) s.tile_n = request.tile_n;
+    if (s.kernel == MixedGemmKernel::wgmma_sm90) s.stages = grouped_gemm_mixed_max_stages(s.tile_m);
+    KJIT_TRY(Family<GroupedGemmMixedSpec>::validate(s));
+  }
+  return configs;
+}
+
+}  // namespace
+
+std::string_view name(MixedGemmKernel k) { return kKernelNames[static_cast<size_t>(k)]; }
+
+std::string Family<GroupedGemmMixedSpec>::canonical(const GroupedGemmMixedSpec& g) {
+  const auto scale = g.weight_scale == ScaleGranularity::per_block ? std::string("per_block:128x128")
+                                                                   : std::string(name(g.weight_scale));
+  return fmt::format(
+      "grouped_gemm_mixed a=bf16 b={}/{}/{} out={} n={} k={} experts={} weights={} offsets={} row_scale={}{}",
+      name(g.weight), scale, name(g.scale_convention), name(g.out), g.n, g.k, g.experts, name(g.weights),
+      name(g.offsets), g.row_scale,
+      g.configured() ? fmt::format(" kernel={} tile={}x{}x{} stages={}", name(g.kernel), g.tile_m, g.tile_n,
+                                   g.kernel == MixedGemmKernel::wgmma_sm90 ? kSm90KBlock : kPortableTileK, g.stages)
+                     : std::string(" config=per-arch"));
+}
+
+nlohmann::json Family<GroupedGemmMixedSpec>::to_json(const GroupedGemmMixedSpec& g) {
+  nlohmann::json j = {{"op", op},
+                      {"out", name(g.out)},
+                      {"n", g.n},
+                      {"k", g.k},
+                      {"experts", g.experts},
+                      {"weights", name(g.weights)},
+                      {"weight", name(g.weight)},
+                      {"weight_scale", name(g.weight_scale)},
+                      {"scale_convention", name(g.scale_convention)},
+                      {"offsets", name(g.offsets)},
+                      {"row_scale", g.row_scale}};
+  if (g.configured()) {
+    j["kernel"] = name(g.kernel);
+    j["tile"] = {g.tile_m, g.tile_n};
+    j["stages"] = g.stages;
+  }
+  return j;
+}
+
+Expected<GroupedGemmMixedSpec> Family<GroupedGemmMixedSpec>::from_json(SpecReader& reader) {
+  GroupedGemmMixedSpec s;
+  KJIT_TRY(read_gemm_problem(reader, s));
+  s.weights = KJIT_TRY(reader.enumeration<WeightLayout>("weights"));
+  s.weight = KJIT_TRY(reader.enumeration<DType>("weight"));
+  s.weight_scale = KJIT_TRY(reader.enumeration<ScaleGranularity>("weight_scale"));
+  s.scale_convention = KJIT_TRY(reader.enumeration<ScaleConvention>("scale_convention"));
+  if (!reader.has("kernel")) {
+    if (reader.has("tile") || reader.has("stages"))
+      return invalid("spec fields 'tile' and 'stages' need 'kernel' beside them");
+    return s;
+  }
+  s.kernel = KJIT_TRY(reader.enumeration<MixedGemmKernel>("kernel"));
+  const auto tile = KJIT_TRY(reader.small_integers("tile", 2, "[tile_m, tile_n] with 'kernel'"));
+  s.tile_m = tile[0];
+  s.tile_n = tile[1];
+  // Bounded by validate before any narrowing matters.
+  s.stages = static_cast<int>(std::clamp<int64_t>(KJIT_TRY(reader.integer_or("stages", 0)), -1, 64));
+  return s;
+}
+
+const std::vector<FieldRule>& Family<GroupedGemmMixedSpec>::schema() {
+  static const std::vector<FieldRule> rules{
+      text_field("out", {"bf16", "f32"}), integer_field("n", 16, kMaxDimension),
+      integer_field("k", 16, kMaxDimension), integer_field("experts", 1, kMaxExperts),
+      text_field("weights", {"e_n_k", "e_k_n"}), text_field("weight", {"f8_e4m3fn", "f8_e5m2"}),
+      text_field("weight_scale", {"per_block", "per_row", "per_tensor"}),
+      text_field("scale_convention", {"multiply", "divide"}),
+      text_field("offsets", {"cumulative_end", "with_leading_zero"}), boolean_field("row_scale"),
+      // A configuration's fields (cache metadata; rare in manifests).
+      text_field("kernel", {"mma_sync", "wgmma_sm90"}, false), integers_field("tile", "[m, n]", 2, 1, 256),
+      integer_field("stages", 0, 16, false)};
+  return rules;
+}
+
+void Family<GroupedGemmMixedSpec>::hash(const GroupedGemmMixedSpec& g, HashMixer& h) {
+  h.mix(static_cast<uint64_t>(g.n));
+  h.mix(static_cast<uint64_t>(g.k));
+  h.mix(static_cast<uint64_t>(g.experts));
+  h.mix(static_cast<uint64_t>(g.out) | static_cast<uint64_t>(g.weights) << 8 | static_cast<uint64_t>(g.weight) << 16 |
+        static_cast<uint64_t>(g.weight_scale) << 24 | static_cast<uint64_t>(g.scale_convention) << 32 |
+        static_cast<uint64_t>(g.offsets) << 40 | static_cast<uint64_t>(g.row_scale) << 48);
+  h.mix(static_cast<uint64_t>(g.tile_m) << 32 | static_cast<uint64_t>(g.tile_n) << 16 |
+        static_cast<uint64_t>(g.kernel) << 12 | static_cast<uint64_t>(g.stages) << 4);
+}
+
+Expected<void> Family<GroupedGemmMixedSpec>::validate(const GroupedGemmMixedSpec& s) {
+  KJIT_TRY(validate_problem(s));
+  return validate_configuration(s);
+}
+
+Expected<void> Family<GroupedGemmMixedSpec>::supported_on(const GroupedGemmMixedSpec& s, const ArchInfo& arch) {
+  if (!s.configured())
+    return invalid(fmt::format("{} names no configuration: expand it for an arch first (kernels_for_target)",
+                               canonical(s)));
+  if (!arch.fp8_conversion)
+    return fail(KJIT_ERROR_UNSUPPORTED,
+                fmt::format("the W8A16 grouped GEMM converts fp8 codes with sm_89's instructions (compute capability "
+                            "8.9 or newer); {} is {}.{} ({})",
+                            arch.target, arch.major, arch.minor, arch.note));
+  if (s.kernel == MixedGemmKernel::wgmma_sm90 && !arch.wgmma_tma)
+    return fail(KJIT_ERROR_UNSUPPORTED,
+                fmt::format("{} is Hopper's kernel (wgmma, TMA) and builds only for sm_90a, not {}", canonical(s),
+                            arch.target));
+  return {};
+}
+
+RenderedKernel Family<GroupedGemmMixedSpec>::render(const GroupedGemmMixedSpec& s) {
+  const auto problem = fmt::format(
+      "kjit::MixedGemmProblem<{}LL, {}LL, {}, {}, {}, {}, {}, {}, {}, {}>", s.n, s.k, s.experts,
+      s.weights == WeightLayout::e_k_n, s.offsets == OffsetsConvention::with_leading_zero, s.row_scale,
+      s.out == DType::f32, s.weight == DType::f8_e5m2 ? "kjit::Fp8Format::e5m2" : "kjit::Fp8Format::e4m3fn",
+      s.weight_scale == ScaleGranularity::per_block ? "kjit::MixedScale::block"
+      : s.weight_scale == ScaleGranularity::per_row ? "kjit::MixedScale::row"
+                                                    : "kjit::MixedScale::tensor",
+      s.scale_convention == ScaleConvention::divide);
+  if (s.kernel == MixedGemmKernel::wgmma_sm90)
+    return assemble(canonical(s),
+                    {.entry_point = "kjit_grouped_gemm_mixed_sm90",
+                     .threads = sm90_threads(s),
+                     .min_blocks = 1,  // a register cap at entry, which setmaxnreg needs
+                     .templates = {"gemm/grouped_gemm_mixed_sm90.cuh"},
+                     .config = fmt::format("kjit::GroupedGemmMixedSm90Config<{}, {}, {}, KjitWgmmaMixed>", problem,
+                                           s.tile_m, s.stages),
+                     .params_type = "kjit_grouped_gemm_mixed_sm90_params",
+                     .body = "kjit::grouped_gemm_mixed_sm90",
+                     .prelude = sm90_wgmma_wrapper(s),
+                     .dynamic_shared_bytes = grouped_gemm_mixed_shared_bytes(s)});
+  return assemble(canonical(s),
+                  {.entry_point = "kjit_grouped_gemm_mixed",
+                   .threads = kPortableThreads,
+                   .templates = {"gemm/grouped_gemm_mixed_mma.cuh"},
+                   .config = fmt::format("kjit::GroupedGemmMixedMmaConfig<{}, {}, {}, {}>", problem, s.tile_m,
+                                         s.tile_n, kPortableTileK),
+                   .params_type = "kjit_grouped_gemm_mixed_params",
+                   .body = "kjit::grouped_gemm_mixed_mma"});
+}
+
+std::vector<GroupedGemmMixedSpec> Family<GroupedGemmMixedSpec>::kernels_for_target(const GroupedGemmMixedSpec& s,
+                                                                                   const ArchInfo& arch) {
+  if (s.configured()) return {s};
+  return grouped_gemm_mixed_configs(s, arch);  // off sm_89+, supported_on says why the portable one cannot build
+}
+
+int grouped_gemm_mixed_shared_bytes(const GroupedGemmMixedSpec& s) {
+  if (s.kernel != MixedGemmKernel::wgmma_sm90) return 0;  // the portable kernel's tiles are static
+  // GroupedGemmMixedSm90Config::kSharedBytes (the generated code asserts they
+  // agree): stages of the fp8 weight tile (tile_n x 64 codes) and the bf16 row
+  // tile (tile_m x 64), 1 KB of alignment slack, two mbarriers per stage, the
+  // epilogue scratch (4 KB per consumer) and the tile queue (4 slots of 24 bytes).
+  const int consumers = s.tile_n / 64;
+  return s.stages * (s.tile_n + 2 * s.tile_m) * kSm90KBlock + 1024 + 16 * s.stages + consumers * 4096 + 4 * 24;
+}
+
+int grouped_gemm_mixed_max_stages(int tile_m) {
+  GroupedGemmMixedSpec s;
+  s.kernel = MixedGemmKernel::wgmma_sm90;
+  s.tile_m = tile_m;
+  s.tile_n = kSm90TileN;
+  for (s.stages = kSm90MaxStages; s.stages > 1; --s.stages)
+    if (grouped_gemm_mixed_shared_bytes(s) <= kSm90SharedLimit) break;
+  return s.stages;
+}
+
+LaunchGeometry grouped_gemm_mixed_geometry(const GroupedGemmMixedSpec& spec, int64_t total_rows, int resident_blocks) {
+  // Every expert adds at most one partial row tile: an upper bound that needs no offsets on the host.
+  const int64_t m_tiles = (total_rows + spec.tile_m - 1) / spec.tile_m + spec.experts;
+  const int64_t n_tiles = (spec.n + spec.tile_n - 1) / spec.tile_n;
+  if (spec.kernel == MixedGemmKernel::wgmma_sm90)
+    return persistent_gemm_grid(m_tiles * n_tiles, 1, resident_blocks, sm90_threads(spec),
+                                grouped_gemm_mixed_shared_bytes(spec));
+  return portable_gemm_grid(m_tiles, n_tiles, kPortableThreads);
+}
+
+std::vector<GroupedGemmMixedSpec> grouped_gemm_mixed_configs(const GroupedGemmMixedSpec& problem,
+                                                             const ArchInfo& arch) {
+  if (!arch.wgmma_tma) return {portable_config(problem)};
+  // By average rows per expert: every tile runs wgmma at the config's full
+  // height, so decode (a few rows per expert) takes 32-row tiles and
+  // prefill 128.
+  return {sm90_config(problem, 32), sm90_config(problem, 64), sm90_config(problem, 128)};
+}
+
+Expected<GroupedGemmMixedSpec> choose_grouped_gemm_mixed_config(const GroupedGemmMixedSpec& problem,
+                                                                const ArchInfo& arch, int64_t rows,
+                                                                const GemmRequest& request) {
+  // TMA coordinates are 32-bit: past 2^31 rows only the portable kernel serves.
+  constexpr int64_t kTmaRowLimit = (int64_t{1} << 31) - 256;
+  const bool wants_sm90 =
+      request.kernel == GemmRequest::Kernel::sm90 || request.kernel == GemmRequest::Kernel::sm90_swap_ab;
+  if (rows > kTmaRowLimit && request.kernel != GemmRequest::Kernel::portable) {
+    if (wants_sm90)
+      return invalid(fmt::format("the SM90 W8A16 grouped GEMM addresses at most {} rows, got {}", kTmaRowLimit, rows));
+    return choose_grouped_gemm_mixed_config(problem, arch, rows, {.kernel = GemmRequest::Kernel::portable});
+  }
+  const auto configs = KJIT_TRY(requested_configs(problem, arch, request));
+  const int64_t rows_per_expert = rows / std::max<int64_t>(problem.experts, 1);
+  const size_t bucket = rows_per_expert <= 32 ? 0 : rows_per_expert <= 64 ? 1 : 2;
+  return configs[std::min(bucket, configs.size() - 1)];
+}
+
+Expected<std::vector<GroupedGemmMixedSpec>> grouped_gemm_mixed_candidates(const GroupedGemmMixedSpec& problem,
+                                                                          const ArchInfo& arch,
+                                                                          const GemmRequest& request) {
+  return distinct_configs(KJIT_TRY(requested_configs(problem, arch, request)));
+}
+
+}  // namespace kjit::codegen

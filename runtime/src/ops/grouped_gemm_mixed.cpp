@@ -1,0 +1,137 @@
+// The mixed-input (W8A16) grouped GEMM op: kjit_grouped_gemm with fp8
+// weights and bf16 activations.
+#include "kjit/internal/ops/grouped_gemm.hpp"
+
+#include "launch.hpp"
+
+#include <cstdint>
+
+#include <fmt/format.h>
+
+namespace kjit::ops {
+namespace {
+
+auto invalid(std::string message) { return fail(KJIT_ERROR_INVALID_ARGUMENT, std::move(message)); }
+
+Expected<codegen::ScaleGranularity> weight_scale_of(const kjit_grouped_gemm_desc& d) {
+  const bool block_given = d.b_block_rows != 0 || d.b_block_cols != 0;
+  switch (d.b_scale_granularity) {
+    case KJIT_SCALE_PER_BLOCK:
+      if (d.b_block_rows != KJIT_MIXED_SCALE_BLOCK || d.b_block_cols != KJIT_MIXED_SCALE_BLOCK)
+        return invalid(fmt::format("W8A16 b_scales per block must be of 128 x 128 stored weights (b_block_rows, "
+                                   "b_block_cols), got {} x {}: the kernels have no other block",
+                                   d.b_block_rows, d.b_block_cols));
+      return codegen::ScaleGranularity::per_block;
+    case KJIT_SCALE_PER_ROW:
+    case KJIT_SCALE_PER_TENSOR:
+      if (block_given)
+        return invalid(fmt::format("b_block_rows and b_block_cols are for KJIT_SCALE_PER_BLOCK; per-row and "
+                                   "per-tensor scales need 0 x 0, got {} x {}",
+                                   d.b_block_rows, d.b_block_cols));
+      return d.b_scale_granularity == KJIT_SCALE_PER_ROW ? codegen::ScaleGranularity::per_row
+                                                         : codegen::ScaleGranularity::per_tensor;
+    default:
+      return invalid(fmt::format("b_scale_granularity must be KJIT_SCALE_PER_BLOCK (128 x 128), _PER_ROW or "
+                                 "_PER_TENSOR for FP8 weights; there is no default, got {}",
+                                 static_cast<int>(d.b_scale_granularity)));
+  }
+}
+
+// The weight tile's TMA map over the fp8 bytes: [E, N, K] in boxes of 64
+// codes x 128 rows (64-byte swizzle), [E, K, N] in boxes of 128 codes x 64
+// k-rows (128-byte swizzle); grouped_gemm_mixed_sm90.cuh reads them so.
+Expected<void> encode_weight_map(const DriverApi& api, const codegen::GroupedGemmMixedSpec& s,
+                                 kjit_grouped_gemm_sm90_params& p) {
+  constexpr CUtensorMapDataType kBytes = CU_TENSOR_MAP_DATA_TYPE_UINT8;
+  const auto n = static_cast<cuuint64_t>(s.n), k = static_cast<cuuint64_t>(s.k);
+  const auto e = static_cast<cuuint64_t>(s.experts);
+  if (s.weights == codegen::WeightLayout::e_n_k) {
+    const cuuint64_t dims[3] = {k, n, e};
+    const cuuint64_t strides[2] = {k, n * k};
+    const cuuint32_t box[3] = {KJIT_SM90_K_BLOCK, static_cast<cuuint32_t>(s.tile_n), 1};
+    return encode_tensor_map(api, p.b_map, kBytes, p.gemm.b, 3, dims, strides, box, "B [E, N, K]",
+                             CU_TENSOR_MAP_SWIZZLE_64B);
+  }
+  const cuuint64_t dims[3] = {n, k, e};
+  const cuuint64_t strides[2] = {n, k * n};
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(s.tile_n), KJIT_SM90_K_BLOCK, 1};
+  return encode_tensor_map(api, p.b_map, kBytes, p.gemm.b, 3, dims, strides, box, "B [E, K, N]");
+}
+
+}  // namespace
+
+Expected<GroupedGemmMixedPlan> plan_grouped_gemm_mixed(const kjit_grouped_gemm_desc& d, bool for_prepare) {
+  auto common = KJIT_TRY(plan_gemm_common(d, for_prepare));
+  if (d.a_scales != nullptr)
+    return invalid("a_scales is for FP8 activations (W8A8); bf16 activations (W8A16) take none: pass NULL");
+  if (d.b_scale_convention != KJIT_SCALE_MULTIPLY && d.b_scale_convention != KJIT_SCALE_DIVIDE)
+    return invalid("W8A16 needs b_scale_convention: KJIT_SCALE_MULTIPLY (w = code * scale: DeepSeek's "
+                   "weight_scale_inv, compressed-tensors' weight_scale) or KJIT_SCALE_DIVIDE (w = code / scale); "
+                   "there is no default");
+  GroupedGemmMixedPlan plan;
+  plan.request = common.request;
+  plan.empty = common.empty;
+  auto& s = plan.problem;
+  s.out = common.out;
+  s.n = d.n;
+  s.k = d.k;
+  s.experts = d.experts;
+  s.weights = d.weights == KJIT_WEIGHTS_E_K_N ? codegen::WeightLayout::e_k_n : codegen::WeightLayout::e_n_k;
+  s.weight = d.b_dtype == KJIT_DTYPE_F8_E5M2 ? codegen::DType::f8_e5m2 : codegen::DType::f8_e4m3fn;
+  s.weight_scale = KJIT_TRY(weight_scale_of(d));
+  s.scale_convention =
+      d.b_scale_convention == KJIT_SCALE_DIVIDE ? codegen::ScaleConvention::divide : codegen::ScaleConvention::multiply;
+  s.offsets = common.offsets;
+  s.row_scale = d.row_scale != nullptr;
+  KJIT_TRY(codegen::validate(codegen::KernelSpec{s}));
+  if (!for_prepare && !plan.empty) {
+    KJIT_TRY(require_non_null({{d.b_scales, "b_scales"}}));
+    if (reinterpret_cast<uintptr_t>(d.b_scales) % 4 != 0) return invalid("'b_scales' must be 4-byte aligned (fp32)");
+  }
+  plan.params.gemm = common.params;
+  plan.params.b_scales = d.b_scales;
+  return plan;
+}
+
+Expected<void> grouped_gemm_mixed(Runtime& runtime, const kjit_grouped_gemm_desc& desc, CUstream stream) {
+  auto plan = KJIT_TRY(plan_grouped_gemm_mixed(desc, false));
+  if (plan.empty) return {};
+  auto& p = plan.params;
+  DeviceState* device = KJIT_TRY(owning_device_for(runtime, {{p.gemm.a, "a"},
+                                                              {p.gemm.b, "b"},
+                                                              {p.gemm.out, "out"},
+                                                              {p.gemm.offsets, "offsets"},
+                                                              {p.gemm.row_scale, "row_scale"},
+                                                              {p.b_scales, "b_scales"},
+                                                              {p.gemm.tile_counter, "workspace"}}));
+  const auto spec = KJIT_TRY(
+      codegen::choose_grouped_gemm_mixed_config(plan.problem, *device->arch, p.gemm.total_rows, plan.request));
+  const LoadedKernel* kernel = KJIT_TRY(launchable_kernel(runtime, *device, spec, stream));
+  const auto geometry = codegen::grouped_gemm_mixed_geometry(spec, p.gemm.total_rows, kernel->resident_blocks);
+  if (spec.kernel != codegen::MixedGemmKernel::wgmma_sm90)
+    return launch_kernel(runtime, *device, *kernel, p.gemm.device_error, geometry, &p, stream);
+
+  kjit_grouped_gemm_mixed_sm90_params sm90{};
+  sm90.sm90.gemm = p.gemm;
+  sm90.b_scales = p.b_scales;
+  {
+    // Encoding needs a current context (a bare thread, as in jitctl, has none).
+    const DriverApi& api = **runtime.driver();
+    ScopedContext scope(api, device->context);
+    KJIT_TRY(scope.status());
+    KJIT_TRY(encode_swap_ab_row_maps(api, spec.k, sm90.sm90));
+    KJIT_TRY(encode_weight_map(api, spec, sm90.sm90));
+    if (sm90.sm90.gemm.tile_counter != nullptr) KJIT_TRY(zero_tile_counter(api, sm90.sm90.gemm.tile_counter, stream));
+  }
+  return launch_kernel(runtime, *device, *kernel, sm90.sm90.gemm.device_error, geometry, &sm90, stream);
+}
+
+Expected<void> prepare_grouped_gemm_mixed(Runtime& runtime, const kjit_grouped_gemm_desc& desc, int ordinal) {
+  const auto plan = KJIT_TRY(plan_grouped_gemm_mixed(desc, true));
+  DeviceState* device = KJIT_TRY(runtime.device(ordinal));
+  const auto configs = KJIT_TRY(codegen::grouped_gemm_mixed_candidates(plan.problem, *device->arch, plan.request));
+  for (const auto& config : configs) KJIT_TRY(prepare_on_device(runtime, config, ordinal));
+  return {};
+}
+
+}  // namespace kjit::ops

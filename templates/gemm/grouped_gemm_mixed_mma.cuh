@@ -1,0 +1,70 @@
+// Mixed-input (W8A16) grouped GEMM for MoE experts, the portable path (sm_89
+// and newer: SM100 and SM120 until they have their own kernels, and Hopper
+// when forced): the bf16 portable kernel (grouped_gemm_mma.cuh: tiles,
+// fragments, epilogue) with its weight tile staged from fp8 codes, each
+// converted with its scale into bf16 as kjit's dequant does
+// (grouped_gemm_mixed_common.cuh) on its way into shared memory. Each thread
+// converts runs of 8 codes of one stored row, which lie in one scale block.
+#pragma once
+
+#include "../abi/grouped_gemm_mixed_params.h"
+#include "grouped_gemm_mixed_common.cuh"
+#include "grouped_gemm_mma.cuh"
+
+namespace kjit {
+
+template <class Problem, int kBM_, int kBN_, int kBK_>
+struct GroupedGemmMixedMmaConfig : GroupedGemmConfig<Problem, kBM_, kBN_, kBK_> {
+  static_assert(kBK_ % 8 == 0 && kBN_ % 8 == 0, "runs of 8 codes along either axis");
+};
+
+// Eight codes (8 bytes, the lowest first) times their one multiplier, as 8 bf16.
+template <class Cfg>
+__device__ __forceinline__ uint4 convert_weight_run(uint2 codes, float scale) {
+  return make_uint4(convert_weight_pair<Cfg>(static_cast<unsigned short>(codes.x), scale, scale),
+                    convert_weight_pair<Cfg>(static_cast<unsigned short>(codes.x >> 16), scale, scale),
+                    convert_weight_pair<Cfg>(static_cast<unsigned short>(codes.y), scale, scale),
+                    convert_weight_pair<Cfg>(static_cast<unsigned short>(codes.y >> 16), scale, scale));
+}
+
+template <class Cfg>
+__device__ __forceinline__ void stage_fp8_weights(const kjit_grouped_gemm_mixed_params& p,
+                                                  unsigned short (&b_tile)[Cfg::kBN][Cfg::kStride], int expert,
+                                                  long long n0, long long k0) {
+  const unsigned char* w = static_cast<const unsigned char*>(p.gemm.b) + expert * Cfg::kN * Cfg::kK;
+  if constexpr (!Cfg::kWeightsKN) {
+    // Stored [N, K]: tile rows are stored rows.
+    constexpr int kRunsK = Cfg::kBK / 8;
+    for (int c = threadIdx.x; c < Cfg::kBN * kRunsK; c += Cfg::kThreads) {
+      const int n = c / kRunsK, kc = (c % kRunsK) * 8;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (n0 + n < Cfg::kN && k0 + kc < Cfg::kK) {
+        const uint2 codes = *reinterpret_cast<const uint2*>(w + (n0 + n) * Cfg::kK + k0 + kc);
+        v = convert_weight_run<Cfg>(codes, weight_multiplier<Cfg>(p.b_scales, expert, n0 + n, k0 + kc));
+      }
+      *reinterpret_cast<uint4*>(&b_tile[n][kc]) = v;
+    }
+  } else {
+    // Stored [K, N]: runs along n, transposed into the K-contiguous tile.
+    constexpr int kRunsN = Cfg::kBN / 8;
+    for (int c = threadIdx.x; c < Cfg::kBK * kRunsN; c += Cfg::kThreads) {
+      const int kr = c / kRunsN, nc = (c % kRunsN) * 8;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (k0 + kr < Cfg::kK && n0 + nc < Cfg::kN) {
+        const uint2 codes = *reinterpret_cast<const uint2*>(w + (k0 + kr) * Cfg::kN + n0 + nc);
+        v = convert_weight_run<Cfg>(codes, weight_multiplier<Cfg>(p.b_scales, expert, k0 + kr, n0 + nc));
+      }
+      const unsigned short* h = reinterpret_cast<const unsigned short*>(&v);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) b_tile[nc + i][kr] = h[i];
+    }
+  }
+}
+
+template <class Cfg>
+__device__ __forceinline__ void grouped_gemm_mixed_mma(const kjit_grouped_gemm_mixed_params& p) {
+  grouped_gemm_mma_with<Cfg>(p.gemm, [&](unsigned short(&b_tile)[Cfg::kBN][Cfg::kStride], int expert, long long n0,
+                                         long long k0) { stage_fp8_weights<Cfg>(p, b_tile, expert, n0, k0); });
+}
+
+}  // namespace kjit

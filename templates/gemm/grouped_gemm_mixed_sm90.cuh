@@ -1,0 +1,265 @@
+// Mixed-input (W8A16) grouped GEMM for MoE experts on sm_90a: fp8 weights
+// converted to bf16 in registers and fed to wgmma as its register operand A,
+// the rows of A (bf16 tokens) as its shared-memory operand B ("swap AB":
+// grouped_gemm_sm90_swap_ab.cuh's tiles, walk, tile queue, producer and
+// epilogue). No bf16 copy of the weights exists anywhere, shared memory
+// included: a stage holds the fp8 weight tile as TMA brought it.
+//
+// Per k-block of 64 each consumer warpgroup loads its 64 weight rows' codes
+// from the stage into wgmma's A fragment layout, converts them with their
+// scales exactly as kjit's dequant does (grouped_gemm_mixed_common.cuh), and
+// issues four m64n<kBM>k16 wgmmas; the two consumer warpgroups take turns
+// on the tensor cores (mixed_mainloop says why not within one).
+//
+// Fragment loads (PTX ISA, "Register fragments ... wgmma .m64nNk16", A):
+// thread (warp w, lane 4g + q) holds rows 16w + g and 16w + g + 8, columns
+// 2q, 2q + 1, 2q + 8, 2q + 9 of each k16 step, bf16 pairs, lower column low.
+// - [E, N, K] weights: the tile is 128 rows x 64 codes (64-byte rows, TMA's
+//   64-byte swizzle: 16-byte unit u of row r lies at u ^ (r / 2 % 4), so a
+//   warp's 8 rows x 1 unit fall on distinct banks). One 16-byte load per row
+//   and k16 step holds the four lanes' codes of both column pairs; prmt picks
+//   the thread's two bytes of each half.
+// - [E, K, N] weights (the backward pass): the tile is 64 k-rows x 128 codes
+//   of n (128-byte swizzle). ldmatrix.trans of the codes as b16 gives each
+//   thread a 2 x 2 block (k 2q, 2q + 1) x (n 2g, 2g + 1): wgmma rows are
+//   output columns, whose order is free, so fragment row g holds column 2g
+//   and row g + 8 column 2g + 1; the epilogue stores columns in that order
+//   (swap_ab_store's kPairedColumns).
+#pragma once
+
+#include "../abi/grouped_gemm_mixed_params.h"
+#include "grouped_gemm_mixed_common.cuh"
+#include "grouped_gemm_sm90_pipeline.cuh"
+#include "grouped_gemm_sm90_swap_ab.cuh"
+
+#include <cuda/ptx>
+
+namespace kjit {
+
+template <class Problem, int kBM_, int kStages_, class Mma_>
+struct GroupedGemmMixedSm90Config : Problem {
+  using Problem::kK, Problem::kN;
+  static constexpr int kBM = kBM_;  // the row tile (wgmma's N): every tile runs this wide
+  static constexpr int kBN = 128;   // weight rows (output columns) per block: 64 per consumer warpgroup
+  static constexpr int kStages = kStages_, kCluster = 1;
+  static constexpr int kRowStep = KJIT_SWAP_AB_ROW_BOX;
+  static constexpr int kWideRows = KJIT_SWAP_AB_WIDE_ROW_BOX;
+  using Mma = Mma_;  // the generated wgmma m64n<kBM>k16 bf16 wrapper, A from registers
+  static constexpr int kBK = KJIT_SM90_K_BLOCK;
+  static constexpr int kConsumers = kBN / 64;
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr int kWTileBytes = kBN * kBK;  // one byte a code
+  static constexpr int kRowBoxBytes = kRowStep * kBK * 2;
+  static constexpr int kStageBytes = kWTileBytes + kBM * kBK * 2;
+  static constexpr bool kOperandBMnMajor = false;
+  static constexpr long long kNTiles = (kN + kBN - 1) / kBN;
+  static constexpr long long kNClusterTiles = kNTiles;
+  static constexpr bool kColumnsMasked = kN % kBN != 0;
+  static constexpr int kKBlocks = static_cast<int>((kK + kBK - 1) / kBK);
+  static constexpr int kScratchBytes = kConsumers * 32 * 64 * 2;
+  static constexpr int kQueueSlots = 4;
+  static constexpr int kQueueBytes = kQueueSlots * 24;
+  // Stages, alignment slack, two mbarriers per stage, scratch, queue (codegen's
+  // grouped_gemm_mixed_shared_bytes computes the same; the generated code checks).
+  static constexpr int kSharedBytes = kStages * kStageBytes + 1024 + 16 * kStages + kScratchBytes + kQueueBytes;
+  static constexpr int kProducerRegisters = 56, kConsumerRegisters = 224;
+  static constexpr int kLoaderWarps = 0;
+  static_assert(kBM % kRowStep == 0 && kBM >= kRowStep && kBM <= 256, "wgmma N is at most 256");
+  static_assert(kStageBytes % 1024 == 0, "every stage starts on a swizzle period");
+};
+
+// The producer's weight copy: one box a stage ([E, N, K]: 64 codes x 128
+// rows; [E, K, N]: 128 codes of n x 64 k-rows), 8 KB either way.
+struct Fp8WeightTileCopy {
+  template <class Cfg>
+  static __device__ __forceinline__ void copy(const kjit_grouped_gemm_sm90_params& p, unsigned char* tile, int n0,
+                                              int k0, int expert, unsigned long long* bar) {
+    namespace ptx = cuda::ptx;
+    const int coords[3] = {Cfg::kWeightsKN ? n0 : k0, Cfg::kWeightsKN ? k0 : n0, expert};
+    ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, tile, &p.b_map, coords, bar);
+  }
+};
+
+__device__ __forceinline__ uint4 load_shared_v4(unsigned address) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(address));
+  return v;
+}
+
+// Bytes of {high, low} chosen by prmt's selector (result byte i = source byte of nibble i).
+__device__ __forceinline__ unsigned byte_permute(unsigned low, unsigned high, unsigned selector) {
+  unsigned out;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(out) : "r"(low), "r"(high), "r"(selector));
+  return out;
+}
+
+// Keeps the compiler from moving register writes of a wgmma's A fragment
+// across the wgmma fences (wgmma reads them asynchronously).
+__device__ __forceinline__ void fence_fragments(unsigned (&f)[4][4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(f[i][j])::"memory");
+}
+
+// The multipliers a consumer thread applies, fixed over a tile or a k-block
+// (block and tensor scales, and [E, N, K]'s per-row scales: rows[0] for its
+// fragment rows g, rows[1] for g + 8), or, for [E, K, N]'s per-row scales
+// (one per k), read per k-block.
+template <class Cfg>
+struct MixedScales {
+  static constexpr bool kPerK = Cfg::kWeightsKN && Cfg::kScale == MixedScale::row;
+  float rows[2] = {0.0f, 0.0f};
+  float per_k[kPerK ? 16 : 1];
+
+  // Once per tile: the scales that do not change with k.
+  __device__ void start_tile(const float* scales, int expert, long long col0) {
+    const int warp = threadIdx.x % 128 / 32, g = threadIdx.x % 32 / 4;
+    if constexpr (Cfg::kScale == MixedScale::tensor) {
+      rows[0] = rows[1] = weight_multiplier<Cfg>(scales, expert, 0, 0);
+    } else if constexpr (Cfg::kScale == MixedScale::row && !Cfg::kWeightsKN) {
+      rows[0] = weight_multiplier<Cfg>(scales, expert, col0 + 16 * warp + g, 0);
+      rows[1] = weight_multiplier<Cfg>(scales, expert, col0 + 16 * warp + g + 8, 0);
+    }
+  }
+  // Before each k-block's stage is waited for (the loads' latency passes there).
+  __device__ void start_k_block(const float* scales, int expert, long long col0, long long k0) {
+    if constexpr (Cfg::kScale == MixedScale::block) {
+      // A block's 64 columns and 64 k lie in one 128 x 128 scale block.
+      rows[0] = rows[1] = Cfg::kWeightsKN ? weight_multiplier<Cfg>(scales, expert, k0, col0)
+                                          : weight_multiplier<Cfg>(scales, expert, col0, k0);
+    } else if constexpr (kPerK) {
+      const int q = threadIdx.x % 4;
+#pragma unroll
+      for (int step = 0; step < 4; ++step)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)  // k 2q, 2q + 1, 2q + 8, 2q + 9 of the step
+          per_k[4 * step + i] = weight_multiplier<Cfg>(scales, expert, k0 + 16 * step + 2 * q + i % 2 + 8 * (i / 2), 0);
+    }
+  }
+};
+
+// The thread's A fragments of one k-block (four k16 steps) from the stage's
+// weight tile, converted.
+template <class Cfg>
+__device__ __forceinline__ void convert_fragments(const unsigned char* w_tile, const MixedScales<Cfg>& scales,
+                                                  unsigned (&f)[4][4]) {
+  const int consumer = threadIdx.x / 128, warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, q = lane % 4;
+  const unsigned base = static_cast<unsigned>(__cvta_generic_to_shared(w_tile));
+  if constexpr (!Cfg::kWeightsKN) {
+    const int row = 64 * consumer + 16 * warp + g;  // and row + 8
+    const unsigned pair = (2 * q) | (2 * q + 1) << 4;  // bytes 2q, 2q + 1 of 8
+#pragma unroll
+    for (int step = 0; step < 4; ++step) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = row + 8 * half;
+        const uint4 v = load_shared_v4(base + r * 64 + 16 * (step ^ (r / 2 % 4)));
+        const float s = scales.rows[half];
+        f[step][half] = convert_weight_pair<Cfg>(static_cast<unsigned short>(byte_permute(v.x, v.y, pair)), s, s);
+        f[step][2 + half] = convert_weight_pair<Cfg>(static_cast<unsigned short>(byte_permute(v.z, v.w, pair)), s, s);
+      }
+    }
+  } else {
+    const int unit = 4 * consumer + warp;  // the warp's 16 columns of the tile's 128
+#pragma unroll
+    for (int steps = 0; steps < 4; steps += 2) {
+      // Matrix m of the four: step steps + m / 2, k-rows 8 (m % 2) .. + 7 of it.
+      const int m = lane / 8, k_row = 16 * (steps + m / 2) + 8 * (m % 2) + lane % 8;
+      unsigned d[4];
+      asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                   : "r"(base + k_row * 128 + 16 * (unit ^ (k_row % 8))));
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int step = steps + i;
+        // d bytes: (k 2q, n 2g), (k 2q, n 2g + 1), (k 2q + 1, n 2g), (k 2q + 1, n 2g + 1).
+        const unsigned low = d[2 * i], high = d[2 * i + 1];  // k 0..7 and 8..15 of the step
+        float s[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) s[j] = MixedScales<Cfg>::kPerK ? scales.per_k[4 * step + j] : scales.rows[0];
+        f[step][0] = convert_weight_pair<Cfg>(static_cast<unsigned short>(byte_permute(low, 0, 0x20)), s[0], s[1]);
+        f[step][1] = convert_weight_pair<Cfg>(static_cast<unsigned short>(byte_permute(low, 0, 0x31)), s[0], s[1]);
+        f[step][2] = convert_weight_pair<Cfg>(static_cast<unsigned short>(byte_permute(high, 0, 0x20)), s[2], s[3]);
+        f[step][3] = convert_weight_pair<Cfg>(static_cast<unsigned short>(byte_permute(high, 0, 0x31)), s[2], s[3]);
+      }
+    }
+  }
+  (void)q;
+}
+
+// One tile's k-loop for one consumer warpgroup: per k-block, convert the
+// fragments, issue the four wgmmas, wait for them, hand the stage back.
+// Converting the next k-block while this one's wgmmas run (double-buffered
+// fragments) made ptxas serialise every wgmma (C7513: non-wgmma instructions
+// defining a wgmma's input registers inside its pipeline stage); the other
+// consumer warpgroup's wgmmas fill the tensor cores while this one converts.
+template <class Cfg>
+__device__ __forceinline__ void mixed_mainloop(const kjit_grouped_gemm_mixed_sm90_params& p, const SwapAbTile& tile,
+                                               long long col0, float (&acc)[Cfg::kBM / 2], unsigned char* tiles,
+                                               unsigned long long* full, unsigned long long* empty, unsigned& it) {
+  using Mma = typename Cfg::Mma;
+  const int lane = threadIdx.x % 32;
+  MixedScales<Cfg> scales;
+  scales.start_tile(p.b_scales, tile.expert, col0);
+  unsigned fragments[4][4];
+  for (int kb = 0; kb < Cfg::kKBlocks; ++kb, ++it) {
+    scales.start_k_block(p.b_scales, tile.expert, col0, static_cast<long long>(kb) * Cfg::kBK);
+    const unsigned s = it % Cfg::kStages;
+    mbarrier_wait(&full[s], (it / Cfg::kStages) & 1);
+    const unsigned char* stage = tiles + s * Cfg::kStageBytes;
+    convert_fragments<Cfg>(stage, scales, fragments);
+    const unsigned long long r_desc = operand_descriptor<false>(stage + Cfg::kWTileBytes);
+    fence_fragments(fragments);
+    fence_accumulators(acc);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Cfg::kBK / 16; ++kk)
+      Mma::run(acc, fragments[kk], r_desc + operand_k_step<false>(kk), kb > 0 || kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+    fence_fragments(fragments);
+    if (lane == 0) arrive_cluster_wide<Cfg>(&empty[s]);
+  }
+}
+
+template <class Cfg>
+__device__ __forceinline__ void mixed_consumer(const kjit_grouped_gemm_mixed_sm90_params& p, unsigned char* tiles,
+                                               unsigned long long* full, unsigned long long* empty,
+                                               unsigned char* after_barriers) {
+  float acc[Cfg::kBM / 2];
+  const TileQueue<Cfg> queue(after_barriers);
+  SwapAbTileWalker<Cfg> walk{&p.sm90.gemm, 0};
+  SwapAbTile tile;
+  unsigned it = 0;
+  const int consumer = threadIdx.x / 128, lane = threadIdx.x % 32;
+  for (unsigned i = 0;; ++i) {
+    const unsigned long long t = queue.read(i);
+    __syncwarp();
+    if (lane == 0) queue.release(i);
+    if (!walk.seek(static_cast<long long>(t), tile)) break;
+    // Rows past the tile's own hold stale rows of an earlier stage; their
+    // products are never stored (the epilogue masks them).
+    const long long col0 = tile.n0 + consumer * 64;
+    mixed_mainloop<Cfg>(p, tile, col0, acc, tiles, full, empty, it);
+    swap_ab_store<Cfg, Cfg::kWeightsKN>(p.sm90.gemm, acc, tile, col0, after_barriers, (tile.rows + 31) / 32);
+  }
+}
+
+template <class Cfg>
+__device__ __forceinline__ void grouped_gemm_mixed_sm90(const kjit_grouped_gemm_mixed_sm90_params& p) {
+  warp_specialized_gemm<Cfg>(
+      p.sm90, [](unsigned char* after_barriers) { TileQueue<Cfg>(after_barriers).init(); },
+      [&](unsigned char* tiles, unsigned long long* full, unsigned long long* empty, unsigned char* after_barriers) {
+        swap_ab_producer<Cfg, Fp8WeightTileCopy>(p.sm90, tiles, full, empty, after_barriers);
+      },
+      [&](unsigned char* tiles, unsigned long long* full, unsigned long long* empty, unsigned char* after_barriers) {
+        mixed_consumer<Cfg>(p, tiles, full, empty, after_barriers);
+      });
+}
+
+}  // namespace kjit
