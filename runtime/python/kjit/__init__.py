@@ -94,6 +94,7 @@ class _GroupedGemmDesc(ctypes.Structure):
         ("b_scale_granularity", ctypes.c_int),
         ("b_block_rows", ctypes.c_int64),
         ("b_block_cols", ctypes.c_int64),
+        ("b_scale_convention", ctypes.c_int),
     ]
 
 
