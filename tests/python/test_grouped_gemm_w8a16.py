@@ -366,3 +366,12 @@ def test_the_w8a16_forward_and_backward_gemms_compile_with_no_graph_break_and_th
     assert len(graphs) == 1
     called = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
     assert sum("kjit.grouped_gemm_w8a16_" in c for c in called) == 2, called
+
+
+def test_the_w8a16_forward_and_backward_gemms_trace_through_aot_autograd_on_the_fake_kernels():
+    torch._dynamo.reset()
+    with FakeTensorMode():
+        x, w, w_scale, ends = fake_operands(e5m2)
+        y, dx = torch.compile(forward_and_backward, backend="aot_eager", fullgraph=True)(
+            x, cuda(ROWS, NF, dtype=bf16), w, w_scale, ends)
+        assert (y.shape, dx.shape) == ((ROWS, NF), (ROWS, KF))
