@@ -436,7 +436,7 @@ def _check_w8a16_scales(w, n, k, a_scale, w_scale, w_scale_convention, w_block) 
     _check_tensor("w_scale", w_scale, ("float32",), device=w.device)
     shape = list(w_scale.shape)
     if shape in ([experts], [experts, 1], [experts, 1, 1]):
-        return "tensor"  # (also [E, 1, 1] blocks of a tensor within one block: the same numbers)
+        return "tensor"  # (a stored tensor within one 128x128 block: its block scales, the same numbers)
     if shape in ([experts, r], [experts, r, 1]):
         return "row"
     if shape == block_expected:
