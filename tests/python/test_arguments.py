@@ -163,15 +163,24 @@ def test_fp8_gemm_arguments_that_fit_reach_the_op_with_either_weight_scale_granu
         assert fp8_gemm(a, a_scale, w, w_scale, offsets, out_dtype=f32).dtype == f32
 
 
-def test_fp8_activations_with_bf16_weights_and_the_reverse_are_refused_saying_w8a16_is_not_there_yet():
+def test_fp8_activations_need_e4m3fn_weights_and_e5m2_activations_are_refused():
     with FakeTensorMode():
         a, a_scale, w, w_scale, offsets = fp8_operands()
-        with raises_naming("a is float8_e4m3fn but w is bfloat16: .*mixed operands .W8A16. are not there yet"):
+        with raises_naming("a is float8_e4m3fn but w is bfloat16: float8_e4m3fn activations need float8_e4m3fn "
+                           "weights .W8A8.; with bfloat16 a, w may be bfloat16 or float8 .W8A16."):
             fp8_gemm(a, a_scale, cuda(EXPERTS, N, K, dtype=bf16), w_scale, offsets)
-        with raises_naming("a is bfloat16 but w is float8_e4m3fn: .*mixed operands .W8A16. are not there yet"):
-            fp8_gemm(cuda(ROWS, K, dtype=bf16), a_scale, w, w_scale, offsets)
+        with raises_naming("a is float8_e4m3fn but w is float8_e5m2"):
+            fp8_gemm(a, a_scale, cuda(EXPERTS, N, K, dtype=torch.float8_e5m2), w_scale, offsets)
         with raises_naming("a must be bfloat16 or float8_e4m3fn, got float8_e5m2"):
             fp8_gemm(cuda(ROWS, K, dtype=torch.float8_e5m2), a_scale, w, w_scale, offsets)
+
+
+def test_w8a8_takes_no_scale_convention_but_multiply():
+    with FakeTensorMode():
+        a, a_scale, w, w_scale, offsets = fp8_operands()
+        assert fp8_gemm(a, a_scale, w, w_scale, offsets, w_scale_convention="multiply").shape == (ROWS, N)
+        with raises_naming("w_scale_convention must be None or 'multiply' with float8_e4m3fn a and w .W8A8"):
+            fp8_gemm(a, a_scale, w, w_scale, offsets, w_scale_convention="divide")
 
 
 def test_fp8_operands_without_their_scales_are_refused_naming_the_scale_and_its_shape():
@@ -226,5 +235,9 @@ def test_fp8_gemm_needs_e_n_k_weights_and_k_a_multiple_of_128():
 def test_scales_with_bf16_operands_are_refused():
     with FakeTensorMode():
         _, a_scale, _, w_scale, offsets = fp8_operands()
-        with raises_naming(r"a_scale and w_scale are for float8_e4m3fn a and w \(W8A8\); a and w are bfloat16"):
+        with raises_naming(r"a_scale, w_scale and w_scale_convention are for float8 operands \(W8A8, W8A16\); a and "
+                           r"w are bfloat16"):
             fp8_gemm(cuda(ROWS, K, dtype=bf16), a_scale, cuda(EXPERTS, N, K, dtype=bf16), w_scale, offsets)
+        with raises_naming(r"a_scale, w_scale and w_scale_convention are for float8 operands"):
+            kjit.grouped_gemm(cuda(ROWS, K, dtype=bf16), cuda(EXPERTS, N, K, dtype=bf16), offsets,
+                              offsets_convention="cumulative_end", w_scale_convention="multiply")

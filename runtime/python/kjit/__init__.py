@@ -94,6 +94,7 @@ class _GroupedGemmDesc(ctypes.Structure):
         ("b_scale_granularity", ctypes.c_int),
         ("b_block_rows", ctypes.c_int64),
         ("b_block_cols", ctypes.c_int64),
+        ("b_scale_convention", ctypes.c_int),
     ]
 
 
@@ -356,20 +357,24 @@ def prepare_dequant_fp8(w, scales, out, *, scale="block", block=(128, 128), conv
     _check(library().kjit_dequant_fp8_prepare(ctypes.byref(d), w.device.index or 0))
 
 
-_GEMM_OPERANDS = ("bfloat16", "float8_e4m3fn")
-_FP8_GEMM_BLOCK = 128  # the FP8 GEMM's scale block along K (activations and weights) and N (weights)
+_GEMM_A = ("bfloat16", "float8_e4m3fn")
+_GEMM_W = ("bfloat16",) + _FP8
+_FP8_GEMM_BLOCK = 128  # the FP8 GEMMs' scale block (W8A8: activations and weights; W8A16: weights)
+_W8A16_MULTIPLE = 16  # N and K of the W8A16 GEMM
 
 
-def _check_gemm_operands(a, w) -> bool:
-    """a and w are both bf16, or both e4m3fn (W8A8); True for FP8."""
-    _check_tensor("a", a, _GEMM_OPERANDS)
-    _check_tensor("w", w, _GEMM_OPERANDS, device=a.device)
+def _check_gemm_operands(a, w) -> str:
+    """The GEMM's operands: 'bf16' (both bfloat16), 'w8a8' (both
+    float8_e4m3fn) or 'w8a16' (bfloat16 a, float8_e4m3fn or _e5m2 w)."""
+    _check_tensor("a", a, _GEMM_A)
+    _check_tensor("w", w, _GEMM_W, device=a.device)
     a_dtype, w_dtype = (str(t.dtype).replace("torch.", "") for t in (a, w))
-    if a_dtype != w_dtype:
-        raise _invalid(f"a is {a_dtype} but w is {w_dtype}: a and w must both be bfloat16 or both float8_e4m3fn "
-                       "(W8A8); mixed operands (W8A16) are not there yet: quantize a with kjit.quantize_fp8, or "
-                       "dequantize w with kjit.dequant_fp8")
-    return a_dtype == "float8_e4m3fn"
+    if a_dtype == "bfloat16":
+        return "bf16" if w_dtype == "bfloat16" else "w8a16"
+    if w_dtype != "float8_e4m3fn":
+        raise _invalid(f"a is {a_dtype} but w is {w_dtype}: float8_e4m3fn activations need float8_e4m3fn weights "
+                       "(W8A8); with bfloat16 a, w may be bfloat16 or float8 (W8A16)")
+    return "w8a8"
 
 
 def _check_fp8_scales(a, w, a_scale, w_scale, w_block) -> str:
@@ -403,11 +408,50 @@ def _check_fp8_scales(a, w, a_scale, w_scale, w_block) -> str:
     return "block"
 
 
+def _check_w8a16_scales(w, n, k, a_scale, w_scale, w_scale_convention, w_block) -> str:
+    """The W8A16 weight scales as kjit.h states them, over the STORED tensor
+    [E, R, C] whatever `weights` says; returns w_scale's granularity: 'block'
+    ([E, ceil(R/128), ceil(C/128)]), 'row' ([E, R] or [E, R, 1]) or 'tensor'
+    ([E], [E, 1] or [E, 1, 1])."""
+    experts, r, c = w.shape
+    block = _FP8_GEMM_BLOCK
+    w_dtype = str(w.dtype).replace("torch.", "")
+    if a_scale is not None:
+        raise _invalid(f"a_scale must be None with bfloat16 a and {w_dtype} w (W8A16: the activations are not "
+                       "scaled; a_scale is for float8_e4m3fn a, W8A8)")
+    for name, value in (("N", n), ("K", k)):
+        if value % _W8A16_MULTIPLE != 0:
+            raise _invalid(f"{name} must be a multiple of {_W8A16_MULTIPLE} with bfloat16 a and {w_dtype} w (W8A16), "
+                           f"got {value}")
+    if w_scale_convention is None:
+        raise _invalid(f"w_scale_convention is required with bfloat16 a and {w_dtype} w (W8A16), there is no "
+                       "default: 'multiply' (w = code * scale: DeepSeek's weight_scale_inv, compressed-tensors' "
+                       "weight_scale) or 'divide' (w = code / scale)")
+    _check_choice("w_scale_convention", w_scale_convention, _CONVENTION)
+    block_expected = [experts, -(-r // block), -(-c // block)]
+    shapes = (f"{block_expected} ({block}x{block} blocks of the stored [E, R, C] = {list(w.shape)}), {[experts, r]} "
+              f"(one per stored row) or {[experts]} (one per expert)")
+    if w_scale is None:
+        raise _invalid(f"w_scale is required with bfloat16 a and {w_dtype} w (W8A16): fp32 {shapes}")
+    _check_tensor("w_scale", w_scale, ("float32",), device=w.device)
+    shape = list(w_scale.shape)
+    if shape in ([experts], [experts, 1], [experts, 1, 1]):
+        return "tensor"  # (a stored tensor within one 128x128 block: its block scales, the same numbers)
+    if shape in ([experts, r], [experts, r, 1]):
+        return "row"
+    if shape == block_expected:
+        if not isinstance(w_block, (tuple, list)) or tuple(w_block) != (block, block):
+            raise _invalid(f"w_block must be ({block}, {block}) (the W8A16 GEMM's only weight block), got {w_block!r}")
+        return "block"
+    raise _invalid(f"w_scale must be {shapes}, got {shape}")
+
+
 def _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, cluster_axis, a_scale=None,
-                w_scale=None, w_block=(_FP8_GEMM_BLOCK, _FP8_GEMM_BLOCK)):
-    """Returns None for bf16 operands, else the FP8 weight scales'
-    granularity ('block' or 'row')."""
-    fp8 = _check_gemm_operands(a, w)
+                w_scale=None, w_block=(_FP8_GEMM_BLOCK, _FP8_GEMM_BLOCK), w_scale_convention=None):
+    """Returns (operands, granularity): operands as _check_gemm_operands
+    says, granularity None for bf16, else the weight scales' ('block', 'row'
+    or, W8A16 only, 'tensor')."""
+    operands = _check_gemm_operands(a, w)
     _check_tensor("offsets", offsets, ("int32",), device=a.device)
     _check_tensor("out", out, ("bfloat16", "float32"), device=a.device)
     _check_tensor("row_scale", row_scale, ("float32",), device=a.device, optional=True)
@@ -415,7 +459,7 @@ def _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kern
     _check_choice("weights", weights, _WEIGHTS)
     _check_choice("cluster_axis", cluster_axis, _CLUSTER_AXIS)
     _check_choice("offsets_convention", offsets_convention, _OFFSETS)
-    if fp8 and weights != "e_n_k":
+    if operands == "w8a8" and weights != "e_n_k":
         raise _invalid(f"weights must be 'e_n_k' ([E, N, K], as checkpoints store them) with float8_e4m3fn operands, "
                        f"got {weights!r}")
     if w.dim() != 3:
@@ -431,15 +475,22 @@ def _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kern
         raise _invalid(f"out must be [{a.shape[0]}, {n}], got {list(out.shape)}")
     if row_scale is not None and list(row_scale.shape) != [a.shape[0]]:
         raise _invalid(f"row_scale must be [{a.shape[0]}], got {list(row_scale.shape)}")
-    if not fp8:
-        if a_scale is not None or w_scale is not None:
-            raise _invalid("a_scale and w_scale are for float8_e4m3fn a and w (W8A8); a and w are bfloat16")
-        return None
-    return _check_fp8_scales(a, w, a_scale, w_scale, w_block)
+    if operands == "bf16":
+        if a_scale is not None or w_scale is not None or w_scale_convention is not None:
+            raise _invalid("a_scale, w_scale and w_scale_convention are for float8 operands (W8A8, W8A16); a and w "
+                           "are bfloat16")
+        return operands, None
+    if operands == "w8a16":
+        return operands, _check_w8a16_scales(w, n, k, a_scale, w_scale, w_scale_convention, w_block)
+    if w_scale_convention not in (None, "multiply"):
+        raise _invalid(f"w_scale_convention must be None or 'multiply' with float8_e4m3fn a and w (W8A8: the scales "
+                       f"are multipliers), got {w_scale_convention!r}")
+    return operands, _check_fp8_scales(a, w, a_scale, w_scale, w_block)
 
 
 def _gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n, cluster,
-               cluster_axis, a_scale=None, w_scale=None, w_scale_granularity=None) -> _GroupedGemmDesc:
+               cluster_axis, a_scale=None, w_scale=None, w_scale_granularity=None,
+               w_scale_convention=None) -> _GroupedGemmDesc:
     experts = w.shape[0]
     n, k = (w.shape[1], w.shape[2]) if weights == "e_n_k" else (w.shape[2], w.shape[1])
     d = _GroupedGemmDesc()
@@ -454,16 +505,19 @@ def _gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kerne
     d.cluster = cluster
     d.cluster_axis = _CLUSTER_AXIS[cluster_axis]
     if w_scale_granularity is not None:
-        d.a_scales, d.b_scales = a_scale.data_ptr(), w_scale.data_ptr()
+        d.a_scales = a_scale.data_ptr() if a_scale is not None else None  # None: W8A16
+        d.b_scales = w_scale.data_ptr()
         d.b_scale_granularity = _GRANULARITY[w_scale_granularity]
         if w_scale_granularity == "block":
             d.b_block_rows = d.b_block_cols = _FP8_GEMM_BLOCK
+        if w_scale_convention is not None:
+            d.b_scale_convention = _CONVENTION[w_scale_convention]
     return d
 
 
 def grouped_gemm(a, w, offsets, *, weights="e_n_k", offsets_convention, row_scale=None, out=None,
                  out_dtype=None, stream=None, kernel="auto", tile=None, cluster=0, cluster_axis="m", a_scale=None,
-                 w_scale=None, w_block=(_FP8_GEMM_BLOCK, _FP8_GEMM_BLOCK)):
+                 w_scale=None, w_block=(_FP8_GEMM_BLOCK, _FP8_GEMM_BLOCK), w_scale_convention=None):
     """MoE expert GEMM: rows of `a` ([rows, K] bf16, sorted by expert) times
     each expert's weights `w` ([E, N, K] with weights='e_n_k', as checkpoints
     store them, or [E, K, N] with 'e_k_n'). `offsets` (int32, on the device)
@@ -479,7 +533,19 @@ def grouped_gemm(a, w, offsets, *, weights="e_n_k", offsets_convention, row_scal
     ('e_n_k'), K a multiple of 128, and both scales given, fp32 multipliers:
     a_scale [rows, K / 128] (what kjit.quantize_fp8 returns) and w_scale
     [E, ceil(N / 128), K / 128] (128x128 blocks: w_block must say (128, 128))
-    or [E, N] / [E, N, 1] (one per output channel)."""
+    or [E, N] / [E, N, 1] (one per output channel). w_scale_convention: None
+    or 'multiply'.
+
+    W8A16 (FP8 weights converted to bf16 inside the kernel): a bfloat16, w
+    float8_e4m3fn or float8_e5m2, N and K multiples of 16, no a_scale. The
+    same stored [E, R, C] tensor serves both passes: weights='e_n_k' reads it
+    as [E, N, K] (forward, out[rows, R] = a[rows, C] . W_e^T) and 'e_k_n' as
+    [E, K, N] (backward dX, out[rows, C] = a[rows, R] . W_e). w_scale (fp32)
+    is over the stored tensor whatever `weights` says: [E, ceil(R / 128),
+    ceil(C / 128)] (128x128 blocks), [E, R] or [E, R, 1] (one per stored row)
+    or [E], [E, 1], [E, 1, 1] (one per expert). w_scale_convention is
+    required: 'multiply' (w = code * scale) or 'divide' (w = code / scale);
+    each weight is rounded to bf16 as kjit.dequant_fp8 rounds it."""
     import torch
 
     if out is None:
@@ -487,28 +553,34 @@ def grouped_gemm(a, w, offsets, *, weights="e_n_k", offsets_convention, row_scal
         _check_choice("weights", weights, _WEIGHTS)
         n = w.shape[1] if weights == "e_n_k" else w.shape[2]
         out = torch.empty(a.shape[0], n, dtype=out_dtype or torch.bfloat16, device=a.device)
-    granularity = _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, cluster_axis,
-                              a_scale, w_scale, w_block)
+    operands, granularity = _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel,
+                                        cluster_axis, a_scale, w_scale, w_block, w_scale_convention)
     tile_m, tile_n = tile if tile is not None else (0, 0)
-    if granularity is None:
+    if operands == "bf16":
         torch.ops.kjit.grouped_gemm_(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m,
                                      tile_n, cluster, cluster_axis, stream)
-    else:
+    elif operands == "w8a8":
         torch.ops.kjit.grouped_gemm_fp8_(a, a_scale, w, w_scale, offsets, out, offsets_convention, row_scale,
                                          granularity, kernel, tile_m, tile_n, cluster, cluster_axis, stream)
+    else:
+        torch.ops.kjit.grouped_gemm_w8a16_(a, w, w_scale, offsets, out, weights, offsets_convention, row_scale,
+                                           granularity, w_scale_convention, kernel, tile_m, tile_n, cluster,
+                                           cluster_axis, stream)
     return out
 
 
 def prepare_grouped_gemm(a, w, offsets, out, *, weights="e_n_k", offsets_convention, row_scale=None, kernel="auto",
-                         tile=None, a_scale=None, w_scale=None, w_block=(_FP8_GEMM_BLOCK, _FP8_GEMM_BLOCK)):
+                         tile=None, a_scale=None, w_scale=None, w_block=(_FP8_GEMM_BLOCK, _FP8_GEMM_BLOCK),
+                         w_scale_convention=None):
     """Compiles (or finds) and loads every kernel grouped_gemm may pick for
     these shapes, whatever the row count, so that later calls can be captured
-    in a CUDA graph. FP8 operands need their scales here too (grouped_gemm)."""
-    granularity = _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, "m", a_scale,
-                              w_scale, w_block)
+    in a CUDA graph. FP8 weights need their scales (and W8A16 their
+    w_scale_convention) here too (grouped_gemm)."""
+    _, granularity = _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, "m", a_scale,
+                                 w_scale, w_block, w_scale_convention)
     tile_m, tile_n = tile if tile is not None else (0, 0)
     d = _gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n, 0, "m",
-                   a_scale, w_scale, granularity)
+                   a_scale, w_scale, granularity, w_scale_convention)
     _check(library().kjit_grouped_gemm_prepare(ctypes.byref(d), a.device.index or 0))
 
 

@@ -75,6 +75,25 @@ def _(a, a_scale, w, w_scale, offsets, out, offsets_convention, row_scale, w_sca
     return None
 
 
+# The W8A16 grouped GEMM: bf16 a, fp8 w converted to bf16 in the kernel; the
+# same stored w in either orientation (weights), w_scale over the stored tensor
+# ('block', 'row' or 'tensor'), w_scale_convention 'multiply' or 'divide'.
+@torch.library.custom_op("kjit::grouped_gemm_w8a16_", mutates_args=("out",), device_types="cuda")
+def grouped_gemm_w8a16_(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, offsets: torch.Tensor,
+                        out: torch.Tensor, weights: str, offsets_convention: str, row_scale: Optional[torch.Tensor],
+                        w_scale_granularity: str, w_scale_convention: str, kernel: str, tile_m: int, tile_n: int,
+                        cluster: int, cluster_axis: str, stream: Optional[int]) -> None:
+    _launch_gemm(_gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n,
+                            cluster, cluster_axis, None, w_scale, w_scale_granularity, w_scale_convention),
+                 a.device, stream)
+
+
+@grouped_gemm_w8a16_.register_fake
+def _(a, w, w_scale, offsets, out, weights, offsets_convention, row_scale, w_scale_granularity, w_scale_convention,
+      kernel, tile_m, tile_n, cluster, cluster_axis, stream) -> None:
+    return None
+
+
 @torch.library.custom_op("kjit::moe_routing_", mutates_args=("counts", "offsets", "sorted_to_flat", "flat_to_sorted"),
                          device_types="cuda")
 def moe_routing_(topk_ids: torch.Tensor, counts: torch.Tensor, offsets: torch.Tensor, sorted_to_flat: torch.Tensor,
