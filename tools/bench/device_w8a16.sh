@@ -8,7 +8,8 @@ set -uo pipefail
 bin=.devbin
 out=${OUT:-/tmp/kjit-out}
 mkdir -p "$out"
-export KJIT_CACHE_DIR=$(mktemp -d)/cache
+KJIT_CACHE_DIR=$(mktemp -d)/cache
+export KJIT_CACHE_DIR
 export KJIT_LIBRARY=$PWD/$bin/libkjit.so PYTHONPATH=runtime/python PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv,noheader | tee "$out/device.txt"
 rc=0
