@@ -17,30 +17,10 @@ import math
 
 import torch
 import triton
-import triton.language as tl
 
 import kjit
 from timing import bench_graph, bench_sets, copy_bandwidth
-
-
-@triton.jit
-def _triton_block_dequant(x_ptr, s_ptr, y_ptr, M, N, BLOCK: tl.constexpr):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    n_blocks = tl.cdiv(N, BLOCK)
-    rows = pid_m * BLOCK + tl.arange(0, BLOCK)
-    cols = pid_n * BLOCK + tl.arange(0, BLOCK)
-    offsets = rows[:, None].to(tl.int64) * N + cols[None, :]  # int64: tensors over 2^31 elements
-    mask = (rows[:, None] < M) & (cols[None, :] < N)
-    x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
-    s = tl.load(s_ptr + pid_m * n_blocks + pid_n)
-    tl.store(y_ptr + offsets, (x * s).to(y_ptr.dtype.element_ty), mask=mask)
-
-
-def triton_dequant(x, s, y):
-    M, N = x.shape
-    _triton_block_dequant[(triton.cdiv(M, 128), triton.cdiv(N, 128))](x, s, y, M, N, BLOCK=128)
-    return y
+from triton_dequant import triton_dequant
 
 
 def torch_dequant(x, s, y):

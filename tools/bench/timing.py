@@ -1,24 +1,48 @@
-"""Timing helpers shared by the benchmarks that run kjit beside a peer."""
+"""Timing helpers shared by the benchmarks that run kjit beside a peer.
+Triton is imported only by the helpers that use its do_bench, so that
+event_time() works where Triton is not installed."""
 
 import statistics
 
 import torch
-import triton
+
+
+def _do_bench(fn, warmup, rep):
+    """Median milliseconds of triton.testing.do_bench."""
+    import triton.testing
+
+    return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
 
 
 def bench(fn, rep=200):
     """Median seconds per call of triton.testing.do_bench (host overhead included)."""
-    return triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median") * 1e-3
+    return _do_bench(fn, 25, rep) * 1e-3
 
 
-def interleaved(fns, rounds, rep=200):
+def event_time(fn, iters=50, warmup=5):
+    """Seconds per call over `iters` back-to-back calls, between two CUDA
+    events (host overhead included where the GPU waits for it)."""
+    for _ in range(warmup):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e-3 / iters
+
+
+def interleaved(fns, rounds, rep=200, timer=None):
     """Medians over `rounds` alternating timings of each function, in seconds.
     The kernels run at the power cap, where the clock drifts with temperature
-    over seconds: alternating keeps that drift out of the ratios."""
+    over seconds: alternating keeps that drift out of the ratios. `timer`
+    (fn -> seconds per call) defaults to bench(fn, rep)."""
+    timer = timer or (lambda fn: bench(fn, rep))
     times = [[] for _ in fns]
     for _ in range(rounds):
         for t, fn in zip(times, fns):
-            t.append(bench(fn, rep))
+            t.append(timer(fn))
     return [statistics.median(t) for t in times]
 
 
@@ -37,7 +61,7 @@ def bench_sets(fn, sets, hot=False):
         state["i"] += 1
         fn(*args)
 
-    return triton.testing.do_bench(call, warmup=50, rep=300, return_mode="median") * 1e-3  # seconds
+    return _do_bench(call, 50, 300) * 1e-3  # seconds
 
 
 def bench_graph(fn, sets, calls_per_set=4):
@@ -51,14 +75,16 @@ def bench_graph(fn, sets, calls_per_set=4):
     with torch.cuda.graph(graph):
         for i in range(calls):
             fn(*sets[i % len(sets)])
-    t = triton.testing.do_bench(graph.replay, warmup=20, rep=200, return_mode="median") * 1e-3
+    t = _do_bench(graph.replay, 20, 200) * 1e-3
     return t / calls
 
 
-def copy_bandwidth():
-    n = 1 << 31  # 2 GiB
+def copy_bandwidth(n=1 << 31):
+    """Bytes per second (read + write) of a device-to-device copy of `n` bytes (default 2 GiB)."""
     a = torch.empty(n, dtype=torch.uint8, device="cuda")
     b = torch.empty_like(a)
     a.random_(0, 255)
-    t = triton.testing.do_bench(lambda: b.copy_(a), warmup=20, rep=200, return_mode="median") * 1e-3
+    t = _do_bench(lambda: b.copy_(a), 20, 200) * 1e-3
+    del a, b
+    torch.cuda.empty_cache()
     return 2 * n / t
