@@ -1,0 +1,141 @@
+// CPU reference of the W8A16 grouped GEMM (FP8 weights, bf16 activations),
+// written from the C ABI's statement (kjit.h: the W8A16 comment at the end of
+// kjit_grouped_gemm_desc), independent of the kernels: each weight decoded
+// exactly, times its fp32 scale in one fp32 multiplication (DIVIDE: by the
+// fp32 reciprocal 1 / scale, not an IEEE division), rounded to nearest-even
+// bf16; then every product and sum in fp64 over each expert's rows. The GPU
+// tests and jitctl selftest compare the kernels against it.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kjit/kjit.h"
+#include "kjit/reference/fp8.hpp"
+
+namespace kjit::reference {
+
+// The rows and columns of a W8A16 weight scale block (b_block_rows x b_block_cols).
+inline constexpr int64_t kMixedScaleBlock = 128;
+
+// One launch's FP8 weights: the stored tensor [E, R, C] read as `layout` says
+// (E_N_K: R = N, C = K; E_K_N: R = K, C = N, the same storage read for dY . W)
+// and its fp32 scales over the stored tensor: PER_BLOCK [E, ceil(R / 128),
+// ceil(C / 128)], PER_ROW [E, R], PER_TENSOR [E].
+struct MixedWeights {
+  std::span<const uint8_t> codes;
+  std::span<const float> scales;
+  kjit_dtype dtype;  // KJIT_DTYPE_F8_E4M3FN or KJIT_DTYPE_F8_E5M2
+  kjit_weight_layout layout;
+  kjit_scale_granularity granularity;
+  kjit_scale_convention convention;
+  int64_t experts, n, k;  // the GEMM's
+
+  int64_t stored_rows() const { return layout == KJIT_WEIGHTS_E_N_K ? n : k; }
+  int64_t stored_cols() const { return layout == KJIT_WEIGHTS_E_N_K ? k : n; }
+  int64_t scales_per_expert() const {
+    if (granularity == KJIT_SCALE_PER_TENSOR) return 1;
+    if (granularity == KJIT_SCALE_PER_ROW) return stored_rows();
+    return ceil_blocks(stored_rows()) * ceil_blocks(stored_cols());
+  }
+  // The scale of stored element (r, c) of expert e.
+  float scale_of(int64_t e, int64_t r, int64_t c) const {
+    int64_t index = 0;
+    if (granularity == KJIT_SCALE_PER_ROW) index = r;
+    if (granularity == KJIT_SCALE_PER_BLOCK)
+      index = r / kMixedScaleBlock * ceil_blocks(stored_cols()) + c / kMixedScaleBlock;
+    return scales[static_cast<size_t>(e * scales_per_expert() + index)];
+  }
+
+ private:
+  static int64_t ceil_blocks(int64_t extent) { return (extent + kMixedScaleBlock - 1) / kMixedScaleBlock; }
+};
+
+// One weight as the W8A16 kernels convert it: code * scale (MULTIPLY) or
+// code * (1 / scale) with the reciprocal rounded to fp32 (DIVIDE), one fp32
+// rounding, then nearest-even bf16; returned as the fp32 value of that bf16.
+inline float mixed_weight_value(kjit_dtype dtype, uint8_t code, float scale, kjit_scale_convention convention) {
+  const float value = dtype == KJIT_DTYPE_F8_E4M3FN ? decode_e4m3fn(code) : decode_e5m2(code);
+  const float multiplier = convention == KJIT_SCALE_MULTIPLY ? scale : 1.0f / scale;
+  const float scaled = value * multiplier;
+  if (std::isnan(scaled)) return scaled;
+  return bf16_to_float(bf16_bits_rne(scaled));
+}
+
+// Expert e's weights converted, in the stored order [R, C].
+inline std::vector<float> dequantize_mixed_expert(const MixedWeights& w, int64_t e) {
+  const int64_t rows = w.stored_rows(), cols = w.stored_cols();
+  std::vector<float> out(static_cast<size_t>(rows * cols));
+  const size_t base = static_cast<size_t>(e * rows * cols);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const size_t at = static_cast<size_t>(r * cols + c);
+      out[at] = mixed_weight_value(w.dtype, w.codes[base + at], w.scale_of(e, r, c), w.convention);
+    }
+  return out;
+}
+
+// out[N] = row_scale * sum over k of A[k] * W_e(n, k), in fp64, for one row
+// `a_row` (K bf16 bits) routed to the expert whose converted weights
+// (dequantize_mixed_expert) are `expert`; W_e(n, k) is expert[n * K + k]
+// for E_N_K and expert[k * N + n] for E_K_N. Row scale 1 when the launch
+// has none.
+inline void mixed_gemm_row(std::span<const uint16_t> a_row, std::span<const float> expert, const MixedWeights& w,
+                           double row_scale, std::span<double> out) {
+  const int64_t n = w.n, k = w.k;
+  if (w.layout == KJIT_WEIGHTS_E_N_K) {
+    for (int64_t col = 0; col < n; ++col) {
+      double sum = 0;
+      for (int64_t kk = 0; kk < k; ++kk)
+        sum += double(bf16_to_float(a_row[static_cast<size_t>(kk)])) * double(expert[static_cast<size_t>(col * k + kk)]);
+      out[static_cast<size_t>(col)] = sum;
+    }
+  } else {
+    // Along the stored rows, so that the inner loop reads the weights in order.
+    for (int64_t col = 0; col < n; ++col) out[static_cast<size_t>(col)] = 0;
+    for (int64_t kk = 0; kk < k; ++kk) {
+      const double a = bf16_to_float(a_row[static_cast<size_t>(kk)]);
+      for (int64_t col = 0; col < n; ++col)
+        out[static_cast<size_t>(col)] += a * double(expert[static_cast<size_t>(kk * n + col)]);
+    }
+  }
+  for (int64_t col = 0; col < n; ++col) out[static_cast<size_t>(col)] *= row_scale;
+}
+
+// Where each expert's rows start and end, from the op's offsets in
+// `convention` (E entries of ends, or E + 1 with a leading 0), which must be
+// valid (non-decreasing, within the rows).
+inline std::vector<int64_t> mixed_segment_starts(std::span<const int32_t> offsets, kjit_expert_offsets convention,
+                                                 int64_t experts) {
+  std::vector<int64_t> starts{0};
+  const size_t first_end = convention == KJIT_OFFSETS_WITH_LEADING_ZERO ? 1 : 0;
+  for (int64_t e = 0; e < experts; ++e) starts.push_back(offsets[first_end + static_cast<size_t>(e)]);
+  return starts;  // E + 1 entries: expert e owns rows [starts[e], starts[e + 1])
+}
+
+// The grouped GEMM of A (bf16 bits [rows, K]) on every `row_step`-th routed
+// row (those with row % row_step == 0, row < the last offset), [those rows][N]
+// in order; `row_scale` is empty or holds one factor per row of A.
+inline std::vector<double> mixed_grouped_gemm(std::span<const uint16_t> a, const MixedWeights& w,
+                                              std::span<const int32_t> offsets, kjit_expert_offsets convention,
+                                              std::span<const float> row_scale, int64_t row_step = 1) {
+  const std::vector<int64_t> starts = mixed_segment_starts(offsets, convention, w.experts);
+  std::vector<double> out;
+  std::vector<double> row_out(static_cast<size_t>(w.n));
+  for (int64_t e = 0; e < w.experts; ++e) {
+    const int64_t begin = starts[static_cast<size_t>(e)], end = starts[static_cast<size_t>(e) + 1];
+    const int64_t first = (begin + row_step - 1) / row_step * row_step;
+    if (first >= end) continue;
+    const std::vector<float> expert = dequantize_mixed_expert(w, e);
+    for (int64_t row = first; row < end; row += row_step) {
+      const double scale = row_scale.empty() ? 1.0 : double(row_scale[static_cast<size_t>(row)]);
+      mixed_gemm_row(a.subspan(static_cast<size_t>(row * w.k), static_cast<size_t>(w.k)), expert, w, scale, row_out);
+      out.insert(out.end(), row_out.begin(), row_out.end());
+    }
+  }
+  return out;
+}
+
+}  // namespace kjit::reference

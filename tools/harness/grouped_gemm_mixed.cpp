@@ -1,0 +1,179 @@
+// The W8A16 grouped GEMM family's check (harness.hpp): bf16 activations, FP8
+// weights converted in the kernel.
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <span>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "device_buffers.hpp"
+#include "grouped_gemm_check.hpp"
+#include "harness.hpp"
+#include "kjit/codegen/families/grouped_gemm_mixed.hpp"
+#include "kjit/internal/ops/grouped_gemm.hpp"
+#include "kjit/reference/mixed_gemm.hpp"
+
+namespace kjit::harness {
+namespace {
+
+// The request that makes the op pick `spec` itself, whatever the row count.
+codegen::GemmRequest pinning_request(const codegen::GroupedGemmMixedSpec& spec) {
+  return {.kernel = spec.kernel == codegen::MixedGemmKernel::wgmma_sm90 ? codegen::GemmRequest::Kernel::sm90
+                                                                        : codegen::GemmRequest::Kernel::portable,
+          .tile_m = spec.tile_m,
+          .tile_n = spec.tile_n,
+          .cluster = spec.cluster,
+          .cluster_axis = codegen::ClusterAxis::n};
+}
+
+kjit_scale_granularity granularity_of(codegen::MixedWeightScale s) {
+  switch (s) {
+    case codegen::MixedWeightScale::block_128: return KJIT_SCALE_PER_BLOCK;
+    case codegen::MixedWeightScale::row: return KJIT_SCALE_PER_ROW;
+    case codegen::MixedWeightScale::tensor: return KJIT_SCALE_PER_TENSOR;
+  }
+  return KJIT_SCALE_INVALID;
+}
+
+// A random code of magnitude 1/4 to 4 (e4m3fn exponents 5..8, e5m2 13..16),
+// either sign, never zero: a scale applied to the wrong block or row shows,
+// and no weight drowns the others in the error.
+uint8_t random_code(kjit_dtype dtype, std::mt19937_64& rng) {
+  std::uniform_int_distribution<int> bits(0, 255), exponent(0, 3);
+  const int r = bits(rng), sign = r & 0x80;
+  if (dtype == KJIT_DTYPE_F8_E4M3FN) return static_cast<uint8_t>(sign | (5 + exponent(rng)) << 3 | (r & 0x7));
+  return static_cast<uint8_t>(sign | (13 + exponent(rng)) << 2 | (r & 0x3));
+}
+
+}  // namespace
+
+// Runs a W8A16 grouped GEMM kind once and returns the relative error of
+// sampled rows (the first and last of each routed expert, two more at
+// random) against the fp64 reference of the dequantised weights. Rows go to
+// three experts, the middle one up to 300 rows (several row tiles); the
+// others stay empty, and only the routed experts' weights are filled (a
+// DeepSeek spec's 256 experts hold 7.5 GB). A is bf16 normals (no zeros), the
+// weights random codes of magnitude 1/4 to 4, every scale random, positive,
+// from 1/4 to 4. Output starts as 0xA5 bytes, so an unwritten row shows as a
+// ~100% error; the three rows past the last offset must keep those bytes.
+Expected<double> check_grouped_gemm_mixed(Runtime& runtime, DeviceState& device,
+                                          const codegen::GroupedGemmMixedSpec& spec, std::mt19937_64& rng) {
+  const DriverApi& api = **runtime.driver();
+  const int64_t experts = spec.experts, n = spec.n, k = spec.k;
+
+  std::vector<int32_t> counts(static_cast<size_t>(experts));
+  const std::vector<int64_t> active = routed_experts(experts);
+  std::uniform_int_distribution<int> few(1, 6), many(1, 300);
+  for (int64_t e : active) counts[static_cast<size_t>(e)] = e == experts / 2 ? many(rng) : few(rng);
+  const Routing routing(counts, spec.offsets);
+  const int64_t routed = routing.routed(), rows = routed + 3;  // three rows belong to no expert
+
+  // A configuration is launched as itself: the request that names its kernel and tile must pick it.
+  if (spec.configured()) {
+    codegen::GroupedGemmMixedSpec problem = spec;
+    problem.kernel = codegen::MixedGemmKernel::mma_sync;
+    problem.tile_m = problem.tile_n = problem.stages = 0;
+    problem.cluster = 1;
+    const auto chosen =
+        KJIT_TRY(codegen::choose_grouped_gemm_mixed_config(problem, *device.arch, rows, pinning_request(spec)));
+    if (chosen != spec)
+      return fail(KJIT_ERROR_INTERNAL,
+                  fmt::format("{} cannot be launched as itself: its kernel and tile pick {}",
+                              codegen::Family<codegen::GroupedGemmMixedSpec>::canonical(spec),
+                              codegen::Family<codegen::GroupedGemmMixedSpec>::canonical(chosen)));
+  }
+
+  const kjit_dtype weight = spec.weight == codegen::DType::f8_e5m2 ? KJIT_DTYPE_F8_E5M2 : KJIT_DTYPE_F8_E4M3FN;
+  const kjit_weight_layout layout = spec.weights == codegen::WeightLayout::e_k_n ? KJIT_WEIGHTS_E_K_N : KJIT_WEIGHTS_E_N_K;
+  const kjit_scale_granularity granularity = granularity_of(spec.weight_scale);
+  const kjit_scale_convention convention =
+      spec.convention == codegen::ScaleConvention::divide ? KJIT_SCALE_DIVIDE : KJIT_SCALE_MULTIPLY;
+  // One expert's weights as the reference reads them (experts = 1: the host holds the routed experts apart).
+  const auto expert_weights = [&](std::span<const uint8_t> codes, std::span<const float> scales) {
+    return reference::MixedWeights{codes, scales, weight, layout, granularity, convention, 1, n, k};
+  };
+  const int64_t scales_per_expert = expert_weights({}, {}).scales_per_expert();
+
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<uint16_t> a(static_cast<size_t>(rows * k));
+  for (auto& v : a) {
+    const float x = normal(rng);
+    v = reference::bf16_bits_rne(x == 0.0f ? 1.0f : x);
+  }
+  const size_t expert_codes = static_cast<size_t>(n * k);
+  std::vector<std::vector<uint8_t>> w(static_cast<size_t>(experts));  // filled for routed experts only
+  for (int64_t e : active) {
+    w[static_cast<size_t>(e)].resize(expert_codes);
+    for (auto& c : w[static_cast<size_t>(e)]) c = random_code(weight, rng);
+  }
+  std::uniform_real_distribution<float> log2_scale(-2.0f, 2.0f);
+  std::vector<float> scales(static_cast<size_t>(experts * scales_per_expert));
+  for (auto& s : scales) s = std::exp2(log2_scale(rng));
+  std::vector<float> row_scale(static_cast<size_t>(rows));
+  for (auto& v : row_scale) v = 0.5f + 0.5f * std::abs(normal(rng));
+  const int out_bytes = codegen::size_bytes(spec.out);
+  const size_t out_size = static_cast<size_t>(rows * n * out_bytes);
+
+  Buffers buffers(api, device.context);
+  auto da = buffers.upload(a.data(), a.size() * 2);
+  auto dw = buffers.upload(nullptr, static_cast<size_t>(experts) * expert_codes);
+  auto dscales = buffers.upload(scales.data(), scales.size() * 4);
+  auto doff = buffers.upload(routing.offsets.data(), routing.offsets.size() * 4);
+  auto drow_scale = buffers.upload(row_scale.data(), row_scale.size() * 4);
+  auto dout = buffers.upload(nullptr, out_size);  // 0xA5 poison
+  // Swap AB's tile counter (kjit zeroes it before the launch; the poison checks that).
+  auto dworkspace = buffers.upload(nullptr, kjit_grouped_gemm_workspace_bytes());
+  for (auto* r : {&da, &dw, &dscales, &doff, &drow_scale, &dout, &dworkspace})
+    if (!*r) return std::unexpected(r->error());
+  KJIT_TRY(upload_routed_weights(buffers, *dw, w, active));
+  kjit_grouped_gemm_desc g = launch_desc(spec, KJIT_DTYPE_BF16, rows, *da, *dw, *dout, *doff, *drow_scale);
+  g.b_dtype = weight;
+  g.weights = layout;
+  g.b_scales = reinterpret_cast<const float*>(*dscales);
+  g.b_scale_granularity = granularity;
+  g.b_block_rows = g.b_block_cols = granularity == KJIT_SCALE_PER_BLOCK ? reference::kMixedScaleBlock : 0;
+  g.b_scale_convention = convention;
+  g.workspace = reinterpret_cast<void*>(*dworkspace);
+  g.workspace_bytes = kjit_grouped_gemm_workspace_bytes();
+  if (spec.configured()) {
+    g.kernel = spec.kernel == codegen::MixedGemmKernel::wgmma_sm90 ? KJIT_GEMM_KERNEL_SM90 : KJIT_GEMM_KERNEL_PORTABLE;
+    g.tile_m = spec.tile_m;
+    g.tile_n = spec.tile_n;
+    g.cluster = spec.cluster;
+    g.cluster_axis = spec.cluster > 1 ? KJIT_GEMM_CLUSTER_ALONG_N : KJIT_GEMM_CLUSTER_ALONG_M;
+  }
+  KJIT_TRY(ops::grouped_gemm(runtime, g, nullptr));
+  KJIT_TRY(runtime.take_device_errors(device.ordinal));
+  std::vector<uint8_t> out(out_size);
+  KJIT_TRY(buffers.download(out.data(), *dout, out_size));
+  KJIT_TRY(rows_past_routed_untouched(out, static_cast<size_t>(routed * n * out_bytes)));
+
+  std::vector<int64_t> sampled;
+  for (int64_t e = 0, row = 0; e < experts; row += counts[static_cast<size_t>(e)], ++e)
+    if (counts[static_cast<size_t>(e)] > 0) sampled.insert(sampled.end(), {row, row + counts[static_cast<size_t>(e)] - 1});
+  std::uniform_int_distribution<int64_t> pick(0, routed - 1);
+  sampled.insert(sampled.end(), {pick(rng), pick(rng)});
+  std::ranges::sort(sampled, {}, [&](int64_t row) { return routing.expert_of[static_cast<size_t>(row)]; });
+  RelativeError error;
+  std::vector<double> want(static_cast<size_t>(n));
+  std::vector<float> converted;  // the dequantised weights of expert `converted_of` (one at a time: 117 MB for DeepSeek)
+  int64_t converted_of = -1;
+  for (int64_t row : sampled) {
+    const int64_t e = routing.expert_of[static_cast<size_t>(row)];
+    const auto weights_of_e = expert_weights(
+        w[static_cast<size_t>(e)],
+        std::span(scales).subspan(static_cast<size_t>(e * scales_per_expert), static_cast<size_t>(scales_per_expert)));
+    if (e != converted_of) {
+      converted = reference::dequantize_mixed_expert(weights_of_e, 0);
+      converted_of = e;
+    }
+    reference::mixed_gemm_row(std::span(a).subspan(static_cast<size_t>(row * k), static_cast<size_t>(k)), converted,
+                              weights_of_e, spec.row_scale ? double(row_scale[static_cast<size_t>(row)]) : 1.0, want);
+    error.add_row(out, out_bytes, row, want);
+  }
+  return error.value();
+}
+
+}  // namespace kjit::harness
