@@ -23,16 +23,14 @@ codegen::GemmRequest pinning_request(const codegen::GroupedGemmMixedSpec& spec) 
   return {.kernel = spec.kernel == codegen::MixedGemmKernel::wgmma_sm90 ? codegen::GemmRequest::Kernel::sm90
                                                                         : codegen::GemmRequest::Kernel::portable,
           .tile_m = spec.tile_m,
-          .tile_n = spec.tile_n,
-          .cluster = spec.cluster,
-          .cluster_axis = codegen::ClusterAxis::n};
+          .tile_n = spec.tile_n};
 }
 
-kjit_scale_granularity granularity_of(codegen::MixedWeightScale s) {
+kjit_scale_granularity granularity_of(codegen::ScaleGranularity s) {
   switch (s) {
-    case codegen::MixedWeightScale::block_128: return KJIT_SCALE_PER_BLOCK;
-    case codegen::MixedWeightScale::row: return KJIT_SCALE_PER_ROW;
-    case codegen::MixedWeightScale::tensor: return KJIT_SCALE_PER_TENSOR;
+    case codegen::ScaleGranularity::per_block: return KJIT_SCALE_PER_BLOCK;
+    case codegen::ScaleGranularity::per_row: return KJIT_SCALE_PER_ROW;
+    case codegen::ScaleGranularity::per_tensor: return KJIT_SCALE_PER_TENSOR;
   }
   return KJIT_SCALE_INVALID;
 }
@@ -75,7 +73,6 @@ Expected<double> check_grouped_gemm_mixed(Runtime& runtime, DeviceState& device,
     codegen::GroupedGemmMixedSpec problem = spec;
     problem.kernel = codegen::MixedGemmKernel::mma_sync;
     problem.tile_m = problem.tile_n = problem.stages = 0;
-    problem.cluster = 1;
     const auto chosen =
         KJIT_TRY(codegen::choose_grouped_gemm_mixed_config(problem, *device.arch, rows, pinning_request(spec)));
     if (chosen != spec)
@@ -89,7 +86,7 @@ Expected<double> check_grouped_gemm_mixed(Runtime& runtime, DeviceState& device,
   const kjit_weight_layout layout = spec.weights == codegen::WeightLayout::e_k_n ? KJIT_WEIGHTS_E_K_N : KJIT_WEIGHTS_E_N_K;
   const kjit_scale_granularity granularity = granularity_of(spec.weight_scale);
   const kjit_scale_convention convention =
-      spec.convention == codegen::ScaleConvention::divide ? KJIT_SCALE_DIVIDE : KJIT_SCALE_MULTIPLY;
+      spec.scale_convention == codegen::ScaleConvention::divide ? KJIT_SCALE_DIVIDE : KJIT_SCALE_MULTIPLY;
   // One expert's weights as the reference reads them (experts = 1: the host holds the routed experts apart).
   const auto expert_weights = [&](std::span<const uint8_t> codes, std::span<const float> scales) {
     return reference::MixedWeights{codes, scales, weight, layout, granularity, convention, 1, n, k};
@@ -141,8 +138,6 @@ Expected<double> check_grouped_gemm_mixed(Runtime& runtime, DeviceState& device,
     g.kernel = spec.kernel == codegen::MixedGemmKernel::wgmma_sm90 ? KJIT_GEMM_KERNEL_SM90 : KJIT_GEMM_KERNEL_PORTABLE;
     g.tile_m = spec.tile_m;
     g.tile_n = spec.tile_n;
-    g.cluster = spec.cluster;
-    g.cluster_axis = spec.cluster > 1 ? KJIT_GEMM_CLUSTER_ALONG_N : KJIT_GEMM_CLUSTER_ALONG_M;
   }
   KJIT_TRY(ops::grouped_gemm(runtime, g, nullptr));
   KJIT_TRY(runtime.take_device_errors(device.ordinal));

@@ -37,6 +37,8 @@ Outcome check_spec(Runtime& runtime, DeviceState& device, const codegen::KernelS
           return relative(check_grouped_gemm(runtime, device, s, rng));
         } else if constexpr (std::is_same_v<S, codegen::GroupedGemmFp8Spec>) {
           return relative(check_grouped_gemm_fp8(runtime, device, s, rng));
+        } else if constexpr (std::is_same_v<S, codegen::GroupedGemmMixedSpec>) {
+          return relative(check_grouped_gemm_mixed(runtime, device, s, rng));
         } else if constexpr (std::is_same_v<S, codegen::MoeRoutingSpec>) {
           return counted(check_moe_routing(runtime, device, s, rng), "exact");
         } else if constexpr (std::is_same_v<S, codegen::MoeCombineSpec>) {

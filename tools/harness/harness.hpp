@@ -40,6 +40,8 @@ Expected<double> check_grouped_gemm(Runtime& runtime, DeviceState& device, const
                                     std::mt19937_64& rng);
 Expected<double> check_grouped_gemm_fp8(Runtime& runtime, DeviceState& device, const codegen::GroupedGemmFp8Spec& spec,
                                         std::mt19937_64& rng);
+Expected<double> check_grouped_gemm_mixed(Runtime& runtime, DeviceState& device,
+                                          const codegen::GroupedGemmMixedSpec& spec, std::mt19937_64& rng);
 Expected<int64_t> check_moe_routing(Runtime& runtime, DeviceState& device, const codegen::MoeRoutingSpec& spec,
                                     std::mt19937_64& rng);
 Expected<int64_t> check_moe_combine(Runtime& runtime, DeviceState& device, const codegen::MoeCombineSpec& spec,
