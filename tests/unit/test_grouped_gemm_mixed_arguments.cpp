@@ -132,7 +132,7 @@ TEST_CASE_FIXTURE(MixedGemmFixture, "FP8 weights without b_scales are refused, n
   }
 }
 
-TEST_CASE_FIXTURE(MixedGemmFixture, "misaligned scales (4 bytes) and operands (16 bytes) are refused, naming the pointer") {
+TEST_CASE_FIXTURE(MixedGemmFixture, "misaligned W8A16 b_scales (4 bytes) and operands (16 bytes) are refused, naming the pointer") {
   g.b_scales = reinterpret_cast<const float*>(b_scales.data() + 2);
   expect_rejected("b_scales");
   g.b_scales = reinterpret_cast<const float*>(b_scales.data());
