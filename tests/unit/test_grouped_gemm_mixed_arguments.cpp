@@ -82,7 +82,7 @@ TEST_CASE_FIXTURE(MixedGemmFixture, "the scale convention has no default: W8A16 
   expect_rejected("b_scale_convention");
 }
 
-TEST_CASE_FIXTURE(MixedGemmFixture, "the weight scale granularity has no default") {
+TEST_CASE_FIXTURE(MixedGemmFixture, "the W8A16 weight scale granularity has no default") {
   g.b_scale_granularity = KJIT_SCALE_INVALID;
   expect_rejected("b_scale_granularity");
 }
@@ -109,7 +109,7 @@ TEST_CASE_FIXTURE(MixedGemmFixture, "W8A16 takes no activation scales: a_scales 
   expect_rejected("a_scales");
 }
 
-TEST_CASE_FIXTURE(MixedGemmFixture, "N and K must be multiples of 16, in both orientations") {
+TEST_CASE_FIXTURE(MixedGemmFixture, "W8A16 N and K must be multiples of 16, in both orientations") {
   for (auto weights : {KJIT_WEIGHTS_E_N_K, KJIT_WEIGHTS_E_K_N}) {
     CAPTURE(weights);
     g.weights = weights;
@@ -132,7 +132,7 @@ TEST_CASE_FIXTURE(MixedGemmFixture, "FP8 weights without b_scales are refused, n
   }
 }
 
-TEST_CASE_FIXTURE(MixedGemmFixture, "misaligned scales (4 bytes) and operands (16 bytes) are refused, naming the pointer") {
+TEST_CASE_FIXTURE(MixedGemmFixture, "misaligned W8A16 b_scales (4 bytes) and operands (16 bytes) are refused, naming the pointer") {
   g.b_scales = reinterpret_cast<const float*>(b_scales.data() + 2);
   expect_rejected("b_scales");
   g.b_scales = reinterpret_cast<const float*>(b_scales.data());

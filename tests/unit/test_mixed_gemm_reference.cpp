@@ -128,7 +128,7 @@ TEST_CASE("each expert's rows use its own weights and tensor scale, in either of
   CHECK(mixed_grouped_gemm(a, w, ends, KJIT_OFFSETS_CUMULATIVE_END, row_scale, 2) == std::vector<double>{1.0, 12.0});
 }
 
-TEST_CASE("products and sums are exact in fp64 where fp32 would round") {
+TEST_CASE("W8A16 products and sums are exact in fp64 where fp32 would round") {
   // 4096 * (256 * 16) + (1/16) * (1 * 16) = 2^24 + 1, which fp32 cannot hold.
   const std::vector<uint8_t> codes{k256, kOne};
   const std::vector<float> scale{16.0f};
@@ -136,7 +136,7 @@ TEST_CASE("products and sums are exact in fp64 where fp32 would round") {
   CHECK(row_of(bf16_row({4096, 0.0625f}), w) == std::vector<double>{16777217.0});
 }
 
-TEST_CASE("the row scale multiplies the whole row") {
+TEST_CASE("the row scale multiplies the whole W8A16 row") {
   const std::vector<uint8_t> codes{kOne, kTwo, kHalf, kMinusOne};
   const std::vector<float> scale{1.0f};
   const auto w = weights(codes, scale, KJIT_WEIGHTS_E_N_K, KJIT_SCALE_PER_TENSOR, 1, 2, 2);
