@@ -30,20 +30,20 @@ TEST_CASE("the shared harness finds every W8A16 configuration of this arch, and 
                                                         .k = 4096,
                                                         .experts = 256,
                                                         .weights = codegen::WeightLayout::e_k_n,
-                                                        .convention = codegen::ScaleConvention::divide};
+                                                        .scale_convention = codegen::ScaleConvention::divide};
   const codegen::GroupedGemmMixedSpec row_e5m2{.out = codegen::DType::f32,
                                                .n = 384,
                                                .k = 528,
                                                .experts = 4,
                                                .weight = codegen::DType::f8_e5m2,
-                                               .weight_scale = codegen::MixedWeightScale::row,
+                                               .weight_scale = codegen::ScaleGranularity::per_row,
                                                .offsets = codegen::OffsetsConvention::with_leading_zero,
                                                .row_scale = true};
   const codegen::GroupedGemmMixedSpec tensor_backward{.n = 256,
                                                       .k = 144,
                                                       .experts = 1,
                                                       .weights = codegen::WeightLayout::e_k_n,
-                                                      .weight_scale = codegen::MixedWeightScale::tensor};
+                                                      .weight_scale = codegen::ScaleGranularity::per_tensor};
   for (const auto& problem : {deepseek, deepseek_backward, row_e5m2, tensor_backward}) {
     auto specs = codegen::grouped_gemm_mixed_configs(problem, arch);
     const auto portable =

@@ -21,8 +21,8 @@ Expected<void> check_fp8_operands(const kjit_grouped_gemm_desc& d) {
                 b_fp8 ? "FP8 weights take bf16 activations (W8A16: a_dtype KJIT_DTYPE_BF16) or e4m3fn ones (W8A8)"
                       : "FP8 activations need FP8 weights (a_dtype and b_dtype both KJIT_DTYPE_F8_E4M3FN)");
   if (d.a_dtype != KJIT_DTYPE_F8_E4M3FN || d.b_dtype != KJIT_DTYPE_F8_E4M3FN)
-    return fail(KJIT_ERROR_UNSUPPORTED, "the FP8 grouped GEMM takes e4m3fn operands only (KJIT_DTYPE_F8_E4M3FN), "
-                                        "not e5m2");
+    return fail(KJIT_ERROR_UNSUPPORTED, "the W8A8 grouped GEMM takes e4m3fn operands only (a_dtype and b_dtype "
+                                        "KJIT_DTYPE_F8_E4M3FN), not e5m2");
   if (d.b_scale_convention != KJIT_SCALE_CONVENTION_UNSET && d.b_scale_convention != KJIT_SCALE_MULTIPLY)
     return fail(KJIT_ERROR_UNSUPPORTED, "the W8A8 grouped GEMM's scales are fp32 multipliers: b_scale_convention must "
                                         "be KJIT_SCALE_MULTIPLY (or left UNSET)");
