@@ -47,6 +47,7 @@ struct GroupedGemmFp8Sm90Config : Problem {
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kWTileBytes = kBN * kBK;
   static constexpr int kRowBoxBytes = kRowStep * kBK;
+  static constexpr int kRowChunks = 1;  // a row box is one 128-byte swizzle row of codes
   static constexpr int kStageBytes = kWTileBytes + kBM * kBK;
   static constexpr bool kOperandAMnMajor = false, kOperandBMnMajor = false;  // 8-bit wgmma operands are K-major
   static constexpr long long kNTiles = (kN + kBN - 1) / kBN;

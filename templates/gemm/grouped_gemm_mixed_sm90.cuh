@@ -5,21 +5,21 @@
 // epilogue). No bf16 copy of the weights exists anywhere, shared memory
 // included: a stage holds the fp8 weight tile as TMA brought it.
 //
-// Per k-block of 64 each consumer warpgroup loads its 64 weight rows' codes
+// Per k-block of 128 each consumer warpgroup loads its 64 weight rows' codes
 // from the stage into wgmma's A fragment layout, converts them with their
 // scales exactly as kjit's dequant does (grouped_gemm_mixed_common.cuh), and
-// issues four m64n<kBM>k16 wgmmas; the two consumer warpgroups take turns
+// issues eight m64n<kBM>k16 wgmmas; the two consumer warpgroups take turns
 // on the tensor cores (mixed_mainloop says why not within one).
 //
 // Fragment loads (PTX ISA, "Register fragments ... wgmma .m64nNk16", A):
 // thread (warp w, lane 4g + q) holds rows 16w + g and 16w + g + 8, columns
 // 2q, 2q + 1, 2q + 8, 2q + 9 of each k16 step, bf16 pairs, lower column low.
-// - [E, N, K] weights: the tile is 128 rows x 64 codes (64-byte rows, TMA's
-//   64-byte swizzle: 16-byte unit u of row r lies at u ^ (r / 2 % 4), so a
-//   warp's 8 rows x 1 unit fall on distinct banks). One 16-byte load per row
+// - [E, N, K] weights: the tile is 128 rows x 128 codes (128-byte swizzle:
+//   16-byte unit u of row r lies at u ^ (r % 8), so a warp's 8 rows x 1 unit
+//   fall on distinct banks). One 16-byte load per row
 //   and k16 step holds the four lanes' codes of both column pairs; prmt picks
 //   the thread's two bytes of each half.
-// - [E, K, N] weights (the backward pass): the tile is 64 k-rows x 128 codes
+// - [E, K, N] weights (the backward pass): the tile is 128 k-rows x 128 codes
 //   of n (128-byte swizzle). ldmatrix.trans of the codes as b16 gives each
 //   thread a 2 x 2 block (k 2q, 2q + 1) x (n 2g, 2g + 1): wgmma rows are
 //   output columns, whose order is free, so fragment row g holds column 2g
@@ -45,11 +45,15 @@ struct GroupedGemmMixedSm90Config : Problem {
   static constexpr int kRowStep = KJIT_SWAP_AB_ROW_BOX;
   static constexpr int kWideRows = KJIT_SWAP_AB_WIDE_ROW_BOX;
   using Mma = Mma_;  // the generated wgmma m64n<kBM>k16 bf16 wrapper, A from registers
-  static constexpr int kBK = KJIT_SM90_K_BLOCK;
+  // A k-block of 128: one 128-byte swizzle row of codes per weight row (and
+  // one scale block); the row tile is two 64-k chunks (kRowChunks). 64-byte
+  // rows of codes read the weights 7-10% slower at decode (H100).
+  static constexpr int kBK = 128;
   static constexpr int kConsumers = kBN / 64;
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kWTileBytes = kBN * kBK;  // one byte a code
-  static constexpr int kRowBoxBytes = kRowStep * kBK * 2;
+  static constexpr int kRowChunks = kBK / KJIT_SM90_K_BLOCK;
+  static constexpr int kRowBoxBytes = kRowStep * KJIT_SM90_K_BLOCK * 2;  // per chunk
   static constexpr int kStageBytes = kWTileBytes + kBM * kBK * 2;
   static constexpr bool kOperandBMnMajor = false;
   static constexpr long long kNTiles = (kN + kBN - 1) / kBN;
@@ -68,8 +72,8 @@ struct GroupedGemmMixedSm90Config : Problem {
   static_assert(kStageBytes % 1024 == 0, "every stage starts on a swizzle period");
 };
 
-// The producer's weight copy: one box a stage ([E, N, K]: 64 codes x 128
-// rows; [E, K, N]: 128 codes of n x 64 k-rows), 8 KB either way.
+// The producer's weight copy: one box a stage ([E, N, K]: 128 codes x 128
+// rows; [E, K, N]: 128 codes of n x 128 k-rows), 16 KB either way.
 struct Fp8WeightTileCopy {
   template <class Cfg>
   static __device__ __forceinline__ void copy(const kjit_grouped_gemm_sm90_params& p, unsigned char* tile, int n0,
@@ -97,9 +101,10 @@ __device__ __forceinline__ unsigned byte_permute(unsigned low, unsigned high, un
 
 // Keeps the compiler from moving register writes of a wgmma's A fragment
 // across the wgmma fences (wgmma reads them asynchronously).
-__device__ __forceinline__ void fence_fragments(unsigned (&f)[4][4]) {
+template <int kSteps>
+__device__ __forceinline__ void fence_fragments(unsigned (&f)[kSteps][4]) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i)
+  for (int i = 0; i < kSteps; ++i)
 #pragma unroll
     for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(f[i][j])::"memory");
 }
@@ -107,12 +112,14 @@ __device__ __forceinline__ void fence_fragments(unsigned (&f)[4][4]) {
 // The multipliers a consumer thread applies, fixed over a tile or a k-block
 // (block and tensor scales, and [E, N, K]'s per-row scales: rows[0] for its
 // fragment rows g, rows[1] for g + 8), or, for [E, K, N]'s per-row scales
-// (one per k), read per k-block.
+// (one per k), read per k-block: per_k[4 step + i] for k 2q, 2q + 1, 2q + 8,
+// 2q + 9 of each k16 step.
 template <class Cfg>
 struct MixedScales {
   static constexpr bool kPerK = Cfg::kWeightsKN && Cfg::kScale == MixedScale::row;
+  static constexpr int kSteps = Cfg::kBK / 16;
   float rows[2] = {0.0f, 0.0f};
-  float per_k[kPerK ? 16 : 1];
+  float per_k[kPerK ? 4 * kSteps : 1];
 
   // Once per tile: the scales that do not change with k.
   __device__ void start_tile(const float* scales, int expert, long long col0) {
@@ -127,25 +134,50 @@ struct MixedScales {
   // Before each k-block's stage is waited for (the loads' latency passes there).
   __device__ void start_k_block(const float* scales, int expert, long long col0, long long k0) {
     if constexpr (Cfg::kScale == MixedScale::block) {
-      // A block's 64 columns and 64 k lie in one 128 x 128 scale block.
+      // A block's 64 columns and 128 k lie in one 128 x 128 scale block.
       rows[0] = rows[1] = Cfg::kWeightsKN ? weight_multiplier<Cfg>(scales, expert, k0, col0)
                                           : weight_multiplier<Cfg>(scales, expert, col0, k0);
     } else if constexpr (kPerK) {
       const int q = threadIdx.x % 4;
 #pragma unroll
-      for (int step = 0; step < 4; ++step)
+      for (int step = 0; step < kSteps; ++step)
 #pragma unroll
-        for (int i = 0; i < 4; ++i)  // k 2q, 2q + 1, 2q + 8, 2q + 9 of the step
+        for (int i = 0; i < 4; ++i)
           per_k[4 * step + i] = weight_multiplier<Cfg>(scales, expert, k0 + 16 * step + 2 * q + i % 2 + 8 * (i / 2), 0);
     }
   }
+  // The multipliers of fragment register `reg` of k16 step `step` (its two
+  // codes), times `factor` (FastWeightConversion's bias, or 1).
+  __device__ void pair(int step, int reg, float factor, float& first, float& second) const {
+    if constexpr (kPerK) {
+      first = per_k[4 * step + reg / 2 * 2] * factor;
+      second = per_k[4 * step + reg / 2 * 2 + 1] * factor;
+    } else if constexpr (Cfg::kWeightsKN) {
+      first = second = rows[0] * factor;
+    } else {
+      first = second = rows[reg % 2] * factor;
+    }
+  }
+  // Whether every multiplier times `factor` is finite.
+  __device__ bool finite_times(float factor) const {
+    bool finite = true;
+    auto check = [&](float s) { finite = finite && fabsf(s * factor) <= 3.402823466e38f; };  // NaN fails too
+    if constexpr (kPerK) {
+#pragma unroll
+      for (int i = 0; i < 4 * kSteps; ++i) check(per_k[i]);
+    } else {
+      check(rows[0]);
+      check(rows[1]);
+    }
+    return finite;
+  }
 };
 
-// The thread's A fragments of one k-block (four k16 steps) from the stage's
-// weight tile, converted.
+// The thread's codes of one k-block, a 16-bit pair per fragment register
+// (codes[step][reg]: the registers' order, PTX's a0..a7 in pairs).
 template <class Cfg>
-__device__ __forceinline__ void convert_fragments(const unsigned char* w_tile, const MixedScales<Cfg>& scales,
-                                                  unsigned (&f)[4][4]) {
+__device__ __forceinline__ void load_codes(const unsigned char* w_tile, unsigned (&codes)[Cfg::kBK / 16][4]) {
+  constexpr int kSteps = Cfg::kBK / 16;
   const int consumer = threadIdx.x / 128, warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, q = lane % 4;
   const unsigned base = static_cast<unsigned>(__cvta_generic_to_shared(w_tile));
@@ -153,20 +185,19 @@ __device__ __forceinline__ void convert_fragments(const unsigned char* w_tile, c
     const int row = 64 * consumer + 16 * warp + g;  // and row + 8
     const unsigned pair = (2 * q) | (2 * q + 1) << 4;  // bytes 2q, 2q + 1 of 8
 #pragma unroll
-    for (int step = 0; step < 4; ++step) {
+    for (int step = 0; step < kSteps; ++step) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int r = row + 8 * half;
-        const uint4 v = load_shared_v4(base + r * 64 + 16 * (step ^ (r / 2 % 4)));
-        const float s = scales.rows[half];
-        f[step][half] = convert_weight_pair<Cfg>(static_cast<unsigned short>(byte_permute(v.x, v.y, pair)), s, s);
-        f[step][2 + half] = convert_weight_pair<Cfg>(static_cast<unsigned short>(byte_permute(v.z, v.w, pair)), s, s);
+        const uint4 v = load_shared_v4(base + r * 128 + 16 * (step ^ (r % 8)));
+        codes[step][half] = byte_permute(v.x, v.y, pair) & 0xFFFFu;
+        codes[step][2 + half] = byte_permute(v.z, v.w, pair) & 0xFFFFu;
       }
     }
   } else {
     const int unit = 4 * consumer + warp;  // the warp's 16 columns of the tile's 128
 #pragma unroll
-    for (int steps = 0; steps < 4; steps += 2) {
+    for (int steps = 0; steps < kSteps; steps += 2) {
       // Matrix m of the four: step steps + m / 2, k-rows 8 (m % 2) .. + 7 of it.
       const int m = lane / 8, k_row = 16 * (steps + m / 2) + 8 * (m % 2) + lane % 8;
       unsigned d[4];
@@ -175,24 +206,58 @@ __device__ __forceinline__ void convert_fragments(const unsigned char* w_tile, c
                    : "r"(base + k_row * 128 + 16 * (unit ^ (k_row % 8))));
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        const int step = steps + i;
-        // d bytes: (k 2q, n 2g), (k 2q, n 2g + 1), (k 2q + 1, n 2g), (k 2q + 1, n 2g + 1).
-        const unsigned low = d[2 * i], high = d[2 * i + 1];  // k 0..7 and 8..15 of the step
-        float s[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) s[j] = MixedScales<Cfg>::kPerK ? scales.per_k[4 * step + j] : scales.rows[0];
-        f[step][0] = convert_weight_pair<Cfg>(static_cast<unsigned short>(byte_permute(low, 0, 0x20)), s[0], s[1]);
-        f[step][1] = convert_weight_pair<Cfg>(static_cast<unsigned short>(byte_permute(low, 0, 0x31)), s[0], s[1]);
-        f[step][2] = convert_weight_pair<Cfg>(static_cast<unsigned short>(byte_permute(high, 0, 0x20)), s[2], s[3]);
-        f[step][3] = convert_weight_pair<Cfg>(static_cast<unsigned short>(byte_permute(high, 0, 0x31)), s[2], s[3]);
+        // d bytes: (k 2q, n 2g), (k 2q, n 2g + 1), (k 2q + 1, n 2g), (k 2q + 1, n 2g + 1); k 0..7 and 8..15.
+        const unsigned low = d[2 * i], high = d[2 * i + 1];
+        codes[steps + i][0] = byte_permute(low, 0, 0x20) & 0xFFFFu;
+        codes[steps + i][1] = byte_permute(low, 0, 0x31) & 0xFFFFu;
+        codes[steps + i][2] = byte_permute(high, 0, 0x20) & 0xFFFFu;
+        codes[steps + i][3] = byte_permute(high, 0, 0x31) & 0xFFFFu;
       }
     }
   }
+  (void)g;
   (void)q;
 }
 
+// The thread's A fragments of one k-block, converted: through
+// FastWeightConversion unless a code is NaN or inf or a multiplier times
+// 2^bias is not finite, then through the hardware's conversion (the same
+// result either way).
+template <class Cfg>
+__device__ __forceinline__ void convert_fragments(const unsigned char* w_tile, const MixedScales<Cfg>& scales,
+                                                  unsigned (&f)[Cfg::kBK / 16][4]) {
+  using Fast = FastWeightConversion<Cfg>;
+  constexpr int kSteps = Cfg::kBK / 16;
+  unsigned codes[kSteps][4];
+  load_codes<Cfg>(w_tile, codes);
+  unsigned special = 0;
+#pragma unroll
+  for (int step = 0; step < kSteps; ++step)
+#pragma unroll
+    for (int reg = 0; reg < 4; ++reg) special |= Fast::special_codes(codes[step][reg]);
+  if (special == 0 && scales.finite_times(Fast::kBiasFactor)) {
+#pragma unroll
+    for (int step = 0; step < kSteps; ++step)
+#pragma unroll
+      for (int reg = 0; reg < 4; ++reg) {
+        float first, second;
+        scales.pair(step, reg, Fast::kBiasFactor, first, second);
+        f[step][reg] = Fast::pair(codes[step][reg], first, second);
+      }
+  } else {
+#pragma unroll
+    for (int step = 0; step < kSteps; ++step)
+#pragma unroll
+      for (int reg = 0; reg < 4; ++reg) {
+        float first, second;
+        scales.pair(step, reg, 1.0f, first, second);
+        f[step][reg] = convert_weight_pair<Cfg>(static_cast<unsigned short>(codes[step][reg]), first, second);
+      }
+  }
+}
+
 // One tile's k-loop for one consumer warpgroup: per k-block, convert the
-// fragments, issue the four wgmmas, wait for them, hand the stage back.
+// fragments, issue the eight wgmmas, wait for them, hand the stage back.
 // Converting the next k-block while this one's wgmmas run (double-buffered
 // fragments) made ptxas serialise every wgmma (C7513: non-wgmma instructions
 // defining a wgmma's input registers inside its pipeline stage); the other
@@ -202,23 +267,27 @@ __device__ __forceinline__ void mixed_mainloop(const kjit_grouped_gemm_mixed_sm9
                                                long long col0, float (&acc)[Cfg::kBM / 2], unsigned char* tiles,
                                                unsigned long long* full, unsigned long long* empty, unsigned& it) {
   using Mma = typename Cfg::Mma;
+  constexpr int kSteps = Cfg::kBK / 16;
   const int lane = threadIdx.x % 32;
   MixedScales<Cfg> scales;
   scales.start_tile(p.b_scales, tile.expert, col0);
-  unsigned fragments[4][4];
+  unsigned fragments[kSteps][4];
   for (int kb = 0; kb < Cfg::kKBlocks; ++kb, ++it) {
     scales.start_k_block(p.b_scales, tile.expert, col0, static_cast<long long>(kb) * Cfg::kBK);
     const unsigned s = it % Cfg::kStages;
     mbarrier_wait(&full[s], (it / Cfg::kStages) & 1);
     const unsigned char* stage = tiles + s * Cfg::kStageBytes;
     convert_fragments<Cfg>(stage, scales, fragments);
-    const unsigned long long r_desc = operand_descriptor<false>(stage + Cfg::kWTileBytes);
     fence_fragments(fragments);
     fence_accumulators(acc);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < Cfg::kBK / 16; ++kk)
-      Mma::run(acc, fragments[kk], r_desc + operand_k_step<false>(kk), kb > 0 || kk > 0);
+    for (int kk = 0; kk < kSteps; ++kk) {
+      // The row tile's 64-k chunks lie one after the other, kBM rows of 128 bytes each.
+      const unsigned long long r_desc =
+          operand_descriptor<false>(stage + Cfg::kWTileBytes + kk / 4 * Cfg::kBM * 128);
+      Mma::run(acc, fragments[kk], r_desc + operand_k_step<false>(kk % 4), kb > 0 || kk > 0);
+    }
     wgmma_commit();
     wgmma_wait<0>();
     fence_accumulators(acc);

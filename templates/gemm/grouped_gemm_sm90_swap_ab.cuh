@@ -57,6 +57,7 @@ struct GroupedGemmSwapAbConfig : Problem {
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kWTileBytes = kBN * kBK * 2;
   static constexpr int kRowBoxBytes = kRowStep * kBK * 2;
+  static constexpr int kRowChunks = 1;  // the row tile is one swizzle row (64 k) wide
   static constexpr int kStageBytes = kWTileBytes + kBM * kBK * 2;
   // wgmma's A operand is the weight tile (N-major for [E, K, N]), B the rows.
   static constexpr bool kOperandAMnMajor = Problem::kWeightsKN, kOperandBMnMajor = false;
@@ -237,7 +238,7 @@ __device__ __forceinline__ void swap_ab_producer(const kjit_grouped_gemm_sm90_pa
       mbarrier_wait(&empty[s], ((it / Cfg::kStages) & 1) ^ 1);
       // Every box of rows lands in every block of the cluster, whoever copied it.
       ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &full[s],
-                                     Cfg::kWTileBytes + boxes * Cfg::kRowBoxBytes);
+                                     Cfg::kWTileBytes + boxes * Cfg::kRowChunks * Cfg::kRowBoxBytes);
       unsigned char* w_tile = tiles + s * Cfg::kStageBytes;
       unsigned char* a_tile = w_tile + Cfg::kWTileBytes;
       const int k0 = kb * Cfg::kBK;
@@ -247,14 +248,18 @@ __device__ __forceinline__ void swap_ab_producer(const kjit_grouped_gemm_sm90_pa
         if (Cfg::kCluster > 1 && copy % Cfg::kCluster != rank) continue;
         const bool is_wide = copy < wide;
         const int box = is_wide ? copy * kNarrowPerWide : wide * kNarrowPerWide + (copy - wide);
-        const int a_coords[2] = {k0, static_cast<int>(tile.row0) + box * Cfg::kRowStep};
-        unsigned char* destination = a_tile + box * Cfg::kRowBoxBytes;
         const void* map = is_wide ? &p.a_wide_map : &p.a_map;
-        if constexpr (Cfg::kCluster == 1) {
-          ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, destination, map, a_coords, &full[s]);
-        } else {
-          constexpr unsigned short kAll = (1u << Cfg::kCluster) - 1;
-          ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, destination, map, a_coords, &full[s], kAll);
+        // A row tile wider than one swizzle row is kRowChunks tiles of 64 k side by side.
+        for (int chunk = 0; chunk < Cfg::kRowChunks; ++chunk) {
+          const int a_coords[2] = {k0 + chunk * KJIT_SM90_K_BLOCK, static_cast<int>(tile.row0) + box * Cfg::kRowStep};
+          unsigned char* destination = a_tile + chunk * Cfg::kBM * 128 + box * Cfg::kRowBoxBytes;
+          if constexpr (Cfg::kCluster == 1) {
+            ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, destination, map, a_coords, &full[s]);
+          } else {
+            constexpr unsigned short kAll = (1u << Cfg::kCluster) - 1;
+            ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, destination, map, a_coords, &full[s],
+                                      kAll);
+          }
         }
       }
     }

@@ -26,8 +26,8 @@ constexpr int kScaleBlock = 128;  // the block of PER_BLOCK weight scales (both 
 constexpr int kPortableThreads = 128;
 constexpr int kPortableTileK = 32;
 constexpr int kSm90TileN = 128;     // weight rows per block: two consumer warpgroups of 64
-constexpr int kSm90KBlock = 64;     // k per pipeline stage (the bf16 row tile's 128-byte swizzle row)
-constexpr int kSm90MaxRows = 256;   // wgmma's widest N
+constexpr int kSm90KBlock = 128;    // k per pipeline stage: one 128-byte swizzle row of codes, one scale block
+constexpr int kSm90MaxRows = 128;   // the accumulator, tile_m / 2 registers, beside 32 of fragments: 256 spills
 constexpr int kSm90SharedLimit = 227 * 1024;
 constexpr int kSm90MaxStages = 8;
 
@@ -268,8 +268,8 @@ std::vector<GroupedGemmMixedSpec> Family<GroupedGemmMixedSpec>::kernels_for_targ
 int grouped_gemm_mixed_shared_bytes(const GroupedGemmMixedSpec& s) {
   if (s.kernel != MixedGemmKernel::wgmma_sm90) return 0;  // the portable kernel's tiles are static
   // GroupedGemmMixedSm90Config::kSharedBytes (the generated code asserts they
-  // agree): stages of the fp8 weight tile (tile_n x 64 codes) and the bf16 row
-  // tile (tile_m x 64), 1 KB of alignment slack, two mbarriers per stage, the
+  // agree): stages of the fp8 weight tile (tile_n x 128 codes) and the bf16 row
+  // tile (tile_m x 128), 1 KB of alignment slack, two mbarriers per stage, the
   // epilogue scratch (4 KB per consumer) and the tile queue (4 slots of 24 bytes).
   const int consumers = s.tile_n / 64;
   return s.stages * (s.tile_n + 2 * s.tile_m) * kSm90KBlock + 1024 + 16 * s.stages + consumers * 4096 + 4 * 24;

@@ -37,24 +37,24 @@ Expected<codegen::ScaleGranularity> weight_scale_of(const kjit_grouped_gemm_desc
   }
 }
 
-// The weight tile's TMA map over the fp8 bytes: [E, N, K] in boxes of 64
-// codes x 128 rows (64-byte swizzle), [E, K, N] in boxes of 128 codes x 64
-// k-rows (128-byte swizzle); grouped_gemm_mixed_sm90.cuh reads them so.
+// The weight tile's TMA map over the fp8 bytes: [E, N, K] in boxes of 128
+// codes x tile_n rows, [E, K, N] in boxes of tile_n codes x 128 k-rows, both
+// 128-byte swizzled; grouped_gemm_mixed_sm90.cuh reads them so.
 Expected<void> encode_weight_map(const DriverApi& api, const codegen::GroupedGemmMixedSpec& s,
                                  kjit_grouped_gemm_sm90_params& p) {
   constexpr CUtensorMapDataType kBytes = CU_TENSOR_MAP_DATA_TYPE_UINT8;
+  constexpr cuuint32_t kKBlock = 128;  // GroupedGemmMixedSm90Config::kBK
   const auto n = static_cast<cuuint64_t>(s.n), k = static_cast<cuuint64_t>(s.k);
   const auto e = static_cast<cuuint64_t>(s.experts);
   if (s.weights == codegen::WeightLayout::e_n_k) {
     const cuuint64_t dims[3] = {k, n, e};
     const cuuint64_t strides[2] = {k, n * k};
-    const cuuint32_t box[3] = {KJIT_SM90_K_BLOCK, static_cast<cuuint32_t>(s.tile_n), 1};
-    return encode_tensor_map(api, p.b_map, kBytes, p.gemm.b, 3, dims, strides, box, "B [E, N, K]",
-                             CU_TENSOR_MAP_SWIZZLE_64B);
+    const cuuint32_t box[3] = {kKBlock, static_cast<cuuint32_t>(s.tile_n), 1};
+    return encode_tensor_map(api, p.b_map, kBytes, p.gemm.b, 3, dims, strides, box, "B [E, N, K]");
   }
   const cuuint64_t dims[3] = {n, k, e};
   const cuuint64_t strides[2] = {n, k * n};
-  const cuuint32_t box[3] = {static_cast<cuuint32_t>(s.tile_n), KJIT_SM90_K_BLOCK, 1};
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(s.tile_n), kKBlock, 1};
   return encode_tensor_map(api, p.b_map, kBytes, p.gemm.b, 3, dims, strides, box, "B [E, K, N]");
 }
 
