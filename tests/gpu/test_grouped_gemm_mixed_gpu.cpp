@@ -346,6 +346,61 @@ TEST_CASE("the portable kernel forced on the same GPU agrees with the default ke
 // its output is that of dequant + bf16 grouped GEMM bit for bit. MULTIPLY
 // only: for DIVIDE kjit.h lets the two differ (reciprocal against division).
 // Drop this case if the kernels' tiles or k-order differ by design.
+TEST_CASE("scales of 2^8 and more convert exactly, and NaN or inf codes make exactly their columns NaN") {
+  // The SM90 kernel converts through an fp32 bit image of each code times
+  // scale x 2^120 (e4m3fn; 2^112 for e5m2) and falls back to the hardware's
+  // conversion where that is not exact: scales whose product overflows, and
+  // NaN or inf codes. Both must give what dequant gives.
+  for (auto weight : {KJIT_DTYPE_F8_E4M3FN, KJIT_DTYPE_F8_E5M2})
+    for (auto layout : {KJIT_WEIGHTS_E_N_K, KJIT_WEIGHTS_E_K_N}) {
+      CAPTURE(weight);
+      CAPTURE(layout);
+      MixedCase c;
+      c.n = 256;
+      c.k = 384;
+      c.counts = {40, 0, 70};
+      c.weight = weight;
+      c.layout = layout;
+      c.out = KJIT_DTYPE_F32;
+      auto d = mixed_inputs(c);
+      // Every other scale huge (2^8 to 2^20: past the fast path for e4m3fn; 2^16 and up for e5m2 too).
+      for (size_t i = 0; i < d.scales.size(); i += 2) d.scales[i] *= std::exp2(static_cast<float>(8 + i % 13));
+      {
+        const auto ref = reference(c, d);
+        MixedBuffers b(c, d);
+        for (auto kernel : {KJIT_GEMM_KERNEL_AUTO, KJIT_GEMM_KERNEL_PORTABLE}) {
+          CAPTURE(kernel);
+          auto g = b.desc(c);
+          g.kernel = kernel;
+          const double err = relative_error(c.out, c.n, ref, grouped_gemm_output(g, b.out), c.routed());
+          CHECK_MESSAGE(err <= kTolerance, "relative error ", err);
+        }
+      }
+      // One NaN code (inf for e5m2) in expert 2's stored weights, at output column 77, reduction index 200.
+      const int64_t column = 77, reduction = 200, expert = 2;
+      const int64_t stored_row = layout == KJIT_WEIGHTS_E_N_K ? column : reduction;
+      const int64_t stored_col = layout == KJIT_WEIGHTS_E_N_K ? reduction : column;
+      const int64_t stored_cols = layout == KJIT_WEIGHTS_E_N_K ? c.k : c.n;
+      d.w[static_cast<size_t>((expert * (c.n * c.k / stored_cols) + stored_row) * stored_cols + stored_col)] =
+          weight == KJIT_DTYPE_F8_E4M3FN ? 0x7F : 0x7C;
+      MixedBuffers b(c, d);
+      for (auto kernel : {KJIT_GEMM_KERNEL_AUTO, KJIT_GEMM_KERNEL_PORTABLE}) {
+        CAPTURE(kernel);
+        auto g = b.desc(c);
+        g.kernel = kernel;
+        const auto out = grouped_gemm_output(g, b.out);
+        int64_t wrong = 0;
+        for (int64_t row = 0; row < c.routed(); ++row)
+          for (int64_t col = 0; col < c.n; ++col) {
+            const bool poisoned = row >= 40 && col == column;  // expert 2 holds rows 40..109
+            const double v = output_value(c.out, out, row * c.n + col);
+            wrong += poisoned ? !std::isnan(v) && !std::isinf(v) : !std::isfinite(v);
+          }
+        CHECK_MESSAGE(wrong == 0, wrong, " outputs wrong");
+      }
+    }
+}
+
 TEST_CASE("on Hopper the default kernel's output equals dequant + the bf16 swap-AB kernel of the same row tile, bit for bit") {
   if (!is_hopper()) {
     MESSAGE("not a Hopper GPU: the swap-AB kernel is Hopper's");
