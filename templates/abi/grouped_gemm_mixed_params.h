@@ -25,6 +25,10 @@ struct kjit_grouped_gemm_mixed_sm90_params {
   const float* b_scales;
 };
 
+/* k per pipeline stage of the SM90 kernel: [E, N, K] tiles of rows of that many codes (one 128-byte swizzle
+ * row), [E, K, N] tiles of that many k-rows. */
+#define KJIT_MIXED_K_BLOCK 128
+
 /* The weights' block scales cover KJIT_MIXED_SCALE_BLOCK x KJIT_MIXED_SCALE_BLOCK stored elements. */
 #define KJIT_MIXED_SCALE_BLOCK 128
 

@@ -56,29 +56,4 @@ __device__ __forceinline__ unsigned convert_weight_pair(unsigned short codes, fl
   return cvt_rn_bf16x2_f32(first * first_scale, second * second_scale);
 }
 
-// The same conversion in full-rate integer and fp32 instructions (the
-// hardware's f16 -> f32 conversion runs at a quarter of the rate and bounded
-// the SM90 kernel): a code's sign, exponent and mantissa bits moved into an
-// fp32's make w x 2^-kCodeBias exactly (e4m3's subnormals become fp32
-// subnormals), and multiplying that by scale x 2^kCodeBias (`biased`) rounds
-// the same real product w x scale once, as convert_weight_pair does. Exact
-// only for finite codes and finite biased scales: fast_conversion_exact says
-// when the caller may take it.
-template <class Cfg>
-struct FastWeightConversion {
-  static constexpr bool kE4m3 = Cfg::kWeightFormat == Fp8Format::e4m3fn;
-  static constexpr int kCodeBias = kE4m3 ? 120 : 112;  // 127 minus the code's exponent bias (7 or 15)
-  static constexpr int kShift = kE4m3 ? 20 : 21;       // the code's mantissa bits (3 or 2) under fp32's 23
-  static constexpr float kBiasFactor = kE4m3 ? 0x1p120f : 0x1p112f;
-  // Bits set in a 16-bit pair exactly where a code is NaN (e4m3fn: 0x7F) or inf/NaN (e5m2: exponent 31).
-  static __device__ __forceinline__ unsigned special_codes(unsigned codes) {
-    return kE4m3 ? ((codes & 0x7F7Fu) + 0x0101u) & 0x8080u : ((codes & 0x7C7Cu) + 0x0404u) & 0x8080u;
-  }
-  static __device__ __forceinline__ unsigned pair(unsigned codes, float first_biased, float second_biased) {
-    const unsigned first = (codes << 24 & 0x80000000u) | (codes << kShift & 0x7Fu << kShift);
-    const unsigned second = (codes << 16 & 0x80000000u) | (codes << (kShift - 8) & 0x7Fu << kShift);
-    return cvt_rn_bf16x2_f32(__uint_as_float(first) * first_biased, __uint_as_float(second) * second_biased);
-  }
-};
-
 }  // namespace kjit

@@ -46,9 +46,10 @@ struct GroupedGemmMixedSm90Config : Problem {
   static constexpr int kWideRows = KJIT_SWAP_AB_WIDE_ROW_BOX;
   using Mma = Mma_;  // the generated wgmma m64n<kBM>k16 bf16 wrapper, A from registers
   // A k-block of 128: one 128-byte swizzle row of codes per weight row (and
-  // one scale block); the row tile is two 64-k chunks (kRowChunks). 64-byte
-  // rows of codes read the weights 7-10% slower at decode (H100).
-  static constexpr int kBK = 128;
+  // one scale block); the row tile is two 64-k chunks (kRowChunks). k-blocks
+  // of 64 (64-byte rows of codes) ran 10-12% slower at decode and prefill (H100).
+  static constexpr int kBK = KJIT_MIXED_K_BLOCK;
+  static_assert(kBK == 128, "one 128-byte swizzle row of codes");
   static constexpr int kConsumers = kBN / 64;
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kWTileBytes = kBN * kBK;  // one byte a code
@@ -146,22 +147,18 @@ struct MixedScales {
           per_k[4 * step + i] = weight_multiplier<Cfg>(scales, expert, k0 + 16 * step + 2 * q + i % 2 + 8 * (i / 2), 0);
     }
   }
-  // The multipliers of fragment register `reg` of k16 step `step` (its two
-  // codes), times `factor` (FastWeightConversion's bias, or 1).
-  __device__ void pair(int step, int reg, float factor, float& first, float& second) const {
+  // The multipliers of fragment register `reg` of k16 step `step` (its two codes).
+  __device__ void pair(int step, int reg, float& first, float& second) const {
     if constexpr (kPerK) {
-      first = per_k[4 * step + reg / 2 * 2] * factor;
-      second = per_k[4 * step + reg / 2 * 2 + 1] * factor;
+      first = per_k[4 * step + reg / 2 * 2];
+      second = per_k[4 * step + reg / 2 * 2 + 1];
     } else if constexpr (Cfg::kWeightsKN) {
-      first = second = rows[0] * factor;
+      first = second = rows[0];
     } else {
-      first = second = rows[reg % 2] * factor;
+      first = second = rows[reg % 2];
     }
   }
-  // Whether every multiplier times `factor` is finite.
-  __device__ bool finite_times(float factor) const {
-    bool finite = true;
-    auto check = [&](float s) { finite = finite && fabsf(s * factor) <= 3.402823466e38f; };  // NaN fails too
+};  // NaN fails too
     if constexpr (kPerK) {
 #pragma unroll
       for (int i = 0; i < 4 * kSteps; ++i) check(per_k[i]);
@@ -219,41 +216,24 @@ __device__ __forceinline__ void load_codes(const unsigned char* w_tile, unsigned
   (void)q;
 }
 
-// The thread's A fragments of one k-block, converted: through
-// FastWeightConversion unless a code is NaN or inf or a multiplier times
-// 2^bias is not finite, then through the hardware's conversion (the same
-// result either way).
+// The thread's A fragments of one k-block, converted. (A conversion in
+// integer and fp32 instructions alone, placing each code's bits in an fp32
+// and multiplying by scale x 2^120, ran 15-40% slower than the hardware's
+// cvt on an H100: it needs every code in registers before converting.)
 template <class Cfg>
 __device__ __forceinline__ void convert_fragments(const unsigned char* w_tile, const MixedScales<Cfg>& scales,
                                                   unsigned (&f)[Cfg::kBK / 16][4]) {
-  using Fast = FastWeightConversion<Cfg>;
   constexpr int kSteps = Cfg::kBK / 16;
   unsigned codes[kSteps][4];
   load_codes<Cfg>(w_tile, codes);
-  unsigned special = 0;
 #pragma unroll
   for (int step = 0; step < kSteps; ++step)
 #pragma unroll
-    for (int reg = 0; reg < 4; ++reg) special |= Fast::special_codes(codes[step][reg]);
-  if (special == 0 && scales.finite_times(Fast::kBiasFactor)) {
-#pragma unroll
-    for (int step = 0; step < kSteps; ++step)
-#pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        float first, second;
-        scales.pair(step, reg, Fast::kBiasFactor, first, second);
-        f[step][reg] = Fast::pair(codes[step][reg], first, second);
-      }
-  } else {
-#pragma unroll
-    for (int step = 0; step < kSteps; ++step)
-#pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        float first, second;
-        scales.pair(step, reg, 1.0f, first, second);
-        f[step][reg] = convert_weight_pair<Cfg>(static_cast<unsigned short>(codes[step][reg]), first, second);
-      }
-  }
+    for (int reg = 0; reg < 4; ++reg) {
+      float first, second;
+      scales.pair(step, reg, first, second);
+      f[step][reg] = convert_weight_pair<Cfg>(static_cast<unsigned short>(codes[step][reg]), first, second);
+    }
 }
 
 // One tile's k-loop for one consumer warpgroup: per k-block, convert the

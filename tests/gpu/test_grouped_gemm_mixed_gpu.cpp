@@ -347,10 +347,9 @@ TEST_CASE("the portable kernel forced on the same GPU agrees with the default ke
 // only: for DIVIDE kjit.h lets the two differ (reciprocal against division).
 // Drop this case if the kernels' tiles or k-order differ by design.
 TEST_CASE("scales of 2^8 and more convert exactly, and NaN or inf codes make exactly their columns NaN") {
-  // The SM90 kernel converts through an fp32 bit image of each code times
-  // scale x 2^120 (e4m3fn; 2^112 for e5m2) and falls back to the hardware's
-  // conversion where that is not exact: scales whose product overflows, and
-  // NaN or inf codes. Both must give what dequant gives.
+  // Extremes of the conversion both kernels do in registers: large scales
+  // (where a conversion through a biased fp32 image of the code would
+  // overflow) and NaN or inf codes must give what dequant gives.
   for (auto weight : {KJIT_DTYPE_F8_E4M3FN, KJIT_DTYPE_F8_E5M2})
     for (auto layout : {KJIT_WEIGHTS_E_N_K, KJIT_WEIGHTS_E_K_N}) {
       CAPTURE(weight);

@@ -12,6 +12,7 @@
 #include "../spec_reader.hpp"
 #include "gemm_problem_fields.hpp"
 #include "wgmma_instructions.hpp"
+#include "grouped_gemm_mixed_params.h"
 
 namespace kjit::codegen {
 
@@ -26,7 +27,7 @@ constexpr int kScaleBlock = 128;  // the block of PER_BLOCK weight scales (both 
 constexpr int kPortableThreads = 128;
 constexpr int kPortableTileK = 32;
 constexpr int kSm90TileN = 128;     // weight rows per block: two consumer warpgroups of 64
-constexpr int kSm90KBlock = 128;    // k per pipeline stage: one 128-byte swizzle row of codes, one scale block
+constexpr int kSm90KBlock = KJIT_MIXED_K_BLOCK;  // k per pipeline stage (the ABI header says why)
 constexpr int kSm90MaxRows = 128;   // the accumulator, tile_m / 2 registers, beside 32 of fragments: 256 spills
 constexpr int kSm90SharedLimit = 227 * 1024;
 constexpr int kSm90MaxStages = 8;

@@ -43,7 +43,7 @@ Expected<codegen::ScaleGranularity> weight_scale_of(const kjit_grouped_gemm_desc
 Expected<void> encode_weight_map(const DriverApi& api, const codegen::GroupedGemmMixedSpec& s,
                                  kjit_grouped_gemm_sm90_params& p) {
   constexpr CUtensorMapDataType kBytes = CU_TENSOR_MAP_DATA_TYPE_UINT8;
-  constexpr cuuint32_t kKBlock = 128;  // GroupedGemmMixedSm90Config::kBK
+  constexpr cuuint32_t kKBlock = KJIT_MIXED_K_BLOCK;
   const auto n = static_cast<cuuint64_t>(s.n), k = static_cast<cuuint64_t>(s.k);
   const auto e = static_cast<cuuint64_t>(s.experts);
   if (s.weights == codegen::WeightLayout::e_n_k) {
