@@ -158,16 +158,6 @@ struct MixedScales {
       first = second = rows[reg % 2];
     }
   }
-};  // NaN fails too
-    if constexpr (kPerK) {
-#pragma unroll
-      for (int i = 0; i < 4 * kSteps; ++i) check(per_k[i]);
-    } else {
-      check(rows[0]);
-      check(rows[1]);
-    }
-    return finite;
-  }
 };
 
 // The thread's codes of one k-block, a 16-bit pair per fragment register

@@ -4,7 +4,9 @@
 # portable kernel built for sm_100a and sm_120a on mma.sync (HMMA, no HGMMA),
 # the FP8 GEMM's SM90 kernels on FP8 wgmma (QGMMA ... E4M3.E4M3) and its
 # portable ones on FP8 mma.sync (QMMA.16832 ... E4M3.E4M3 on sm_120a; sm_100a
-# has no FP8 mma.sync and runs it as f16 HMMA), and no kernel
+# has no FP8 mma.sync and runs it as f16 HMMA), the W8A16 GEMM's SM90
+# kernels on bf16 wgmma with A from registers (HGMMA R, R, gdesc) and its
+# portable ones on bf16 mma.sync, and no kernel
 # touches local memory (LDL/STL: spills, or an array the compiler could not
 # keep in registers). ptxas's report (test_nvrtc_compile)
 # says how much it spilled; this reads the instructions themselves.
@@ -38,7 +40,12 @@ cat > "$work/sass.json" <<'JSON'
   {"op": "grouped_gemm_fp8", "out": "bf16", "n": 4096, "k": 7168, "experts": 32, "weight_scale": "block_128",
    "offsets": "cumulative_end"},
   {"op": "grouped_gemm_fp8", "out": "f32", "n": 2816, "k": 1408, "experts": 128, "weight_scale": "channel",
-   "offsets": "with_leading_zero", "row_scale": true}]}
+   "offsets": "with_leading_zero", "row_scale": true},
+  {"op": "grouped_gemm_mixed", "out": "bf16", "n": 4096, "k": 7168, "experts": 32, "weights": "e_n_k",
+   "weight": "f8_e4m3fn", "weight_scale": "per_block", "scale_convention": "multiply", "offsets": "cumulative_end"},
+  {"op": "grouped_gemm_mixed", "out": "f32", "n": 7168, "k": 2048, "experts": 32, "weights": "e_k_n",
+   "weight": "f8_e5m2", "weight_scale": "per_row", "scale_convention": "divide", "offsets": "with_leading_zero",
+   "row_scale": true}]}
 JSON
 "$jitctl" precompile --manifest "$work/sass.json" --arch sm_90a,sm_100a,sm_120a -j "$(nproc)" > "$work/precompile.txt" 2>/dev/null
 cat "$work/precompile.txt"
@@ -60,6 +67,8 @@ gemm_sm90=0
 gemm_portable=0
 fp8_sm90=0
 fp8_portable=0
+mixed_sm90=0
+mixed_portable=0
 while read -r key arch op kernel canonical; do
   "$jitctl" show "$key" --cubin "$work/k.cubin" > /dev/null
   "$nvdisasm" "$work/k.cubin" > "$work/k.sass"
@@ -108,6 +117,22 @@ while read -r key arch op kernel canonical; do
       *) fail "$canonical: unknown kernel $kernel" ;;
     esac
   fi
+  if [ "$op" = grouped_gemm_mixed ]; then
+    register_a=$(count '\bHGMMA\.64x[0-9]+x16\.F32\.BF16 R[0-9]+, R[0-9]+, gdesc')
+    echo "  HGMMA with A from registers: $register_a"
+    case "$kernel" in
+      wgmma_sm90)
+        mixed_sm90=$((mixed_sm90 + 1))
+        [ "$arch" = sm_90a ] || fail "$canonical was built for $arch"
+        [ "$register_a" -gt 0 ] && [ "$register_a" -eq "$hgmma" ] || fail "$canonical: not every HGMMA reads A from registers"
+        [ "$hmma" -eq 0 ] || fail "$canonical has mma.sync" ;;
+      mma_sync)
+        mixed_portable=$((mixed_portable + 1))
+        [ "$hmma" -gt 0 ] || fail "$arch $canonical has no mma.sync (HMMA)"
+        [ "$hgmma" -eq 0 ] || fail "$arch $canonical has wgmma" ;;
+      *) fail "$canonical: unknown kernel $kernel" ;;
+    esac
+  fi
   passed=$((passed + 1))
 done < "$work/entries.txt"
 
@@ -120,5 +145,9 @@ done < "$work/entries.txt"
 # portable kernel per problem on sm_100a and sm_120a.
 [ "$fp8_sm90" -eq 4 ] || fail "expected 4 SM90 FP8 GEMM kernels, read $fp8_sm90"
 [ "$fp8_portable" -eq 4 ] || fail "expected 4 portable FP8 GEMM kernels, read $fp8_portable"
+# W8A16: two problems, three sm_90a buckets each (row tiles of 32, 64, 128);
+# one portable kernel per problem on sm_100a and sm_120a.
+[ "$mixed_sm90" -eq 6 ] || fail "expected 6 SM90 W8A16 GEMM kernels, read $mixed_sm90"
+[ "$mixed_portable" -eq 4 ] || fail "expected 4 portable W8A16 GEMM kernels, read $mixed_portable"
 echo "$passed kernels read, $failed failures"
 [ "$failed" -eq 0 ]
