@@ -444,3 +444,78 @@ TEST_CASE("the SM90 FP8 GEMM renders one e4m3 wgmma width and asks for its share
   const auto g = grouped_gemm_fp8_geometry(portable, 1000, 0);
   CHECK((g.grid_x == (1000 + 63) / 64 + 32 && g.grid_y == 4096 / 128 && g.block_x == 128));
 }
+
+namespace {
+
+GroupedGemmMixedSpec mixed_problem() {
+  return {.n = 4096, .k = 7168, .experts = 32, .weights = WeightLayout::e_n_k, .weight = DType::f8_e4m3fn};
+}
+
+}  // namespace
+
+TEST_CASE("W8A16 grouped GEMM specs round-trip through text and JSON; N and K must be multiples of 16, codes fp8") {
+  std::set<std::string> canonicals;
+  auto backward = mixed_problem();
+  backward.weights = WeightLayout::e_k_n;
+  backward.weight = DType::f8_e5m2;
+  backward.weight_scale = ScaleGranularity::per_row;
+  backward.scale_convention = ScaleConvention::divide;
+  for (const auto& problem : {mixed_problem(), backward})
+    for (const auto& config : kernels_for_target(KernelSpec{problem}, arch("sm_90a"))) {
+      const auto back = spec_from_json(to_json(config));
+      REQUIRE(back.has_value());
+      CHECK(*back == config);
+      canonicals.insert(canonical(config));
+    }
+  CHECK(canonicals.size() == 6);  // three row-tile buckets per problem
+  for (auto [n, k] : {std::pair<int64_t, int64_t>{4096, 7168 + 8}, {4096 + 8, 7168}}) {
+    auto bad = mixed_problem();
+    bad.n = n;
+    bad.k = k;
+    const auto invalid = validate(KernelSpec{bad});
+    REQUIRE_FALSE(invalid.has_value());
+    CHECK(invalid.error().message.find("multiple of 16") != std::string::npos);
+  }
+  auto bf16 = mixed_problem();
+  bf16.weight = DType::bf16;
+  REQUIRE_FALSE(validate(KernelSpec{bf16}).has_value());
+  // Converting fp8 codes needs sm_89's instructions: refused on sm_80 with the reason.
+  const auto portable = kernels_for_target(KernelSpec{mixed_problem()}, arch("sm_80"));
+  REQUIRE(portable.size() == 1);
+  const auto refused = validate_for_target(portable[0], arch("sm_80"));
+  REQUIRE_FALSE(refused.has_value());
+  CHECK(refused.error().code == KJIT_ERROR_UNSUPPORTED);
+}
+
+TEST_CASE("the SM90 W8A16 GEMM renders a register-A bf16 wgmma per bucket and asks for its shared memory") {
+  // Buckets by rows per expert: <= 32, <= 64, more.
+  for (auto [rows, tile_m, stages] : {std::tuple{32 * 4, 32, 8}, {32 * 64, 64, 6}, {32 * 256, 128, 4}}) {
+    CAPTURE(rows);
+    const auto s = *choose_grouped_gemm_mixed_config(mixed_problem(), arch("sm_90a"), rows);
+    REQUIRE(s.kernel == MixedGemmKernel::wgmma_sm90);
+    CHECK((s.tile_m == tile_m && s.tile_n == 128 && s.stages == stages));
+    const auto k = render(s);
+    CHECK(k.entry_point == "kjit_grouped_gemm_mixed_sm90");
+    CHECK(k.threads_per_block == 384);
+    // Stages of 128 weight rows x 128 codes and tile_m rows x 128 bf16, slack, barriers, scratch, queue.
+    CHECK(k.dynamic_shared_bytes == stages * (128 * 128 + tile_m * 256) + 1024 + 16 * stages + 2 * 4096 + 4 * 24);
+    CHECK(k.dynamic_shared_bytes <= 227 * 1024);
+    // wgmma's A operand is four registers, B a descriptor.
+    CHECK(k.source.find(fmt::format("wgmma.mma_async.sync.aligned.m64n{}k16.f32.bf16.bf16", tile_m)) !=
+          std::string::npos);
+    CHECK(k.source.find("const unsigned (&a)[4]") != std::string::npos);
+  }
+  // Tiles of 160 rows and up do not fit the registers; clusters are refused.
+  REQUIRE_FALSE(choose_grouped_gemm_mixed_config(mixed_problem(), arch("sm_90a"), 100, {.tile_m = 160}).has_value());
+  const auto pair = choose_grouped_gemm_mixed_config(mixed_problem(), arch("sm_90a"), 100, {.cluster = 2});
+  REQUIRE_FALSE(pair.has_value());
+  CHECK(pair.error().code == KJIT_ERROR_UNSUPPORTED);
+  // The portable kernel elsewhere, and when asked for on Hopper.
+  const auto portable = *choose_grouped_gemm_mixed_config(mixed_problem(), arch("sm_120a"), 1000);
+  CHECK(render(portable).entry_point == "kjit_grouped_gemm_mixed");
+  const auto g = grouped_gemm_mixed_geometry(portable, 1000, 0);
+  CHECK((g.grid_x == (1000 + 63) / 64 + 32 && g.grid_y == 4096 / 128 && g.block_x == 128));
+  const auto forced = *choose_grouped_gemm_mixed_config(mixed_problem(), arch("sm_90a"), 1000,
+                                                        {.kernel = GemmRequest::Kernel::portable});
+  CHECK(forced.kernel == MixedGemmKernel::mma_sync);
+}
