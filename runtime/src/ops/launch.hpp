@@ -39,8 +39,7 @@ Expected<void> launch_on_owning_device(Runtime& runtime, const codegen::KernelSp
 // GEMMs). Needs a current context; `what` names the tensor in the error.
 Expected<void> encode_tensor_map(const DriverApi& api, kjit_tensor_map& map, CUtensorMapDataType element,
                                  const void* base, uint32_t rank, const cuuint64_t* dims,
-                                 const cuuint64_t* byte_strides, const cuuint32_t* box, const char* what,
-                                 CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B);
+                                 const cuuint64_t* byte_strides, const cuuint32_t* box, const char* what);
 
 // Zeroes the swap-AB kernels' tile counter in stream order (a memset node
 // when the stream captures). Needs a current context.
