@@ -317,6 +317,139 @@ KJIT_API kjit_status kjit_fp8_quantize(const kjit_fp8_quantize_desc* desc, kjit_
 /* Compiles (or finds) and loads the kernel `desc` needs on `device`; pointers unused. */
 KJIT_API kjit_status kjit_fp8_quantize_prepare(const kjit_fp8_quantize_desc* desc, int device);
 
+/* ------------------------------------------------------------------------
+ * Block-scaled "MX" formats: NVFP4, MXFP4, MXFP8 (../docs/formats.md states
+ * every formula). Elements run along K (the contiguous axis of a row); one
+ * scale covers `block` consecutive elements of a row:
+ *   NVFP4: e2m1 pairs in bytes (element 2i in the LOW nibble of byte i), one
+ *          e4m3fn scale byte per 16 elements, and an fp32 global scale per
+ *          expert whose meaning the caller states (ModelOpt weight_scale_2 is
+ *          a MULTIPLY, compressed-tensors weight_global_scale a DIVIDE):
+ *          value = (e2m1 * e4m3 scale), exact in fp32, then one IEEE multiply
+ *          or divide by the global scale.
+ *   MXFP4: e2m1 pairs as NVFP4, one UE8M0 scale byte per 32 elements
+ *          (2^(byte - 127); 0x00 = 2^-127, 0xFF = NaN), no global scale.
+ *   MXFP8: e4m3fn or e5m2 codes, one UE8M0 scale byte per 32 elements.
+ * gpt-oss's stored MXFP4 experts (`*_blocks` [E, N, K/32, 16] and `*_scales`
+ * [E, N, K/32] uint8) are exactly the packed [E, N, K/2] bytes and LINEAR
+ * scales: pass them as they are. */
+typedef enum kjit_block_format {
+  KJIT_BLOCK_FORMAT_UNSET = 0, /* rejected */
+  KJIT_BLOCK_FORMAT_NVFP4 = 1, /* e2m1 pairs, e4m3fn scale per 16, fp32 global scale per expert */
+  KJIT_BLOCK_FORMAT_MXFP4 = 2, /* e2m1 pairs, UE8M0 scale per 32 */
+  KJIT_BLOCK_FORMAT_MXFP8 = 3  /* e4m3fn or e5m2 codes (element_dtype), UE8M0 scale per 32 */
+} kjit_block_format;
+
+/* Where the scale bytes of row r, scale column c (= element column / block)
+ * of one expert's [rows, K / block] scales live. */
+typedef enum kjit_scale_layout {
+  KJIT_SCALE_LAYOUT_UNSET = 0,  /* rejected */
+  KJIT_SCALE_LAYOUT_LINEAR = 1, /* row-major [rows, K / block]; experts one after another, no padding */
+  /* "128x4" (cuBLASLt, CUTLASS, TensorRT-LLM, FlashInfer): rows padded to a multiple of 128 and scale columns
+   * to a multiple of 4; with kt = ceil(scale_cols / 4), byte
+   * ((r / 128) * kt + c / 4) * 512 + (r % 32) * 16 + ((r / 32) % 4) * 4 + c % 4 of the expert's block.
+   * Each expert is swizzled on its own, r counted from its first row, its block starting at the sum of
+   * round_up(rows_j, 128) * round_up(scale_cols, 4) over the experts j before it. */
+  KJIT_SCALE_LAYOUT_SWIZZLED_128X4 = 2
+} kjit_scale_layout;
+
+/* kjit_dequant_mx: MX-format weights -> bf16/fp16/fp32 out[E, rows, k] (or
+ * out[i] = dequant(expert expert_ids[i]) with the "only these experts" form,
+ * as kjit_dequant_fp8). Bit-exact with kjit/reference/fp4_mx.hpp: the fp32
+ * value above, rounded once to nearest-even bf16/fp16 (fp32 out: as is).
+ * Indexing is 64-bit: stacks past 2^31 elements are fine. */
+typedef struct kjit_mx_dequant_desc {
+  uint32_t struct_size;           /* sizeof(kjit_mx_dequant_desc) */
+  kjit_block_format format;
+  kjit_dtype element_dtype;       /* MXFP8: KJIT_DTYPE_F8_E4M3FN or _E5M2; FP4 formats: KJIT_DTYPE_INVALID */
+  kjit_dtype out_dtype;           /* KJIT_DTYPE_BF16, _F16 or _F32 */
+  int64_t experts;                /* 1 for a plain 2-D tensor */
+  int64_t rows;                   /* rows per expert */
+  int64_t k;                      /* elements per row: a multiple of the format's block (16 or 32) */
+  int64_t in_row_stride;          /* BYTES between rows of `in`: 0 = k / 2 (FP4) or k (MXFP8) */
+  int64_t out_row_stride;         /* elements between rows of `out`: 0 = k */
+  kjit_scale_layout scale_layout;
+  const void* in;                 /* device: packed pairs or fp8 codes, expert e at e * rows * in_row_stride */
+  const uint8_t* scales;          /* device: e4m3fn (NVFP4) or UE8M0 bytes, in scale_layout */
+  const float* global_scales;     /* NVFP4 only: device fp32 [experts]; NULL for MX formats */
+  kjit_scale_convention global_scale_convention; /* NVFP4: MULTIPLY or DIVIDE (no default); MX: UNSET */
+  void* out;                      /* device */
+  const int32_t* expert_ids;      /* optional device int32 [num_expert_ids], checked on the device */
+  int64_t num_expert_ids;         /* > 0 exactly when expert_ids != NULL */
+} kjit_mx_dequant_desc;
+
+KJIT_API void kjit_mx_dequant_desc_init(kjit_mx_dequant_desc* desc);
+KJIT_API kjit_status kjit_dequant_mx(const kjit_mx_dequant_desc* desc, kjit_stream stream);
+KJIT_API kjit_status kjit_dequant_mx_prepare(const kjit_mx_dequant_desc* desc, int device);
+
+/* How kjit_quantize_mx gets NVFP4's global scale. No default. */
+typedef enum kjit_global_scale_mode {
+  KJIT_GLOBAL_SCALE_UNSET = 0,   /* rejected (and the only value allowed for the MX formats) */
+  KJIT_GLOBAL_SCALE_GIVEN = 1,   /* read from global_scales[e] */
+  /* computed on the device in the same stream (no host synchronisation, so a capturable call): per expert,
+   * global = amax / (448 * 6) as a MULTIPLY or (448 * 6) / amax as a DIVIDE (one IEEE fp32 operation; an
+   * all-zero expert gets 1.0f), written to global_scales[e] before the quantize pass reads it */
+  KJIT_GLOBAL_SCALE_COMPUTE = 2
+} kjit_global_scale_mode;
+
+/* kjit_quantize_mx: bf16 [E, rows, k] -> packed pairs / fp8 codes and scale
+ * bytes in scale_layout, bit-exact with kjit/reference/fp4_mx.hpp's block
+ * quantizers (NVFP4: scale = e4m3(amax / 6 / global) for MULTIPLY, ...; MX:
+ * the OCP MX v1.0 shared exponent). A swizzled layout's padding bytes are
+ * written with 0 (so the buffer holds no stale bytes). */
+typedef struct kjit_mx_quantize_desc {
+  uint32_t struct_size;           /* sizeof(kjit_mx_quantize_desc) */
+  kjit_block_format format;
+  kjit_dtype in_dtype;            /* KJIT_DTYPE_BF16 */
+  kjit_dtype element_dtype;       /* MXFP8: KJIT_DTYPE_F8_E4M3FN or _E5M2; FP4 formats: KJIT_DTYPE_INVALID */
+  int64_t experts;                /* 1 for a plain 2-D tensor */
+  int64_t rows;                   /* rows per expert; 0 launches nothing */
+  int64_t k;                      /* a multiple of the format's block */
+  int64_t in_row_stride;          /* elements between input rows: 0 = k */
+  kjit_scale_layout scale_layout;
+  const void* in;                 /* device bf16 */
+  void* out;                      /* device packed [E, rows, k / 2] (FP4) or codes [E, rows, k] (MXFP8) */
+  uint8_t* scales;                /* device scale bytes in scale_layout */
+  float* global_scales;           /* NVFP4: device fp32 [experts], read (GIVEN) or written (COMPUTE); else NULL */
+  kjit_global_scale_mode global_scale_mode;      /* NVFP4: GIVEN or COMPUTE; MX: UNSET */
+  kjit_scale_convention global_scale_convention; /* NVFP4: MULTIPLY or DIVIDE; MX: UNSET */
+} kjit_mx_quantize_desc;
+
+KJIT_API void kjit_mx_quantize_desc_init(kjit_mx_quantize_desc* desc);
+KJIT_API kjit_status kjit_quantize_mx(const kjit_mx_quantize_desc* desc, kjit_stream stream);
+KJIT_API kjit_status kjit_quantize_mx_prepare(const kjit_mx_quantize_desc* desc, int device);
+
+/* kjit_convert_scale_layout: scale bytes LINEAR <-> SWIZZLED_128X4 for a
+ * stack of experts, so no caller hand-rolls the swizzle. Expert e has
+ * rows_e rows: `rows` each (offsets NULL), or the segments of device int32
+ * `offsets` in offsets_convention (activations sorted by expert; read on the
+ * device, no host synchronisation; bad offsets write nothing and are reported
+ * by kjit_device_errors). Swizzled padding bytes are written with `pad`. The
+ * output's size: LINEAR sum rows_e * scale_cols; SWIZZLED the sum above,
+ * at most kjit_swizzled_scale_bytes(total rows, scale_cols, experts). */
+typedef struct kjit_scale_layout_desc {
+  uint32_t struct_size; /* sizeof(kjit_scale_layout_desc) */
+  kjit_scale_layout from;
+  kjit_scale_layout to; /* the other one */
+  int64_t experts;
+  int64_t rows;         /* rows per expert (offsets NULL), or the total rows (offsets given) */
+  int64_t scale_cols;   /* scale bytes per row: K / block */
+  const int32_t* offsets;                /* optional device int32, E or E + 1 entries */
+  kjit_expert_offsets offsets_convention; /* with offsets */
+  uint8_t pad;          /* the byte written into a swizzled layout's padding */
+  const uint8_t* in;    /* device */
+  uint8_t* out;         /* device; may not overlap in */
+  uint64_t out_bytes;   /* the size of out, checked against what the layout can need */
+} kjit_scale_layout_desc;
+
+KJIT_API void kjit_scale_layout_desc_init(kjit_scale_layout_desc* desc);
+KJIT_API kjit_status kjit_convert_scale_layout(const kjit_scale_layout_desc* desc, kjit_stream stream);
+KJIT_API kjit_status kjit_convert_scale_layout_prepare(const kjit_scale_layout_desc* desc, int device);
+/* The largest swizzled size a stack of `experts` experts holding `total_rows` rows in all can need (each
+ * expert's rows padded up to 128): (total_rows + 127 * experts) rounded down to a multiple of 128, times
+ * round_up(scale_cols, 4). */
+KJIT_API uint64_t kjit_swizzled_scale_bytes(int64_t total_rows, int64_t scale_cols, int64_t experts);
+
 /* Reads and clears the errors kernels have recorded on `device` (for example
  * an expert id out of range). Synchronises that device. Returns KJIT_OK when
  * none were recorded, else KJIT_ERROR_DEVICE_REPORTED with the message. */
