@@ -1,31 +1,44 @@
-// What the mixed-input (W8A16) grouped GEMM kernels share: the problem's
-// constants, where a weight's scale lives, and the conversion of fp8 codes
-// to the bf16 the tensor cores multiply, which is kjit's dequant's:
-//   w = code x scale (fp32; DIVIDE multiplies by the fp32 reciprocal),
-//   rounded to nearest-even bf16.
+// What the mixed-input (W8A16, W4A16) grouped GEMM kernels share: the
+// problem's constants, where a weight's scale lives, and the conversion of
+// the stored weights to the bf16 the tensor cores multiply, which is kjit's
+// dequant's:
+//   fp8:   w = code x scale (fp32; DIVIDE multiplies by the fp32 reciprocal),
+//          rounded to nearest-even bf16;
+//   NVFP4: w = (e2m1 x e4m3 scale, exact) x global (fp32; DIVIDE: by the
+//          fp32 reciprocal), rounded to nearest-even bf16;
+//   MXFP4: w = e2m1 x 2^(ue8m0 - 127), exact in bf16 (or +-inf, NaN for 0xFF).
 // Scales index the stored tensor [E, R, C]: (R, C) = (N, K) for [E, N, K]
 // weights and (K, N) for [E, K, N] (the same storage read for dX = dY . W).
 #pragma once
 
 #include "../abi/grouped_gemm_mixed_params.h"
 #include "../common/fp8_convert.cuh"
+#include "../common/mx_formats.cuh"
 #include "grouped_gemm_common.cuh"
 
 namespace kjit {
 
-enum class MixedScale { block, row, tensor };
+// fp8 weights: fp32 scales per 128 x 128 block, stored row, or expert. The
+// FP4 weights (e2m1 pairs along the stored row, the even element in the low
+// nibble) carry their format's scale bytes per group of the stored row.
+enum class MixedScale { block, row, tensor, nvfp4, mxfp4 };
 
 template <long long kN_, long long kK_, int kExperts_, bool kWeightsKN_, bool kOffsetsWithZero_, bool kRowScale_,
           bool kOutF32_, Fp8Format kWeightFormat_, MixedScale kScale_, bool kDivide_>
 struct MixedGemmProblem : GemmProblem<kN_, kK_, kExperts_, kWeightsKN_, kOffsetsWithZero_, kRowScale_, kOutF32_> {
-  static constexpr Fp8Format kWeightFormat = kWeightFormat_;
+  static constexpr Fp8Format kWeightFormat = kWeightFormat_;  // fp8 weights only
   static constexpr MixedScale kScale = kScale_;
   static constexpr bool kDivide = kDivide_;
-  // The stored tensor's rows and columns.
+  static constexpr bool kFp4 = kScale_ == MixedScale::nvfp4 || kScale_ == MixedScale::mxfp4;
+  static constexpr int kGroup = kScale_ == MixedScale::nvfp4 ? 16 : 32;  // FP4: stored elements per scale byte
+  // The stored tensor's rows and columns (elements), and its rows' bytes.
   static constexpr long long kStoredRows = kWeightsKN_ ? kK_ : kN_, kStoredCols = kWeightsKN_ ? kN_ : kK_;
+  static constexpr long long kStoredRowBytes = kFp4 ? kStoredCols / 2 : kStoredCols;
   static constexpr long long kScaleRows = (kStoredRows + KJIT_MIXED_SCALE_BLOCK - 1) / KJIT_MIXED_SCALE_BLOCK;
   static constexpr long long kScaleCols = (kStoredCols + KJIT_MIXED_SCALE_BLOCK - 1) / KJIT_MIXED_SCALE_BLOCK;
+  static constexpr long long kGroupsPerRow = kStoredCols / kGroup;  // FP4: scale bytes per stored row
   static_assert(kN_ % 16 == 0 && kK_ % 16 == 0, "the host admits only N and K divisible by 16");
+  static_assert(!kFp4 || (!kWeightsKN_ && kK_ % 32 == 0), "FP4 weights: [E, N, K] with K a multiple of 32");
 };
 
 // The multiplier of `expert`'s stored element (row, col): its scale, or the
@@ -54,6 +67,67 @@ __device__ __forceinline__ unsigned convert_weight_pair(unsigned short codes, fl
   float first, second;
   decode_fp8x2<Cfg::kWeightFormat>(codes, first, second);
   return cvt_rn_bf16x2_f32(first * first_scale, second * second_scale);
+}
+
+// ------------------------------------------------------------ FP4 weights
+
+// Bytes of {high, low} chosen by prmt's selector (result byte i = source byte of nibble i).
+__device__ __forceinline__ unsigned byte_permute(unsigned low, unsigned high, unsigned selector) {
+  unsigned out;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(out) : "r"(low), "r"(high), "r"(selector));
+  return out;
+}
+
+// bf16x2 multiply, round to nearest even (sm_90 and newer).
+__device__ __forceinline__ unsigned mul_bf16x2(unsigned a, unsigned b) {
+  unsigned out;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(out) : "r"(a), "r"(b));
+  return out;
+}
+
+// Two packed bytes of e2m1 pairs (`first` in bits 0-7, `second` in 8-15) ->
+// their values as exact bf16 pairs (each byte's low nibble in the low half).
+// The three magnitude bits index byte tables of the eight bf16 values (prmt
+// takes a 3-bit index per result byte); each nibble's sign bit is moved to
+// its bf16's sign with a multiply that places two copies at once (the stray
+// copies are masked off).
+__device__ __forceinline__ void e2m1x4_to_bf16x2x2(unsigned bytes, unsigned& first, unsigned& second) {
+  // bf16 of 0, 0.5, 1, 1.5, 2, 3, 4, 6: high bytes 00 3F 3F 3F 40 40 40 40, low bytes 00 00 80 C0 00 40 80 C0.
+  const unsigned magnitudes = bytes & 0x7777u;
+  const unsigned high = byte_permute(0x3F3F3F00u, 0x40404040u, magnitudes);
+  const unsigned low = byte_permute(0xC0800000u, 0xC0804000u, magnitudes);
+  // Nibble signs: bits 3 and 7 -> 15 and 31 (times 2^12 + 2^24); bits 11 and 15 -> 15 and 31 (2^4 + 2^16).
+  const unsigned first_signs = ((bytes & 0x88u) * 0x01001000u) & 0x80008000u;
+  const unsigned second_signs = ((bytes & 0x8800u) * 0x00010010u) & 0x80008000u;
+  first = byte_permute(low, high, 0x5140u) | first_signs;
+  second = byte_permute(low, high, 0x7362u) | second_signs;
+}
+
+// A group's scale as a bf16 pair for mul_bf16x2: NVFP4's e4m3fn scale (exact
+// in bf16: 4 significant bits, 2^-9 .. 448; NaN stays NaN), MXFP4's UE8M0
+// 2^(byte - 127) (0x00: the bf16 subnormal 2^-127; 0xFF: NaN).
+template <MixedScale kScale>
+__device__ __forceinline__ unsigned group_scale_bf16x2(unsigned byte) {
+  if constexpr (kScale == MixedScale::nvfp4) {
+    float value, unused;
+    decode_fp8x2<Fp8Format::e4m3fn>(static_cast<unsigned short>(byte), value, unused);
+    return cvt_rn_bf16x2_f32(value, value);
+  } else {
+    const unsigned bits = byte == 0xFFu ? 0x7FC0u : byte == 0u ? 0x0040u : byte << 7;
+    return bits | bits << 16;
+  }
+}
+
+// An exact bf16 pair of (e2m1 x group scale) -> the weights: MXFP4 as it is;
+// NVFP4 times the fp32 global multiplier (one fp32 rounding each), rounded to
+// nearest-even bf16 (the dequant's order: the product first, then the global).
+template <MixedScale kScale>
+__device__ __forceinline__ unsigned apply_global(unsigned scaled, float global) {
+  if constexpr (kScale == MixedScale::nvfp4) {
+    return cvt_rn_bf16x2_f32(__uint_as_float(scaled << 16) * global, __uint_as_float(scaled & 0xFFFF0000u) * global);
+  } else {
+    return scaled;
+  }
 }
 
 }  // namespace kjit

@@ -1,4 +1,4 @@
-// Mixed-input (W8A16) grouped GEMM for MoE experts, the portable path (sm_89
+// Mixed-input (W8A16, W4A16) grouped GEMM for MoE experts, the portable path (sm_89
 // and newer: SM100 and SM120 until they have their own kernels, and Hopper
 // when forced): the bf16 portable kernel (grouped_gemm_mma.cuh: tiles,
 // fragments, epilogue) with its weight tile staged from fp8 codes, each
@@ -61,10 +61,61 @@ __device__ __forceinline__ void stage_fp8_weights(const kjit_grouped_gemm_mixed_
   }
 }
 
+// FP4 weights ([E, N, K / 2] pairs): runs of 8 elements (4 bytes) of one
+// stored row, which lie in one scale group (16 or 32), converted in fp32
+// (e2m1 x group scale is exact; NVFP4 then times its global multiplier, one
+// rounding) and rounded to bf16, as the SM90 kernel and the dequant do.
+template <class Cfg>
+__device__ __forceinline__ void stage_fp4_weights(const kjit_grouped_gemm_mixed_params& p,
+                                                  unsigned short (&b_tile)[Cfg::kBN][Cfg::kStride], int expert,
+                                                  long long n0, long long k0) {
+  static_assert(Cfg::kBK % 8 == 0, "runs of 8 elements");
+  const unsigned char* w = static_cast<const unsigned char*>(p.gemm.b) + expert * Cfg::kN * (Cfg::kK / 2);
+  float global = 1.0f;
+  if constexpr (Cfg::kScale == MixedScale::nvfp4) {
+    global = p.b_global_scales[expert];
+    if constexpr (Cfg::kDivide) global = __frcp_rn(global);
+  }
+  constexpr int kRunsK = Cfg::kBK / 8;
+  for (int c = threadIdx.x; c < Cfg::kBN * kRunsK; c += Cfg::kThreads) {
+    const int n = c / kRunsK, kc = (c % kRunsK) * 8;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (n0 + n < Cfg::kN && k0 + kc < Cfg::kK) {
+      const unsigned pairs = *reinterpret_cast<const unsigned*>(w + (n0 + n) * (Cfg::kK / 2) + (k0 + kc) / 2);
+      const unsigned byte =
+          p.b_block_scales[(expert * Cfg::kN + n0 + n) * Cfg::kGroupsPerRow + (k0 + kc) / Cfg::kGroup];
+      float scale;
+      if constexpr (Cfg::kScale == MixedScale::nvfp4) {
+        float unused;
+        decode_fp8x2<Fp8Format::e4m3fn>(static_cast<unsigned short>(byte), scale, unused);
+      } else {
+        scale = decode_ue8m0(byte);
+      }
+      unsigned out[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        float even, odd;
+        decode_e2m1x2((pairs >> (8 * i)) & 0xFFu, even, odd);
+        // The group product is exact; NVFP4's global multiply is its one fp32 rounding.
+        out[i] = Cfg::kScale == MixedScale::nvfp4 ? cvt_rn_bf16x2_f32(even * scale * global, odd * scale * global)
+                                                  : cvt_rn_bf16x2_f32(even * scale, odd * scale);
+      }
+      v = make_uint4(out[0], out[1], out[2], out[3]);
+    }
+    *reinterpret_cast<uint4*>(&b_tile[n][kc]) = v;
+  }
+}
+
 template <class Cfg>
 __device__ __forceinline__ void grouped_gemm_mixed_mma(const kjit_grouped_gemm_mixed_params& p) {
   grouped_gemm_mma_with<Cfg>(p.gemm, [&](unsigned short(&b_tile)[Cfg::kBN][Cfg::kStride], int expert, long long n0,
-                                         long long k0) { stage_fp8_weights<Cfg>(p, b_tile, expert, n0, k0); });
+                                         long long k0) {
+    if constexpr (Cfg::kFp4) {
+      stage_fp4_weights<Cfg>(p, b_tile, expert, n0, k0);
+    } else {
+      stage_fp8_weights<Cfg>(p, b_tile, expert, n0, k0);
+    }
+  });
 }
 
 }  // namespace kjit

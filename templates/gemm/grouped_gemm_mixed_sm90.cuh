@@ -33,6 +33,7 @@
 #include "grouped_gemm_sm90_swap_ab.cuh"
 
 #include <cuda/ptx>
+#include <cuda/std/type_traits>
 
 namespace kjit {
 
@@ -52,7 +53,7 @@ struct GroupedGemmMixedSm90Config : Problem {
   static_assert(kBK == 128, "one 128-byte swizzle row of codes");
   static constexpr int kConsumers = kBN / 64;
   static constexpr int kThreads = 128 * (kConsumers + 1);
-  static constexpr int kWTileBytes = kBN * kBK;  // one byte a code
+  static constexpr int kWTileBytes = kBN * (Problem::kFp4 ? kBK / 2 : kBK);  // a byte a code, or a pair
   static constexpr int kRowChunks = kBK / KJIT_SM90_K_BLOCK;
   static constexpr int kRowBoxBytes = kRowStep * KJIT_SM90_K_BLOCK * 2;  // per chunk
   static constexpr int kStageBytes = kWTileBytes + kBM * kBK * 2;
@@ -74,13 +75,16 @@ struct GroupedGemmMixedSm90Config : Problem {
 };
 
 // The producer's weight copy: one box a stage ([E, N, K]: 128 codes x 128
-// rows; [E, K, N]: 128 codes of n x 128 k-rows), 16 KB either way.
+// rows; [E, K, N]: 128 codes of n x 128 k-rows), 16 KB either way; FP4
+// [E, N, K]: 64 bytes of pairs x 128 rows (64-byte swizzle), 8 KB. The map
+// counts bytes, so an FP4 k is half as many.
 struct Fp8WeightTileCopy {
   template <class Cfg>
   static __device__ __forceinline__ void copy(const kjit_grouped_gemm_sm90_params& p, unsigned char* tile, int n0,
                                               int k0, int expert, unsigned long long* bar) {
     namespace ptx = cuda::ptx;
-    const int coords[3] = {Cfg::kWeightsKN ? n0 : k0, Cfg::kWeightsKN ? k0 : n0, expert};
+    const int k_bytes = Cfg::kFp4 ? k0 / 2 : k0;
+    const int coords[3] = {Cfg::kWeightsKN ? n0 : k_bytes, Cfg::kWeightsKN ? k_bytes : n0, expert};
     ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, tile, &p.b_map, coords, bar);
   }
 };
@@ -91,13 +95,6 @@ __device__ __forceinline__ uint4 load_shared_v4(unsigned address) {
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "r"(address));
   return v;
-}
-
-// Bytes of {high, low} chosen by prmt's selector (result byte i = source byte of nibble i).
-__device__ __forceinline__ unsigned byte_permute(unsigned low, unsigned high, unsigned selector) {
-  unsigned out;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(out) : "r"(low), "r"(high), "r"(selector));
-  return out;
 }
 
 // Keeps the compiler from moving register writes of a wgmma's A fragment
@@ -226,6 +223,90 @@ __device__ __forceinline__ void convert_fragments(const unsigned char* w_tile, c
     }
 }
 
+// FP4 weights' scales for one consumer thread: its two fragment rows' group
+// scale bytes of the current k-block (NVFP4: 8 e4m3fn bytes a row, one per
+// k16 step; MXFP4: 4 UE8M0 bytes, one per two steps), read from global memory
+// before the stage is waited for, and NVFP4's global multiplier per tile.
+// Rows past N and groups past K read byte 0 (their codes are TMA's zero fill,
+// so they contribute 0, never 0 x NaN).
+template <class Cfg>
+struct Fp4Scales {
+  static constexpr int kGroups = Cfg::kBK / Cfg::kGroup;  // a row's scale bytes per k-block
+  static constexpr bool kAligned = Cfg::kGroupsPerRow % kGroups == 0;  // every k-block's bytes one aligned load
+  unsigned bytes[2][2] = {{0u, 0u}, {0u, 0u}};  // [row half][word]: byte i of the k-block's run at word i / 4
+  float global = 1.0f;
+
+  __device__ void start_tile(const kjit_grouped_gemm_mixed_sm90_params& p, int expert) {
+    if constexpr (Cfg::kScale == MixedScale::nvfp4) {
+      global = p.b_global_scales[expert];
+      if constexpr (Cfg::kDivide) global = __frcp_rn(global);
+    }
+  }
+  __device__ void start_k_block(const kjit_grouped_gemm_mixed_sm90_params& p, int expert, long long col0,
+                                long long k0) {
+    const int warp = threadIdx.x % 128 / 32, g = threadIdx.x % 32 / 4;
+    const long long group0 = k0 / Cfg::kGroup;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const long long row = col0 + 16 * warp + g + 8 * half;
+      bytes[half][0] = bytes[half][1] = 0u;
+      if (row >= Cfg::kStoredRows) continue;
+      const unsigned char* run = p.b_block_scales + (expert * Cfg::kStoredRows + row) * Cfg::kGroupsPerRow + group0;
+      if (kAligned) {
+        if constexpr (kGroups == 8) {
+          const uint2 v = __ldg(reinterpret_cast<const uint2*>(run));
+          bytes[half][0] = v.x;
+          bytes[half][1] = v.y;
+        } else {
+          bytes[half][0] = __ldg(reinterpret_cast<const unsigned*>(run));
+        }
+      } else {
+        // A row's run starts off a word boundary (K / group not a multiple of the k-block's groups); the last
+        // k-block may be short.
+#pragma unroll
+        for (int i = 0; i < kGroups; ++i)
+          if (group0 + i < Cfg::kGroupsPerRow) bytes[half][i / 4] |= static_cast<unsigned>(__ldg(run + i)) << (8 * (i % 4));
+      }
+    }
+  }
+  // The bf16 pair of the scale of k16 step `step` in fragment row half `half`.
+  __device__ unsigned step_scale(int half, int step) const {
+    const int i = Cfg::kScale == MixedScale::nvfp4 ? step : step / 2;
+    return group_scale_bf16x2<Cfg::kScale>((bytes[half][i / 4] >> (8 * (i % 4))) & 0xFFu);
+  }
+};
+
+// The thread's A fragments of one k-block of FP4 weights, converted. The
+// tile is 128 rows x 64 bytes of pairs, 64-byte swizzled (16-byte unit u of
+// row r at u ^ ((r / 2) % 4): a warp's 8 rows of one unit fall on distinct
+// banks). A unit holds two k16 steps of a row: 8 bytes each, whose byte q
+// holds the thread's columns 2q, 2q + 1 and byte 4 + q columns 2q + 8, 2q + 9.
+template <class Cfg>
+__device__ __forceinline__ void convert_fp4_fragments(const unsigned char* w_tile, const Fp4Scales<Cfg>& scales,
+                                                      unsigned (&f)[Cfg::kBK / 16][4]) {
+  const int consumer = threadIdx.x / 128, warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, q = lane % 4;
+  const unsigned base = static_cast<unsigned>(__cvta_generic_to_shared(w_tile));
+  const unsigned pick = static_cast<unsigned>(q | (4 + q) << 4);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = 64 * consumer + 16 * warp + g + 8 * half;
+#pragma unroll
+    for (int unit = 0; unit < Cfg::kBK / 32; ++unit) {
+      const uint4 v = load_shared_v4(base + r * 64 + 16 * (unit ^ ((r >> 1) & 3)));
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int step = 2 * unit + j;
+        unsigned low_cols, high_cols;
+        e2m1x4_to_bf16x2x2(byte_permute(j ? v.z : v.x, j ? v.w : v.y, pick), low_cols, high_cols);
+        const unsigned scale = scales.step_scale(half, step);
+        f[step][half] = apply_global<Cfg::kScale>(mul_bf16x2(low_cols, scale), scales.global);
+        f[step][2 + half] = apply_global<Cfg::kScale>(mul_bf16x2(high_cols, scale), scales.global);
+      }
+    }
+  }
+}
+
 // One tile's k-loop for one consumer warpgroup: per k-block, convert the
 // fragments, issue the eight wgmmas, wait for them, hand the stage back.
 // Converting the next k-block while this one's wgmmas run (double-buffered
@@ -239,15 +320,29 @@ __device__ __forceinline__ void mixed_mainloop(const kjit_grouped_gemm_mixed_sm9
   using Mma = typename Cfg::Mma;
   constexpr int kSteps = Cfg::kBK / 16;
   const int lane = threadIdx.x % 32;
-  MixedScales<Cfg> scales;
-  scales.start_tile(p.b_scales, tile.expert, col0);
+  using Scales = cuda::std::conditional_t<Cfg::kFp4, Fp4Scales<Cfg>, MixedScales<Cfg>>;
+  Scales scales;
+  if constexpr (Cfg::kFp4) {
+    scales.start_tile(p, tile.expert);
+  } else {
+    scales.start_tile(p.b_scales, tile.expert, col0);
+  }
   unsigned fragments[kSteps][4];
   for (int kb = 0; kb < Cfg::kKBlocks; ++kb, ++it) {
-    scales.start_k_block(p.b_scales, tile.expert, col0, static_cast<long long>(kb) * Cfg::kBK);
+    const long long k0 = static_cast<long long>(kb) * Cfg::kBK;
+    if constexpr (Cfg::kFp4) {
+      scales.start_k_block(p, tile.expert, col0, k0);
+    } else {
+      scales.start_k_block(p.b_scales, tile.expert, col0, k0);
+    }
     const unsigned s = it % Cfg::kStages;
     mbarrier_wait(&full[s], (it / Cfg::kStages) & 1);
     const unsigned char* stage = tiles + s * Cfg::kStageBytes;
-    convert_fragments<Cfg>(stage, scales, fragments);
+    if constexpr (Cfg::kFp4) {
+      convert_fp4_fragments<Cfg>(stage, scales, fragments);
+    } else {
+      convert_fragments<Cfg>(stage, scales, fragments);
+    }
     fence_fragments(fragments);
     fence_accumulators(acc);
     wgmma_fence();

@@ -35,7 +35,7 @@ TEST_CASE("the shared harness finds every W8A16 configuration of this arch, and 
                                                .n = 384,
                                                .k = 528,
                                                .experts = 4,
-                                               .weight = codegen::DType::f8_e5m2,
+                                               .weight = codegen::MixedWeight::f8_e5m2,
                                                .weight_scale = codegen::ScaleGranularity::per_row,
                                                .offsets = codegen::OffsetsConvention::with_leading_zero,
                                                .row_scale = true};

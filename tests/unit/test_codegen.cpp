@@ -448,16 +448,53 @@ TEST_CASE("the SM90 FP8 GEMM renders one e4m3 wgmma width and asks for its share
 namespace {
 
 GroupedGemmMixedSpec mixed_problem() {
-  return {.n = 4096, .k = 7168, .experts = 32, .weights = WeightLayout::e_n_k, .weight = DType::f8_e4m3fn};
+  return {.n = 4096, .k = 7168, .experts = 32, .weights = WeightLayout::e_n_k, .weight = MixedWeight::f8_e4m3fn};
 }
 
 }  // namespace
+
+TEST_CASE("W4A16 grouped GEMM specs: NVFP4 and MXFP4 round-trip; [E, N, K] only, K a multiple of 32, MXFP4 multiplies") {
+  std::set<std::string> canonicals;
+  for (auto weight : {MixedWeight::nvfp4, MixedWeight::mxfp4}) {
+    auto problem = mixed_problem();
+    problem.weight = weight;
+    for (const auto* target : {"sm_90a", "sm_100a", "sm_120a"})
+      for (const auto& config : kernels_for_target(KernelSpec{problem}, arch(target))) {
+        REQUIRE(validate_for_target(config, arch(target)).has_value());
+        const auto back = spec_from_json(to_json(config));
+        REQUIRE(back.has_value());
+        CHECK(*back == config);
+        canonicals.insert(canonical(config));
+      }
+  }
+  CHECK(canonicals.size() == 8);  // three SM90 buckets and one portable kernel per format
+  auto nvfp4 = mixed_problem();
+  nvfp4.weight = MixedWeight::nvfp4;
+  CHECK(canonical(KernelSpec{nvfp4}).find("1x16_e4m3fn+global") != std::string::npos);
+  auto transposed = nvfp4;
+  transposed.weights = WeightLayout::e_k_n;
+  CHECK_FALSE(validate(KernelSpec{transposed}).has_value());
+  auto short_k = nvfp4;
+  short_k.k = 7168 + 16;
+  const auto refused_k = validate(KernelSpec{short_k});
+  REQUIRE_FALSE(refused_k.has_value());
+  CHECK(refused_k.error().message.find("multiple of 32") != std::string::npos);
+  auto per_row = nvfp4;
+  per_row.weight_scale = ScaleGranularity::per_row;
+  CHECK_FALSE(validate(KernelSpec{per_row}).has_value());
+  auto mx_divide = mixed_problem();
+  mx_divide.weight = MixedWeight::mxfp4;
+  mx_divide.scale_convention = ScaleConvention::divide;
+  CHECK_FALSE(validate(KernelSpec{mx_divide}).has_value());
+  // A stage of FP4 weights is half the bytes: deeper pipelines than fp8 at the same row tile.
+  CHECK(grouped_gemm_mixed_max_stages(128, MixedWeight::nvfp4) > grouped_gemm_mixed_max_stages(128));
+}
 
 TEST_CASE("W8A16 grouped GEMM specs round-trip through text and JSON; N and K must be multiples of 16, codes fp8") {
   std::set<std::string> canonicals;
   auto backward = mixed_problem();
   backward.weights = WeightLayout::e_k_n;
-  backward.weight = DType::f8_e5m2;
+  backward.weight = MixedWeight::f8_e5m2;
   backward.weight_scale = ScaleGranularity::per_row;
   backward.scale_convention = ScaleConvention::divide;
   for (const auto& problem : {mixed_problem(), backward})
@@ -476,9 +513,9 @@ TEST_CASE("W8A16 grouped GEMM specs round-trip through text and JSON; N and K mu
     REQUIRE_FALSE(invalid.has_value());
     CHECK(invalid.error().message.find("multiple of 16") != std::string::npos);
   }
-  auto bf16 = mixed_problem();
-  bf16.weight = DType::bf16;
-  REQUIRE_FALSE(validate(KernelSpec{bf16}).has_value());
+  auto bf16 = to_json(KernelSpec{mixed_problem()});
+  bf16["weight"] = "bf16";
+  REQUIRE_FALSE(spec_from_json(bf16).has_value());
   // Converting fp8 codes needs sm_89's instructions: refused on sm_80 with the reason.
   const auto portable = kernels_for_target(KernelSpec{mixed_problem()}, arch("sm_80"));
   REQUIRE(portable.size() == 1);

@@ -25,7 +25,8 @@ export bin sanitizer logs TIMEOUT=${TIMEOUT:-300}
 # the grouped GEMM case runs every kernel path: SM90 (both buckets, clusters),
 # swap AB (with and without a workspace) and the portable kernel; the FP8
 # GEMM's case runs its SM90 tiles, pairs and portable tiles; the W8A16 GEMM's
-# its default (SM90) kernel and the portable one, both orientations.
+# its default (SM90) kernel and the portable one, both orientations; the
+# W4A16 GEMM's both formats on both kernels.
 cases=(
   "dequant|dequant|every dtype, granularity and convention is bit-exact on odd shapes with partial blocks"
   "grouped_gemm|grouped_gemm|one expert owning every row, and a single expert"
@@ -35,6 +36,7 @@ cases=(
   "quantize|fp8_quantize|gather through a real routing: row r quantizes token sorted_to_flat[r] / top_k, -1 rows are zero"
   "fp8_gemm|grouped_gemm_fp8|one expert owning every row (333, no multiple of any tile), and a single expert"
   "w8a16_gemm|grouped_gemm_mixed|one expert owning every row (333, no multiple of any tile), and one expert with partial scale blocks"
+  "w4a16_gemm|grouped_gemm_mixed|W4A16: both formats, NVFP4's global multiplied and divided, uneven routing with empty experts"
 )
 
 # Runs one case under one tool ("plain": none) and prints its summary line.

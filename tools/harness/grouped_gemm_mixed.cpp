@@ -82,7 +82,7 @@ Expected<double> check_grouped_gemm_mixed(Runtime& runtime, DeviceState& device,
                               codegen::Family<codegen::GroupedGemmMixedSpec>::canonical(chosen)));
   }
 
-  const kjit_dtype weight = spec.weight == codegen::DType::f8_e5m2 ? KJIT_DTYPE_F8_E5M2 : KJIT_DTYPE_F8_E4M3FN;
+  const kjit_dtype weight = spec.weight == codegen::MixedWeight::f8_e5m2 ? KJIT_DTYPE_F8_E5M2 : KJIT_DTYPE_F8_E4M3FN;
   const kjit_weight_layout layout = spec.weights == codegen::WeightLayout::e_k_n ? KJIT_WEIGHTS_E_K_N : KJIT_WEIGHTS_E_N_K;
   const kjit_scale_granularity granularity = granularity_of(spec.weight_scale);
   const kjit_scale_convention convention =

@@ -18,10 +18,13 @@ namespace kjit::codegen {
 
 template <>
 inline constexpr int kEnumCount<MixedGemmKernel> = 2;
+template <>
+inline constexpr int kEnumCount<MixedWeight> = 4;
 
 namespace {
 
 constexpr std::array kKernelNames{"mma_sync", "wgmma_sm90"};
+constexpr std::array kWeightNames{"f8_e4m3fn", "f8_e5m2", "nvfp4", "mxfp4"};
 
 constexpr int kScaleBlock = 128;  // the block of PER_BLOCK weight scales (both edges)
 constexpr int kPortableThreads = 128;
@@ -39,9 +42,21 @@ auto invalid(std::string message) { return fail(KJIT_ERROR_INVALID_ARGUMENT, std
 Expected<void> validate_problem(const GroupedGemmMixedSpec& s) {
   if (s.out != DType::bf16 && s.out != DType::f32)
     return invalid(fmt::format("grouped_gemm_mixed output must be bf16 or f32, not {}", name(s.out)));
-  if (s.weight != DType::f8_e4m3fn && s.weight != DType::f8_e5m2)
-    return invalid(fmt::format("grouped_gemm_mixed weights must be f8_e4m3fn or f8_e5m2 codes, not {}",
-                               name(s.weight)));
+  if (static_cast<size_t>(s.weight) >= kWeightNames.size())
+    return invalid("grouped_gemm_mixed weights must be f8_e4m3fn, f8_e5m2, nvfp4 or mxfp4");
+  if (is_fp4(s.weight)) {
+    if (s.weights != WeightLayout::e_n_k)
+      return invalid(fmt::format("grouped_gemm_mixed {} weights are read [E, N, K] only (pairs along K)",
+                                 name(s.weight)));
+    if (s.weight_scale != ScaleGranularity::per_block)
+      return invalid(fmt::format("grouped_gemm_mixed {} weights carry their format's block scales (weight_scale "
+                                 "per_block), not {}",
+                                 name(s.weight), name(s.weight_scale)));
+    if (s.weight == MixedWeight::mxfp4 && s.scale_convention != ScaleConvention::multiply)
+      return invalid("grouped_gemm_mixed mxfp4 scales are UE8M0 multipliers (scale_convention multiply)");
+    if (s.k % 32 != 0)
+      return invalid(fmt::format("grouped_gemm_mixed {} needs K a multiple of 32, got {}", name(s.weight), s.k));
+  }
   for (const auto& [value, what] : {std::pair{s.n, "N"}, std::pair{s.k, "K"}})
     if (value < 16 || value % 16 != 0 || value > kMaxDimension)
       return invalid(fmt::format("grouped_gemm_mixed: {} must be a positive multiple of 16 (16-byte rows of fp8 "
@@ -69,7 +84,7 @@ Expected<void> validate_configuration(const GroupedGemmMixedSpec& s) {
     return {};
   }
   const bool ok = s.tile_m % 32 == 0 && s.tile_m >= 32 && s.tile_m <= kSm90MaxRows && s.tile_n == kSm90TileN &&
-                  s.stages >= 2 && s.stages <= grouped_gemm_mixed_max_stages(s.tile_m);
+                  s.stages >= 2 && s.stages <= grouped_gemm_mixed_max_stages(s.tile_m, s.weight);
   if (!ok)
     return invalid(fmt::format("grouped_gemm_mixed {} is not supported (wgmma_sm90: tile_m 32 to {} in steps of 32, "
                                "tile_n {}, 2 stages up to what fits in 227 KB)",
@@ -99,7 +114,7 @@ GroupedGemmMixedSpec sm90_config(const GroupedGemmMixedSpec& problem, int tile_m
   s.kernel = MixedGemmKernel::wgmma_sm90;
   s.tile_m = tile_m;
   s.tile_n = kSm90TileN;
-  s.stages = grouped_gemm_mixed_max_stages(tile_m);
+  s.stages = grouped_gemm_mixed_max_stages(tile_m, problem.weight);
   return s;
 }
 
@@ -120,7 +135,7 @@ Expected<std::vector<GroupedGemmMixedSpec>> requested_configs(const GroupedGemmM
   for (auto& s : configs) {
     if (request.tile_m != 0) s.tile_m = request.tile_m;
     if (request.tile_n != 0) s.tile_n = request.tile_n;
-    if (s.kernel == MixedGemmKernel::wgmma_sm90) s.stages = grouped_gemm_mixed_max_stages(s.tile_m);
+    if (s.kernel == MixedGemmKernel::wgmma_sm90) s.stages = grouped_gemm_mixed_max_stages(s.tile_m, s.weight);
     KJIT_TRY(Family<GroupedGemmMixedSpec>::validate(s));
   }
   return configs;
@@ -129,10 +144,13 @@ Expected<std::vector<GroupedGemmMixedSpec>> requested_configs(const GroupedGemmM
 }  // namespace
 
 std::string_view name(MixedGemmKernel k) { return kKernelNames[static_cast<size_t>(k)]; }
+std::string_view name(MixedWeight w) { return kWeightNames[static_cast<size_t>(w)]; }
 
 std::string Family<GroupedGemmMixedSpec>::canonical(const GroupedGemmMixedSpec& g) {
-  const auto scale = g.weight_scale == ScaleGranularity::per_block ? std::string("per_block:128x128")
-                                                                   : std::string(name(g.weight_scale));
+  const auto scale = g.weight == MixedWeight::nvfp4   ? std::string("per_block:1x16_e4m3fn+global")
+                     : g.weight == MixedWeight::mxfp4 ? std::string("per_block:1x32_ue8m0")
+                     : g.weight_scale == ScaleGranularity::per_block ? std::string("per_block:128x128")
+                                                                     : std::string(name(g.weight_scale));
   return fmt::format(
       "grouped_gemm_mixed a=bf16 b={}/{}/{} out={} n={} k={} experts={} weights={} offsets={} row_scale={}{}",
       name(g.weight), scale, name(g.scale_convention), name(g.out), g.n, g.k, g.experts, name(g.weights),
@@ -166,7 +184,7 @@ Expected<GroupedGemmMixedSpec> Family<GroupedGemmMixedSpec>::from_json(SpecReade
   GroupedGemmMixedSpec s;
   KJIT_TRY(read_gemm_problem(reader, s));
   s.weights = KJIT_TRY(reader.enumeration<WeightLayout>("weights"));
-  s.weight = KJIT_TRY(reader.enumeration<DType>("weight"));
+  s.weight = KJIT_TRY(reader.enumeration<MixedWeight>("weight"));
   s.weight_scale = KJIT_TRY(reader.enumeration<ScaleGranularity>("weight_scale"));
   s.scale_convention = KJIT_TRY(reader.enumeration<ScaleConvention>("scale_convention"));
   if (!reader.has("kernel")) {
@@ -187,7 +205,7 @@ const std::vector<FieldRule>& Family<GroupedGemmMixedSpec>::schema() {
   static const std::vector<FieldRule> rules{
       text_field("out", {"bf16", "f32"}), integer_field("n", 16, kMaxDimension),
       integer_field("k", 16, kMaxDimension), integer_field("experts", 1, kMaxExperts),
-      text_field("weights", {"e_n_k", "e_k_n"}), text_field("weight", {"f8_e4m3fn", "f8_e5m2"}),
+      text_field("weights", {"e_n_k", "e_k_n"}), text_field("weight", {"f8_e4m3fn", "f8_e5m2", "nvfp4", "mxfp4"}),
       text_field("weight_scale", {"per_block", "per_row", "per_tensor"}),
       text_field("scale_convention", {"multiply", "divide"}),
       text_field("offsets", {"cumulative_end", "with_leading_zero"}), boolean_field("row_scale"),
@@ -233,8 +251,10 @@ RenderedKernel Family<GroupedGemmMixedSpec>::render(const GroupedGemmMixedSpec& 
   const auto problem = fmt::format(
       "kjit::MixedGemmProblem<{}LL, {}LL, {}, {}, {}, {}, {}, {}, {}, {}>", s.n, s.k, s.experts,
       s.weights == WeightLayout::e_k_n, s.offsets == OffsetsConvention::with_leading_zero, s.row_scale,
-      s.out == DType::f32, s.weight == DType::f8_e5m2 ? "kjit::Fp8Format::e5m2" : "kjit::Fp8Format::e4m3fn",
-      s.weight_scale == ScaleGranularity::per_block ? "kjit::MixedScale::block"
+      s.out == DType::f32, s.weight == MixedWeight::f8_e5m2 ? "kjit::Fp8Format::e5m2" : "kjit::Fp8Format::e4m3fn",
+      s.weight == MixedWeight::nvfp4                  ? "kjit::MixedScale::nvfp4"
+      : s.weight == MixedWeight::mxfp4                ? "kjit::MixedScale::mxfp4"
+      : s.weight_scale == ScaleGranularity::per_block ? "kjit::MixedScale::block"
       : s.weight_scale == ScaleGranularity::per_row ? "kjit::MixedScale::row"
                                                     : "kjit::MixedScale::tensor",
       s.scale_convention == ScaleConvention::divide);
@@ -272,12 +292,15 @@ int grouped_gemm_mixed_shared_bytes(const GroupedGemmMixedSpec& s) {
   // agree): stages of the fp8 weight tile (tile_n x 128 codes) and the bf16 row
   // tile (tile_m x 128), 1 KB of alignment slack, two mbarriers per stage, the
   // epilogue scratch (4 KB per consumer) and the tile queue (4 slots of 24 bytes).
+  // FP4 weight tiles hold pairs: half the bytes.
   const int consumers = s.tile_n / 64;
-  return s.stages * (s.tile_n + 2 * s.tile_m) * kSm90KBlock + 1024 + 16 * s.stages + consumers * 4096 + 4 * 24;
+  const int weight_bytes = is_fp4(s.weight) ? s.tile_n * kSm90KBlock / 2 : s.tile_n * kSm90KBlock;
+  return s.stages * (weight_bytes + 2 * s.tile_m * kSm90KBlock) + 1024 + 16 * s.stages + consumers * 4096 + 4 * 24;
 }
 
-int grouped_gemm_mixed_max_stages(int tile_m) {
+int grouped_gemm_mixed_max_stages(int tile_m, MixedWeight weight) {
   GroupedGemmMixedSpec s;
+  s.weight = weight;
   s.kernel = MixedGemmKernel::wgmma_sm90;
   s.tile_m = tile_m;
   s.tile_n = kSm90TileN;

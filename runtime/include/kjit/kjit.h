@@ -37,7 +37,8 @@ typedef enum kjit_dtype {
   KJIT_DTYPE_F8_E5M2 = 2,   /* OCP e5m2: max 57344, has inf and NaN */
   KJIT_DTYPE_BF16 = 3,
   KJIT_DTYPE_F16 = 4,
-  KJIT_DTYPE_F32 = 5
+  KJIT_DTYPE_F32 = 5,
+  KJIT_DTYPE_F4_E2M1 = 6    /* e2m1 pairs in bytes, element 2i in the LOW nibble of byte i (NVFP4, MXFP4) */
 } kjit_dtype;
 
 /* How one fp32 scale covers the data. */
@@ -55,6 +56,42 @@ typedef enum kjit_scale_convention {
   KJIT_SCALE_MULTIPLY = 1,         /* out = fp8 * scale */
   KJIT_SCALE_DIVIDE = 2            /* out = fp8 / scale (IEEE division) */
 } kjit_scale_convention;
+
+/* ------------------------------------------------------------------------
+ * Block-scaled "MX" formats: NVFP4, MXFP4, MXFP8 (../docs/formats.md states
+ * every formula). Elements run along K (the contiguous axis of a row); one
+ * scale covers `block` consecutive elements of a row:
+ *   NVFP4: e2m1 pairs in bytes (element 2i in the LOW nibble of byte i), one
+ *          e4m3fn scale byte per 16 elements, and an fp32 global scale per
+ *          expert whose meaning the caller states (ModelOpt weight_scale_2 is
+ *          a MULTIPLY, compressed-tensors weight_global_scale a DIVIDE):
+ *          value = (e2m1 * e4m3 scale), exact in fp32, then one IEEE multiply
+ *          or divide by the global scale.
+ *   MXFP4: e2m1 pairs as NVFP4, one UE8M0 scale byte per 32 elements
+ *          (2^(byte - 127); 0x00 = 2^-127, 0xFF = NaN), no global scale.
+ *   MXFP8: e4m3fn or e5m2 codes, one UE8M0 scale byte per 32 elements.
+ * gpt-oss's stored MXFP4 experts (`*_blocks` [E, N, K/32, 16] and `*_scales`
+ * [E, N, K/32] uint8) are exactly the packed [E, N, K/2] bytes and LINEAR
+ * scales: pass them as they are. */
+typedef enum kjit_block_format {
+  KJIT_BLOCK_FORMAT_UNSET = 0, /* rejected */
+  KJIT_BLOCK_FORMAT_NVFP4 = 1, /* e2m1 pairs, e4m3fn scale per 16, fp32 global scale per expert */
+  KJIT_BLOCK_FORMAT_MXFP4 = 2, /* e2m1 pairs, UE8M0 scale per 32 */
+  KJIT_BLOCK_FORMAT_MXFP8 = 3  /* e4m3fn or e5m2 codes (element_dtype), UE8M0 scale per 32 */
+} kjit_block_format;
+
+/* Where the scale bytes of row r, scale column c (= element column / block)
+ * of one expert's [rows, K / block] scales live. */
+typedef enum kjit_scale_layout {
+  KJIT_SCALE_LAYOUT_UNSET = 0,  /* rejected */
+  KJIT_SCALE_LAYOUT_LINEAR = 1, /* row-major [rows, K / block]; experts one after another, no padding */
+  /* "128x4" (cuBLASLt, CUTLASS, TensorRT-LLM, FlashInfer): rows padded to a multiple of 128 and scale columns
+   * to a multiple of 4; with kt = ceil(scale_cols / 4), byte
+   * ((r / 128) * kt + c / 4) * 512 + (r % 32) * 16 + ((r / 32) % 4) * 4 + c % 4 of the expert's block.
+   * Each expert is swizzled on its own, r counted from its first row, its block starting at the sum of
+   * round_up(rows_j, 128) * round_up(scale_cols, 4) over the experts j before it. */
+  KJIT_SCALE_LAYOUT_SWIZZLED_128X4 = 2
+} kjit_scale_layout;
 
 /* FP8 -> bf16/fp16/fp32 dequantisation of a 2-D tensor [R, C] or a stack of
  * experts [E, R, C] (experts dense one after another: expert e starts at
@@ -195,7 +232,18 @@ typedef struct kjit_grouped_gemm_desc {
    * converts it, w = code * scale (MULTIPLY) or code * (1 / scale) (DIVIDE: the reciprocal rounded to fp32, which
    * may differ from dequant's IEEE division in the last fp32 bit), rounded to nearest-even bf16, and multiplied
    * with A in the bf16 tensor cores with fp32 accumulation. */
-  kjit_scale_convention b_scale_convention; /* W8A16: MULTIPLY or DIVIDE (no default). W8A8: UNSET or MULTIPLY */
+  kjit_scale_convention b_scale_convention; /* W8A16: MULTIPLY or DIVIDE (no default). W8A8: UNSET or MULTIPLY.
+                                               W4A16: NVFP4's global scale, MULTIPLY or DIVIDE; MXFP4: MULTIPLY */
+  /* W4A16 (FP4 weights, bf16 activations): b_dtype KJIT_DTYPE_F4_E2M1, weights KJIT_WEIGHTS_E_N_K (b is
+   * [E, N, K / 2] bytes of pairs along K), N a multiple of 16 and K of 32, b_format NVFP4 or MXFP4,
+   * b_block_scales LINEAR [E, N, K / 16] e4m3fn (NVFP4) or [E, N, K / 32] UE8M0 (MXFP4) bytes: gpt-oss's
+   * `*_blocks` and `*_scales` as stored; NVFP4 also b_global_scales fp32 [E]. b_scales, b_scale_granularity and
+   * b_block_rows/cols stay unset. Each weight is converted as kjit_dequant_mx converts it: e2m1 x group scale
+   * (exact), NVFP4 then times the global scale (DIVIDE: times its fp32 reciprocal, as W8A16), rounded to
+   * nearest-even bf16; then bf16 tensor-core products with fp32 accumulation. */
+  kjit_block_format b_format;     /* W4A16 only (else UNSET) */
+  const uint8_t* b_block_scales;  /* W4A16 only, device */
+  const float* b_global_scales;   /* W4A16 NVFP4 only, device [E] */
 } kjit_grouped_gemm_desc;
 
 KJIT_API void kjit_grouped_gemm_desc_init(kjit_grouped_gemm_desc* desc);
@@ -316,42 +364,6 @@ KJIT_API void kjit_fp8_quantize_desc_init(kjit_fp8_quantize_desc* desc);
 KJIT_API kjit_status kjit_fp8_quantize(const kjit_fp8_quantize_desc* desc, kjit_stream stream);
 /* Compiles (or finds) and loads the kernel `desc` needs on `device`; pointers unused. */
 KJIT_API kjit_status kjit_fp8_quantize_prepare(const kjit_fp8_quantize_desc* desc, int device);
-
-/* ------------------------------------------------------------------------
- * Block-scaled "MX" formats: NVFP4, MXFP4, MXFP8 (../docs/formats.md states
- * every formula). Elements run along K (the contiguous axis of a row); one
- * scale covers `block` consecutive elements of a row:
- *   NVFP4: e2m1 pairs in bytes (element 2i in the LOW nibble of byte i), one
- *          e4m3fn scale byte per 16 elements, and an fp32 global scale per
- *          expert whose meaning the caller states (ModelOpt weight_scale_2 is
- *          a MULTIPLY, compressed-tensors weight_global_scale a DIVIDE):
- *          value = (e2m1 * e4m3 scale), exact in fp32, then one IEEE multiply
- *          or divide by the global scale.
- *   MXFP4: e2m1 pairs as NVFP4, one UE8M0 scale byte per 32 elements
- *          (2^(byte - 127); 0x00 = 2^-127, 0xFF = NaN), no global scale.
- *   MXFP8: e4m3fn or e5m2 codes, one UE8M0 scale byte per 32 elements.
- * gpt-oss's stored MXFP4 experts (`*_blocks` [E, N, K/32, 16] and `*_scales`
- * [E, N, K/32] uint8) are exactly the packed [E, N, K/2] bytes and LINEAR
- * scales: pass them as they are. */
-typedef enum kjit_block_format {
-  KJIT_BLOCK_FORMAT_UNSET = 0, /* rejected */
-  KJIT_BLOCK_FORMAT_NVFP4 = 1, /* e2m1 pairs, e4m3fn scale per 16, fp32 global scale per expert */
-  KJIT_BLOCK_FORMAT_MXFP4 = 2, /* e2m1 pairs, UE8M0 scale per 32 */
-  KJIT_BLOCK_FORMAT_MXFP8 = 3  /* e4m3fn or e5m2 codes (element_dtype), UE8M0 scale per 32 */
-} kjit_block_format;
-
-/* Where the scale bytes of row r, scale column c (= element column / block)
- * of one expert's [rows, K / block] scales live. */
-typedef enum kjit_scale_layout {
-  KJIT_SCALE_LAYOUT_UNSET = 0,  /* rejected */
-  KJIT_SCALE_LAYOUT_LINEAR = 1, /* row-major [rows, K / block]; experts one after another, no padding */
-  /* "128x4" (cuBLASLt, CUTLASS, TensorRT-LLM, FlashInfer): rows padded to a multiple of 128 and scale columns
-   * to a multiple of 4; with kt = ceil(scale_cols / 4), byte
-   * ((r / 128) * kt + c / 4) * 512 + (r % 32) * 16 + ((r / 32) % 4) * 4 + c % 4 of the expert's block.
-   * Each expert is swizzled on its own, r counted from its first row, its block starting at the sum of
-   * round_up(rows_j, 128) * round_up(scale_cols, 4) over the experts j before it. */
-  KJIT_SCALE_LAYOUT_SWIZZLED_128X4 = 2
-} kjit_scale_layout;
 
 /* kjit_dequant_mx: MX-format weights -> bf16/fp16/fp32 out[E, rows, k] (or
  * out[i] = dequant(expert expert_ids[i]) with the "only these experts" form,

@@ -36,6 +36,10 @@ Expected<GemmCommonPlan> plan_gemm_common(const kjit_grouped_gemm_desc& d, bool 
                                static_cast<int>(d.cluster_axis)));
   if (d.cluster_axis == KJIT_GEMM_CLUSTER_ALONG_N && d.cluster < 2)
     return invalid(fmt::format("cluster_axis ALONG_N needs cluster 2, got cluster {}", d.cluster));
+  if (d.b_dtype != KJIT_DTYPE_F4_E2M1 &&
+      (d.b_format != KJIT_BLOCK_FORMAT_UNSET || d.b_block_scales != nullptr || d.b_global_scales != nullptr))
+    return invalid("b_format, b_block_scales and b_global_scales are for FP4 weights (b_dtype KJIT_DTYPE_F4_E2M1, "
+                   "W4A16); leave them unset for other weights");
 
   GemmCommonPlan plan;
   using Kernel = codegen::GemmRequest::Kernel;
@@ -84,7 +88,8 @@ bool is_fp8_gemm(const kjit_grouped_gemm_desc& d) {
 }
 
 bool is_mixed_gemm(const kjit_grouped_gemm_desc& d) {
-  return d.a_dtype == KJIT_DTYPE_BF16 && (d.b_dtype == KJIT_DTYPE_F8_E4M3FN || d.b_dtype == KJIT_DTYPE_F8_E5M2);
+  return d.a_dtype == KJIT_DTYPE_BF16 &&
+         (d.b_dtype == KJIT_DTYPE_F8_E4M3FN || d.b_dtype == KJIT_DTYPE_F8_E5M2 || d.b_dtype == KJIT_DTYPE_F4_E2M1);
 }
 
 Expected<GroupedGemmPlan> plan_grouped_gemm(const kjit_grouped_gemm_desc& d, bool for_prepare) {

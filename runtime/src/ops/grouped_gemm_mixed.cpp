@@ -1,5 +1,5 @@
-// The mixed-input (W8A16) grouped GEMM op: kjit_grouped_gemm with fp8
-// weights and bf16 activations.
+// The mixed-input (W8A16, W4A16) grouped GEMM op: kjit_grouped_gemm with fp8
+// or FP4 weights and bf16 activations.
 #include "kjit/internal/ops/grouped_gemm.hpp"
 
 #include "launch.hpp"
@@ -37,15 +37,50 @@ Expected<codegen::ScaleGranularity> weight_scale_of(const kjit_grouped_gemm_desc
   }
 }
 
-// The weight tile's TMA map over the fp8 bytes: [E, N, K] in boxes of 128
-// codes x tile_n rows, [E, K, N] in boxes of tile_n codes x 128 k-rows, both
-// 128-byte swizzled; grouped_gemm_mixed_sm90.cuh reads them so.
+// The FP4 fields of the descriptor: the weights' scale bytes, NVFP4's global
+// scales and their convention.
+Expected<codegen::MixedWeight> fp4_weight_of(const kjit_grouped_gemm_desc& d) {
+  if (d.b_format != KJIT_BLOCK_FORMAT_NVFP4 && d.b_format != KJIT_BLOCK_FORMAT_MXFP4)
+    return invalid(fmt::format("W4A16 (b_dtype KJIT_DTYPE_F4_E2M1) needs b_format KJIT_BLOCK_FORMAT_NVFP4 or "
+                               "_MXFP4; there is no default, got {}",
+                               static_cast<int>(d.b_format)));
+  const bool nvfp4 = d.b_format == KJIT_BLOCK_FORMAT_NVFP4;
+  if (d.weights != KJIT_WEIGHTS_E_N_K)
+    return fail(KJIT_ERROR_UNSUPPORTED, "W4A16 weights are read as stored, KJIT_WEIGHTS_E_N_K ([E, N, K / 2] pairs "
+                                        "along K); the [E, K, N] reading is not implemented");
+  if (d.b_scales != nullptr || d.b_scale_granularity != KJIT_SCALE_INVALID || d.b_block_rows != 0 ||
+      d.b_block_cols != 0)
+    return invalid("W4A16 weights carry their format's scale bytes in b_block_scales (and NVFP4's b_global_scales): "
+                   "leave b_scales, b_scale_granularity and b_block_rows/cols unset");
+  if (nvfp4 && d.b_scale_convention != KJIT_SCALE_MULTIPLY && d.b_scale_convention != KJIT_SCALE_DIVIDE)
+    return invalid("NVFP4 weights need b_scale_convention for their global scale: KJIT_SCALE_MULTIPLY (ModelOpt "
+                   "weight_scale_2) or KJIT_SCALE_DIVIDE (compressed-tensors weight_global_scale); there is no "
+                   "default");
+  if (!nvfp4 && d.b_scale_convention != KJIT_SCALE_CONVENTION_UNSET && d.b_scale_convention != KJIT_SCALE_MULTIPLY)
+    return invalid("MXFP4 scales are UE8M0 multipliers: b_scale_convention must be unset or KJIT_SCALE_MULTIPLY");
+  if (!nvfp4 && d.b_global_scales != nullptr)
+    return invalid("b_global_scales is NVFP4's; MXFP4 weights have none: pass NULL");
+  return nvfp4 ? codegen::MixedWeight::nvfp4 : codegen::MixedWeight::mxfp4;
+}
+
+// The weight tile's TMA map over the stored bytes: fp8 [E, N, K] in boxes of
+// 128 codes x tile_n rows, [E, K, N] in boxes of tile_n codes x 128 k-rows,
+// both 128-byte swizzled; FP4 [E, N, K / 2] in boxes of 64 bytes (128
+// elements) x tile_n rows, 64-byte swizzled. grouped_gemm_mixed_sm90.cuh
+// reads them so.
 Expected<void> encode_weight_map(const DriverApi& api, const codegen::GroupedGemmMixedSpec& s,
                                  kjit_grouped_gemm_sm90_params& p) {
   constexpr CUtensorMapDataType kBytes = CU_TENSOR_MAP_DATA_TYPE_UINT8;
   constexpr cuuint32_t kKBlock = KJIT_MIXED_K_BLOCK;
   const auto n = static_cast<cuuint64_t>(s.n), k = static_cast<cuuint64_t>(s.k);
   const auto e = static_cast<cuuint64_t>(s.experts);
+  if (codegen::is_fp4(s.weight)) {
+    const cuuint64_t dims[3] = {k / 2, n, e};
+    const cuuint64_t strides[2] = {k / 2, n * (k / 2)};
+    const cuuint32_t box[3] = {kKBlock / 2, static_cast<cuuint32_t>(s.tile_n), 1};
+    return encode_tensor_map(api, p.b_map, kBytes, p.gemm.b, 3, dims, strides, box, "B [E, N, K / 2] (FP4 pairs)",
+                             CU_TENSOR_MAP_SWIZZLE_64B);
+  }
   if (s.weights == codegen::WeightLayout::e_n_k) {
     const cuuint64_t dims[3] = {k, n, e};
     const cuuint64_t strides[2] = {k, n * k};
@@ -63,11 +98,16 @@ Expected<void> encode_weight_map(const DriverApi& api, const codegen::GroupedGem
 Expected<GroupedGemmMixedPlan> plan_grouped_gemm_mixed(const kjit_grouped_gemm_desc& d, bool for_prepare) {
   auto common = KJIT_TRY(plan_gemm_common(d, for_prepare));
   if (d.a_scales != nullptr)
-    return invalid("a_scales is for FP8 activations (W8A8); bf16 activations (W8A16) take none: pass NULL");
-  if (d.b_scale_convention != KJIT_SCALE_MULTIPLY && d.b_scale_convention != KJIT_SCALE_DIVIDE)
-    return invalid("W8A16 needs b_scale_convention: KJIT_SCALE_MULTIPLY (w = code * scale: DeepSeek's "
-                   "weight_scale_inv, compressed-tensors' weight_scale) or KJIT_SCALE_DIVIDE (w = code / scale); "
-                   "there is no default");
+    return invalid("a_scales is for FP8 activations (W8A8); bf16 activations (W8A16, W4A16) take none: pass NULL");
+  const bool fp4 = d.b_dtype == KJIT_DTYPE_F4_E2M1;
+  if (fp4) {
+    KJIT_TRY(fp4_weight_of(d));
+  } else {
+    if (d.b_scale_convention != KJIT_SCALE_MULTIPLY && d.b_scale_convention != KJIT_SCALE_DIVIDE)
+      return invalid("W8A16 needs b_scale_convention: KJIT_SCALE_MULTIPLY (w = code * scale: DeepSeek's "
+                     "weight_scale_inv, compressed-tensors' weight_scale) or KJIT_SCALE_DIVIDE (w = code / scale); "
+                     "there is no default");
+  }
   GroupedGemmMixedPlan plan;
   plan.request = common.request;
   plan.empty = common.empty;
@@ -77,19 +117,35 @@ Expected<GroupedGemmMixedPlan> plan_grouped_gemm_mixed(const kjit_grouped_gemm_d
   s.k = d.k;
   s.experts = d.experts;
   s.weights = d.weights == KJIT_WEIGHTS_E_K_N ? codegen::WeightLayout::e_k_n : codegen::WeightLayout::e_n_k;
-  s.weight = d.b_dtype == KJIT_DTYPE_F8_E5M2 ? codegen::DType::f8_e5m2 : codegen::DType::f8_e4m3fn;
-  s.weight_scale = KJIT_TRY(weight_scale_of(d));
+  if (fp4) {
+    s.weight = KJIT_TRY(fp4_weight_of(d));
+    s.weight_scale = codegen::ScaleGranularity::per_block;  // the format's
+  } else {
+    s.weight = d.b_dtype == KJIT_DTYPE_F8_E5M2 ? codegen::MixedWeight::f8_e5m2 : codegen::MixedWeight::f8_e4m3fn;
+    s.weight_scale = KJIT_TRY(weight_scale_of(d));
+  }
   s.scale_convention =
       d.b_scale_convention == KJIT_SCALE_DIVIDE ? codegen::ScaleConvention::divide : codegen::ScaleConvention::multiply;
   s.offsets = common.offsets;
   s.row_scale = d.row_scale != nullptr;
   KJIT_TRY(codegen::validate(codegen::KernelSpec{s}));
   if (!for_prepare && !plan.empty) {
-    KJIT_TRY(require_non_null({{d.b_scales, "b_scales"}}));
-    if (reinterpret_cast<uintptr_t>(d.b_scales) % 4 != 0) return invalid("'b_scales' must be 4-byte aligned (fp32)");
+    if (fp4) {
+      KJIT_TRY(require_non_null({{d.b_block_scales, "b_block_scales"}}));
+      if (s.weight == codegen::MixedWeight::nvfp4) {
+        KJIT_TRY(require_non_null({{d.b_global_scales, "b_global_scales"}}));
+        if (reinterpret_cast<uintptr_t>(d.b_global_scales) % 4 != 0)
+          return invalid("'b_global_scales' must be 4-byte aligned (fp32)");
+      }
+    } else {
+      KJIT_TRY(require_non_null({{d.b_scales, "b_scales"}}));
+      if (reinterpret_cast<uintptr_t>(d.b_scales) % 4 != 0) return invalid("'b_scales' must be 4-byte aligned (fp32)");
+    }
   }
   plan.params.gemm = common.params;
   plan.params.b_scales = d.b_scales;
+  plan.params.b_block_scales = d.b_block_scales;
+  plan.params.b_global_scales = d.b_global_scales;
   return plan;
 }
 
@@ -103,6 +159,8 @@ Expected<void> grouped_gemm_mixed(Runtime& runtime, const kjit_grouped_gemm_desc
                                                               {p.gemm.offsets, "offsets"},
                                                               {p.gemm.row_scale, "row_scale"},
                                                               {p.b_scales, "b_scales"},
+                                                              {p.b_block_scales, "b_block_scales"},
+                                                              {p.b_global_scales, "b_global_scales"},
                                                               {p.gemm.tile_counter, "workspace"}}));
   const auto spec = KJIT_TRY(
       codegen::choose_grouped_gemm_mixed_config(plan.problem, *device->arch, p.gemm.total_rows, plan.request));
@@ -114,6 +172,8 @@ Expected<void> grouped_gemm_mixed(Runtime& runtime, const kjit_grouped_gemm_desc
   kjit_grouped_gemm_mixed_sm90_params sm90{};
   sm90.sm90.gemm = p.gemm;
   sm90.b_scales = p.b_scales;
+  sm90.b_block_scales = p.b_block_scales;
+  sm90.b_global_scales = p.b_global_scales;
   {
     // Encoding needs a current context (a bare thread, as in jitctl, has none).
     const DriverApi& api = **runtime.driver();

@@ -45,12 +45,13 @@ Expected<void> prepare_on_device(Runtime& runtime, const codegen::KernelSpec& sp
 
 Expected<void> encode_tensor_map(const DriverApi& api, kjit_tensor_map& map, CUtensorMapDataType element,
                                  const void* base, uint32_t rank, const cuuint64_t* dims,
-                                 const cuuint64_t* byte_strides, const cuuint32_t* box, const char* what) {
+                                 const cuuint64_t* byte_strides, const cuuint32_t* box, const char* what,
+                                 CUtensorMapSwizzle swizzle) {
   static_assert(sizeof(kjit_tensor_map) == sizeof(CUtensorMap) && alignof(kjit_tensor_map) == alignof(CUtensorMap));
   const cuuint32_t element_strides[3] = {1, 1, 1};
   const CUresult r = api.cuTensorMapEncodeTiled(
       reinterpret_cast<CUtensorMap*>(&map), element, rank, const_cast<void*>(base), dims, byte_strides, box,
-      element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
     return fail(KJIT_ERROR_INVALID_ARGUMENT,

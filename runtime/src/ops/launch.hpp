@@ -35,11 +35,13 @@ Expected<void> launch_on_owning_device(Runtime& runtime, const codegen::KernelSp
                                        const codegen::LaunchGeometry& geometry, void* params, CUstream stream);
 
 // A TMA descriptor for a tensor of `rank` dimensions (innermost first) of
-// `element` type, 128-byte swizzled boxes, zero fill out of bounds (the SM90
-// GEMMs). Needs a current context; `what` names the tensor in the error.
+// `element` type, swizzled boxes (128-byte unless said; FP4 weight tiles have
+// 64-byte rows), zero fill out of bounds (the SM90 GEMMs). Needs a current
+// context; `what` names the tensor in the error.
 Expected<void> encode_tensor_map(const DriverApi& api, kjit_tensor_map& map, CUtensorMapDataType element,
                                  const void* base, uint32_t rank, const cuuint64_t* dims,
-                                 const cuuint64_t* byte_strides, const cuuint32_t* box, const char* what);
+                                 const cuuint64_t* byte_strides, const cuuint32_t* box, const char* what,
+                                 CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B);
 
 // Zeroes the swap-AB kernels' tile counter in stream order (a memset node
 // when the stream captures). Needs a current context.

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kjit/kjit.h"
+#include "kjit/reference/fp4_mx.hpp"
 #include "kjit/reference/fp8.hpp"
 
 namespace kjit::reference {
@@ -32,6 +33,12 @@ struct MixedWeights {
   kjit_scale_granularity granularity;
   kjit_scale_convention convention;
   int64_t experts, n, k;  // the GEMM's
+  // W4A16 (dtype KJIT_DTYPE_F4_E2M1, E_N_K): `codes` holds the pairs [E, N, K / 2], `scales` is unused, and
+  // these the format, its LINEAR scale bytes [E, N, K / group] and NVFP4's global scales [E] (`convention`
+  // says how the global applies).
+  kjit_block_format format = KJIT_BLOCK_FORMAT_UNSET;
+  std::span<const uint8_t> block_scales = {};
+  std::span<const float> global_scales = {};
 
   int64_t stored_rows() const { return layout == KJIT_WEIGHTS_E_N_K ? n : k; }
   int64_t stored_cols() const { return layout == KJIT_WEIGHTS_E_N_K ? k : n; }
@@ -64,10 +71,39 @@ inline float mixed_weight_value(kjit_dtype dtype, uint8_t code, float scale, kji
   return bf16_to_float(bf16_bits_rne(scaled));
 }
 
+// One FP4 weight as the W4A16 kernels convert it: e2m1 x group scale (exact
+// in fp32), NVFP4 then times the global (DIVIDE: times its fp32 reciprocal),
+// one fp32 rounding, then nearest-even bf16; as the fp32 value of that bf16.
+inline float fp4_weight_value(kjit_block_format format, uint8_t e2m1, uint8_t scale_byte, float global,
+                              kjit_scale_convention convention) {
+  float value;
+  if (format == KJIT_BLOCK_FORMAT_NVFP4) {
+    const float multiplier = convention == KJIT_SCALE_DIVIDE ? 1.0f / global : global;
+    value = decode_e2m1(e2m1) * decode_e4m3fn(scale_byte) * multiplier;
+  } else {
+    value = mx_value(decode_e2m1(e2m1), scale_byte);
+  }
+  if (std::isnan(value)) return value;
+  return bf16_to_float(bf16_bits_rne(value));
+}
+
 // Expert e's weights converted, in the stored order [R, C].
 inline std::vector<float> dequantize_mixed_expert(const MixedWeights& w, int64_t e) {
   const int64_t rows = w.stored_rows(), cols = w.stored_cols();
   std::vector<float> out(static_cast<size_t>(rows * cols));
+  if (w.dtype == KJIT_DTYPE_F4_E2M1) {
+    const int64_t group = w.format == KJIT_BLOCK_FORMAT_NVFP4 ? kNvfp4Block : kMxBlock;
+    const float global = w.format == KJIT_BLOCK_FORMAT_NVFP4 ? w.global_scales[static_cast<size_t>(e)] : 1.0f;
+    for (int64_t r = 0; r < rows; ++r) {
+      const auto row = w.codes.subspan(static_cast<size_t>((e * rows + r) * (cols / 2)), static_cast<size_t>(cols / 2));
+      for (int64_t c = 0; c < cols; ++c) {
+        const uint8_t scale = w.block_scales[static_cast<size_t>((e * rows + r) * (cols / group) + c / group)];
+        out[static_cast<size_t>(r * cols + c)] =
+            fp4_weight_value(w.format, e2m1_code_at(row, c), scale, global, w.convention);
+      }
+    }
+    return out;
+  }
   const size_t base = static_cast<size_t>(e * rows * cols);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) {

@@ -1,6 +1,7 @@
-// The mixed-input (W8A16) grouped GEMM family: out[rows of e] = A[rows of e] .
-// convert(W_e) (^T for [E, N, K] weights), A bf16, W fp8 codes (e4m3fn or
-// e5m2) with fp32 scales per 128 x 128 block, per stored row or per expert;
+// The mixed-input (W8A16, W4A16) grouped GEMM family: out[rows of e] = A[rows
+// of e] . convert(W_e) (^T for [E, N, K] weights), A bf16, W fp8 codes (e4m3fn
+// or e5m2) with fp32 scales per 128 x 128 block, per stored row or per expert,
+// or FP4 pairs (NVFP4, MXFP4: [E, N, K] only) with their format's scales;
 // each weight is converted to bf16 inside the kernel's mainloop exactly as
 // kjit's dequant converts it (code x scale in fp32, rounded to nearest-even
 // bf16), so no bf16 copy of the weights is ever written. The same stored
@@ -33,6 +34,14 @@ namespace kjit::codegen {
 enum class MixedGemmKernel : uint8_t { mma_sync, wgmma_sm90 };
 std::string_view name(MixedGemmKernel k);
 
+// The stored weights: fp8 codes (fp32 scales as weight_scale says), or e2m1
+// pairs with their format's scales along the stored row (weight_scale
+// per_block): NVFP4 an e4m3fn byte per 16 and an fp32 global per expert
+// (scale_convention says which way), MXFP4 a UE8M0 byte per 32.
+enum class MixedWeight : uint8_t { f8_e4m3fn, f8_e5m2, nvfp4, mxfp4 };
+std::string_view name(MixedWeight w);
+constexpr bool is_fp4(MixedWeight w) { return w == MixedWeight::nvfp4 || w == MixedWeight::mxfp4; }
+
 // The shape key is N, K, the experts, the weights' layout, code type and
 // scaling; the token count is a run-time argument. A spec with tile 0x0 is a
 // problem (manifests), expanded per arch into its configurations.
@@ -42,8 +51,8 @@ struct GroupedGemmMixedSpec {
   int64_t k = 0;
   int64_t experts = 0;
   WeightLayout weights = WeightLayout::e_n_k;
-  DType weight = DType::f8_e4m3fn;                          // the codes: f8_e4m3fn or f8_e5m2
-  ScaleGranularity weight_scale = ScaleGranularity::per_block;  // per_block is 128 x 128 of the stored tensor
+  MixedWeight weight = MixedWeight::f8_e4m3fn;
+  ScaleGranularity weight_scale = ScaleGranularity::per_block;  // fp8: 128 x 128 of the stored tensor; FP4: the format's
   ScaleConvention scale_convention = ScaleConvention::multiply;
   OffsetsConvention offsets = OffsetsConvention::cumulative_end;
   bool row_scale = false;
@@ -72,7 +81,7 @@ struct Family<GroupedGemmMixedSpec> {
 
 int grouped_gemm_mixed_shared_bytes(const GroupedGemmMixedSpec& spec);
 // The deepest wgmma_sm90 pipeline with row tiles of `tile_m` rows that fits a Hopper block's shared memory.
-int grouped_gemm_mixed_max_stages(int tile_m);
+int grouped_gemm_mixed_max_stages(int tile_m, MixedWeight weight = MixedWeight::f8_e4m3fn);
 LaunchGeometry grouped_gemm_mixed_geometry(const GroupedGemmMixedSpec& spec, int64_t total_rows, int resident_blocks);
 
 // The configurations `arch` may pick, one per token-count bucket (what precompile builds).
