@@ -59,14 +59,15 @@ def test_every_descriptor_init_sets_struct_size_to_the_ctypes_size():
         assert x.struct_size == ctypes.sizeof(desc), name
 
 
-def test_grouped_gemm_desc_init_leaves_the_w8a16_scale_convention_unset_where_c_writes_it():
-    # Garbage first: init must overwrite the ctypes field, so it lies where C's is.
+def test_grouped_gemm_desc_init_leaves_the_scale_convention_and_fp4_fields_unset_where_c_writes_them():
+    # Garbage first: init must overwrite the ctypes fields, so they lie where C's are.
     d = kjit._GroupedGemmDesc()
     ctypes.memset(ctypes.byref(d), 0x5A, ctypes.sizeof(d))
     kjit.library().kjit_grouped_gemm_desc_init(ctypes.byref(d))
     assert d.struct_size == ctypes.sizeof(kjit._GroupedGemmDesc)
-    assert kjit._GroupedGemmDesc._fields_[-1][0] == "b_scale_convention"
+    assert kjit._GroupedGemmDesc._fields_[-1][0] == "b_global_scales"
     assert d.b_scale_convention == 0  # KJIT_SCALE_CONVENTION_UNSET: no default
+    assert d.b_format == 0 and not d.b_block_scales and not d.b_global_scales
 
 
 def test_every_ctypes_field_lies_at_the_offset_of_its_c_field(tmp_path):

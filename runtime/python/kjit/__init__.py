@@ -26,6 +26,8 @@ __all__ = ["KjitError", "dequant_fp8", "prepare_dequant_fp8", "grouped_gemm", "p
 
 _OK = 0
 _DTYPE = {"float8_e4m3fn": 1, "float8_e5m2": 2, "bfloat16": 3, "float16": 4, "float32": 5}
+_F4_E2M1 = 6  # KJIT_DTYPE_F4_E2M1: e2m1 pairs in uint8, element 2i in the low nibble of byte i
+_BLOCK_FORMAT = {"nvfp4": 1, "mxfp4": 2, "mxfp8": 3}  # kjit_block_format
 _GRANULARITY = {"tensor": 1, "row": 2, "block": 3}
 _CONVENTION = {"multiply": 1, "divide": 2}
 _GEMM_KERNEL = {"auto": 0, "portable": 1, "sm90": 2, "sm90_swap_ab": 3}
@@ -95,6 +97,9 @@ class _GroupedGemmDesc(ctypes.Structure):
         ("b_block_rows", ctypes.c_int64),
         ("b_block_cols", ctypes.c_int64),
         ("b_scale_convention", ctypes.c_int),
+        ("b_format", ctypes.c_int),
+        ("b_block_scales", ctypes.c_void_p),
+        ("b_global_scales", ctypes.c_void_p),
     ]
 
 
@@ -358,19 +363,22 @@ def prepare_dequant_fp8(w, scales, out, *, scale="block", block=(128, 128), conv
 
 
 _GEMM_A = ("bfloat16", "float8_e4m3fn")
-_GEMM_W = ("bfloat16",) + _FP8
+_GEMM_W = ("bfloat16",) + _FP8 + ("uint8",)  # uint8: FP4 pairs (W4A16)
 _FP8_GEMM_BLOCK = 128  # the FP8 GEMMs' scale block (W8A8: activations and weights; W8A16: weights)
 _W8A16_MULTIPLE = 16  # N and K of the W8A16 GEMM
 
 
 def _check_gemm_operands(a, w) -> str:
     """The GEMM's operands: 'bf16' (both bfloat16), 'w8a8' (both
-    float8_e4m3fn) or 'w8a16' (bfloat16 a, float8_e4m3fn or _e5m2 w)."""
+    float8_e4m3fn), 'w8a16' (bfloat16 a, float8_e4m3fn or _e5m2 w) or 'w4a16'
+    (bfloat16 a, uint8 w holding FP4 pairs)."""
     _check_tensor("a", a, _GEMM_A)
     _check_tensor("w", w, _GEMM_W, device=a.device)
     a_dtype, w_dtype = (str(t.dtype).replace("torch.", "") for t in (a, w))
+    if w_dtype == "uint8" and a_dtype != "bfloat16":
+        raise _invalid(f"uint8 w (FP4 pairs, W4A16) needs bfloat16 a, got {a_dtype}")
     if a_dtype == "bfloat16":
-        return "bf16" if w_dtype == "bfloat16" else "w8a16"
+        return "bf16" if w_dtype == "bfloat16" else "w4a16" if w_dtype == "uint8" else "w8a16"
     if w_dtype != "float8_e4m3fn":
         raise _invalid(f"a is {a_dtype} but w is {w_dtype}: float8_e4m3fn activations need float8_e4m3fn weights "
                        "(W8A8); with bfloat16 a, w may be bfloat16 or float8 (W8A16)")
@@ -446,12 +454,56 @@ def _check_w8a16_scales(w, n, k, a_scale, w_scale, w_scale_convention, w_block) 
     raise _invalid(f"w_scale must be {shapes}, got {shape}")
 
 
+def _check_w4a16(w, n, k, weights, a_scale, w_scale, w_format, w_global_scale, w_scale_convention) -> None:
+    """The W4A16 weights and scales as kjit.h states them: w uint8 [E, N, K / 2]
+    pairs, w_scale [E, N, K / 16] e4m3fn bytes (NVFP4: uint8 or float8_e4m3fn)
+    or [E, N, K / 32] UE8M0 bytes (MXFP4: uint8, or float8_e8m0fnu where torch
+    has it), NVFP4's w_global_scale fp32 [E] with its convention."""
+    experts = w.shape[0]
+    if w_format not in ("nvfp4", "mxfp4"):
+        raise _invalid(f"uint8 w holds FP4 pairs (W4A16): w_format must be 'nvfp4' or 'mxfp4', got {w_format!r}")
+    if weights != "e_n_k":
+        raise _invalid("FP4 weights are read as stored, weights='e_n_k' ([E, N, K / 2] pairs along K)")
+    if a_scale is not None:
+        raise _invalid("a_scale must be None with bfloat16 a (W4A16)")
+    if n % 16 != 0 or k % 32 != 0:
+        raise _invalid(f"W4A16 needs N a multiple of 16 and K of 32, got N {n}, K {k}")
+    group = 16 if w_format == "nvfp4" else 32
+    expected = [experts, n, k // group]
+    scale_dtypes = ("uint8", "float8_e4m3fn") if w_format == "nvfp4" else ("uint8", "float8_e8m0fnu")
+    if w_scale is None:
+        raise _invalid(f"w_scale is required with {w_format} w: {expected} scale bytes (one per {group} elements)")
+    _check_tensor("w_scale", w_scale, scale_dtypes, device=w.device)
+    if list(w_scale.shape) != expected:
+        raise _invalid(f"w_scale must be {expected} ({w_format}: one scale byte per {group} elements along K, "
+                       f"linear), got {list(w_scale.shape)}")
+    if w_format == "nvfp4":
+        if w_global_scale is None:
+            raise _invalid(f"w_global_scale is required with nvfp4 w: fp32 [{experts}] (one per expert)")
+        _check_tensor("w_global_scale", w_global_scale, ("float32",), device=w.device)
+        if w_global_scale.numel() != experts:
+            raise _invalid(f"w_global_scale must hold {experts} values, got {list(w_global_scale.shape)}")
+        if w_scale_convention is None:
+            raise _invalid("w_scale_convention is required with nvfp4 w, for the global scale: 'multiply' (ModelOpt "
+                           "weight_scale_2) or 'divide' (compressed-tensors weight_global_scale)")
+        _check_choice("w_scale_convention", w_scale_convention, _CONVENTION)
+    else:
+        if w_global_scale is not None:
+            raise _invalid("w_global_scale is nvfp4's; mxfp4 weights have none")
+        if w_scale_convention not in (None, "multiply"):
+            raise _invalid(f"mxfp4 scales are UE8M0 multipliers: w_scale_convention must be None or 'multiply', got "
+                           f"{w_scale_convention!r}")
+
+
 def _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, cluster_axis, a_scale=None,
-                w_scale=None, w_block=(_FP8_GEMM_BLOCK, _FP8_GEMM_BLOCK), w_scale_convention=None):
+                w_scale=None, w_block=(_FP8_GEMM_BLOCK, _FP8_GEMM_BLOCK), w_scale_convention=None, w_format=None,
+                w_global_scale=None):
     """Returns (operands, granularity): operands as _check_gemm_operands
     says, granularity None for bf16, else the weight scales' ('block', 'row'
-    or, W8A16 only, 'tensor')."""
+    or, W8A16 only, 'tensor'; W4A16: the format)."""
     operands = _check_gemm_operands(a, w)
+    if operands != "w4a16" and (w_format is not None or w_global_scale is not None):
+        raise _invalid("w_format and w_global_scale are for FP4 weights (uint8 w, W4A16)")
     _check_tensor("offsets", offsets, ("int32",), device=a.device)
     _check_tensor("out", out, ("bfloat16", "float32"), device=a.device)
     _check_tensor("row_scale", row_scale, ("float32",), device=a.device, optional=True)
@@ -466,6 +518,8 @@ def _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kern
         raise _invalid(f"w must be [E, N, K] or [E, K, N], got {list(w.shape)}")
     experts = w.shape[0]
     n, k = (w.shape[1], w.shape[2]) if weights == "e_n_k" else (w.shape[2], w.shape[1])
+    if operands == "w4a16":
+        k = 2 * w.shape[2]  # pairs
     if a.dim() != 2 or a.shape[1] != k:
         raise _invalid(f"a must be [rows, {k}], got {list(a.shape)}")
     expected = experts + (offsets_convention == "with_leading_zero")
@@ -482,6 +536,9 @@ def _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kern
         return operands, None
     if operands == "w8a16":
         return operands, _check_w8a16_scales(w, n, k, a_scale, w_scale, w_scale_convention, w_block)
+    if operands == "w4a16":
+        _check_w4a16(w, n, k, weights, a_scale, w_scale, w_format, w_global_scale, w_scale_convention)
+        return operands, w_format
     if w_scale_convention not in (None, "multiply"):
         raise _invalid(f"w_scale_convention must be None or 'multiply' with float8_e4m3fn a and w (W8A8: the scales "
                        f"are multipliers), got {w_scale_convention!r}")
@@ -490,13 +547,15 @@ def _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kern
 
 def _gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n, cluster,
                cluster_axis, a_scale=None, w_scale=None, w_scale_granularity=None,
-               w_scale_convention=None) -> _GroupedGemmDesc:
+               w_scale_convention=None, w_global_scale=None) -> _GroupedGemmDesc:
     experts = w.shape[0]
     n, k = (w.shape[1], w.shape[2]) if weights == "e_n_k" else (w.shape[2], w.shape[1])
     d = _GroupedGemmDesc()
     library().kjit_grouped_gemm_desc_init(ctypes.byref(d))
-    d.a_dtype, d.b_dtype, d.out_dtype = _dtype_code(a.dtype), _dtype_code(w.dtype), _dtype_code(out.dtype)
-    d.rows, d.n, d.k, d.experts = a.shape[0], n, k, experts
+    w4a16 = w_scale_granularity in _BLOCK_FORMAT  # uint8 w: FP4 pairs, K twice its last dimension
+    d.a_dtype, d.out_dtype = _dtype_code(a.dtype), _dtype_code(out.dtype)
+    d.b_dtype = _F4_E2M1 if w4a16 else _dtype_code(w.dtype)
+    d.rows, d.n, d.k, d.experts = a.shape[0], n, 2 * w.shape[2] if w4a16 else k, experts
     d.weights, d.offsets_convention = _WEIGHTS[weights], _OFFSETS[offsets_convention]
     d.a, d.b, d.out, d.offsets = a.data_ptr(), w.data_ptr(), out.data_ptr(), offsets.data_ptr()
     d.row_scale = row_scale.data_ptr() if row_scale is not None else None
@@ -504,7 +563,13 @@ def _gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kerne
     d.tile_m, d.tile_n = tile_m, tile_n
     d.cluster = cluster
     d.cluster_axis = _CLUSTER_AXIS[cluster_axis]
-    if w_scale_granularity is not None:
+    if w4a16:
+        d.b_format = _BLOCK_FORMAT[w_scale_granularity]
+        d.b_block_scales = w_scale.data_ptr()
+        d.b_global_scales = w_global_scale.data_ptr() if w_global_scale is not None else None
+        if w_scale_convention is not None:
+            d.b_scale_convention = _CONVENTION[w_scale_convention]
+    elif w_scale_granularity is not None:
         d.a_scales = a_scale.data_ptr() if a_scale is not None else None  # None: W8A16
         d.b_scales = w_scale.data_ptr()
         d.b_scale_granularity = _GRANULARITY[w_scale_granularity]
@@ -517,7 +582,8 @@ def _gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kerne
 
 def grouped_gemm(a, w, offsets, *, weights="e_n_k", offsets_convention, row_scale=None, out=None,
                  out_dtype=None, stream=None, kernel="auto", tile=None, cluster=0, cluster_axis="m", a_scale=None,
-                 w_scale=None, w_block=(_FP8_GEMM_BLOCK, _FP8_GEMM_BLOCK), w_scale_convention=None):
+                 w_scale=None, w_block=(_FP8_GEMM_BLOCK, _FP8_GEMM_BLOCK), w_scale_convention=None, w_format=None,
+                 w_global_scale=None):
     """MoE expert GEMM: rows of `a` ([rows, K] bf16, sorted by expert) times
     each expert's weights `w` ([E, N, K] with weights='e_n_k', as checkpoints
     store them, or [E, K, N] with 'e_k_n'). `offsets` (int32, on the device)
@@ -545,20 +611,34 @@ def grouped_gemm(a, w, offsets, *, weights="e_n_k", offsets_convention, row_scal
     ceil(C / 128)] (128x128 blocks), [E, R] or [E, R, 1] (one per stored row)
     or [E], [E, 1], [E, 1, 1] (one per expert). w_scale_convention is
     required: 'multiply' (w = code * scale) or 'divide' (w = code / scale);
-    each weight is rounded to bf16 as kjit.dequant_fp8 rounds it."""
+    each weight is rounded to bf16 as kjit.dequant_fp8 rounds it.
+
+    W4A16 (FP4 weights converted to bf16 inside the kernel): a bfloat16, w
+    uint8 [E, N, K / 2] (e2m1 pairs, element 2i in the low nibble of byte i;
+    gpt-oss's `*_blocks` [E, N, K / 32, 16] viewed as [E, N, K / 2]),
+    weights='e_n_k', N a multiple of 16 and K of 32, w_format 'nvfp4' or
+    'mxfp4', w_scale the linear scale bytes [E, N, K / 16] (NVFP4 e4m3fn: uint8
+    or float8_e4m3fn) or [E, N, K / 32] (MXFP4 UE8M0: uint8), and for NVFP4
+    w_global_scale fp32 [E] with w_scale_convention 'multiply' (ModelOpt
+    weight_scale_2) or 'divide' (compressed-tensors weight_global_scale)."""
     import torch
 
     if out is None:
-        _check_gemm_operands(a, w)
+        operands = _check_gemm_operands(a, w)
         _check_choice("weights", weights, _WEIGHTS)
-        n = w.shape[1] if weights == "e_n_k" else w.shape[2]
+        n = w.shape[1] if weights == "e_n_k" or operands == "w4a16" else w.shape[2]
         out = torch.empty(a.shape[0], n, dtype=out_dtype or torch.bfloat16, device=a.device)
     operands, granularity = _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel,
-                                        cluster_axis, a_scale, w_scale, w_block, w_scale_convention)
+                                        cluster_axis, a_scale, w_scale, w_block, w_scale_convention, w_format,
+                                        w_global_scale)
     tile_m, tile_n = tile if tile is not None else (0, 0)
     if operands == "bf16":
         torch.ops.kjit.grouped_gemm_(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m,
                                      tile_n, cluster, cluster_axis, stream)
+    elif operands == "w4a16":
+        torch.ops.kjit.grouped_gemm_w4a16_(a, w, w_scale.view(torch.uint8), w_global_scale, offsets, out,
+                                           offsets_convention, row_scale, w_format, w_scale_convention, kernel,
+                                           tile_m, tile_n, stream)
     elif operands == "w8a8":
         torch.ops.kjit.grouped_gemm_fp8_(a, a_scale, w, w_scale, offsets, out, offsets_convention, row_scale,
                                          granularity, kernel, tile_m, tile_n, cluster, cluster_axis, stream)
@@ -571,16 +651,16 @@ def grouped_gemm(a, w, offsets, *, weights="e_n_k", offsets_convention, row_scal
 
 def prepare_grouped_gemm(a, w, offsets, out, *, weights="e_n_k", offsets_convention, row_scale=None, kernel="auto",
                          tile=None, a_scale=None, w_scale=None, w_block=(_FP8_GEMM_BLOCK, _FP8_GEMM_BLOCK),
-                         w_scale_convention=None):
+                         w_scale_convention=None, w_format=None, w_global_scale=None):
     """Compiles (or finds) and loads every kernel grouped_gemm may pick for
     these shapes, whatever the row count, so that later calls can be captured
     in a CUDA graph. FP8 weights need their scales (and W8A16 their
     w_scale_convention) here too (grouped_gemm)."""
     _, granularity = _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, "m", a_scale,
-                                 w_scale, w_block, w_scale_convention)
+                                 w_scale, w_block, w_scale_convention, w_format, w_global_scale)
     tile_m, tile_n = tile if tile is not None else (0, 0)
     d = _gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n, 0, "m",
-                   a_scale, w_scale, granularity, w_scale_convention)
+                   a_scale, w_scale, granularity, w_scale_convention, w_global_scale)
     _check(library().kjit_grouped_gemm_prepare(ctypes.byref(d), a.device.index or 0))
 
 

@@ -94,6 +94,24 @@ def _(a, w, w_scale, offsets, out, weights, offsets_convention, row_scale, w_sca
     return None
 
 
+# The W4A16 grouped GEMM: bf16 a, FP4 pairs w [E, N, K / 2] (uint8) with their
+# scale bytes (uint8) and NVFP4's global scales; w_format 'nvfp4' or 'mxfp4'.
+@torch.library.custom_op("kjit::grouped_gemm_w4a16_", mutates_args=("out",), device_types="cuda")
+def grouped_gemm_w4a16_(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, w_global_scale: Optional[torch.Tensor],
+                        offsets: torch.Tensor, out: torch.Tensor, offsets_convention: str,
+                        row_scale: Optional[torch.Tensor], w_format: str, w_scale_convention: Optional[str],
+                        kernel: str, tile_m: int, tile_n: int, stream: Optional[int]) -> None:
+    _launch_gemm(_gemm_desc(a, w, offsets, out, "e_n_k", offsets_convention, row_scale, kernel, tile_m, tile_n, 0,
+                            "m", None, w_scale, w_format, w_scale_convention, w_global_scale),
+                 a.device, stream)
+
+
+@grouped_gemm_w4a16_.register_fake
+def _(a, w, w_scale, w_global_scale, offsets, out, offsets_convention, row_scale, w_format, w_scale_convention,
+      kernel, tile_m, tile_n, stream) -> None:
+    return None
+
+
 @torch.library.custom_op("kjit::moe_routing_", mutates_args=("counts", "offsets", "sorted_to_flat", "flat_to_sorted"),
                          device_types="cuda")
 def moe_routing_(topk_ids: torch.Tensor, counts: torch.Tensor, offsets: torch.Tensor, sorted_to_flat: torch.Tensor,
