@@ -321,34 +321,19 @@ __device__ __forceinline__ void mixed_mainloop(const kjit_grouped_gemm_mixed_sm9
   constexpr int kSteps = Cfg::kBK / 16;
   const int lane = threadIdx.x % 32;
   using Scales = cuda::std::conditional_t<Cfg::kFp4, Fp4Scales<Cfg>, MixedScales<Cfg>>;
-  // The scales a k-block needs come from global memory: loaded one k-block
-  // ahead (into `next` while this k-block converts and multiplies), so their
-  // latency is not paid at every stage. Not for [E, K, N]'s per-row scales,
-  // whose 32 registers a copy would double.
-  constexpr bool kPrefetch = Cfg::kFp4 || !MixedScales<Cfg>::kPerK;
-  const auto start_k_block = [&](Scales& s, int kb) {
-    const long long k0 = static_cast<long long>(kb) * Cfg::kBK;
-    if constexpr (Cfg::kFp4) {
-      s.start_k_block(p, tile.expert, col0, k0);
-    } else {
-      s.start_k_block(p.b_scales, tile.expert, col0, k0);
-    }
-  };
   Scales scales;
   if constexpr (Cfg::kFp4) {
     scales.start_tile(p, tile.expert);
   } else {
     scales.start_tile(p.b_scales, tile.expert, col0);
   }
-  Scales next = scales;
-  if constexpr (kPrefetch) start_k_block(next, 0);
   unsigned fragments[kSteps][4];
   for (int kb = 0; kb < Cfg::kKBlocks; ++kb, ++it) {
-    if constexpr (kPrefetch) {
-      scales = next;
-      if (kb + 1 < Cfg::kKBlocks) start_k_block(next, kb + 1);
+    const long long k0 = static_cast<long long>(kb) * Cfg::kBK;
+    if constexpr (Cfg::kFp4) {
+      scales.start_k_block(p, tile.expert, col0, k0);
     } else {
-      start_k_block(scales, kb);
+      scales.start_k_block(p.b_scales, tile.expert, col0, k0);
     }
     const unsigned s = it % Cfg::kStages;
     mbarrier_wait(&full[s], (it / Cfg::kStages) & 1);
