@@ -6,7 +6,8 @@
 # portable ones on FP8 mma.sync (QMMA.16832 ... E4M3.E4M3 on sm_120a; sm_100a
 # has no FP8 mma.sync and runs it as f16 HMMA), the W8A16 GEMM's SM90
 # kernels on bf16 wgmma with A from registers (HGMMA R, R, gdesc) and its
-# portable ones on bf16 mma.sync, and no kernel
+# portable ones on bf16 mma.sync (the W4A16 GEMM's, NVFP4 and MXFP4, alike),
+# and no kernel
 # touches local memory (LDL/STL: spills, or an array the compiler could not
 # keep in registers). ptxas's report (test_nvrtc_compile)
 # says how much it spilled; this reads the instructions themselves.
@@ -45,6 +46,11 @@ cat > "$work/sass.json" <<'JSON'
    "weight": "f8_e4m3fn", "weight_scale": "per_block", "scale_convention": "multiply", "offsets": "cumulative_end"},
   {"op": "grouped_gemm_mixed", "out": "f32", "n": 7168, "k": 2048, "experts": 32, "weights": "e_k_n",
    "weight": "f8_e5m2", "weight_scale": "per_row", "scale_convention": "divide", "offsets": "with_leading_zero",
+   "row_scale": true},
+  {"op": "grouped_gemm_mixed", "out": "bf16", "n": 4096, "k": 7168, "experts": 32, "weights": "e_n_k",
+   "weight": "nvfp4", "weight_scale": "per_block", "scale_convention": "divide", "offsets": "cumulative_end"},
+  {"op": "grouped_gemm_mixed", "out": "f32", "n": 2880, "k": 2880, "experts": 128, "weights": "e_n_k",
+   "weight": "mxfp4", "weight_scale": "per_block", "scale_convention": "multiply", "offsets": "cumulative_end",
    "row_scale": true}]}
 JSON
 "$jitctl" precompile --manifest "$work/sass.json" --arch sm_90a,sm_100a,sm_120a -j "$(nproc)" > "$work/precompile.txt" 2>/dev/null
@@ -145,9 +151,9 @@ done < "$work/entries.txt"
 # portable kernel per problem on sm_100a and sm_120a.
 [ "$fp8_sm90" -eq 4 ] || fail "expected 4 SM90 FP8 GEMM kernels, read $fp8_sm90"
 [ "$fp8_portable" -eq 4 ] || fail "expected 4 portable FP8 GEMM kernels, read $fp8_portable"
-# W8A16: two problems, three sm_90a buckets each (row tiles of 32, 64, 128);
-# one portable kernel per problem on sm_100a and sm_120a.
-[ "$mixed_sm90" -eq 6 ] || fail "expected 6 SM90 W8A16 GEMM kernels, read $mixed_sm90"
-[ "$mixed_portable" -eq 4 ] || fail "expected 4 portable W8A16 GEMM kernels, read $mixed_portable"
+# W8A16 and W4A16: two problems each, three sm_90a buckets each (row tiles of
+# 32, 64, 128); one portable kernel per problem on sm_100a and sm_120a.
+[ "$mixed_sm90" -eq 12 ] || fail "expected 12 SM90 W8A16/W4A16 GEMM kernels, read $mixed_sm90"
+[ "$mixed_portable" -eq 8 ] || fail "expected 8 portable W8A16/W4A16 GEMM kernels, read $mixed_portable"
 echo "$passed kernels read, $failed failures"
 [ "$failed" -eq 0 ]

@@ -20,7 +20,8 @@ namespace codegen = kjit::codegen;
 
 TEST_SUITE_BEGIN("grouped_gemm_mixed");
 
-TEST_CASE("the shared harness finds every W8A16 configuration of this arch, and the portable kernel, within 1e-2") {
+TEST_CASE("the shared harness finds every W8A16 and W4A16 configuration of this arch, and the portable kernel, within "
+          "1e-2") {
   kjit::Runtime& runtime = kjit::Runtime::global();
   auto device = runtime.device(0);
   REQUIRE_MESSAGE(device.has_value(), why(device));
@@ -44,7 +45,18 @@ TEST_CASE("the shared harness finds every W8A16 configuration of this arch, and 
                                                       .experts = 1,
                                                       .weights = codegen::WeightLayout::e_k_n,
                                                       .weight_scale = codegen::ScaleGranularity::per_tensor};
-  for (const auto& problem : {deepseek, deepseek_backward, row_e5m2, tensor_backward}) {
+  const codegen::GroupedGemmMixedSpec nvfp4_divide{.n = 1536,
+                                                   .k = 2048,
+                                                   .experts = 128,
+                                                   .weight = codegen::MixedWeight::nvfp4,
+                                                   .scale_convention = codegen::ScaleConvention::divide};
+  const codegen::GroupedGemmMixedSpec gpt_oss_mxfp4{.out = codegen::DType::f32,
+                                                    .n = 2880,
+                                                    .k = 2880,
+                                                    .experts = 32,
+                                                    .weight = codegen::MixedWeight::mxfp4,
+                                                    .row_scale = true};
+  for (const auto& problem : {deepseek, deepseek_backward, row_e5m2, tensor_backward, nvfp4_divide, gpt_oss_mxfp4}) {
     auto specs = codegen::grouped_gemm_mixed_configs(problem, arch);
     const auto portable =
         codegen::grouped_gemm_mixed_candidates(problem, arch, {.kernel = codegen::GemmRequest::Kernel::portable});

@@ -1,5 +1,6 @@
-// The W8A16 grouped GEMM family's check (harness.hpp): bf16 activations, FP8
-// weights converted in the kernel.
+// The mixed-input grouped GEMM family's check (harness.hpp): bf16
+// activations, FP8 (W8A16) or FP4 (W4A16: NVFP4, MXFP4) weights converted in
+// the kernel.
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -45,16 +46,24 @@ uint8_t random_code(kjit_dtype dtype, std::mt19937_64& rng) {
   return static_cast<uint8_t>(sign | (13 + exponent(rng)) << 2 | (r & 0x3));
 }
 
+// FP4 weights' scale bytes of moderate size (NVFP4: e4m3fn 2^-2 .. 2^2 with
+// random mantissas; MXFP4: UE8M0 2^-3 .. 2^3), and NVFP4's global.
+uint8_t random_fp4_scale(bool nvfp4, std::mt19937_64& rng) {
+  std::uniform_int_distribution<int> exponent(5, 9), mantissa(0, 7), ue8m0(124, 130);
+  if (nvfp4) return static_cast<uint8_t>(exponent(rng) << 3 | mantissa(rng));
+  return static_cast<uint8_t>(ue8m0(rng));
+}
+
 }  // namespace
 
-// Runs a W8A16 grouped GEMM kind once and returns the relative error of
+// Runs a W8A16 or W4A16 grouped GEMM kind once and returns the relative error of
 // sampled rows (the first and last of each routed expert, two more at
 // random) against the fp64 reference of the dequantised weights. Rows go to
 // three experts, the middle one up to 300 rows (several row tiles); the
 // others stay empty, and only the routed experts' weights are filled (a
 // DeepSeek spec's 256 experts hold 7.5 GB). A is bf16 normals (no zeros), the
-// weights random codes of magnitude 1/4 to 4, every scale random, positive,
-// from 1/4 to 4. Output starts as 0xA5 bytes, so an unwritten row shows as a
+// fp8 weights random codes of magnitude 1/4 to 4 (FP4: every e2m1 code), every
+// scale random, positive, from 1/4 to 4 (FP4: 1/8 to 8). Output starts as 0xA5 bytes, so an unwritten row shows as a
 // ~100% error; the three rows past the last offset must keep those bytes.
 Expected<double> check_grouped_gemm_mixed(Runtime& runtime, DeviceState& device,
                                           const codegen::GroupedGemmMixedSpec& spec, std::mt19937_64& rng) {
@@ -82,16 +91,27 @@ Expected<double> check_grouped_gemm_mixed(Runtime& runtime, DeviceState& device,
                               codegen::Family<codegen::GroupedGemmMixedSpec>::canonical(chosen)));
   }
 
-  const kjit_dtype weight = spec.weight == codegen::MixedWeight::f8_e5m2 ? KJIT_DTYPE_F8_E5M2 : KJIT_DTYPE_F8_E4M3FN;
+  const bool fp4 = codegen::is_fp4(spec.weight), nvfp4 = spec.weight == codegen::MixedWeight::nvfp4;
+  const kjit_dtype weight = fp4 ? KJIT_DTYPE_F4_E2M1
+                            : spec.weight == codegen::MixedWeight::f8_e5m2 ? KJIT_DTYPE_F8_E5M2
+                                                                           : KJIT_DTYPE_F8_E4M3FN;
+  const kjit_block_format format = nvfp4 ? KJIT_BLOCK_FORMAT_NVFP4 : fp4 ? KJIT_BLOCK_FORMAT_MXFP4 : KJIT_BLOCK_FORMAT_UNSET;
   const kjit_weight_layout layout = spec.weights == codegen::WeightLayout::e_k_n ? KJIT_WEIGHTS_E_K_N : KJIT_WEIGHTS_E_N_K;
-  const kjit_scale_granularity granularity = granularity_of(spec.weight_scale);
+  const kjit_scale_granularity granularity = fp4 ? KJIT_SCALE_INVALID : granularity_of(spec.weight_scale);
   const kjit_scale_convention convention =
       spec.scale_convention == codegen::ScaleConvention::divide ? KJIT_SCALE_DIVIDE : KJIT_SCALE_MULTIPLY;
+  const int64_t group = nvfp4 ? reference::kNvfp4Block : reference::kMxBlock;
   // One expert's weights as the reference reads them (experts = 1: the host holds the routed experts apart).
-  const auto expert_weights = [&](std::span<const uint8_t> codes, std::span<const float> scales) {
-    return reference::MixedWeights{codes, scales, weight, layout, granularity, convention, 1, n, k};
+  // fp8: `scales` are its fp32 scales; FP4: `block_scales` its scale bytes and `global` its global scale.
+  const auto expert_weights = [&](std::span<const uint8_t> codes, std::span<const float> scales,
+                                  std::span<const uint8_t> block_scales, std::span<const float> global) {
+    reference::MixedWeights w{codes, scales, weight, layout, granularity, convention, 1, n, k};
+    w.format = format;
+    w.block_scales = block_scales;
+    w.global_scales = global;
+    return w;
   };
-  const int64_t scales_per_expert = expert_weights({}, {}).scales_per_expert();
+  const int64_t scales_per_expert = fp4 ? n * (k / group) : expert_weights({}, {}, {}, {}).scales_per_expert();
 
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<uint16_t> a(static_cast<size_t>(rows * k));
@@ -99,15 +119,20 @@ Expected<double> check_grouped_gemm_mixed(Runtime& runtime, DeviceState& device,
     const float x = normal(rng);
     v = reference::bf16_bits_rne(x == 0.0f ? 1.0f : x);
   }
-  const size_t expert_codes = static_cast<size_t>(n * k);
+  const size_t expert_codes = static_cast<size_t>(fp4 ? n * k / 2 : n * k);  // bytes
   std::vector<std::vector<uint8_t>> w(static_cast<size_t>(experts));  // filled for routed experts only
+  std::uniform_int_distribution<int> any_byte(0, 255);
   for (int64_t e : active) {
     w[static_cast<size_t>(e)].resize(expert_codes);
-    for (auto& c : w[static_cast<size_t>(e)]) c = random_code(weight, rng);
+    for (auto& c : w[static_cast<size_t>(e)]) c = fp4 ? static_cast<uint8_t>(any_byte(rng)) : random_code(weight, rng);
   }
   std::uniform_real_distribution<float> log2_scale(-2.0f, 2.0f);
-  std::vector<float> scales(static_cast<size_t>(experts * scales_per_expert));
+  std::vector<float> scales(fp4 ? 0 : static_cast<size_t>(experts * scales_per_expert));
   for (auto& s : scales) s = std::exp2(log2_scale(rng));
+  std::vector<uint8_t> block_scales(fp4 ? static_cast<size_t>(experts * scales_per_expert) : 0);
+  for (auto& s : block_scales) s = random_fp4_scale(nvfp4, rng);
+  std::vector<float> global_scales(nvfp4 ? static_cast<size_t>(experts) : 0);
+  for (auto& s : global_scales) s = std::exp2(log2_scale(rng));
   std::vector<float> row_scale(static_cast<size_t>(rows));
   for (auto& v : row_scale) v = 0.5f + 0.5f * std::abs(normal(rng));
   const int out_bytes = codegen::size_bytes(spec.out);
@@ -116,22 +141,31 @@ Expected<double> check_grouped_gemm_mixed(Runtime& runtime, DeviceState& device,
   Buffers buffers(api, device.context);
   auto da = buffers.upload(a.data(), a.size() * 2);
   auto dw = buffers.upload(nullptr, static_cast<size_t>(experts) * expert_codes);
-  auto dscales = buffers.upload(scales.data(), scales.size() * 4);
+  auto dscales = buffers.upload(fp4 ? block_scales.data() : static_cast<const void*>(scales.data()),
+                                fp4 ? block_scales.size() : scales.size() * 4);
+  auto dglobal = buffers.upload(global_scales.data(), std::max<size_t>(4, global_scales.size() * 4));
   auto doff = buffers.upload(routing.offsets.data(), routing.offsets.size() * 4);
   auto drow_scale = buffers.upload(row_scale.data(), row_scale.size() * 4);
   auto dout = buffers.upload(nullptr, out_size);  // 0xA5 poison
   // Swap AB's tile counter (kjit zeroes it before the launch; the poison checks that).
   auto dworkspace = buffers.upload(nullptr, kjit_grouped_gemm_workspace_bytes());
-  for (auto* r : {&da, &dw, &dscales, &doff, &drow_scale, &dout, &dworkspace})
+  for (auto* r : {&da, &dw, &dscales, &dglobal, &doff, &drow_scale, &dout, &dworkspace})
     if (!*r) return std::unexpected(r->error());
   KJIT_TRY(upload_routed_weights(buffers, *dw, w, active));
   kjit_grouped_gemm_desc g = launch_desc(spec, KJIT_DTYPE_BF16, rows, *da, *dw, *dout, *doff, *drow_scale);
   g.b_dtype = weight;
   g.weights = layout;
-  g.b_scales = reinterpret_cast<const float*>(*dscales);
-  g.b_scale_granularity = granularity;
-  g.b_block_rows = g.b_block_cols = granularity == KJIT_SCALE_PER_BLOCK ? reference::kMixedScaleBlock : 0;
-  g.b_scale_convention = convention;
+  if (fp4) {
+    g.b_format = format;
+    g.b_block_scales = reinterpret_cast<const uint8_t*>(*dscales);
+    g.b_global_scales = nvfp4 ? reinterpret_cast<const float*>(*dglobal) : nullptr;
+    g.b_scale_convention = nvfp4 ? convention : KJIT_SCALE_CONVENTION_UNSET;
+  } else {
+    g.b_scales = reinterpret_cast<const float*>(*dscales);
+    g.b_scale_granularity = granularity;
+    g.b_block_rows = g.b_block_cols = granularity == KJIT_SCALE_PER_BLOCK ? reference::kMixedScaleBlock : 0;
+    g.b_scale_convention = convention;
+  }
   g.workspace = reinterpret_cast<void*>(*dworkspace);
   g.workspace_bytes = kjit_grouped_gemm_workspace_bytes();
   if (spec.configured()) {
@@ -157,9 +191,12 @@ Expected<double> check_grouped_gemm_mixed(Runtime& runtime, DeviceState& device,
   int64_t converted_of = -1;
   for (int64_t row : sampled) {
     const int64_t e = routing.expert_of[static_cast<size_t>(row)];
-    const auto weights_of_e = expert_weights(
-        w[static_cast<size_t>(e)],
-        std::span(scales).subspan(static_cast<size_t>(e * scales_per_expert), static_cast<size_t>(scales_per_expert)));
+    const auto per_expert = [&](const auto& all, int64_t count) {
+      return all.empty() ? std::span<const typename std::decay_t<decltype(all)>::value_type>()
+                         : std::span(all).subspan(static_cast<size_t>(e * count), static_cast<size_t>(count));
+    };
+    const auto weights_of_e = expert_weights(w[static_cast<size_t>(e)], per_expert(scales, scales_per_expert),
+                                             per_expert(block_scales, scales_per_expert), per_expert(global_scales, 1));
     if (e != converted_of) {
       converted = reference::dequantize_mixed_expert(weights_of_e, 0);
       converted_of = e;
