@@ -11,21 +11,25 @@
 namespace kjit {
 
 // fp32 -> e2m1 nibble, round to nearest even, saturating to +-6 (inf too),
-// the sign of zero kept, NaN -> +0 (encode_e2m1_satfinite). The grid is 0,
-// 0.5, 1, 1.5, 2, 3, 4, 6 (codes 0..7), so the code is the number of decision
-// points |f| has passed: the midpoints 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.
-// A value exactly on a midpoint goes to the neighbour with the even code:
-// the comparison is strict (>) where the lower neighbour's code is even
-// (0.25 -> 0, 1.25 -> 1, 2.5 -> 2, 5 -> 4) and inclusive (>=) where the upper
-// one's is (0.75 -> 1, 1.75 -> 2, 3.5 -> 4). NaN passes no comparison. One
-// code path on every arch: sm_90a has no cvt to e2m1, and the compares are
-// exact by construction (every midpoint is an fp32).
+// the sign of zero kept, NaN -> +0 (encode_e2m1_satfinite). One exact code
+// path on every arch (sm_90a has no cvt to e2m1), a few integer operations:
+//  - |f| < 1: e2m1's subnormal step is 0.5, so the code is |f| * 2 (exact)
+//    rounded to the nearest even integer: 0, 1 or 2 (1.0's code).
+//  - |f| >= 1: e2m1 is 2^E * (1 + m / 2), E in 0..2, which is fp32's format
+//    cut to one mantissa bit: round fp32's bits at bit 22 to nearest even
+//    (adding 0x1FFFFF plus the kept bit carries into the exponent exactly when
+//    the discarded bits exceed half, or equal it with the kept bit odd); the
+//    bits from 22 up are then 2 * (E + 127) + m, and the code 2 * (E + 1) + m,
+//    saturated to 7 (6.0; infinity's bits give 258).
+// Ties: 0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4.
 __device__ __forceinline__ unsigned int encode_e2m1_satfinite(float f) {
-  const float a = fabsf(f);
-  const unsigned int code = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) + (a >= 3.5f) +
-                            (a > 5.0f);
-  const unsigned int sign = (__float_as_uint(f) >> 28) & 0x8u;
-  return a == a ? sign | code : 0u;  // a != a: NaN, which has no code
+  const unsigned int bits = __float_as_uint(f);
+  const unsigned int magnitude = bits & 0x7fffffffu;
+  if (magnitude > 0x7f800000u) return 0u;  // NaN has no code
+  const unsigned int sign = (bits >> 28) & 0x8u;
+  if (magnitude < 0x3f800000u) return sign | __float2uint_rn(__uint_as_float(magnitude) * 2.0f);
+  const unsigned int rounded = magnitude + 0x1FFFFFu + ((magnitude >> 22) & 1u);
+  return sign | min((rounded >> 22) - 252u, 7u);
 }
 
 // Round two floats to nearest-even e5m2, saturating finite values beyond
