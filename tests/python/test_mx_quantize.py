@@ -97,7 +97,7 @@ def test_cpu_tensors_are_refused():
 
 # ----------------------------------------------------------------- on a GPU
 
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+gpu = pytest.mark.gpu
 
 _E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 
