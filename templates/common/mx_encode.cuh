@@ -12,9 +12,12 @@ namespace kjit {
 
 // fp32 -> e2m1 nibble, round to nearest even, saturating to +-6 (inf too),
 // the sign of zero kept, NaN -> +0 (encode_e2m1_satfinite). One exact code
-// path on every arch (sm_90a has no cvt to e2m1), a few integer operations:
-//  - |f| < 1: e2m1's subnormal step is 0.5, so the code is |f| * 2 (exact)
-//    rounded to the nearest even integer: 0, 1 or 2 (1.0's code).
+// path on every arch (sm_90a has no cvt to e2m1), branch-free (both ranges
+// are computed and one is selected: a branch per element diverged):
+//  - |f| < 1: e2m1's subnormal step is 0.5, so the code is |f| * 2 rounded to
+//    the nearest even integer (0, 1 or 2 = 1.0's code): one fma with 2^23,
+//    which rounds |f| * 2 + 2^23 once, to an integer n whose bits are
+//    0x4B000000 + n.
 //  - |f| >= 1: e2m1 is 2^E * (1 + m / 2), E in 0..2, which is fp32's format
 //    cut to one mantissa bit: round fp32's bits at bit 22 to nearest even
 //    (adding 0x1FFFFF plus the kept bit carries into the exponent exactly when
@@ -25,11 +28,26 @@ namespace kjit {
 __device__ __forceinline__ unsigned int encode_e2m1_satfinite(float f) {
   const unsigned int bits = __float_as_uint(f);
   const unsigned int magnitude = bits & 0x7fffffffu;
-  if (magnitude > 0x7f800000u) return 0u;  // NaN has no code
-  const unsigned int sign = (bits >> 28) & 0x8u;
-  if (magnitude < 0x3f800000u) return sign | __float2uint_rn(__uint_as_float(magnitude) * 2.0f);
+  const unsigned int below_one = __float_as_uint(__fmaf_rn(__uint_as_float(magnitude), 2.0f, 0x1p23f)) - 0x4B000000u;
   const unsigned int rounded = magnitude + 0x1FFFFFu + ((magnitude >> 22) & 1u);
-  return sign | min((rounded >> 22) - 252u, 7u);
+  const unsigned int code = magnitude < 0x3f800000u ? below_one : min((rounded >> 22) - 252u, 7u);
+  return magnitude > 0x7f800000u ? 0u : ((bits >> 28) & 0x8u) | code;  // NaN has no code
+}
+
+// encode_e2m1_satfinite for MXFP4's y = x / 2^E, x bf16 (8 significant bits),
+// in fewer operations: y * 2^-126 moves e2m1's subnormal boundary (1.0) onto
+// fp32's (2^-126), where fp32's subnormal step 2^-149 is y's step 2^-23, so
+// one rounding of the bits at bit 22 covers both ranges (the same rounding as
+// above; the code is then bits 22 and up). The multiply is exact for
+// |y| >= 2^-16 (y's lowest bit is then at least 2^-23); smaller values round
+// to code 0 either way. The sign of zero survives the underflow. Finite y only
+// (an MX block with NaN or inf has no codes). Checked against the reference
+// for every finite bf16 x and every scale byte.
+__device__ __forceinline__ unsigned int encode_e2m1_of_bf16_over_pow2(float y) {
+  const unsigned int bits = __float_as_uint(__fmul_rn(y, 0x1p-126f));
+  const unsigned int magnitude = bits & 0x7fffffffu;
+  const unsigned int rounded = magnitude + 0x1FFFFFu + ((magnitude >> 22) & 1u);
+  return ((bits >> 28) & 0x8u) | min(rounded >> 22, 7u);
 }
 
 // Round two floats to nearest-even e5m2, saturating finite values beyond

@@ -156,8 +156,8 @@ __device__ __forceinline__ uint2 encode_chunk(const uint4& x, unsigned int magni
     if constexpr (Cfg::kFp4) {
 #pragma unroll
       for (int i = 0; i < 4; ++i)
-        codes.x |= (encode_e2m1_satfinite(__fmul_rn(bf16_low(words[i]), inverse)) |
-                    encode_e2m1_satfinite(__fmul_rn(bf16_high(words[i]), inverse)) << 4)
+        codes.x |= (encode_e2m1_of_bf16_over_pow2(__fmul_rn(bf16_low(words[i]), inverse)) |
+                    encode_e2m1_of_bf16_over_pow2(__fmul_rn(bf16_high(words[i]), inverse)) << 4)
                    << (8 * i);
     } else {
       unsigned int pairs[4];
@@ -187,15 +187,29 @@ __device__ __forceinline__ void mx_quantize(const kjit_mx_quantize_params& p) {
   const long long first = static_cast<long long>(blockIdx.x) * Cfg::kThreads * Cfg::kChunksPerThread + threadIdx.x;
   const unsigned char* in = static_cast<const unsigned char*>(p.in);
 
+  // Row (within the expert) and chunk column of each of the thread's chunks:
+  // one division, then steps of kThreads chunks (constants).
+  long long rows[Cfg::kChunksPerThread];
+  int cols[Cfg::kChunksPerThread];
+  rows[0] = first / Cfg::kChunksPerRow;
+  cols[0] = static_cast<int>(first % Cfg::kChunksPerRow);
+#pragma unroll
+  for (int u = 1; u < Cfg::kChunksPerThread; ++u) {
+    constexpr int kColStep = static_cast<int>(Cfg::kThreads % Cfg::kChunksPerRow);
+    const int col = cols[u - 1] + kColStep;
+    const bool wraps = col >= Cfg::kChunksPerRow;
+    cols[u] = wraps ? col - static_cast<int>(Cfg::kChunksPerRow) : col;
+    rows[u] = rows[u - 1] + Cfg::kThreads / Cfg::kChunksPerRow + (wraps ? 1 : 0);
+  }
+
   uint4 x[Cfg::kChunksPerThread];
 #pragma unroll
   for (int u = 0; u < Cfg::kChunksPerThread; ++u) {
     const long long chunk = first + static_cast<long long>(u) * Cfg::kThreads;
     x[u] = make_uint4(0u, 0u, 0u, 0u);
     if (chunk < chunks) {
-      const long long row = chunk / Cfg::kChunksPerRow, col = chunk % Cfg::kChunksPerRow;
       Bytes<16> loaded;
-      load_bytes(loaded, in + 2 * ((expert * p.rows + row) * p.in_row_stride + col * 8));
+      load_bytes(loaded, in + 2 * ((expert * p.rows + rows[u]) * p.in_row_stride + cols[u] * 8LL));
       x[u] = *reinterpret_cast<const uint4*>(loaded.b);
     }
   }
@@ -221,14 +235,15 @@ __device__ __forceinline__ void mx_quantize(const kjit_mx_quantize_params& p) {
 
     const long long chunk = first + static_cast<long long>(u) * Cfg::kThreads;
     if (chunk >= chunks) continue;
-    const long long row = chunk / Cfg::kChunksPerRow, col = chunk % Cfg::kChunksPerRow;
+    const long long row = rows[u];
+    const int col = cols[u];
     unsigned int scale = 0;
     const uint2 codes = encode_chunk<Cfg>(x[u], magnitude, global, scale);
     const long long flat_row = expert * p.rows + row;
     if constexpr (Cfg::kFp4) {
-      *reinterpret_cast<unsigned int*>(p.out + flat_row * (Cfg::kK / 2) + col * 4) = codes.x;
+      *reinterpret_cast<unsigned int*>(p.out + flat_row * (Cfg::kK / 2) + col * 4LL) = codes.x;
     } else {
-      *reinterpret_cast<uint2*>(p.out + flat_row * Cfg::kK + col * 8) = codes;
+      *reinterpret_cast<uint2*>(p.out + flat_row * Cfg::kK + col * 8LL) = codes;
     }
     if (threadIdx.x % Cfg::kLanesPerBlock == 0) {
       const long long scale_col = col / Cfg::kLanesPerBlock;
