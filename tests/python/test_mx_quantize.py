@@ -68,7 +68,7 @@ def test_shapes_dtypes_and_strides_of_x_and_the_outputs_are_checked():
             kjit.quantize_mx(cuda(4, 48, dtype=bf16), format="mxfp4", scale_layout="linear")
         with raises("x must be \\[rows, K\\] or \\[experts, rows, K\\]"):
             kjit.quantize_mx(cuda(64, dtype=bf16), format="mxfp4", scale_layout="linear")
-        with raises("row stride must be a multiple of 8"):
+        with raises("row stride must be a multiple of 8 elements \\(16-byte rows\\) and >= K, got 68"):
             kjit.quantize_mx(cuda(4, 68, dtype=bf16)[:, :32], format="mxfp4", scale_layout="linear")
         x = cuda(2, 5, 64, dtype=bf16)
         with raises("out must be \\[2, 5, 32\\], got \\[2, 5, 64\\]"):

@@ -826,6 +826,11 @@ def _mx_shapes(x, format, scale_layout):
     return experts, rows, k, block, out_shape, scale_shape
 
 
+def _mx_row_stride(x) -> int:
+    # A single row's stride is whatever torch reports for a size-1 dimension: read it as K.
+    return x.stride(-2) if x.shape[-2] > 1 else x.shape[-1]
+
+
 def _check_quantize_mx(x, out, scales, global_scales, format, scale_layout, element_dtype, global_scale,
                        global_scale_convention) -> None:
     def bad(message):
@@ -862,10 +867,11 @@ def _check_quantize_mx(x, out, scales, global_scales, format, scale_layout, elem
     experts, rows, k, block, out_shape, scale_shape = _mx_shapes(x, format, scale_layout)
     if k == 0 or k % block != 0:
         raise bad(f"K = x.shape[-1] must be a positive multiple of {block} ({format}'s block), got {k}")
-    if x.stride(-2) % 8 != 0 and rows > 1:
-        raise bad(f"x's row stride must be a multiple of 8 elements (16-byte rows), got {x.stride(-2)}")
-    if x.dim() == 3 and experts > 1 and x.stride(0) != rows * x.stride(1):
-        raise bad(f"x's experts must follow one another (stride(0) = rows * stride(1) = {rows * x.stride(1)}), got "
+    row_stride = _mx_row_stride(x)
+    if row_stride % 8 != 0 or row_stride < k:
+        raise bad(f"x's row stride must be a multiple of 8 elements (16-byte rows) and >= K, got {row_stride}")
+    if x.dim() == 3 and experts > 1 and x.stride(0) != rows * row_stride:
+        raise bad(f"x's experts must follow one another (stride(0) = rows * row stride = {rows * row_stride}), got "
                   f"{x.stride(0)}")
     out_dtype = ("uint8",) if format != "mxfp8" else (element_dtype,)
     for name, t, dtypes, shape in (("out", out, out_dtype, out_shape), ("scales", scales, ("uint8",), scale_shape),
@@ -888,7 +894,7 @@ def _quantize_mx_desc(x, out, scales, global_scales, format, scale_layout, eleme
     d.in_dtype = _DTYPE["bfloat16"]
     d.element_dtype = _DTYPE[element_dtype] if element_dtype else 0
     d.experts, d.rows, d.k = (1, *x.shape) if x.dim() == 2 else x.shape
-    d.in_row_stride = x.stride(-2)
+    d.in_row_stride = _mx_row_stride(x)
     d.input, d.out, d.scales = x.data_ptr(), out.data_ptr(), scales.data_ptr()
     if format == "nvfp4":
         d.global_scales = global_scales.data_ptr()
