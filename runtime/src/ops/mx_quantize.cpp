@@ -53,7 +53,8 @@ Expected<MxQuantizePlan> plan_mx_quantize(const kjit_mx_quantize_desc& d, bool f
                                nvfp4 ? "NVFP4" : "MXFP4", static_cast<int>(d.element_dtype)));
   }
   if (d.scale_layout == KJIT_SCALE_LAYOUT_LINEAR) spec.scale_layout = codegen::MxScaleLayout::linear;
-  else if (d.scale_layout == KJIT_SCALE_LAYOUT_SWIZZLED_128X4) spec.scale_layout = codegen::MxScaleLayout::swizzled_128x4;
+  else if (d.scale_layout == KJIT_SCALE_LAYOUT_SWIZZLED_128X4)
+    spec.scale_layout = codegen::MxScaleLayout::swizzled_128x4;
   else
     return invalid(fmt::format("scale_layout must be KJIT_SCALE_LAYOUT_LINEAR or KJIT_SCALE_LAYOUT_SWIZZLED_128X4 "
                                "(got {}; there is no default)",
@@ -83,7 +84,8 @@ Expected<MxQuantizePlan> plan_mx_quantize(const kjit_mx_quantize_desc& d, bool f
 
   // Run-time shapes (not part of the spec).
   if (d.experts < 1 || d.experts > kMaxExpertsPerLaunch)
-    return invalid(fmt::format("experts must be 1 to {} (1 for a 2-D tensor), got {}", kMaxExpertsPerLaunch, d.experts));
+    return invalid(
+        fmt::format("experts must be 1 to {} (1 for a 2-D tensor), got {}", kMaxExpertsPerLaunch, d.experts));
   if (d.rows < 0) return invalid(fmt::format("rows must be >= 0, got {}", d.rows));
   if (d.rows > codegen::mx_quantize_max_rows(spec))
     return invalid(fmt::format("rows {} exceed the {} one launch takes at K {}", d.rows,

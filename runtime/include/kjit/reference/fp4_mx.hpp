@@ -408,8 +408,10 @@ inline MxQuantized quantize_mx_stack(kjit_block_format format, kjit_dtype elemen
     std::vector<float> values(static_cast<size_t>(rows * k));
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < k; ++c)
-        values[static_cast<size_t>(r * k + c)] = bf16_to_float(in[static_cast<size_t>((e * rows + r) * in_row_stride + c)]);
-    const auto out = std::span(q.out).subspan(static_cast<size_t>(e * rows * out_row), static_cast<size_t>(rows * out_row));
+        values[static_cast<size_t>(r * k + c)] =
+            bf16_to_float(in[static_cast<size_t>((e * rows + r) * in_row_stride + c)]);
+    const auto out =
+        std::span(q.out).subspan(static_cast<size_t>(e * rows * out_row), static_cast<size_t>(rows * out_row));
     const auto scales = std::span(linear).subspan(static_cast<size_t>(e * rows * scale_cols),
                                                   static_cast<size_t>(rows * scale_cols));
     if (format == KJIT_BLOCK_FORMAT_NVFP4) {
