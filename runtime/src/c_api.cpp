@@ -9,6 +9,7 @@
 #include "kjit/version.h"
 #include "kjit/internal/ops/dequant.hpp"
 #include "kjit/internal/ops/fp8_quantize.hpp"
+#include "kjit/internal/ops/mx_quantize.hpp"
 #include "kjit/internal/ops/grouped_gemm.hpp"
 #include "kjit/internal/ops/moe_routing.hpp"
 #include "kjit/internal/runtime.hpp"
@@ -155,6 +156,28 @@ KJIT_API kjit_status kjit_fp8_quantize_prepare(const kjit_fp8_quantize_desc* des
   return guarded([&]() -> kjit::Expected<void> {
     KJIT_TRY(require(desc, "desc"));
     return kjit::ops::prepare_fp8_quantize(kjit::Runtime::global(), *desc, device);
+  });
+}
+
+KJIT_API void kjit_mx_quantize_desc_init(kjit_mx_quantize_desc* desc) {
+  if (!desc) return;
+  *desc = kjit_mx_quantize_desc{};
+  desc->struct_size = sizeof(kjit_mx_quantize_desc);
+  desc->in_dtype = KJIT_DTYPE_BF16;
+  desc->experts = 1;
+}
+
+KJIT_API kjit_status kjit_quantize_mx(const kjit_mx_quantize_desc* desc, kjit_stream stream) {
+  return guarded([&]() -> kjit::Expected<void> {
+    KJIT_TRY(require(desc, "desc"));
+    return kjit::ops::mx_quantize(kjit::Runtime::global(), *desc, reinterpret_cast<CUstream>(stream));
+  });
+}
+
+KJIT_API kjit_status kjit_quantize_mx_prepare(const kjit_mx_quantize_desc* desc, int device) {
+  return guarded([&]() -> kjit::Expected<void> {
+    KJIT_TRY(require(desc, "desc"));
+    return kjit::ops::prepare_mx_quantize(kjit::Runtime::global(), *desc, device);
   });
 }
 

@@ -26,7 +26,7 @@ unset KJIT_CACHE_PATH
 
 # Both layouts in every sm_90a bucket, the f32 output with a row scale (another
 # epilogue), a dequant, the routing kernels, the fp8 quantizer, and the FP8
-# GEMM in both weight scalings.
+# GEMM in both weight scalings, the W8A16 GEMM, and the MX quantizer in every form.
 cat > "$work/sass.json" <<'JSON'
 {"kjit_manifest": 1, "name": "sass check", "kernels": [
   {"op": "grouped_gemm", "out": "bf16", "n": 4096, "k": 7168, "experts": 32,
@@ -51,7 +51,12 @@ cat > "$work/sass.json" <<'JSON'
    "weight": "nvfp4", "weight_scale": "per_block", "scale_convention": "divide", "offsets": "cumulative_end"},
   {"op": "grouped_gemm_mixed", "out": "f32", "n": 2880, "k": 2880, "experts": 128, "weights": "e_n_k",
    "weight": "mxfp4", "weight_scale": "per_block", "scale_convention": "multiply", "offsets": "cumulative_end",
-   "row_scale": true}]}
+   "row_scale": true},
+  {"op": "mx_quantize", "format": "nvfp4", "k": 7168, "scale_layout": ["linear", "swizzled_128x4"],
+   "global_scale": ["given", "compute"], "convention": ["multiply", "divide"]},
+  {"op": "mx_quantize", "format": "mxfp4", "k": 2880, "scale_layout": "swizzled_128x4"},
+  {"op": "mx_quantize", "format": "mxfp8", "element": ["f8_e4m3fn", "f8_e5m2"], "k": 2880,
+   "scale_layout": "linear"}]}
 JSON
 "$jitctl" precompile --manifest "$work/sass.json" --arch sm_90a,sm_100a,sm_120a -j "$(nproc)" > "$work/precompile.txt" 2>/dev/null
 cat "$work/precompile.txt"

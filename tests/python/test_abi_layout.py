@@ -53,7 +53,8 @@ def test_a_scale_shape_mismatch_is_caught():
 def test_every_descriptor_init_sets_struct_size_to_the_ctypes_size():
     lib = kjit.library()
     for name, desc in (("grouped_gemm", kjit._GroupedGemmDesc), ("moe_routing", kjit._MoeRoutingDesc),
-                       ("moe_combine", kjit._MoeCombineDesc), ("fp8_quantize", kjit._Fp8QuantizeDesc)):
+                       ("moe_combine", kjit._MoeCombineDesc), ("fp8_quantize", kjit._Fp8QuantizeDesc),
+                       ("mx_quantize", kjit._MxQuantizeDesc)):
         x = desc()
         getattr(lib, f"kjit_{name}_desc_init")(ctypes.byref(x))
         assert x.struct_size == ctypes.sizeof(desc), name
@@ -78,7 +79,7 @@ def test_every_ctypes_field_lies_at_the_offset_of_its_c_field(tmp_path):
         pytest.skip("needs a C compiler (cc) and kjit's source tree (runtime/include/kjit/kjit.h)")
     structs = {"kjit_dequant_desc": kjit._DequantDesc, "kjit_grouped_gemm_desc": kjit._GroupedGemmDesc,
                "kjit_moe_routing_desc": kjit._MoeRoutingDesc, "kjit_moe_combine_desc": kjit._MoeCombineDesc,
-               "kjit_fp8_quantize_desc": kjit._Fp8QuantizeDesc}
+               "kjit_fp8_quantize_desc": kjit._Fp8QuantizeDesc, "kjit_mx_quantize_desc": kjit._MxQuantizeDesc}
     c_name = {"input": "in"}  # C's `in` is a keyword in Python
     prints = [f'printf("{c} {f} %zu\\n", offsetof({c}, {c_name.get(f, f)}));'
               for c, desc in structs.items() for f, _ in desc._fields_]
@@ -116,6 +117,22 @@ def test_the_last_fp8_quantize_fields_land_where_c_reads_them():
     q.top_k, q.tokens = 0, 5
     lib.kjit_fp8_quantize(ctypes.byref(q), None)
     assert "sorted_to_flat and tokens are for a gather" in lib.kjit_last_error_message().decode()
+
+
+def test_the_last_mx_quantize_fields_land_where_c_reads_them():
+    lib = kjit.library()
+    q = kjit._MxQuantizeDesc()
+    ctypes.memset(ctypes.byref(q), 0x5A, ctypes.sizeof(q))
+    lib.kjit_mx_quantize_desc_init(ctypes.byref(q))
+    assert q.struct_size == ctypes.sizeof(kjit._MxQuantizeDesc)
+    assert (q.in_dtype, q.experts, q.format, q.global_scale_convention) == (3, 1, 0, 0)
+    q.format, q.scale_layout, q.rows, q.k = 1, 2, 4, 64  # NVFP4, swizzled
+    q.global_scale_mode = 1
+    lib.kjit_quantize_mx(ctypes.byref(q), None)
+    assert "NVFP4 global_scale_convention must be" in lib.kjit_last_error_message().decode()
+    q.global_scale_convention = 2
+    lib.kjit_quantize_mx(ctypes.byref(q), None)
+    assert "'in' is NULL" in lib.kjit_last_error_message().decode()
 
 
 def test_version_is_the_librarys_and_a_release_number():

@@ -388,6 +388,79 @@ TEST_CASE("fp8 quantize launch geometry gives every 128-column group of every ro
   CHECK(fp8_quantize_max_rows(s) * 56 / 32 <= 0x7fffffff);
 }
 
+TEST_CASE("mx quantize specs round-trip through canonical text and JSON; invariants name the field") {
+  std::set<std::string> canonicals;
+  std::vector<MxQuantizeSpec> specs;
+  for (auto layout : {MxScaleLayout::linear, MxScaleLayout::swizzled_128x4}) {
+    for (auto global : {GlobalScaleMode::given, GlobalScaleMode::compute})
+      for (auto convention : {ScaleConvention::multiply, ScaleConvention::divide})
+        specs.push_back({.format = MxQuantFormat::nvfp4, .k = 2048, .scale_layout = layout, .global_scale = global,
+                         .convention = convention});
+    specs.push_back({.format = MxQuantFormat::mxfp4, .k = 2880, .scale_layout = layout,
+                     .global_scale = GlobalScaleMode::none});
+    for (auto element : {MxElement::f8_e4m3fn, MxElement::f8_e5m2})
+      specs.push_back({.format = MxQuantFormat::mxfp8, .element = element, .k = 2880, .scale_layout = layout,
+                       .global_scale = GlobalScaleMode::none});
+  }
+  for (const auto& s : specs) {
+    const KernelSpec spec = s;
+    REQUIRE_MESSAGE(validate(spec).has_value(), canonical(spec));
+    auto parsed = spec_from_json(to_json(spec));
+    REQUIRE_MESSAGE(parsed.has_value(), parsed.error().message);
+    CHECK(*parsed == spec);
+    canonicals.insert(canonical(spec));
+  }
+  CHECK(canonicals.size() == specs.size());
+  CHECK(canonical(KernelSpec{specs[3]}) ==
+        "mx_quantize in=bf16 format=nvfp4 element=e2m1 k=2048 scales=linear global=compute convention=divide");
+  // The FP4 formats' element may be left out; MX formats refuse NVFP4's fields; NVFP4 needs them.
+  auto minimal = spec_from_json(nlohmann::json{{"op", "mx_quantize"}, {"format", "mxfp4"}, {"k", 64},
+                                               {"scale_layout", "linear"}});
+  REQUIRE(minimal.has_value());
+  CHECK(*minimal == KernelSpec{MxQuantizeSpec{.format = MxQuantFormat::mxfp4, .k = 64,
+                                              .global_scale = GlobalScaleMode::none}});
+  auto stray = spec_from_json(nlohmann::json{{"op", "mx_quantize"}, {"format", "mxfp4"}, {"k", 64},
+                                             {"scale_layout", "linear"}, {"convention", "multiply"}});
+  REQUIRE_FALSE(stray.has_value());
+  CHECK(stray.error().message.find("'convention' is not a field") != std::string::npos);
+  auto no_global = spec_from_json(nlohmann::json{{"op", "mx_quantize"}, {"format", "nvfp4"}, {"k", 64},
+                                                 {"scale_layout", "linear"}, {"convention", "multiply"}});
+  REQUIRE_FALSE(no_global.has_value());
+  CHECK(no_global.error().message.find("'global_scale'") != std::string::npos);
+  auto no_element = spec_from_json(nlohmann::json{{"op", "mx_quantize"}, {"format", "mxfp8"}, {"k", 64},
+                                                  {"scale_layout", "linear"}});
+  REQUIRE_FALSE(no_element.has_value());
+  CHECK(no_element.error().message.find("'element'") != std::string::npos);
+  // K a multiple of the block; the element fits the format.
+  for (auto [format, k] : {std::pair{MxQuantFormat::nvfp4, int64_t{40}}, {MxQuantFormat::nvfp4, int64_t{0}},
+                           {MxQuantFormat::mxfp4, int64_t{48}}, {MxQuantFormat::nvfp4, int64_t{1} << 21}}) {
+    MxQuantizeSpec s{.format = format, .k = k};
+    if (format != MxQuantFormat::nvfp4) s.global_scale = GlobalScaleMode::none;
+    auto bad = validate(KernelSpec{s});
+    REQUIRE_FALSE(bad.has_value());
+    CHECK(bad.error().message.find("K must be a positive multiple of") != std::string::npos);
+  }
+  CHECK_FALSE(validate(KernelSpec{MxQuantizeSpec{.format = MxQuantFormat::mxfp8, .k = 64,
+                                                 .global_scale = GlobalScaleMode::none}}).has_value());  // e2m1
+  CHECK_FALSE(validate(KernelSpec{MxQuantizeSpec{.format = MxQuantFormat::nvfp4, .element = MxElement::f8_e4m3fn,
+                                                 .k = 64}}).has_value());
+  CHECK_FALSE(validate(KernelSpec{MxQuantizeSpec{.format = MxQuantFormat::mxfp4, .k = 64}}).has_value());  // given
+  CHECK_FALSE(validate(KernelSpec{MxQuantizeSpec{.format = MxQuantFormat::nvfp4, .k = 64,
+                                                 .global_scale = GlobalScaleMode::none}}).has_value());
+}
+
+TEST_CASE("mx quantize launch geometry: x over an expert's 16-byte chunks (1024 per block), y over experts") {
+  const MxQuantizeSpec s{.format = MxQuantFormat::nvfp4, .k = 7168};
+  CHECK(mx_quantize_geometry(s, 1, 1, false).grid_x == 1);         // 896 chunks
+  CHECK(mx_quantize_geometry(s, 3, 4, false).grid_x == 4);         // 3584 chunks per expert
+  CHECK(mx_quantize_geometry(s, 3, 4, false).grid_y == 3);
+  CHECK(mx_quantize_geometry(s, 3, 0, false).grid_x == 1);
+  CHECK(mx_quantize_geometry(s, 300, 4, true).grid_x == 2);        // finalize: one thread per expert
+  CHECK(mx_quantize_geometry(s, 300, 4, true).grid_y == 1);
+  CHECK(mx_quantize_geometry(s, 1, 1, false).block_x == 256);
+  CHECK(mx_quantize_max_rows(s) * (7168 / 8) / 1024 <= 0x7fffffff);
+}
+
 namespace {
 
 GroupedGemmFp8Spec fp8_problem() {

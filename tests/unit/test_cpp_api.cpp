@@ -37,4 +37,10 @@ TEST_CASE("every C++ descriptor starts with its struct size and unset convention
   CHECK(quantize.group == 128);
   CHECK_THROWS_AS(kjit::grouped_gemm(gemm, nullptr), kjit::Exception);
   CHECK_THROWS_AS(kjit::fp8_quantize(quantize, nullptr), kjit::Exception);
+  kjit::MxQuantizeDesc mx;
+  CHECK(mx.struct_size == sizeof(kjit_mx_quantize_desc));
+  CHECK(mx.format == KJIT_BLOCK_FORMAT_UNSET);
+  CHECK(mx.experts == 1);
+  CHECK_THROWS_AS(kjit::quantize_mx(mx, nullptr), kjit::Exception);
+  CHECK_THROWS_AS(kjit::prepare_quantize_mx(mx, 0), kjit::Exception);
 }

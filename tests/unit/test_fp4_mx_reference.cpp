@@ -8,6 +8,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <set>
 #include <vector>
@@ -310,6 +311,34 @@ TEST_CASE("an all-zero block gets scale 0 (NVFP4) or 2^-127 (MX, byte 0x00) and 
   for (size_t i = 0; i < 8; ++i) CHECK(packed[i] == 0x00);
   CHECK(quantize_mxfp4_block(block, packed) == 0x00);
   for (uint8_t byte : packed) CHECK(byte == 0x00);
+}
+
+TEST_CASE("the computed NVFP4 global scale is finite amax / 2688 (multiply) or 2688 / amax (divide), 1 when none") {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> values{0.5f, -896.0f, 3.0f, -0.0f};
+  CHECK(nvfp4_global_scale(values, KJIT_SCALE_MULTIPLY) == 896.0f / 2688.0f);
+  CHECK(nvfp4_global_scale(values, KJIT_SCALE_DIVIDE) == 2688.0f / 896.0f);
+  CHECK(nvfp4_global_scale(std::vector<float>{-3.0f}, KJIT_SCALE_MULTIPLY) == 3.0f / 2688.0f);
+  // NaN and infinities are left out of the amax: only their own blocks are marked (NaN scales).
+  const std::vector<float> with_non_finite{1.5f, nan, -inf, inf, -12.0f};
+  CHECK(nvfp4_global_scale(with_non_finite, KJIT_SCALE_MULTIPLY) == 12.0f / 2688.0f);
+  CHECK(nvfp4_global_scale(with_non_finite, KJIT_SCALE_DIVIDE) == 2688.0f / 12.0f);
+  // Nothing finite and non-zero: 1.0.
+  for (const auto convention : {KJIT_SCALE_MULTIPLY, KJIT_SCALE_DIVIDE}) {
+    CHECK(nvfp4_global_scale(std::vector<float>{0.0f, -0.0f}, convention) == 1.0f);
+    CHECK(nvfp4_global_scale(std::vector<float>{nan, inf, 0.0f}, convention) == 1.0f);
+    CHECK(nvfp4_global_scale(std::vector<float>{}, convention) == 1.0f);
+  }
+  // The recipe keeps every block scale at most 448: the expert's amax block gets exactly e4m3 448 (0x7E).
+  std::array<uint8_t, 8> packed{};
+  std::array<float, 16> block{};
+  block[3] = -896.0f;
+  for (const auto convention : {KJIT_SCALE_MULTIPLY, KJIT_SCALE_DIVIDE})
+    CHECK(quantize_nvfp4_block(block, nvfp4_global_scale(values, convention), convention, packed) == 0x7E);
+  // A bf16 subnormal amax overflows the divisor to +inf (documented): scale 448, zero codes.
+  const float tiny = std::ldexp(1.0f, -133);
+  CHECK(std::isinf(nvfp4_global_scale(std::vector<float>{tiny}, KJIT_SCALE_DIVIDE)));
+  CHECK(nvfp4_global_scale(std::vector<float>{tiny}, KJIT_SCALE_MULTIPLY) > 0.0f);
 }
 
 // ------------------------------------------------------------- round trips

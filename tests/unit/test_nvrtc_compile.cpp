@@ -298,3 +298,52 @@ TEST_CASE("ptxas reports no local-memory spills in the fp8 quantize kernels on s
     CHECK_MESSAGE(r->log.find("warning") == std::string::npos, r->log);
   }
 }
+
+static std::vector<MxQuantizeSpec> mx_quantize_variants() {
+  std::vector<MxQuantizeSpec> out;
+  for (auto layout : {MxScaleLayout::linear, MxScaleLayout::swizzled_128x4}) {
+    for (auto global : {GlobalScaleMode::given, GlobalScaleMode::compute})
+      out.push_back({.format = MxQuantFormat::nvfp4, .k = 7168, .scale_layout = layout, .global_scale = global,
+                     .convention = global == GlobalScaleMode::given ? ScaleConvention::multiply
+                                                                    : ScaleConvention::divide});
+    out.push_back({.format = MxQuantFormat::mxfp4, .k = 2880, .scale_layout = layout,
+                   .global_scale = GlobalScaleMode::none});
+    for (auto element : {MxElement::f8_e4m3fn, MxElement::f8_e5m2})
+      out.push_back({.format = MxQuantFormat::mxfp8, .element = element, .k = 96, .scale_layout = layout,
+                     .global_scale = GlobalScaleMode::none});
+  }
+  return out;
+}
+
+TEST_CASE("every mx quantize form compiles with NVRTC for sm_90a, sm_100a and sm_120a; on sm_80 only MXFP4") {
+  PrivateBuilder b("kjit-nvrtc-mx-quantize");
+  for (const char* arch : {"sm_90a", "sm_100a", "sm_120a", "sm_80"})
+    for (const auto& spec : mx_quantize_variants()) {
+      auto cubin = b.builder.build(spec, arch_of(arch));
+      CAPTURE(arch);
+      CAPTURE(canonical(spec));
+      if (std::string(arch) == "sm_80" && spec.format != MxQuantFormat::mxfp4) {
+        REQUIRE_FALSE(cubin.has_value());
+        CHECK(cubin.error().code == KJIT_ERROR_UNSUPPORTED);
+        CHECK(cubin.error().message.find("quantize needs compute capability 8.9 or newer") != std::string::npos);
+        continue;
+      }
+      REQUIRE_MESSAGE(cubin.has_value(), kjit::testing::why(cubin));
+      CHECK(std::memcmp(cubin->cubin.data(), "\x7f" "ELF", 4) == 0);
+    }
+}
+
+TEST_CASE("ptxas reports no local-memory spills in the mx quantize kernels on sm_90a") {
+  auto nvrtc = kjit::Nvrtc::load();
+  REQUIRE(nvrtc.has_value());
+  auto options = kjit::compile_flags("sm_90a");
+  options.push_back("--ptxas-options=-v");
+  for (const auto& spec : mx_quantize_variants()) {
+    auto r = (*nvrtc)->compile(render(spec).source, "spill_check.cu", "sm_90a", options);
+    REQUIRE_MESSAGE(r.has_value(), kjit::testing::why(r));
+    CAPTURE(canonical(spec));
+    CHECK_MESSAGE(r->log.find("0 bytes spill stores, 0 bytes spill loads") != std::string::npos, r->log);
+    CHECK_MESSAGE(r->log.find("0 bytes stack frame") != std::string::npos, r->log);
+    CHECK_MESSAGE(r->log.find("warning") == std::string::npos, r->log);
+  }
+}

@@ -7,7 +7,8 @@
 // must stay untouched), MoE routing exactly in every output (expert
 // parallelism, a hot expert, one block and many), MoE combine to the GPU
 // tests' tolerance, fp8 quantize bit for bit (codes and scales; kjit.h's edge
-// groups, gather with -1 rows). Outputs start poisoned, so unwritten elements
+// groups, gather with -1 rows), MX quantize bit for bit (codes, every scale byte, the
+// computed global scales). Outputs start poisoned, so unwritten elements
 // fail.
 #pragma once
 
@@ -48,5 +49,7 @@ Expected<int64_t> check_moe_combine(Runtime& runtime, DeviceState& device, const
                                     std::mt19937_64& rng);
 Expected<int64_t> check_fp8_quantize(Runtime& runtime, DeviceState& device, const codegen::Fp8QuantizeSpec& spec,
                                      std::mt19937_64& rng);
+Expected<int64_t> check_mx_quantize(Runtime& runtime, DeviceState& device, const codegen::MxQuantizeSpec& spec,
+                                    std::mt19937_64& rng);
 
 }  // namespace kjit::harness

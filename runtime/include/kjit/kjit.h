@@ -399,8 +399,10 @@ typedef enum kjit_global_scale_mode {
   KJIT_GLOBAL_SCALE_UNSET = 0,   /* rejected (and the only value allowed for the MX formats) */
   KJIT_GLOBAL_SCALE_GIVEN = 1,   /* read from global_scales[e] */
   /* computed on the device in the same stream (no host synchronisation, so a capturable call): per expert,
-   * global = amax / (448 * 6) as a MULTIPLY or (448 * 6) / amax as a DIVIDE (one IEEE fp32 operation; an
-   * all-zero expert gets 1.0f), written to global_scales[e] before the quantize pass reads it */
+   * global = amax / (448 * 6) as a MULTIPLY or (448 * 6) / amax as a DIVIDE (one IEEE fp32 operation), amax
+   * over the expert's FINITE values (NaN and inf mark only their own blocks, with NaN scales); an expert with
+   * no finite non-zero value gets 1.0f. Written to global_scales[e] before the quantize pass reads it (with
+   * rows 0 nothing is launched and global_scales is left as it was) */
   KJIT_GLOBAL_SCALE_COMPUTE = 2
 } kjit_global_scale_mode;
 

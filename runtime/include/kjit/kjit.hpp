@@ -48,6 +48,9 @@ struct MoeCombineDesc : kjit_moe_combine_desc {
 struct Fp8QuantizeDesc : kjit_fp8_quantize_desc {
   Fp8QuantizeDesc() : kjit_fp8_quantize_desc() { kjit_fp8_quantize_desc_init(this); }
 };
+struct MxQuantizeDesc : kjit_mx_quantize_desc {
+  MxQuantizeDesc() : kjit_mx_quantize_desc() { kjit_mx_quantize_desc_init(this); }
+};
 
 inline void grouped_gemm(const GroupedGemmDesc& desc, kjit_stream stream) {
   throw_if_failed(kjit_grouped_gemm(&desc, stream));
@@ -72,6 +75,12 @@ inline void fp8_quantize(const Fp8QuantizeDesc& desc, kjit_stream stream) {
 }
 inline void prepare_fp8_quantize(const Fp8QuantizeDesc& desc, int device) {
   throw_if_failed(kjit_fp8_quantize_prepare(&desc, device));
+}
+inline void quantize_mx(const MxQuantizeDesc& desc, kjit_stream stream) {
+  throw_if_failed(kjit_quantize_mx(&desc, stream));
+}
+inline void prepare_quantize_mx(const MxQuantizeDesc& desc, int device) {
+  throw_if_failed(kjit_quantize_mx_prepare(&desc, device));
 }
 
 // Throws if a kernel on `device` recorded bad data (synchronises the device).

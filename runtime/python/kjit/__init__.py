@@ -21,7 +21,8 @@ import pathlib
 
 __all__ = ["KjitError", "dequant_fp8", "prepare_dequant_fp8", "grouped_gemm", "prepare_grouped_gemm",
            "moe_routing", "prepare_moe_routing", "moe_combine", "prepare_moe_combine", "quantize_fp8",
-           "prepare_quantize_fp8", "check_device_errors",
+           "prepare_quantize_fp8", "quantize_mx", "prepare_quantize_mx", "MxArgumentError",
+           "check_device_errors",
            "library", "__version__"]
 
 _OK = 0
@@ -157,6 +158,26 @@ class _Fp8QuantizeDesc(ctypes.Structure):
     ]
 
 
+class _MxQuantizeDesc(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("format", ctypes.c_int),
+        ("in_dtype", ctypes.c_int),
+        ("element_dtype", ctypes.c_int),
+        ("experts", ctypes.c_int64),
+        ("rows", ctypes.c_int64),
+        ("k", ctypes.c_int64),
+        ("in_row_stride", ctypes.c_int64),
+        ("scale_layout", ctypes.c_int),
+        ("input", ctypes.c_void_p),
+        ("out", ctypes.c_void_p),
+        ("scales", ctypes.c_void_p),
+        ("global_scales", ctypes.c_void_p),
+        ("global_scale_mode", ctypes.c_int),
+        ("global_scale_convention", ctypes.c_int),
+    ]
+
+
 _WEIGHTS = {"e_n_k": 1, "e_k_n": 2}
 _OFFSETS = {"cumulative_end": 1, "with_leading_zero": 2}
 
@@ -217,6 +238,12 @@ def library() -> ctypes.CDLL:
             getattr(lib, f"kjit_{name}").restype = ctypes.c_int
             getattr(lib, f"kjit_{name}_prepare").argtypes = [ctypes.POINTER(desc), ctypes.c_int]
             getattr(lib, f"kjit_{name}_prepare").restype = ctypes.c_int
+        lib.kjit_mx_quantize_desc_init.argtypes = [ctypes.POINTER(_MxQuantizeDesc)]
+        lib.kjit_mx_quantize_desc_init.restype = None
+        lib.kjit_quantize_mx.argtypes = [ctypes.POINTER(_MxQuantizeDesc), ctypes.c_void_p]
+        lib.kjit_quantize_mx.restype = ctypes.c_int
+        lib.kjit_quantize_mx_prepare.argtypes = [ctypes.POINTER(_MxQuantizeDesc), ctypes.c_int]
+        lib.kjit_quantize_mx_prepare.restype = ctypes.c_int
         lib.kjit_grouped_gemm_workspace_bytes.argtypes = []
         lib.kjit_grouped_gemm_workspace_bytes.restype = ctypes.c_uint64
         lib.kjit_moe_routing_workspace_bytes.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
@@ -852,6 +879,156 @@ def prepare_quantize_fp8(x, out, scales, *, group=128, scale_format="fp32", gath
     _check_quantize(x, out, scales, group, scale_format, sorted_to_flat, top_k)
     d = _quantize_desc(x, out, scales, scale_format, sorted_to_flat, top_k)
     _check(library().kjit_fp8_quantize_prepare(ctypes.byref(d), x.device.index or 0))
+
+
+_BLOCK_FORMAT = {"nvfp4": 1, "mxfp4": 2, "mxfp8": 3}  # kjit_block_format
+_SCALE_LAYOUT = {"linear": 1, "swizzled_128x4": 2}  # kjit_scale_layout
+_GLOBAL_SCALE = {"given": 1, "compute": 2}  # kjit_global_scale_mode
+
+
+class MxArgumentError(KjitError, ValueError):
+    """A wrong argument of quantize_mx: a ValueError, and a KjitError like every kjit argument error."""
+
+    def __init__(self, message: str):
+        super().__init__(_INVALID, message)
+
+
+def _mx_shapes(x, format, scale_layout):
+    """(experts, rows, k, block, the output's shape, the scales' shape) of x [rows, K] or [E, rows, K]."""
+    experts, rows, k = (1, *x.shape) if x.dim() == 2 else x.shape
+    block = 16 if format == "nvfp4" else 32
+    lead = list(x.shape[:-1])
+    out_shape = lead + [k // 2 if format != "mxfp8" else k]
+    if scale_layout == "linear":
+        scale_shape = lead + [k // block]
+    else:  # each expert's rows padded to 128 and scale columns to 4 (kjit.h)
+        scale_shape = [experts * ((rows + 127) // 128 * 128) * ((k // block + 3) // 4 * 4)]
+    return experts, rows, k, block, out_shape, scale_shape
+
+
+def _mx_row_stride(x) -> int:
+    # A single row's stride is whatever torch reports for a size-1 dimension: read it as K.
+    return x.stride(-2) if x.shape[-2] > 1 else x.shape[-1]
+
+
+def _check_quantize_mx(x, out, scales, global_scales, format, scale_layout, element_dtype, global_scale,
+                       global_scale_convention) -> None:
+    def bad(message):
+        return MxArgumentError(message)
+
+    if format not in _BLOCK_FORMAT:
+        raise bad(f"format must be one of {', '.join(map(repr, _BLOCK_FORMAT))} (no default), got {format!r}")
+    if scale_layout not in _SCALE_LAYOUT:
+        raise bad(f"scale_layout must be one of {', '.join(map(repr, _SCALE_LAYOUT))} (no default), got "
+                  f"{scale_layout!r}")
+    if format == "mxfp8":
+        if element_dtype not in _FP8:
+            raise bad(f"mxfp8 needs element_dtype 'float8_e4m3fn' or 'float8_e5m2', got {element_dtype!r}")
+    elif element_dtype is not None:
+        raise bad(f"{format} elements are e2m1: leave element_dtype None, got {element_dtype!r}")
+    if format == "nvfp4":
+        if global_scale not in _GLOBAL_SCALE:
+            raise bad(f"nvfp4 needs global_scale 'given' or 'compute' (no default), got {global_scale!r}")
+        if global_scale_convention not in _CONVENTION:
+            raise bad("nvfp4 needs global_scale_convention 'multiply' (ModelOpt weight_scale_2) or 'divide' "
+                      f"(compressed-tensors global_scale), no default; got {global_scale_convention!r}")
+        if global_scale == "given" and global_scales is None:
+            raise bad("global_scale='given' needs global_scales, float32 [experts]")
+    elif global_scale is not None or global_scale_convention is not None or global_scales is not None:
+        raise bad(f"{format} has no global scale: leave global_scale, global_scale_convention and global_scales "
+                  "None")
+    try:
+        _check_tensor("x", x, ("bfloat16",), contiguous=False)
+    except KjitError as e:
+        raise bad(str(e).split(": ", 1)[1]) from None
+    if x.dim() not in (2, 3) or x.stride(-1) != 1:
+        raise bad(f"x must be [rows, K] or [experts, rows, K] with contiguous rows, got shape {list(x.shape)} and "
+                  f"strides {list(x.stride())}")
+    experts, rows, k, block, out_shape, scale_shape = _mx_shapes(x, format, scale_layout)
+    if k == 0 or k % block != 0:
+        raise bad(f"K = x.shape[-1] must be a positive multiple of {block} ({format}'s block), got {k}")
+    row_stride = _mx_row_stride(x)
+    if row_stride % 8 != 0 or row_stride < k:
+        raise bad(f"x's row stride must be a multiple of 8 elements (16-byte rows) and >= K, got {row_stride}")
+    if x.dim() == 3 and experts > 1 and x.stride(0) != rows * row_stride:
+        raise bad(f"x's experts must follow one another (stride(0) = rows * row stride = {rows * row_stride}), got "
+                  f"{x.stride(0)}")
+    out_dtype = ("uint8",) if format != "mxfp8" else (element_dtype,)
+    for name, t, dtypes, shape in (("out", out, out_dtype, out_shape), ("scales", scales, ("uint8",), scale_shape),
+                                   ("global_scales", global_scales, ("float32",), [experts])):
+        if t is None and name == "global_scales":
+            continue
+        try:
+            _check_tensor(name, t, dtypes, device=x.device)
+        except KjitError as e:
+            raise bad(str(e).split(": ", 1)[1]) from None
+        if list(t.shape) != shape:
+            raise bad(f"{name} must be {shape}, got {list(t.shape)}")
+
+
+def _quantize_mx_desc(x, out, scales, global_scales, format, scale_layout, element_dtype, global_scale,
+                      global_scale_convention) -> _MxQuantizeDesc:
+    d = _MxQuantizeDesc()
+    library().kjit_mx_quantize_desc_init(ctypes.byref(d))
+    d.format, d.scale_layout = _BLOCK_FORMAT[format], _SCALE_LAYOUT[scale_layout]
+    d.in_dtype = _DTYPE["bfloat16"]
+    d.element_dtype = _DTYPE[element_dtype] if element_dtype else 0
+    d.experts, d.rows, d.k = (1, *x.shape) if x.dim() == 2 else x.shape
+    d.in_row_stride = _mx_row_stride(x)
+    d.input, d.out, d.scales = x.data_ptr(), out.data_ptr(), scales.data_ptr()
+    if format == "nvfp4":
+        d.global_scales = global_scales.data_ptr()
+        d.global_scale_mode, d.global_scale_convention = _GLOBAL_SCALE[global_scale], _CONVENTION[
+            global_scale_convention]
+    return d
+
+
+def quantize_mx(x, *, format, scale_layout, element_dtype=None, global_scale=None, global_scale_convention=None,
+                global_scales=None, out=None, scales=None, stream=None):
+    """bf16 x [rows, K] or [experts, rows, K] -> block-scaled NVFP4, MXFP4 or
+    MXFP8, bit-exact with kjit/reference/fp4_mx.hpp (docs/formats.md).
+
+    format: "nvfp4" (e2m1 pairs, e4m3fn scale per 16, fp32 global scale per
+    expert), "mxfp4" (e2m1 pairs, UE8M0 scale per 32) or "mxfp8" (element_dtype
+    "float8_e4m3fn" or "float8_e5m2", UE8M0 scale per 32). scale_layout:
+    "linear" (uint8 [..., rows, K / block]) or "swizzled_128x4" (uint8, one flat
+    buffer, each expert's rows padded to 128 and scale columns to 4, padding
+    written 0). NVFP4: global_scale "given" (global_scales float32 [experts]
+    read) or "compute" (amax / 2688 per expert, written on the device, into
+    global_scales or a new tensor), and global_scale_convention "multiply" or
+    "divide" (what dequant does with it); no defaults.
+
+    Returns (out, scales) for MX, (out, scales, global_scales) for NVFP4; out is
+    uint8 [..., K / 2] packed pairs (element 2i in the low nibble) or fp8
+    [..., K] codes. Wrong arguments raise MxArgumentError (a ValueError)."""
+    import torch
+
+    if isinstance(x, torch.Tensor) and x.dim() in (2, 3) and format in _BLOCK_FORMAT and scale_layout in _SCALE_LAYOUT:
+        _, _, _, _, out_shape, scale_shape = _mx_shapes(x, format, scale_layout)
+        if out is None and (format != "mxfp8" or element_dtype in _FP8):
+            out = torch.empty(out_shape, dtype=torch.uint8 if format != "mxfp8" else getattr(torch, element_dtype),
+                              device=x.device)
+        if scales is None:
+            scales = torch.empty(scale_shape, dtype=torch.uint8, device=x.device)
+        if format == "nvfp4" and global_scale == "compute" and global_scales is None:
+            global_scales = torch.empty(1 if x.dim() == 2 else x.shape[0], dtype=torch.float32, device=x.device)
+    _check_quantize_mx(x, out, scales, global_scales, format, scale_layout, element_dtype, global_scale,
+                       global_scale_convention)
+    torch.ops.kjit.quantize_mx_(x, out, scales, global_scales, format, scale_layout, element_dtype, global_scale,
+                                global_scale_convention, stream)
+    return (out, scales, global_scales) if format == "nvfp4" else (out, scales)
+
+
+def prepare_quantize_mx(x, out, scales, global_scales=None, *, format, scale_layout, element_dtype=None,
+                        global_scale=None, global_scale_convention=None):
+    """Compiles (or finds) and loads the kernel quantize_mx needs for these
+    arguments, so that the call (the computed global scale included) can be
+    captured in a CUDA graph."""
+    _check_quantize_mx(x, out, scales, global_scales, format, scale_layout, element_dtype, global_scale,
+                       global_scale_convention)
+    d = _quantize_mx_desc(x, out, scales, global_scales, format, scale_layout, element_dtype, global_scale,
+                          global_scale_convention)
+    _check(library().kjit_quantize_mx_prepare(ctypes.byref(d), x.device.index or 0))
 
 
 def check_device_errors(device: int = 0) -> None:

@@ -16,7 +16,8 @@ from typing import Optional
 
 import torch
 
-from . import (_check, _combine_desc, _dequant_desc, _gemm_desc, _quantize_desc, _routing_desc, library)
+from . import (_check, _combine_desc, _dequant_desc, _gemm_desc, _quantize_desc, _quantize_mx_desc, _routing_desc,
+               library)
 
 
 def _stream(device: torch.device, stream: Optional[int]) -> ctypes.c_void_p:
@@ -153,4 +154,19 @@ def quantize_fp8_(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, sc
 
 @quantize_fp8_.register_fake
 def _(x, codes, scales, scale_format, sorted_to_flat, top_k, stream) -> None:
+    return None
+
+
+@torch.library.custom_op("kjit::quantize_mx_", mutates_args=("out", "scales", "global_scales"), device_types="cuda")
+def quantize_mx_(x: torch.Tensor, out: torch.Tensor, scales: torch.Tensor, global_scales: Optional[torch.Tensor],
+                 format: str, scale_layout: str, element_dtype: Optional[str], global_scale: Optional[str],
+                 global_scale_convention: Optional[str], stream: Optional[int]) -> None:
+    d = _quantize_mx_desc(x, out, scales, global_scales, format, scale_layout, element_dtype, global_scale,
+                          global_scale_convention)
+    _check(library().kjit_quantize_mx(ctypes.byref(d), _stream(x.device, stream)))
+
+
+@quantize_mx_.register_fake
+def _(x, out, scales, global_scales, format, scale_layout, element_dtype, global_scale, global_scale_convention,
+      stream) -> None:
     return None

@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <limits>
 #include <span>
+#include <vector>
 
 #include "kjit/kjit.h"
 #include "kjit/reference/fp8.hpp"
@@ -183,6 +184,24 @@ inline float block_amax(std::span<const float> block) {
     amax = std::max(amax, std::fabs(x));
   }
   return amax;
+}
+
+// The NVFP4 global scale kjit_quantize_mx computes on the device
+// (KJIT_GLOBAL_SCALE_COMPUTE) from one expert's values: amax = max |x| over the
+// FINITE values (a NaN or inf marks only its own block, through its NaN scale;
+// it does not poison the whole expert), then one IEEE fp32 operation:
+// amax / 2688 as a MULTIPLY, 2688 / amax as a DIVIDE (2688 = 448 · 6, the
+// largest e4m3 scale times the largest e2m1 value). An expert with no finite
+// non-zero value (all zero, or only NaN/inf) gets 1.0f. A divisor can
+// overflow to +inf for amax below 2688 / FLT_MAX (bf16 subnormals): the block
+// quantizer then gives scale 448 and zero codes, as it would for any +inf global.
+inline float nvfp4_global_scale(std::span<const float> expert_values, kjit_scale_convention convention) {
+  float amax = 0.0f;
+  for (float x : expert_values)
+    if (std::isfinite(x)) amax = std::max(amax, std::fabs(x));
+  if (amax == 0.0f) return 1.0f;
+  constexpr float kRange = 448.0f * 6.0f;
+  return convention == KJIT_SCALE_DIVIDE ? kRange / amax : amax / kRange;
 }
 
 // One NVFP4 block of 16 values -> 8 packed bytes; returns its e4m3fn scale byte.
@@ -361,6 +380,59 @@ inline void scales_swizzled_to_linear(std::span<const uint8_t> swizzled, std::sp
             swizzled[static_cast<size_t>(base + swizzled_scale_offset(r, c, scale_cols))];
     first_row += expert_rows[e];
   }
+}
+
+// ------------------------------------------------------- the whole quantize op
+//
+// What kjit_quantize_mx writes for bf16 in[E, rows, in_row_stride] (the first
+// k elements of each row): out packed [E * rows, k / 2] (FP4) or codes
+// [E * rows, k] (MXFP8), the scale bytes in `layout` (swizzled: each expert
+// on its own, padding 0), and NVFP4's global scale per expert (`given`, or
+// nvfp4_global_scale of the expert's values for KJIT_GLOBAL_SCALE_COMPUTE).
+struct MxQuantized {
+  std::vector<uint8_t> out;
+  std::vector<uint8_t> scales;
+  std::vector<float> global_scales;  // NVFP4 only
+};
+
+inline MxQuantized quantize_mx_stack(kjit_block_format format, kjit_dtype element, std::span<const uint16_t> in,
+                                     int64_t experts, int64_t rows, int64_t k, int64_t in_row_stride,
+                                     kjit_scale_layout layout, kjit_global_scale_mode mode,
+                                     kjit_scale_convention convention, std::span<const float> given) {
+  const int64_t block = format == KJIT_BLOCK_FORMAT_NVFP4 ? kNvfp4Block : kMxBlock;
+  const int64_t out_row = format == KJIT_BLOCK_FORMAT_MXFP8 ? k : k / 2, scale_cols = k / block;
+  MxQuantized q;
+  q.out.resize(static_cast<size_t>(experts * rows * out_row));
+  std::vector<uint8_t> linear(static_cast<size_t>(experts * rows * scale_cols));
+  for (int64_t e = 0; e < experts; ++e) {
+    std::vector<float> values(static_cast<size_t>(rows * k));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < k; ++c)
+        values[static_cast<size_t>(r * k + c)] =
+            bf16_to_float(in[static_cast<size_t>((e * rows + r) * in_row_stride + c)]);
+    const auto out =
+        std::span(q.out).subspan(static_cast<size_t>(e * rows * out_row), static_cast<size_t>(rows * out_row));
+    const auto scales = std::span(linear).subspan(static_cast<size_t>(e * rows * scale_cols),
+                                                  static_cast<size_t>(rows * scale_cols));
+    if (format == KJIT_BLOCK_FORMAT_NVFP4) {
+      const float global = mode == KJIT_GLOBAL_SCALE_COMPUTE ? nvfp4_global_scale(values, convention)
+                                                              : given[static_cast<size_t>(e)];
+      q.global_scales.push_back(global);
+      quantize_nvfp4(values, rows, k, global, convention, out, scales);
+    } else if (format == KJIT_BLOCK_FORMAT_MXFP4) {
+      quantize_mxfp4(values, rows, k, out, scales);
+    } else {
+      quantize_mxfp8(element, values, rows, k, out, scales);
+    }
+  }
+  if (layout == KJIT_SCALE_LAYOUT_LINEAR) {
+    q.scales = std::move(linear);
+  } else {
+    const std::vector<int64_t> expert_rows(static_cast<size_t>(experts), rows);
+    q.scales.resize(static_cast<size_t>(experts * swizzled_scale_bytes(rows, scale_cols)));
+    scales_linear_to_swizzled(linear, expert_rows, scale_cols, 0x00, q.scales);
+  }
+  return q;
 }
 
 }  // namespace kjit::reference

@@ -1,0 +1,159 @@
+// The MX quantize family: spec forms, invariants, recipe and grid.
+#include "kjit/codegen/families/mx_quantize.hpp"
+
+#include <algorithm>
+#include <array>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "../recipe.hpp"
+#include "../spec_reader.hpp"
+
+namespace kjit::codegen {
+
+template <>
+inline constexpr int kEnumCount<MxQuantFormat> = 3;
+template <>
+inline constexpr int kEnumCount<MxElement> = 3;
+template <>
+inline constexpr int kEnumCount<MxScaleLayout> = 2;
+template <>
+inline constexpr int kEnumCount<GlobalScaleMode> = 3;
+
+namespace {
+
+constexpr std::array kFormatNames{"nvfp4", "mxfp4", "mxfp8"};
+constexpr std::array kElementNames{"e2m1", "f8_e4m3fn", "f8_e5m2"};
+constexpr std::array kLayoutNames{"linear", "swizzled_128x4"};
+constexpr std::array kGlobalNames{"none", "given", "compute"};
+
+constexpr int kQuantizeThreads = 256;
+constexpr int kChunksPerThread = 4;  // 16-byte chunks (8 bf16) each thread loads before converting any
+constexpr int64_t kChunksPerBlock = int64_t{kQuantizeThreads} * kChunksPerThread;
+constexpr int64_t kMaxGridX = 0x7fffffff;
+
+auto invalid(std::string message) { return fail(KJIT_ERROR_INVALID_ARGUMENT, std::move(message)); }
+
+bool is_fp4(MxQuantFormat f) { return f != MxQuantFormat::mxfp8; }
+
+}  // namespace
+
+std::string_view name(MxQuantFormat f) { return kFormatNames[static_cast<size_t>(f)]; }
+std::string_view name(MxElement e) { return kElementNames[static_cast<size_t>(e)]; }
+std::string_view name(MxScaleLayout l) { return kLayoutNames[static_cast<size_t>(l)]; }
+std::string_view name(GlobalScaleMode m) { return kGlobalNames[static_cast<size_t>(m)]; }
+
+int64_t mx_block(MxQuantFormat format) { return format == MxQuantFormat::nvfp4 ? 16 : 32; }
+
+std::string Family<MxQuantizeSpec>::canonical(const MxQuantizeSpec& s) {
+  std::string text = fmt::format("mx_quantize in=bf16 format={} element={} k={} scales={}", name(s.format),
+                                 name(s.element), s.k, name(s.scale_layout));
+  if (s.format == MxQuantFormat::nvfp4)
+    text += fmt::format(" global={} convention={}", name(s.global_scale), name(s.convention));
+  return text;
+}
+
+nlohmann::json Family<MxQuantizeSpec>::to_json(const MxQuantizeSpec& s) {
+  nlohmann::json j{{"op", op},
+                   {"format", name(s.format)},
+                   {"element", name(s.element)},
+                   {"k", s.k},
+                   {"scale_layout", name(s.scale_layout)}};
+  if (s.format == MxQuantFormat::nvfp4) {
+    j["global_scale"] = name(s.global_scale);
+    j["convention"] = name(s.convention);
+  }
+  return j;
+}
+
+// "element" may be left out for the FP4 formats (it can only be e2m1); NVFP4
+// needs "global_scale" and "convention", which the MX formats may not have.
+Expected<MxQuantizeSpec> Family<MxQuantizeSpec>::from_json(SpecReader& reader) {
+  MxQuantizeSpec s;
+  s.format = KJIT_TRY(reader.enumeration<MxQuantFormat>("format"));
+  if (reader.has("element") || !is_fp4(s.format)) s.element = KJIT_TRY(reader.enumeration<MxElement>("element"));
+  s.k = KJIT_TRY(reader.integer("k"));
+  s.scale_layout = KJIT_TRY(reader.enumeration<MxScaleLayout>("scale_layout"));
+  if (s.format == MxQuantFormat::nvfp4) {
+    s.global_scale = KJIT_TRY(reader.enumeration<GlobalScaleMode>("global_scale"));
+    s.convention = KJIT_TRY(reader.enumeration<ScaleConvention>("convention"));
+  } else {
+    s.global_scale = GlobalScaleMode::none;
+  }
+  return s;
+}
+
+const std::vector<FieldRule>& Family<MxQuantizeSpec>::schema() {
+  static const std::vector<FieldRule> rules{
+      text_field("format", {"nvfp4", "mxfp4", "mxfp8"}),
+      text_field("element", {"e2m1", "f8_e4m3fn", "f8_e5m2"}, false),
+      integer_field("k", 16, kMaxDimension),
+      text_field("scale_layout", {"linear", "swizzled_128x4"}),
+      text_field("global_scale", {"given", "compute"}, false),
+      text_field("convention", {"multiply", "divide"}, false)};
+  return rules;
+}
+
+void Family<MxQuantizeSpec>::hash(const MxQuantizeSpec& s, HashMixer& h) {
+  h.mix(static_cast<uint64_t>(s.k) << 16 | static_cast<uint64_t>(s.format) << 10 |
+        static_cast<uint64_t>(s.element) << 7 | static_cast<uint64_t>(s.scale_layout) << 5 |
+        static_cast<uint64_t>(s.global_scale) << 2 | static_cast<uint64_t>(s.convention));
+}
+
+Expected<void> Family<MxQuantizeSpec>::validate(const MxQuantizeSpec& s) {
+  if (is_fp4(s.format) && s.element != MxElement::e2m1)
+    return invalid(fmt::format("mx_quantize: {} elements are e2m1, got {}", name(s.format), name(s.element)));
+  if (!is_fp4(s.format) && s.element == MxElement::e2m1)
+    return invalid("mx_quantize: mxfp8 elements are f8_e4m3fn or f8_e5m2, got e2m1");
+  if (s.format == MxQuantFormat::nvfp4 && s.global_scale == GlobalScaleMode::none)
+    return invalid("mx_quantize: nvfp4 needs a global scale, given or computed");
+  if (s.format != MxQuantFormat::nvfp4 &&
+      (s.global_scale != GlobalScaleMode::none || s.convention != ScaleConvention::multiply))
+    return invalid(fmt::format("mx_quantize: {} has no global scale (none, and no convention)", name(s.format)));
+  const int64_t block = mx_block(s.format);
+  if (s.k < block || s.k % block != 0 || s.k > kMaxDimension)
+    return invalid(fmt::format("mx_quantize: K must be a positive multiple of {} ({}'s block) up to {}, got {}", block,
+                               name(s.format), kMaxDimension, s.k));
+  return {};
+}
+
+// e2m1 is encoded with fp32 compares (every arch); the e4m3 scales of NVFP4
+// and MXFP8's codes use the hardware fp8 conversion.
+Expected<void> Family<MxQuantizeSpec>::supported_on(const MxQuantizeSpec& s, const ArchInfo& arch) {
+  if (s.format == MxQuantFormat::mxfp4 || arch.fp8_conversion) return {};
+  return fail(KJIT_ERROR_UNSUPPORTED,
+              fmt::format("{} quantize needs compute capability 8.9 or newer (fp8 conversion); {} is {}.{} ({})",
+                          name(s.format), arch.target, arch.major, arch.minor, arch.note));
+}
+
+RenderedKernel Family<MxQuantizeSpec>::render(const MxQuantizeSpec& s) {
+  return assemble(canonical(s),
+                  {.entry_point = "kjit_mx_quantize",
+                   .threads = kQuantizeThreads,
+                   .templates = {"quantize/mx_quantize.cuh"},
+                   .config = fmt::format("kjit::MxQuantizeConfig<kjit::MxFormat::{}, kjit::MxElement::{}, {}LL, {}, "
+                                         "kjit::MxGlobal::{}, {}, {}, {}>",
+                                         name(s.format), name(s.element), s.k,
+                                         s.scale_layout == MxScaleLayout::swizzled_128x4, name(s.global_scale),
+                                         s.convention == ScaleConvention::divide, kQuantizeThreads, kChunksPerThread),
+                   .params_type = "kjit_mx_quantize_params",
+                   .body = "kjit::mx_quantize"});
+}
+
+LaunchGeometry mx_quantize_geometry(const MxQuantizeSpec& spec, int64_t experts, int64_t rows, bool finalize) {
+  LaunchGeometry g;
+  g.block_x = kQuantizeThreads;
+  if (finalize) {
+    g.grid_x = static_cast<uint32_t>(std::max<int64_t>(1, (experts + kQuantizeThreads - 1) / kQuantizeThreads));
+    return g;
+  }
+  const int64_t chunks = rows * (spec.k / 8);
+  g.grid_x = static_cast<uint32_t>(std::clamp<int64_t>((chunks + kChunksPerBlock - 1) / kChunksPerBlock, 1, kMaxGridX));
+  g.grid_y = static_cast<uint32_t>(std::max<int64_t>(1, experts));
+  return g;
+}
+
+int64_t mx_quantize_max_rows(const MxQuantizeSpec& spec) { return kMaxGridX * kChunksPerBlock / (spec.k / 8); }
+
+}  // namespace kjit::codegen

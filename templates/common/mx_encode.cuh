@@ -1,0 +1,88 @@
+// Encoders of the block-scaled "MX" formats on the device (NVFP4, MXFP4,
+// MXFP8): fp32 -> e2m1, fp8 codes, and the OCP MX shared exponent of a block.
+// Each is bit-exact with its CPU twin in runtime/include/kjit/reference/fp4_mx.hpp
+// (encode_e2m1_satfinite, encode_e5m2_satfinite, mx_scale_byte) and
+// fp8_quantize.hpp (encode_e4m3fn_satfinite); docs/formats.md states them.
+#pragma once
+
+#include "fp8_convert.cuh"
+#include "mx_formats.cuh"
+
+namespace kjit {
+
+// fp32 -> e2m1 nibble, round to nearest even, saturating to +-6 (inf too),
+// the sign of zero kept, NaN -> +0 (encode_e2m1_satfinite). One exact code
+// path on every arch (sm_90a has no cvt to e2m1), branch-free (both ranges
+// are computed and one is selected: a branch per element diverged):
+//  - |f| < 1: e2m1's subnormal step is 0.5, so the code is |f| * 2 rounded to
+//    the nearest even integer (0, 1 or 2 = 1.0's code): one fma with 2^23,
+//    which rounds |f| * 2 + 2^23 once, to an integer n whose bits are
+//    0x4B000000 + n.
+//  - |f| >= 1: e2m1 is 2^E * (1 + m / 2), E in 0..2, which is fp32's format
+//    cut to one mantissa bit: round fp32's bits at bit 22 to nearest even
+//    (adding 0x1FFFFF plus the kept bit carries into the exponent exactly when
+//    the discarded bits exceed half, or equal it with the kept bit odd); the
+//    bits from 22 up are then 2 * (E + 127) + m, and the code 2 * (E + 1) + m,
+//    saturated to 7 (6.0; infinity's bits give 258).
+// Ties: 0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4.
+__device__ __forceinline__ unsigned int encode_e2m1_satfinite(float f) {
+  const unsigned int bits = __float_as_uint(f);
+  const unsigned int magnitude = bits & 0x7fffffffu;
+  const unsigned int below_one = __float_as_uint(__fmaf_rn(__uint_as_float(magnitude), 2.0f, 0x1p23f)) - 0x4B000000u;
+  const unsigned int rounded = magnitude + 0x1FFFFFu + ((magnitude >> 22) & 1u);
+  const unsigned int code = magnitude < 0x3f800000u ? below_one : min((rounded >> 22) - 252u, 7u);
+  return magnitude > 0x7f800000u ? 0u : ((bits >> 28) & 0x8u) | code;  // NaN has no code
+}
+
+// encode_e2m1_satfinite for MXFP4's y = x / 2^E, x bf16 (8 significant bits),
+// in fewer operations: y * 2^-126 moves e2m1's subnormal boundary (1.0) onto
+// fp32's (2^-126), where fp32's subnormal step 2^-149 is y's step 2^-23, so
+// one rounding of the bits at bit 22 covers both ranges (the same rounding as
+// above; the code is then bits 22 and up). The multiply is exact for
+// |y| >= 2^-16 (y's lowest bit is then at least 2^-23); smaller values round
+// to code 0 either way. The sign of zero survives the underflow. Finite y only
+// (an MX block with NaN or inf has no codes). Checked against the reference
+// for every finite bf16 x and every scale byte.
+__device__ __forceinline__ unsigned int encode_e2m1_of_bf16_over_pow2(float y) {
+  const unsigned int bits = __float_as_uint(__fmul_rn(y, 0x1p-126f));
+  const unsigned int magnitude = bits & 0x7fffffffu;
+  const unsigned int rounded = magnitude + 0x1FFFFFu + ((magnitude >> 22) & 1u);
+  return ((bits >> 28) & 0x8u) | min(rounded >> 22, 7u);
+}
+
+// Round two floats to nearest-even e5m2, saturating finite values beyond
+// +-57344 and infinities to +-57344 (NaN stays NaN); `first` in the low byte.
+__device__ __forceinline__ unsigned short cvt_rn_satfinite_e5m2x2_f32(float first, float second) {
+  unsigned short out;
+  asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(out) : "f"(second), "f"(first));
+  return out;
+}
+
+// One fp32 -> e4m3fn code, nearest even, saturating at 448 (NaN -> 0x7F).
+__device__ __forceinline__ unsigned int encode_e4m3fn_satfinite(float f) {
+  return cvt_rn_satfinite_e4m3x2_f32(f, 0.0f) & 0xFFu;
+}
+
+// The exact fp32 value of an e4m3fn code (through f16, which holds every e4m3 value).
+__device__ __forceinline__ float decode_e4m3fn(unsigned int code) {
+  float value, unused;
+  decode_fp8x2<Fp8Format::e4m3fn>(static_cast<unsigned short>(code), value, unused);
+  return value;
+}
+
+// The OCP MX shared scale byte of a finite block from its amax given as bf16
+// magnitude bits (below 0x7F80): E = floor(log2 amax) - emax, clamped to
+// [-127, 127], stored as E + 127. For a normal amax floor(log2) is the biased
+// exponent field minus 127, so the byte is field - emax; a zero or subnormal
+// amax (field 0) and anything below 2^(emax - 127) clamp to byte 0 (2^-127),
+// and the field (at most 254) never reaches the upper clamp.
+__device__ __forceinline__ unsigned int mx_scale_byte(unsigned int bf16_magnitude, int emax) {
+  return static_cast<unsigned int>(max(static_cast<int>(bf16_magnitude >> 7) - emax, 0));
+}
+
+// 1 / X for the UE8M0 scale X = 2^(byte - 127), byte in [0, 254]: 2^(127 - byte),
+// exact (2^-127 is an fp32 subnormal, built by decode_ue8m0). x * (1 / X) and
+// x / X are the same real number rounded once, so they give the same bits.
+__device__ __forceinline__ float ue8m0_reciprocal(unsigned int byte) { return decode_ue8m0(254u - byte); }
+
+}  // namespace kjit
