@@ -519,3 +519,98 @@ TEST_CASE("the SM90 W8A16 GEMM renders a register-A bf16 wgmma per bucket and as
                                                         {.kernel = GemmRequest::Kernel::portable});
   CHECK(forced.kernel == MixedGemmKernel::mma_sync);
 }
+
+TEST_CASE("MX dequant specs round-trip through text and JSON; fields a format has no use for are refused") {
+  std::set<std::string> canonicals;
+  std::vector<MxDequantSpec> specs;
+  for (auto layout : {MxScaleLayout::linear, MxScaleLayout::swizzled_128x4})
+    for (auto out : {DType::bf16, DType::f32}) {
+      specs.push_back({.format = MxFormat::nvfp4, .out = out, .k = 7168, .scale_layout = layout,
+                       .convention = ScaleConvention::divide, .vec = 32});
+      specs.push_back({.format = MxFormat::mxfp4, .out = out, .k = 2880, .scale_layout = layout, .vec = 16,
+                       .selected_experts = true});
+      specs.push_back({.format = MxFormat::mxfp8, .element = DType::f8_e5m2, .out = out, .k = 2880,
+                       .scale_layout = layout, .vec = 16});
+    }
+  for (const auto& s : specs) {
+    const KernelSpec spec = s;
+    REQUIRE_MESSAGE(validate(spec).has_value(), canonical(spec));
+    auto parsed = spec_from_json(to_json(spec));
+    REQUIRE_MESSAGE(parsed.has_value(), parsed.error().message);
+    CHECK(*parsed == spec);
+    canonicals.insert(canonical(spec));
+  }
+  CHECK(canonicals.size() == specs.size());
+  CHECK(canonical(KernelSpec{specs[0]}) ==
+        "mx_dequant format=nvfp4 convention=divide out=bf16 k=7168 scales=linear vec=32 experts=all");
+  // vec defaults to the widest access K allows: 16 bytes of input.
+  auto minimal = spec_from_json(
+      nlohmann::json{{"op", "mx_dequant"}, {"format", "mxfp4"}, {"out", "bf16"}, {"k", 2880}, {"scale_layout", "linear"}});
+  REQUIRE_MESSAGE(minimal.has_value(), minimal.error().message);
+  CHECK(std::get<MxDequantSpec>(*minimal).vec == 32);
+  auto stray = spec_from_json(nlohmann::json{
+      {"op", "mx_dequant"}, {"format", "mxfp4"}, {"convention", "multiply"}, {"out", "bf16"}, {"k", 2880},
+      {"scale_layout", "linear"}});
+  REQUIRE_FALSE(stray.has_value());
+  CHECK(stray.error().message.find("'convention' is not a field of mx_dequant") != std::string::npos);
+  auto no_element = spec_from_json(
+      nlohmann::json{{"op", "mx_dequant"}, {"format", "mxfp8"}, {"out", "bf16"}, {"k", 64}, {"scale_layout", "linear"}});
+  REQUIRE_FALSE(no_element.has_value());
+  CHECK(no_element.error().message.find("'element'") != std::string::npos);
+}
+
+TEST_CASE("MX dequant invariants: K in whole blocks, vec a power of two dividing K within the format's range") {
+  auto message = [](const MxDequantSpec& s) {
+    auto r = validate(KernelSpec{s});
+    return r ? std::string() : r.error().message;
+  };
+  CHECK(message({.format = MxFormat::nvfp4, .k = 40, .vec = 8}).find("multiple of 16") != std::string::npos);
+  CHECK(message({.format = MxFormat::mxfp4, .k = 48, .vec = 16}).find("multiple of 32") != std::string::npos);
+  CHECK(message({.format = MxFormat::mxfp4, .k = 64, .vec = 1}).find("from 2 to 32") != std::string::npos);
+  CHECK(message({.format = MxFormat::mxfp8, .k = 64, .vec = 32}).find("from 1 to 16") != std::string::npos);
+  CHECK(message({.format = MxFormat::nvfp4, .k = 48, .vec = 32}).find("does not divide k") != std::string::npos);
+  CHECK(message({.format = MxFormat::mxfp4, .k = 64, .convention = ScaleConvention::divide, .vec = 32})
+            .find("no global scale") != std::string::npos);
+  CHECK(message({.format = MxFormat::mxfp8, .element = DType::bf16, .k = 64, .vec = 16}).find("f8_e4m3fn") !=
+        std::string::npos);
+  // The access width: 16 input bytes at most, narrower where K, a stride or an address asks.
+  CHECK(mx_dequant_vector(MxFormat::mxfp4, DType::bf16, 2880) == 32);
+  CHECK(mx_dequant_vector(MxFormat::nvfp4, DType::bf16, 48) == 16);           // 24-byte rows
+  CHECK(mx_dequant_vector(MxFormat::mxfp8, DType::f32, 2880) == 16);
+  CHECK(mx_dequant_vector(MxFormat::mxfp4, DType::bf16, 2880, {1}) == 2);     // a byte-aligned input
+  CHECK(mx_dequant_vector(MxFormat::mxfp4, DType::bf16, 2880, {}, {1}) == 0);  // FP4 pairs on odd outputs
+  CHECK(mx_dequant_vector(MxFormat::mxfp8, DType::bf16, 2880, {}, {1}) == 1);
+  // Geometry: every vector once, y over the output slots.
+  const MxDequantSpec s{.format = MxFormat::mxfp4, .k = 2880, .vec = 32};
+  CHECK(mx_dequant_geometry(s, 5760, 32).grid_x == (5760 * 90 + 511) / 512);
+  CHECK(mx_dequant_geometry(s, 5760, 32).grid_y == 32);
+  CHECK(mx_dequant_geometry(s, 0, 1).grid_x == 1);
+}
+
+TEST_CASE("MX scale-layout specs round-trip through text and JSON and need two different layouts") {
+  const std::vector<MxScaleLayoutSpec> specs{
+      {.from = MxScaleLayout::linear, .to = MxScaleLayout::swizzled_128x4, .scale_cols = 90},
+      {.from = MxScaleLayout::swizzled_128x4, .to = MxScaleLayout::linear, .scale_cols = 448, .with_offsets = true},
+      {.from = MxScaleLayout::linear, .to = MxScaleLayout::swizzled_128x4, .scale_cols = 7, .with_offsets = true,
+       .offsets = OffsetsConvention::with_leading_zero}};
+  std::set<std::string> canonicals;
+  for (const auto& s : specs) {
+    const KernelSpec spec = s;
+    REQUIRE_MESSAGE(validate(spec).has_value(), canonical(spec));
+    auto parsed = spec_from_json(to_json(spec));
+    REQUIRE_MESSAGE(parsed.has_value(), parsed.error().message);
+    CHECK(*parsed == spec);
+    canonicals.insert(canonical(spec));
+  }
+  CHECK(canonicals.size() == 3);
+  CHECK(canonical(KernelSpec{specs[2]}) ==
+        "mx_scale_layout from=linear to=swizzled_128x4 scale_cols=7 rows=with_leading_zero");
+  auto same = validate(KernelSpec{MxScaleLayoutSpec{.from = MxScaleLayout::linear, .to = MxScaleLayout::linear,
+                                                    .scale_cols = 4}});
+  REQUIRE_FALSE(same.has_value());
+  CHECK(same.error().message.find("a conversion needs the other layout") != std::string::npos);
+  CHECK_FALSE(validate(KernelSpec{MxScaleLayoutSpec{.scale_cols = 0}}).has_value());
+  CHECK(mx_scale_layout_geometry(0).grid_x == 1);
+  CHECK(mx_scale_layout_geometry(1000).grid_x == 4);
+  CHECK(mx_scale_layout_geometry(int64_t{1} << 40).grid_x == 4096);  // threads loop over the rest
+}

@@ -446,8 +446,9 @@ KJIT_API void kjit_scale_layout_desc_init(kjit_scale_layout_desc* desc);
 KJIT_API kjit_status kjit_convert_scale_layout(const kjit_scale_layout_desc* desc, kjit_stream stream);
 KJIT_API kjit_status kjit_convert_scale_layout_prepare(const kjit_scale_layout_desc* desc, int device);
 /* The largest swizzled size a stack of `experts` experts holding `total_rows` rows in all can need (each
- * expert's rows padded up to 128): (total_rows + 127 * experts) rounded down to a multiple of 128, times
- * round_up(scale_cols, 4). */
+ * expert's rows padded up to 128; at most min(experts, total_rows) experts hold rows): (total_rows + 127 *
+ * min(experts, total_rows)) rounded down to a multiple of 128, times round_up(scale_cols, 4). 0 for negative
+ * arguments. */
 KJIT_API uint64_t kjit_swizzled_scale_bytes(int64_t total_rows, int64_t scale_cols, int64_t experts);
 
 /* Reads and clears the errors kernels have recorded on `device` (for example
