@@ -460,8 +460,8 @@ TEST_CASE("the shared harness finds the manifests' MX dequant kinds and narrower
   namespace codegen = kjit::codegen;
   std::vector<codegen::MxDequantSpec> specs;
   specs.push_back({.format = codegen::MxFormat::mxfp4, .k = 2880, .vec = 32});
-  specs.push_back({.format = codegen::MxFormat::nvfp4, .k = 7168, .scale_layout = codegen::MxScaleLayout::swizzled_128x4,
-                   .vec = 32});
+  specs.push_back({.format = codegen::MxFormat::nvfp4, .k = 7168,
+                   .scale_layout = codegen::MxScaleLayout::swizzled_128x4, .vec = 32});
   specs.push_back({.format = codegen::MxFormat::nvfp4, .out = codegen::DType::f32, .k = 48,
                    .scale_layout = codegen::MxScaleLayout::swizzled_128x4,
                    .convention = codegen::ScaleConvention::divide, .vec = 16, .selected_experts = true});

@@ -27,6 +27,7 @@ def test_a_wrong_last_mx_dequant_field_is_named_so_the_fields_before_it_landed_w
     lib.kjit_mx_dequant_desc_init(ctypes.byref(d))
     d.format, d.out_dtype, d.scale_layout, d.global_scale_convention = 1, 3, 2, 2
     d.rows, d.k = 128, 64
+    d.global_scales = 16  # never read: the call fails on the last field first
     d.num_expert_ids = -1
     status = lib.kjit_dequant_mx(ctypes.byref(d), None)
     assert lib.kjit_status_name(status).decode() == "KJIT_ERROR_INVALID_ARGUMENT"
@@ -90,7 +91,8 @@ def test_mx_dequant_arguments_are_checked_in_python_naming_them():
                             global_scale_convention="multiply")
         with pytest.raises(kjit.KjitError, match=r"linear scales must be \[2, 128, 2\]"):
             kjit.dequant_mx(w, s, format="mxfp4", scale_layout="linear")
-        with pytest.raises(kjit.KjitError, match="swizzled scales hold 512 bytes; 2 experts of \\[128, 2\\] need 1024"):
+        with pytest.raises(kjit.KjitError,
+                           match="swizzled scales hold 512 bytes; 2 experts of \\[128, 2\\] need 1024"):
             kjit.dequant_mx(w, _fake_cuda(torch, 512, dtype=u8), format="mxfp4", scale_layout="swizzled_128x4")
         with pytest.raises(kjit.KjitError, match="need element_dtype"):
             kjit.dequant_mx(w, s, format="mxfp8", scale_layout="linear")

@@ -544,8 +544,8 @@ TEST_CASE("MX dequant specs round-trip through text and JSON; fields a format ha
   CHECK(canonical(KernelSpec{specs[0]}) ==
         "mx_dequant format=nvfp4 convention=divide out=bf16 k=7168 scales=linear vec=32 experts=all");
   // vec defaults to the widest access K allows: 16 bytes of input.
-  auto minimal = spec_from_json(
-      nlohmann::json{{"op", "mx_dequant"}, {"format", "mxfp4"}, {"out", "bf16"}, {"k", 2880}, {"scale_layout", "linear"}});
+  auto minimal = spec_from_json(nlohmann::json{
+      {"op", "mx_dequant"}, {"format", "mxfp4"}, {"out", "bf16"}, {"k", 2880}, {"scale_layout", "linear"}});
   REQUIRE_MESSAGE(minimal.has_value(), minimal.error().message);
   CHECK(std::get<MxDequantSpec>(*minimal).vec == 32);
   auto stray = spec_from_json(nlohmann::json{
@@ -553,8 +553,8 @@ TEST_CASE("MX dequant specs round-trip through text and JSON; fields a format ha
       {"scale_layout", "linear"}});
   REQUIRE_FALSE(stray.has_value());
   CHECK(stray.error().message.find("'convention' is not a field of mx_dequant") != std::string::npos);
-  auto no_element = spec_from_json(
-      nlohmann::json{{"op", "mx_dequant"}, {"format", "mxfp8"}, {"out", "bf16"}, {"k", 64}, {"scale_layout", "linear"}});
+  auto no_element = spec_from_json(nlohmann::json{
+      {"op", "mx_dequant"}, {"format", "mxfp8"}, {"out", "bf16"}, {"k", 64}, {"scale_layout", "linear"}});
   REQUIRE_FALSE(no_element.has_value());
   CHECK(no_element.error().message.find("'element'") != std::string::npos);
 }

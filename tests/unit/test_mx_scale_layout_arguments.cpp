@@ -64,7 +64,8 @@ TEST_CASE_FIXTURE(ScaleLayoutFixture, "a valid uniform conversion walks every sw
 
 TEST_CASE_FIXTURE(ScaleLayoutFixture, "out_bytes is checked against the exact size (uniform) or the worst case (offsets)") {
   desc.out_bytes -= 1;
-  expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "out_bytes 47103 is too small: the swizzled scales can need 47104 bytes");
+  expect_rejected(KJIT_ERROR_INVALID_ARGUMENT,
+                  "out_bytes 47103 is too small: the swizzled scales can need 47104 bytes");
   desc.from = KJIT_SCALE_LAYOUT_SWIZZLED_128X4;
   desc.to = KJIT_SCALE_LAYOUT_LINEAR;
   desc.in = out.data();

@@ -324,8 +324,9 @@ static std::vector<KernelSpec> mx_variants() {
       out.push_back(MxScaleLayoutSpec{.from = to == MxScaleLayout::linear ? MxScaleLayout::swizzled_128x4
                                                                            : MxScaleLayout::linear,
                                       .to = to, .scale_cols = with_offsets ? 90 : 7, .with_offsets = with_offsets,
-                                      .offsets = to == MxScaleLayout::linear ? OffsetsConvention::with_leading_zero
-                                                                             : OffsetsConvention::cumulative_end});
+                                      .offsets = with_offsets && to == MxScaleLayout::linear
+                                                     ? OffsetsConvention::with_leading_zero
+                                                     : OffsetsConvention::cumulative_end});
   return out;
 }
 

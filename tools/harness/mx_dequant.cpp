@@ -184,7 +184,8 @@ Expected<int64_t> check_mx_scale_layout(Runtime& runtime, DeviceState& device, c
   d.out_bytes = out_size;
 
   Buffers buffers(api, device.context);
-  auto in = to_swizzled ? buffers.upload(linear.data(), linear.size()) : buffers.upload(swizzled.data(), swizzled.size());
+  auto in = to_swizzled ? buffers.upload(linear.data(), linear.size())
+                        : buffers.upload(swizzled.data(), swizzled.size());
   auto out = buffers.upload(nullptr, out_size);  // poisoned (Buffers::kPoison)
   auto doff = buffers.upload(offsets.data(), offsets.size() * 4);
   for (auto* r : {&in, &out, &doff})

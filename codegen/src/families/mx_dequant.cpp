@@ -19,7 +19,12 @@ constexpr std::array kLayoutNames{"linear", "swizzled_128x4"};
 // Memory-bound like fp8_dequant (whose tile was measured, docs/benchmarks.md):
 // 256 threads, at least 4 blocks per SM (at most 64 registers), about 32
 // input bytes in flight per thread: two 16-byte loads (32 FP4 elements or 16
-// fp8 codes each), four of the narrower ones. Not yet measured on a GPU.
+// fp8 codes each), four of the narrower ones. Not yet measured on a GPU. The
+// register cap is for the tuned shape only: narrow vectors (odd K or
+// misaligned tensors) with swizzled scales spilled under it. Every variant
+// compiled for sm_90a, sm_100a and sm_120a and read with nvdisasm: NVFP4
+// DIVIDE's IEEE division spilled at 64 (sm_100a, sm_120a; 128 now), and so did
+// MXFP8 with selected experts on sm_100a (80 now).
 constexpr int kThreads = 256;
 constexpr int kMinBlocksPerSM = 4;
 constexpr int kMaxInputBytes = 16;  // per thread access
@@ -30,11 +35,17 @@ auto invalid(std::string message) { return fail(KJIT_ERROR_INVALID_ARGUMENT, std
 
 int64_t input_bytes(MxFormat format, int64_t elements) { return is_fp4(format) ? elements / 2 : elements; }
 
-// An IEEE division (NVFP4 DIVIDE) needs more registers than the 64 the
-// occupancy target leaves four narrow vectors in flight: ptxas spilled.
-int unroll(const MxDequantSpec& s) {
-  const bool divides = s.format == MxFormat::nvfp4 && s.convention == ScaleConvention::divide;
-  return input_bytes(s.format, s.vec) >= kMaxInputBytes || divides ? 2 : 4;
+// The tuned shape: 16-byte loads, two in flight.
+bool tuned_shape(const MxDequantSpec& s) { return input_bytes(s.format, s.vec) >= kMaxInputBytes; }
+
+int unroll(const MxDequantSpec& s) { return tuned_shape(s) ? 2 : 4; }
+
+// __launch_bounds__'s blocks per SM (65536 registers / (256 threads x blocks) each).
+int min_blocks(const MxDequantSpec& s) {
+  if (!tuned_shape(s)) return 1;
+  if (s.format == MxFormat::nvfp4 && s.convention == ScaleConvention::divide) return 2;
+  if (s.format == MxFormat::mxfp8) return 3;
+  return kMinBlocksPerSM;
 }
 
 std::string_view out_constant(DType t) {
@@ -150,7 +161,7 @@ RenderedKernel Family<MxDequantSpec>::render(const MxDequantSpec& s) {
       canonical(s),
       {.entry_point = "kjit_mx_dequant",
        .threads = kThreads,
-       .min_blocks = kMinBlocksPerSM,
+       .min_blocks = min_blocks(s),
        .templates = {"mx/mx_dequant.cuh"},
        .config = fmt::format("kjit::MxDequantConfig<{}, {}, {}, {}LL, {}, {}, {}, {}, {}, {}>",
                              format_constant(s.format),
