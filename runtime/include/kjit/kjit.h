@@ -367,7 +367,8 @@ typedef struct kjit_mx_dequant_desc {
   int64_t rows;                   /* rows per expert */
   int64_t k;                      /* elements per row: a multiple of the format's block (16 or 32) */
   int64_t in_row_stride;          /* BYTES between rows of `in`: 0 = k / 2 (FP4) or k (MXFP8) */
-  int64_t out_row_stride;         /* elements between rows of `out`: 0 = k */
+  int64_t out_row_stride;         /* elements between rows of `out`: 0 = k (FP4: even, and `out` aligned to two
+                                     elements: a packed byte's pair is stored together) */
   kjit_scale_layout scale_layout;
   const void* in;                 /* device: packed pairs or fp8 codes, expert e at e * rows * in_row_stride */
   const uint8_t* scales;          /* device: e4m3fn (NVFP4) or UE8M0 bytes, in scale_layout */
