@@ -12,6 +12,8 @@
 #include "kjit/internal/ops/mx_quantize.hpp"
 #include "kjit/internal/ops/grouped_gemm.hpp"
 #include "kjit/internal/ops/moe_routing.hpp"
+#include "kjit/internal/ops/mx_dequant.hpp"
+#include "kjit/internal/ops/mx_scale_layout.hpp"
 #include "kjit/internal/runtime.hpp"
 
 namespace {
@@ -179,6 +181,52 @@ KJIT_API kjit_status kjit_quantize_mx_prepare(const kjit_mx_quantize_desc* desc,
     KJIT_TRY(require(desc, "desc"));
     return kjit::ops::prepare_mx_quantize(kjit::Runtime::global(), *desc, device);
   });
+}
+
+KJIT_API void kjit_mx_dequant_desc_init(kjit_mx_dequant_desc* desc) {
+  if (!desc) return;
+  *desc = kjit_mx_dequant_desc{};
+  desc->struct_size = sizeof(kjit_mx_dequant_desc);
+  desc->experts = 1;
+}
+
+KJIT_API kjit_status kjit_dequant_mx(const kjit_mx_dequant_desc* desc, kjit_stream stream) {
+  return guarded([&]() -> kjit::Expected<void> {
+    KJIT_TRY(require(desc, "desc"));
+    return kjit::ops::dequant_mx(kjit::Runtime::global(), *desc, reinterpret_cast<CUstream>(stream));
+  });
+}
+
+KJIT_API kjit_status kjit_dequant_mx_prepare(const kjit_mx_dequant_desc* desc, int device) {
+  return guarded([&]() -> kjit::Expected<void> {
+    KJIT_TRY(require(desc, "desc"));
+    return kjit::ops::prepare_dequant_mx(kjit::Runtime::global(), *desc, device);
+  });
+}
+
+KJIT_API void kjit_scale_layout_desc_init(kjit_scale_layout_desc* desc) {
+  if (!desc) return;
+  *desc = kjit_scale_layout_desc{};
+  desc->struct_size = sizeof(kjit_scale_layout_desc);
+  desc->experts = 1;
+}
+
+KJIT_API kjit_status kjit_convert_scale_layout(const kjit_scale_layout_desc* desc, kjit_stream stream) {
+  return guarded([&]() -> kjit::Expected<void> {
+    KJIT_TRY(require(desc, "desc"));
+    return kjit::ops::convert_scale_layout(kjit::Runtime::global(), *desc, reinterpret_cast<CUstream>(stream));
+  });
+}
+
+KJIT_API kjit_status kjit_convert_scale_layout_prepare(const kjit_scale_layout_desc* desc, int device) {
+  return guarded([&]() -> kjit::Expected<void> {
+    KJIT_TRY(require(desc, "desc"));
+    return kjit::ops::prepare_convert_scale_layout(kjit::Runtime::global(), *desc, device);
+  });
+}
+
+KJIT_API uint64_t kjit_swizzled_scale_bytes(int64_t total_rows, int64_t scale_cols, int64_t experts) {
+  return kjit::ops::swizzled_scale_bytes_bound(total_rows, scale_cols, experts);
 }
 
 KJIT_API kjit_status kjit_device_errors(int device) {

@@ -22,7 +22,13 @@
     "out")                                                                                                           \
   X(QUANTIZE_INDEX_OUT_OF_RANGE, 6,                                                                                  \
     "an fp8 quantize gather on device {device} was given flat index {value} past tokens * top_k; that row was "      \
-    "written as zeros")
+    "written as zeros")                                                                                         \
+  X(SCALE_OFFSETS_NOT_MONOTONIC, 7,                                                                                  \
+    "a scale-layout conversion on device {device} was given expert offsets that decrease at expert {value}; it "    \
+    "wrote nothing")                                                                                                 \
+  X(SCALE_OFFSETS_OUT_OF_RANGE, 8,                                                                                   \
+    "a scale-layout conversion on device {device} was given an offset for expert {value} outside [0, rows] (or a "  \
+    "first offset that is not 0); it wrote nothing")
 
 #define KJIT_DEVICE_ERROR_ENUMERATOR(name, code, message) KJIT_DEVICE_ERROR_##name = code,
 enum kjit_device_error_code { KJIT_DEVICE_ERRORS(KJIT_DEVICE_ERROR_ENUMERATOR) };

@@ -25,8 +25,9 @@ export KJIT_CACHE_DIR=$work/cache
 unset KJIT_CACHE_PATH
 
 # Both layouts in every sm_90a bucket, the f32 output with a row scale (another
-# epilogue), a dequant, the routing kernels, the fp8 quantizer, and the FP8
-# GEMM in both weight scalings, the W8A16 GEMM, and the MX quantizer in every form.
+# epilogue), a dequant, the routing kernels, the fp8 quantizer, the FP8
+# GEMM in both weight scalings, the W8A16 and W4A16 GEMMs, the MX quantizer in every form, and the MX dequant
+# and scale-layout kernels.
 cat > "$work/sass.json" <<'JSON'
 {"kjit_manifest": 1, "name": "sass check", "kernels": [
   {"op": "grouped_gemm", "out": "bf16", "n": 4096, "k": 7168, "experts": 32,
@@ -56,7 +57,17 @@ cat > "$work/sass.json" <<'JSON'
    "global_scale": ["given", "compute"], "convention": ["multiply", "divide"]},
   {"op": "mx_quantize", "format": "mxfp4", "k": 2880, "scale_layout": "swizzled_128x4"},
   {"op": "mx_quantize", "format": "mxfp8", "element": ["f8_e4m3fn", "f8_e5m2"], "k": 2880,
-   "scale_layout": "linear"}]}
+   "scale_layout": "linear"},
+  {"op": "mx_dequant", "format": "nvfp4", "convention": ["multiply", "divide"], "out": ["bf16", "f32"], "k": 7168,
+   "scale_layout": "swizzled_128x4"},
+  {"op": "mx_dequant", "format": "nvfp4", "convention": "divide", "out": "bf16", "k": 48, "scale_layout": "linear",
+   "selected_experts": true},
+  {"op": "mx_dequant", "format": "mxfp4", "out": "bf16", "k": 2880, "scale_layout": "linear"},
+  {"op": "mx_dequant", "format": "mxfp8", "element": ["f8_e4m3fn", "f8_e5m2"], "out": "f16", "k": 2880,
+   "scale_layout": "swizzled_128x4"},
+  {"op": "mx_scale_layout", "from": "linear", "to": "swizzled_128x4", "scale_cols": 90,
+   "offsets": "cumulative_end"},
+  {"op": "mx_scale_layout", "from": "swizzled_128x4", "to": "linear", "scale_cols": 448}]}
 JSON
 "$jitctl" precompile --manifest "$work/sass.json" --arch sm_90a,sm_100a,sm_120a -j "$(nproc)" > "$work/precompile.txt" 2>/dev/null
 cat "$work/precompile.txt"

@@ -54,7 +54,8 @@ def test_every_descriptor_init_sets_struct_size_to_the_ctypes_size():
     lib = kjit.library()
     for name, desc in (("grouped_gemm", kjit._GroupedGemmDesc), ("moe_routing", kjit._MoeRoutingDesc),
                        ("moe_combine", kjit._MoeCombineDesc), ("fp8_quantize", kjit._Fp8QuantizeDesc),
-                       ("mx_quantize", kjit._MxQuantizeDesc)):
+                       ("mx_quantize", kjit._MxQuantizeDesc), ("mx_dequant", kjit._MxDequantDesc),
+                       ("scale_layout", kjit._ScaleLayoutDesc)):
         x = desc()
         getattr(lib, f"kjit_{name}_desc_init")(ctypes.byref(x))
         assert x.struct_size == ctypes.sizeof(desc), name
@@ -79,8 +80,9 @@ def test_every_ctypes_field_lies_at_the_offset_of_its_c_field(tmp_path):
         pytest.skip("needs a C compiler (cc) and kjit's source tree (runtime/include/kjit/kjit.h)")
     structs = {"kjit_dequant_desc": kjit._DequantDesc, "kjit_grouped_gemm_desc": kjit._GroupedGemmDesc,
                "kjit_moe_routing_desc": kjit._MoeRoutingDesc, "kjit_moe_combine_desc": kjit._MoeCombineDesc,
-               "kjit_fp8_quantize_desc": kjit._Fp8QuantizeDesc, "kjit_mx_quantize_desc": kjit._MxQuantizeDesc}
-    c_name = {"input": "in"}  # C's `in` is a keyword in Python
+               "kjit_fp8_quantize_desc": kjit._Fp8QuantizeDesc, "kjit_mx_quantize_desc": kjit._MxQuantizeDesc,
+               "kjit_mx_dequant_desc": kjit._MxDequantDesc, "kjit_scale_layout_desc": kjit._ScaleLayoutDesc}
+    c_name = {"input": "in", "from_layout": "from"}  # C's `in` and `from` are keywords in Python
     prints = [f'printf("{c} {f} %zu\\n", offsetof({c}, {c_name.get(f, f)}));'
               for c, desc in structs.items() for f, _ in desc._fields_]
     prints += [f'printf("{c} sizeof %zu\\n", sizeof({c}));' for c in structs]

@@ -394,12 +394,12 @@ TEST_CASE("mx quantize specs round-trip through canonical text and JSON; invaria
   for (auto layout : {MxScaleLayout::linear, MxScaleLayout::swizzled_128x4}) {
     for (auto global : {GlobalScaleMode::given, GlobalScaleMode::compute})
       for (auto convention : {ScaleConvention::multiply, ScaleConvention::divide})
-        specs.push_back({.format = MxQuantFormat::nvfp4, .k = 2048, .scale_layout = layout, .global_scale = global,
+        specs.push_back({.format = MxFormat::nvfp4, .k = 2048, .scale_layout = layout, .global_scale = global,
                          .convention = convention});
-    specs.push_back({.format = MxQuantFormat::mxfp4, .k = 2880, .scale_layout = layout,
+    specs.push_back({.format = MxFormat::mxfp4, .k = 2880, .scale_layout = layout,
                      .global_scale = GlobalScaleMode::none});
     for (auto element : {MxElement::f8_e4m3fn, MxElement::f8_e5m2})
-      specs.push_back({.format = MxQuantFormat::mxfp8, .element = element, .k = 2880, .scale_layout = layout,
+      specs.push_back({.format = MxFormat::mxfp8, .element = element, .k = 2880, .scale_layout = layout,
                        .global_scale = GlobalScaleMode::none});
   }
   for (const auto& s : specs) {
@@ -417,7 +417,7 @@ TEST_CASE("mx quantize specs round-trip through canonical text and JSON; invaria
   auto minimal = spec_from_json(nlohmann::json{{"op", "mx_quantize"}, {"format", "mxfp4"}, {"k", 64},
                                                {"scale_layout", "linear"}});
   REQUIRE(minimal.has_value());
-  CHECK(*minimal == KernelSpec{MxQuantizeSpec{.format = MxQuantFormat::mxfp4, .k = 64,
+  CHECK(*minimal == KernelSpec{MxQuantizeSpec{.format = MxFormat::mxfp4, .k = 64,
                                               .global_scale = GlobalScaleMode::none}});
   auto stray = spec_from_json(nlohmann::json{{"op", "mx_quantize"}, {"format", "mxfp4"}, {"k", 64},
                                              {"scale_layout", "linear"}, {"convention", "multiply"}});
@@ -432,25 +432,25 @@ TEST_CASE("mx quantize specs round-trip through canonical text and JSON; invaria
   REQUIRE_FALSE(no_element.has_value());
   CHECK(no_element.error().message.find("'element'") != std::string::npos);
   // K a multiple of the block; the element fits the format.
-  for (auto [format, k] : {std::pair{MxQuantFormat::nvfp4, int64_t{40}}, {MxQuantFormat::nvfp4, int64_t{0}},
-                           {MxQuantFormat::mxfp4, int64_t{48}}, {MxQuantFormat::nvfp4, int64_t{1} << 21}}) {
+  for (auto [format, k] : {std::pair{MxFormat::nvfp4, int64_t{40}}, {MxFormat::nvfp4, int64_t{0}},
+                           {MxFormat::mxfp4, int64_t{48}}, {MxFormat::nvfp4, int64_t{1} << 21}}) {
     MxQuantizeSpec s{.format = format, .k = k};
-    if (format != MxQuantFormat::nvfp4) s.global_scale = GlobalScaleMode::none;
+    if (format != MxFormat::nvfp4) s.global_scale = GlobalScaleMode::none;
     auto bad = validate(KernelSpec{s});
     REQUIRE_FALSE(bad.has_value());
     CHECK(bad.error().message.find("K must be a positive multiple of") != std::string::npos);
   }
-  CHECK_FALSE(validate(KernelSpec{MxQuantizeSpec{.format = MxQuantFormat::mxfp8, .k = 64,
+  CHECK_FALSE(validate(KernelSpec{MxQuantizeSpec{.format = MxFormat::mxfp8, .k = 64,
                                                  .global_scale = GlobalScaleMode::none}}).has_value());  // e2m1
-  CHECK_FALSE(validate(KernelSpec{MxQuantizeSpec{.format = MxQuantFormat::nvfp4, .element = MxElement::f8_e4m3fn,
+  CHECK_FALSE(validate(KernelSpec{MxQuantizeSpec{.format = MxFormat::nvfp4, .element = MxElement::f8_e4m3fn,
                                                  .k = 64}}).has_value());
-  CHECK_FALSE(validate(KernelSpec{MxQuantizeSpec{.format = MxQuantFormat::mxfp4, .k = 64}}).has_value());  // given
-  CHECK_FALSE(validate(KernelSpec{MxQuantizeSpec{.format = MxQuantFormat::nvfp4, .k = 64,
+  CHECK_FALSE(validate(KernelSpec{MxQuantizeSpec{.format = MxFormat::mxfp4, .k = 64}}).has_value());  // given
+  CHECK_FALSE(validate(KernelSpec{MxQuantizeSpec{.format = MxFormat::nvfp4, .k = 64,
                                                  .global_scale = GlobalScaleMode::none}}).has_value());
 }
 
 TEST_CASE("mx quantize launch geometry: x over an expert's 16-byte chunks (1024 per block), y over experts") {
-  const MxQuantizeSpec s{.format = MxQuantFormat::nvfp4, .k = 7168};
+  const MxQuantizeSpec s{.format = MxFormat::nvfp4, .k = 7168};
   CHECK(mx_quantize_geometry(s, 1, 1, false).grid_x == 1);         // 896 chunks
   CHECK(mx_quantize_geometry(s, 3, 4, false).grid_x == 4);         // 3584 chunks per expert
   CHECK(mx_quantize_geometry(s, 3, 4, false).grid_y == 3);
@@ -628,4 +628,99 @@ TEST_CASE("the SM90 W8A16 GEMM renders a register-A bf16 wgmma per bucket and as
   const auto forced = *choose_grouped_gemm_mixed_config(mixed_problem(), arch("sm_90a"), 1000,
                                                         {.kernel = GemmRequest::Kernel::portable});
   CHECK(forced.kernel == MixedGemmKernel::mma_sync);
+}
+
+TEST_CASE("MX dequant specs round-trip through text and JSON; fields a format has no use for are refused") {
+  std::set<std::string> canonicals;
+  std::vector<MxDequantSpec> specs;
+  for (auto layout : {MxScaleLayout::linear, MxScaleLayout::swizzled_128x4})
+    for (auto out : {DType::bf16, DType::f32}) {
+      specs.push_back({.format = MxFormat::nvfp4, .out = out, .k = 7168, .scale_layout = layout,
+                       .convention = ScaleConvention::divide, .vec = 32});
+      specs.push_back({.format = MxFormat::mxfp4, .out = out, .k = 2880, .scale_layout = layout, .vec = 16,
+                       .selected_experts = true});
+      specs.push_back({.format = MxFormat::mxfp8, .element = DType::f8_e5m2, .out = out, .k = 2880,
+                       .scale_layout = layout, .vec = 16});
+    }
+  for (const auto& s : specs) {
+    const KernelSpec spec = s;
+    REQUIRE_MESSAGE(validate(spec).has_value(), canonical(spec));
+    auto parsed = spec_from_json(to_json(spec));
+    REQUIRE_MESSAGE(parsed.has_value(), parsed.error().message);
+    CHECK(*parsed == spec);
+    canonicals.insert(canonical(spec));
+  }
+  CHECK(canonicals.size() == specs.size());
+  CHECK(canonical(KernelSpec{specs[0]}) ==
+        "mx_dequant format=nvfp4 convention=divide out=bf16 k=7168 scales=linear vec=32 experts=all");
+  // vec defaults to the widest access K allows: 16 bytes of input.
+  auto minimal = spec_from_json(nlohmann::json{
+      {"op", "mx_dequant"}, {"format", "mxfp4"}, {"out", "bf16"}, {"k", 2880}, {"scale_layout", "linear"}});
+  REQUIRE_MESSAGE(minimal.has_value(), minimal.error().message);
+  CHECK(std::get<MxDequantSpec>(*minimal).vec == 32);
+  auto stray = spec_from_json(nlohmann::json{
+      {"op", "mx_dequant"}, {"format", "mxfp4"}, {"convention", "multiply"}, {"out", "bf16"}, {"k", 2880},
+      {"scale_layout", "linear"}});
+  REQUIRE_FALSE(stray.has_value());
+  CHECK(stray.error().message.find("'convention' is not a field of mx_dequant") != std::string::npos);
+  auto no_element = spec_from_json(nlohmann::json{
+      {"op", "mx_dequant"}, {"format", "mxfp8"}, {"out", "bf16"}, {"k", 64}, {"scale_layout", "linear"}});
+  REQUIRE_FALSE(no_element.has_value());
+  CHECK(no_element.error().message.find("'element'") != std::string::npos);
+}
+
+TEST_CASE("MX dequant invariants: K in whole blocks, vec a power of two dividing K within the format's range") {
+  auto message = [](const MxDequantSpec& s) {
+    auto r = validate(KernelSpec{s});
+    return r ? std::string() : r.error().message;
+  };
+  CHECK(message({.format = MxFormat::nvfp4, .k = 40, .vec = 8}).find("multiple of 16") != std::string::npos);
+  CHECK(message({.format = MxFormat::mxfp4, .k = 48, .vec = 16}).find("multiple of 32") != std::string::npos);
+  CHECK(message({.format = MxFormat::mxfp4, .k = 64, .vec = 1}).find("from 2 to 32") != std::string::npos);
+  CHECK(message({.format = MxFormat::mxfp8, .k = 64, .vec = 32}).find("from 1 to 16") != std::string::npos);
+  CHECK(message({.format = MxFormat::nvfp4, .k = 48, .vec = 32}).find("does not divide k") != std::string::npos);
+  CHECK(message({.format = MxFormat::mxfp4, .k = 64, .convention = ScaleConvention::divide, .vec = 32})
+            .find("no global scale") != std::string::npos);
+  CHECK(message({.format = MxFormat::mxfp8, .element = DType::bf16, .k = 64, .vec = 16}).find("f8_e4m3fn") !=
+        std::string::npos);
+  // The access width: 16 input bytes at most, narrower where K, a stride or an address asks.
+  CHECK(mx_dequant_vector(MxFormat::mxfp4, DType::bf16, 2880) == 32);
+  CHECK(mx_dequant_vector(MxFormat::nvfp4, DType::bf16, 48) == 16);           // 24-byte rows
+  CHECK(mx_dequant_vector(MxFormat::mxfp8, DType::f32, 2880) == 16);
+  CHECK(mx_dequant_vector(MxFormat::mxfp4, DType::bf16, 2880, {1}) == 2);     // a byte-aligned input
+  CHECK(mx_dequant_vector(MxFormat::mxfp4, DType::bf16, 2880, {}, {1}) == 0);  // FP4 pairs on odd outputs
+  CHECK(mx_dequant_vector(MxFormat::mxfp8, DType::bf16, 2880, {}, {1}) == 1);
+  // Geometry: every vector once, y over the output slots.
+  const MxDequantSpec s{.format = MxFormat::mxfp4, .k = 2880, .vec = 32};
+  CHECK(mx_dequant_geometry(s, 5760, 32).grid_x == (5760 * 90 + 511) / 512);
+  CHECK(mx_dequant_geometry(s, 5760, 32).grid_y == 32);
+  CHECK(mx_dequant_geometry(s, 0, 1).grid_x == 1);
+}
+
+TEST_CASE("MX scale-layout specs round-trip through text and JSON and need two different layouts") {
+  const std::vector<MxScaleLayoutSpec> specs{
+      {.from = MxScaleLayout::linear, .to = MxScaleLayout::swizzled_128x4, .scale_cols = 90},
+      {.from = MxScaleLayout::swizzled_128x4, .to = MxScaleLayout::linear, .scale_cols = 448, .with_offsets = true},
+      {.from = MxScaleLayout::linear, .to = MxScaleLayout::swizzled_128x4, .scale_cols = 7, .with_offsets = true,
+       .offsets = OffsetsConvention::with_leading_zero}};
+  std::set<std::string> canonicals;
+  for (const auto& s : specs) {
+    const KernelSpec spec = s;
+    REQUIRE_MESSAGE(validate(spec).has_value(), canonical(spec));
+    auto parsed = spec_from_json(to_json(spec));
+    REQUIRE_MESSAGE(parsed.has_value(), parsed.error().message);
+    CHECK(*parsed == spec);
+    canonicals.insert(canonical(spec));
+  }
+  CHECK(canonicals.size() == 3);
+  CHECK(canonical(KernelSpec{specs[2]}) ==
+        "mx_scale_layout from=linear to=swizzled_128x4 scale_cols=7 rows=with_leading_zero");
+  auto same = validate(KernelSpec{MxScaleLayoutSpec{.from = MxScaleLayout::linear, .to = MxScaleLayout::linear,
+                                                    .scale_cols = 4}});
+  REQUIRE_FALSE(same.has_value());
+  CHECK(same.error().message.find("a conversion needs the other layout") != std::string::npos);
+  CHECK_FALSE(validate(KernelSpec{MxScaleLayoutSpec{.scale_cols = 0}}).has_value());
+  CHECK(mx_scale_layout_geometry(0).grid_x == 1);
+  CHECK(mx_scale_layout_geometry(1000).grid_x == 4);
+  CHECK(mx_scale_layout_geometry(int64_t{1} << 40).grid_x == 4096);  // threads loop over the rest
 }

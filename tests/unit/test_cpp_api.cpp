@@ -44,3 +44,23 @@ TEST_CASE("every C++ descriptor starts with its struct size and unset convention
   CHECK_THROWS_AS(kjit::quantize_mx(mx, nullptr), kjit::Exception);
   CHECK_THROWS_AS(kjit::prepare_quantize_mx(mx, 0), kjit::Exception);
 }
+
+TEST_CASE("the MX descriptors start with their struct size and no format or layout, and their calls throw") {
+  kjit::MxDequantDesc dequant;
+  CHECK(dequant.struct_size == sizeof(kjit_mx_dequant_desc));
+  CHECK(dequant.format == KJIT_BLOCK_FORMAT_UNSET);
+  CHECK(dequant.experts == 1);
+  try {
+    kjit::dequant_mx(dequant, nullptr);
+    FAIL("dequant_mx accepted an empty descriptor");
+  } catch (const kjit::Exception& e) {
+    CHECK(e.status() == KJIT_ERROR_INVALID_ARGUMENT);
+    CHECK(std::string(e.what()).find("KJIT_ERROR_INVALID_ARGUMENT: format must be") == 0);
+  }
+  CHECK_THROWS_AS(kjit::prepare_dequant_mx(dequant, 0), kjit::Exception);
+  kjit::ScaleLayoutDesc layout;
+  CHECK(layout.struct_size == sizeof(kjit_scale_layout_desc));
+  CHECK(layout.from == KJIT_SCALE_LAYOUT_UNSET);
+  CHECK_THROWS_AS(kjit::convert_scale_layout(layout, nullptr), kjit::Exception);
+  CHECK_THROWS_AS(kjit::prepare_convert_scale_layout(layout, 0), kjit::Exception);
+}

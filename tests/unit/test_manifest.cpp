@@ -66,8 +66,8 @@ TEST_CASE("every bundled manifest parses, and the default one includes them all"
   }
   auto all = read_manifest((kBundled / "default.json").string());
   REQUIRE_MESSAGE(all.has_value(), kjit::testing::why(all));
-  CHECK(all->kernels.size() == 117);  // 58 before the manifest checks, 12 fp8 quantize, 18 FP8, 18 W8A16 and 4 W4A16 GEMM
-                                     // specs, 7 mx_quantize (NVFP4 K 2048 shared by Qwen3-30B and DeepSeek-V3)
+  CHECK(all->kernels.size() == 121);  // 58 before the manifest checks, 12 fp8 quantize, 18 FP8, 18 W8A16 and 4 W4A16 GEMM
+                                     // specs, 7 mx_quantize, 4 MX dequant (NVFP4 K 2048 shared by Qwen3-30B and DeepSeek-V3)
   CHECK(all->kernels.size() <= union_size);  // duplicates across models merged
 }
 

@@ -56,7 +56,7 @@ struct MxQuantizeFixture : FakeRuntimeFixture {
 TEST_CASE_FIXTURE(MxQuantizeFixture, "a valid NVFP4 quantize launches once, grid x over an expert's chunks, y over experts") {
   auto plan = kjit::ops::plan_mx_quantize(desc, false);
   REQUIRE_MESSAGE(plan.has_value(), kjit::testing::why(plan));
-  CHECK(plan->spec == kjit::codegen::MxQuantizeSpec{.format = kjit::codegen::MxQuantFormat::nvfp4,
+  CHECK(plan->spec == kjit::codegen::MxQuantizeSpec{.format = kjit::codegen::MxFormat::nvfp4,
                                                     .element = kjit::codegen::MxElement::e2m1,
                                                     .k = kK,
                                                     .scale_layout = kjit::codegen::MxScaleLayout::swizzled_128x4,

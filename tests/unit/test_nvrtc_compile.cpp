@@ -303,13 +303,13 @@ static std::vector<MxQuantizeSpec> mx_quantize_variants() {
   std::vector<MxQuantizeSpec> out;
   for (auto layout : {MxScaleLayout::linear, MxScaleLayout::swizzled_128x4}) {
     for (auto global : {GlobalScaleMode::given, GlobalScaleMode::compute})
-      out.push_back({.format = MxQuantFormat::nvfp4, .k = 7168, .scale_layout = layout, .global_scale = global,
+      out.push_back({.format = MxFormat::nvfp4, .k = 7168, .scale_layout = layout, .global_scale = global,
                      .convention = global == GlobalScaleMode::given ? ScaleConvention::multiply
                                                                     : ScaleConvention::divide});
-    out.push_back({.format = MxQuantFormat::mxfp4, .k = 2880, .scale_layout = layout,
+    out.push_back({.format = MxFormat::mxfp4, .k = 2880, .scale_layout = layout,
                    .global_scale = GlobalScaleMode::none});
     for (auto element : {MxElement::f8_e4m3fn, MxElement::f8_e5m2})
-      out.push_back({.format = MxQuantFormat::mxfp8, .element = element, .k = 96, .scale_layout = layout,
+      out.push_back({.format = MxFormat::mxfp8, .element = element, .k = 96, .scale_layout = layout,
                      .global_scale = GlobalScaleMode::none});
   }
   return out;
@@ -322,7 +322,7 @@ TEST_CASE("every mx quantize form compiles with NVRTC for sm_90a, sm_100a and sm
       auto cubin = b.builder.build(spec, arch_of(arch));
       CAPTURE(arch);
       CAPTURE(canonical(spec));
-      if (std::string(arch) == "sm_80" && spec.format != MxQuantFormat::mxfp4) {
+      if (std::string(arch) == "sm_80" && spec.format != MxFormat::mxfp4) {
         REQUIRE_FALSE(cubin.has_value());
         CHECK(cubin.error().code == KJIT_ERROR_UNSUPPORTED);
         CHECK(cubin.error().message.find("quantize needs compute capability 8.9 or newer") != std::string::npos);
@@ -339,6 +339,66 @@ TEST_CASE("ptxas reports no local-memory spills in the mx quantize kernels on sm
   auto options = kjit::compile_flags("sm_90a");
   options.push_back("--ptxas-options=-v");
   for (const auto& spec : mx_quantize_variants()) {
+    auto r = (*nvrtc)->compile(render(spec).source, "spill_check.cu", "sm_90a", options);
+    REQUIRE_MESSAGE(r.has_value(), kjit::testing::why(r));
+    CAPTURE(canonical(spec));
+    CHECK_MESSAGE(r->log.find("0 bytes spill stores, 0 bytes spill loads") != std::string::npos, r->log);
+    CHECK_MESSAGE(r->log.find("0 bytes stack frame") != std::string::npos, r->log);
+    CHECK_MESSAGE(r->log.find("warning") == std::string::npos, r->log);
+  }
+}
+
+// Every MX template branch: each format (both MXFP8 elements, both NVFP4
+// conventions), output, layout, the widest and narrow vectors (one and two
+// scales per vector), selected experts; the scale-layout conversion both ways,
+// uniform and with offsets of both conventions.
+static std::vector<KernelSpec> mx_variants() {
+  std::vector<KernelSpec> out;
+  out.push_back(MxDequantSpec{.format = MxFormat::nvfp4, .out = DType::bf16, .k = 7168,
+                              .scale_layout = MxScaleLayout::swizzled_128x4, .vec = 32});
+  out.push_back(MxDequantSpec{.format = MxFormat::nvfp4, .out = DType::f32, .k = 48, .convention = ScaleConvention::divide,
+                              .vec = 16, .selected_experts = true});
+  out.push_back(MxDequantSpec{.format = MxFormat::nvfp4, .out = DType::f16, .k = 2048,
+                              .scale_layout = MxScaleLayout::swizzled_128x4, .convention = ScaleConvention::divide,
+                              .vec = 32});
+  out.push_back(MxDequantSpec{.format = MxFormat::mxfp4, .out = DType::bf16, .k = 2880, .vec = 32});
+  out.push_back(MxDequantSpec{.format = MxFormat::mxfp4, .out = DType::f32, .k = 2880,
+                              .scale_layout = MxScaleLayout::swizzled_128x4, .vec = 2, .selected_experts = true});
+  out.push_back(MxDequantSpec{.format = MxFormat::mxfp8, .element = DType::f8_e4m3fn, .out = DType::bf16, .k = 2880,
+                              .vec = 16});
+  out.push_back(MxDequantSpec{.format = MxFormat::mxfp8, .element = DType::f8_e5m2, .out = DType::f16, .k = 96,
+                              .scale_layout = MxScaleLayout::swizzled_128x4, .vec = 1});
+  for (bool with_offsets : {false, true})
+    for (auto to : {MxScaleLayout::linear, MxScaleLayout::swizzled_128x4})
+      out.push_back(MxScaleLayoutSpec{.from = to == MxScaleLayout::linear ? MxScaleLayout::swizzled_128x4
+                                                                           : MxScaleLayout::linear,
+                                      .to = to, .scale_cols = with_offsets ? 90 : 7, .with_offsets = with_offsets,
+                                      .offsets = with_offsets && to == MxScaleLayout::linear
+                                                     ? OffsetsConvention::with_leading_zero
+                                                     : OffsetsConvention::cumulative_end});
+  return out;
+}
+
+TEST_CASE("every MX dequant and scale-layout variant compiles with NVRTC for sm_90a, sm_100a and sm_120a") {
+  PrivateBuilder b("kjit-nvrtc-mx");
+  for (const char* arch : {"sm_90a", "sm_100a", "sm_120a"})
+    for (const auto& spec : mx_variants()) {
+      auto cubin = b.builder.build(spec, arch_of(arch));
+      REQUIRE_MESSAGE(cubin.has_value(), arch, " ", canonical(spec), ": ", kjit::testing::why(cubin));
+      CHECK(std::memcmp(cubin->cubin.data(), "\x7f" "ELF", 4) == 0);
+    }
+  auto refused = b.builder.build(mx_variants().front(), arch_of("sm_80"));
+  REQUIRE_FALSE(refused.has_value());
+  CHECK(refused.error().code == KJIT_ERROR_UNSUPPORTED);
+  CHECK(refused.error().message.find("MX dequant needs compute capability 8.9 or newer") != std::string::npos);
+}
+
+TEST_CASE("ptxas reports no local-memory spills in the MX kernels on sm_90a") {
+  auto nvrtc = kjit::Nvrtc::load();
+  REQUIRE(nvrtc.has_value());
+  auto options = kjit::compile_flags("sm_90a");
+  options.push_back("--ptxas-options=-v");
+  for (const auto& spec : mx_variants()) {
     auto r = (*nvrtc)->compile(render(spec).source, "spill_check.cu", "sm_90a", options);
     REQUIRE_MESSAGE(r.has_value(), kjit::testing::why(r));
     CAPTURE(canonical(spec));

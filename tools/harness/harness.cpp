@@ -47,6 +47,10 @@ Outcome check_spec(Runtime& runtime, DeviceState& device, const codegen::KernelS
           return counted(check_fp8_quantize(runtime, device, s, rng), "bit-exact");
         } else if constexpr (std::is_same_v<S, codegen::MxQuantizeSpec>) {
           return counted(check_mx_quantize(runtime, device, s, rng), "bit-exact");
+        } else if constexpr (std::is_same_v<S, codegen::MxDequantSpec>) {
+          return counted(check_mx_dequant(runtime, device, s, rng), "bit-exact");
+        } else if constexpr (std::is_same_v<S, codegen::MxScaleLayoutSpec>) {
+          return counted(check_mx_scale_layout(runtime, device, s, rng), "exact");
         } else {
           static_assert(kNoCheck<S>, "every kernel family needs a check in the harness");
         }

@@ -47,6 +47,10 @@ Expected<int64_t> check_moe_routing(Runtime& runtime, DeviceState& device, const
                                     std::mt19937_64& rng);
 Expected<int64_t> check_moe_combine(Runtime& runtime, DeviceState& device, const codegen::MoeCombineSpec& spec,
                                     std::mt19937_64& rng);
+Expected<int64_t> check_mx_dequant(Runtime& runtime, DeviceState& device, const codegen::MxDequantSpec& spec,
+                                   std::mt19937_64& rng);
+Expected<int64_t> check_mx_scale_layout(Runtime& runtime, DeviceState& device, const codegen::MxScaleLayoutSpec& spec,
+                                        std::mt19937_64& rng);
 Expected<int64_t> check_fp8_quantize(Runtime& runtime, DeviceState& device, const codegen::Fp8QuantizeSpec& spec,
                                      std::mt19937_64& rng);
 Expected<int64_t> check_mx_quantize(Runtime& runtime, DeviceState& device, const codegen::MxQuantizeSpec& spec,

@@ -23,7 +23,7 @@ Expected<int64_t> check_mx_quantize(Runtime& runtime, DeviceState& device, const
                                     std::mt19937_64& rng) {
   const DriverApi& api = **runtime.driver();
   const int64_t experts = 3, rows = 37, k = spec.k, stride = k + 8, block = codegen::mx_block(spec.format);
-  const bool nvfp4 = spec.format == codegen::MxQuantFormat::nvfp4;
+  const bool nvfp4 = spec.format == codegen::MxFormat::nvfp4;
 
   std::vector<uint16_t> in(static_cast<size_t>(experts * rows * stride), reference::bf16_bits_rne(-7.0f));
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -52,7 +52,7 @@ Expected<int64_t> check_mx_quantize(Runtime& runtime, DeviceState& device, const
                        : spec.element == codegen::MxElement::f8_e4m3fn ? KJIT_DTYPE_F8_E4M3FN
                                                                        : KJIT_DTYPE_INVALID;
   const auto format = nvfp4 ? KJIT_BLOCK_FORMAT_NVFP4
-                            : spec.format == codegen::MxQuantFormat::mxfp4 ? KJIT_BLOCK_FORMAT_MXFP4
+                            : spec.format == codegen::MxFormat::mxfp4 ? KJIT_BLOCK_FORMAT_MXFP4
                                                                            : KJIT_BLOCK_FORMAT_MXFP8;
   const auto layout =
       spec.scale_layout == codegen::MxScaleLayout::linear ? KJIT_SCALE_LAYOUT_LINEAR : KJIT_SCALE_LAYOUT_SWIZZLED_128X4;

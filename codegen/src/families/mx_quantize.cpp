@@ -9,23 +9,18 @@
 
 #include "../recipe.hpp"
 #include "../spec_reader.hpp"
+#include "mx_spec_fields.hpp"
 
 namespace kjit::codegen {
 
 template <>
-inline constexpr int kEnumCount<MxQuantFormat> = 3;
-template <>
 inline constexpr int kEnumCount<MxElement> = 3;
-template <>
-inline constexpr int kEnumCount<MxScaleLayout> = 2;
 template <>
 inline constexpr int kEnumCount<GlobalScaleMode> = 3;
 
 namespace {
 
-constexpr std::array kFormatNames{"nvfp4", "mxfp4", "mxfp8"};
 constexpr std::array kElementNames{"e2m1", "f8_e4m3fn", "f8_e5m2"};
-constexpr std::array kLayoutNames{"linear", "swizzled_128x4"};
 constexpr std::array kGlobalNames{"none", "given", "compute"};
 
 constexpr int kQuantizeThreads = 256;
@@ -35,21 +30,16 @@ constexpr int64_t kMaxGridX = 0x7fffffff;
 
 auto invalid(std::string message) { return fail(KJIT_ERROR_INVALID_ARGUMENT, std::move(message)); }
 
-bool is_fp4(MxQuantFormat f) { return f != MxQuantFormat::mxfp8; }
-
 }  // namespace
 
-std::string_view name(MxQuantFormat f) { return kFormatNames[static_cast<size_t>(f)]; }
 std::string_view name(MxElement e) { return kElementNames[static_cast<size_t>(e)]; }
-std::string_view name(MxScaleLayout l) { return kLayoutNames[static_cast<size_t>(l)]; }
 std::string_view name(GlobalScaleMode m) { return kGlobalNames[static_cast<size_t>(m)]; }
 
-int64_t mx_block(MxQuantFormat format) { return format == MxQuantFormat::nvfp4 ? 16 : 32; }
 
 std::string Family<MxQuantizeSpec>::canonical(const MxQuantizeSpec& s) {
   std::string text = fmt::format("mx_quantize in=bf16 format={} element={} k={} scales={}", name(s.format),
                                  name(s.element), s.k, name(s.scale_layout));
-  if (s.format == MxQuantFormat::nvfp4)
+  if (s.format == MxFormat::nvfp4)
     text += fmt::format(" global={} convention={}", name(s.global_scale), name(s.convention));
   return text;
 }
@@ -60,7 +50,7 @@ nlohmann::json Family<MxQuantizeSpec>::to_json(const MxQuantizeSpec& s) {
                    {"element", name(s.element)},
                    {"k", s.k},
                    {"scale_layout", name(s.scale_layout)}};
-  if (s.format == MxQuantFormat::nvfp4) {
+  if (s.format == MxFormat::nvfp4) {
     j["global_scale"] = name(s.global_scale);
     j["convention"] = name(s.convention);
   }
@@ -71,11 +61,11 @@ nlohmann::json Family<MxQuantizeSpec>::to_json(const MxQuantizeSpec& s) {
 // needs "global_scale" and "convention", which the MX formats may not have.
 Expected<MxQuantizeSpec> Family<MxQuantizeSpec>::from_json(SpecReader& reader) {
   MxQuantizeSpec s;
-  s.format = KJIT_TRY(reader.enumeration<MxQuantFormat>("format"));
+  s.format = KJIT_TRY(reader.enumeration<MxFormat>("format"));
   if (reader.has("element") || !is_fp4(s.format)) s.element = KJIT_TRY(reader.enumeration<MxElement>("element"));
   s.k = KJIT_TRY(reader.integer("k"));
   s.scale_layout = KJIT_TRY(reader.enumeration<MxScaleLayout>("scale_layout"));
-  if (s.format == MxQuantFormat::nvfp4) {
+  if (s.format == MxFormat::nvfp4) {
     s.global_scale = KJIT_TRY(reader.enumeration<GlobalScaleMode>("global_scale"));
     s.convention = KJIT_TRY(reader.enumeration<ScaleConvention>("convention"));
   } else {
@@ -106,9 +96,9 @@ Expected<void> Family<MxQuantizeSpec>::validate(const MxQuantizeSpec& s) {
     return invalid(fmt::format("mx_quantize: {} elements are e2m1, got {}", name(s.format), name(s.element)));
   if (!is_fp4(s.format) && s.element == MxElement::e2m1)
     return invalid("mx_quantize: mxfp8 elements are f8_e4m3fn or f8_e5m2, got e2m1");
-  if (s.format == MxQuantFormat::nvfp4 && s.global_scale == GlobalScaleMode::none)
+  if (s.format == MxFormat::nvfp4 && s.global_scale == GlobalScaleMode::none)
     return invalid("mx_quantize: nvfp4 needs a global scale, given or computed");
-  if (s.format != MxQuantFormat::nvfp4 &&
+  if (s.format != MxFormat::nvfp4 &&
       (s.global_scale != GlobalScaleMode::none || s.convention != ScaleConvention::multiply))
     return invalid(fmt::format("mx_quantize: {} has no global scale (none, and no convention)", name(s.format)));
   const int64_t block = mx_block(s.format);
@@ -121,7 +111,7 @@ Expected<void> Family<MxQuantizeSpec>::validate(const MxQuantizeSpec& s) {
 // e2m1 is encoded with fp32 compares (every arch); the e4m3 scales of NVFP4
 // and MXFP8's codes use the hardware fp8 conversion.
 Expected<void> Family<MxQuantizeSpec>::supported_on(const MxQuantizeSpec& s, const ArchInfo& arch) {
-  if (s.format == MxQuantFormat::mxfp4 || arch.fp8_conversion) return {};
+  if (s.format == MxFormat::mxfp4 || arch.fp8_conversion) return {};
   return fail(KJIT_ERROR_UNSUPPORTED,
               fmt::format("{} quantize needs compute capability 8.9 or newer (fp8 conversion); {} is {}.{} ({})",
                           name(s.format), arch.target, arch.major, arch.minor, arch.note));

@@ -379,7 +379,8 @@ typedef struct kjit_mx_dequant_desc {
   int64_t rows;                   /* rows per expert */
   int64_t k;                      /* elements per row: a multiple of the format's block (16 or 32) */
   int64_t in_row_stride;          /* BYTES between rows of `in`: 0 = k / 2 (FP4) or k (MXFP8) */
-  int64_t out_row_stride;         /* elements between rows of `out`: 0 = k */
+  int64_t out_row_stride;         /* elements between rows of `out`: 0 = k (FP4: even, and `out` aligned to two
+                                     elements: a packed byte's pair is stored together) */
   kjit_scale_layout scale_layout;
   const void* in;                 /* device: packed pairs or fp8 codes, expert e at e * rows * in_row_stride */
   const uint8_t* scales;          /* device: e4m3fn (NVFP4) or UE8M0 bytes, in scale_layout */
@@ -460,8 +461,9 @@ KJIT_API void kjit_scale_layout_desc_init(kjit_scale_layout_desc* desc);
 KJIT_API kjit_status kjit_convert_scale_layout(const kjit_scale_layout_desc* desc, kjit_stream stream);
 KJIT_API kjit_status kjit_convert_scale_layout_prepare(const kjit_scale_layout_desc* desc, int device);
 /* The largest swizzled size a stack of `experts` experts holding `total_rows` rows in all can need (each
- * expert's rows padded up to 128): (total_rows + 127 * experts) rounded down to a multiple of 128, times
- * round_up(scale_cols, 4). */
+ * expert's rows padded up to 128; at most min(experts, total_rows) experts hold rows): (total_rows + 127 *
+ * min(experts, total_rows)) rounded down to a multiple of 128, times round_up(scale_cols, 4). 0 for negative
+ * arguments. */
 KJIT_API uint64_t kjit_swizzled_scale_bytes(int64_t total_rows, int64_t scale_cols, int64_t experts);
 
 /* Reads and clears the errors kernels have recorded on `device` (for example

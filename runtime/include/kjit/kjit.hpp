@@ -83,6 +83,26 @@ inline void prepare_quantize_mx(const MxQuantizeDesc& desc, int device) {
   throw_if_failed(kjit_quantize_mx_prepare(&desc, device));
 }
 
+// MX formats (NVFP4, MXFP4, MXFP8): dequant and scale-layout conversion.
+struct MxDequantDesc : kjit_mx_dequant_desc {
+  MxDequantDesc() : kjit_mx_dequant_desc() { kjit_mx_dequant_desc_init(this); }
+};
+struct ScaleLayoutDesc : kjit_scale_layout_desc {
+  ScaleLayoutDesc() : kjit_scale_layout_desc() { kjit_scale_layout_desc_init(this); }
+};
+inline void dequant_mx(const MxDequantDesc& desc, kjit_stream stream) {
+  throw_if_failed(kjit_dequant_mx(&desc, stream));
+}
+inline void prepare_dequant_mx(const MxDequantDesc& desc, int device) {
+  throw_if_failed(kjit_dequant_mx_prepare(&desc, device));
+}
+inline void convert_scale_layout(const ScaleLayoutDesc& desc, kjit_stream stream) {
+  throw_if_failed(kjit_convert_scale_layout(&desc, stream));
+}
+inline void prepare_convert_scale_layout(const ScaleLayoutDesc& desc, int device) {
+  throw_if_failed(kjit_convert_scale_layout_prepare(&desc, device));
+}
+
 // Throws if a kernel on `device` recorded bad data (synchronises the device).
 inline void check_device_errors(int device) { throw_if_failed(kjit_device_errors(device)); }
 

@@ -21,7 +21,8 @@ import pathlib
 
 __all__ = ["KjitError", "dequant_fp8", "prepare_dequant_fp8", "grouped_gemm", "prepare_grouped_gemm",
            "moe_routing", "prepare_moe_routing", "moe_combine", "prepare_moe_combine", "quantize_fp8",
-           "prepare_quantize_fp8", "quantize_mx", "prepare_quantize_mx", "MxArgumentError",
+           "prepare_quantize_fp8", "quantize_mx", "prepare_quantize_mx", "MxArgumentError", "dequant_mx",
+           "prepare_dequant_mx", "convert_scale_layout", "prepare_convert_scale_layout", "swizzled_scale_bytes",
            "check_device_errors",
            "library", "__version__"]
 
@@ -29,6 +30,8 @@ _OK = 0
 _DTYPE = {"float8_e4m3fn": 1, "float8_e5m2": 2, "bfloat16": 3, "float16": 4, "float32": 5}
 _F4_E2M1 = 6  # KJIT_DTYPE_F4_E2M1: e2m1 pairs in uint8, element 2i in the low nibble of byte i
 _BLOCK_FORMAT = {"nvfp4": 1, "mxfp4": 2, "mxfp8": 3}  # kjit_block_format
+_SCALE_LAYOUT = {"linear": 1, "swizzled_128x4": 2}  # kjit_scale_layout
+_GLOBAL_SCALE = {"given": 1, "compute": 2}  # kjit_global_scale_mode
 _GRANULARITY = {"tensor": 1, "row": 2, "block": 3}
 _CONVENTION = {"multiply": 1, "divide": 2}
 _GEMM_KERNEL = {"auto": 0, "portable": 1, "sm90": 2, "sm90_swap_ab": 3}
@@ -186,6 +189,49 @@ _INVALID = "KJIT_ERROR_INVALID_ARGUMENT"
 _LIBRARY_NAME = "libkjit.so.0"
 
 
+# The MX formats (kjit.h, "Block-scaled \"MX\" formats").
+_OFFSETS = {"cumulative_end": 1, "with_leading_zero": 2}  # kjit_expert_offsets
+
+
+class _MxDequantDesc(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("format", ctypes.c_int),
+        ("element_dtype", ctypes.c_int),
+        ("out_dtype", ctypes.c_int),
+        ("experts", ctypes.c_int64),
+        ("rows", ctypes.c_int64),
+        ("k", ctypes.c_int64),
+        ("in_row_stride", ctypes.c_int64),
+        ("out_row_stride", ctypes.c_int64),
+        ("scale_layout", ctypes.c_int),
+        ("input", ctypes.c_void_p),
+        ("scales", ctypes.c_void_p),
+        ("global_scales", ctypes.c_void_p),
+        ("global_scale_convention", ctypes.c_int),
+        ("out", ctypes.c_void_p),
+        ("expert_ids", ctypes.c_void_p),
+        ("num_expert_ids", ctypes.c_int64),
+    ]
+
+
+class _ScaleLayoutDesc(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("from_layout", ctypes.c_int),
+        ("to", ctypes.c_int),
+        ("experts", ctypes.c_int64),
+        ("rows", ctypes.c_int64),
+        ("scale_cols", ctypes.c_int64),
+        ("offsets", ctypes.c_void_p),
+        ("offsets_convention", ctypes.c_int),
+        ("pad", ctypes.c_uint8),
+        ("input", ctypes.c_void_p),
+        ("out", ctypes.c_void_p),
+        ("out_bytes", ctypes.c_uint64),
+    ]
+
+
 def _library_candidates() -> list[str]:
     """Where libkjit is looked for, in order (see the module's docstring)."""
     here = pathlib.Path(__file__).resolve().parent
@@ -244,6 +290,16 @@ def library() -> ctypes.CDLL:
         lib.kjit_quantize_mx.restype = ctypes.c_int
         lib.kjit_quantize_mx_prepare.argtypes = [ctypes.POINTER(_MxQuantizeDesc), ctypes.c_int]
         lib.kjit_quantize_mx_prepare.restype = ctypes.c_int
+        for name, entry, desc in (("mx_dequant", "dequant_mx", _MxDequantDesc),
+                                  ("scale_layout", "convert_scale_layout", _ScaleLayoutDesc)):
+            getattr(lib, f"kjit_{name}_desc_init").argtypes = [ctypes.POINTER(desc)]
+            getattr(lib, f"kjit_{name}_desc_init").restype = None
+            getattr(lib, f"kjit_{entry}").argtypes = [ctypes.POINTER(desc), ctypes.c_void_p]
+            getattr(lib, f"kjit_{entry}").restype = ctypes.c_int
+            getattr(lib, f"kjit_{entry}_prepare").argtypes = [ctypes.POINTER(desc), ctypes.c_int]
+            getattr(lib, f"kjit_{entry}_prepare").restype = ctypes.c_int
+        lib.kjit_swizzled_scale_bytes.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
+        lib.kjit_swizzled_scale_bytes.restype = ctypes.c_uint64
         lib.kjit_grouped_gemm_workspace_bytes.argtypes = []
         lib.kjit_grouped_gemm_workspace_bytes.restype = ctypes.c_uint64
         lib.kjit_moe_routing_workspace_bytes.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
@@ -881,9 +937,6 @@ def prepare_quantize_fp8(x, out, scales, *, group=128, scale_format="fp32", gath
     _check(library().kjit_fp8_quantize_prepare(ctypes.byref(d), x.device.index or 0))
 
 
-_BLOCK_FORMAT = {"nvfp4": 1, "mxfp4": 2, "mxfp8": 3}  # kjit_block_format
-_SCALE_LAYOUT = {"linear": 1, "swizzled_128x4": 2}  # kjit_scale_layout
-_GLOBAL_SCALE = {"given": 1, "compute": 2}  # kjit_global_scale_mode
 
 
 class MxArgumentError(KjitError, ValueError):
@@ -1029,6 +1082,261 @@ def prepare_quantize_mx(x, out, scales, global_scales=None, *, format, scale_lay
     d = _quantize_mx_desc(x, out, scales, global_scales, format, scale_layout, element_dtype, global_scale,
                           global_scale_convention)
     _check(library().kjit_quantize_mx_prepare(ctypes.byref(d), x.device.index or 0))
+# ---- MX formats: dequant (NVFP4, MXFP4, MXFP8) and scale-layout conversion ----
+
+_MX_BLOCK = {"nvfp4": 16, "mxfp4": 32, "mxfp8": 32}
+_MX_CODES = {"nvfp4": ("uint8",), "mxfp4": ("uint8",), "mxfp8": ("uint8",) + _FP8}
+# NVFP4 scales are e4m3fn bytes (ModelOpt stores them as float8_e4m3fn), MX scales UE8M0 bytes.
+_MX_SCALES = {"nvfp4": ("uint8", "float8_e4m3fn"), "mxfp4": ("uint8", "float8_e8m0fnu"),
+              "mxfp8": ("uint8", "float8_e8m0fnu")}
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return (value + multiple - 1) // multiple * multiple
+
+
+def _mx_element(format, w, element_dtype) -> str:
+    """MXFP8's element type: the codes' float8 dtype, or element_dtype for uint8 codes; '' for FP4."""
+    if format != "mxfp8":
+        if element_dtype is not None:
+            raise _invalid(f"element_dtype is only for mxfp8 ({format} elements are e2m1), got {element_dtype!r}")
+        return ""
+    dtype = str(w.dtype).replace("torch.", "")
+    given = None if element_dtype is None else str(element_dtype).replace("torch.", "")
+    if dtype in _FP8:
+        if given is not None and given != dtype:
+            raise _invalid(f"element_dtype {given} disagrees with w's dtype {dtype}")
+        return dtype
+    if given not in _FP8:
+        raise _invalid(f"mxfp8 codes given as uint8 need element_dtype 'float8_e4m3fn' or 'float8_e5m2', got {given!r}")
+    return given
+
+
+def _mx_codes(w):
+    """gpt-oss's [E, N, K/32, 16] blocks are the packed [E, N, K/2] bytes: viewed as such."""
+    if w.dim() == 4 and w.shape[-1] == 16 and w.stride(-1) == 1 and w.stride(-2) == 16:
+        return w.flatten(-2)
+    return w
+
+
+def _check_mx_dequant(w, scales, global_scales, out, format, element, scale_layout, global_scale_convention,
+                      expert_ids) -> None:
+    _check_choice("format", format, _BLOCK_FORMAT)
+    _check_choice("scale_layout", scale_layout, _SCALE_LAYOUT)
+    _check_tensor("w", w, _MX_CODES[format], contiguous=False)
+    _check_tensor("scales", scales, _MX_SCALES[format], device=w.device)
+    _check_tensor("out", out, _FLOAT_OUT, device=w.device, contiguous=False)
+    if w.dim() not in (2, 3):
+        raise _invalid(f"w must be [R, K'] or [E, R, K'] (K' = K / 2 packed bytes for FP4), got {list(w.shape)}")
+    if w.stride(-1) != 1 or out.stride(-1) != 1:
+        raise _invalid("the last dimension of w and out must be contiguous")
+    if w.dim() == 3 and w.stride(0) != w.shape[1] * w.stride(1):
+        raise _invalid("experts of w must follow each other densely")
+    _check_tensor("expert_ids", expert_ids, ("int32",), device=w.device, optional=True)
+    experts = w.shape[0] if w.dim() == 3 else 1
+    rows, k = w.shape[-2], w.shape[-1] * (2 if format != "mxfp8" else 1)
+    block = _MX_BLOCK[format]
+    if k == 0 or k % block != 0:
+        raise _invalid(f"K = {k} must be a positive multiple of {block} ({format}'s block)")
+    scale_cols = k // block
+    if scale_layout == "linear":
+        want = [experts, rows, scale_cols] if w.dim() == 3 else [rows, scale_cols]
+        if list(scales.shape) != want:
+            raise _invalid(f"linear scales must be {want}, got {list(scales.shape)}")
+    elif scales.numel() < experts * _round_up(rows, 128) * _round_up(scale_cols, 4):
+        raise _invalid(f"swizzled scales hold {scales.numel()} bytes; {experts} experts of [{rows}, {scale_cols}] "
+                       f"need {experts * _round_up(rows, 128) * _round_up(scale_cols, 4)}")
+    if format == "nvfp4":
+        _check_choice("global_scale_convention", global_scale_convention, _CONVENTION)
+        _check_tensor("global_scales", global_scales, ("float32",), device=w.device)
+        if global_scales.numel() != experts:
+            raise _invalid(f"global_scales must hold one fp32 per expert ({experts}), got {list(global_scales.shape)}")
+    else:
+        if global_scales is not None:
+            raise _invalid(f"global_scales must be None for {format}: it has no global scale")
+        if global_scale_convention is not None:
+            raise _invalid(f"global_scale_convention must be None for {format}: it has no global scale")
+    slots = expert_ids.numel() if expert_ids is not None else experts
+    want_out = [rows, k] if w.dim() == 2 and expert_ids is None else [slots, rows, k]
+    if list(out.shape) != want_out:
+        raise _invalid(f"out must be {want_out}, got {list(out.shape)}")
+    if out.dim() == 3 and out.stride(0) != out.shape[1] * out.stride(1):
+        raise _invalid("experts of out must follow each other densely")
+
+
+def _mx_dequant_desc(w, scales, global_scales, out, format, element, scale_layout, global_scale_convention,
+                     expert_ids) -> _MxDequantDesc:
+    d = _MxDequantDesc()
+    library().kjit_mx_dequant_desc_init(ctypes.byref(d))
+    d.format = _BLOCK_FORMAT[format]
+    d.element_dtype = _DTYPE[element] if element else 0
+    d.out_dtype = _dtype_code(out.dtype)
+    d.experts = w.shape[0] if w.dim() == 3 else 1
+    d.rows = w.shape[-2]
+    d.k = w.shape[-1] * (2 if format != "mxfp8" else 1)
+    d.in_row_stride = w.stride(-2)  # bytes: one-byte elements
+    d.out_row_stride = out.stride(-2)
+    d.scale_layout = _SCALE_LAYOUT[scale_layout]
+    d.input, d.scales, d.out = w.data_ptr(), scales.data_ptr(), out.data_ptr()
+    if global_scales is not None:
+        d.global_scales = global_scales.data_ptr()
+        d.global_scale_convention = _CONVENTION[global_scale_convention]
+    if expert_ids is not None:
+        d.expert_ids = expert_ids.data_ptr()
+        d.num_expert_ids = expert_ids.numel()
+    return d
+
+
+def dequant_mx(w, scales, *, format, scale_layout, global_scales=None, global_scale_convention=None,
+               element_dtype=None, out=None, out_dtype=None, expert_ids=None, stream=None):
+    """Dequantises block-scaled weights w ([R, K'] or [E, R, K']) to bf16
+    (default), float16 or float32, bit-exact with kjit/reference/fp4_mx.hpp.
+
+    format: 'nvfp4' (uint8 packed e2m1 pairs, K' = K / 2, low nibble first;
+    e4m3 scale bytes per 16; fp32 global_scales [E] with
+    global_scale_convention 'multiply' (ModelOpt's weight_scale_2) or 'divide'
+    (compressed-tensors' weight_global_scale), no default), 'mxfp4' (pairs,
+    UE8M0 per 32; gpt-oss's [E, N, K/32, 16] `*_blocks` are taken as they
+    are) or 'mxfp8' (float8 codes, or uint8 with element_dtype; UE8M0 per 32).
+    scale_layout: 'linear' (scales [E, R, K / block]) or 'swizzled_128x4'
+    (each expert's block padded to 128 rows x 4 columns). expert_ids (int32,
+    on the device) selects experts into a compact output. Returns `out`.
+    """
+    import torch
+
+    _check_choice("format", format, _BLOCK_FORMAT)
+    _check_tensor("w", w, _MX_CODES[format], contiguous=False)
+    w = _mx_codes(w)
+    element = _mx_element(format, w, element_dtype)
+    if out is None:
+        _check_tensor("expert_ids", expert_ids, ("int32",), device=w.device, optional=True)
+        k = w.shape[-1] * (2 if format != "mxfp8" else 1)
+        slots = expert_ids.numel() if expert_ids is not None else (w.shape[0] if w.dim() == 3 else None)
+        shape = [w.shape[-2], k] if slots is None else [slots, w.shape[-2], k]
+        out = torch.empty(shape, dtype=out_dtype or torch.bfloat16, device=w.device)
+    _check_mx_dequant(w, scales, global_scales, out, format, element, scale_layout, global_scale_convention,
+                      expert_ids)
+    torch.ops.kjit.dequant_mx_(w, scales, global_scales, out, format, element, scale_layout,
+                               global_scale_convention or "", expert_ids, stream)
+    return out
+
+
+def prepare_dequant_mx(w, scales, out, *, format, scale_layout, global_scales=None, global_scale_convention=None,
+                       element_dtype=None, expert_ids=None):
+    """Compiles (or finds) and loads the kernel dequant_mx needs for these
+    arguments, so that the call can be captured in a CUDA graph."""
+    _check_choice("format", format, _BLOCK_FORMAT)
+    _check_tensor("w", w, _MX_CODES[format], contiguous=False)
+    w = _mx_codes(w)
+    element = _mx_element(format, w, element_dtype)
+    _check_mx_dequant(w, scales, global_scales, out, format, element, scale_layout, global_scale_convention,
+                      expert_ids)
+    d = _mx_dequant_desc(w, scales, global_scales, out, format, element, scale_layout, global_scale_convention,
+                         expert_ids)
+    _check(library().kjit_dequant_mx_prepare(ctypes.byref(d), w.device.index or 0))
+
+
+def swizzled_scale_bytes(total_rows: int, scale_cols: int, experts: int) -> int:
+    """The most bytes a swizzled 128x4 layout of `experts` experts holding
+    `total_rows` rows in all can need (kjit_swizzled_scale_bytes)."""
+    return library().kjit_swizzled_scale_bytes(total_rows, scale_cols, experts)
+
+
+def _scale_layout_shape(scales, to, rows, scale_cols, experts, offsets, offsets_convention):
+    """(experts, rows as the descriptor counts them, scale_cols) of a conversion."""
+    if offsets is not None:
+        _check_choice("offsets_convention", offsets_convention, _OFFSETS)
+        _check_tensor("offsets", offsets, ("int32",), device=scales.device)
+        if offsets.dim() != 1:
+            raise _invalid(f"offsets must be 1-D, got {list(offsets.shape)}")
+        experts = offsets.numel() - (1 if offsets_convention == "with_leading_zero" else 0)
+        if experts < 1:
+            raise _invalid(f"offsets name no expert ({offsets.numel()} entries, {offsets_convention})")
+    elif offsets_convention is not None:
+        raise _invalid("offsets_convention is only for offsets")
+    if to == "swizzled_128x4":  # from linear: the shape says it all
+        if scales.dim() == 3 and offsets is None:
+            return scales.shape[0], scales.shape[1], scales.shape[2]
+        if scales.dim() != 2:
+            raise _invalid(f"linear scales must be [E, R, C] (uniform rows) or [R, C], got {list(scales.shape)}")
+        return (experts if offsets is not None else 1), scales.shape[0], scales.shape[1]
+    if rows is None or scale_cols is None:
+        raise _invalid("from the swizzled layout, rows (per expert, or in all with offsets) and scale_cols are needed")
+    return (experts if offsets is not None else (experts or 1)), rows, scale_cols
+
+
+def _scale_layout_desc(scales, out, to, experts, rows, scale_cols, offsets, offsets_convention, pad):
+    d = _ScaleLayoutDesc()
+    library().kjit_scale_layout_desc_init(ctypes.byref(d))
+    d.from_layout = _SCALE_LAYOUT["linear" if to == "swizzled_128x4" else "swizzled_128x4"]
+    d.to = _SCALE_LAYOUT[to]
+    d.experts, d.rows, d.scale_cols, d.pad = experts, rows, scale_cols, pad
+    if offsets is not None:
+        d.offsets, d.offsets_convention = offsets.data_ptr(), _OFFSETS[offsets_convention]
+    d.input, d.out, d.out_bytes = scales.data_ptr(), out.data_ptr(), out.numel()
+    return d
+
+
+_SCALE_BYTES = ("uint8", "float8_e4m3fn", "float8_e8m0fnu")
+
+
+def _check_scale_layout(scales, out, to, experts, rows, scale_cols, offsets, pad):
+    _check_tensor("out", out, _SCALE_BYTES, device=scales.device)
+    if not isinstance(pad, int) or not 0 <= pad <= 255:
+        raise _invalid(f"pad must be a byte (0 to 255), got {pad!r}")
+    if offsets is None:  # with offsets the input's extent is known only on the device
+        linear = experts * rows * scale_cols
+        swizzled = experts * _round_up(rows, 128) * _round_up(scale_cols, 4)
+        need = linear if to == "swizzled_128x4" else swizzled
+        if scales.numel() < need:
+            raise _invalid(f"scales hold {scales.numel()} bytes; {experts} experts of [{rows}, {scale_cols}] in the "
+                           f"{'linear' if to == 'swizzled_128x4' else 'swizzled'} layout take {need}")
+
+
+def convert_scale_layout(scales, *, to, rows=None, scale_cols=None, experts=None, offsets=None,
+                         offsets_convention=None, pad=0, out=None, stream=None):
+    """Scale bytes linear <-> swizzled 128x4 (kjit_convert_scale_layout).
+
+    To 'swizzled_128x4': scales are linear [E, R, C] (E experts of R rows) or
+    [R, C] (one expert, or the rows of all experts with device int32 `offsets`
+    in offsets_convention 'cumulative_end' or 'with_leading_zero'); returns
+    the swizzled bytes (1-D uint8; with offsets sized for the worst case,
+    swizzled_scale_bytes), padding written with `pad`. To 'linear': scales are
+    the swizzled bytes; give rows (per expert, or in all with offsets),
+    scale_cols and, without offsets, experts; returns [E, R, C] or [R, C].
+    No host synchronisation: offsets are read on the device.
+    """
+    import torch
+
+    _check_choice("to", to, _SCALE_LAYOUT)
+    _check_tensor("scales", scales, _SCALE_BYTES)
+    experts, rows, scale_cols = _scale_layout_shape(scales, to, rows, scale_cols, experts, offsets,
+                                                    offsets_convention)
+    if out is None:
+        if to == "swizzled_128x4":
+            size = (swizzled_scale_bytes(rows, scale_cols, experts) if offsets is not None
+                    else experts * _round_up(rows, 128) * _round_up(scale_cols, 4))
+            out = torch.empty(size, dtype=torch.uint8, device=scales.device)
+        else:
+            shape = [rows, scale_cols] if offsets is not None or experts == 1 else [experts, rows, scale_cols]
+            out = torch.empty(shape, dtype=torch.uint8, device=scales.device)
+    _check_scale_layout(scales, out, to, experts, rows, scale_cols, offsets, pad)
+    torch.ops.kjit.convert_scale_layout_(scales, out, to, experts, rows, scale_cols, offsets,
+                                         offsets_convention or "", pad, stream)
+    return out
+
+
+def prepare_convert_scale_layout(scales, out, *, to, rows=None, scale_cols=None, experts=None, offsets=None,
+                                 offsets_convention=None, pad=0):
+    """Compiles (or finds) and loads the kernel convert_scale_layout needs, so
+    that the call can be captured in a CUDA graph."""
+    _check_choice("to", to, _SCALE_LAYOUT)
+    _check_tensor("scales", scales, _SCALE_BYTES)
+    experts, rows, scale_cols = _scale_layout_shape(scales, to, rows, scale_cols, experts, offsets,
+                                                    offsets_convention)
+    _check_scale_layout(scales, out, to, experts, rows, scale_cols, offsets, pad)
+    d = _scale_layout_desc(scales, out, to, experts, rows, scale_cols, offsets, offsets_convention, pad)
+    _check(library().kjit_convert_scale_layout_prepare(ctypes.byref(d), scales.device.index or 0))
 
 
 def check_device_errors(device: int = 0) -> None:

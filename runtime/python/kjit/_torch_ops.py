@@ -16,8 +16,8 @@ from typing import Optional
 
 import torch
 
-from . import (_check, _combine_desc, _dequant_desc, _gemm_desc, _quantize_desc, _quantize_mx_desc, _routing_desc,
-               library)
+from . import (_check, _combine_desc, _dequant_desc, _gemm_desc, _mx_dequant_desc, _quantize_desc, _quantize_mx_desc,
+               _routing_desc, _scale_layout_desc, library)
 
 
 def _stream(device: torch.device, stream: Optional[int]) -> ctypes.c_void_p:
@@ -169,4 +169,32 @@ def quantize_mx_(x: torch.Tensor, out: torch.Tensor, scales: torch.Tensor, globa
 @quantize_mx_.register_fake
 def _(x, out, scales, global_scales, format, scale_layout, element_dtype, global_scale, global_scale_convention,
       stream) -> None:
+    return None
+
+
+# The MX formats: dequant (NVFP4, MXFP4, MXFP8) and scale-layout conversion.
+# element: MXFP8's element dtype name ('' for FP4); convention '' for the MX formats.
+@torch.library.custom_op("kjit::dequant_mx_", mutates_args=("out",), device_types="cuda")
+def dequant_mx_(w: torch.Tensor, scales: torch.Tensor, global_scales: Optional[torch.Tensor], out: torch.Tensor,
+                format: str, element: str, scale_layout: str, convention: str, expert_ids: Optional[torch.Tensor],
+                stream: Optional[int]) -> None:
+    d = _mx_dequant_desc(w, scales, global_scales, out, format, element, scale_layout, convention or None, expert_ids)
+    _check(library().kjit_dequant_mx(ctypes.byref(d), _stream(w.device, stream)))
+
+
+@dequant_mx_.register_fake
+def _(w, scales, global_scales, out, format, element, scale_layout, convention, expert_ids, stream) -> None:
+    return None
+
+
+@torch.library.custom_op("kjit::convert_scale_layout_", mutates_args=("out",), device_types="cuda")
+def convert_scale_layout_(scales: torch.Tensor, out: torch.Tensor, to: str, experts: int, rows: int, scale_cols: int,
+                          offsets: Optional[torch.Tensor], offsets_convention: str, pad: int,
+                          stream: Optional[int]) -> None:
+    d = _scale_layout_desc(scales, out, to, experts, rows, scale_cols, offsets, offsets_convention or None, pad)
+    _check(library().kjit_convert_scale_layout(ctypes.byref(d), _stream(scales.device, stream)))
+
+
+@convert_scale_layout_.register_fake
+def _(scales, out, to, experts, rows, scale_cols, offsets, offsets_convention, pad, stream) -> None:
     return None

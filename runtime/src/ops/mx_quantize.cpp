@@ -17,11 +17,11 @@ bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t
 // grid y carries the expert.
 constexpr int64_t kMaxExpertsPerLaunch = 65535;
 
-Expected<codegen::MxQuantFormat> format_of(kjit_block_format f) {
+Expected<codegen::MxFormat> format_of(kjit_block_format f) {
   switch (f) {
-    case KJIT_BLOCK_FORMAT_NVFP4: return codegen::MxQuantFormat::nvfp4;
-    case KJIT_BLOCK_FORMAT_MXFP4: return codegen::MxQuantFormat::mxfp4;
-    case KJIT_BLOCK_FORMAT_MXFP8: return codegen::MxQuantFormat::mxfp8;
+    case KJIT_BLOCK_FORMAT_NVFP4: return codegen::MxFormat::nvfp4;
+    case KJIT_BLOCK_FORMAT_MXFP4: return codegen::MxFormat::mxfp4;
+    case KJIT_BLOCK_FORMAT_MXFP8: return codegen::MxFormat::mxfp8;
     default:
       return invalid(fmt::format("format must be KJIT_BLOCK_FORMAT_NVFP4, _MXFP4 or _MXFP8 (got {}; there is no "
                                  "default)",
@@ -41,8 +41,8 @@ Expected<MxQuantizePlan> plan_mx_quantize(const kjit_mx_quantize_desc& d, bool f
   MxQuantizePlan plan;
   auto& spec = plan.spec;
   spec.format = KJIT_TRY(format_of(d.format));
-  const bool nvfp4 = spec.format == codegen::MxQuantFormat::nvfp4;
-  if (spec.format == codegen::MxQuantFormat::mxfp8) {
+  const bool nvfp4 = spec.format == codegen::MxFormat::nvfp4;
+  if (spec.format == codegen::MxFormat::mxfp8) {
     if (d.element_dtype == KJIT_DTYPE_F8_E4M3FN) spec.element = codegen::MxElement::f8_e4m3fn;
     else if (d.element_dtype == KJIT_DTYPE_F8_E5M2) spec.element = codegen::MxElement::f8_e5m2;
     else
@@ -103,7 +103,7 @@ Expected<MxQuantizePlan> plan_mx_quantize(const kjit_mx_quantize_desc& d, bool f
     KJIT_TRY(require_non_null({{d.in, "in"}, {d.out, "out"}, {d.scales, "scales"}}));
     if (nvfp4) KJIT_TRY(require_non_null({{d.global_scales, "global_scales"}}));
     if (!aligned(d.in, 16)) return invalid("'in' must be 16-byte aligned");
-    const uintptr_t out_alignment = spec.format == codegen::MxQuantFormat::mxfp8 ? 8 : 4;
+    const uintptr_t out_alignment = spec.format == codegen::MxFormat::mxfp8 ? 8 : 4;
     if (!aligned(d.out, out_alignment)) return invalid(fmt::format("'out' must be {}-byte aligned", out_alignment));
     if (!aligned(d.global_scales, alignof(float))) return invalid("'global_scales' is not 4-byte aligned");
   }

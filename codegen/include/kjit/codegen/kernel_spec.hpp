@@ -29,6 +29,8 @@
 #include "kjit/codegen/families/moe_combine.hpp"
 #include "kjit/codegen/families/moe_routing.hpp"
 #include "kjit/codegen/families/mx_quantize.hpp"
+#include "kjit/codegen/families/mx_dequant.hpp"
+#include "kjit/codegen/families/mx_scale_layout.hpp"
 #include "kjit/codegen/render.hpp"
 #include "kjit/codegen/spec_schema.hpp"
 #include "kjit/codegen/types.hpp"
@@ -37,7 +39,7 @@ namespace kjit::codegen {
 
 using KernelSpec =
     std::variant<DequantSpec, GroupedGemmSpec, MoeRoutingSpec, MoeCombineSpec, Fp8QuantizeSpec, GroupedGemmFp8Spec,
-                 GroupedGemmMixedSpec, MxQuantizeSpec>;
+                 GroupedGemmMixedSpec, MxQuantizeSpec, MxDequantSpec, MxScaleLayoutSpec>;
 
 // The family name, e.g. "fp8_dequant" (JSON "op").
 std::string_view op_name(const KernelSpec& spec);

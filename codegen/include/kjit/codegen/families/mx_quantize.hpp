@@ -15,28 +15,24 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "kjit/codegen/families/mx_formats.hpp"
 #include "kjit/codegen/family.hpp"
 #include "kjit/codegen/render.hpp"
 #include "kjit/codegen/types.hpp"
 
 namespace kjit::codegen {
 
-// The output format and its element: NVFP4 and MXFP4 hold e2m1, MXFP8 e4m3fn or e5m2.
-enum class MxQuantFormat : uint8_t { nvfp4, mxfp4, mxfp8 };
+// The output format (mx_formats.hpp) and its element: NVFP4 and MXFP4 hold e2m1, MXFP8 e4m3fn or e5m2.
 enum class MxElement : uint8_t { e2m1, f8_e4m3fn, f8_e5m2 };
-// Where scale (row, column) lives: row-major, or cuBLASLt's 128x4 tiles per expert (kjit.h).
-enum class MxScaleLayout : uint8_t { linear, swizzled_128x4 };
 // NVFP4's global scale: read (given) or computed per expert on the device; MX formats have none.
 enum class GlobalScaleMode : uint8_t { none, given, compute };
-std::string_view name(MxQuantFormat f);
 std::string_view name(MxElement e);
-std::string_view name(MxScaleLayout l);
 std::string_view name(GlobalScaleMode m);
 
 // K is compiled in (row and block indices divide by constants); experts, rows
 // and the input row stride are run-time arguments.
 struct MxQuantizeSpec {
-  MxQuantFormat format = MxQuantFormat::nvfp4;
+  MxFormat format = MxFormat::nvfp4;
   MxElement element = MxElement::e2m1;
   int64_t k = 0;
   MxScaleLayout scale_layout = MxScaleLayout::linear;
@@ -59,8 +55,6 @@ struct Family<MxQuantizeSpec> {
   static std::vector<MxQuantizeSpec> kernels_for_target(const MxQuantizeSpec& s, const ArchInfo&) { return {s}; }
 };
 
-// Elements per scale: 16 (NVFP4) or 32 (MX).
-int64_t mx_block(MxQuantFormat format);
 
 // The passes of one kernel (kjit_mx_quantize_params.phase): with a computed
 // global scale, amax (after a memset of global_scales) then finalize, then

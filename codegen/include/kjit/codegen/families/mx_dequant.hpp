@@ -1,0 +1,65 @@
+// The MX dequant family: block-scaled FP4/FP8 weights (NVFP4, MXFP4, MXFP8;
+// kjit.h's kjit_mx_dequant_desc states every formula) -> bf16/f16/f32, with
+// linear or swizzled 128x4 scales. Home: this header and
+// codegen/src/families/mx_dequant.cpp; device code in
+// templates/mx/mx_dequant.cuh; ABI block templates/abi/mx_dequant_params.h.
+// The format and scale-layout vocabulary is shared with mx_scale_layout.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "kjit/codegen/families/mx_formats.hpp"
+#include "kjit/codegen/family.hpp"
+#include "kjit/codegen/render.hpp"
+#include "kjit/codegen/types.hpp"
+
+namespace kjit::codegen {
+
+// The shape key is K (compiled in: row and scale-column indices divide by
+// constants); rows, experts, strides and the expert ids are run-time arguments.
+struct MxDequantSpec {
+  MxFormat format = MxFormat::mxfp4;
+  DType element = DType::f8_e4m3fn;  // MXFP8 only (e4m3fn or e5m2); FP4 formats keep the default
+  DType out = DType::bf16;
+  int64_t k = 0;
+  MxScaleLayout scale_layout = MxScaleLayout::linear;
+  ScaleConvention convention = ScaleConvention::multiply;  // NVFP4's global scale; MX formats keep the default
+  int vec = 32;                   // elements per thread access; divides k
+  bool selected_experts = false;  // the "only these experts" form
+
+  bool operator==(const MxDequantSpec&) const = default;
+};
+
+template <>
+struct Family<MxDequantSpec> {
+  static constexpr std::string_view op = "mx_dequant";
+  static std::string canonical(const MxDequantSpec& s);
+  static nlohmann::json to_json(const MxDequantSpec& s);
+  static Expected<MxDequantSpec> from_json(SpecReader& reader);
+  static const std::vector<FieldRule>& schema();
+  static void hash(const MxDequantSpec& s, HashMixer& mixer);
+  static Expected<void> validate(const MxDequantSpec& s);
+  static Expected<void> supported_on(const MxDequantSpec& s, const ArchInfo& arch);
+  static RenderedKernel render(const MxDequantSpec& s);
+  static std::vector<MxDequantSpec> kernels_for_target(const MxDequantSpec& s, const ArchInfo&) { return {s}; }
+};
+
+// The access width (in elements) a dequant of `format` uses: the widest that
+// divides k and every alignment in `byte_alignments` (input bytes: address
+// and row stride) and `out_alignments` (output elements: address and row
+// stride), at most 16 input bytes (32 FP4 elements, 16 fp8 codes). At least 2
+// for FP4 (one packed byte); 0 when no width fits (an FP4 output that is not
+// aligned to two elements). Used by ops and manifests alike.
+int mx_dequant_vector(MxFormat format, DType out, int64_t k, std::initializer_list<int64_t> byte_alignments = {},
+                      std::initializer_list<int64_t> out_alignments = {});
+
+// Grid for a dequant of `rows` rows into `output_slots` experts.
+LaunchGeometry mx_dequant_geometry(const MxDequantSpec& spec, int64_t rows, int64_t output_slots);
+
+}  // namespace kjit::codegen

@@ -1,0 +1,204 @@
+// The MX dequant family: spec forms, invariants, recipe and grid.
+#include "kjit/codegen/families/mx_dequant.hpp"
+
+#include <algorithm>
+#include <array>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "../recipe.hpp"
+#include "mx_spec_fields.hpp"
+
+namespace kjit::codegen {
+namespace {
+
+constexpr std::array kFormatNames{"nvfp4", "mxfp4", "mxfp8"};
+constexpr std::array kLayoutNames{"linear", "swizzled_128x4"};
+
+// Memory-bound like fp8_dequant (whose tile was measured, docs/benchmarks.md):
+// 256 threads, at least 4 blocks per SM (at most 64 registers), about 32
+// input bytes in flight per thread: two 16-byte loads (32 FP4 elements or 16
+// fp8 codes each), four of the narrower ones. Not yet measured on a GPU. The
+// register cap is for the tuned shape only: narrow vectors (odd K or
+// misaligned tensors) with swizzled scales spilled under it. Every variant
+// compiled for sm_90a, sm_100a and sm_120a and read with nvdisasm: NVFP4
+// DIVIDE's IEEE division spilled at 64 (sm_100a, sm_120a; 128 now), and so did
+// MXFP8 with selected experts on sm_100a (80 now).
+constexpr int kThreads = 256;
+constexpr int kMinBlocksPerSM = 4;
+constexpr int kMaxInputBytes = 16;  // per thread access
+// gridDim.y walks output slots; more than this loop inside the kernel.
+constexpr int64_t kMaxGridY = 65535;
+
+auto invalid(std::string message) { return fail(KJIT_ERROR_INVALID_ARGUMENT, std::move(message)); }
+
+int64_t input_bytes(MxFormat format, int64_t elements) { return is_fp4(format) ? elements / 2 : elements; }
+
+// The tuned shape: 16-byte loads, two in flight.
+bool tuned_shape(const MxDequantSpec& s) { return input_bytes(s.format, s.vec) >= kMaxInputBytes; }
+
+int unroll(const MxDequantSpec& s) { return tuned_shape(s) ? 2 : 4; }
+
+// __launch_bounds__'s blocks per SM (65536 registers / (256 threads x blocks) each).
+int min_blocks(const MxDequantSpec& s) {
+  if (!tuned_shape(s)) return 1;
+  if (s.format == MxFormat::nvfp4 && s.convention == ScaleConvention::divide) return 2;
+  if (s.format == MxFormat::mxfp8) return 3;
+  return kMinBlocksPerSM;
+}
+
+std::string_view out_constant(DType t) {
+  switch (t) {
+    case DType::bf16: return "kjit::MxOut::bf16";
+    case DType::f16: return "kjit::MxOut::f16";
+    default: return "kjit::MxOut::f32";
+  }
+}
+
+std::string_view format_constant(MxFormat f) {
+  switch (f) {
+    case MxFormat::nvfp4: return "kjit::MxElements::nvfp4";
+    case MxFormat::mxfp4: return "kjit::MxElements::mxfp4";
+    default: return "kjit::MxElements::mxfp8";
+  }
+}
+
+}  // namespace
+
+std::string_view name(MxFormat f) { return kFormatNames[static_cast<size_t>(f)]; }
+std::string_view name(MxScaleLayout l) { return kLayoutNames[static_cast<size_t>(l)]; }
+
+int64_t mx_block(MxFormat f) { return f == MxFormat::nvfp4 ? 16 : 32; }
+
+std::string Family<MxDequantSpec>::canonical(const MxDequantSpec& s) {
+  std::string format(name(s.format));
+  if (s.format == MxFormat::mxfp8) format += fmt::format(":{}", name(s.element));
+  if (s.format == MxFormat::nvfp4) format += fmt::format(" convention={}", name(s.convention));
+  return fmt::format("mx_dequant format={} out={} k={} scales={} vec={} experts={}", format, name(s.out), s.k,
+                     name(s.scale_layout), s.vec, s.selected_experts ? "selected" : "all");
+}
+
+nlohmann::json Family<MxDequantSpec>::to_json(const MxDequantSpec& s) {
+  nlohmann::json j = {{"op", op},
+                      {"format", name(s.format)},
+                      {"out", name(s.out)},
+                      {"k", s.k},
+                      {"scale_layout", name(s.scale_layout)},
+                      {"vec", s.vec},
+                      {"selected_experts", s.selected_experts}};
+  if (s.format == MxFormat::mxfp8) j["element"] = name(s.element);
+  if (s.format == MxFormat::nvfp4) j["convention"] = name(s.convention);
+  return j;
+}
+
+Expected<MxDequantSpec> Family<MxDequantSpec>::from_json(SpecReader& reader) {
+  MxDequantSpec s;
+  s.format = KJIT_TRY(reader.enumeration<MxFormat>("format"));
+  // A field the format has no use for stays unread, so the reader refuses it.
+  if (s.format == MxFormat::mxfp8) s.element = KJIT_TRY(reader.enumeration<DType>("element"));
+  if (s.format == MxFormat::nvfp4) s.convention = KJIT_TRY(reader.enumeration<ScaleConvention>("convention"));
+  s.out = KJIT_TRY(reader.enumeration<DType>("out"));
+  s.k = KJIT_TRY(reader.integer("k"));
+  s.scale_layout = KJIT_TRY(reader.enumeration<MxScaleLayout>("scale_layout"));
+  // Absent: what a launch on aligned contiguous tensors picks (manifests leave it out).
+  const int widest = s.k > 0 ? mx_dequant_vector(s.format, s.out, s.k) : 2;
+  s.vec = static_cast<int>(KJIT_TRY(reader.integer_or("vec", widest)));
+  s.selected_experts = KJIT_TRY(reader.boolean_or("selected_experts", false));
+  return s;
+}
+
+const std::vector<FieldRule>& Family<MxDequantSpec>::schema() {
+  static const std::vector<FieldRule> rules{text_field("format", {"nvfp4", "mxfp4", "mxfp8"}),
+                                            text_field("element", {"f8_e4m3fn", "f8_e5m2"}, false),
+                                            text_field("convention", {"multiply", "divide"}, false),
+                                            text_field("out", {"bf16", "f16", "f32"}),
+                                            integer_field("k", 16, kMaxDimension),
+                                            text_field("scale_layout", {"linear", "swizzled_128x4"}),
+                                            integer_field("vec", 1, 32, false),
+                                            boolean_field("selected_experts")};
+  return rules;
+}
+
+void Family<MxDequantSpec>::hash(const MxDequantSpec& s, HashMixer& h) {
+  h.mix(static_cast<uint64_t>(s.k));
+  h.mix(static_cast<uint64_t>(s.format) | static_cast<uint64_t>(s.element) << 8 | static_cast<uint64_t>(s.out) << 16 |
+        static_cast<uint64_t>(s.scale_layout) << 24 | static_cast<uint64_t>(s.convention) << 32 |
+        static_cast<uint64_t>(s.vec) << 40 | static_cast<uint64_t>(s.selected_experts) << 48);
+}
+
+Expected<void> Family<MxDequantSpec>::validate(const MxDequantSpec& s) {
+  if (s.format == MxFormat::mxfp8 && !is_fp8(s.element))
+    return invalid(fmt::format("mx_dequant: MXFP8 elements must be f8_e4m3fn or f8_e5m2, not {}", name(s.element)));
+  if (s.format != MxFormat::mxfp8 && s.element != DType::f8_e4m3fn)
+    return invalid(fmt::format("mx_dequant: {} has e2m1 elements; leave element unset", name(s.format)));
+  if (s.format != MxFormat::nvfp4 && s.convention != ScaleConvention::multiply)
+    return invalid(fmt::format("mx_dequant: {} has no global scale, so no convention", name(s.format)));
+  if (is_fp8(s.out)) return invalid(fmt::format("mx_dequant output must be bf16, f16 or f32, not {}", name(s.out)));
+  const int64_t block = mx_block(s.format);
+  if (s.k < block || s.k % block != 0 || s.k > kMaxDimension)
+    return invalid(fmt::format("mx_dequant: k must be a positive multiple of {} ({}'s block) up to {}, got {}", block,
+                               name(s.format), kMaxDimension, s.k));
+  const int widest = is_fp4(s.format) ? 32 : 16;
+  const int narrowest = is_fp4(s.format) ? 2 : 1;
+  if (s.vec < narrowest || s.vec > widest || (s.vec & (s.vec - 1)) != 0)
+    return invalid(fmt::format("mx_dequant: vec must be a power of two from {} to {} for {}, got {}", narrowest,
+                               widest, name(s.format), s.vec));
+  if (s.k % s.vec != 0) return invalid(fmt::format("mx_dequant: vec {} does not divide k {}", s.vec, s.k));
+  return {};
+}
+
+Expected<void> Family<MxDequantSpec>::supported_on(const MxDequantSpec&, const ArchInfo& arch) {
+  // e4m3 block scales and fp8 elements decode with the hardware fp8 conversion.
+  if (arch.fp8_conversion) return {};
+  return fail(KJIT_ERROR_UNSUPPORTED,
+              fmt::format("MX dequant needs compute capability 8.9 or newer; {} is {}.{} ({})", arch.target,
+                          arch.major, arch.minor, arch.note));
+}
+
+RenderedKernel Family<MxDequantSpec>::render(const MxDequantSpec& s) {
+  return assemble(
+      canonical(s),
+      {.entry_point = "kjit_mx_dequant",
+       .threads = kThreads,
+       .min_blocks = min_blocks(s),
+       .templates = {"mx/mx_dequant.cuh"},
+       .config = fmt::format("kjit::MxDequantConfig<{}, {}, {}, {}LL, {}, {}, {}, {}, {}, {}>",
+                             format_constant(s.format),
+                             s.element == DType::f8_e5m2 ? "kjit::Fp8Format::e5m2" : "kjit::Fp8Format::e4m3fn",
+                             out_constant(s.out), s.k, s.scale_layout == MxScaleLayout::swizzled_128x4,
+                             s.format == MxFormat::nvfp4 && s.convention == ScaleConvention::divide, s.vec,
+                             s.selected_experts, kThreads, unroll(s)),
+       .params_type = "kjit_mx_dequant_params",
+       .body = "kjit::mx_dequant"});
+}
+
+int mx_dequant_vector(MxFormat format, DType out, int64_t k, std::initializer_list<int64_t> byte_alignments,
+                      std::initializer_list<int64_t> out_alignments) {
+  const int out_bytes = size_bytes(out);
+  const int narrowest = is_fp4(format) ? 2 : 1;
+  for (int vec = is_fp4(format) ? 32 : 16; vec >= narrowest; vec /= 2) {
+    if (k % vec != 0) continue;
+    const int64_t in_bytes = input_bytes(format, vec);
+    // Stores are single instructions of up to 16 bytes.
+    const int64_t out_elements = std::min(16, vec * out_bytes) / out_bytes;
+    const bool fits = std::all_of(byte_alignments.begin(), byte_alignments.end(),
+                                  [&](int64_t a) { return a % in_bytes == 0; }) &&
+                      std::all_of(out_alignments.begin(), out_alignments.end(),
+                                  [&](int64_t a) { return a % out_elements == 0; });
+    if (fits) return vec;
+  }
+  return 0;
+}
+
+LaunchGeometry mx_dequant_geometry(const MxDequantSpec& spec, int64_t rows, int64_t output_slots) {
+  const int64_t vectors = rows * (spec.k / spec.vec);
+  const int64_t per_block = int64_t{kThreads} * unroll(spec);
+  LaunchGeometry g;
+  g.block_x = kThreads;
+  g.grid_x = static_cast<uint32_t>(std::max<int64_t>(1, (vectors + per_block - 1) / per_block));
+  g.grid_y = static_cast<uint32_t>(std::clamp<int64_t>(output_slots, 1, kMaxGridY));
+  return g;
+}
+
+}  // namespace kjit::codegen
