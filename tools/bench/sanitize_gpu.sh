@@ -8,7 +8,8 @@
 #     tools/bench/sanitize_gpu.sh BUILD_DIR OUT_DIR
 # BUILD_DIR holds kjit_gpu_tests, directly (.devbin/) or in tests/ (a build
 # folder). KJIT_CACHE_DIR is used if set, else a fresh one; JOBS runs at once
-# (default 5), TIMEOUT seconds each (default 300).
+# (default 5), TIMEOUT seconds each (default 300); ONLY, a regex, picks families
+# (e.g. ONLY='mx_.*|w4a16_gemm').
 set -uo pipefail
 build=$1 out=$2
 bin=$build/kjit_gpu_tests
@@ -37,6 +38,9 @@ cases=(
   "fp8_gemm|grouped_gemm_fp8|one expert owning every row (333, no multiple of any tile), and a single expert"
   "w8a16_gemm|grouped_gemm_mixed|one expert owning every row (333, no multiple of any tile), and one expert with partial scale blocks"
   "w4a16_gemm|grouped_gemm_mixed|W4A16: both formats, NVFP4's global multiplied and divided, uneven routing with empty experts"
+  "mx_dequant|mx_dequant|DeepSeek-V3 and gpt-oss shapes are bit-exact: NVFP4 K 7168 / 2048 swizzled, MXFP4 K 2880 linear"
+  "mx_quantize|mx_quantize|a swizzled layout writes every padding byte 0 and each expert at its 128-row-padded base"
+  "mx_scale_layout|mx_scale_layout|device offsets of both conventions, empty experts and rows past the last offset"
 )
 
 # Runs one case under one tool ("plain": none) and prints its summary line.
@@ -72,9 +76,11 @@ run_one() {
 }
 export -f run_one
 
-list_runs() {  # TOOL...: one line "tool|family|suite|name" per tool and case
+list_runs() {  # TOOL...: one line "tool|family|suite|name" per tool and case (ONLY: a regex of families)
   local tool c
-  for tool in "$@"; do for c in "${cases[@]}"; do printf '%s|%s\n' "$tool" "$c"; done; done
+  for tool in "$@"; do for c in "${cases[@]}"; do
+    [[ -z ${ONLY:-} || ${c%%|*} =~ ^(${ONLY})$ ]] && printf '%s|%s\n' "$tool" "$c"
+  done; done
 }
 run_all() { tr '\n' '\0' | xargs -0 -P "${JOBS:-5}" -I{} bash -c 'IFS="|" read -r t f s n <<< "$1"; run_one "$t" "$f" "$s" "$n"' _ {}; }
 

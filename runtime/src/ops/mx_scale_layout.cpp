@@ -104,7 +104,10 @@ Expected<MxScaleLayoutPlan> plan_mx_scale_layout(const kjit_scale_layout_desc& d
                                  to_swizzled ? "out" : "in"));
     if (spec.with_offsets && reinterpret_cast<uintptr_t>(d.offsets) % alignof(int32_t) != 0)
       return invalid("'offsets' is not 4-byte aligned");
-    if (overlap(d.in, to_swizzled ? linear_bytes : swizzled_bytes, d.out, d.out_bytes))
+    // The input's size is known except for a swizzled input with offsets (the host knows only its bound, which
+    // may pass the caller's allocation): then only the same start is caught.
+    const uint64_t in_bytes = to_swizzled ? linear_bytes : spec.with_offsets ? 1 : swizzled_bytes;
+    if (overlap(d.in, in_bytes, d.out, d.out_bytes))
       return invalid("'in' and 'out' overlap: the conversion cannot run in place");
   }
 
