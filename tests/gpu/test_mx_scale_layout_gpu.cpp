@@ -117,7 +117,8 @@ void check_both_ways(const Stack& s) {
     auto noisy = random_bytes(s.swizzled_bytes());
     std::vector<uint8_t> want(static_cast<size_t>(s.used_rows() * s.scale_cols));
     scales_swizzled_to_linear(noisy, s.expert_rows, s.scale_cols, want);
-    DeviceBuffer in(0, std::max<size_t>(noisy.size(), 4)), out(0, std::max<size_t>(s.linear_bytes(), 1));
+    // Whole 32-bit words: poison() fills words, so a tail of 1-3 bytes would hold whatever the allocation did.
+    DeviceBuffer in(0, std::max<size_t>(noisy.size(), 4)), out(0, (std::max<size_t>(s.linear_bytes(), 1) + 3) / 4 * 4);
     if (!noisy.empty()) in.upload(noisy);
     out.poison();
     const auto d = describe(s, false, in, out, offsets.get(), pad);
