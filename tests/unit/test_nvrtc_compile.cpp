@@ -263,6 +263,24 @@ TEST_CASE("ptxas reports no local-memory spills in the grouped GEMM and dequant 
   }
 }
 
+// ptxas's report (-v) of every spec's kernel on sm_90a: no spill stores or
+// loads, no stack frame, no warning.
+template <class Specs>
+void check_no_spills_on_sm90a(const Specs& specs) {
+  auto nvrtc = kjit::Nvrtc::load();
+  REQUIRE(nvrtc.has_value());
+  auto options = kjit::compile_flags("sm_90a");
+  options.push_back("--ptxas-options=-v");
+  for (const auto& spec : specs) {
+    auto r = (*nvrtc)->compile(render(spec).source, "spill_check.cu", "sm_90a", options);
+    REQUIRE_MESSAGE(r.has_value(), kjit::testing::why(r));
+    CAPTURE(canonical(spec));
+    CHECK_MESSAGE(r->log.find("0 bytes spill stores, 0 bytes spill loads") != std::string::npos, r->log);
+    CHECK_MESSAGE(r->log.find("0 bytes stack frame") != std::string::npos, r->log);
+    CHECK_MESSAGE(r->log.find("warning") == std::string::npos, r->log);
+  }
+}
+
 static std::vector<Fp8QuantizeSpec> quantize_variants() {
   std::vector<Fp8QuantizeSpec> out;
   for (auto format : {QuantScaleFormat::fp32, QuantScaleFormat::ue8m0})
@@ -285,18 +303,7 @@ TEST_CASE("every fp8 quantize variant compiles with NVRTC for sm_90a, sm_100a an
 }
 
 TEST_CASE("ptxas reports no local-memory spills in the fp8 quantize kernels on sm_90a") {
-  auto nvrtc = kjit::Nvrtc::load();
-  REQUIRE(nvrtc.has_value());
-  auto options = kjit::compile_flags("sm_90a");
-  options.push_back("--ptxas-options=-v");
-  for (const auto& spec : quantize_variants()) {
-    auto r = (*nvrtc)->compile(render(spec).source, "spill_check.cu", "sm_90a", options);
-    REQUIRE_MESSAGE(r.has_value(), kjit::testing::why(r));
-    CAPTURE(canonical(spec));
-    CHECK_MESSAGE(r->log.find("0 bytes spill stores, 0 bytes spill loads") != std::string::npos, r->log);
-    CHECK_MESSAGE(r->log.find("0 bytes stack frame") != std::string::npos, r->log);
-    CHECK_MESSAGE(r->log.find("warning") == std::string::npos, r->log);
-  }
+  check_no_spills_on_sm90a(quantize_variants());
 }
 
 static std::vector<MxQuantizeSpec> mx_quantize_variants() {
@@ -334,18 +341,7 @@ TEST_CASE("every mx quantize form compiles with NVRTC for sm_90a, sm_100a and sm
 }
 
 TEST_CASE("ptxas reports no local-memory spills in the mx quantize kernels on sm_90a") {
-  auto nvrtc = kjit::Nvrtc::load();
-  REQUIRE(nvrtc.has_value());
-  auto options = kjit::compile_flags("sm_90a");
-  options.push_back("--ptxas-options=-v");
-  for (const auto& spec : mx_quantize_variants()) {
-    auto r = (*nvrtc)->compile(render(spec).source, "spill_check.cu", "sm_90a", options);
-    REQUIRE_MESSAGE(r.has_value(), kjit::testing::why(r));
-    CAPTURE(canonical(spec));
-    CHECK_MESSAGE(r->log.find("0 bytes spill stores, 0 bytes spill loads") != std::string::npos, r->log);
-    CHECK_MESSAGE(r->log.find("0 bytes stack frame") != std::string::npos, r->log);
-    CHECK_MESSAGE(r->log.find("warning") == std::string::npos, r->log);
-  }
+  check_no_spills_on_sm90a(mx_quantize_variants());
 }
 
 // Every MX template branch: each format (both MXFP8 elements, both NVFP4
@@ -394,16 +390,5 @@ TEST_CASE("every MX dequant and scale-layout variant compiles with NVRTC for sm_
 }
 
 TEST_CASE("ptxas reports no local-memory spills in the MX kernels on sm_90a") {
-  auto nvrtc = kjit::Nvrtc::load();
-  REQUIRE(nvrtc.has_value());
-  auto options = kjit::compile_flags("sm_90a");
-  options.push_back("--ptxas-options=-v");
-  for (const auto& spec : mx_variants()) {
-    auto r = (*nvrtc)->compile(render(spec).source, "spill_check.cu", "sm_90a", options);
-    REQUIRE_MESSAGE(r.has_value(), kjit::testing::why(r));
-    CAPTURE(canonical(spec));
-    CHECK_MESSAGE(r->log.find("0 bytes spill stores, 0 bytes spill loads") != std::string::npos, r->log);
-    CHECK_MESSAGE(r->log.find("0 bytes stack frame") != std::string::npos, r->log);
-    CHECK_MESSAGE(r->log.find("warning") == std::string::npos, r->log);
-  }
+  check_no_spills_on_sm90a(mx_variants());
 }
