@@ -13,8 +13,8 @@
 // the same is matched bit for bit. NaN codes give NaN, e5m2 inf gives inf.
 #pragma once
 
+#include "../abi/device_errors.h"
 #include "../abi/dequant_params.h"
-#include "../common/expert_ids.cuh"
 #include "../common/fp8_convert.cuh"
 #include "../common/vector_io.cuh"
 
@@ -83,6 +83,22 @@ __device__ __forceinline__ void pack_output(const float (&v)[Cfg::kVec],
   }
 }
 
+// Every block checks every id before anything is written, so one bad id means
+// the whole launch writes nothing; the first block to see it records it.
+template <class Cfg>
+__device__ __forceinline__ bool expert_ids_valid(const kjit_dequant_params& p) {
+  int bad = 0;
+  for (long long i = threadIdx.x; i < p.output_slots; i += Cfg::kThreads) {
+    const int id = p.expert_ids[i];
+    if (id < 0 || id >= p.experts) {
+      bad = 1;
+      if (atomicCAS(&p.device_error[0], 0u, KJIT_DEVICE_ERROR_EXPERT_ID_OUT_OF_RANGE) == 0u)
+        p.device_error[1] = static_cast<unsigned int>(id);
+    }
+  }
+  return __syncthreads_or(bad) == 0;
+}
+
 // One expert slot's vectors [first, first + kUnroll * kThreads). Index is the
 // integer type of the vector index: 32-bit when the slot's vector count fits
 // (cheap division by the constant vectors-per-row), else 64-bit.
@@ -148,7 +164,7 @@ __device__ __forceinline__ void dequant_slot(const kjit_dequant_params& p, long 
 template <class Cfg>
 __device__ __forceinline__ void fp8_dequant(const kjit_dequant_params& p) {
   if constexpr (Cfg::kSelected) {
-    if (!expert_ids_valid<Cfg::kThreads>(p)) return;
+    if (!expert_ids_valid<Cfg>(p)) return;
   }
   const long long vectors = p.rows * Cfg::kVectorsPerRow;
   const long long first = static_cast<long long>(blockIdx.x) * (Cfg::kThreads * Cfg::kUnroll) + threadIdx.x;

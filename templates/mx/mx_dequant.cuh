@@ -16,8 +16,8 @@
 // round-to-nearest-even to bf16/f16 follows; f32 is stored as is.
 #pragma once
 
+#include "../abi/device_errors.h"
 #include "../abi/mx_dequant_params.h"
-#include "../common/expert_ids.cuh"
 #include "../common/fp8_convert.cuh"
 #include "../common/mx_formats.cuh"
 #include "../common/vector_io.cuh"
@@ -107,6 +107,22 @@ __device__ __forceinline__ void store_values(unsigned char* dst, const float (&v
   store_bytes(dst, packed);
 }
 
+// Every block checks every id before anything is written, so one bad id means
+// the whole launch writes nothing; the first block to see it records it.
+template <class Cfg>
+__device__ __forceinline__ bool mx_expert_ids_valid(const kjit_mx_dequant_params& p) {
+  int bad = 0;
+  for (long long i = threadIdx.x; i < p.output_slots; i += Cfg::kThreads) {
+    const int id = p.expert_ids[i];
+    if (id < 0 || id >= p.experts) {
+      bad = 1;
+      if (atomicCAS(&p.device_error[0], 0u, KJIT_DEVICE_ERROR_EXPERT_ID_OUT_OF_RANGE) == 0u)
+        p.device_error[1] = static_cast<unsigned int>(id);
+    }
+  }
+  return __syncthreads_or(bad) == 0;
+}
+
 // One expert slot's vectors [first, first + kUnroll * kThreads); Index is
 // 32-bit when the slot's vector count fits (cheap division by a constant).
 template <class Cfg, class Index>
@@ -175,7 +191,7 @@ __device__ __forceinline__ void mx_dequant_slot(const kjit_mx_dequant_params& p,
 template <class Cfg>
 __device__ __forceinline__ void mx_dequant(const kjit_mx_dequant_params& p) {
   if constexpr (Cfg::kSelected) {
-    if (!expert_ids_valid<Cfg::kThreads>(p)) return;
+    if (!mx_expert_ids_valid<Cfg>(p)) return;
   }
   const long long vectors = p.rows * Cfg::kVectorsPerRow;
   const long long first = static_cast<long long>(blockIdx.x) * (Cfg::kThreads * Cfg::kUnroll) + threadIdx.x;
