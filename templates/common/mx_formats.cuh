@@ -41,9 +41,4 @@ __device__ __forceinline__ long long swizzled_scale_offset(long long row, long l
   return (row / 128 * k_tiles + scale_col / 4) * 512 + row % 32 * 16 + row / 32 % 4 * 4 + scale_col % 4;
 }
 
-// Bytes one expert's swizzled block takes: rows padded to 128, columns to 4.
-__device__ __forceinline__ long long swizzled_scale_bytes(long long rows, long long scale_cols) {
-  return (rows + 127) / 128 * 128 * ((scale_cols + 3) / 4 * 4);
-}
-
 }  // namespace kjit

@@ -31,9 +31,8 @@ struct MixedGemmProblem : GemmProblem<kN_, kK_, kExperts_, kWeightsKN_, kOffsets
   static constexpr bool kDivide = kDivide_;
   static constexpr bool kFp4 = kScale_ == MixedScale::nvfp4 || kScale_ == MixedScale::mxfp4;
   static constexpr int kGroup = kScale_ == MixedScale::nvfp4 ? 16 : 32;  // FP4: stored elements per scale byte
-  // The stored tensor's rows and columns (elements), and its rows' bytes.
+  // The stored tensor's rows and columns (elements).
   static constexpr long long kStoredRows = kWeightsKN_ ? kK_ : kN_, kStoredCols = kWeightsKN_ ? kN_ : kK_;
-  static constexpr long long kStoredRowBytes = kFp4 ? kStoredCols / 2 : kStoredCols;
   static constexpr long long kScaleRows = (kStoredRows + KJIT_MIXED_SCALE_BLOCK - 1) / KJIT_MIXED_SCALE_BLOCK;
   static constexpr long long kScaleCols = (kStoredCols + KJIT_MIXED_SCALE_BLOCK - 1) / KJIT_MIXED_SCALE_BLOCK;
   static constexpr long long kGroupsPerRow = kStoredCols / kGroup;  // FP4: scale bytes per stored row

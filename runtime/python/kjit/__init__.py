@@ -553,10 +553,9 @@ def _check_w4a16(w, n, k, weights, a_scale, w_scale, w_format, w_global_scale, w
         raise _invalid(f"W4A16 needs N a multiple of 16 and K of 32, got N {n}, K {k}")
     group = 16 if w_format == "nvfp4" else 32
     expected = [experts, n, k // group]
-    scale_dtypes = ("uint8", "float8_e4m3fn") if w_format == "nvfp4" else ("uint8", "float8_e8m0fnu")
     if w_scale is None:
         raise _invalid(f"w_scale is required with {w_format} w: {expected} scale bytes (one per {group} elements)")
-    _check_tensor("w_scale", w_scale, scale_dtypes, device=w.device)
+    _check_tensor("w_scale", w_scale, _MX_SCALES[w_format], device=w.device)
     if list(w_scale.shape) != expected:
         raise _invalid(f"w_scale must be {expected} ({w_format}: one scale byte per {group} elements along K, "
                        f"linear), got {list(w_scale.shape)}")

@@ -100,14 +100,10 @@ Expected<GroupedGemmMixedPlan> plan_grouped_gemm_mixed(const kjit_grouped_gemm_d
   if (d.a_scales != nullptr)
     return invalid("a_scales is for FP8 activations (W8A8); bf16 activations (W8A16, W4A16) take none: pass NULL");
   const bool fp4 = d.b_dtype == KJIT_DTYPE_F4_E2M1;
-  if (fp4) {
-    KJIT_TRY(fp4_weight_of(d));
-  } else {
-    if (d.b_scale_convention != KJIT_SCALE_MULTIPLY && d.b_scale_convention != KJIT_SCALE_DIVIDE)
-      return invalid("W8A16 needs b_scale_convention: KJIT_SCALE_MULTIPLY (w = code * scale: DeepSeek's "
-                     "weight_scale_inv, compressed-tensors' weight_scale) or KJIT_SCALE_DIVIDE (w = code / scale); "
-                     "there is no default");
-  }
+  if (!fp4 && d.b_scale_convention != KJIT_SCALE_MULTIPLY && d.b_scale_convention != KJIT_SCALE_DIVIDE)
+    return invalid("W8A16 needs b_scale_convention: KJIT_SCALE_MULTIPLY (w = code * scale: DeepSeek's "
+                   "weight_scale_inv, compressed-tensors' weight_scale) or KJIT_SCALE_DIVIDE (w = code / scale); "
+                   "there is no default");
   GroupedGemmMixedPlan plan;
   plan.request = common.request;
   plan.empty = common.empty;
