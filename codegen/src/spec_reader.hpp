@@ -30,6 +30,8 @@ template <>
 inline constexpr int kEnumCount<WeightLayout> = 2;
 template <>
 inline constexpr int kEnumCount<OffsetsConvention> = 2;
+template <>
+inline constexpr int kEnumCount<Activation> = 3;
 
 class SpecReader {
  public:

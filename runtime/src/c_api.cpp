@@ -77,6 +77,8 @@ KJIT_API void kjit_grouped_gemm_desc_init(kjit_grouped_gemm_desc* desc) {
   if (!desc) return;
   *desc = kjit_grouped_gemm_desc{};
   desc->struct_size = sizeof(kjit_grouped_gemm_desc);
+  desc->activation_alpha = 1.702f;  // gpt-oss's
+  desc->activation_limit = 7.0f;
 }
 
 KJIT_API kjit_status kjit_grouped_gemm(const kjit_grouped_gemm_desc* desc, kjit_stream stream) {

@@ -15,6 +15,8 @@ struct kjit_grouped_gemm_params {
   long long total_rows;    /* rows of A and out; every offset must lie in [0, total_rows] */
   unsigned int* tile_counter; /* optional, zeroed before each launch: tiles handed out on demand (swap AB);
                                  null: a static round robin */
+  float activation_alpha;  /* a fused swiglu_oai's alpha and limit (bf16 family; unused otherwise) */
+  float activation_limit;
 };
 
 /* TMA box facts the host's tensor-map encoder and the SM90 kernels share (in

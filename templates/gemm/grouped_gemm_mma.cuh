@@ -136,7 +136,11 @@ __device__ __forceinline__ void grouped_gemm_mma_with(const kjit_grouped_gemm_pa
     __syncthreads();
   }
 
-  // Epilogue: optional per-row scale, round, store two columns per register pair.
+  // Epilogue: optional per-row scale, round, store two columns per register
+  // pair. With the fused activation, fragments 2g (gate) and 2g + 1 (up) of
+  // a warp give output fragment g, columns from (n0 + warp_n) / 2.
+  constexpr int kStep = Cfg::kFusedActivation ? 2 : 1;
+  static_assert(Cfg::kFragsN % kStep == 0 && Cfg::kWarpN % (8 * kStep) == 0, "whole gate/up fragment pairs");
 #pragma unroll
   for (int i = 0; i < Cfg::kFragsM; ++i)
 #pragma unroll
@@ -146,14 +150,20 @@ __device__ __forceinline__ void grouped_gemm_mma_with(const kjit_grouped_gemm_pa
       const long long row = m0 + r;
       const float scale = Cfg::kRowScale ? p.row_scale[row] : 1.0f;
 #pragma unroll
-      for (int j = 0; j < Cfg::kFragsN; ++j) {
-        const long long col = n0 + warp_n + j * 8 + 2 * quad;
-        if (col >= Cfg::kN) continue;
-        const float v0 = acc[i][j][2 * half] * scale, v1 = acc[i][j][2 * half + 1] * scale;
+      for (int j = 0; j < Cfg::kFragsN; j += kStep) {
+        const long long col = (n0 + warp_n) / kStep + j / kStep * 8 + 2 * quad;
+        if (col >= Cfg::kOutN) continue;
+        float v0 = acc[i][j][2 * half], v1 = acc[i][j][2 * half + 1];
+        if constexpr (Cfg::kFusedActivation) {
+          v0 = activate<Cfg::kActivation>(v0, acc[i][j + 1][2 * half], p.activation_alpha, p.activation_limit);
+          v1 = activate<Cfg::kActivation>(v1, acc[i][j + 1][2 * half + 1], p.activation_alpha, p.activation_limit);
+        }
+        v0 *= scale;
+        v1 *= scale;
         if constexpr (Cfg::kOutF32) {
-          *reinterpret_cast<float2*>(static_cast<float*>(p.out) + row * Cfg::kN + col) = make_float2(v0, v1);
+          *reinterpret_cast<float2*>(static_cast<float*>(p.out) + row * Cfg::kOutN + col) = make_float2(v0, v1);
         } else {
-          *reinterpret_cast<unsigned*>(static_cast<unsigned short*>(p.out) + row * Cfg::kN + col) =
+          *reinterpret_cast<unsigned*>(static_cast<unsigned short*>(p.out) + row * Cfg::kOutN + col) =
               cvt_rn_bf16x2_f32(v0, v1);
         }
       }

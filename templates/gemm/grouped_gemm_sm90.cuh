@@ -206,12 +206,14 @@ __device__ __forceinline__ void quad_transpose(unsigned (&w)[4], int q) {
   }
 }
 
-// Stores a warpgroup's 64 x kCols accumulator block (m64nNk16 f32 layout:
-// register 4j + 2h + c holds row 16 * warp + lane / 4 + 8h, column
-// 8j + 2 (lane % 4) + c) with the optional row scale, masked to the
-// expert's rows and to N. bf16 rows leave as 16-byte stores after a quad
-// transpose (a quarter of the store instructions of 4-byte stores, and full
-// 32-byte sectors); every lane joins the shuffles, so masking is per store.
+// Stores a warpgroup's 64 x kCols block of output columns [col0, col0 +
+// kCols) (m64nNk16 f32 layout: register 4j + 2h + c holds row 16 * warp +
+// lane / 4 + 8h, column 8j + 2 (lane % 4) + c) with the optional row scale,
+// masked to the expert's rows and to the output's kOutN columns. bf16 rows
+// leave as 16-byte stores after a quad transpose (a quarter of the store
+// instructions of 4-byte stores, and full 32-byte sectors); every lane joins
+// the shuffles, so masking is per store. A block narrower than 32 columns (a
+// half tile's activation) stores pairs.
 template <class Cfg, int kCols>
 __device__ __forceinline__ void store_block(const kjit_grouped_gemm_params& p, const float (&acc)[kCols / 2],
                                             int first_row, int rows, long long row0, long long col0) {
@@ -223,16 +225,23 @@ __device__ __forceinline__ void store_block(const kjit_grouped_gemm_params& p, c
     const long long row = row0 + r;
     const float scale = Cfg::kRowScale && row_ok ? p.row_scale[row] : 1.0f;
     // Columns left in the row from this lane's first one (masks the last n-tile).
-    const long long room = Cfg::kN - col0;
+    const long long room = Cfg::kOutN - col0;
     if constexpr (Cfg::kOutF32) {
-      float* out = static_cast<float*>(p.out) + row * Cfg::kN + col0 + 2 * q;  // then constant offsets
+      float* out = static_cast<float*>(p.out) + row * Cfg::kOutN + col0 + 2 * q;  // then constant offsets
 #pragma unroll
       for (int j = 0; j < kCols / 8; ++j)
         if (row_ok && (!Cfg::kColumnsMasked || 8 * j + 2 * q < room))
           *reinterpret_cast<float2*>(out + 8 * j) =
               make_float2(acc[4 * j + 2 * h] * scale, acc[4 * j + 2 * h + 1] * scale);
+    } else if constexpr (kCols % 32 != 0) {
+      unsigned short* out = static_cast<unsigned short*>(p.out) + row * Cfg::kOutN + col0 + 2 * q;
+#pragma unroll
+      for (int j = 0; j < kCols / 8; ++j)
+        if (row_ok && (!Cfg::kColumnsMasked || 8 * j + 2 * q < room))
+          *reinterpret_cast<unsigned*>(out + 8 * j) =
+              cvt_rn_bf16x2_f32(acc[4 * j + 2 * h] * scale, acc[4 * j + 2 * h + 1] * scale);
     } else {
-      unsigned short* out = static_cast<unsigned short*>(p.out) + row * Cfg::kN + col0 + 8 * q;
+      unsigned short* out = static_cast<unsigned short*>(p.out) + row * Cfg::kOutN + col0 + 8 * q;
 #pragma unroll
       for (int t = 0; t < kCols / 32; ++t) {
         unsigned w[4];
@@ -244,6 +253,27 @@ __device__ __forceinline__ void store_block(const kjit_grouped_gemm_params& p, c
           *reinterpret_cast<uint4*>(out + 32 * t) = make_uint4(w[0], w[1], w[2], w[3]);
       }
     }
+  }
+}
+
+// Stores a warpgroup's 64 x kCols accumulator block of weight columns
+// [col0, col0 + kCols): as they are, or with the fused activation, whose
+// gate/up fragment pairs (8-column groups 2g and 2g + 1) become output
+// fragment g, kCols / 2 output columns from col0 / 2.
+template <class Cfg, int kCols>
+__device__ __forceinline__ void store_accumulators(const kjit_grouped_gemm_params& p, const float (&acc)[kCols / 2],
+                                                   int first_row, int rows, long long row0, long long col0) {
+  if constexpr (Cfg::kFusedActivation) {
+    float act[kCols / 4];
+#pragma unroll
+    for (int g = 0; g < kCols / 16; ++g)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        act[4 * g + i] = activate<Cfg::kActivation>(acc[8 * g + i], acc[8 * g + 4 + i], p.activation_alpha,
+                                                    p.activation_limit);
+    store_block<Cfg, kCols / 2>(p, act, first_row, rows, row0, col0 / 2);
+  } else {
+    store_block<Cfg, kCols>(p, acc, first_row, rows, row0, col0);
   }
 }
 
@@ -263,11 +293,12 @@ __device__ __forceinline__ void grouped_gemm_consumer(const kjit_grouped_gemm_sm
       float(&half)[Cfg::kBN / 4] = *reinterpret_cast<float(*)[Cfg::kBN / 4]>(acc);
       mainloop<Cfg, typename Cfg::MmaHalf, Cfg::kBN / 4>(half, tiles, full, empty, 0,
                                                           Cfg::kATileBytes + consumer * (Cfg::kBN / 2) * 128, it);
-      store_block<Cfg, Cfg::kBN / 2>(p.gemm, half, 0, tile.rows, tile.row0, tile.n0 + consumer * (Cfg::kBN / 2));
+      store_accumulators<Cfg, Cfg::kBN / 2>(p.gemm, half, 0, tile.rows, tile.row0,
+                                            tile.n0 + consumer * (Cfg::kBN / 2));
     } else {
       mainloop<Cfg, typename Cfg::Mma, Cfg::kBN / 2>(acc, tiles, full, empty, consumer * 64 * 128, Cfg::kATileBytes,
                                                      it);
-      store_block<Cfg, Cfg::kBN>(p.gemm, acc, consumer * 64, tile.rows, tile.row0, tile.n0);
+      store_accumulators<Cfg, Cfg::kBN>(p.gemm, acc, consumer * 64, tile.rows, tile.row0, tile.n0);
     }
   }
 }

@@ -378,6 +378,71 @@ __device__ __forceinline__ void swap_ab_store(const kjit_grouped_gemm_params& p,
   }
 }
 
+// swap_ab_store with the fused activation: a thread's two weight columns of
+// a row, 16 * warp + lane / 4 and that + 8, are the two halves of a gate/up
+// group (kjit.gate_up_interleaved's order), so the warpgroup's 64 weight
+// columns give 32 output columns from col0 / 2, output column 8 * warp +
+// lane / 4. bf16 rows go through the scratch as in swap_ab_store (one
+// stmatrix.x4.trans per warp and 32 rows, whose four matrices are the four
+// 8-row groups), then leave in whole 64-byte row segments.
+template <class Cfg>
+__device__ __forceinline__ void swap_ab_store_activated(const kjit_grouped_gemm_params& p,
+                                                        const float (&acc)[Cfg::kBM / 2], const SwapAbTile& tile,
+                                                        long long col0, unsigned char* scratch, int chunks) {
+  constexpr int kRows = Cfg::kBM;
+  const int warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32, q = lane % 4;
+  const long long out_col0 = col0 / 2;
+  // The activation of tile row 8j + 2q + c, with its row scale.
+  auto activated = [&](int j, int c) {
+    const int r = 8 * j + 2 * q + c;
+    float scale = 1.0f;
+    if constexpr (Cfg::kRowScale) scale = r < tile.rows ? p.row_scale[tile.row0 + r] : 0.0f;
+    return activate<Cfg::kActivation>(acc[4 * j + c], acc[4 * j + 2 + c], p.activation_alpha, p.activation_limit) *
+           scale;
+  };
+  if constexpr (Cfg::kOutF32) {
+    const long long col = out_col0 + 8 * warp + lane / 4;
+#pragma unroll
+    for (int j = 0; j < kRows / 8; ++j) {
+      if (j >= 4 * chunks) break;
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int r = 8 * j + 2 * q + c;
+        if (r < tile.rows && (!Cfg::kColumnsMasked || col < Cfg::kOutN))
+          static_cast<float*>(p.out)[(tile.row0 + r) * Cfg::kOutN + col] = activated(j, c);
+      }
+    }
+  } else {
+    const int consumer = threadIdx.x / 128;
+    const unsigned base = static_cast<unsigned>(__cvta_generic_to_shared(scratch + consumer * 32 * 128));
+    auto unit_offset = [](int row, int unit) { return row * 128 + 16 * (unit ^ (row & 7)); };
+    auto sync_warpgroup = [consumer] { asm volatile("bar.sync %0, 128;" ::"r"(1 + consumer) : "memory"); };
+#pragma unroll
+    for (int chunk = 0; chunk < kRows / 32; ++chunk) {
+      if (chunk >= chunks) break;
+      unsigned w[4];
+#pragma unroll
+      for (int m = 0; m < 4; ++m) w[m] = cvt_rn_bf16x2_f32(activated(4 * chunk + m, 0), activated(4 * chunk + m, 1));
+      // Lane 8m + r gives the address of stored row r of matrix m: chunk row 8m + r, this warp's 8 columns.
+      asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(
+                       base + unit_offset(lane, warp)),
+                   "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
+                   : "memory");
+      sync_warpgroup();
+      const int row = threadIdx.x % 128 / 4, unit = threadIdx.x % 4;
+      const long long col = out_col0 + 8 * unit;
+      uint4 v;
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                   : "r"(base + unit_offset(row, unit)));
+      const int r = 32 * chunk + row;
+      if (r < tile.rows && (!Cfg::kColumnsMasked || col < Cfg::kOutN))
+        *reinterpret_cast<uint4*>(static_cast<unsigned short*>(p.out) + (tile.row0 + r) * Cfg::kOutN + col) = v;
+      sync_warpgroup();  // the next chunk's stmatrix overwrites the scratch
+    }
+  }
+}
+
 // One tile's k-loop for one consumer warpgroup at the tile's height, the
 // smallest multiple of kRowStep holding its rows (wgmma's N is an immediate,
 // so each height is its own instantiation; the recursion is the switch over
@@ -415,8 +480,12 @@ __device__ __forceinline__ void swap_ab_consumer(const kjit_grouped_gemm_sm90_pa
     if (threadIdx.x % 32 == 0) queue.release(i);
     if (!walk.seek(static_cast<long long>(t), tile)) break;
     swap_ab_tile<Cfg>(p, tile, acc, tiles, full, empty, it);
-    swap_ab_store<Cfg>(p.gemm, acc, tile, tile.n0 + threadIdx.x / 128 * 64, after_barriers,
-                       (tile.rows + 31) / 32);
+    if constexpr (Cfg::kFusedActivation)
+      swap_ab_store_activated<Cfg>(p.gemm, acc, tile, tile.n0 + threadIdx.x / 128 * 64, after_barriers,
+                                   (tile.rows + 31) / 32);
+    else
+      swap_ab_store<Cfg>(p.gemm, acc, tile, tile.n0 + threadIdx.x / 128 * 64, after_barriers,
+                         (tile.rows + 31) / 32);
   }
 }
 

@@ -176,9 +176,139 @@ void run_gemm(const GemmCase& c) {
   }
 }
 
+// The activation of one gate/up pair as kjit.h states it, in fp32.
+float host_activation(kjit_activation activation, float gate, float up, float alpha, float limit) {
+  if (activation == KJIT_ACTIVATION_SILU_MUL) return gate / (1.0f + std::exp(-gate)) * up;
+  const float g = gate > limit ? limit : gate;
+  const float u = up > limit ? limit : (up < -limit ? -limit : up);
+  return (u + 1.0f) * (g / (1.0f + std::exp(-alpha * g)));
+}
+
+// The fused activation through every kernel path. The same path without it,
+// fp32 out and no row scale, gives the exact accumulators h; the fused output
+// must be activation(h[16g + i], h[16g + 8 + i]) * scale computed here in
+// fp32 (the device's expf and the host's exp may differ in the last fp32
+// bits: fp32 output within 1e-5 relative, bf16 output within one unit in the
+// last place), and within the GEMM bound of the float64 reference. Rows past
+// the last offset keep their poison.
+void run_activation(GemmCase c, kjit_activation activation, float alpha, float limit, float weight_gain) {
+  const int64_t routed = std::accumulate(c.counts.begin(), c.counts.end(), int64_t{0});
+  const int64_t rows = routed + c.extra_rows, out_n = c.n / 2;
+  auto d = gemm_inputs(c, rows);
+  for (auto& v : d.w) v = to_bf16(bf16_to_float(v) * weight_gain);  // products past the clamp's limit
+  const auto ref = reference(c, d);  // float64, [routed][N], row scale included
+  std::vector<double> ref_act;
+  for (int64_t r = 0; r < routed; ++r)
+    for (int64_t col = 0; col < out_n; ++col) {
+      const int64_t gate = r * c.n + col / 8 * 16 + col % 8;
+      const double s = c.row_scale ? d.scale[static_cast<size_t>(r)] : 1.0;
+      ref_act.push_back(s * host_activation(activation, static_cast<float>(ref[gate] / s),
+                                            static_cast<float>(ref[gate + 8] / s), alpha, limit));
+    }
+  GemmBuffers b(c, rows, d);
+  const bool f32 = c.out == KJIT_DTYPE_F32;
+  DeviceBuffer h(0, static_cast<size_t>(std::max<int64_t>(16, rows * c.n * 4)));
+  for (const auto& path : kernel_paths()) {
+    if (c.n % path.n_multiple != 0) continue;
+    const std::string path_name = path.name;
+    CAPTURE(path_name);
+    auto g = b.desc(c, rows);
+    g.kernel = path.kernel;
+    g.tile_m = path.tile_m;
+    g.tile_n = path.tile_n;
+    g.cluster = path.cluster;
+    g.cluster_axis = path.cluster_axis;
+    auto plain = g;
+    plain.out_dtype = KJIT_DTYPE_F32;
+    plain.out = h.get();
+    plain.row_scale = nullptr;
+    const auto h_bytes = grouped_gemm_output(plain, h);
+    g.activation = activation;
+    g.activation_alpha = alpha;
+    g.activation_limit = limit;
+    const auto out = grouped_gemm_output(g, b.out);
+    int64_t beyond = 0, off_by_one_ulp = 0;
+    for (int64_t r = 0; r < routed; ++r)
+      for (int64_t col = 0; col < out_n; ++col) {
+        const int64_t gate = r * c.n + col / 8 * 16 + col % 8;
+        const float s = c.row_scale ? d.scale[static_cast<size_t>(r)] : 1.0f;
+        const float want = host_activation(activation, static_cast<float>(output_value(KJIT_DTYPE_F32, h_bytes, gate)),
+                                           static_cast<float>(output_value(KJIT_DTYPE_F32, h_bytes, gate + 8)), alpha,
+                                           limit) *
+                           s;
+        const double got = output_value(c.out, out, r * out_n + col);
+        if (f32) {
+          beyond += std::abs(got - want) > 1e-5 * std::abs(want) + 1e-30;
+        } else {
+          const int ulps = std::abs(static_cast<int>(to_bf16(static_cast<float>(got))) - static_cast<int>(to_bf16(want)));
+          beyond += ulps > 1;
+          off_by_one_ulp += ulps == 1;
+        }
+      }
+    CHECK_MESSAGE(beyond == 0, beyond, " outputs differ from the activation of the unfused accumulators");
+    CHECK_MESSAGE(off_by_one_ulp * 100 <= routed * out_n, off_by_one_ulp, " outputs one bf16 ulp off (of ",
+                  routed * out_n, ")");
+    const double err = relative_error(c.out, out_n, ref_act, out, routed);
+    CHECK_MESSAGE(err <= 1e-2, "relative error against float64 ", err);
+    const size_t row_bytes = static_cast<size_t>(out_n) * (f32 ? 4 : 2);
+    CHECK(touched_bytes(out, static_cast<size_t>(routed) * row_bytes, b.out.bytes) == 0);
+  }
+}
+
 }  // namespace
 
 TEST_SUITE_BEGIN("grouped_gemm");
+
+TEST_CASE("fused SiLU-and-mul and gpt-oss's clamped SwiGLU: every kernel path, layout, output type, row scale") {
+  for (auto activation : {KJIT_ACTIVATION_SILU_MUL, KJIT_ACTIVATION_SWIGLU_OAI})
+    for (auto weights : {KJIT_WEIGHTS_E_N_K, KJIT_WEIGHTS_E_K_N})
+      for (auto out : {KJIT_DTYPE_BF16, KJIT_DTYPE_F32}) {
+        GemmCase c;
+        c.n = 272;  // 17 gate/up groups: the last n-tile is partial in every path
+        c.k = 320;
+        c.counts = {0, 37, 1, 0, 200, 64, 3, 130};
+        c.extra_rows = 11;
+        c.weights = weights;
+        c.row_scale = weights == KJIT_WEIGHTS_E_N_K;
+        c.out = out;
+        CAPTURE(activation);
+        CAPTURE(weights);
+        CAPTURE(out);
+        // swiglu_oai with a limit of 2.5 and products of ~N(0, 9): many clamped gates and ups, both signs.
+        if (activation == KJIT_ACTIVATION_SWIGLU_OAI)
+          run_activation(c, activation, 1.702f, 2.5f, 3.0f);
+        else
+          run_activation(c, activation, 0.0f, 0.0f, 2.0f);
+      }
+}
+
+TEST_CASE("the fused activation with N a multiple of every tile and a tall expert (cluster paths)") {
+  GemmCase c;
+  c.n = 512;
+  c.k = 256;
+  c.counts = {300, 0, 17, 129};
+  run_activation(c, KJIT_ACTIVATION_SILU_MUL, 0.0f, 0.0f, 2.0f);
+}
+
+TEST_CASE("a fused activation is refused for FP8 weights and for N not in whole gate/up groups") {
+  GemmCase c;
+  c.n = 264;  // 16.5 groups
+  c.counts = {4};
+  const auto d = gemm_inputs(c, 4);
+  GemmBuffers b(c, 4, d);
+  auto g = b.desc(c, 4);
+  g.activation = KJIT_ACTIVATION_SILU_MUL;
+  CHECK(kjit_grouped_gemm(&g, nullptr) == KJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(kjit_last_error_message()).find("multiple of 16") != std::string::npos);
+  g.n = 256;
+  g.b_dtype = KJIT_DTYPE_F8_E4M3FN;
+  CHECK(kjit_grouped_gemm(&g, nullptr) == KJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(kjit_last_error_message()).find("bf16 grouped GEMM only") != std::string::npos);
+  g.b_dtype = KJIT_DTYPE_BF16;
+  g.activation = KJIT_ACTIVATION_SWIGLU_OAI;
+  g.activation_limit = NAN;
+  CHECK(kjit_grouped_gemm(&g, nullptr) == KJIT_ERROR_INVALID_ARGUMENT);
+}
 
 TEST_CASE("uneven routing with empty experts, every layout, convention, scale and output type") {
   for (auto weights : {KJIT_WEIGHTS_E_N_K, KJIT_WEIGHTS_E_K_N})

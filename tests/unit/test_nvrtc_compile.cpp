@@ -281,6 +281,43 @@ void check_no_spills_on_sm90a(const Specs& specs) {
   }
 }
 
+TEST_CASE("the grouped GEMM's fused activations compile for sm_90a, sm_100a and sm_120a, with no spills on sm_90a") {
+  PrivateBuilder b("kjit-nvrtc-gemm-activation");
+  std::vector<GroupedGemmSpec> sm90;
+  for (auto activation : {Activation::silu_mul, Activation::swiglu_oai})
+    for (int v = 0; v < 4; ++v) {
+      GroupedGemmSpec g;
+      g.activation = activation;
+      g.out = v & 1 ? DType::f32 : DType::bf16;
+      g.row_scale = (v & 2) != 0;
+      g.n = 1536;  // Qwen3-30B-A3B's gate_up
+      g.k = 2048;
+      g.experts = 128;
+      for (const char* arch : {"sm_100a", "sm_120a"})
+        for (const auto& spec : kernels_for_target(g, arch_of(arch))) {
+          auto cubin = b.builder.build(spec, arch_of(arch));
+          REQUIRE_MESSAGE(cubin.has_value(), arch, " ", canonical(spec), ": ", kjit::testing::why(cubin));
+        }
+      for (const auto& spec : kernels_for_target(g, arch_of("sm_90a"))) sm90.push_back(std::get<GroupedGemmSpec>(spec));
+      // Half tiles of 64 columns (32-column activated halves), pairs along N, and swap AB with one consumer.
+      sm90.push_back(*choose_grouped_gemm_config(g, arch_of("sm_90a"), 1 << 20, {.tile_m = 128, .tile_n = 64}));
+      sm90.push_back(*choose_grouped_gemm_config(
+          g, arch_of("sm_90a"), 1 << 20, {.tile_m = 128, .tile_n = 192, .cluster = 2, .cluster_axis = ClusterAxis::n}));
+      sm90.push_back(*choose_grouped_gemm_config(
+          g, arch_of("sm_90a"), 1 << 20, {.kernel = GemmRequest::Kernel::sm90_swap_ab, .tile_m = 96, .tile_n = 64}));
+      sm90.push_back(*choose_grouped_gemm_config(g, arch_of("sm_90a"), 0, {.kernel = GemmRequest::Kernel::portable}));
+    }
+  CHECK(canonical(KernelSpec{sm90.front()}).find(" activation=") != std::string::npos);
+  check_no_spills_on_sm90a(sm90);
+  // Whole gate/up groups only.
+  GroupedGemmSpec odd;
+  odd.activation = Activation::silu_mul;
+  odd.n = 1544;
+  odd.k = 2048;
+  odd.experts = 4;
+  CHECK_FALSE(validate(KernelSpec{odd}).has_value());
+}
+
 static std::vector<Fp8QuantizeSpec> quantize_variants() {
   std::vector<Fp8QuantizeSpec> out;
   for (auto format : {QuantScaleFormat::fp32, QuantScaleFormat::ue8m0})

@@ -37,6 +37,10 @@ Expected<void> validate_problem(const GroupedGemmSpec& s) {
     return invalid(fmt::format("grouped_gemm: K must be a positive multiple of 8 up to {}, got {}", kMaxDimension, s.k));
   if (s.experts < 1 || s.experts > kMaxExperts)
     return invalid(fmt::format("grouped_gemm needs 1 to {} experts, got {}", kMaxExperts, s.experts));
+  if (s.activation != Activation::none && s.n % 16 != 0)
+    return invalid(fmt::format("grouped_gemm with activation {}: N (gate and up rows) must be a multiple of 16 (gate/up "
+                               "groups of 8), got {}",
+                               name(s.activation), s.n));
   return {};
 }
 
@@ -57,6 +61,10 @@ Expected<void> validate_configuration(const GroupedGemmSpec& s) {
                     s.tile_n <= 128 && s.tile_k > 0 && s.tile_k % 16 == 0 && s.tile_k <= 64 && s.stages == 0 &&
                     s.cluster == 1;
     if (!ok) return invalid(fmt::format("grouped_gemm {} is not supported", tile));
+    // A warp's half of the tile must hold whole gate/up pairs of 8-column fragments.
+    if (s.activation != Activation::none && s.tile_n % 32 != 0)
+      return invalid(fmt::format("grouped_gemm {} with activation {} needs tile_n a multiple of 32", tile,
+                                 name(s.activation)));
     return {};
   }
   const bool pipeline_ok = s.tile_k == 64 && s.stages >= 2 && s.stages <= sm90_max_stages(s.kernel, s.tile_m, s.tile_n);
@@ -108,8 +116,11 @@ std::string_view name(GemmKernel k) { return kGemmKernelNames[static_cast<size_t
 std::string_view name(ClusterAxis a) { return kClusterAxisNames[static_cast<size_t>(a)]; }
 
 std::string Family<GroupedGemmSpec>::canonical(const GroupedGemmSpec& g) {
-  return fmt::format("grouped_gemm a=bf16 b=bf16 out={} n={} k={} experts={} weights={} offsets={} row_scale={}{}",
+  // " activation=..." only when fused, so unfused kernels keep their keys.
+  return fmt::format("grouped_gemm a=bf16 b=bf16 out={} n={} k={} experts={} weights={} offsets={} row_scale={}{}{}",
                      name(g.out), g.n, g.k, g.experts, name(g.weights), name(g.offsets), g.row_scale,
+                     g.activation != Activation::none ? fmt::format(" activation={}", name(g.activation))
+                                                      : std::string(),
                      g.configured() ? fmt::format(" kernel={} tile={}x{}x{} stages={} cluster={}{}", name(g.kernel),
                                                   g.tile_m, g.tile_n, g.tile_k, g.stages, g.cluster,
                                                   g.cluster > 1 ? fmt::format(" along {}", name(g.cluster_axis))
@@ -121,6 +132,7 @@ nlohmann::json Family<GroupedGemmSpec>::to_json(const GroupedGemmSpec& g) {
   nlohmann::json j = {{"op", op},       {"out", name(g.out)},         {"n", g.n},
                       {"k", g.k},       {"experts", g.experts},       {"weights", name(g.weights)},
                       {"offsets", name(g.offsets)}, {"row_scale", g.row_scale}};
+  if (g.activation != Activation::none) j["activation"] = name(g.activation);
   if (g.configured()) {
     j["kernel"] = name(g.kernel);
     j["tile"] = {g.tile_m, g.tile_n, g.tile_k};
@@ -135,6 +147,7 @@ Expected<GroupedGemmSpec> Family<GroupedGemmSpec>::from_json(SpecReader& reader)
   GroupedGemmSpec s;
   KJIT_TRY(read_gemm_problem(reader, s));
   s.weights = KJIT_TRY(reader.enumeration<WeightLayout>("weights"));
+  if (reader.has("activation")) s.activation = KJIT_TRY(reader.enumeration<Activation>("activation"));
   // A configuration (cache metadata) names its kernel, tile and stages; a
   // problem (manifests) names none of them.
   if (!reader.has("kernel")) {
@@ -160,6 +173,7 @@ const std::vector<FieldRule>& Family<GroupedGemmSpec>::schema() {
       text_field("out", {"bf16", "f32"}), integer_field("n", 8, kMaxDimension), integer_field("k", 8, kMaxDimension),
       integer_field("experts", 1, kMaxExperts), text_field("weights", {"e_n_k", "e_k_n"}),
       text_field("offsets", {"cumulative_end", "with_leading_zero"}), boolean_field("row_scale"),
+      text_field("activation", {"none", "silu_mul", "swiglu_oai"}, false),
       // A configuration's fields (cache metadata; rare in manifests). Bounded so they stay in int;
       // validate says which are supported.
       text_field("kernel", {"mma_sync", "wgmma_sm90", "wgmma_sm90_swap_ab"}, false),
@@ -173,7 +187,7 @@ void Family<GroupedGemmSpec>::hash(const GroupedGemmSpec& g, HashMixer& h) {
   h.mix(static_cast<uint64_t>(g.k));
   h.mix(static_cast<uint64_t>(g.experts));
   h.mix(static_cast<uint64_t>(g.out) | static_cast<uint64_t>(g.weights) << 8 | static_cast<uint64_t>(g.offsets) << 16 |
-        static_cast<uint64_t>(g.row_scale) << 24);
+        static_cast<uint64_t>(g.row_scale) << 24 | static_cast<uint64_t>(g.activation) << 32);
   h.mix(static_cast<uint64_t>(g.tile_m) << 32 | static_cast<uint64_t>(g.tile_n) << 16 | static_cast<uint64_t>(g.tile_k));
   h.mix(static_cast<uint64_t>(g.cluster_axis) << 24 | static_cast<uint64_t>(g.kernel) << 16 |
         static_cast<uint64_t>(g.stages) << 8 | static_cast<uint64_t>(g.cluster));
@@ -198,9 +212,9 @@ Expected<void> Family<GroupedGemmSpec>::supported_on(const GroupedGemmSpec& s, c
 
 RenderedKernel Family<GroupedGemmSpec>::render(const GroupedGemmSpec& s) {
   const auto problem =
-      fmt::format("kjit::GemmProblem<{}LL, {}LL, {}, {}, {}, {}, {}>", s.n, s.k, s.experts,
+      fmt::format("kjit::GemmProblem<{}LL, {}LL, {}, {}, {}, {}, {}, {}>", s.n, s.k, s.experts,
                   s.weights == WeightLayout::e_k_n, s.offsets == OffsetsConvention::with_leading_zero, s.row_scale,
-                  s.out == DType::f32);
+                  s.out == DType::f32, static_cast<int>(s.activation));
   if (is_sm90(s.kernel)) {
     const bool swap_ab = s.kernel == GemmKernel::wgmma_sm90_swap_ab;
     const bool weights_kn = s.weights == WeightLayout::e_k_n;

@@ -184,6 +184,18 @@ typedef enum kjit_gemm_cluster_axis {
  * W8A8 kernels: wgmma on Hopper, mma.sync with FP8 operands on sm_89 and newer
  * elsewhere; tile_m / tile_n / cluster then name those kernels' tiles. FP8 weights with bf16 activations run
  * the W8A16 kernels (the last fields). */
+/* The MoE activation between the two expert GEMMs, on a gate/up pair, in
+ * fp32 (expf and IEEE division), one rounding to the output type:
+ *   SILU_MUL:   silu(gate) * up, silu(g) = g / (1 + exp(-g));
+ *   SWIGLU_OAI: gpt-oss's clamped form: g = min(gate, limit),
+ *               u = clamp(up, -limit, limit), (u + 1) * g / (1 + exp(-alpha g)).
+ * NaN passes through the clamps, as torch.clamp lets it. */
+typedef enum kjit_activation {
+  KJIT_ACTIVATION_NONE = 0,
+  KJIT_ACTIVATION_SILU_MUL = 1,
+  KJIT_ACTIVATION_SWIGLU_OAI = 2
+} kjit_activation;
+
 typedef struct kjit_grouped_gemm_desc {
   uint32_t struct_size; /* sizeof(kjit_grouped_gemm_desc) */
   kjit_dtype a_dtype;   /* KJIT_DTYPE_BF16, or KJIT_DTYPE_F8_E4M3FN with b_dtype (FP8, below) */
@@ -244,6 +256,14 @@ typedef struct kjit_grouped_gemm_desc {
   kjit_block_format b_format;     /* W4A16 only (else UNSET) */
   const uint8_t* b_block_scales;  /* W4A16 only, device */
   const float* b_global_scales;   /* W4A16 NVFP4 only, device [E] */
+  /* A fused activation (bf16 A and B only): the weights' N rows are gate/up groups of 8, gate rows 8g..8g+7 at
+   * rows 16g..16g+7 and up rows 8g..8g+7 at 16g+8..16g+15 of each expert (kjit.gate_up_interleaved in Python
+   * builds this order from the halves or alternating layouts once, at load), N a multiple of 16, and out is
+   * [rows, N / 2]: out[:, 8g + i] = activation(h[:, 16g + i], h[:, 16g + 8 + i]) of the product h, then times
+   * row_scale. Saves the gate_up output's write and re-read and a launch. */
+  kjit_activation activation;  /* KJIT_ACTIVATION_NONE after _desc_init */
+  float activation_alpha;      /* SWIGLU_OAI: 1.702 after _desc_init */
+  float activation_limit;      /* SWIGLU_OAI: 7.0 after _desc_init */
 } kjit_grouped_gemm_desc;
 
 KJIT_API void kjit_grouped_gemm_desc_init(kjit_grouped_gemm_desc* desc);

@@ -16,6 +16,7 @@ else libkjit.so.0 on the loader path (cmake --install).
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import pathlib
 
@@ -35,6 +36,8 @@ _GLOBAL_SCALE = {"given": 1, "compute": 2}  # kjit_global_scale_mode
 _GRANULARITY = {"tensor": 1, "row": 2, "block": 3}
 _CONVENTION = {"multiply": 1, "divide": 2}
 _GEMM_KERNEL = {"auto": 0, "portable": 1, "sm90": 2, "sm90_swap_ab": 3}
+_ACTIVATION = {"silu_mul": 1, "swiglu_oai": 2}  # kjit_activation (None: KJIT_ACTIVATION_NONE)
+_GATE_UP_LAYOUTS = ("halves", "alternating")
 _CLUSTER_AXIS = {"m": 0, "n": 1}  # kjit_gemm_cluster_axis
 _QUANT_SCALE = {"fp32": 1, "ue8m0": 2}  # kjit_quant_scale_format
 
@@ -104,6 +107,9 @@ class _GroupedGemmDesc(ctypes.Structure):
         ("b_format", ctypes.c_int),
         ("b_block_scales", ctypes.c_void_p),
         ("b_global_scales", ctypes.c_void_p),
+        ("activation", ctypes.c_int),
+        ("activation_alpha", ctypes.c_float),
+        ("activation_limit", ctypes.c_float),
     ]
 
 
@@ -577,13 +583,28 @@ def _check_w4a16(w, n, k, weights, a_scale, w_scale, w_format, w_global_scale, w
                            f"{w_scale_convention!r}")
 
 
+def _check_activation(activation, alpha, limit) -> None:
+    if activation is not None:
+        _check_choice("activation", activation, _ACTIVATION)
+    if activation == "swiglu_oai" and not (math.isfinite(alpha) and math.isfinite(limit) and limit > 0):
+        raise _invalid(f"swiglu_oai needs a finite alpha and a finite positive limit, got {alpha} and {limit}")
+
+
+def _gemm_out_columns(n, activation) -> int:
+    return n // 2 if activation is not None else n
+
+
 def _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, cluster_axis, a_scale=None,
                 w_scale=None, w_block=(_FP8_GEMM_BLOCK, _FP8_GEMM_BLOCK), w_scale_convention=None, w_format=None,
-                w_global_scale=None):
+                w_global_scale=None, activation=None, activation_alpha=1.702, activation_limit=7.0):
     """Returns (operands, granularity): operands as _check_gemm_operands
     says, granularity None for bf16, else the weight scales' ('block', 'row'
     or, W8A16 only, 'tensor'; W4A16: the format)."""
     operands = _check_gemm_operands(a, w)
+    _check_activation(activation, activation_alpha, activation_limit)
+    if activation is not None and operands != "bf16":
+        raise _invalid(f"a fused activation is implemented in the bf16 grouped GEMM only; with {operands} operands "
+                       f"run the GEMM without it and apply kjit.moe_activation to its output")
     if operands != "w4a16" and (w_format is not None or w_global_scale is not None):
         raise _invalid("w_format and w_global_scale are for FP4 weights (uint8 w, W4A16)")
     _check_tensor("offsets", offsets, ("int32",), device=a.device)
@@ -607,8 +628,10 @@ def _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kern
     expected = experts + (offsets_convention == "with_leading_zero")
     if offsets.dim() != 1 or offsets.shape[0] != expected:
         raise _invalid(f"offsets must be [{expected}] ({offsets_convention}), got {list(offsets.shape)}")
-    if list(out.shape) != [a.shape[0], n]:
-        raise _invalid(f"out must be [{a.shape[0]}, {n}], got {list(out.shape)}")
+    if activation is not None and n % 16 != 0:
+        raise _invalid(f"a fused activation needs N (gate and up rows) a multiple of 16, got {n}")
+    if list(out.shape) != [a.shape[0], _gemm_out_columns(n, activation)]:
+        raise _invalid(f"out must be [{a.shape[0]}, {_gemm_out_columns(n, activation)}], got {list(out.shape)}")
     if row_scale is not None and list(row_scale.shape) != [a.shape[0]]:
         raise _invalid(f"row_scale must be [{a.shape[0]}], got {list(row_scale.shape)}")
     if operands == "bf16":
@@ -629,7 +652,8 @@ def _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kern
 
 def _gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n, cluster,
                cluster_axis, a_scale=None, w_scale=None, w_scale_granularity=None,
-               w_scale_convention=None, w_global_scale=None) -> _GroupedGemmDesc:
+               w_scale_convention=None, w_global_scale=None, activation=None, activation_alpha=1.702,
+               activation_limit=7.0) -> _GroupedGemmDesc:
     experts = w.shape[0]
     n, k = (w.shape[1], w.shape[2]) if weights == "e_n_k" else (w.shape[2], w.shape[1])
     d = _GroupedGemmDesc()
@@ -645,6 +669,9 @@ def _gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kerne
     d.tile_m, d.tile_n = tile_m, tile_n
     d.cluster = cluster
     d.cluster_axis = _CLUSTER_AXIS[cluster_axis]
+    if activation is not None:
+        d.activation = _ACTIVATION[activation]
+        d.activation_alpha, d.activation_limit = activation_alpha, activation_limit
     if w4a16:
         d.b_format = _BLOCK_FORMAT[w_scale_granularity]
         d.b_block_scales = w_scale.data_ptr()
@@ -665,7 +692,7 @@ def _gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kerne
 def grouped_gemm(a, w, offsets, *, weights="e_n_k", offsets_convention, row_scale=None, out=None,
                  out_dtype=None, stream=None, kernel="auto", tile=None, cluster=0, cluster_axis="m", a_scale=None,
                  w_scale=None, w_block=(_FP8_GEMM_BLOCK, _FP8_GEMM_BLOCK), w_scale_convention=None, w_format=None,
-                 w_global_scale=None):
+                 w_global_scale=None, activation=None, activation_alpha=1.702, activation_limit=7.0):
     """MoE expert GEMM: rows of `a` ([rows, K] bf16, sorted by expert) times
     each expert's weights `w` ([E, N, K] with weights='e_n_k', as checkpoints
     store them, or [E, K, N] with 'e_k_n'). `offsets` (int32, on the device)
@@ -702,21 +729,30 @@ def grouped_gemm(a, w, offsets, *, weights="e_n_k", offsets_convention, row_scal
     'mxfp4', w_scale the linear scale bytes [E, N, K / 16] (NVFP4 e4m3fn: uint8
     or float8_e4m3fn) or [E, N, K / 32] (MXFP4 UE8M0: uint8), and for NVFP4
     w_global_scale fp32 [E] with w_scale_convention 'multiply' (ModelOpt
-    weight_scale_2) or 'divide' (compressed-tensors weight_global_scale)."""
+    weight_scale_2) or 'divide' (compressed-tensors weight_global_scale).
+
+    A fused MoE activation (bf16 a and w): activation 'silu_mul' or
+    'swiglu_oai' (gpt-oss's clamp; activation_alpha, activation_limit), kjit.h
+    states both. w is a gate_up stack whose N rows are in gate/up groups of 8,
+    as kjit.gate_up_interleaved returns it, and out is [rows, N / 2]: the
+    activation of the gate and up products (then times row_scale), with no
+    [rows, N] intermediate."""
     import torch
 
     if out is None:
         operands = _check_gemm_operands(a, w)
         _check_choice("weights", weights, _WEIGHTS)
         n = w.shape[1] if weights == "e_n_k" or operands == "w4a16" else w.shape[2]
-        out = torch.empty(a.shape[0], n, dtype=out_dtype or torch.bfloat16, device=a.device)
+        out = torch.empty(a.shape[0], _gemm_out_columns(n, activation), dtype=out_dtype or torch.bfloat16,
+                          device=a.device)
     operands, granularity = _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel,
                                         cluster_axis, a_scale, w_scale, w_block, w_scale_convention, w_format,
-                                        w_global_scale)
+                                        w_global_scale, activation, activation_alpha, activation_limit)
     tile_m, tile_n = tile if tile is not None else (0, 0)
     if operands == "bf16":
         torch.ops.kjit.grouped_gemm_(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m,
-                                     tile_n, cluster, cluster_axis, stream)
+                                     tile_n, cluster, cluster_axis, activation or "none", float(activation_alpha),
+                                     float(activation_limit), stream)
     elif operands == "w4a16":
         torch.ops.kjit.grouped_gemm_w4a16_(a, w, w_scale.view(torch.uint8), w_global_scale, offsets, out,
                                            offsets_convention, row_scale, w_format, w_scale_convention, kernel,
@@ -733,17 +769,48 @@ def grouped_gemm(a, w, offsets, *, weights="e_n_k", offsets_convention, row_scal
 
 def prepare_grouped_gemm(a, w, offsets, out, *, weights="e_n_k", offsets_convention, row_scale=None, kernel="auto",
                          tile=None, a_scale=None, w_scale=None, w_block=(_FP8_GEMM_BLOCK, _FP8_GEMM_BLOCK),
-                         w_scale_convention=None, w_format=None, w_global_scale=None):
+                         w_scale_convention=None, w_format=None, w_global_scale=None, activation=None,
+                         activation_alpha=1.702, activation_limit=7.0):
     """Compiles (or finds) and loads every kernel grouped_gemm may pick for
     these shapes, whatever the row count, so that later calls can be captured
     in a CUDA graph. FP8 weights need their scales (and W8A16 their
     w_scale_convention) here too (grouped_gemm)."""
     _, granularity = _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, "m", a_scale,
-                                 w_scale, w_block, w_scale_convention, w_format, w_global_scale)
+                                 w_scale, w_block, w_scale_convention, w_format, w_global_scale, activation,
+                                 activation_alpha, activation_limit)
     tile_m, tile_n = tile if tile is not None else (0, 0)
     d = _gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n, 0, "m",
-                   a_scale, w_scale, granularity, w_scale_convention, w_global_scale)
+                   a_scale, w_scale, granularity, w_scale_convention, w_global_scale, activation, activation_alpha,
+                   activation_limit)
     _check(library().kjit_grouped_gemm_prepare(ctypes.byref(d), a.device.index or 0))
+
+
+def gate_up_interleaved(w, *, layout, weights="e_n_k"):
+    """A gate_up weight stack with its 2I gate and up rows reordered for the
+    grouped GEMM's fused activation (grouped_gemm(activation=...)): groups of
+    8, gate rows 8g..8g+7 then up rows 8g..8g+7, for g = 0..I/8-1. layout
+    says where gate and up are: 'halves' (Hugging Face gate_up_proj: gate rows
+    first, then up) or 'alternating' (gpt-oss: gate at even rows, up at odd).
+    w is [E, 2I, K] (weights='e_n_k') or [E, K, 2I] ('e_k_n'), I a multiple of
+    8; returns a new tensor of the same shape. Done once, at load."""
+    import torch
+
+    _check_choice("layout", layout, _GATE_UP_LAYOUTS)
+    _check_choice("weights", weights, _WEIGHTS)
+    if w.dim() != 3:
+        raise _invalid(f"w must be [E, 2I, K] or [E, K, 2I], got {list(w.shape)}")
+    axis = 1 if weights == "e_n_k" else 2
+    n = w.shape[axis]
+    if n % 16 != 0:
+        raise _invalid(f"gate and up rows must be a multiple of 16 (I a multiple of 8), got {n}")
+    inter = n // 2
+    g = torch.arange(inter, device=w.device).view(-1, 8)  # [I / 8, 8] gate (and up) indices per group
+    if layout == "halves":
+        gate, up = g, g + inter
+    else:
+        gate, up = 2 * g, 2 * g + 1
+    order = torch.stack((gate, up), dim=1).reshape(-1)  # per group: its 8 gate rows, then its 8 up rows
+    return w.index_select(axis, order).contiguous()
 
 
 def _check_routing(topk_ids, experts_total, expert_base, experts_local, offsets_convention) -> None:

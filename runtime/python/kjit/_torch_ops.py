@@ -48,14 +48,16 @@ def _launch_gemm(d, device: torch.device, stream: Optional[int]) -> None:
 @torch.library.custom_op("kjit::grouped_gemm_", mutates_args=("out",), device_types="cuda")
 def grouped_gemm_(a: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor, weights: str,
                   offsets_convention: str, row_scale: Optional[torch.Tensor], kernel: str, tile_m: int, tile_n: int,
-                  cluster: int, cluster_axis: str, stream: Optional[int]) -> None:
+                  cluster: int, cluster_axis: str, activation: str, activation_alpha: float, activation_limit: float,
+                  stream: Optional[int]) -> None:
     _launch_gemm(_gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n,
-                            cluster, cluster_axis), a.device, stream)
+                            cluster, cluster_axis, activation=None if activation == "none" else activation,
+                            activation_alpha=activation_alpha, activation_limit=activation_limit), a.device, stream)
 
 
 @grouped_gemm_.register_fake
 def _(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n, cluster, cluster_axis,
-      stream) -> None:
+      activation, activation_alpha, activation_limit, stream) -> None:
     return None
 
 

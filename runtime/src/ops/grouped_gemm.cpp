@@ -3,6 +3,7 @@
 
 #include "launch.hpp"
 
+#include <cmath>
 #include <cstdint>
 
 #include <fmt/format.h>
@@ -40,6 +41,18 @@ Expected<GemmCommonPlan> plan_gemm_common(const kjit_grouped_gemm_desc& d, bool 
       (d.b_format != KJIT_BLOCK_FORMAT_UNSET || d.b_block_scales != nullptr || d.b_global_scales != nullptr))
     return invalid("b_format, b_block_scales and b_global_scales are for FP4 weights (b_dtype KJIT_DTYPE_F4_E2M1, "
                    "W4A16); leave them unset for other weights");
+
+  if (d.activation != KJIT_ACTIVATION_NONE && d.activation != KJIT_ACTIVATION_SILU_MUL &&
+      d.activation != KJIT_ACTIVATION_SWIGLU_OAI)
+    return invalid(fmt::format("activation must be KJIT_ACTIVATION_NONE, _SILU_MUL or _SWIGLU_OAI, got {}",
+                               static_cast<int>(d.activation)));
+  if (d.activation != KJIT_ACTIVATION_NONE && (is_mixed_gemm(d) || is_fp8_gemm(d)))
+    return invalid("a fused activation is implemented in the bf16 grouped GEMM only (bf16 A and B); run the FP8 and "
+                   "FP4 GEMMs without it and apply kjit's activation to their output");
+  if (d.activation == KJIT_ACTIVATION_SWIGLU_OAI &&
+      !(std::isfinite(d.activation_alpha) && std::isfinite(d.activation_limit) && d.activation_limit > 0.0f))
+    return invalid(fmt::format("SWIGLU_OAI needs a finite alpha and a finite positive limit, got alpha {} limit {}",
+                               d.activation_alpha, d.activation_limit));
 
   GemmCommonPlan plan;
   using Kernel = codegen::GemmRequest::Kernel;
@@ -79,6 +92,8 @@ Expected<GemmCommonPlan> plan_gemm_common(const kjit_grouped_gemm_desc& d, bool 
   p.row_scale = d.row_scale;
   p.total_rows = d.rows;
   p.tile_counter = static_cast<unsigned int*>(d.workspace);
+  p.activation_alpha = d.activation_alpha;
+  p.activation_limit = d.activation_limit;
   return plan;
 }
 
@@ -109,6 +124,7 @@ Expected<GroupedGemmPlan> plan_grouped_gemm(const kjit_grouped_gemm_desc& d, boo
   s.weights = d.weights == KJIT_WEIGHTS_E_K_N ? codegen::WeightLayout::e_k_n : codegen::WeightLayout::e_n_k;
   s.offsets = common.offsets;
   s.row_scale = d.row_scale != nullptr;
+  s.activation = static_cast<codegen::Activation>(d.activation);  // checked by plan_gemm_common; same order
   KJIT_TRY(codegen::validate(codegen::KernelSpec{s}));
   return plan;
 }

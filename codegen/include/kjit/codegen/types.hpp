@@ -14,12 +14,17 @@ enum class ScaleGranularity : uint8_t { per_tensor, per_row, per_block };
 enum class ScaleConvention : uint8_t { multiply, divide };
 enum class WeightLayout : uint8_t { e_n_k, e_k_n };
 enum class OffsetsConvention : uint8_t { cumulative_end, with_leading_zero };
+// The MoE activation between the two expert GEMMs, on a gate/up pair:
+// silu_mul = silu(gate) * up; swiglu_oai = gpt-oss's clamped form,
+// (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit).
+enum class Activation : uint8_t { none, silu_mul, swiglu_oai };
 
 std::string_view name(DType t);
 std::string_view name(ScaleGranularity g);
 std::string_view name(ScaleConvention c);
 std::string_view name(WeightLayout l);
 std::string_view name(OffsetsConvention c);
+std::string_view name(Activation a);
 
 int size_bytes(DType t);
 constexpr bool is_fp8(DType t) { return t == DType::f8_e4m3fn || t == DType::f8_e5m2; }

@@ -45,6 +45,10 @@ struct GroupedGemmSpec {
   WeightLayout weights = WeightLayout::e_n_k;
   OffsetsConvention offsets = OffsetsConvention::cumulative_end;
   bool row_scale = false;
+  // A fused MoE activation: the weight rows are gate/up groups of 8
+  // (gate_up_interleaved order), the output has N / 2 columns, and the row
+  // scale, if any, multiplies the activation.
+  Activation activation = Activation::none;
   GemmKernel kernel = GemmKernel::mma_sync;
   int tile_m = 0, tile_n = 0, tile_k = 0;
   int stages = 0;   // shared-memory pipeline depth (wgmma_sm90); 0 for mma_sync

@@ -1,0 +1,142 @@
+"""The bf16 grouped GEMM's fused MoE activation through the Python module:
+kjit.gate_up_interleaved's row order (CPU), argument errors on fake tensors
+(no GPU needed), and on a GPU the fused output against torch's activation of
+the same kernel's unfused fp32 output (the accumulators are the same: one
+bf16 unit in the last place covers expf against torch's exp) and against a
+float64 reference, for both gate/up layouts, both activations, a row scale
+and a graph replay."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+
+import kjit  # noqa: E402
+
+bf16, f32, i32 = torch.bfloat16, torch.float32, torch.int32
+
+
+def split_gate_up(h, layout):
+    inter = h.shape[-1] // 2
+    return (h[..., :inter], h[..., inter:]) if layout == "halves" else (h[..., 0::2], h[..., 1::2])
+
+
+def activation_reference(gate, up, activation, alpha=1.702, limit=7.0):
+    """kjit.h's formulas in torch (fp32 or fp64 in, same out)."""
+    if activation == "silu_mul":
+        return gate / (1 + torch.exp(-gate)) * up
+    g = gate.clamp(max=limit)
+    u = up.clamp(min=-limit, max=limit)
+    return (u + 1) * (g / (1 + torch.exp(-alpha * g)))
+
+
+@pytest.mark.parametrize("layout", ["halves", "alternating"])
+@pytest.mark.parametrize("weights", ["e_n_k", "e_k_n"])
+def test_gate_up_interleaved_puts_gate_and_up_rows_in_groups_of_8(layout, weights):
+    experts, inter, k = 3, 24, 5
+    gate = torch.randn(experts, inter, k)
+    up = torch.randn(experts, inter, k)
+    if layout == "halves":
+        stacked = torch.cat((gate, up), dim=1)
+    else:
+        stacked = torch.stack((gate, up), dim=2).reshape(experts, 2 * inter, k)
+    w = stacked if weights == "e_n_k" else stacked.transpose(1, 2).contiguous()
+    out = kjit.gate_up_interleaved(w, layout=layout, weights=weights)
+    rows = out if weights == "e_n_k" else out.transpose(1, 2)
+    grouped = rows.reshape(experts, inter // 8, 2, 8, k)
+    assert torch.equal(grouped[:, :, 0].reshape(experts, inter, k), gate)
+    assert torch.equal(grouped[:, :, 1].reshape(experts, inter, k), up)
+
+
+def test_gate_up_interleaved_refuses_what_is_no_whole_gate_up_groups():
+    with pytest.raises(kjit.KjitError, match="multiple of 16"):
+        kjit.gate_up_interleaved(torch.zeros(2, 24, 8), layout="halves")
+    with pytest.raises(kjit.KjitError, match="layout must be one of 'halves', 'alternating'"):
+        kjit.gate_up_interleaved(torch.zeros(2, 32, 8), layout="interleaved")
+
+
+def cuda(*shape, dtype):
+    return torch.empty(*shape, dtype=dtype, device="cuda")
+
+
+def test_fused_activation_arguments_on_fake_tensors():
+    with FakeTensorMode():
+        a, w, offsets = cuda(40, 64, dtype=bf16), cuda(2, 96, 64, dtype=bf16), cuda(2, dtype=i32)
+        out = kjit.grouped_gemm(a, w, offsets, offsets_convention="cumulative_end", activation="silu_mul")
+        assert out.shape == (40, 48)
+        with pytest.raises(kjit.KjitError, match=r"out must be \[40, 48\], got \[40, 96\]"):
+            kjit.grouped_gemm(a, w, offsets, offsets_convention="cumulative_end", activation="silu_mul",
+                              out=cuda(40, 96, dtype=bf16))
+        with pytest.raises(kjit.KjitError, match="activation must be one of 'silu_mul', 'swiglu_oai'"):
+            kjit.grouped_gemm(a, w, offsets, offsets_convention="cumulative_end", activation="gelu")
+        with pytest.raises(kjit.KjitError, match="finite positive limit"):
+            kjit.grouped_gemm(a, w, offsets, offsets_convention="cumulative_end", activation="swiglu_oai",
+                              activation_limit=float("inf"))
+        with pytest.raises(kjit.KjitError, match="multiple of 16"):
+            kjit.grouped_gemm(a, cuda(2, 88, 64, dtype=bf16), offsets, offsets_convention="cumulative_end",
+                              activation="silu_mul")
+        w8 = cuda(2, 96, 64, dtype=torch.float8_e4m3fn)
+        with pytest.raises(kjit.KjitError, match="bf16 grouped GEMM only"):
+            kjit.grouped_gemm(a, w8, offsets, offsets_convention="cumulative_end", w_scale=cuda(2, 96, dtype=f32),
+                              w_scale_convention="multiply", activation="silu_mul")
+
+
+def routed_problem(counts, hidden, inter, generator, gain):
+    rows = sum(counts)
+    a = torch.randn(rows + 5, hidden, generator=generator).to(bf16).cuda()
+    w = (torch.randn(len(counts), 2 * inter, hidden, generator=generator) * gain / hidden ** 0.5).to(bf16).cuda()
+    ends = torch.tensor(counts, dtype=i32).cumsum(0).to(i32).cuda()
+    return a, w, ends, rows
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["halves", "alternating"])
+@pytest.mark.parametrize("activation", ["silu_mul", "swiglu_oai"])
+@pytest.mark.parametrize("kernel", ["auto", "sm90_swap_ab", "portable"])
+def test_fused_activation_equals_the_activation_of_the_unfused_gemm(layout, activation, kernel):
+    if kernel == "sm90_swap_ab" and torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("swap AB is Hopper's kernel")
+    generator = torch.Generator().manual_seed(18)
+    counts = [0, 37, 1, 200, 3, 130]
+    hidden, inter = 256, 136  # 17 gate/up groups: partial n-tiles
+    alpha, limit = 1.702, 2.5  # a low limit with products of ~N(0, 9): many clamped values
+    a, w, ends, rows = routed_problem(counts, hidden, inter, generator, gain=3.0)
+    row_scale = torch.rand(a.shape[0], generator=generator).cuda() + 0.1
+    h = kjit.grouped_gemm(a, w, ends, offsets_convention="cumulative_end", out_dtype=f32, kernel=kernel)
+    gate, up = split_gate_up(h[:rows], layout)
+    want = activation_reference(gate, up, activation, alpha, limit) * row_scale[:rows, None]
+    fused_w = kjit.gate_up_interleaved(w, layout=layout)
+    out = torch.full((a.shape[0], inter), float("nan"), dtype=bf16, device="cuda")
+    kjit.grouped_gemm(a, fused_w, ends, offsets_convention="cumulative_end", kernel=kernel, activation=activation,
+                      activation_alpha=alpha, activation_limit=limit, row_scale=row_scale, out=out)
+    kjit.check_device_errors()
+    got = out[:rows].float()
+    # One bf16 unit in the last place (2^-8 relative) of the fp32 value: expf against torch's exp.
+    torch.testing.assert_close(got, want, rtol=2 ** -8, atol=1e-30)
+    assert torch.isnan(out[rows:].float()).all(), "rows past the routed ones were written"
+    # And the float64 product, activated: the GEMM's own bound.
+    a64, w64 = a[:rows].double(), w.double()
+    expert = torch.repeat_interleave(torch.arange(len(counts)).cuda(), torch.tensor(counts).cuda())
+    h64 = torch.einsum("rk,rnk->rn", a64, w64[expert])
+    g64, u64 = split_gate_up(h64, layout)
+    ref = activation_reference(g64, u64, activation, alpha, limit) * row_scale[:rows, None].double()
+    assert ((got.double() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+@pytest.mark.gpu
+def test_fused_activation_replays_in_a_cuda_graph_with_new_counts():
+    generator = torch.Generator().manual_seed(7)
+    hidden, inter = 128, 64
+    a, w, ends, rows = routed_problem([10, 0, 30], hidden, inter, generator, gain=1.0)
+    fused_w = kjit.gate_up_interleaved(w, layout="halves")
+    out = torch.empty(a.shape[0], inter, dtype=bf16, device="cuda")
+    kjit.prepare_grouped_gemm(a, fused_w, ends, out, offsets_convention="cumulative_end", activation="silu_mul")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        kjit.grouped_gemm(a, fused_w, ends, offsets_convention="cumulative_end", activation="silu_mul", out=out)
+    ends.copy_(torch.tensor([25, 26, 45], dtype=i32))
+    graph.replay()
+    torch.cuda.synchronize()
+    h = kjit.grouped_gemm(a, w, ends, offsets_convention="cumulative_end", out_dtype=f32)
+    gate, up = split_gate_up(h[:45], "halves")
+    torch.testing.assert_close(out[:45].float(), activation_reference(gate, up, "silu_mul"), rtol=2 ** -8, atol=1e-30)
