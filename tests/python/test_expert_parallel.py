@@ -10,17 +10,14 @@ Three processes serve every case (the world, then a group of two of them), so
 the file runs in seconds; init_process_group and the join have timeouts, so a hang fails."""
 
 import datetime
-import os
-import tempfile
-import time
 import traceback
 
 import pytest
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
-mp = pytest.importorskip("torch.multiprocessing")
 
+from ep_harness import record_failure, run_ranks  # noqa: E402
 from kjit.torch.expert_parallel import ExpertParallelMoE  # noqa: E402
 
 HIDDEN, INTER, TOP_K, EXPERTS_LOCAL = 32, 16, 3, 3
@@ -214,27 +211,12 @@ def _worker(rank, store_path, failures_path):
         dist.barrier()
         dist.destroy_process_group()
     except BaseException:
-        with open(f"{failures_path}.{rank}", "w") as f:
-            f.write(traceback.format_exc())
+        record_failure(failures_path, rank, traceback.format_exc())
         raise
 
 
 def test_expert_parallel_on_3_and_2_ranks_matches_one_process_holding_all_experts(tmp_path):
-    failures = str(tmp_path / "failure")
-    context = mp.start_processes(_worker, args=(str(tmp_path / "store"), failures), nprocs=WORLD, join=False,
-                                 start_method="spawn")
-    deadline = time.monotonic() + TIMEOUT_S
-    try:
-        while not context.join(timeout=max(0.0, deadline - time.monotonic())):
-            if time.monotonic() >= deadline:
-                pytest.fail(f"the {WORLD} ranks did not finish within {TIMEOUT_S} s")
-    except mp.ProcessRaisedException:
-        reports = [open(f"{failures}.{r}").read() for r in range(WORLD) if os.path.exists(f"{failures}.{r}")]
-        pytest.fail("\n".join(reports) or "a rank failed")
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.kill()
+    run_ranks(_worker, WORLD, tmp_path, TIMEOUT_S)
 
 
 def test_constructor_needs_a_process_group_and_a_known_mode():
