@@ -10,7 +10,9 @@ Weights: bf16, and FP8 with 128x128 block scales run as W8A16 and as W8A8
 kernels whatever the row count). Cases: uniform routing, every token to rank
 0's experts (adversarial), a rank with no tokens and ranks of different
 token counts (padded mode with max_tokens), one token per rank; both modes;
-and one CUDA-graph capture of the padded mode replayed on new inputs.
+and one CUDA-graph capture of the padded mode replayed on new inputs. The
+padded mode must make no synchronising CUDA call, the exact mode at most one
+(torch.cuda.set_sync_debug_mode).
 
 Tolerance, and why not bit-identical: the expert-parallel result adds each
 rank's fp32 partial sum of a token's top-k terms, where one GPU adds the
@@ -27,6 +29,7 @@ two modes and the graph replay agree. The bit-identical fraction is printed.
 
 import datetime
 import traceback
+import warnings
 
 import pytest
 
@@ -90,6 +93,19 @@ def _compare(out32, ref32, where):
           f"{(out32 - ref32).abs().max().item() if ref32.numel() else 0.0:.3e} of max |ref| {scale:.3e}")
 
 
+def _host_syncs(fn):
+    """fn()'s result and the synchronising CUDA operations torch saw it make
+    (torch.cuda.set_sync_debug_mode; collectives are not covered)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            result = fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return result, sum("synchroniz" in str(w.message) for w in caught)
+
+
 def _run_cases(rank, device, fmt, w8a8_min_rows, weights, full):
     from kjit.torch.expert_parallel import ExpertParallelMoE
 
@@ -115,7 +131,9 @@ def _run_cases(rank, device, fmt, w8a8_min_rows, weights, full):
         for mode, layer in layers.items():
             where = f"rank {rank}, {fmt} w8a8_min_rows={w8a8_min_rows}, tokens {tokens}, {routing}, {mode}"
             out32 = layer(*problem[rank], out_dtype=torch.float32)
-            out = layer(*problem[rank])
+            out, syncs = _host_syncs(lambda: layer(*problem[rank]))
+            # padded: none; exact: its one read of the counts
+            assert syncs <= (1 if mode == "exact" else 0), (where, syncs)
             torch.cuda.synchronize()
             assert out.dtype == torch.bfloat16 and out.shape == problem[rank][0].shape, where
             assert torch.equal(out, out32.to(torch.bfloat16)), where
