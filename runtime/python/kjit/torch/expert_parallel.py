@@ -53,13 +53,17 @@ one hidden element (2 for bf16):
        (deterministic) and rounds once to the output dtype.
 
 Results: both modes add fp32 partial sums across ranks in rank order and
-round once, so they agree with each other, and with one GPU up to fp32
-reassociation of a token's top-k sum (bit-identical where a token's experts
-all live on one rank and the local experts compute the same rows as the
-single-GPU layer).
+round once. Where the local experts compute each routed row as the one-GPU
+layer does, the two modes agree bit for bit with each other, and with one GPU
+up to the fp32 reassociation of a token's top-k sum (bit-identical where a
+token's experts all live on one rank). kjit's GEMMs may pick another tile
+configuration for another row count, so a row can differ by a bf16 rounding
+of the expert output. With one rank the layer is the local experts' forward.
 
-NCCL and CUDA graphs: create the process group (and run one eager forward, so
-that the NCCL communicator exists) before capturing the padded mode.
+CUDA graphs (padded mode only: the exact mode reads the host): create the
+process group, call the local experts' prepare(world_size * C, top_k=k) (they
+see P * C rows) and run one eager forward (so that NCCL's communicator
+exists) before capturing.
 """
 
 from __future__ import annotations
@@ -84,6 +88,8 @@ class ExpertParallelMoE(torch.nn.Module):
     mode: "padded" or "exact" (see the module's docstring).
     max_tokens: padded mode's per-rank capacity; needed where ranks' token
         counts differ.
+    Construct it on every rank of the group at once: the constructor runs a
+    collective (the partition check).
     """
 
     def __init__(self, experts, group=None, *, mode: str = "padded", max_tokens: Optional[int] = None):
@@ -202,6 +208,9 @@ class ExpertParallelMoE(torch.nn.Module):
     def _forward_exact(self, hidden, topk_ids, topk_weights, out_dtype):
         world, (tokens, width), top_k = self.world_size, hidden.shape, topk_ids.shape[1]
         device = hidden.device
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("the exact mode reads its splits on the host, which a CUDA graph cannot capture: "
+                               "capture the padded mode")
 
         # Which ranks each token goes to: one column per rank, one more for bad
         # ids (out of [0, E_total)), which go nowhere and are counted.
