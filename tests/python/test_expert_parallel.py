@@ -31,7 +31,7 @@ class TorchExperts(torch.nn.Module):
     mul, down [E, H, I]; fp32 math, each token's contributions added in order
     of j; ids of other experts skipped. Records what it was given: the rows,
     the (row, j) pairs routed to its experts, and ids outside
-    [0, experts_total) (kjit's routing reports those)."""
+    [0, experts_total) (kjit's routing would report those)."""
 
     def __init__(self, gate_up, down, experts_total, expert_base):
         super().__init__()
@@ -172,16 +172,26 @@ def _check_group(rank, world, group):
     _expect_error_everywhere(lambda: capped["padded"](*problem[rank]), ValueError, "max_tokens")
 
     # Bad ids: exact mode raises on every rank after its one host read;
-    # padded mode hands them to the local experts (kjit's routing reports
-    # them on the device), on every rank since all ids are gathered.
-    hidden, ids, weights = _problem([5] * world, experts_total, "uniform", 1)[rank]
+    # padded mode skips them on every rank (the local experts never see them:
+    # every rank's result is that of the other pairs) and check_ids() raises
+    # on every rank, once.
+    problem = _problem([5] * world, experts_total, "uniform", 1)
+    hidden, ids, weights = problem[rank]
     bad = ids.clone()
     if rank == world - 1:
         bad[2, 1] = experts_total
     _expect_error_everywhere(lambda: same_t["exact"](hidden, bad, weights), ValueError, f"rank {world - 1}: 1")
-    before = same_t["padded"].experts.bad_ids_seen
-    same_t["padded"](hidden, bad, weights)
-    assert same_t["padded"].experts.bad_ids_seen == before + 1
+    padded = same_t["padded"]
+    padded.check_ids()  # nothing counted so far
+    out = padded(hidden, bad, weights, out_dtype=torch.float32)
+    out = padded(hidden, bad, weights, out_dtype=torch.float32)
+    assert padded.experts.bad_ids_seen == 0
+    every = [torch.cat([p[i] for p in problem]) for i in range(3)]
+    every[2][5 * (world - 1) + 2, 1] = 0.0  # the bad pair contributes nothing
+    torch.testing.assert_close(out, reference(*every, out_dtype=torch.float32)[5 * rank:5 * rank + 5], rtol=1e-5,
+                               atol=1e-6)
+    _expect_error_everywhere(padded.check_ids, ValueError, f"2 top-k id(s) outside [0, {experts_total})")
+    padded.check_ids()  # cleared
 
     # Ranks passing different top_k: exact mode's header catches it everywhere.
     k_bad = ids[:, :2].contiguous() if rank == 0 else ids

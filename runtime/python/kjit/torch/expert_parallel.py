@@ -32,8 +32,11 @@ one hidden element (2 for bf16):
   rank's T: each rank pads its rows to max_tokens. Nothing checks across
   ranks that T (or C), k and H agree, since that needs a host sync; a
   mismatch makes the collectives fail or hang. Expert ids outside
-  [0, E_total) are passed on to the local experts unchanged: kjit's routing
-  records them on the device (kjit.check_device_errors reports them).
+  [0, E_total) are skipped (their pairs contribute nothing) on every rank and
+  counted on the device: check_ids() reads the count (a host sync, when the
+  caller wants it) and raises. They never reach the local experts, whose
+  routing would otherwise write nothing on every rank, since every rank
+  receives every rank's ids.
 
 "exact" (bandwidth-minimal): syncs the host once per forward.
     1. all_to_all_single of a [P, 4] int64 header: per peer, the rows this
@@ -112,9 +115,12 @@ class ExpertParallelMoE(torch.nn.Module):
         self.experts_total = experts.experts_total
         self.experts_local = experts.experts_local
         self._check_partition()
-        # A valid id that this rank does not own: padding rows carry it, so the
-        # local experts skip them without an out-of-range id.
+        # A valid id that this rank does not own: padding rows and bad ids
+        # carry it, so the local experts skip them without an out-of-range id.
         self._foreign_id = (experts.expert_base + experts.experts_local) % experts.experts_total
+        # The padded mode's count of bad ids (every rank's), on the device;
+        # made by the first forward (on hidden's device), read by check_ids().
+        self._bad_ids: Optional[torch.Tensor] = None
 
     def _check_partition(self) -> None:
         """Every rank must own an equal contiguous slice at rank * E_local.
@@ -191,7 +197,10 @@ class ExpertParallelMoE(torch.nn.Module):
         dist.all_gather_into_tensor(all_meta, meta, group=self.group)
 
         valid = all_meta[:, 2 * top_k:] != 0
-        ids = torch.where(valid, all_meta[:, :top_k], self._foreign_id).contiguous()
+        ids = all_meta[:, :top_k]
+        in_range = (ids >= 0) & (ids < self.experts_total)
+        self._count_bad_ids((valid & ~in_range).sum(), device)
+        ids = torch.where(valid & in_range, ids, self._foreign_id)
         weights = all_meta[:, top_k:2 * top_k].contiguous().view(torch.float32)
         partial = self.experts(all_rows, ids, weights, out_dtype=torch.float32)
 
@@ -204,6 +213,25 @@ class ExpertParallelMoE(torch.nn.Module):
         for peer in range(1, world):
             total += received[peer]
         return total[:tokens].to(out_dtype)
+
+    def _count_bad_ids(self, count, device) -> None:
+        if self._bad_ids is None or self._bad_ids.device != device:
+            self._bad_ids = torch.zeros((), dtype=torch.int64, device=device)
+        self._bad_ids += count
+
+    def check_ids(self) -> None:
+        """Raises ValueError if the padded mode has seen expert ids outside
+        [0, experts_total) on any rank since the last check (the count is the
+        group's, the same on every rank), and clears the count. Synchronises
+        the host: call it where a check is wanted, not on the hot path. The
+        exact mode raises in forward instead."""
+        if self._bad_ids is None:
+            return
+        count = int(self._bad_ids.item())
+        self._bad_ids.zero_()
+        if count:
+            raise ValueError(f"{count} top-k id(s) outside [0, {self.experts_total}) on the ranks of this group "
+                             "(expert parallelism, padded mode: their pairs were skipped)")
 
     def _forward_exact(self, hidden, topk_ids, topk_weights, out_dtype):
         world, (tokens, width), top_k = self.world_size, hidden.shape, topk_ids.shape[1]
