@@ -9,8 +9,9 @@ Weights: bf16, and FP8 with 128x128 block scales run as W8A16 and as W8A8
 (both sides are built with the same w8a8_min_rows, so that they run the same
 kernels whatever the row count). Cases: uniform routing, every token to rank
 0's experts (adversarial), a rank with no tokens and ranks of different
-token counts (padded mode with max_tokens), one token per rank; both modes;
-and one CUDA-graph capture of the padded mode replayed on new inputs. The
+token counts (padded mode with max_tokens), one token per rank, a bad id;
+both modes; and one CUDA-graph capture of the padded mode replayed on new
+inputs. The
 padded mode must make no synchronising CUDA call, the exact mode at most one
 (torch.cuda.set_sync_debug_mode).
 
@@ -141,6 +142,23 @@ def _run_cases(rank, device, fmt, w8a8_min_rows, weights, full):
             results[mode] = out32
         torch.testing.assert_close(results["padded"], results["exact"], rtol=2 ** -7,
                                    atol=2 ** -7 * (ref32.abs().max().item() if ref32.numel() else 0.0))
+
+    # A bad id on rank 1: the padded mode skips it on both ranks (no kjit
+    # routing sees it, so none records a device error) and check_ids()
+    # raises on both; the exact mode raises on both at once.
+    problem = _problem([16, 16], "uniform", 7, device)
+    hidden, ids, weights = problem[rank]
+    bad = ids.clone()
+    if rank == 1:
+        bad[3, 2] = EXPERTS_TOTAL + 5
+    with pytest.raises(ValueError, match="rank 1: 1"):
+        same_t["exact"](hidden, bad, weights)
+    out32 = same_t["padded"](hidden, bad, weights, out_dtype=torch.float32)
+    every = [torch.cat([p[i] for p in problem]) for i in range(3)]
+    every[2][16 + 3, 2] = 0.0  # the bad pair contributes nothing
+    _compare(out32, full(*every, out_dtype=torch.float32)[16 * rank:16 * rank + 16], f"rank {rank}, a bad id")
+    with pytest.raises(ValueError, match="1 top-k id"):
+        same_t["padded"].check_ids()
     import kjit
 
     kjit.check_device_errors(device.index)
