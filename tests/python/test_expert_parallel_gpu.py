@@ -11,9 +11,8 @@ kernels whatever the row count). Cases: uniform routing, every token to rank
 0's experts (adversarial), a rank with no tokens and ranks of different
 token counts (padded mode with max_tokens), one token per rank, a bad id;
 both modes; and one CUDA-graph capture of the padded mode replayed on new
-inputs. The
-padded mode must make no synchronising CUDA call, the exact mode at most one
-(torch.cuda.set_sync_debug_mode).
+inputs. The padded mode must make no synchronising CUDA call, the exact mode
+at most one (torch.cuda.set_sync_debug_mode).
 
 Tolerance, and why not bit-identical: the expert-parallel result adds each
 rank's fp32 partial sum of a token's top-k terms, where one GPU adds the
