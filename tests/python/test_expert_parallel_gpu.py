@@ -195,6 +195,7 @@ def _graph_case(rank, device, weights, full):
         every = [torch.cat([p[i] for p in problem]) for i in range(3)]
         ref32 = full(*every, out_dtype=torch.float32)[16 * rank:16 * rank + 16]
         _compare(static_out.float(), ref32.to(torch.bfloat16).float(), where)
+    layer.check_ids()  # the replays' bad-id count (captured) stayed 0
 
 
 def _worker(rank, store_path, failures_path):
