@@ -108,7 +108,6 @@ class ExpertParallelMoE(torch.nn.Module):
         self.mode = mode
         self.max_tokens = max_tokens
         self.world_size = dist.get_world_size(self.group)
-        self.rank = dist.get_rank(self.group)
         for name in ("experts_total", "expert_base", "experts_local"):
             if not isinstance(getattr(experts, name, None), int):
                 raise TypeError(f"experts must have an int attribute {name} (as kjit.torch.MoEExperts has)")
