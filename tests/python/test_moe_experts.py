@@ -1,0 +1,445 @@
+"""kjit.torch.MoEExperts, the drop-in MoE experts module.
+
+Without a GPU: construction from each checkpoint format and its argument
+errors, the kernel choice per format and batch size, forward's argument
+errors, the calls forward makes (on fake CUDA tensors, kjit.moe_activation
+stood in for by its plain-torch contract), prepare's calls, and
+torch.compile(fullgraph=True) of a block using the module (traced on fake
+tensors: no graph break).
+
+On a GPU (marker gpu): the module against a plain-torch fp32 MoE on
+dequantised weights (moe_reference.py) for Qwen3-30B-A3B (E128 H2048 I768
+k8), DeepSeek-V3 one EP8 rank (E32 of 256, H7168 I2048 k8) and gpt-oss-20b
+(E32 H2880 I2880 k4, alternating gate/up, swiglu_oai, MXFP4 with biases) at
+1, 16, 512 and 4096 tokens, bf16, FP8 and FP4 weights, with expert_base != 0
+(foreign pairs skipped); CUDA-graph capture right after prepare() replaying
+like eager; torch.compile of a block equal to eager.
+
+Tolerances (relative Frobenius error against the fp32 reference): 1e-2 where
+the activations stay bf16 (bf16, W8A16, W4A16: three bf16 roundings between
+the GEMMs, as tests/python/test_moe_pipeline_gpu.py's 1e-2 for one); W8A8
+2e-2 against a reference that rounds the rows and the activation's output
+through e4m3 with 1x128 scales as kjit does, and 8e-2 against the unquantised
+reference (e4m3's 3 mantissa bits, twice; test_grouped_gemm_fp8.py allows
+6e-2 for once).
+"""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+
+import kjit  # noqa: E402
+import kjit.torch  # noqa: E402
+from kjit.torch import MoEExperts  # noqa: E402
+
+import moe_reference as ref  # noqa: E402
+
+bf16, f32, i32, u8, e4m3 = torch.bfloat16, torch.float32, torch.int32, torch.uint8, torch.float8_e4m3fn
+
+
+def raises(text):
+    return pytest.raises(kjit.KjitError, match=text)
+
+
+def weights(fmt, experts=4, hidden=256, inter=128, device="cpu", convention="multiply"):
+    """Constructor arguments of the right shapes and dtypes for `fmt` (contents irrelevant: zeros)."""
+    e, h, i = experts, hidden, inter
+    z = lambda *shape, dtype: torch.zeros(*shape, dtype=dtype, device=device)  # noqa: E731
+    if fmt == "bf16":
+        return dict(gate_up=z(e, 2 * i, h, dtype=bf16), down=z(e, h, i, dtype=bf16))
+    if fmt == "fp8_block":
+        return dict(gate_up=z(e, 2 * i, h, dtype=e4m3), down=z(e, h, i, dtype=e4m3),
+                    gate_up_scale=z(e, -(-2 * i // 128), -(-h // 128), dtype=f32),
+                    down_scale=z(e, -(-h // 128), -(-i // 128), dtype=f32), scale_convention=convention)
+    if fmt == "fp8_channel":
+        return dict(gate_up=z(e, 2 * i, h, dtype=e4m3), down=z(e, h, i, dtype=e4m3),
+                    gate_up_scale=z(e, 2 * i, 1, dtype=f32), down_scale=z(e, h, dtype=f32),
+                    scale_convention=convention)
+    group = 16 if fmt == "nvfp4" else 32
+    args = dict(gate_up=z(e, 2 * i, h // 2, dtype=u8), down=z(e, h, i // 2, dtype=u8),
+                gate_up_scale=z(e, 2 * i, h // group, dtype=u8), down_scale=z(e, h, i // group, dtype=u8))
+    if fmt == "nvfp4":
+        args.update(gate_up_global_scale=z(e, dtype=f32), down_global_scale=z(e, dtype=f32),
+                    global_scale_convention=convention)
+    return args
+
+
+def module(fmt, layout="halves", act="silu_mul", **kwargs):
+    args = weights(fmt, **{k: kwargs.pop(k) for k in ("experts", "hidden", "inter", "device") if k in kwargs})
+    args.update(kwargs)
+    gate_up, down = args.pop("gate_up"), args.pop("down")
+    return MoEExperts(gate_up, down, format=fmt, gate_up_layout=layout, activation=act, **args)
+
+
+# ---- construction ----
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8_block", "fp8_channel", "nvfp4", "mxfp4"])
+def test_each_format_builds_from_checkpoint_shaped_tensors_and_reports_its_shapes(fmt):
+    m = module(fmt)
+    assert (m.experts_local, m.hidden_size, m.intermediate_size) == (4, 256, 128)
+    assert (m.experts_total, m.expert_base) == (4, 0)
+    assert m.gate_up_weight.data_ptr() == m.gate_up_weight.data_ptr()  # a buffer
+    assert "gate_up_weight" in dict(m.named_buffers())
+
+
+def test_the_weights_are_buffers_used_as_given_not_copied():
+    args = weights("fp8_block")
+    m = MoEExperts(args.pop("gate_up"), args.pop("down"), format="fp8_block", gate_up_layout="halves",
+                   activation="silu_mul", **args)
+    assert m.gate_up_scale.data_ptr() == args["gate_up_scale"].data_ptr()
+    assert m.gate_up_w8a8_scale is None  # multipliers already: nothing made
+    assert set(m.state_dict()) >= {"gate_up_weight", "down_weight", "gate_up_scale", "down_scale"}
+
+
+def test_divide_scales_get_their_reciprocal_once_for_w8a8_only():
+    args = weights("fp8_block", convention="divide")
+    args["gate_up_scale"].fill_(4.0)
+    args["down_scale"].fill_(0.5)
+    m = MoEExperts(args.pop("gate_up"), args.pop("down"), format="fp8_block", gate_up_layout="halves",
+                   activation="silu_mul", **args)
+    assert torch.equal(m.gate_up_w8a8_scale, torch.full_like(m.gate_up_scale, 0.25))
+    assert torch.equal(m.down_w8a8_scale, torch.full_like(m.down_scale, 2.0))
+    assert m._weight_args("gate_up", "w8a16") == {"w_scale": m.gate_up_scale, "w_scale_convention": "divide"}
+    assert m._weight_args("gate_up", "w8a8")["w_scale"] is m.gate_up_w8a8_scale
+
+
+def test_gpt_oss_blocks_and_scales_are_taken_as_stored():
+    e, h, i = 2, 64, 64
+    blocks = torch.zeros(e, 2 * i, h // 32, 16, dtype=u8)
+    down_blocks = torch.zeros(e, h, i // 32, 16, dtype=u8)
+    m = MoEExperts.from_gpt_oss(blocks, torch.zeros(e, 2 * i, h // 32, dtype=u8), down_blocks,
+                                torch.zeros(e, h, i // 32, dtype=u8), gate_up_proj_bias=torch.zeros(e, 2 * i, dtype=bf16),
+                                down_proj_bias=torch.zeros(e, h, dtype=bf16))
+    assert (m.format, m.gate_up_layout, m.activation) == ("mxfp4", "alternating", "swiglu_oai")
+    assert (m.swiglu_alpha, m.swiglu_limit) == (1.702, 7.0)
+    assert list(m.gate_up_weight.shape) == [e, 2 * i, h // 2]
+    assert m.gate_up_weight.data_ptr() == blocks.data_ptr()  # a view, no copy
+    assert m.gate_up_bias.dtype == f32 and m.down_bias.dtype == f32
+
+
+def test_per_expert_linears_stack_into_halves_with_their_block_scales():
+    g = torch.Generator().manual_seed(0)
+    e, h, i = 3, 256, 128
+    gate = [torch.randn(i, h, generator=g).to(e4m3) for _ in range(e)]
+    up = [torch.randn(i, h, generator=g).to(e4m3) for _ in range(e)]
+    down = [torch.randn(h, i, generator=g).to(e4m3) for _ in range(e)]
+    gs = [torch.rand(1, 2, generator=g) for _ in range(e)]
+    us = [torch.rand(1, 2, generator=g) for _ in range(e)]
+    ds = [torch.rand(2, 1, generator=g) for _ in range(e)]
+    m = MoEExperts.from_expert_linears(gate, up, down, format="fp8_block", gate_proj_scale=gs, up_proj_scale=us,
+                                       down_proj_scale=ds, scale_convention="multiply")
+    assert m.gate_up_layout == "halves"
+    assert torch.equal(m.gate_up_weight[1, :i].view(u8), gate[1].view(u8))
+    assert torch.equal(m.gate_up_weight[1, i:].view(u8), up[1].view(u8))
+    assert torch.equal(m.gate_up_scale[2], torch.cat([gs[2], us[2]]))
+    assert torch.equal(m.down_scale[0], ds[0])
+    with raises("not a multiple of 128"):
+        MoEExperts.from_expert_linears([t[:64] for t in gate], [t[:64] for t in up], [t[:, :64] for t in down],
+                                       format="fp8_block", gate_proj_scale=gs, up_proj_scale=us,
+                                       down_proj_scale=ds, scale_convention="multiply")
+
+
+@pytest.mark.parametrize("fmt,change,message", [
+    ("fp8_block", dict(scale_convention=None), "scale_convention is required with FP8 weights, there is no default"),
+    ("fp8_block", dict(scale_convention="reciprocal"), "scale_convention must be one of"),
+    ("fp8_block", dict(gate_up_scale=None), "gate_up_scale is required"),
+    ("fp8_block", dict(down_scale=torch.zeros(4, 2, 2)), r"down_scale must be \[4, 2, 1\]"),
+    ("fp8_block", dict(gate_up_scale=torch.zeros(4, 2, 2, dtype=torch.float64)), "gate_up_scale must be float32"),
+    ("fp8_channel", dict(gate_up_scale=torch.zeros(4, 256, 2)), r"must be \[4, 256\] or \[4, 256, 1\]"),
+    ("bf16", dict(gate_up_scale=torch.zeros(4, 2, 2)), "bf16 weights have no scales"),
+    ("bf16", dict(scale_convention="multiply"), "it is the FP8 scales'"),
+    ("nvfp4", dict(global_scale_convention=None), "global_scale_convention is required with nvfp4"),
+    ("nvfp4", dict(down_global_scale=None), "down_global_scale is required with nvfp4"),
+    ("nvfp4", dict(scale_convention="multiply"), "global_scale_convention"),
+    ("mxfp4", dict(gate_up_global_scale=torch.zeros(4)), "only nvfp4 has a global scale"),
+    ("mxfp4", dict(down_scale=torch.zeros(4, 256, 4, dtype=torch.float16)), "down_scale must be uint8"),
+    ("bf16", dict(swiglu_alpha=1.0), "swiglu_alpha must be None: it is swiglu_oai's"),
+    ("bf16", dict(experts_total=3), r"experts \[0, 4\) must lie in \[0, experts_total = 3\)"),
+    ("bf16", dict(experts_total=8, expert_base=6), r"experts \[6, 10\) must lie"),
+    ("bf16", dict(expert_base=1.0), "expert_base must be an int"),
+    ("bf16", dict(w8a8_min_rows=0), "w8a8_min_rows must be a positive int or None"),
+    ("fp8_block", dict(fused_activation=True), "fused_activation is the bf16 grouped GEMM's epilogue"),
+    ("bf16", dict(fused_activation=True, gate_up_bias=torch.zeros(4, 256)), "cannot add gate_up_bias"),
+    ("bf16", dict(down_bias=torch.zeros(4, 128)), r"down_bias must be \[4, 256\]"),
+])
+def test_construction_errors_name_the_argument(fmt, change, message):
+    args = weights(fmt)
+    args.update(change)
+    with raises(message):
+        MoEExperts(args.pop("gate_up"), args.pop("down"), format=fmt, gate_up_layout="halves", activation="silu_mul",
+                   **args)
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(format="fp8"), "format must be one of 'bf16', 'fp8_block'"),
+    (dict(gate_up_layout=None), "gate_up_layout must be one of 'halves', 'alternating'"),
+    (dict(activation="gelu"), "activation must be one of 'silu_mul', 'swiglu_oai'"),
+    (dict(down=torch.zeros(4, 256, 64, dtype=bf16)), r"down must be \[E, H, I\] = \[4, 256, 128\]"),
+    (dict(gate_up=torch.zeros(4, 255, 256, dtype=bf16)), "not gate and up of equal size"),
+    (dict(gate_up=torch.zeros(4, 256, 256, dtype=torch.float16)), "gate_up must be bfloat16"),
+    (dict(gate_up=torch.zeros(256, 256, dtype=bf16)), r"gate_up must be a 3-D tensor \[E, N, K\]"),
+    (dict(gate_up=torch.zeros(4, 256, 512, dtype=bf16).transpose(1, 2)[:, :256]), "must be contiguous"),
+])
+def test_weight_shape_and_choice_errors(change, message):
+    args = dict(weights("bf16"), format="bf16", gate_up_layout="halves", activation="silu_mul")
+    args.update(change)
+    with raises(message):
+        MoEExperts(args.pop("gate_up"), args.pop("down"), **args)
+
+
+def test_the_gemm_steps_are_checked_when_built_not_at_the_first_forward():
+    with raises("I = 120 must be a multiple of 16 for fp8_block"):
+        module("fp8_block", inter=120)
+    with raises("H = 48 must be a multiple of 32 for mxfp4"):
+        module("mxfp4", hidden=48)
+
+
+# ---- the kernels ----
+
+def test_kernels_per_format_and_batch_size():
+    assert module("bf16").kernels_for(4096, 8) == "bf16"
+    assert module("nvfp4").kernels_for(1, 8) == module("mxfp4").kernels_for(4096, 8) == "w4a16"
+    fp8 = module("fp8_block")
+    assert fp8.w8a8_min_rows == kjit.torch.experts.DEFAULT_W8A8_MIN_ROWS == 1024
+    assert [fp8.kernels_for(t, 8) for t in (1, 16, 127, 128, 4096)] == ["w8a16"] * 3 + ["w8a8"] * 2
+    assert module("fp8_channel", w8a8_min_rows=64).kernels_for(8, 8) == "w8a8"
+    assert module("fp8_block", w8a8_min_rows=None).kernels_for(1 << 20, 8) == "w8a16"
+
+
+def test_w8a8_is_off_where_its_operands_do_not_fit():
+    e5m2 = weights("fp8_block")
+    e5m2.update(gate_up=e5m2["gate_up"].to(torch.float8_e5m2), down=e5m2["down"].to(torch.float8_e5m2))
+    m = MoEExperts(e5m2.pop("gate_up"), e5m2.pop("down"), format="fp8_block", gate_up_layout="halves",
+                   activation="silu_mul", **e5m2)
+    assert m.w8a8_min_rows is None and m.kernels_for(4096, 8) == "w8a16"  # W8A8 takes e4m3 weights only
+    gpt_oss_sized = module("fp8_block", hidden=2880 // 10 * 2, inter=96)  # H, I not multiples of 128
+    assert gpt_oss_sized.w8a8_min_rows is None
+
+
+# ---- forward on fake CUDA tensors ----
+
+class Calls:
+    """Records the kjit calls forward makes, passing them on."""
+
+    def __init__(self, monkeypatch, names):
+        self.log = []
+        for name in names:
+            original = getattr(kjit, name)
+            monkeypatch.setattr(kjit, name, self._recording(name, original))
+
+    def _recording(self, name, original):
+        def call(*args, **kwargs):
+            self.log.append((name, args, kwargs))
+            return original(*args, **kwargs)
+        return call
+
+    def named(self, name):
+        return [(a, k) for n, a, k in self.log if n == name]
+
+
+@pytest.fixture
+def activation_contract(monkeypatch):
+    """kjit.moe_activation as its plain-torch contract (traces on fake tensors)."""
+    monkeypatch.setattr(kjit, "moe_activation", ref.torch_moe_activation, raising=False)
+
+
+def cuda_inputs(tokens, top_k, hidden=256):
+    return (torch.empty(tokens, hidden, dtype=bf16, device="cuda"),
+            torch.empty(tokens, top_k, dtype=i32, device="cuda"), torch.empty(tokens, top_k, dtype=f32, device="cuda"))
+
+
+@pytest.mark.parametrize("fmt,tokens,kernels", [("bf16", 3, "bf16"), ("fp8_block", 3, "w8a16"),
+                                                ("fp8_block", 512, "w8a8"), ("fp8_channel", 3, "w8a16"),
+                                                ("nvfp4", 5, "w4a16"), ("mxfp4", 5, "w4a16")])
+def test_forward_runs_routing_both_gemms_the_activation_and_the_combine(monkeypatch, activation_contract, fmt, tokens,
+                                                                          kernels):
+    calls = Calls(monkeypatch, ["moe_routing", "quantize_fp8", "grouped_gemm", "moe_activation", "moe_combine"])
+    with FakeTensorMode():
+        m = module(fmt, device="cuda", experts=4, act="swiglu_oai", layout="alternating", experts_total=16,
+                   expert_base=8)
+        out = m(*cuda_inputs(tokens, 4))
+        assert (out.shape, out.dtype) == ((tokens, 256), bf16)
+    (args, kw), = calls.named("moe_routing")
+    assert args[1:] == (16,) and (kw["expert_base"], kw["experts_local"]) == (8, 4)
+    assert kw["offsets_convention"] == "cumulative_end"
+    up, down = calls.named("grouped_gemm")
+    assert up[0][1] is m.gate_up_weight and down[0][1] is m.down_weight
+    (act_args, act_kw), = calls.named("moe_activation")
+    assert (act_kw["activation"], act_kw["layout"], act_kw["alpha"], act_kw["limit"]) == \
+        ("swiglu_oai", "alternating", 1.702, 7.0)
+    assert list(act_kw["valid_rows"].shape) == [1] and act_args[0].shape == (tokens * 4, 256)
+    assert len(calls.named("quantize_fp8")) == (kernels == "w8a8")
+    if kernels == "w8a8":
+        assert act_kw["out_dtype"] == e4m3 and act_kw["scale_format"] == "fp32"
+        assert up[1]["a_scale"] is not None and "w_scale_convention" not in up[1]
+        assert calls.named("quantize_fp8")[0][1]["gather"][1] == 4
+    else:
+        assert act_kw["out_dtype"] == bf16 and "a_scale" not in up[1]
+    if kernels == "w8a16":
+        assert up[1]["w_scale"] is m.gate_up_scale and up[1]["w_scale_convention"] == "multiply"
+    if kernels == "w4a16":
+        assert up[1]["w_format"] == fmt and down[1]["w_scale"] is m.down_scale
+
+
+def test_silu_mul_passes_no_swiglu_parameters(monkeypatch, activation_contract):
+    calls = Calls(monkeypatch, ["moe_activation"])
+    with FakeTensorMode():
+        module("bf16", device="cuda")(*cuda_inputs(2, 2))
+    (_, kw), = calls.named("moe_activation")
+    assert "alpha" not in kw and "limit" not in kw and kw["activation"] == "silu_mul"
+
+
+def test_fp32_out_and_a_given_out_reach_the_combine(activation_contract):
+    with FakeTensorMode():
+        m = module("bf16", device="cuda")
+        x, ids, w = cuda_inputs(6, 2)
+        assert m(x, ids, w, out_dtype=f32).dtype == f32
+        out = torch.empty(6, 256, dtype=f32, device="cuda")
+        assert m(x, ids, w, out=out) is out
+
+
+def test_biases_are_added_in_fp32_to_fp32_gemm_outputs(monkeypatch, activation_contract):
+    calls = Calls(monkeypatch, ["grouped_gemm"])
+    with FakeTensorMode():
+        m = module("mxfp4", device="cuda", act="swiglu_oai", layout="alternating",
+                   gate_up_bias=torch.zeros(4, 256, device="cuda"), down_bias=torch.zeros(4, 256, device="cuda"))
+        assert m(*cuda_inputs(3, 2)).dtype == bf16
+    assert [kw["out_dtype"] for _, kw in calls.named("grouped_gemm")] == [f32, f32]
+
+
+def test_the_fused_activation_flag_reorders_gate_up_once_and_asks_the_gemm_for_the_epilogue(monkeypatch):
+    interleaved = []
+
+    def gate_up_interleaved(w, *, layout):
+        interleaved.append(layout)
+        return w.clone()
+
+    def grouped_gemm(a, w, offsets, *, offsets_convention, activation=None, activation_alpha=None,
+                     activation_limit=None, **kwargs):
+        n = w.shape[1] // 2 if activation else w.shape[1]
+        calls.append((activation, activation_alpha, activation_limit))
+        return torch.empty(a.shape[0], n, dtype=bf16, device=a.device)
+
+    calls = []
+    monkeypatch.setattr(kjit, "gate_up_interleaved", gate_up_interleaved, raising=False)
+    monkeypatch.setattr(kjit, "grouped_gemm", grouped_gemm)
+    monkeypatch.setattr(kjit, "moe_activation", lambda *a, **k: pytest.fail("the epilogue runs it"), raising=False)
+    with FakeTensorMode():
+        m = module("bf16", device="cuda", layout="alternating", act="swiglu_oai", fused_activation=True,
+                   swiglu_limit=5.0)
+        assert m(*cuda_inputs(3, 2)).shape == (3, 256)
+    assert interleaved == ["alternating"]
+    assert calls == [("swiglu_oai", 1.702, 5.0), (None, None, None)]
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda x, ids, w: (x.to(torch.float16), ids, w), "hidden must be bfloat16"),
+    (lambda x, ids, w: (x[:, :128], ids, w), r"hidden must be \[tokens, 256\]"),
+    (lambda x, ids, w: (x.cpu(), ids, w), "hidden must be on a CUDA device"),
+    (lambda x, ids, w: (x, ids.long(), w), "topk_ids must be int32, got int64"),
+    (lambda x, ids, w: (x, ids[:3], w), r"topk_ids must be \[tokens = 5, top_k\]"),
+    (lambda x, ids, w: (x, ids, w.to(bf16)), "topk_weights must be float32"),
+    (lambda x, ids, w: (x, ids, w[:, :1].contiguous()), r"topk_weights must be \[5, 2\]"),
+    (lambda x, ids, w: (x, ids.t(), w), "topk_ids must be contiguous"),
+])
+def test_forward_argument_errors_name_the_argument(activation_contract, make, message):
+    with FakeTensorMode():
+        m = module("bf16", device="cuda")
+        with raises(message):
+            m(*make(*cuda_inputs(5, 2)))
+
+
+def test_forward_output_errors_and_weights_left_on_the_cpu(activation_contract):
+    with FakeTensorMode():
+        m = module("bf16", device="cuda")
+        inputs = cuda_inputs(5, 2)
+        with raises(r"out must be \[5, 256\]"):
+            m(*inputs, out=torch.empty(4, 256, dtype=bf16, device="cuda"))
+        with raises("out_dtype must be torch.bfloat16"):
+            m(*inputs, out_dtype=torch.float16)
+        with raises("out is torch.bfloat16 but out_dtype says torch.float32"):
+            m(*inputs, out=torch.empty(5, 256, dtype=bf16, device="cuda"), out_dtype=f32)
+        with raises(r"the expert weights are on cpu: move the module to a CUDA device"):
+            module("bf16")(*inputs)
+
+
+# ---- prepare ----
+
+@pytest.mark.parametrize("fmt,max_tokens,gemm_sets", [
+    ("fp8_block", 16, {"w8a16"}), ("fp8_block", 4096, {"w8a16", "w8a8"}), ("bf16", 4096, {"bf16"}),
+    ("nvfp4", 64, {"w4a16"}),
+])
+def test_prepare_loads_every_kernel_forward_can_pick_up_to_max_tokens(monkeypatch, activation_contract, fmt,
+                                                                      max_tokens, gemm_sets):
+    names = ["prepare_moe_routing", "prepare_grouped_gemm", "prepare_quantize_fp8", "prepare_moe_combine",
+             "moe_activation"]
+    for name in names[:4]:
+        monkeypatch.setattr(kjit, name, lambda *a, **k: None)  # the C library needs a GPU: record only
+    calls = Calls(monkeypatch, names)
+    with FakeTensorMode():
+        module(fmt, device="cuda", experts_total=8, expert_base=4).prepare(max_tokens, top_k=8)
+    (_, routing), = calls.named("prepare_moe_routing")
+    assert (routing["expert_base"], routing["experts_local"]) == (4, 4)
+    gemms = calls.named("prepare_grouped_gemm")
+    sets = {("w8a8" if a[0].dtype == e4m3 else "w4a16" if a[1].dtype == u8 else
+             "w8a16" if a[1].dtype == e4m3 else "bf16") for a, _ in gemms}
+    assert sets == gemm_sets and len(gemms) == 2 * len(gemm_sets)  # gate_up and down of each
+    assert len(calls.named("prepare_quantize_fp8")) == ("w8a8" in gemm_sets)
+    assert {a[3].dtype for a, _ in calls.named("prepare_moe_combine")} == {bf16, f32}
+    assert {k["out_dtype"] for _, k in calls.named("moe_activation")} == \
+        {e4m3 if s == "w8a8" else bf16 for s in gemm_sets}
+
+
+def test_prepare_refuses_a_module_left_on_the_cpu_and_bad_counts():
+    with raises("move the module to a CUDA device before prepare"):
+        module("bf16").prepare(16, top_k=2)
+    with raises("max_tokens and top_k must be positive ints"):
+        module("bf16").prepare(0, top_k=2)
+
+
+# ---- torch.compile ----
+
+class Block(torch.nn.Module):
+    """A transformer block's MoE half: RMS norm, router, top-k, the experts, the residual."""
+
+    def __init__(self, experts, num_experts_total, top_k):
+        super().__init__()
+        self.experts, self.top_k = experts, top_k
+        self.router = torch.nn.Linear(experts.hidden_size, num_experts_total, bias=False, dtype=bf16,
+                                      device=experts.gate_up_weight.device)
+
+    def forward(self, x):
+        normed = (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)).to(bf16)
+        weights, ids = torch.topk(torch.softmax(self.router(normed).float(), dim=-1), self.top_k, dim=-1)
+        return x + self.experts(normed, ids.to(torch.int32), weights)
+
+
+@pytest.mark.parametrize("fmt,tokens", [("fp8_block", 8), ("fp8_block", 512), ("mxfp4", 8)])
+def test_a_block_using_the_module_compiles_with_no_graph_break(activation_contract, fmt, tokens):
+    graphs = []
+
+    def recording_backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    with FakeTensorMode():
+        block = Block(module(fmt, device="cuda", experts=4, experts_total=8, expert_base=4), 8, 2)
+        out = torch.compile(block, backend=recording_backend, fullgraph=True)(
+            torch.empty(tokens, 256, dtype=bf16, device="cuda"))
+        assert (out.shape, out.dtype) == ((tokens, 256), bf16)
+    assert len(graphs) == 1
+    called = " ".join(str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function")
+    gemm = {"fp8_block": "grouped_gemm_fp8_" if tokens * 2 >= 1024 else "grouped_gemm_w8a16_",
+            "mxfp4": "grouped_gemm_w4a16_"}[fmt]
+    for op in ("kjit.moe_routing_", f"kjit.{gemm}", "kjit.moe_combine_"):
+        assert op in called, f"{op} is not in the graph: {called}"
+
+
+def test_the_module_traces_through_aot_autograd(activation_contract):
+    torch._dynamo.reset()
+    with FakeTensorMode():
+        block = Block(module("bf16", device="cuda"), 4, 2)
+        out = torch.compile(block, backend="aot_eager", fullgraph=True)(torch.empty(16, 256, dtype=bf16, device="cuda"))
+        assert out.shape == (16, 256)
