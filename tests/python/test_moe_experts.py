@@ -24,6 +24,8 @@ reference (e4m3's 3 mantissa bits, twice; test_grouped_gemm_fp8.py allows
 6e-2 for once).
 """
 
+import zlib
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -443,3 +445,238 @@ def test_the_module_traces_through_aot_autograd(activation_contract):
         block = Block(module("bf16", device="cuda"), 4, 2)
         out = torch.compile(block, backend="aot_eager", fullgraph=True)(torch.empty(16, 256, dtype=bf16, device="cuda"))
         assert out.shape == (16, 256)
+
+
+# ---- on a GPU: against plain torch ----
+
+MODELS = {  # local experts, hidden, intermediate, top_k, gate/up layout, activation, formats
+    "qwen3-30b-a3b": (128, 2048, 768, 8, "halves", "silu_mul", ("bf16", "fp8_block", "nvfp4")),
+    "deepseek-v3-ep8": (32, 7168, 2048, 8, "halves", "silu_mul", ("bf16", "fp8_block")),
+    "gpt-oss-20b": (32, 2880, 2880, 4, "alternating", "swiglu_oai", ("bf16", "fp8_block", "mxfp4")),
+}
+TOKENS = (1, 16, 512, 4096)
+BF16_ACTIVATIONS_TOLERANCE = 1e-2
+W8A8_TOLERANCE, W8A8_VS_UNQUANTISED = 2e-2, 8e-2
+
+
+def expert_range(model, tokens):
+    """(experts_total, expert_base): DeepSeek is always one rank of EP8 (32 of 256 experts, the fourth rank);
+    the others own all their experts at 1 and 512 tokens and half of a twice-as-large id space at 16 and 4096."""
+    experts = MODELS[model][0]
+    if model == "deepseek-v3-ep8":
+        return 8 * experts, 3 * experts
+    return (experts, 0) if tokens in (1, 512) else (2 * experts, experts)
+
+
+class Case:
+    """One model's weights in one format, the module's constructor arguments and the reference's fp32 experts."""
+
+    def __init__(self, model, fmt, experts_total, expert_base):
+        experts, h, i, self.top_k, self.layout, self.act, _ = MODELS[model]
+        self.experts, self.hidden = experts, h
+        seed = zlib.crc32(f"{model} {fmt}".encode())
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        self.convention = "divide" if model == "gpt-oss-20b" else "multiply"  # both, across the cases
+        args = {}
+        if fmt == "bf16":
+            gate_up = torch.stack([self._normal(2 * i, h, g).to(bf16) for _ in range(experts)])
+            down = torch.stack([self._normal(h, i, g).to(bf16) for _ in range(experts)])
+            self.gate_up_of, self.down_of = (lambda e: gate_up[e].float()), (lambda e: down[e].float())
+        elif fmt == "fp8_block":
+            (gate_up, gs), (down, ds) = (self._fp8_stack(n, k, g) for n, k in ((2 * i, h), (h, i)))
+            args = dict(gate_up_scale=gs, down_scale=ds, scale_convention=self.convention)
+            self.gate_up_of = lambda e: ref.fp8_block_dequantize(gate_up[e:e + 1], gs[e:e + 1], self.convention)[0]
+            self.down_of = lambda e: ref.fp8_block_dequantize(down[e:e + 1], ds[e:e + 1], self.convention)[0]
+        else:
+            cpu = torch.Generator().manual_seed(seed)
+            gate_up, gs, ggs = ref.random_fp4(fmt, experts, 2 * i, h, "cuda", cpu)
+            down, ds, dgs = ref.random_fp4(fmt, experts, h, i, "cuda", cpu)
+            args = dict(gate_up_scale=gs, down_scale=ds)
+            if fmt == "nvfp4":
+                args.update(gate_up_global_scale=ggs, down_global_scale=dgs, global_scale_convention="divide")
+            pairs = (gate_up, down)
+            self.gate_up_of = lambda e: self._fp4_expert(pairs[0], gs, ggs, fmt, e)
+            self.down_of = lambda e: self._fp4_expert(pairs[1], ds, dgs, fmt, e)
+            if fmt == "mxfp4":  # gpt-oss's stored blocks [E, N, K/32, 16], and its biases
+                gate_up = gate_up.view(experts, 2 * i, h // 32, 16)
+                down = down.view(experts, h, i // 32, 16)
+                args.update(gate_up_bias=(torch.randn(experts, 2 * i, device="cuda", generator=g) * 0.5).to(bf16),
+                            down_bias=(torch.randn(experts, h, device="cuda", generator=g) * 0.5).to(bf16))
+        self.biases = (args.get("gate_up_bias"), args.get("down_bias"))
+        self.module = MoEExperts(gate_up, down, format=fmt, gate_up_layout=self.layout, activation=self.act,
+                                 experts_total=experts_total, expert_base=expert_base, **args)
+
+    @staticmethod
+    def _fp4_expert(pairs, scales, global_scales, fmt, e):
+        global_scale = None if global_scales is None else global_scales[e:e + 1]
+        return ref.fp4_dequantize(pairs[e:e + 1], scales[e:e + 1], fmt, global_scale, "divide")[0]
+
+    @staticmethod
+    def _normal(n, k, g):
+        return torch.randn(n, k, device="cuda", generator=g) / k ** 0.5
+
+    def _fp8_stack(self, n, k, g):
+        codes, scales = zip(*(ref.fp8_block_quantize(self._normal(n, k, g)[None]) for _ in range(self.experts)))
+        scales = torch.cat(scales)
+        return torch.cat(codes), (1.0 / scales if self.convention == "divide" else scales)
+
+    def inputs(self, tokens, seed):
+        g = torch.Generator().manual_seed(seed)
+        scale = 3.0 if self.act == "swiglu_oai" else 1.0  # gpt-oss: enough gates past the clamp
+        hidden = (torch.randn(tokens, self.hidden, generator=g) * scale).to(bf16).cuda()
+        m = self.module
+        ids, weights = ref.random_routing(tokens, self.top_k, m.experts_total, (m.expert_base, m.experts_local), g,
+                                          "cuda")
+        return hidden, ids, weights
+
+    def reference(self, hidden, ids, weights, fp8_activations=False):
+        m = self.module
+        return ref.reference_moe(hidden, ids, weights, self.gate_up_of, self.down_of, m.experts_local,
+                                 layout=self.layout, act=self.act, expert_base=m.expert_base,
+                                 alpha=m.swiglu_alpha or 1.702, limit=m.swiglu_limit or 7.0,
+                                 gate_up_bias=self.biases[0], down_bias=self.biases[1],
+                                 fp8_activations=fp8_activations)
+
+
+_case_cache = {}
+
+
+def case(model, fmt, tokens):
+    key = (model, fmt, expert_range(model, tokens))
+    if key not in _case_cache:
+        _case_cache.clear()  # one model's weights at a time (DeepSeek's are 3 GB)
+        torch.cuda.empty_cache()
+        _case_cache[key] = Case(model, fmt, *key[2])
+    return _case_cache[key]
+
+
+def relative_error(out, reference):
+    return ((out.float() - reference).norm() / reference.norm()).item()
+
+
+ACCURACY_CASES = [(model, fmt, tokens) for model, spec in MODELS.items() for fmt in spec[6] for tokens in TOKENS]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model,fmt,tokens", ACCURACY_CASES)
+def test_the_module_matches_a_plain_torch_moe_on_dequantised_weights(model, fmt, tokens):
+    c = case(model, fmt, tokens)
+    hidden, ids, weights = c.inputs(tokens, seed=tokens)
+    out = c.module(hidden, ids, weights, out_dtype=f32)
+    kjit.check_device_errors(hidden.device.index or 0)
+    kernels = c.module.kernels_for(tokens, c.top_k)
+    expected = {"bf16": "bf16", "fp8_block": "w8a8" if tokens * c.top_k >= 1024 and model != "gpt-oss-20b" else "w8a16",
+                "nvfp4": "w4a16", "mxfp4": "w4a16"}[fmt]
+    assert kernels == expected
+    if kernels == "w8a8":
+        err = relative_error(out, c.reference(hidden, ids, weights, fp8_activations=True))
+        assert err <= W8A8_TOLERANCE, (kernels, err)
+        err = relative_error(out, c.reference(hidden, ids, weights))
+        assert err <= W8A8_VS_UNQUANTISED, (kernels, err)
+    else:
+        err = relative_error(out, c.reference(hidden, ids, weights))
+        assert err <= BF16_ACTIVATIONS_TOLERANCE, (kernels, err)
+    bf16_out = c.module(hidden, ids, weights)  # the default output: the same sums rounded once to bf16
+    assert bf16_out.dtype == bf16 and torch.equal(bf16_out, out.to(bf16))
+
+
+@pytest.mark.gpu
+def test_pairs_routed_elsewhere_contribute_nothing_and_are_never_read():
+    c = case("qwen3-30b-a3b", "bf16", 16)  # experts [128, 256) of 256
+    hidden, ids, weights = c.inputs(16, seed=5)
+    foreign = ids.clone()
+    foreign[:, 0] = 0  # expert 0 is another rank's: those pairs must vanish
+    mine = c.module(hidden, foreign, weights, out_dtype=f32)
+    kjit.check_device_errors(0)
+    assert relative_error(mine, c.reference(hidden, foreign, weights)) <= BF16_ACTIVATIONS_TOLERANCE
+    nobody = torch.zeros_like(ids)  # no pair is this module's
+    assert torch.equal(c.module(hidden, nobody, weights), torch.zeros_like(hidden))
+
+
+# ---- on a GPU: CUDA graphs and torch.compile ----
+
+GRAPH_SHAPE = dict(experts=8, hidden=1024, inter=256)  # a shape no other test launches: prepare() alone loads it
+
+
+def small_case(fmt, seed=0):
+    """A small module in `fmt` with random weights (W8A8 from 256 rows) and its routing generator."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    e, h, i = GRAPH_SHAPE["experts"], GRAPH_SHAPE["hidden"], GRAPH_SHAPE["inter"]
+    gate_up = torch.randn(e, 2 * i, h, device="cuda", generator=g) / h ** 0.5
+    down = torch.randn(e, h, i, device="cuda", generator=g) / i ** 0.5
+    if fmt == "bf16":
+        return MoEExperts(gate_up.to(bf16), down.to(bf16), format="bf16", gate_up_layout="alternating",
+                          activation="swiglu_oai", experts_total=16, expert_base=8)
+    (gu, gs), (dn, ds) = ref.fp8_block_quantize(gate_up), ref.fp8_block_quantize(down)
+    return MoEExperts(gu, dn, format="fp8_block", gate_up_scale=gs, down_scale=ds, scale_convention="multiply",
+                      gate_up_layout="halves", activation="silu_mul", experts_total=16, expert_base=8,
+                      w8a8_min_rows=256)
+
+
+def routed_inputs(tokens, top_k, seed):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(tokens, GRAPH_SHAPE["hidden"], generator=g).to(bf16).cuda()
+    ids, weights = ref.random_routing(tokens, top_k, 16, (8, 8), g, "cuda")
+    return hidden, ids, weights
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,tokens", [("fp8_block", 4), ("fp8_block", 96), ("bf16", 33)])
+def test_after_prepare_a_cuda_graph_captures_the_module_and_replays_like_eager(fmt, tokens):
+    top_k = 4
+    m = small_case(fmt)
+    m.prepare(128, top_k=top_k)  # no eager call first: a kernel prepare missed fails the capture
+    static = routed_inputs(tokens, top_k, seed=1)
+    out = torch.empty(tokens, GRAPH_SHAPE["hidden"], dtype=f32, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        m(*static, out=out)
+    for seed in (2, 3):  # new tokens and new routing, copied into the captured inputs
+        for t, new in zip(static, routed_inputs(tokens, top_k, seed)):
+            t.copy_(new)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = m(*static, out_dtype=f32)
+        assert torch.equal(out, eager), m.kernels_for(tokens, top_k)
+    kjit.check_device_errors(0)
+
+
+class ResidualBlock(torch.nn.Module):
+    """x + experts(rms_norm(x)), routing given: what a serving engine's layer does around the experts."""
+
+    def __init__(self, experts):
+        super().__init__()
+        self.experts = experts
+
+    def forward(self, x, ids, weights):
+        normed = (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)).to(bf16)
+        return x + self.experts(normed, ids, weights)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,tokens", [("fp8_block", 8), ("fp8_block", 96), ("bf16", 8)])
+def test_torch_compile_of_a_block_using_the_module_equals_eager(fmt, tokens):
+    torch._dynamo.reset()
+    block = ResidualBlock(small_case(fmt, seed=4))
+    inputs = routed_inputs(tokens, 4, seed=6)
+    eager = block(*inputs)
+    compiled = torch.compile(block, fullgraph=True)(*inputs)
+    kjit.check_device_errors(0)
+    assert relative_error(compiled, eager.float()) <= 1e-2  # inductor's norm may round differently
+    experts_eager = block.experts(*inputs)
+    experts_compiled = torch.compile(block.experts, fullgraph=True)(*inputs)
+    assert torch.equal(experts_compiled, experts_eager)  # the same kjit kernels on the same rows
+
+
+@pytest.mark.gpu
+def test_reduce_overhead_mode_captures_the_compiled_block_after_prepare():
+    torch._dynamo.reset()
+    block = ResidualBlock(small_case("fp8_block", seed=7))
+    block.experts.prepare(128, top_k=4)
+    inputs = routed_inputs(96, 4, seed=8)
+    eager = block(*inputs)
+    compiled = torch.compile(block, mode="reduce-overhead", fullgraph=True)
+    for _ in range(3):  # warm-up runs, then recorded and replayed
+        out = compiled(*inputs)
+    assert relative_error(out, eager.float()) <= 1e-2
