@@ -111,7 +111,8 @@ def test_gpt_oss_blocks_and_scales_are_taken_as_stored():
     blocks = torch.zeros(e, 2 * i, h // 32, 16, dtype=u8)
     down_blocks = torch.zeros(e, h, i // 32, 16, dtype=u8)
     m = MoEExperts.from_gpt_oss(blocks, torch.zeros(e, 2 * i, h // 32, dtype=u8), down_blocks,
-                                torch.zeros(e, h, i // 32, dtype=u8), gate_up_proj_bias=torch.zeros(e, 2 * i, dtype=bf16),
+                                torch.zeros(e, h, i // 32, dtype=u8),
+                                gate_up_proj_bias=torch.zeros(e, 2 * i, dtype=bf16),
                                 down_proj_bias=torch.zeros(e, h, dtype=bf16))
     assert (m.format, m.gate_up_layout, m.activation) == ("mxfp4", "alternating", "swiglu_oai")
     assert (m.swiglu_alpha, m.swiglu_limit) == (1.702, 7.0)

@@ -277,7 +277,8 @@ class MoEExperts(torch.nn.Module):
         if w8a8_min_rows is not None and (not isinstance(w8a8_min_rows, int) or w8a8_min_rows < 1):
             raise _invalid(f"w8a8_min_rows must be a positive int or None (W8A8 off), got {w8a8_min_rows!r}")
         # W8A8's operands: e4m3 weights, K a multiple of 128 in both GEMMs (one activation scale per 128 columns).
-        w8a8_possible = (self.format in ("fp8_block", "fp8_channel") and self.gate_up_weight.dtype == torch.float8_e4m3fn
+        w8a8_possible = (self.format in ("fp8_block", "fp8_channel")
+                         and self.gate_up_weight.dtype == torch.float8_e4m3fn
                          and self.hidden_size % _FP8_BLOCK == 0 and self.intermediate_size % _FP8_BLOCK == 0)
         self.w8a8_min_rows = w8a8_min_rows if w8a8_possible else None
         w8a8_scales = (None, None)
@@ -317,7 +318,8 @@ class MoEExperts(torch.nn.Module):
 
     @classmethod
     def from_expert_linears(cls, gate_proj, up_proj, down_proj, *, format, gate_proj_scale=None, up_proj_scale=None,
-                            down_proj_scale=None, scale_convention=None, activation="silu_mul", **kwargs) -> "MoEExperts":
+                            down_proj_scale=None, scale_convention=None, activation="silu_mul",
+                            **kwargs) -> "MoEExperts":
         """Per-expert Linear weights (Hugging Face `experts.{e}.gate_proj.weight`
         [I, H], `up_proj` [I, H], `down_proj` [H, I], DeepSeek-V3 / Qwen3 MoE),
         as lists of E tensors, with their `weight_scale_inv` for 'fp8_block' /
