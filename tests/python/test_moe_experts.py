@@ -293,6 +293,12 @@ def test_silu_mul_passes_no_swiglu_parameters(monkeypatch, activation_contract):
     assert "alpha" not in kw and "limit" not in kw and kw["activation"] == "silu_mul"
 
 
+def test_no_tokens_trace_to_an_empty_output(activation_contract):
+    with FakeTensorMode():
+        for fmt in ("bf16", "fp8_block", "mxfp4"):
+            assert module(fmt, device="cuda")(*cuda_inputs(0, 4)).shape == (0, 256)
+
+
 def test_fp32_out_and_a_given_out_reach_the_combine(activation_contract):
     with FakeTensorMode():
         m = module("bf16", device="cuda")
@@ -438,6 +444,25 @@ def test_a_block_using_the_module_compiles_with_no_graph_break(activation_contra
             "mxfp4": "grouped_gemm_w4a16_"}[fmt]
     for op in ("kjit.moe_routing_", f"kjit.{gemm}", "kjit.moe_combine_"):
         assert op in called, f"{op} is not in the graph: {called}"
+
+
+def test_a_dynamic_token_count_compiles_one_graph_per_kernel_set(activation_contract):
+    """Engines compile with the batch dimension dynamic: W8A16 and W8A8 are the only shape guard."""
+    graphs = []
+
+    def recording_backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    with FakeTensorMode():
+        block = torch.compile(Block(module("fp8_block", device="cuda", experts=4, experts_total=8, expert_base=4),
+                                    8, 2), backend=recording_backend, fullgraph=True, dynamic=True)
+        for tokens in (8, 33, 300, 700):  # 16, 66, 600 rows: W8A16; 1400 rows: W8A8
+            assert block(torch.empty(tokens, 256, dtype=bf16, device="cuda")).shape == (tokens, 256)
+    assert len(graphs) == 2
+    gemms = [{str(n.target) for n in g.graph.nodes if "grouped_gemm" in str(n.target)} for g in graphs]
+    assert gemms == [{"kjit.grouped_gemm_w8a16_"}, {"kjit.grouped_gemm_fp8_"}]
 
 
 def test_the_module_traces_through_aot_autograd(activation_contract):
@@ -592,6 +617,18 @@ def test_pairs_routed_elsewhere_contribute_nothing_and_are_never_read():
     assert relative_error(mine, c.reference(hidden, foreign, weights)) <= BF16_ACTIVATIONS_TOLERANCE
     nobody = torch.zeros_like(ids)  # no pair is this module's
     assert torch.equal(c.module(hidden, nobody, weights), torch.zeros_like(hidden))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["bf16", "fp8_block"])
+def test_no_tokens_give_an_empty_output(fmt):
+    """An expert-parallel rank may receive no token at all."""
+    m = small_case(fmt)
+    hidden, ids, weights = routed_inputs(0, 4, seed=9)
+    for out_dtype in (bf16, f32):
+        out = m(hidden, ids, weights, out_dtype=out_dtype)
+        assert (out.shape, out.dtype) == ((0, GRAPH_SHAPE["hidden"]), out_dtype)
+    kjit.check_device_errors(0)
 
 
 # ---- on a GPU: CUDA graphs and torch.compile ----
