@@ -78,11 +78,14 @@ def module(fmt, layout="halves", act="silu_mul", **kwargs):
 
 @pytest.mark.parametrize("fmt", ["bf16", "fp8_block", "fp8_channel", "nvfp4", "mxfp4"])
 def test_each_format_builds_from_checkpoint_shaped_tensors_and_reports_its_shapes(fmt):
-    m = module(fmt)
+    args = weights(fmt)
+    gate_up, down = args.pop("gate_up"), args.pop("down")
+    m = MoEExperts(gate_up, down, format=fmt, gate_up_layout="halves", activation="silu_mul", **args)
     assert (m.experts_local, m.hidden_size, m.intermediate_size) == (4, 256, 128)
     assert (m.experts_total, m.expert_base) == (4, 0)
-    assert m.gate_up_weight.data_ptr() == m.gate_up_weight.data_ptr()  # a buffer
-    assert "gate_up_weight" in dict(m.named_buffers())
+    buffers = dict(m.named_buffers())
+    assert buffers["gate_up_weight"] is gate_up and buffers["down_weight"] is down
+    assert f"format={fmt}, experts=[0, 4) of 4, hidden=256, intermediate=128" in repr(m)
 
 
 def test_the_weights_are_buffers_used_as_given_not_copied():
