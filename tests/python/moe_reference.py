@@ -168,3 +168,89 @@ def random_routing(tokens, top_k, experts_total, local_range, generator, device)
         topk_ids = torch.gather(both, 1, torch.argsort(torch.rand(tokens, top_k, generator=generator), dim=1))
     weights = torch.softmax(torch.randn(tokens, top_k, generator=generator), dim=-1)
     return topk_ids.to(torch.int32).to(device), weights.to(device)
+
+
+# ---- kjit's MoE ops emulated in plain torch, from their contracts in kjit.h ----
+# For running MoEExperts end to end on the CPU: the module's own logic (gather indices, offsets, kernel choice,
+# scales and conventions handed on, biases, skipped foreign pairs) against reference_moe. Rows a kernel leaves
+# unwritten come out NaN, so a stage that reads one shows in the result.
+
+def emulated_moe_routing(topk_ids, experts_total, *, expert_base=0, experts_local=None, offsets_convention):
+    assert offsets_convention == "cumulative_end"
+    flat = topk_ids.reshape(-1).long()
+    local = flat - expert_base
+    mine = (local >= 0) & (local < experts_local)
+    key = torch.where(mine, local, torch.full_like(local, experts_local))
+    order = torch.argsort(key, stable=True)
+    routed = int(mine.sum())
+    counts = torch.bincount(local[mine], minlength=experts_local).to(torch.int32)
+    ends = torch.cumsum(counts, 0).to(torch.int32)
+    sorted_to_flat = torch.full_like(flat, -1)
+    sorted_to_flat[:routed] = order[:routed]
+    flat_to_sorted = torch.full_like(flat, -1)
+    flat_to_sorted[order[:routed]] = torch.arange(routed)
+    return counts, ends, sorted_to_flat.to(torch.int32), flat_to_sorted.to(torch.int32)
+
+
+def _emulated_weights(w, a, w_scale, w_scale_convention, w_format, w_global_scale):
+    """fp32 [E, N, K] as the GEMM converts them."""
+    if w.dtype == torch.bfloat16:
+        return w.float()
+    if w.dtype == torch.uint8:
+        return fp4_dequantize(w, w_scale, w_format, w_global_scale, w_scale_convention or "multiply").to(
+            torch.bfloat16).float()
+    e, n, k = w.shape
+    convention = w_scale_convention or "multiply"
+    if list(w_scale.shape) in ([e, n], [e, n, 1]):
+        s = w_scale.reshape(e, n, 1).expand(e, n, k)
+    else:
+        s = w_scale.repeat_interleave(FP8_BLOCK, 1).repeat_interleave(FP8_BLOCK, 2)[:, :n, :k]
+    deq = w.float() * s if convention == "multiply" else w.float() / s
+    return deq if a.dtype == torch.float8_e4m3fn else deq.to(torch.bfloat16).float()  # W8A16 rounds to bf16
+
+
+def emulated_grouped_gemm(a, w, offsets, *, offsets_convention, weights="e_n_k", out_dtype=None, a_scale=None,
+                          w_scale=None, w_scale_convention=None, w_format=None, w_global_scale=None):
+    assert offsets_convention == "cumulative_end" and weights == "e_n_k"
+    assert (a.dtype == torch.float8_e4m3fn) == (a_scale is not None)
+    rows_in = dequantize_groups(a, a_scale) if a_scale is not None else a.float()
+    w32 = _emulated_weights(w, a, w_scale, w_scale_convention, w_format, w_global_scale)
+    out = torch.full((a.shape[0], w.shape[1]), float("nan"))
+    start = 0
+    for e, end in enumerate(offsets.tolist()):
+        out[start:end] = rows_in[start:end] @ w32[e].t()
+        start = end
+    return out.to(out_dtype or torch.bfloat16)
+
+
+def emulated_quantize_fp8(x, *, gather):
+    sorted_to_flat, top_k = gather
+    valid = sorted_to_flat >= 0
+    rows = x.float()[(sorted_to_flat.clamp(min=0) // top_k).long()]
+    codes, scales = quantize_groups(rows)
+    codes = torch.where(valid[:, None], codes.float(), 0.0).to(torch.float8_e4m3fn)
+    return codes, torch.where(valid[:, None], scales, 0.0)
+
+
+def emulated_moe_activation(h, *, valid_rows, out_dtype, **kwargs):
+    assert not torch.isnan(h[:int(valid_rows)].float()).any(), "the activation's routed rows hold unwritten rows"
+    out = torch_moe_activation(h.float().nan_to_num(), valid_rows=valid_rows, out_dtype=out_dtype, **kwargs)
+    if out_dtype == torch.bfloat16:
+        out[int(valid_rows):] = float("nan")
+    return out
+
+
+def emulated_moe_combine(expert_out, topk_weights, flat_to_sorted, *, out=None, out_dtype=None):
+    rows = flat_to_sorted.long()
+    picked = expert_out.float()[rows.clamp(min=0)]  # [T, k, H]
+    terms = torch.where((rows >= 0)[..., None], topk_weights[..., None] * picked, 0.0)
+    result = terms.sum(dim=1)
+    if out is not None:
+        out.copy_(result)
+        return out
+    return result.to(out_dtype or torch.bfloat16)
+
+
+EMULATED_OPS = {"moe_routing": emulated_moe_routing, "grouped_gemm": emulated_grouped_gemm,
+                "quantize_fp8": emulated_quantize_fp8, "moe_activation": emulated_moe_activation,
+                "moe_combine": emulated_moe_combine}

@@ -38,6 +38,8 @@ from kjit.torch import MoEExperts  # noqa: E402
 import moe_reference as ref  # noqa: E402
 
 bf16, f32, i32, u8, e4m3 = torch.bfloat16, torch.float32, torch.int32, torch.uint8, torch.float8_e4m3fn
+BF16_ACTIVATIONS_TOLERANCE = 1e-2  # relative Frobenius error against the fp32 reference (module docstring)
+W8A8_TOLERANCE, W8A8_VS_UNQUANTISED = 2e-2, 8e-2
 
 
 def raises(text):
@@ -476,6 +478,76 @@ def test_the_module_traces_through_aot_autograd(activation_contract):
         assert out.shape == (16, 256)
 
 
+# ---- end to end on the CPU, kjit's ops emulated from their contracts ----
+
+def cpu_case(fmt, layout, act, convention, biases, seed):
+    """A small module in `fmt` (experts [4, 8) of 8, H 256, I 128) on the CPU, and its fp32 expert weights."""
+    g = torch.Generator().manual_seed(seed)
+    e, h, i = 4, 256, 128
+    gate_up = torch.randn(e, 2 * i, h, generator=g) / h ** 0.5
+    down = torch.randn(e, h, i, generator=g) / i ** 0.5
+    args = {}
+    if fmt == "bf16":
+        gate_up, down = gate_up.to(bf16), down.to(bf16)
+        experts = (gate_up.float(), down.float())
+    elif fmt in ("fp8_block", "fp8_channel"):
+        quantize = ref.fp8_block_quantize if fmt == "fp8_block" else ref.fp8_channel_quantize
+        (gate_up, gs), (down, ds) = quantize(gate_up), quantize(down)
+        expand = (lambda w, s: ref.fp8_block_dequantize(w, s)) if fmt == "fp8_block" else \
+            (lambda w, s: w.float() * s.unsqueeze(-1))
+        experts = (expand(gate_up, gs), expand(down, ds))
+        if convention == "divide":
+            gs, ds = 1.0 / gs, 1.0 / ds
+        args = dict(gate_up_scale=gs, down_scale=ds, scale_convention=convention)
+    else:
+        (gate_up, gs, ggs), (down, ds, dgs) = (ref.random_fp4(fmt, e, n, k, "cpu", g) for n, k in ((2 * i, h), (h, i)))
+        experts = (ref.fp4_dequantize(gate_up, gs, fmt, ggs, convention),
+                   ref.fp4_dequantize(down, ds, fmt, dgs, convention))
+        args = dict(gate_up_scale=gs, down_scale=ds)
+        if fmt == "nvfp4":
+            args.update(gate_up_global_scale=ggs, down_global_scale=dgs, global_scale_convention=convention)
+        else:
+            gate_up = gate_up.view(e, 2 * i, h // 32, 16)  # gpt-oss's blocks
+    if biases:
+        args.update(gate_up_bias=torch.randn(e, 2 * i, generator=g).to(bf16),
+                    down_bias=torch.randn(e, h, generator=g).to(bf16))
+    m = MoEExperts(gate_up, down, format=fmt, gate_up_layout=layout, activation=act, experts_total=8, expert_base=4,
+                   w8a8_min_rows=64, **args)
+    return m, experts
+
+
+@pytest.mark.parametrize("fmt,layout,act,convention,biases", [
+    ("bf16", "halves", "silu_mul", None, False),
+    ("bf16", "alternating", "swiglu_oai", None, True),
+    ("fp8_block", "halves", "silu_mul", "multiply", False),
+    ("fp8_block", "alternating", "swiglu_oai", "divide", True),
+    ("fp8_channel", "halves", "silu_mul", "divide", False),
+    ("nvfp4", "halves", "silu_mul", "divide", False),
+    ("mxfp4", "alternating", "swiglu_oai", "multiply", True),
+])
+@pytest.mark.parametrize("tokens", [1, 24, 40])  # FP8: W8A16 at 2 and 48 routed rows, W8A8 at 80
+def test_the_module_end_to_end_on_emulated_kjit_ops_matches_the_reference(monkeypatch, fmt, layout, act, convention,
+                                                                         biases, tokens):
+    for name, op in ref.EMULATED_OPS.items():
+        monkeypatch.setattr(kjit, name, op, raising=False)
+    monkeypatch.setattr(MoEExperts, "_check_forward", lambda *args: None)  # CPU tensors: forward's checks want CUDA
+    m, (gate_up32, down32) = cpu_case(fmt, layout, act, convention, biases, seed=tokens)
+    g = torch.Generator().manual_seed(100 + tokens)
+    hidden = (torch.randn(tokens, 256, generator=g) * (3 if act == "swiglu_oai" else 1)).to(bf16)
+    ids, weights = ref.random_routing(tokens, 2, 8, (4, 4), g, "cpu")
+    out = m(hidden, ids, weights, out_dtype=f32)
+    assert not torch.isnan(out).any()
+    kernels = m.kernels_for(tokens, 2)
+    w8a8 = kernels == "w8a8"
+    assert w8a8 == (fmt.startswith("fp8") and tokens * 2 >= 64)
+    expected = ref.reference_moe(hidden, ids, weights, lambda e: gate_up32[e], lambda e: down32[e], 4, layout=layout,
+                                 act=act, expert_base=4, gate_up_bias=m.gate_up_bias, down_bias=m.down_bias,
+                                 fp8_activations=w8a8)
+    err = ((out - expected).norm() / expected.norm()).item()
+    assert err <= (W8A8_TOLERANCE if w8a8 else BF16_ACTIVATIONS_TOLERANCE), (kernels, err)
+    assert torch.equal(m(hidden, ids, weights), out.to(bf16))
+
+
 # ---- on a GPU: against plain torch ----
 
 MODELS = {  # local experts, hidden, intermediate, top_k, gate/up layout, activation, formats
@@ -484,8 +556,6 @@ MODELS = {  # local experts, hidden, intermediate, top_k, gate/up layout, activa
     "gpt-oss-20b": (32, 2880, 2880, 4, "alternating", "swiglu_oai", ("bf16", "fp8_block", "mxfp4")),
 }
 TOKENS = (1, 16, 512, 4096)
-BF16_ACTIVATIONS_TOLERANCE = 1e-2
-W8A8_TOLERANCE, W8A8_VS_UNQUANTISED = 2e-2, 8e-2
 
 
 def expert_range(model, tokens):
