@@ -3,9 +3,12 @@
 Without a GPU: construction from each checkpoint format and its argument
 errors, the kernel choice per format and batch size, forward's argument
 errors, the calls forward makes (on fake CUDA tensors, kjit.moe_activation
-stood in for by its plain-torch contract), prepare's calls, and
+stood in for by its plain-torch contract), prepare's calls,
 torch.compile(fullgraph=True) of a block using the module (traced on fake
-tensors: no graph break).
+tensors: no graph break, one graph per kernel set with a dynamic token
+count), and the module end to end on CPU tensors with kjit's ops emulated in
+torch from their contracts (moe_reference.EMULATED_OPS), against the same
+fp32 reference as on the GPU.
 
 On a GPU (marker gpu): the module against a plain-torch fp32 MoE on
 dequantised weights (moe_reference.py) for Qwen3-30B-A3B (E128 H2048 I768
