@@ -138,8 +138,9 @@ def test_per_expert_linears_stack_into_halves_with_their_block_scales():
     gs = [torch.rand(1, 2, generator=g) for _ in range(e)]
     us = [torch.rand(1, 2, generator=g) for _ in range(e)]
     ds = [torch.rand(2, 1, generator=g) for _ in range(e)]
-    m = MoEExperts.from_expert_linears(gate, up, down, format="fp8_block", gate_proj_scale=gs, up_proj_scale=us,
-                                       down_proj_scale=ds, scale_convention="multiply")
+    m = MoEExperts.from_expert_linears(gate, up, down, format="fp8_block", activation="silu_mul",
+                                       gate_proj_scale=gs, up_proj_scale=us, down_proj_scale=ds,
+                                       scale_convention="multiply")
     assert m.gate_up_layout == "halves"
     assert torch.equal(m.gate_up_weight[1, :i].view(u8), gate[1].view(u8))
     assert torch.equal(m.gate_up_weight[1, i:].view(u8), up[1].view(u8))
@@ -147,7 +148,7 @@ def test_per_expert_linears_stack_into_halves_with_their_block_scales():
     assert torch.equal(m.down_scale[0], ds[0])
     with raises("not a multiple of 128"):
         MoEExperts.from_expert_linears([t[:64] for t in gate], [t[:64] for t in up], [t[:, :64] for t in down],
-                                       format="fp8_block", gate_proj_scale=gs, up_proj_scale=us,
+                                       format="fp8_block", activation="silu_mul", gate_proj_scale=gs, up_proj_scale=us,
                                        down_proj_scale=ds, scale_convention="multiply")
 
 

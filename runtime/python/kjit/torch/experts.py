@@ -317,8 +317,8 @@ class MoEExperts(torch.nn.Module):
                    swiglu_limit=swiglu_limit, experts_total=experts_total, expert_base=expert_base)
 
     @classmethod
-    def from_expert_linears(cls, gate_proj, up_proj, down_proj, *, format, gate_proj_scale=None, up_proj_scale=None,
-                            down_proj_scale=None, scale_convention=None, activation="silu_mul",
+    def from_expert_linears(cls, gate_proj, up_proj, down_proj, *, format, activation, gate_proj_scale=None,
+                            up_proj_scale=None, down_proj_scale=None, scale_convention=None,
                             **kwargs) -> "MoEExperts":
         """Per-expert Linear weights (Hugging Face `experts.{e}.gate_proj.weight`
         [I, H], `up_proj` [I, H], `down_proj` [H, I], DeepSeek-V3 / Qwen3 MoE),
