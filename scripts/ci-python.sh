@@ -33,6 +33,8 @@ echo "kjit.__version__ = $version, package metadata $metadata"
 jitctl_version=$("$venv/jitctl" --version)
 echo "jitctl --version: $jitctl_version"
 [[ $jitctl_version == *"$version"* ]] || { echo "jitctl --version does not name kjit $version" >&2; exit 1; }
+# The subpackage kjit.torch (MoEExperts) ships with the package (wheel.packages copies the tree).
+"$venv/python" -c "from kjit.torch import MoEExperts; print('kjit.torch.MoEExperts from', MoEExperts.__module__)"
 
 step "the Python tests against the installed package"
 # -p no:cacheprovider: nothing written into the clone; rootdir is the clone

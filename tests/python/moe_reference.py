@@ -1,0 +1,256 @@
+"""Plain-torch references for the MoE tests (test_moe_experts.py): the weight
+formats decoded from their definitions (docs/formats.md), the activations as
+the brief of issue 18 states them, a whole MoE layer in fp32, and random
+checkpoint-like weights. No kjit here."""
+
+import torch
+
+E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+FP8_BLOCK = 128
+E4M3_MAX = 448.0
+
+
+# ---- activations ----
+
+def split_gate_up(h, layout):
+    """h [rows, 2I] -> (gate, up), each [rows, I]."""
+    if layout == "halves":
+        inter = h.shape[-1] // 2
+        return h[..., :inter], h[..., inter:]
+    return h[..., 0::2], h[..., 1::2]
+
+
+def apply_activation(h, activation, layout, alpha=1.702, limit=7.0):
+    """fp32 math on h [rows, 2I] -> fp32 [rows, I]."""
+    gate, up = split_gate_up(h.float(), layout)
+    if activation == "silu_mul":
+        return gate / (1 + torch.exp(-gate)) * up
+    gate = gate.clamp(max=limit)
+    up = up.clamp(-limit, limit)
+    return (up + 1) * gate * torch.sigmoid(alpha * gate)
+
+
+def quantize_groups(x):
+    """DeepSeek's per-token-group recipe (kjit.quantize_fp8's, fp32 scales):
+    x [rows, K] -> (codes e4m3fn, scales fp32 [rows, K / 128])."""
+    rows, k = x.shape
+    groups = x.float().reshape(rows, k // FP8_BLOCK, FP8_BLOCK)
+    scales = groups.abs().amax(dim=-1).clamp(min=1e-10) / E4M3_MAX
+    codes = (groups / scales.unsqueeze(-1)).to(torch.float8_e4m3fn)
+    return codes.reshape(rows, k), scales
+
+
+def dequantize_groups(codes, scales):
+    rows, k = codes.shape
+    return (codes.float().reshape(rows, k // FP8_BLOCK, FP8_BLOCK) * scales.unsqueeze(-1)).reshape(rows, k)
+
+
+def fake_quantize(x):
+    """x rounded through e4m3 codes with 1x128 scales, back to fp32."""
+    return dequantize_groups(*quantize_groups(x))
+
+
+def torch_moe_activation(h, *, activation, layout, alpha=1.702, limit=7.0, out_dtype, scale_format="fp32",
+                         valid_rows):
+    """kjit.moe_activation's contract in plain torch (for tests without a
+    GPU: it traces on fake tensors): bf16 [rows, I], or FP8 codes and 1x128
+    fp32 scales. valid_rows is read only on the device (rows past it are
+    computed too, harmlessly)."""
+    assert scale_format == "fp32" and valid_rows.numel() == 1
+    y = apply_activation(h, activation, layout, alpha, limit)
+    if out_dtype == torch.bfloat16:
+        return y.to(torch.bfloat16)
+    return quantize_groups(y)
+
+
+# ---- weights ----
+
+def fp8_block_quantize(w):
+    """fp32 [E, N, K] -> (e4m3fn codes, fp32 multipliers [E, ceil(N/128), ceil(K/128)]), amax / 448 per block."""
+    e, n, k = w.shape
+    nb, kb = -(-n // FP8_BLOCK), -(-k // FP8_BLOCK)
+    padded = torch.zeros(e, nb * FP8_BLOCK, kb * FP8_BLOCK, device=w.device)
+    padded[:, :n, :k] = w
+    blocks = padded.reshape(e, nb, FP8_BLOCK, kb, FP8_BLOCK)
+    scales = blocks.abs().amax(dim=(2, 4)).clamp(min=1e-12) / E4M3_MAX
+    codes = (blocks / scales[:, :, None, :, None]).reshape(e, nb * FP8_BLOCK, kb * FP8_BLOCK)[:, :n, :k]
+    return codes.to(torch.float8_e4m3fn).contiguous(), scales
+
+
+def fp8_block_dequantize(codes, scales, convention="multiply"):
+    e, n, k = codes.shape
+    s = scales.repeat_interleave(FP8_BLOCK, 1).repeat_interleave(FP8_BLOCK, 2)[:, :n, :k]
+    return codes.float() * s if convention == "multiply" else codes.float() / s
+
+
+def fp8_channel_quantize(w):
+    scales = w.abs().amax(dim=2).clamp(min=1e-12) / E4M3_MAX  # [E, N]
+    return (w / scales.unsqueeze(-1)).to(torch.float8_e4m3fn), scales
+
+
+def fp4_dequantize(pairs, scales, fmt, global_scale=None, convention="multiply"):
+    """uint8 pairs [E, N, K/2] (low nibble first) + linear scale bytes -> fp32 [E, N, K]."""
+    e, n, half = pairs.shape
+    codes = torch.stack([pairs & 0xF, pairs >> 4], dim=-1).reshape(e, n, 2 * half).long()
+    values = E2M1.to(pairs.device)[codes]
+    if fmt == "nvfp4":
+        s = scales.view(torch.uint8).view(torch.float8_e4m3fn).float().repeat_interleave(16, dim=2)
+        g = global_scale.reshape(e, 1, 1)
+        return values * s * (g if convention == "multiply" else 1.0 / g)
+    return values * torch.exp2(scales.view(torch.uint8).float() - 127).repeat_interleave(32, dim=2)
+
+
+def random_fp4(fmt, experts, n, k, device, generator):
+    """Random pairs and scales of about unit-variance-over-sqrt(K) weights."""
+    pairs = torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, generator=generator)
+    if fmt == "nvfp4":
+        # e4m3 scale bytes 2^-6 .. 2^-4 (exponent field 1..3 above the bias's 7 - 13), any mantissa
+        scale = ((torch.randint(1, 4, (experts, n, k // 16), generator=generator) << 3)
+                 | torch.randint(0, 8, (experts, n, k // 16), generator=generator)).to(torch.uint8)
+        global_scale = torch.exp2(torch.rand(experts, generator=generator) * 2 - 1)
+        return pairs.to(device), scale.to(device), global_scale.to(device)
+    scale = torch.randint(119, 123, (experts, n, k // 32), dtype=torch.uint8, generator=generator)
+    return pairs.to(device), scale.to(device), None
+
+
+# ---- the layer ----
+
+def reference_moe(hidden, topk_ids, topk_weights, gate_up_of, down_of, experts_local, *, layout, act, expert_base=0,
+                  alpha=1.702, limit=7.0, gate_up_bias=None, down_bias=None, fp8_activations=False):
+    """The MoE layer in fp32: for each local expert e (global id expert_base +
+    e), the pairs routed to it, gate_up_of(e) [2I, H] and down_of(e) [H, I]
+    fp32 (dequantised weights, made one expert at a time), weighted by
+    topk_weights and summed per token. fp8_activations: the rows and the
+    activation's output go through e4m3 with 1x128 scales first (W8A8), the
+    gate_up output rounded to bf16 as the kernel stores it."""
+    x = hidden.float()
+    out = torch.zeros_like(x)
+    local = topk_ids.long() - expert_base
+    for e in range(experts_local):
+        tokens, slots = torch.nonzero(local == e, as_tuple=True)
+        if tokens.numel() == 0:
+            continue
+        rows = x[tokens]
+        if fp8_activations:
+            rows = fake_quantize(rows)
+        g = rows @ gate_up_of(e).t()
+        if gate_up_bias is not None:
+            g = g + gate_up_bias[e].float()
+        if fp8_activations:
+            g = g.to(torch.bfloat16).float()
+        h = apply_activation(g, act, layout, alpha, limit)
+        if fp8_activations:
+            h = fake_quantize(h)
+        y = h @ down_of(e).t()
+        if down_bias is not None:
+            y = y + down_bias[e].float()
+        out.index_add_(0, tokens, y * topk_weights[tokens, slots].unsqueeze(-1))
+    return out
+
+
+def random_routing(tokens, top_k, experts_total, local_range, generator, device):
+    """topk_ids [tokens, top_k] int32 (distinct per token) and softmax weights.
+    With an expert range smaller than the whole, half of each token's picks
+    (at least one) land in it and the rest outside it, in random slots, so
+    every case has local and foreign pairs."""
+    base, local = local_range
+
+    def picks(candidates, count):  # `count` distinct candidates per token
+        order = torch.argsort(torch.rand(tokens, candidates.numel(), generator=generator), dim=1)
+        return candidates[order[:, :count]]
+
+    if local == experts_total:
+        topk_ids = picks(torch.arange(experts_total), top_k)
+    else:
+        mine = max(1, top_k // 2)
+        outside = torch.tensor([i for i in range(experts_total) if not base <= i < base + local])
+        both = torch.cat([picks(torch.arange(base, base + local), mine), picks(outside, top_k - mine)], dim=1)
+        topk_ids = torch.gather(both, 1, torch.argsort(torch.rand(tokens, top_k, generator=generator), dim=1))
+    weights = torch.softmax(torch.randn(tokens, top_k, generator=generator), dim=-1)
+    return topk_ids.to(torch.int32).to(device), weights.to(device)
+
+
+# ---- kjit's MoE ops emulated in plain torch, from their contracts in kjit.h ----
+# For running MoEExperts end to end on the CPU: the module's own logic (gather indices, offsets, kernel choice,
+# scales and conventions handed on, biases, skipped foreign pairs) against reference_moe. Rows a kernel leaves
+# unwritten come out NaN, so a stage that reads one shows in the result.
+
+def emulated_moe_routing(topk_ids, experts_total, *, expert_base=0, experts_local=None, offsets_convention):
+    assert offsets_convention == "cumulative_end"
+    flat = topk_ids.reshape(-1).long()
+    local = flat - expert_base
+    mine = (local >= 0) & (local < experts_local)
+    key = torch.where(mine, local, torch.full_like(local, experts_local))
+    order = torch.argsort(key, stable=True)
+    routed = int(mine.sum())
+    counts = torch.bincount(local[mine], minlength=experts_local).to(torch.int32)
+    ends = torch.cumsum(counts, 0).to(torch.int32)
+    sorted_to_flat = torch.full_like(flat, -1)
+    sorted_to_flat[:routed] = order[:routed]
+    flat_to_sorted = torch.full_like(flat, -1)
+    flat_to_sorted[order[:routed]] = torch.arange(routed)
+    return counts, ends, sorted_to_flat.to(torch.int32), flat_to_sorted.to(torch.int32)
+
+
+def _emulated_weights(w, a, w_scale, w_scale_convention, w_format, w_global_scale):
+    """fp32 [E, N, K] as the GEMM converts them."""
+    if w.dtype == torch.bfloat16:
+        return w.float()
+    if w.dtype == torch.uint8:
+        return fp4_dequantize(w, w_scale, w_format, w_global_scale, w_scale_convention or "multiply").to(
+            torch.bfloat16).float()
+    e, n, k = w.shape
+    convention = w_scale_convention or "multiply"
+    if list(w_scale.shape) in ([e, n], [e, n, 1]):
+        s = w_scale.reshape(e, n, 1).expand(e, n, k)
+    else:
+        s = w_scale.repeat_interleave(FP8_BLOCK, 1).repeat_interleave(FP8_BLOCK, 2)[:, :n, :k]
+    deq = w.float() * s if convention == "multiply" else w.float() / s
+    return deq if a.dtype == torch.float8_e4m3fn else deq.to(torch.bfloat16).float()  # W8A16 rounds to bf16
+
+
+def emulated_grouped_gemm(a, w, offsets, *, offsets_convention, weights="e_n_k", out_dtype=None, a_scale=None,
+                          w_scale=None, w_scale_convention=None, w_format=None, w_global_scale=None):
+    assert offsets_convention == "cumulative_end" and weights == "e_n_k"
+    assert (a.dtype == torch.float8_e4m3fn) == (a_scale is not None)
+    rows_in = dequantize_groups(a, a_scale) if a_scale is not None else a.float()
+    w32 = _emulated_weights(w, a, w_scale, w_scale_convention, w_format, w_global_scale)
+    out = torch.full((a.shape[0], w.shape[1]), float("nan"))
+    start = 0
+    for e, end in enumerate(offsets.tolist()):
+        out[start:end] = rows_in[start:end] @ w32[e].t()
+        start = end
+    return out.to(out_dtype or torch.bfloat16)
+
+
+def emulated_quantize_fp8(x, *, gather):
+    sorted_to_flat, top_k = gather
+    valid = sorted_to_flat >= 0
+    rows = x.float()[(sorted_to_flat.clamp(min=0) // top_k).long()]
+    codes, scales = quantize_groups(rows)
+    codes = torch.where(valid[:, None], codes.float(), 0.0).to(torch.float8_e4m3fn)
+    return codes, torch.where(valid[:, None], scales, 0.0)
+
+
+def emulated_moe_activation(h, *, valid_rows, out_dtype, **kwargs):
+    assert not torch.isnan(h[:int(valid_rows)].float()).any(), "the activation's routed rows hold unwritten rows"
+    out = torch_moe_activation(h.float().nan_to_num(), valid_rows=valid_rows, out_dtype=out_dtype, **kwargs)
+    if out_dtype == torch.bfloat16:
+        out[int(valid_rows):] = float("nan")
+    return out
+
+
+def emulated_moe_combine(expert_out, topk_weights, flat_to_sorted, *, out=None, out_dtype=None):
+    rows = flat_to_sorted.long()
+    picked = expert_out.float()[rows.clamp(min=0)]  # [T, k, H]
+    terms = torch.where((rows >= 0)[..., None], topk_weights[..., None] * picked, 0.0)
+    result = terms.sum(dim=1)
+    if out is not None:
+        out.copy_(result)
+        return out
+    return result.to(out_dtype or torch.bfloat16)
+
+
+EMULATED_OPS = {"moe_routing": emulated_moe_routing, "grouped_gemm": emulated_grouped_gemm,
+                "quantize_fp8": emulated_quantize_fp8, "moe_activation": emulated_moe_activation,
+                "moe_combine": emulated_moe_combine}
