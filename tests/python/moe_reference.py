@@ -210,7 +210,8 @@ def _emulated_weights(w, a, w_scale, w_scale_convention, w_format, w_global_scal
 
 
 def emulated_grouped_gemm(a, w, offsets, *, offsets_convention, weights="e_n_k", out_dtype=None, a_scale=None,
-                          w_scale=None, w_scale_convention=None, w_format=None, w_global_scale=None):
+                          w_scale=None, w_scale_convention=None, w_format=None, w_global_scale=None, activation=None,
+                          activation_alpha=1.702, activation_limit=7.0):
     assert offsets_convention == "cumulative_end" and weights == "e_n_k"
     assert (a.dtype == torch.float8_e4m3fn) == (a_scale is not None)
     rows_in = dequantize_groups(a, a_scale) if a_scale is not None else a.float()
@@ -220,6 +221,10 @@ def emulated_grouped_gemm(a, w, offsets, *, offsets_convention, weights="e_n_k",
     for e, end in enumerate(offsets.tolist()):
         out[start:end] = rows_in[start:end] @ w32[e].t()
         start = end
+    if activation is not None:  # the fused epilogue: w's rows in gate/up groups of 8 (kjit.gate_up_interleaved)
+        groups = out.reshape(out.shape[0], -1, 2, 8)
+        halves = torch.cat((groups[:, :, 0].reshape(out.shape[0], -1), groups[:, :, 1].reshape(out.shape[0], -1)), 1)
+        out = apply_activation(halves, activation, "halves", activation_alpha, activation_limit)
     return out.to(out_dtype or torch.bfloat16)
 
 

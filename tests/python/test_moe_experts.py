@@ -89,7 +89,13 @@ def test_each_format_builds_from_checkpoint_shaped_tensors_and_reports_its_shape
     assert (m.experts_local, m.hidden_size, m.intermediate_size) == (4, 256, 128)
     assert (m.experts_total, m.expert_base) == (4, 0)
     buffers = dict(m.named_buffers())
-    assert buffers["gate_up_weight"] is gate_up and buffers["down_weight"] is down
+    assert buffers["down_weight"] is down
+    # bf16 fuses the activation by default: its gate_up rows are reordered once, into a new buffer.
+    assert m.fused_activation == (fmt == "bf16")
+    if fmt == "bf16":
+        assert torch.equal(buffers["gate_up_weight"], kjit.gate_up_interleaved(gate_up, layout="halves"))
+    else:
+        assert buffers["gate_up_weight"] is gate_up
     assert f"format={fmt}, experts=[0, 4) of 4, hidden=256, intermediate=128" in repr(m)
 
 
@@ -269,7 +275,7 @@ def test_forward_runs_routing_both_gemms_the_activation_and_the_combine(monkeypa
     calls = Calls(monkeypatch, ["moe_routing", "quantize_fp8", "grouped_gemm", "moe_activation", "moe_combine"])
     with FakeTensorMode():
         m = module(fmt, device="cuda", experts=4, act="swiglu_oai", layout="alternating", experts_total=16,
-                   expert_base=8)
+                   expert_base=8, fused_activation=False)  # the fused path: test_the_fused_activation_flag_...
         out = m(*cuda_inputs(tokens, 4))
         assert (out.shape, out.dtype) == ((tokens, 256), bf16)
     (args, kw), = calls.named("moe_routing")
@@ -297,7 +303,7 @@ def test_forward_runs_routing_both_gemms_the_activation_and_the_combine(monkeypa
 def test_silu_mul_passes_no_swiglu_parameters(monkeypatch, activation_contract):
     calls = Calls(monkeypatch, ["moe_activation"])
     with FakeTensorMode():
-        module("bf16", device="cuda")(*cuda_inputs(2, 2))
+        module("bf16", device="cuda", fused_activation=False)(*cuda_inputs(2, 2))
     (_, kw), = calls.named("moe_activation")
     assert "alpha" not in kw and "limit" not in kw and kw["activation"] == "silu_mul"
 
@@ -396,7 +402,7 @@ def test_prepare_loads_every_kernel_forward_can_pick_up_to_max_tokens(monkeypatc
         monkeypatch.setattr(kjit, name, lambda *a, **k: None)  # the C library needs a GPU: record only
     calls = Calls(monkeypatch, names)
     with FakeTensorMode():
-        module(fmt, device="cuda", experts_total=8, expert_base=4).prepare(max_tokens, top_k=8)
+        module(fmt, device="cuda", experts_total=8, expert_base=4, fused_activation=False).prepare(max_tokens, top_k=8)
     (_, routing), = calls.named("prepare_moe_routing")
     assert (routing["expert_base"], routing["experts_local"]) == (4, 4)
     gemms = calls.named("prepare_grouped_gemm")

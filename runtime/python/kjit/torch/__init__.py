@@ -3,8 +3,11 @@
 MoEExperts: the experts of one MoE layer, weights as checkpoints store them,
 forward(hidden, topk_ids, topk_weights) -> hidden (kjit/torch/experts.py;
 docs/moe.md shows how a serving engine embeds it).
+ExpertParallelMoE: those experts spread over the ranks of the caller's
+torch.distributed group (kjit/torch/expert_parallel.py; docs/expert_parallel.md).
 """
 
 from .experts import MoEExperts
+from .expert_parallel import ExpertParallelMoE
 
-__all__ = ["MoEExperts"]
+__all__ = ["MoEExperts", "ExpertParallelMoE"]
