@@ -24,8 +24,9 @@ namespace kjit {
 enum class MixedScale { block, row, tensor, nvfp4, mxfp4 };
 
 template <long long kN_, long long kK_, int kExperts_, bool kWeightsKN_, bool kOffsetsWithZero_, bool kRowScale_,
-          bool kOutF32_, Fp8Format kWeightFormat_, MixedScale kScale_, bool kDivide_>
-struct MixedGemmProblem : GemmProblem<kN_, kK_, kExperts_, kWeightsKN_, kOffsetsWithZero_, kRowScale_, kOutF32_> {
+          bool kOutF32_, Fp8Format kWeightFormat_, MixedScale kScale_, bool kDivide_, int kActivation_ = kActivationNone>
+struct MixedGemmProblem
+    : GemmProblem<kN_, kK_, kExperts_, kWeightsKN_, kOffsetsWithZero_, kRowScale_, kOutF32_, kActivation_> {
   static constexpr Fp8Format kWeightFormat = kWeightFormat_;  // fp8 weights only
   static constexpr MixedScale kScale = kScale_;
   static constexpr bool kDivide = kDivide_;
@@ -38,6 +39,9 @@ struct MixedGemmProblem : GemmProblem<kN_, kK_, kExperts_, kWeightsKN_, kOffsets
   static constexpr long long kGroupsPerRow = kStoredCols / kGroup;  // FP4: scale bytes per stored row
   static_assert(kN_ % 16 == 0 && kK_ % 16 == 0, "the host admits only N and K divisible by 16");
   static_assert(!kFp4 || (!kWeightsKN_ && kK_ % 32 == 0), "FP4 weights: [E, N, K] with K a multiple of 32");
+  // The fused activation pairs columns 8 apart in swap_ab_store_activated, and each row's scales follow it.
+  static_assert(kActivation_ == kActivationNone || (!kWeightsKN_ && kScale_ != MixedScale::block),
+                "a fused activation: [E, N, K] weights with scales per row (or FP4 groups, or per expert)");
 };
 
 // The multiplier of `expert`'s stored element (row, col): its scale, or the

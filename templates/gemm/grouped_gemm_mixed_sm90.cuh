@@ -380,7 +380,10 @@ __device__ __forceinline__ void mixed_consumer(const kjit_grouped_gemm_mixed_sm9
     // products are never stored (the epilogue masks them).
     const long long col0 = tile.n0 + consumer * 64;
     mixed_mainloop<Cfg>(p, tile, col0, acc, tiles, full, empty, it);
-    swap_ab_store<Cfg, Cfg::kWeightsKN>(p.sm90.gemm, acc, tile, col0, after_barriers, (tile.rows + 31) / 32);
+    if constexpr (Cfg::kFusedActivation)
+      swap_ab_store_activated<Cfg>(p.sm90.gemm, acc, tile, col0, after_barriers, (tile.rows + 31) / 32);
+    else
+      swap_ab_store<Cfg, Cfg::kWeightsKN>(p.sm90.gemm, acc, tile, col0, after_barriers, (tile.rows + 31) / 32);
   }
 }
 

@@ -76,9 +76,17 @@ def test_fused_activation_arguments_on_fake_tensors():
             kjit.grouped_gemm(a, cuda(2, 88, 64, dtype=bf16), offsets, offsets_convention="cumulative_end",
                               activation="silu_mul")
         w8 = cuda(2, 96, 64, dtype=torch.float8_e4m3fn)
-        with pytest.raises(kjit.KjitError, match="bf16 grouped GEMM only"):
-            kjit.grouped_gemm(a, w8, offsets, offsets_convention="cumulative_end", w_scale=cuda(2, 96, dtype=f32),
+        out = kjit.grouped_gemm(a, w8, offsets, offsets_convention="cumulative_end", w_scale=cuda(2, 96, dtype=f32),
+                                w_scale_convention="multiply", activation="silu_mul")  # W8A16, scales per row
+        assert out.shape == (40, 48)
+        with pytest.raises(kjit.KjitError, match="would split 128 x 128 scale blocks"):
+            kjit.grouped_gemm(cuda(40, 256, dtype=bf16), cuda(2, 256, 256, dtype=torch.float8_e4m3fn), offsets,
+                              offsets_convention="cumulative_end", w_scale=cuda(2, 2, 2, dtype=f32),
                               w_scale_convention="multiply", activation="silu_mul")
+        with pytest.raises(kjit.KjitError, match="not w8a8"):
+            kjit.grouped_gemm(cuda(40, 128, dtype=torch.float8_e4m3fn), cuda(2, 96, 128, dtype=torch.float8_e4m3fn),
+                              offsets, offsets_convention="cumulative_end", a_scale=cuda(40, 1, dtype=f32),
+                              w_scale=cuda(2, 1, 1, dtype=f32), activation="silu_mul")
 
 
 def routed_problem(counts, hidden, inter, generator, gain):
@@ -140,3 +148,49 @@ def test_fused_activation_replays_in_a_cuda_graph_with_new_counts():
     h = kjit.grouped_gemm(a, w, ends, offsets_convention="cumulative_end", out_dtype=f32)
     gate, up = split_gate_up(h[:45], "halves")
     torch.testing.assert_close(out[:45].float(), activation_reference(gate, up, "silu_mul"), rtol=2 ** -8, atol=1e-30)
+
+
+def quantized_gate_up(kind, experts, n, k, generator):
+    """(w, grouped_gemm's keyword arguments, the rows-following tensors gate_up_interleaved must reorder with w)
+    for W8A16 with per-row scales and W4A16 in both FP4 formats, on fresh random codes and scales."""
+    if kind == "w8a16_row":
+        w = (torch.randn(experts, n, k, generator=generator) * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
+        scale = torch.rand(experts, n, generator=generator) * 4 / 64 / k ** 0.5 + 1e-4
+        return w.cuda(), {"w_scale": scale.cuda(), "w_scale_convention": "multiply"}, ("w_scale",)
+    w = torch.randint(0, 256, (experts, n, k // 2), generator=generator, dtype=torch.uint8)
+    if kind == "mxfp4":
+        scale = torch.randint(122, 126, (experts, n, k // 32), generator=generator, dtype=torch.uint8)
+        return w.cuda(), {"w_scale": scale.cuda(), "w_format": "mxfp4"}, ("w_scale",)
+    scale = (torch.rand(experts, n, k // 16, generator=generator) + 0.5).to(torch.float8_e4m3fn).view(torch.uint8)
+    global_scale = (torch.rand(experts, generator=generator) + 0.5) / 8
+    return w.cuda(), {"w_scale": scale.cuda(), "w_format": "nvfp4", "w_global_scale": global_scale.cuda(),
+                      "w_scale_convention": "multiply"}, ("w_scale",)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["halves", "alternating"])
+@pytest.mark.parametrize("kind", ["w8a16_row", "nvfp4", "mxfp4"])
+@pytest.mark.parametrize("kernel", ["auto", "portable"])
+def test_fused_activation_in_the_mixed_input_gemms(kind, layout, kernel):
+    """W8A16 and W4A16: the weights and the scales that follow their rows reordered together; the fused output
+    equals torch's activation of the same kernel's unfused fp32 output on the original order."""
+    generator = torch.Generator().manual_seed(19)
+    counts = [0, 37, 1, 200, 3, 130]
+    hidden, inter = 256, 136
+    w, kwargs, following = quantized_gate_up(kind, len(counts), 2 * inter, hidden, generator)
+    a = torch.randn(sum(counts) + 5, hidden, generator=generator).to(bf16).cuda()
+    ends = torch.tensor(counts, dtype=i32).cumsum(0).to(i32).cuda()
+    rows = sum(counts)
+    h = kjit.grouped_gemm(a, w, ends, offsets_convention="cumulative_end", out_dtype=f32, kernel=kernel, **kwargs)
+    gate, up = split_gate_up(h[:rows], layout)
+    want = activation_reference(gate, up, "swiglu_oai", 1.702, 3.0)
+    fused_kwargs = dict(kwargs)
+    for name in following:
+        fused_kwargs[name] = kjit.gate_up_interleaved(kwargs[name], layout=layout)
+    out = torch.full((a.shape[0], inter), float("nan"), dtype=bf16, device="cuda")
+    kjit.grouped_gemm(a, kjit.gate_up_interleaved(w, layout=layout), ends, offsets_convention="cumulative_end",
+                      kernel=kernel, activation="swiglu_oai", activation_limit=3.0, out=out, **fused_kwargs)
+    kjit.check_device_errors()
+    assert (gate > 3.0).any() and (up.abs() > 3.0).any(), "the data reaches the clamps"
+    torch.testing.assert_close(out[:rows].float(), want, rtol=2 ** -8, atol=1e-30)
+    assert torch.isnan(out[rows:].float()).all(), "rows past the routed ones were written"

@@ -309,6 +309,30 @@ TEST_CASE("the grouped GEMM's fused activations compile for sm_90a, sm_100a and 
     }
   CHECK(canonical(KernelSpec{sm90.front()}).find(" activation=") != std::string::npos);
   check_no_spills_on_sm90a(sm90);
+  // The mixed-input GEMMs whose scales follow the rows: FP4 and fp8 per row, both kernels.
+  std::vector<GroupedGemmMixedSpec> mixed;
+  for (auto weight : {MixedWeight::nvfp4, MixedWeight::mxfp4, MixedWeight::f8_e4m3fn}) {
+    GroupedGemmMixedSpec m;
+    m.activation = Activation::swiglu_oai;
+    m.weight = weight;
+    m.weight_scale = weight == MixedWeight::f8_e4m3fn ? ScaleGranularity::per_row : ScaleGranularity::per_block;
+    m.n = 5760;  // gpt-oss's gate_up
+    m.k = 2880;
+    m.experts = 32;
+    for (const char* arch : {"sm_90a", "sm_100a", "sm_120a"})
+      for (const auto& spec : kernels_for_target(m, arch_of(arch))) {
+        auto cubin = b.builder.build(spec, arch_of(arch));
+        REQUIRE_MESSAGE(cubin.has_value(), arch, " ", canonical(spec), ": ", kjit::testing::why(cubin));
+        if (std::string_view(arch) == "sm_90a") mixed.push_back(std::get<GroupedGemmMixedSpec>(spec));
+      }
+  }
+  check_no_spills_on_sm90a(mixed);
+  GroupedGemmMixedSpec blocks;  // 128 x 128 fp8 scales would be split by the gate/up groups
+  blocks.activation = Activation::silu_mul;
+  blocks.n = 4096;
+  blocks.k = 7168;
+  blocks.experts = 32;
+  CHECK_FALSE(validate(KernelSpec{blocks}).has_value());
   // Whole gate/up groups only.
   GroupedGemmSpec odd;
   odd.activation = Activation::silu_mul;

@@ -64,6 +64,12 @@ Expected<void> validate_problem(const GroupedGemmMixedSpec& s) {
                                  what, kMaxDimension, value));
   if (s.experts < 1 || s.experts > kMaxExperts)
     return invalid(fmt::format("grouped_gemm_mixed needs 1 to {} experts, got {}", kMaxExperts, s.experts));
+  if (s.activation != Activation::none &&
+      (s.weights != WeightLayout::e_n_k || (!is_fp4(s.weight) && s.weight_scale == ScaleGranularity::per_block)))
+    return invalid(fmt::format("grouped_gemm_mixed with activation {} needs [E, N, K] weights whose scales follow "
+                               "their rows (FP4, or fp8 per_row or per_tensor): 128 x 128 blocks would be split by the "
+                               "gate/up groups of 8",
+                               name(s.activation)));
   return {};
 }
 
@@ -81,6 +87,10 @@ Expected<void> validate_configuration(const GroupedGemmMixedSpec& s) {
       return invalid(fmt::format("grouped_gemm_mixed {} is not supported (mma_sync: tile_m 32 to 128 by 32, tile_n "
                                  "16 to 128 by 16, no stages)",
                                  tile));
+    // A warp's half of the tile must hold whole gate/up pairs of 8-column fragments.
+    if (s.activation != Activation::none && s.tile_n % 32 != 0)
+      return invalid(fmt::format("grouped_gemm_mixed {} with activation {} needs tile_n a multiple of 32", tile,
+                                 name(s.activation)));
     return {};
   }
   const bool ok = s.tile_m % 32 == 0 && s.tile_m >= 32 && s.tile_m <= kSm90MaxRows && s.tile_n == kSm90TileN &&
@@ -152,9 +162,10 @@ std::string Family<GroupedGemmMixedSpec>::canonical(const GroupedGemmMixedSpec& 
                      : g.weight_scale == ScaleGranularity::per_block ? std::string("per_block:128x128")
                                                                      : std::string(name(g.weight_scale));
   return fmt::format(
-      "grouped_gemm_mixed a=bf16 b={}/{}/{} out={} n={} k={} experts={} weights={} offsets={} row_scale={}{}",
+      "grouped_gemm_mixed a=bf16 b={}/{}/{} out={} n={} k={} experts={} weights={} offsets={} row_scale={}{}{}",
       name(g.weight), scale, name(g.scale_convention), name(g.out), g.n, g.k, g.experts, name(g.weights),
       name(g.offsets), g.row_scale,
+      g.activation != Activation::none ? fmt::format(" activation={}", name(g.activation)) : std::string(),
       g.configured() ? fmt::format(" kernel={} tile={}x{}x{} stages={}", name(g.kernel), g.tile_m, g.tile_n,
                                    g.kernel == MixedGemmKernel::wgmma_sm90 ? kSm90KBlock : kPortableTileK, g.stages)
                      : std::string(" config=per-arch"));
@@ -172,6 +183,7 @@ nlohmann::json Family<GroupedGemmMixedSpec>::to_json(const GroupedGemmMixedSpec&
                       {"scale_convention", name(g.scale_convention)},
                       {"offsets", name(g.offsets)},
                       {"row_scale", g.row_scale}};
+  if (g.activation != Activation::none) j["activation"] = name(g.activation);
   if (g.configured()) {
     j["kernel"] = name(g.kernel);
     j["tile"] = {g.tile_m, g.tile_n};
@@ -187,6 +199,7 @@ Expected<GroupedGemmMixedSpec> Family<GroupedGemmMixedSpec>::from_json(SpecReade
   s.weight = KJIT_TRY(reader.enumeration<MixedWeight>("weight"));
   s.weight_scale = KJIT_TRY(reader.enumeration<ScaleGranularity>("weight_scale"));
   s.scale_convention = KJIT_TRY(reader.enumeration<ScaleConvention>("scale_convention"));
+  if (reader.has("activation")) s.activation = KJIT_TRY(reader.enumeration<Activation>("activation"));
   if (!reader.has("kernel")) {
     if (reader.has("tile") || reader.has("stages"))
       return invalid("spec fields 'tile' and 'stages' need 'kernel' beside them");
@@ -209,6 +222,7 @@ const std::vector<FieldRule>& Family<GroupedGemmMixedSpec>::schema() {
       text_field("weight_scale", {"per_block", "per_row", "per_tensor"}),
       text_field("scale_convention", {"multiply", "divide"}),
       text_field("offsets", {"cumulative_end", "with_leading_zero"}), boolean_field("row_scale"),
+      text_field("activation", {"none", "silu_mul", "swiglu_oai"}, false),
       // A configuration's fields (cache metadata; rare in manifests).
       text_field("kernel", {"mma_sync", "wgmma_sm90"}, false), integers_field("tile", "[m, n]", 2, 1, 256),
       integer_field("stages", 0, 16, false)};
@@ -221,7 +235,8 @@ void Family<GroupedGemmMixedSpec>::hash(const GroupedGemmMixedSpec& g, HashMixer
   h.mix(static_cast<uint64_t>(g.experts));
   h.mix(static_cast<uint64_t>(g.out) | static_cast<uint64_t>(g.weights) << 8 | static_cast<uint64_t>(g.weight) << 16 |
         static_cast<uint64_t>(g.weight_scale) << 24 | static_cast<uint64_t>(g.scale_convention) << 32 |
-        static_cast<uint64_t>(g.offsets) << 40 | static_cast<uint64_t>(g.row_scale) << 48);
+        static_cast<uint64_t>(g.offsets) << 40 | static_cast<uint64_t>(g.row_scale) << 48 |
+        static_cast<uint64_t>(g.activation) << 56);
   h.mix(static_cast<uint64_t>(g.tile_m) << 32 | static_cast<uint64_t>(g.tile_n) << 16 |
         static_cast<uint64_t>(g.kernel) << 12 | static_cast<uint64_t>(g.stages) << 4);
 }
@@ -249,7 +264,7 @@ Expected<void> Family<GroupedGemmMixedSpec>::supported_on(const GroupedGemmMixed
 
 RenderedKernel Family<GroupedGemmMixedSpec>::render(const GroupedGemmMixedSpec& s) {
   const auto problem = fmt::format(
-      "kjit::MixedGemmProblem<{}LL, {}LL, {}, {}, {}, {}, {}, {}, {}, {}>", s.n, s.k, s.experts,
+      "kjit::MixedGemmProblem<{}LL, {}LL, {}, {}, {}, {}, {}, {}, {}, {}, {}>", s.n, s.k, s.experts,
       s.weights == WeightLayout::e_k_n, s.offsets == OffsetsConvention::with_leading_zero, s.row_scale,
       s.out == DType::f32, s.weight == MixedWeight::f8_e5m2 ? "kjit::Fp8Format::e5m2" : "kjit::Fp8Format::e4m3fn",
       s.weight == MixedWeight::nvfp4                  ? "kjit::MixedScale::nvfp4"
@@ -257,7 +272,7 @@ RenderedKernel Family<GroupedGemmMixedSpec>::render(const GroupedGemmMixedSpec& 
       : s.weight_scale == ScaleGranularity::per_block ? "kjit::MixedScale::block"
       : s.weight_scale == ScaleGranularity::per_row ? "kjit::MixedScale::row"
                                                     : "kjit::MixedScale::tensor",
-      s.scale_convention == ScaleConvention::divide);
+      s.scale_convention == ScaleConvention::divide, static_cast<int>(s.activation));
   if (s.kernel == MixedGemmKernel::wgmma_sm90)
     return assemble(canonical(s),
                     {.entry_point = "kjit_grouped_gemm_mixed_sm90",

@@ -256,11 +256,13 @@ typedef struct kjit_grouped_gemm_desc {
   kjit_block_format b_format;     /* W4A16 only (else UNSET) */
   const uint8_t* b_block_scales;  /* W4A16 only, device */
   const float* b_global_scales;   /* W4A16 NVFP4 only, device [E] */
-  /* A fused activation (bf16 A and B only): the weights' N rows are gate/up groups of 8, gate rows 8g..8g+7 at
-   * rows 16g..16g+7 and up rows 8g..8g+7 at 16g+8..16g+15 of each expert (kjit.gate_up_interleaved in Python
-   * builds this order from the halves or alternating layouts once, at load), N a multiple of 16, and out is
-   * [rows, N / 2]: out[:, 8g + i] = activation(h[:, 16g + i], h[:, 16g + 8 + i]) of the product h, then times
-   * row_scale. Saves the gate_up output's write and re-read and a launch. */
+  /* A fused activation (bf16 A; bf16 B, or W8A16 / W4A16 with KJIT_WEIGHTS_E_N_K; not W8A8): the weights' N rows
+   * are gate/up groups of 8, gate rows 8g..8g+7 at rows 16g..16g+7 and up rows 8g..8g+7 at 16g+8..16g+15 of each
+   * expert (kjit.gate_up_interleaved in Python builds this order from the halves or alternating layouts once, at
+   * load), N a multiple of 16, and out is [rows, N / 2]: out[:, 8g + i] = activation(h[:, 16g + i],
+   * h[:, 16g + 8 + i]) of the product h, then times row_scale. Scales that follow the rows (PER_ROW, FP4 block
+   * scales) are reordered with them; PER_BLOCK 128 x 128 fp8 scales, which the groups would split, are refused.
+   * Saves the gate_up output's write and re-read and a launch. */
   kjit_activation activation;  /* KJIT_ACTIVATION_NONE after _desc_init */
   float activation_alpha;      /* SWIGLU_OAI: 1.702 after _desc_init */
   float activation_limit;      /* SWIGLU_OAI: 7.0 after _desc_init */

@@ -602,9 +602,10 @@ def _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kern
     or, W8A16 only, 'tensor'; W4A16: the format)."""
     operands = _check_gemm_operands(a, w)
     _check_activation(activation, activation_alpha, activation_limit)
-    if activation is not None and operands != "bf16":
-        raise _invalid(f"a fused activation is implemented in the bf16 grouped GEMM only; with {operands} operands "
-                       f"run the GEMM without it and apply kjit.moe_activation to its output")
+    if activation is not None and (operands == "w8a8" or weights != "e_n_k"):
+        raise _invalid(f"a fused activation is implemented in the bf16, W8A16 and W4A16 grouped GEMMs with "
+                       f"weights='e_n_k' (not {operands} with {weights!r}): run the GEMM without it and apply "
+                       f"kjit.moe_activation to its output")
     if operands != "w4a16" and (w_format is not None or w_global_scale is not None):
         raise _invalid("w_format and w_global_scale are for FP4 weights (uint8 w, W4A16)")
     _check_tensor("offsets", offsets, ("int32",), device=a.device)
@@ -640,7 +641,12 @@ def _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kern
                            "are bfloat16")
         return operands, None
     if operands == "w8a16":
-        return operands, _check_w8a16_scales(w, n, k, a_scale, w_scale, w_scale_convention, w_block)
+        granularity = _check_w8a16_scales(w, n, k, a_scale, w_scale, w_scale_convention, w_block)
+        if activation is not None and granularity == "block":
+            raise _invalid("a fused activation needs scales that follow the weight rows (per row or per expert): "
+                           "gate_up_interleaved's groups of 8 rows would split 128 x 128 scale blocks; run the GEMM "
+                           "without it and apply kjit.moe_activation to its output")
+        return operands, granularity
     if operands == "w4a16":
         _check_w4a16(w, n, k, weights, a_scale, w_scale, w_format, w_global_scale, w_scale_convention)
         return operands, w_format
@@ -756,14 +762,16 @@ def grouped_gemm(a, w, offsets, *, weights="e_n_k", offsets_convention, row_scal
     elif operands == "w4a16":
         torch.ops.kjit.grouped_gemm_w4a16_(a, w, w_scale.view(torch.uint8), w_global_scale, offsets, out,
                                            offsets_convention, row_scale, w_format, w_scale_convention, kernel,
-                                           tile_m, tile_n, stream)
+                                           tile_m, tile_n, activation or "none", float(activation_alpha),
+                                           float(activation_limit), stream)
     elif operands == "w8a8":
         torch.ops.kjit.grouped_gemm_fp8_(a, a_scale, w, w_scale, offsets, out, offsets_convention, row_scale,
                                          granularity, kernel, tile_m, tile_n, cluster, cluster_axis, stream)
     else:
         torch.ops.kjit.grouped_gemm_w8a16_(a, w, w_scale, offsets, out, weights, offsets_convention, row_scale,
                                            granularity, w_scale_convention, kernel, tile_m, tile_n, cluster,
-                                           cluster_axis, stream)
+                                           cluster_axis, activation or "none", float(activation_alpha),
+                                           float(activation_limit), stream)
     return out
 
 

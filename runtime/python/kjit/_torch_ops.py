@@ -85,15 +85,18 @@ def _(a, a_scale, w, w_scale, offsets, out, offsets_convention, row_scale, w_sca
 def grouped_gemm_w8a16_(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, offsets: torch.Tensor,
                         out: torch.Tensor, weights: str, offsets_convention: str, row_scale: Optional[torch.Tensor],
                         w_scale_granularity: str, w_scale_convention: str, kernel: str, tile_m: int, tile_n: int,
-                        cluster: int, cluster_axis: str, stream: Optional[int]) -> None:
+                        cluster: int, cluster_axis: str, activation: str, activation_alpha: float,
+                        activation_limit: float, stream: Optional[int]) -> None:
     _launch_gemm(_gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n,
-                            cluster, cluster_axis, None, w_scale, w_scale_granularity, w_scale_convention),
+                            cluster, cluster_axis, None, w_scale, w_scale_granularity, w_scale_convention,
+                            activation=None if activation == "none" else activation,
+                            activation_alpha=activation_alpha, activation_limit=activation_limit),
                  a.device, stream)
 
 
 @grouped_gemm_w8a16_.register_fake
 def _(a, w, w_scale, offsets, out, weights, offsets_convention, row_scale, w_scale_granularity, w_scale_convention,
-      kernel, tile_m, tile_n, cluster, cluster_axis, stream) -> None:
+      kernel, tile_m, tile_n, cluster, cluster_axis, activation, activation_alpha, activation_limit, stream) -> None:
     return None
 
 
@@ -103,15 +106,18 @@ def _(a, w, w_scale, offsets, out, weights, offsets_convention, row_scale, w_sca
 def grouped_gemm_w4a16_(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, w_global_scale: Optional[torch.Tensor],
                         offsets: torch.Tensor, out: torch.Tensor, offsets_convention: str,
                         row_scale: Optional[torch.Tensor], w_format: str, w_scale_convention: Optional[str],
-                        kernel: str, tile_m: int, tile_n: int, stream: Optional[int]) -> None:
+                        kernel: str, tile_m: int, tile_n: int, activation: str, activation_alpha: float,
+                        activation_limit: float, stream: Optional[int]) -> None:
     _launch_gemm(_gemm_desc(a, w, offsets, out, "e_n_k", offsets_convention, row_scale, kernel, tile_m, tile_n, 0,
-                            "m", None, w_scale, w_format, w_scale_convention, w_global_scale),
+                            "m", None, w_scale, w_format, w_scale_convention, w_global_scale,
+                            activation=None if activation == "none" else activation,
+                            activation_alpha=activation_alpha, activation_limit=activation_limit),
                  a.device, stream)
 
 
 @grouped_gemm_w4a16_.register_fake
 def _(a, w, w_scale, w_global_scale, offsets, out, offsets_convention, row_scale, w_format, w_scale_convention,
-      kernel, tile_m, tile_n, stream) -> None:
+      kernel, tile_m, tile_n, activation, activation_alpha, activation_limit, stream) -> None:
     return None
 
 

@@ -46,9 +46,9 @@ Expected<GemmCommonPlan> plan_gemm_common(const kjit_grouped_gemm_desc& d, bool 
       d.activation != KJIT_ACTIVATION_SWIGLU_OAI)
     return invalid(fmt::format("activation must be KJIT_ACTIVATION_NONE, _SILU_MUL or _SWIGLU_OAI, got {}",
                                static_cast<int>(d.activation)));
-  if (d.activation != KJIT_ACTIVATION_NONE && (is_mixed_gemm(d) || is_fp8_gemm(d)))
-    return invalid("a fused activation is implemented in the bf16 grouped GEMM only (bf16 A and B); run the FP8 and "
-                   "FP4 GEMMs without it and apply kjit's activation to their output");
+  if (d.activation != KJIT_ACTIVATION_NONE && is_fp8_gemm(d) && !is_mixed_gemm(d))
+    return invalid("a fused activation is implemented in the bf16, W8A16 and W4A16 grouped GEMMs, not W8A8 (FP8 "
+                   "activations): apply kjit's activation to its output");
   if (d.activation == KJIT_ACTIVATION_SWIGLU_OAI &&
       !(std::isfinite(d.activation_alpha) && std::isfinite(d.activation_limit) && d.activation_limit > 0.0f))
     return invalid(fmt::format("SWIGLU_OAI needs a finite alpha and a finite positive limit, got alpha {} limit {}",

@@ -124,6 +124,7 @@ Expected<GroupedGemmMixedPlan> plan_grouped_gemm_mixed(const kjit_grouped_gemm_d
       d.b_scale_convention == KJIT_SCALE_DIVIDE ? codegen::ScaleConvention::divide : codegen::ScaleConvention::multiply;
   s.offsets = common.offsets;
   s.row_scale = d.row_scale != nullptr;
+  s.activation = static_cast<codegen::Activation>(d.activation);  // checked by plan_gemm_common; same order
   KJIT_TRY(codegen::validate(codegen::KernelSpec{s}));
   if (!for_prepare && !plan.empty) {
     if (fp4) {

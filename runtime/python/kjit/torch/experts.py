@@ -114,11 +114,14 @@ class MoEExperts(torch.nn.Module):
     quantized per 1x128 by kjit.quantize_fp8, gathered in the same pass) from
     there; W8A8 needs float8_e4m3fn weights and H, I multiples of 128, and
     w8a8_min_rows=None turns it off. FP4 weights run W4A16.
-    fused_activation (bf16 weights, no gate_up bias) runs the activation in
-    the gate_up GEMM's epilogue (no [rows, 2I] intermediate, one launch fewer:
-    1.0-1.5x on the gate_up step, docs/benchmarks.md), the gate_up rows
-    reordered once by kjit.gate_up_interleaved into a new buffer (which
-    state_dict then holds). None (default): on wherever it applies.
+    fused_activation (bf16, NVFP4 and MXFP4 weights, no gate_up bias) runs the
+    activation in the gate_up GEMM's epilogue (no [rows, 2I] intermediate, one
+    launch fewer: 1.0-1.5x on the gate_up step, docs/benchmarks.md), the
+    gate_up rows (and FP4's scale rows) reordered once by
+    kjit.gate_up_interleaved into new buffers (which state_dict then holds).
+    FP8 weights keep it off: 128 x 128 scale blocks do not follow reordered
+    rows, and W8A8 needs the checkpoint's order. None (default): on wherever it
+    applies.
 
     Weights and scales are registered as buffers (state_dict, .to()); they are
     used as given, never copied, except the reciprocal of 'divide' FP8 scales
@@ -292,18 +295,21 @@ class MoEExperts(torch.nn.Module):
         self.register_buffer("down_w8a8_scale", w8a8_scales[1])
 
     def _set_fused_activation(self, fused_activation) -> None:
+        fusable = ("bf16",) + tuple(_FP4_GROUP)
         if fused_activation is None:
-            fused_activation = self.format == "bf16" and self.gate_up_bias is None
+            fused_activation = self.format in fusable and self.gate_up_bias is None
         if not isinstance(fused_activation, bool):
             raise _invalid(f"fused_activation must be a bool or None, got {type(fused_activation).__name__}")
         if fused_activation:
-            if self.format != "bf16":
-                raise _invalid(f"fused_activation is the bf16 grouped GEMM's epilogue; {self.format} weights run the "
-                               "activation as its own kernel (kjit.moe_activation)")
+            if self.format not in fusable:
+                raise _invalid(f"fused_activation is the bf16 and W4A16 grouped GEMMs' epilogue; {self.format} weights "
+                               "run the activation as its own kernel (kjit.moe_activation)")
             if self.gate_up_bias is not None:
                 raise _invalid("fused_activation cannot add gate_up_bias before the activation: leave it False")
             # kjit's fused order of the gate_up rows; the buffer holds it from here on (state_dict included).
             self.gate_up_weight = kjit.gate_up_interleaved(self.gate_up_weight, layout=self.gate_up_layout)
+            if self.format in _FP4_GROUP:  # FP4's scale bytes follow their rows
+                self.gate_up_scale = kjit.gate_up_interleaved(self.gate_up_scale, layout=self.gate_up_layout)
         self.fused_activation = fused_activation
 
     # ---- checkpoint families ----
@@ -467,7 +473,7 @@ class MoEExperts(torch.nn.Module):
             else None
         if self.fused_activation:
             h = kjit.grouped_gemm(a, self.gate_up_weight, ends, offsets_convention=_OFFSETS,
-                                  **self._fused_activation_args())
+                                  **self._weight_args("gate_up", kernels), **self._fused_activation_args())
         else:
             h = kjit.grouped_gemm(a, self.gate_up_weight, ends, offsets_convention=_OFFSETS,
                                   out_dtype=self._gemm_out_dtype(self.gate_up_bias),
@@ -544,7 +550,7 @@ class MoEExperts(torch.nn.Module):
             fused = which == "gate_up" and self.fused_activation
             out = torch.empty(top_k, i if fused else n, dtype=self._gemm_out_dtype(bias) or torch.bfloat16,
                               device=device)
-            args = self._fused_activation_args() if fused else self._weight_args(which, kernels)
+            args = self._weight_args(which, kernels) | (self._fused_activation_args() if fused else {})
             kjit.prepare_grouped_gemm(a_in, w, ends, out, offsets_convention=_OFFSETS, a_scale=scales.get(which),
                                       **args)
         if not self.fused_activation:

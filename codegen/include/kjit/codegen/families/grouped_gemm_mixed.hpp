@@ -56,6 +56,10 @@ struct GroupedGemmMixedSpec {
   ScaleConvention scale_convention = ScaleConvention::multiply;
   OffsetsConvention offsets = OffsetsConvention::cumulative_end;
   bool row_scale = false;
+  // A fused MoE activation ([E, N, K] weights in gate_up_interleaved order,
+  // their per-row or FP4 scales in the same order; not 128 x 128 blocks, which
+  // groups of 8 rows would split): the output has N / 2 columns.
+  Activation activation = Activation::none;
   MixedGemmKernel kernel = MixedGemmKernel::mma_sync;
   int tile_m = 0, tile_n = 0;
   int stages = 0;  // wgmma_sm90's pipeline depth; 0 for mma_sync
