@@ -45,7 +45,8 @@ __device__ __forceinline__ unsigned int group_magnitude_bits(const unsigned int 
 // lowest byte), given the group's magnitude bits; `scale` receives the group's
 // scale (NaN and every code NaN when the group holds inf or NaN).
 template <bool kUe8m0>
-__device__ __forceinline__ uint4 quantize_group16(const unsigned int (&words)[8], unsigned int magnitude, float& scale) {
+__device__ __forceinline__ uint4 quantize_group16(const unsigned int (&words)[8], unsigned int magnitude,
+                                                  float& scale) {
   if (magnitude >= 0x7f80u) {  // inf or NaN in the group
     scale = __uint_as_float(0x7fc00000u);
     return make_uint4(0x7f7f7f7fu, 0x7f7f7f7fu, 0x7f7f7f7fu, 0x7f7f7f7fu);

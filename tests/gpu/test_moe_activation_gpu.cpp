@@ -203,7 +203,8 @@ TEST_CASE("valid_rows: rows at or past it are zeros (FP8: codes 0, scale 0), rea
       const int64_t live = std::clamp<int64_t>(valid, 0, c.p.rows);
       if (fp8) {
         for (size_t i = static_cast<size_t>(live * 2048); i < got.codes.size(); ++i) REQUIRE(got.codes[i] == 0);
-        for (size_t i = static_cast<size_t>(live * 16); i < got.scale_bits.size(); ++i) REQUIRE(got.scale_bits[i] == 0u);
+        for (size_t i = static_cast<size_t>(live * 16); i < got.scale_bits.size(); ++i)
+          REQUIRE(got.scale_bits[i] == 0u);
       } else {
         for (size_t i = static_cast<size_t>(live * 2048); i < got.bf16.size(); ++i) REQUIRE(got.bf16[i] == 0);
       }

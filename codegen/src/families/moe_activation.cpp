@@ -106,8 +106,8 @@ RenderedKernel Family<MoeActivationSpec>::render(const MoeActivationSpec& s) {
                   {.entry_point = "kjit_moe_activation",
                    .threads = kActivationThreads,
                    .templates = {"activation/moe_activation.cuh"},
-                   .config = fmt::format("kjit::MoeActivationConfig<{}LL, kjit::GateUpLayout::{}, kjit::Activation::{}, "
-                                         "{}, {}, {}>",
+                   .config = fmt::format("kjit::MoeActivationConfig<{}LL, kjit::GateUpLayout::{}, "
+                                         "kjit::Activation::{}, {}, {}, {}>",
                                          s.intermediate, name(s.layout), name(s.activation), fp8_out(s),
                                          s.scale_format == QuantScaleFormat::ue8m0, kActivationThreads),
                    .params_type = "kjit_moe_activation_params",

@@ -22,7 +22,8 @@ Expected<MoeActivationPlan> plan_moe_activation(const kjit_moe_activation_desc& 
     return invalid(fmt::format("desc.struct_size is {}, expected {}: call kjit_moe_activation_desc_init first",
                                d.struct_size, sizeof(kjit_moe_activation_desc)));
   if (d.in_dtype != KJIT_DTYPE_BF16)
-    return invalid(fmt::format("moe_activation in_dtype must be KJIT_DTYPE_BF16 (got {})", static_cast<int>(d.in_dtype)));
+    return invalid(
+        fmt::format("moe_activation in_dtype must be KJIT_DTYPE_BF16 (got {})", static_cast<int>(d.in_dtype)));
   // The descriptor -> the spec; the spec's invariants are codegen's to check.
   MoeActivationPlan plan;
   auto& spec = plan.spec;
