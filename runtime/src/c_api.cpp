@@ -11,6 +11,7 @@
 #include "kjit/internal/ops/fp8_quantize.hpp"
 #include "kjit/internal/ops/mx_quantize.hpp"
 #include "kjit/internal/ops/grouped_gemm.hpp"
+#include "kjit/internal/ops/moe_activation.hpp"
 #include "kjit/internal/ops/moe_routing.hpp"
 #include "kjit/internal/ops/mx_dequant.hpp"
 #include "kjit/internal/ops/mx_scale_layout.hpp"
@@ -160,6 +161,29 @@ KJIT_API kjit_status kjit_fp8_quantize_prepare(const kjit_fp8_quantize_desc* des
   return guarded([&]() -> kjit::Expected<void> {
     KJIT_TRY(require(desc, "desc"));
     return kjit::ops::prepare_fp8_quantize(kjit::Runtime::global(), *desc, device);
+  });
+}
+
+KJIT_API void kjit_moe_activation_desc_init(kjit_moe_activation_desc* desc) {
+  if (!desc) return;
+  *desc = kjit_moe_activation_desc{};
+  desc->struct_size = sizeof(kjit_moe_activation_desc);
+  desc->in_dtype = KJIT_DTYPE_BF16;
+  desc->alpha = 1.702f;  // gpt-oss's
+  desc->limit = 7.0f;
+}
+
+KJIT_API kjit_status kjit_moe_activation(const kjit_moe_activation_desc* desc, kjit_stream stream) {
+  return guarded([&]() -> kjit::Expected<void> {
+    KJIT_TRY(require(desc, "desc"));
+    return kjit::ops::moe_activation(kjit::Runtime::global(), *desc, reinterpret_cast<CUstream>(stream));
+  });
+}
+
+KJIT_API kjit_status kjit_moe_activation_prepare(const kjit_moe_activation_desc* desc, int device) {
+  return guarded([&]() -> kjit::Expected<void> {
+    KJIT_TRY(require(desc, "desc"));
+    return kjit::ops::prepare_moe_activation(kjit::Runtime::global(), *desc, device);
   });
 }
 

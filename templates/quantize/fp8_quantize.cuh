@@ -13,7 +13,7 @@
 
 #include "../abi/device_errors.h"
 #include "../abi/fp8_quantize_params.h"
-#include "../common/fp8_convert.cuh"
+#include "../common/fp8_group_quantize.cuh"
 #include "../common/vector_io.cuh"
 
 namespace kjit {
@@ -32,18 +32,6 @@ struct QuantizeConfig {
                 "codegen admits K a multiple of 128, groups of 128");
   static_assert(kThreads % 32 == 0, "whole warps: the amax shuffle takes every lane");
 };
-
-// amax / 448 in fp32 (IEEE division), or that rounded up to a power of two.
-template <bool kUe8m0>
-__device__ __forceinline__ float quantize_scale(float amax) {
-  const float scale = __fdiv_rn(fmaxf(amax, 1e-10f), 448.0f);
-  if constexpr (!kUe8m0) {
-    return scale;
-  } else {
-    const unsigned int bits = __float_as_uint(scale);
-    return __uint_as_float((bits & 0x007fffffu) ? (bits & 0x7f800000u) + 0x00800000u : bits);
-  }
-}
 
 template <class Cfg>
 __device__ __forceinline__ void fp8_quantize(const kjit_fp8_quantize_params& p) {
@@ -73,15 +61,11 @@ __device__ __forceinline__ void fp8_quantize(const kjit_fp8_quantize_params& p) 
   const long long column = group * Cfg::kGroup + member * Cfg::kColumns;
   if (active && !empty_row)
     load_bytes(x, static_cast<const unsigned char*>(p.in) + 2 * (source * p.in_row_stride + column));
-  const unsigned int* words = reinterpret_cast<const unsigned int*>(x.b);
 
-  unsigned int magnitude = 0;  // two bf16 magnitudes per word, compared as unsigned halves
+  unsigned int words[Cfg::kColumns / 2];
 #pragma unroll
-  for (int i = 0; i < Cfg::kColumns / 2; ++i) magnitude = __vmaxu2(magnitude, words[i] & 0x7fff7fffu);
-  magnitude = max(magnitude & 0xffffu, magnitude >> 16);
-#pragma unroll
-  for (int offset = Cfg::kThreadsPerGroup / 2; offset > 0; offset /= 2)
-    magnitude = max(magnitude, __shfl_xor_sync(0xffffffffu, magnitude, offset));
+  for (int i = 0; i < Cfg::kColumns / 2; ++i) words[i] = reinterpret_cast<const unsigned int*>(x.b)[i];
+  const unsigned int magnitude = group_magnitude_bits<Cfg::kThreadsPerGroup>(words);
   if (!active) return;
 
   uint4 codes;  // 16 codes, the first in the lowest byte
@@ -89,27 +73,8 @@ __device__ __forceinline__ void fp8_quantize(const kjit_fp8_quantize_params& p) 
   if (empty_row) {
     scale = 0.0f;
     codes = make_uint4(0u, 0u, 0u, 0u);
-  } else if (magnitude >= 0x7f80u) {  // inf or NaN in the group
-    scale = __uint_as_float(0x7fc00000u);
-    codes = make_uint4(0x7f7f7f7fu, 0x7f7f7f7fu, 0x7f7f7f7fu, 0x7f7f7f7fu);
   } else {
-    scale = quantize_scale<Cfg::kUe8m0>(__uint_as_float(magnitude << 16));
-    // x / scale, one IEEE division; a UE8M0 scale is a power of two in
-    // [2^-42, 2^120], whose reciprocal is exact, and x * (1 / scale) rounds the
-    // same real number as x / scale: the same bits, without the divisions.
-    const float inverse = __frcp_rn(scale);
-    auto scaled = [&](float value) { return Cfg::kUe8m0 ? __fmul_rn(value, inverse) : __fdiv_rn(value, scale); };
-    unsigned int packed[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const unsigned int low = words[2 * i], high = words[2 * i + 1];
-      packed[i] = cvt_rn_satfinite_e4m3x2_f32(scaled(__uint_as_float(low << 16)),
-                                              scaled(__uint_as_float(low & 0xffff0000u))) |
-                  static_cast<unsigned int>(cvt_rn_satfinite_e4m3x2_f32(scaled(__uint_as_float(high << 16)),
-                                                                        scaled(__uint_as_float(high & 0xffff0000u))))
-                      << 16;
-    }
-    codes = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    codes = quantize_group16<Cfg::kUe8m0>(words, magnitude, scale);
   }
   *reinterpret_cast<uint4*>(p.out + row * Cfg::kK + column) = codes;
   if (member == 0) p.scales[row * Cfg::kGroups + group] = scale;

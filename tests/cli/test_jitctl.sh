@@ -87,8 +87,8 @@ check "no temp files remain" test -z "$(find "$work/shared-cache" -name '*.tmp*'
 # 5 dequant kernels + 3 grouped GEMM problems x 3 sm_90a token-count buckets + routing + combine
 # + 3 fp8 quantize kernels + 3 FP8 GEMM problems x 2 sm_90a buckets (alone, pairs along N)
 # + 3 W8A16 GEMM problems x 3 sm_90a buckets (row tiles of 32, 64, 128) + 2 W4A16 (NVFP4) GEMM problems x 3
-# buckets + 4 NVFP4 quantize kernels + 2 NVFP4 dequant kernels.
-check "one entry per kernel" grep -q "^46 entries" <("$jitctl" list)
+# buckets + 4 NVFP4 quantize kernels + 2 NVFP4 dequant kernels + 2 moe_activation kernels (bf16 and FP8 out).
+check "one entry per kernel" grep -q "^48 entries" <("$jitctl" list)
 check "the model's routing and combine are precompiled" \
   grep -q "moe_routing experts=128 offsets=cumulative_end" <("$jitctl" list)
 
@@ -103,8 +103,9 @@ set -e
 check "kernels an arch cannot run do not fail the precompile" test "$rc" -eq 0
 # Skipped: 5 fp8 dequant + 3 fp8 quantize kernels + 3 FP8 and 3 W8A16 GEMM problems (one portable
 # configuration each) + 2 W4A16 GEMM problems (one portable configuration each) + 4 NVFP4 quantize kernels
-# (e4m3 scales) + 2 NVFP4 dequant kernels; built: the 3 bf16 GEMM problems' portable kernels, routing and combine.
-check "the summary counts the skipped kernels" grep -q "5 compiled, 0 already cached, 0 failed.*; 22 skipped" "$work/a100.txt"
+# (e4m3 scales) + 2 NVFP4 dequant kernels + the FP8-out activation; built: the 3 bf16 GEMM problems' portable
+# kernels, routing, combine and the bf16-out activation.
+check "the summary counts the skipped kernels" grep -q "6 compiled, 0 already cached, 0 failed.*; 23 skipped" "$work/a100.txt"
 check "each skipped kernel is named with the reason" \
   grep -q "needs FP8 tensor cores (compute capability 8.9 or newer); sm_80" "$work/a100.err"
 check "nothing of the skipped families is cached" bash -c "! '$jitctl' list | grep -q 'fp8_'"

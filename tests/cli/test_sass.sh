@@ -26,8 +26,8 @@ unset KJIT_CACHE_PATH
 
 # Both layouts in every sm_90a bucket, the f32 output with a row scale (another
 # epilogue), a dequant, the routing kernels, the fp8 quantizer, the FP8
-# GEMM in both weight scalings, the W8A16 and W4A16 GEMMs, the MX quantizer in every form, and the MX dequant
-# and scale-layout kernels.
+# GEMM in both weight scalings, the W8A16 and W4A16 GEMMs, the MX quantizer in every form, the MX dequant
+# and scale-layout kernels, and the MoE activation in every form.
 cat > "$work/sass.json" <<'JSON'
 {"kjit_manifest": 1, "name": "sass check", "kernels": [
   {"op": "grouped_gemm", "out": "bf16", "n": 4096, "k": 7168, "experts": 32,
@@ -67,7 +67,11 @@ cat > "$work/sass.json" <<'JSON'
    "scale_layout": "swizzled_128x4"},
   {"op": "mx_scale_layout", "from": "linear", "to": "swizzled_128x4", "scale_cols": 90,
    "offsets": "cumulative_end"},
-  {"op": "mx_scale_layout", "from": "swizzled_128x4", "to": "linear", "scale_cols": 448}]}
+  {"op": "mx_scale_layout", "from": "swizzled_128x4", "to": "linear", "scale_cols": 448},
+  {"op": "moe_activation", "activation": ["silu_mul", "swiglu_oai"], "layout": ["halves", "alternating"],
+   "intermediate": 2048, "out": "f8_e4m3fn", "scale_format": ["fp32", "ue8m0"]},
+  {"op": "moe_activation", "activation": ["silu_mul", "swiglu_oai"], "layout": ["halves", "alternating"],
+   "intermediate": 2880, "out": "bf16"}]}
 JSON
 "$jitctl" precompile --manifest "$work/sass.json" --arch sm_90a,sm_100a,sm_120a -j "$(nproc)" > "$work/precompile.txt" 2>/dev/null
 cat "$work/precompile.txt"

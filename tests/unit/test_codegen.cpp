@@ -388,6 +388,77 @@ TEST_CASE("fp8 quantize launch geometry gives every 128-column group of every ro
   CHECK(fp8_quantize_max_rows(s) * 56 / 32 <= 0x7fffffff);
 }
 
+TEST_CASE("moe activation specs round-trip through canonical text and JSON; invariants name what is wrong") {
+  std::set<std::string> canonicals;
+  for (auto activation : {MoeActivation::silu_mul, MoeActivation::swiglu_oai})
+    for (auto layout : {GateUpLayout::halves, GateUpLayout::alternating})
+      for (int out = 0; out < 3; ++out) {
+        const KernelSpec spec = MoeActivationSpec{
+            .intermediate = 2048, .activation = activation, .layout = layout,
+            .out = out == 0 ? DType::bf16 : DType::f8_e4m3fn,
+            .scale_format = out == 2 ? QuantScaleFormat::ue8m0 : QuantScaleFormat::fp32};
+        REQUIRE(validate(spec).has_value());
+        auto parsed = spec_from_json(to_json(spec));
+        REQUIRE_MESSAGE(parsed.has_value(), parsed.error().message);
+        CHECK(*parsed == spec);
+        canonicals.insert(canonical(spec));
+      }
+  CHECK(canonicals.size() == 12);
+  CHECK(canonical(KernelSpec{MoeActivationSpec{.intermediate = 2880, .activation = MoeActivation::swiglu_oai,
+                                               .layout = GateUpLayout::alternating}}) ==
+        "moe_activation in=bf16 activation=swiglu_oai layout=alternating intermediate=2880 out=bf16");
+  CHECK(canonical(KernelSpec{MoeActivationSpec{.intermediate = 768, .out = DType::f8_e4m3fn,
+                                               .scale_format = QuantScaleFormat::ue8m0}}) ==
+        "moe_activation in=bf16 activation=silu_mul layout=halves intermediate=768 out=f8_e4m3fn group=128 scale=ue8m0");
+  // Every field but scale_format is required; a field of another family is refused.
+  const nlohmann::json full{{"op", "moe_activation"}, {"intermediate", 768}, {"activation", "silu_mul"},
+                            {"layout", "halves"}, {"out", "bf16"}};
+  CHECK(*spec_from_json(full) == KernelSpec{MoeActivationSpec{.intermediate = 768}});
+  for (const char* field : {"intermediate", "activation", "layout", "out"}) {
+    auto missing = full;
+    missing.erase(field);
+    CAPTURE(field);
+    CHECK_FALSE(spec_from_json(missing).has_value());
+  }
+  auto stray = full;
+  stray["k"] = 768;
+  auto refused = spec_from_json(stray);
+  REQUIRE_FALSE(refused.has_value());
+  CHECK(refused.error().message.find("'k' is not a field of moe_activation") != std::string::npos);
+  auto invalid = [](const MoeActivationSpec& s) {
+    auto r = validate(KernelSpec{s});
+    REQUIRE_FALSE(r.has_value());
+    return r.error().message;
+  };
+  CHECK(invalid({.intermediate = 12}).find("a positive multiple of 8 up to 1048576 with bf16 output") !=
+        std::string::npos);
+  CHECK(invalid({.intermediate = 0}).find("positive multiple of 8") != std::string::npos);
+  CHECK(invalid({.intermediate = 2880, .out = DType::f8_e4m3fn}).find("positive multiple of 128") != std::string::npos);
+  CHECK(invalid({.intermediate = 768, .out = DType::f32}).find("out must be bf16 or f8_e4m3fn, not f32") !=
+        std::string::npos);
+  CHECK(invalid({.intermediate = 768, .scale_format = QuantScaleFormat::ue8m0}).find("scale_format is for f8_e4m3fn") !=
+        std::string::npos);
+  // FP8 output needs the fp8 conversions (8.9); bf16 output runs on every arch kjit knows.
+  CHECK_FALSE(validate_for_target(KernelSpec{MoeActivationSpec{.intermediate = 768, .out = DType::f8_e4m3fn}},
+                                  arch("sm_80")).has_value());
+  CHECK(validate_for_target(KernelSpec{MoeActivationSpec{.intermediate = 768}}, arch("sm_80")).has_value());
+}
+
+TEST_CASE("moe activation launch geometry: one thread per 8 bf16 or 16 FP8 output columns, 256 per block") {
+  const MoeActivationSpec bf16{.intermediate = 2048}, fp8{.intermediate = 2048, .out = DType::f8_e4m3fn};
+  CHECK(moe_activation_geometry(bf16, 1).grid_x == 1);   // 256 threads
+  CHECK(moe_activation_geometry(bf16, 3).grid_x == 3);
+  CHECK(moe_activation_geometry(fp8, 3).grid_x == 2);    // 384 threads
+  CHECK(moe_activation_geometry(fp8, 0).grid_x == 1);
+  CHECK(moe_activation_geometry(fp8, 3).block_x == 256);
+  CHECK(moe_activation_max_rows(bf16) * (2048 / 8) / 256 <= 0x7fffffff);
+  // The rendered unit instantiates the config the spec names.
+  const auto k = render(KernelSpec{MoeActivationSpec{.intermediate = 2880, .activation = MoeActivation::swiglu_oai,
+                                                     .layout = GateUpLayout::alternating}});
+  CHECK(k.source.find("kjit::MoeActivationConfig<2880LL, kjit::GateUpLayout::alternating, "
+                      "kjit::Activation::swiglu_oai, false, false, 256>") != std::string::npos);
+}
+
 TEST_CASE("mx quantize specs round-trip through canonical text and JSON; invariants name the field") {
   std::set<std::string> canonicals;
   std::vector<MxQuantizeSpec> specs;

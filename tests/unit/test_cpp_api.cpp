@@ -43,6 +43,12 @@ TEST_CASE("every C++ descriptor starts with its struct size and unset convention
   CHECK(mx.experts == 1);
   CHECK_THROWS_AS(kjit::quantize_mx(mx, nullptr), kjit::Exception);
   CHECK_THROWS_AS(kjit::prepare_quantize_mx(mx, 0), kjit::Exception);
+  kjit::MoeActivationDesc activation;
+  CHECK(activation.struct_size == sizeof(kjit_moe_activation_desc));
+  CHECK(activation.activation == KJIT_MOE_ACTIVATION_UNSET);
+  CHECK(activation.layout == KJIT_GATE_UP_UNSET);
+  CHECK_THROWS_AS(kjit::moe_activation(activation, nullptr), kjit::Exception);
+  CHECK_THROWS_AS(kjit::prepare_moe_activation(activation, 0), kjit::Exception);
 }
 
 TEST_CASE("the MX descriptors start with their struct size and no format or layout, and their calls throw") {

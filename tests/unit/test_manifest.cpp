@@ -66,8 +66,9 @@ TEST_CASE("every bundled manifest parses, and the default one includes them all"
   }
   auto all = read_manifest((kBundled / "default.json").string());
   REQUIRE_MESSAGE(all.has_value(), kjit::testing::why(all));
-  CHECK(all->kernels.size() == 121);  // 58 before the manifest checks, 12 fp8 quantize, 18 FP8, 18 W8A16 and 4 W4A16 GEMM
-                                     // specs, 7 mx_quantize, 4 MX dequant (NVFP4 K 2048 shared by Qwen3-30B and DeepSeek-V3)
+  CHECK(all->kernels.size() == 127);  // 58 before the manifest checks, 12 fp8 quantize, 18 FP8, 18 W8A16 and 4 W4A16 GEMM
+                                     // specs, 7 mx_quantize, 4 MX dequant (NVFP4 K 2048 shared by Qwen3-30B and DeepSeek-V3),
+                                     // 6 moe_activation (Qwen3-30B 2, DeepSeek-V3 3, gpt-oss 1)
   CHECK(all->kernels.size() <= union_size);  // duplicates across models merged
 }
 
@@ -394,4 +395,27 @@ TEST_CASE("an fp8_quantize entry expands over scale formats and gather, and its 
   auto odd = parse_manifest(R"({"kjit_manifest": 1, "kernels": [{"op": "fp8_quantize", "k": 200}]})");
   REQUIRE_FALSE(odd.has_value());
   CHECK(odd.error().message.find("K must be a positive multiple of 128") != std::string::npos);
+}
+
+TEST_CASE("a moe_activation entry expands over outputs and scale formats, and its fields and invariants are checked") {
+  auto m = parse_manifest(R"({"kjit_manifest": 1, "kernels": [
+      {"op": "moe_activation", "activation": ["silu_mul", "swiglu_oai"], "layout": "halves", "intermediate": 2048,
+       "out": "f8_e4m3fn", "scale_format": ["fp32", "ue8m0"]},
+      {"op": "moe_activation", "activation": "swiglu_oai", "layout": "alternating", "intermediate": 2880, "out": "bf16"}]})");
+  REQUIRE_MESSAGE(m.has_value(), kjit::testing::why(m));
+  CHECK(m->kernels.size() == 5);
+  auto bad = parse_manifest(R"({"kjit_manifest": 1, "kernels": [
+      {"op": "moe_activation", "activation": "silu", "layout": "halves", "intermediate": 768, "out": "bf16"}]})");
+  REQUIRE_FALSE(bad.has_value());
+  CHECK(bad.error().message.find("kernels[0].activation: got \"silu\", expected one of: silu_mul, swiglu_oai") !=
+        std::string::npos);
+  auto fp8_odd = parse_manifest(R"({"kjit_manifest": 1, "kernels": [
+      {"op": "moe_activation", "activation": "swiglu_oai", "layout": "alternating", "intermediate": 2880, "out": "f8_e4m3fn"}]})");
+  REQUIRE_FALSE(fp8_odd.has_value());
+  CHECK(fp8_odd.error().message.find("a positive multiple of 128") != std::string::npos);
+  auto bf16_scales = parse_manifest(R"({"kjit_manifest": 1, "kernels": [
+      {"op": "moe_activation", "activation": "silu_mul", "layout": "halves", "intermediate": 768, "out": "bf16",
+       "scale_format": "ue8m0"}]})");
+  REQUIRE_FALSE(bf16_scales.has_value());
+  CHECK(bf16_scales.error().message.find("scale_format is for f8_e4m3fn output") != std::string::npos);
 }

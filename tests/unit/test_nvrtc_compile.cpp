@@ -367,6 +367,41 @@ TEST_CASE("ptxas reports no local-memory spills in the fp8 quantize kernels on s
   check_no_spills_on_sm90a(quantize_variants());
 }
 
+// Every activation, layout and output (FP8 in both scale formats).
+static std::vector<MoeActivationSpec> moe_activation_variants() {
+  std::vector<MoeActivationSpec> out;
+  for (auto activation : {MoeActivation::silu_mul, MoeActivation::swiglu_oai})
+    for (auto layout : {GateUpLayout::halves, GateUpLayout::alternating}) {
+      out.push_back({.intermediate = 2880, .activation = activation, .layout = layout, .out = DType::bf16});
+      for (auto format : {QuantScaleFormat::fp32, QuantScaleFormat::ue8m0})
+        out.push_back({.intermediate = 2048, .activation = activation, .layout = layout, .out = DType::f8_e4m3fn,
+                       .scale_format = format});
+    }
+  return out;
+}
+
+TEST_CASE("every moe activation variant compiles with NVRTC for sm_90a, sm_100a, sm_120a; on sm_80 only bf16 out") {
+  PrivateBuilder b("kjit-nvrtc-moe-activation");
+  for (const char* arch : {"sm_90a", "sm_100a", "sm_120a", "sm_80"})
+    for (const auto& spec : moe_activation_variants()) {
+      CAPTURE(arch);
+      CAPTURE(canonical(spec));
+      auto cubin = b.builder.build(spec, arch_of(arch));
+      if (std::string_view(arch) == "sm_80" && spec.out != DType::bf16) {
+        REQUIRE_FALSE(cubin.has_value());
+        CHECK(cubin.error().code == KJIT_ERROR_UNSUPPORTED);
+        CHECK(cubin.error().message.find("fp8 output needs compute capability 8.9 or newer") != std::string::npos);
+        continue;
+      }
+      REQUIRE_MESSAGE(cubin.has_value(), kjit::testing::why(cubin));
+      CHECK(std::memcmp(cubin->cubin.data(), "\x7f" "ELF", 4) == 0);
+    }
+}
+
+TEST_CASE("ptxas reports no local-memory spills in the moe activation kernels on sm_90a") {
+  check_no_spills_on_sm90a(moe_activation_variants());
+}
+
 static std::vector<MxQuantizeSpec> mx_quantize_variants() {
   std::vector<MxQuantizeSpec> out;
   for (auto layout : {MxScaleLayout::linear, MxScaleLayout::swizzled_128x4}) {

@@ -51,6 +51,8 @@ Outcome check_spec(Runtime& runtime, DeviceState& device, const codegen::KernelS
           return counted(check_mx_dequant(runtime, device, s, rng), "bit-exact");
         } else if constexpr (std::is_same_v<S, codegen::MxScaleLayoutSpec>) {
           return counted(check_mx_scale_layout(runtime, device, s, rng), "exact");
+        } else if constexpr (std::is_same_v<S, codegen::MoeActivationSpec>) {
+          return counted(check_moe_activation(runtime, device, s, rng), "bit-exact");
         } else {
           static_assert(kNoCheck<S>, "every kernel family needs a check in the harness");
         }

@@ -8,7 +8,8 @@
 // parallelism, a hot expert, one block and many), MoE combine to the GPU
 // tests' tolerance, fp8 quantize bit for bit (codes and scales; kjit.h's edge
 // groups, gather with -1 rows), MX quantize bit for bit (codes, every scale byte, the
-// computed global scales). Outputs start poisoned, so unwritten elements
+// computed global scales), MoE activation bit for bit (bf16, or FP8 codes and scales; rows past
+// valid_rows zero). Outputs start poisoned, so unwritten elements
 // fail.
 #pragma once
 
@@ -53,6 +54,8 @@ Expected<int64_t> check_mx_scale_layout(Runtime& runtime, DeviceState& device, c
                                         std::mt19937_64& rng);
 Expected<int64_t> check_fp8_quantize(Runtime& runtime, DeviceState& device, const codegen::Fp8QuantizeSpec& spec,
                                      std::mt19937_64& rng);
+Expected<int64_t> check_moe_activation(Runtime& runtime, DeviceState& device, const codegen::MoeActivationSpec& spec,
+                                       std::mt19937_64& rng);
 Expected<int64_t> check_mx_quantize(Runtime& runtime, DeviceState& device, const codegen::MxQuantizeSpec& spec,
                                     std::mt19937_64& rng);
 

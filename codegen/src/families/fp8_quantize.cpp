@@ -8,12 +8,9 @@
 #include <nlohmann/json.hpp>
 
 #include "../recipe.hpp"
-#include "../spec_reader.hpp"
+#include "fp8_spec_fields.hpp"
 
 namespace kjit::codegen {
-
-template <>
-inline constexpr int kEnumCount<QuantScaleFormat> = 2;
 
 namespace {
 

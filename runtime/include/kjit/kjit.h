@@ -488,6 +488,71 @@ KJIT_API kjit_status kjit_convert_scale_layout_prepare(const kjit_scale_layout_d
  * arguments. */
 KJIT_API uint64_t kjit_swizzled_scale_bytes(int64_t total_rows, int64_t scale_cols, int64_t experts);
 
+/* kjit_moe_activation: the activation between an MoE layer's two grouped
+ * GEMMs, in one pass. h is the gate_up GEMM's bf16 output [rows, 2I]; per row
+ * r and output column c, with gate g and up u taken from h as `layout` says:
+ *   HALVES (Hugging Face):    g = h[r, c],      u = h[r, I + c]
+ *   ALTERNATING (gpt-oss):    g = h[r, 2c],     u = h[r, 2c + 1]
+ * the activation in fp32, every operation one IEEE fp32 operation rounded to
+ * nearest even, in this order:
+ *   SILU_MUL:   out = (g / (1 + exp(-g))) * u
+ *   SWIGLU_OAI: g = min(g, limit); u = clamp(u, -limit, limit) (NaN passes
+ *               through both); out = (g * (1 / (1 + exp(-(alpha * g))))) * (u + 1)
+ * where exp is kjit's own fp32 e^x, within 0.92 ulp of the exact value (not
+ * expf, whose last bits vary with the toolkit): x clamped to [-104, 89] (NaN
+ * passes through), n = rint(x * 0x1.715476p+0f), r = fma(-n, 0x1.7f7d1cp-20f,
+ * fma(-n, 0x1.62e4p-1f, x)), p = Horner by fma of the degree-7 Taylor
+ * polynomial (coefficients 1/k! rounded to fp32), e^x = p * 2^n rounded once.
+ * Then out is rounded once to bf16 (out_dtype KJIT_DTYPE_BF16: [rows, I]), or
+ * (out_dtype KJIT_DTYPE_F8_E4M3FN) that bf16 value is quantized exactly as
+ * kjit_fp8_quantize quantizes a bf16 row: e4m3fn codes [rows, I] and fp32
+ * scales [rows, I / 128] row-major, the A operand and a_scales of the W8A8
+ * grouped GEMM as they are, bit-identical to this call's bf16 output followed
+ * by kjit_fp8_quantize. A NaN output is NaN (its bf16 bits unspecified); with
+ * FP8 output its group gets scale NaN and NaN codes, as kjit_fp8_quantize.
+ * kjit/reference/moe_activation.hpp evaluates the same operations: the
+ * results are bit-exact with it.
+ *
+ * valid_rows (optional, device int32, e.g. the last of the routing's
+ * cumulative end offsets): rows at or past *valid_rows are not read and are
+ * written as zeros (bf16 0; FP8 codes 0 and scale 0), so a buffer's padding
+ * rows carry no stale data. NULL: every row is computed. */
+typedef enum kjit_gate_up_layout {
+  KJIT_GATE_UP_UNSET = 0,       /* rejected */
+  KJIT_GATE_UP_HALVES = 1,      /* [gate | up]: gate = h[:, :I], up = h[:, I:] */
+  KJIT_GATE_UP_ALTERNATING = 2  /* gate = h[:, 0::2], up = h[:, 1::2] */
+} kjit_gate_up_layout;
+
+typedef enum kjit_moe_activation_kind {
+  KJIT_MOE_ACTIVATION_UNSET = 0,     /* rejected */
+  KJIT_MOE_ACTIVATION_SILU_MUL = 1,  /* silu(gate) * up */
+  KJIT_MOE_ACTIVATION_SWIGLU_OAI = 2 /* gpt-oss's clamped SwiGLU (alpha, limit) */
+} kjit_moe_activation_kind;
+
+typedef struct kjit_moe_activation_desc {
+  uint32_t struct_size;   /* sizeof(kjit_moe_activation_desc) */
+  kjit_dtype in_dtype;    /* KJIT_DTYPE_BF16 (set by _desc_init) */
+  kjit_dtype out_dtype;   /* KJIT_DTYPE_BF16 or KJIT_DTYPE_F8_E4M3FN (no default) */
+  kjit_moe_activation_kind activation;
+  kjit_gate_up_layout layout;
+  int64_t rows;           /* rows of h and out (never part of a kernel key); 0 launches nothing */
+  int64_t intermediate;   /* I: a multiple of 8 (bf16 out) or 128 (FP8 out) */
+  int64_t in_row_stride;  /* elements between rows of h: 0 = 2I; otherwise >= 2I and a multiple of 8 */
+  float alpha;            /* SWIGLU_OAI: finite (1.702 after _desc_init); ignored by SILU_MUL */
+  float limit;            /* SWIGLU_OAI: > 0, may be +inf (7.0 after _desc_init); ignored by SILU_MUL */
+  kjit_quant_scale_format scale_format; /* FP8 out: FP32 or UE8M0 (no default); bf16 out: UNSET */
+  const void* in;         /* device bf16 h, 16-byte aligned */
+  void* out;              /* device [rows, I] bf16 or e4m3fn, 16-byte aligned */
+  float* scales;          /* FP8 out: device fp32 [rows, I / 128], 4-byte aligned; bf16 out: NULL */
+  const int32_t* valid_rows; /* optional device int32 (see above) */
+} kjit_moe_activation_desc;
+
+KJIT_API void kjit_moe_activation_desc_init(kjit_moe_activation_desc* desc);
+/* Runs on `stream`, like kjit_dequant_fp8 (no compile while capturing). */
+KJIT_API kjit_status kjit_moe_activation(const kjit_moe_activation_desc* desc, kjit_stream stream);
+/* Compiles (or finds) and loads the kernel `desc` needs on `device`; pointers unused. */
+KJIT_API kjit_status kjit_moe_activation_prepare(const kjit_moe_activation_desc* desc, int device);
+
 /* Reads and clears the errors kernels have recorded on `device` (for example
  * an expert id out of range). Synchronises that device. Returns KJIT_OK when
  * none were recorded, else KJIT_ERROR_DEVICE_REPORTED with the message. */

@@ -103,6 +103,17 @@ inline void prepare_convert_scale_layout(const ScaleLayoutDesc& desc, int device
   throw_if_failed(kjit_convert_scale_layout_prepare(&desc, device));
 }
 
+// The MoE activation between the grouped GEMMs (SiLU-and-mul, gpt-oss SwiGLU; bf16 or FP8 out).
+struct MoeActivationDesc : kjit_moe_activation_desc {
+  MoeActivationDesc() : kjit_moe_activation_desc() { kjit_moe_activation_desc_init(this); }
+};
+inline void moe_activation(const MoeActivationDesc& desc, kjit_stream stream) {
+  throw_if_failed(kjit_moe_activation(&desc, stream));
+}
+inline void prepare_moe_activation(const MoeActivationDesc& desc, int device) {
+  throw_if_failed(kjit_moe_activation_prepare(&desc, device));
+}
+
 // Throws if a kernel on `device` recorded bad data (synchronises the device).
 inline void check_device_errors(int device) { throw_if_failed(kjit_device_errors(device)); }
 

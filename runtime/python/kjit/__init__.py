@@ -24,7 +24,7 @@ __all__ = ["KjitError", "dequant_fp8", "prepare_dequant_fp8", "grouped_gemm", "p
            "moe_routing", "prepare_moe_routing", "moe_combine", "prepare_moe_combine", "quantize_fp8",
            "prepare_quantize_fp8", "quantize_mx", "prepare_quantize_mx", "MxArgumentError", "dequant_mx",
            "prepare_dequant_mx", "convert_scale_layout", "prepare_convert_scale_layout", "swizzled_scale_bytes",
-           "check_device_errors",
+           "moe_activation", "prepare_moe_activation", "check_device_errors",
            "library", "__version__"]
 
 _OK = 0
@@ -40,6 +40,8 @@ _ACTIVATION = {"silu_mul": 1, "swiglu_oai": 2}  # kjit_activation (None: KJIT_AC
 _GATE_UP_LAYOUTS = ("halves", "alternating")
 _CLUSTER_AXIS = {"m": 0, "n": 1}  # kjit_gemm_cluster_axis
 _QUANT_SCALE = {"fp32": 1, "ue8m0": 2}  # kjit_quant_scale_format
+_MOE_ACTIVATION = {"silu_mul": 1, "swiglu_oai": 2}  # kjit_moe_activation_kind
+_GATE_UP = {"halves": 1, "alternating": 2}  # kjit_gate_up_layout
 
 
 class KjitError(RuntimeError):
@@ -167,6 +169,26 @@ class _Fp8QuantizeDesc(ctypes.Structure):
     ]
 
 
+class _MoeActivationDesc(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("in_dtype", ctypes.c_int),
+        ("out_dtype", ctypes.c_int),
+        ("activation", ctypes.c_int),
+        ("layout", ctypes.c_int),
+        ("rows", ctypes.c_int64),
+        ("intermediate", ctypes.c_int64),
+        ("in_row_stride", ctypes.c_int64),
+        ("alpha", ctypes.c_float),
+        ("limit", ctypes.c_float),
+        ("scale_format", ctypes.c_int),
+        ("input", ctypes.c_void_p),
+        ("out", ctypes.c_void_p),
+        ("scales", ctypes.c_void_p),
+        ("valid_rows", ctypes.c_void_p),
+    ]
+
+
 class _MxQuantizeDesc(ctypes.Structure):
     _fields_ = [
         ("struct_size", ctypes.c_uint32),
@@ -283,7 +305,7 @@ def library() -> ctypes.CDLL:
         lib.kjit_grouped_gemm_prepare.argtypes = [ctypes.POINTER(_GroupedGemmDesc), ctypes.c_int]
         lib.kjit_grouped_gemm_prepare.restype = ctypes.c_int
         for name, desc in (("moe_routing", _MoeRoutingDesc), ("moe_combine", _MoeCombineDesc),
-                           ("fp8_quantize", _Fp8QuantizeDesc)):
+                           ("fp8_quantize", _Fp8QuantizeDesc), ("moe_activation", _MoeActivationDesc)):
             getattr(lib, f"kjit_{name}_desc_init").argtypes = [ctypes.POINTER(desc)]
             getattr(lib, f"kjit_{name}_desc_init").restype = None
             getattr(lib, f"kjit_{name}").argtypes = [ctypes.POINTER(desc), ctypes.c_void_p]
@@ -1011,6 +1033,115 @@ def prepare_quantize_fp8(x, out, scales, *, group=128, scale_format="fp32", gath
     _check(library().kjit_fp8_quantize_prepare(ctypes.byref(d), x.device.index or 0))
 
 
+
+
+def _check_moe_activation(h, out, scales, activation, layout, alpha, limit, scale_format, valid_rows) -> None:
+    import math
+
+    import torch
+
+    _check_tensor("h", h, ("bfloat16",), contiguous=False)
+    if h.dim() != 2 or h.stride(-1) != 1 or h.shape[1] % 2 != 0:
+        raise _invalid(f"h must be [rows, 2I] with contiguous rows, got shape {list(h.shape)} and strides "
+                       f"{list(h.stride())}")
+    _check_choice("activation", activation, _MOE_ACTIVATION)
+    _check_choice("layout", layout, _GATE_UP)
+    _check_tensor("out", out, ("bfloat16", "float8_e4m3fn"), device=h.device)
+    rows, i_cols = h.shape[0], h.shape[1] // 2
+    fp8 = out.dtype == torch.float8_e4m3fn
+    multiple = 128 if fp8 else 8
+    if i_cols == 0 or i_cols % multiple != 0:
+        raise _invalid(f"I = h.shape[1] / 2 must be a positive multiple of {multiple} with {out.dtype} output, got "
+                       f"{i_cols}")
+    if list(out.shape) != [rows, i_cols]:
+        raise _invalid(f"out must be [{rows}, {i_cols}], got {list(out.shape)}")
+    if h.shape[0] > 1 and h.stride(0) % 8 != 0:
+        raise _invalid(f"h's row stride must be a multiple of 8 elements (16 bytes), got {h.stride(0)}")
+    if fp8:
+        _check_choice("scale_format", scale_format, _QUANT_SCALE)
+        _check_tensor("scales", scales, ("float32",), device=h.device)
+        if list(scales.shape) != [rows, i_cols // 128]:
+            raise _invalid(f"scales must be [{rows}, {i_cols // 128}] (row-major, one per 128 columns), got "
+                           f"{list(scales.shape)}")
+    elif scales is not None:
+        raise _invalid("scales are for float8_e4m3fn output; bf16 output has none")
+    if activation == "swiglu_oai":
+        if not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
+            raise _invalid(f"alpha must be a finite float, got {alpha!r}")
+        if not isinstance(limit, (int, float)) or not limit > 0:
+            raise _invalid(f"limit must be a float > 0 (inf: no clamp), got {limit!r}")
+    _check_tensor("valid_rows", valid_rows, ("int32",), device=h.device, optional=True)
+    if valid_rows is not None and valid_rows.numel() != 1:
+        raise _invalid(f"valid_rows must hold one int32 (e.g. offsets[-1:]), got shape {list(valid_rows.shape)}")
+
+
+def _moe_activation_desc(h, out, scales, activation, layout, alpha, limit, scale_format,
+                         valid_rows) -> _MoeActivationDesc:
+    d = _MoeActivationDesc()
+    library().kjit_moe_activation_desc_init(ctypes.byref(d))
+    d.out_dtype = _dtype_code(out.dtype)
+    d.activation, d.layout = _MOE_ACTIVATION[activation], _GATE_UP[layout]
+    d.rows, d.intermediate = out.shape
+    d.in_row_stride = h.stride(0) if h.shape[0] > 1 else 0
+    d.alpha, d.limit = alpha, limit
+    d.input, d.out = h.data_ptr(), out.data_ptr()
+    if scales is not None:
+        d.scale_format, d.scales = _QUANT_SCALE[scale_format], scales.data_ptr()
+    if valid_rows is not None:
+        d.valid_rows = valid_rows.data_ptr()
+    return d
+
+
+def moe_activation(h, *, activation, layout, alpha=1.702, limit=7.0, out_dtype=None, scale_format="fp32",
+                   valid_rows=None, out=None, scales=None, stream=None):
+    """The activation between an MoE layer's two grouped GEMMs, in one pass:
+    h [rows, 2I] bf16 (the gate_up GEMM's output; layout "halves": gate =
+    h[:, :I], up = h[:, I:]; "alternating": gate = h[:, 0::2], up = h[:, 1::2])
+    -> activation "silu_mul" (silu(gate) * up) or "swiglu_oai" (gpt-oss:
+    gate clamped above and up on both sides at `limit`, (gate * sigmoid(alpha *
+    gate)) * (up + 1)), fp32 math as kjit.h states it, rounded once to bf16.
+    out_dtype torch.bfloat16 (the default) returns out [rows, I];
+    torch.float8_e4m3fn returns (codes [rows, I], scales fp32 [rows, I / 128]),
+    those bf16 values quantized exactly as quantize_fp8 does (scale_format
+    "fp32" or "ue8m0"): the W8A8 grouped GEMM's a and a_scale as they are.
+    valid_rows: an int32 CUDA tensor of one element (e.g. the routing's
+    offsets[-1:]); rows at or past its value are written as zeros (codes 0,
+    scale 0) and never read. Bit-exact with kjit/reference/moe_activation.hpp."""
+    import torch
+
+    _check_tensor("h", h, ("bfloat16",), contiguous=False)
+    if h.dim() != 2:
+        raise _invalid(f"h must be [rows, 2I], got {list(h.shape)}")
+    if out_dtype is None:
+        out_dtype = out.dtype if out is not None else torch.bfloat16
+    if out_dtype not in (torch.bfloat16, torch.float8_e4m3fn):
+        raise _invalid(f"out_dtype must be torch.bfloat16 or torch.float8_e4m3fn, got {out_dtype}")
+    fp8 = out_dtype == torch.float8_e4m3fn
+    rows, i_cols = h.shape[0], h.shape[1] // 2
+    if out is None:
+        out = torch.empty(rows, i_cols, dtype=out_dtype, device=h.device)
+    if isinstance(out, torch.Tensor) and out.dtype != out_dtype:
+        raise _invalid(f"out must be {out_dtype}, got {out.dtype}")
+    if fp8 and scales is None:
+        scales = torch.empty(rows, i_cols // 128, dtype=torch.float32, device=h.device)
+    _check_moe_activation(h, out, scales, activation, layout, alpha, limit, scale_format, valid_rows)
+    alpha, limit = float(alpha), float(limit)
+    if fp8:
+        torch.ops.kjit.moe_activation_fp8_(h, out, scales, activation, layout, alpha, limit, scale_format,
+                                           valid_rows, stream)
+        return out, scales
+    torch.ops.kjit.moe_activation_(h, out, activation, layout, alpha, limit, valid_rows, stream)
+    return out
+
+
+def prepare_moe_activation(h, out, scales=None, *, activation, layout, alpha=1.702, limit=7.0, scale_format="fp32",
+                           valid_rows=None):
+    """Compiles (or finds) and loads the kernel moe_activation needs for these
+    arguments (out's dtype picks bf16 or FP8 output), so that the call can be
+    captured in a CUDA graph."""
+    _check_moe_activation(h, out, scales, activation, layout, alpha, limit, scale_format, valid_rows)
+    d = _moe_activation_desc(h, out, scales, activation, layout, float(alpha), float(limit), scale_format, valid_rows)
+    _check(library().kjit_moe_activation_prepare(ctypes.byref(d), h.device.index or 0))
 
 
 class MxArgumentError(KjitError, ValueError):

@@ -16,8 +16,8 @@ from typing import Optional
 
 import torch
 
-from . import (_check, _combine_desc, _dequant_desc, _gemm_desc, _mx_dequant_desc, _quantize_desc, _quantize_mx_desc,
-               _routing_desc, _scale_layout_desc, library)
+from . import (_check, _combine_desc, _dequant_desc, _gemm_desc, _moe_activation_desc, _mx_dequant_desc, _quantize_desc,
+               _quantize_mx_desc, _routing_desc, _scale_layout_desc, library)
 
 
 def _stream(device: torch.device, stream: Optional[int]) -> ctypes.c_void_p:
@@ -205,4 +205,30 @@ def convert_scale_layout_(scales: torch.Tensor, out: torch.Tensor, to: str, expe
 
 @convert_scale_layout_.register_fake
 def _(scales, out, to, experts, rows, scale_cols, offsets, offsets_convention, pad, stream) -> None:
+    return None
+
+
+# The MoE activation between the grouped GEMMs: bf16 out, or FP8 codes and scales.
+@torch.library.custom_op("kjit::moe_activation_", mutates_args=("out",), device_types="cuda")
+def moe_activation_(h: torch.Tensor, out: torch.Tensor, activation: str, layout: str, alpha: float, limit: float,
+                    valid_rows: Optional[torch.Tensor], stream: Optional[int]) -> None:
+    d = _moe_activation_desc(h, out, None, activation, layout, alpha, limit, None, valid_rows)
+    _check(library().kjit_moe_activation(ctypes.byref(d), _stream(h.device, stream)))
+
+
+@moe_activation_.register_fake
+def _(h, out, activation, layout, alpha, limit, valid_rows, stream) -> None:
+    return None
+
+
+@torch.library.custom_op("kjit::moe_activation_fp8_", mutates_args=("codes", "scales"), device_types="cuda")
+def moe_activation_fp8_(h: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, activation: str, layout: str,
+                        alpha: float, limit: float, scale_format: str, valid_rows: Optional[torch.Tensor],
+                        stream: Optional[int]) -> None:
+    d = _moe_activation_desc(h, codes, scales, activation, layout, alpha, limit, scale_format, valid_rows)
+    _check(library().kjit_moe_activation(ctypes.byref(d), _stream(h.device, stream)))
+
+
+@moe_activation_fp8_.register_fake
+def _(h, codes, scales, activation, layout, alpha, limit, scale_format, valid_rows, stream) -> None:
     return None

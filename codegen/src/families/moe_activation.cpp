@@ -1,0 +1,130 @@
+// The MoE activation family: spec forms, invariants, recipe and grid.
+#include "kjit/codegen/families/moe_activation.hpp"
+
+#include <algorithm>
+#include <array>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "../recipe.hpp"
+#include "fp8_spec_fields.hpp"
+
+namespace kjit::codegen {
+
+template <>
+inline constexpr int kEnumCount<GateUpLayout> = 2;
+template <>
+inline constexpr int kEnumCount<MoeActivation> = 2;
+
+namespace {
+
+constexpr std::array kLayoutNames{"halves", "alternating"};
+constexpr std::array kActivationNames{"silu_mul", "swiglu_oai"};
+
+constexpr int kActivationThreads = 256;
+constexpr int64_t kMaxGridX = 0x7fffffff;
+
+auto invalid(std::string message) { return fail(KJIT_ERROR_INVALID_ARGUMENT, std::move(message)); }
+
+bool fp8_out(const MoeActivationSpec& s) { return s.out == DType::f8_e4m3fn; }
+
+// Output columns one thread owns (one 16-byte store).
+int64_t columns_per_thread(const MoeActivationSpec& s) { return fp8_out(s) ? 16 : 8; }
+
+}  // namespace
+
+std::string_view name(GateUpLayout l) { return kLayoutNames[static_cast<size_t>(l)]; }
+std::string_view name(MoeActivation a) { return kActivationNames[static_cast<size_t>(a)]; }
+
+std::string Family<MoeActivationSpec>::canonical(const MoeActivationSpec& s) {
+  auto text = fmt::format("moe_activation in=bf16 activation={} layout={} intermediate={} out={}", name(s.activation),
+                          name(s.layout), s.intermediate, name(s.out));
+  if (fp8_out(s)) text += fmt::format(" group=128 scale={}", name(s.scale_format));
+  return text;
+}
+
+nlohmann::json Family<MoeActivationSpec>::to_json(const MoeActivationSpec& s) {
+  nlohmann::json j{{"op", op},
+                   {"intermediate", s.intermediate},
+                   {"activation", name(s.activation)},
+                   {"layout", name(s.layout)},
+                   {"out", name(s.out)}};
+  if (fp8_out(s)) j["scale_format"] = name(s.scale_format);
+  return j;
+}
+
+Expected<MoeActivationSpec> Family<MoeActivationSpec>::from_json(SpecReader& reader) {
+  MoeActivationSpec s;
+  s.intermediate = KJIT_TRY(reader.integer("intermediate"));
+  s.activation = KJIT_TRY(reader.enumeration<MoeActivation>("activation"));
+  s.layout = KJIT_TRY(reader.enumeration<GateUpLayout>("layout"));
+  s.out = KJIT_TRY(reader.enumeration<DType>("out"));
+  s.scale_format = reader.has("scale_format") ? KJIT_TRY(reader.enumeration<QuantScaleFormat>("scale_format"))
+                                              : QuantScaleFormat::fp32;
+  return s;
+}
+
+const std::vector<FieldRule>& Family<MoeActivationSpec>::schema() {
+  static const std::vector<FieldRule> rules{integer_field("intermediate", 8, kMaxDimension),
+                                            text_field("activation", {"silu_mul", "swiglu_oai"}),
+                                            text_field("layout", {"halves", "alternating"}),
+                                            text_field("out", {"bf16", "f8_e4m3fn"}),
+                                            text_field("scale_format", {"fp32", "ue8m0"}, false)};
+  return rules;
+}
+
+void Family<MoeActivationSpec>::hash(const MoeActivationSpec& s, HashMixer& h) {
+  h.mix(static_cast<uint64_t>(s.intermediate) << 16 | static_cast<uint64_t>(s.activation) << 12 |
+        static_cast<uint64_t>(s.layout) << 8 | static_cast<uint64_t>(s.out) << 2 |
+        static_cast<uint64_t>(s.scale_format));
+}
+
+Expected<void> Family<MoeActivationSpec>::validate(const MoeActivationSpec& s) {
+  if (s.out != DType::bf16 && s.out != DType::f8_e4m3fn)
+    return invalid(fmt::format("moe_activation: out must be bf16 or f8_e4m3fn, not {}", name(s.out)));
+  const int64_t multiple = fp8_out(s) ? 128 : 8;
+  if (s.intermediate < multiple || s.intermediate % multiple != 0 || s.intermediate > kMaxDimension)
+    return invalid(fmt::format("moe_activation: the intermediate size I must be a positive multiple of {} up to {} "
+                               "with {} output{}, got {}",
+                               multiple, kMaxDimension, name(s.out),
+                               fp8_out(s) ? " (one scale per 128 columns)" : " (16-byte stores)", s.intermediate));
+  if (!fp8_out(s) && s.scale_format != QuantScaleFormat::fp32)
+    return invalid("moe_activation: scale_format is for f8_e4m3fn output; bf16 output has no scales (leave it fp32)");
+  return {};
+}
+
+Expected<void> Family<MoeActivationSpec>::supported_on(const MoeActivationSpec& s, const ArchInfo& arch) {
+  if (!fp8_out(s) || arch.fp8_conversion) return {};
+  return fail(KJIT_ERROR_UNSUPPORTED,
+              fmt::format("moe_activation with fp8 output needs compute capability 8.9 or newer; {} is {}.{} ({})",
+                          arch.target, arch.major, arch.minor, arch.note));
+}
+
+RenderedKernel Family<MoeActivationSpec>::render(const MoeActivationSpec& s) {
+  return assemble(canonical(s),
+                  {.entry_point = "kjit_moe_activation",
+                   .threads = kActivationThreads,
+                   .templates = {"activation/moe_activation.cuh"},
+                   .config = fmt::format("kjit::MoeActivationConfig<{}LL, kjit::GateUpLayout::{}, "
+                                         "kjit::Activation::{}, {}, {}, {}>",
+                                         s.intermediate, name(s.layout), name(s.activation), fp8_out(s),
+                                         s.scale_format == QuantScaleFormat::ue8m0, kActivationThreads),
+                   .params_type = "kjit_moe_activation_params",
+                   .body = "kjit::moe_activation"});
+}
+
+LaunchGeometry moe_activation_geometry(const MoeActivationSpec& spec, int64_t rows) {
+  const int64_t threads = rows * (spec.intermediate / columns_per_thread(spec));
+  LaunchGeometry g;
+  g.block_x = kActivationThreads;
+  g.grid_x = static_cast<uint32_t>(
+      std::clamp<int64_t>((threads + kActivationThreads - 1) / kActivationThreads, 1, kMaxGridX));
+  return g;
+}
+
+int64_t moe_activation_max_rows(const MoeActivationSpec& spec) {
+  return kMaxGridX * kActivationThreads / (spec.intermediate / columns_per_thread(spec));
+}
+
+}  // namespace kjit::codegen

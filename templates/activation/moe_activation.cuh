@@ -1,0 +1,110 @@
+// The MoE activation between the two grouped GEMMs, in one pass: the gate_up
+// GEMM's bf16 output h [rows, 2I] -> act(gate, up) [rows, I], rounded once to
+// bf16, or (FP8 output) those bf16 values quantized exactly as kjit_fp8_quantize
+// quantizes them (e4m3fn codes, one scale per row per 128 columns), so the
+// fused pass writes the bits the unfused pair would. kjit.h states the
+// arithmetic (kjit_moe_activation_desc); common/activation.cuh evaluates it.
+//
+// Each thread owns kColumns consecutive output columns of one row: 8 for bf16
+// output (one 16-byte store), 16 for FP8 (8 threads per 128-column group, one
+// 16-byte store of codes each, the group's amax over shuffles). Gate and up
+// arrive in 16-byte loads, all issued before any math: "halves" reads gate at
+// column c and up at I + c, "alternating" reads the interleaved pairs
+// (gate 2c, up 2c + 1) in one contiguous run. With valid_rows, rows at or past
+// *valid_rows read nothing and are written as zeros (FP8: codes 0, scale 0).
+// Indices are 64-bit.
+#pragma once
+
+#include "../abi/moe_activation_params.h"
+#include "../common/activation.cuh"
+#include "../common/fp8_group_quantize.cuh"
+#include "../common/vector_io.cuh"
+
+namespace kjit {
+
+enum class GateUpLayout { halves, alternating };
+enum class Activation { silu_mul, swiglu_oai };
+
+template <long long kI_, GateUpLayout kLayout_, Activation kActivation_, bool kFp8Out_, bool kUe8m0_, int kThreads_>
+struct MoeActivationConfig {
+  static constexpr long long kI = kI_;
+  static constexpr GateUpLayout kLayout = kLayout_;
+  static constexpr Activation kActivation = kActivation_;
+  static constexpr bool kFp8Out = kFp8Out_;
+  static constexpr bool kUe8m0 = kUe8m0_;
+  static constexpr int kThreads = kThreads_;
+  static constexpr int kColumns = kFp8Out ? 16 : 8;          // outputs per thread
+  static constexpr int kTeam = kFp8Out ? 128 / kColumns : 1;  // threads per scale group
+  static constexpr long long kChunks = kI / kColumns;         // threads per row
+  static_assert(kI % (kFp8Out ? 128 : 8) == 0, "codegen admits I a multiple of 8 (bf16) or 128 (FP8)");
+  static_assert(kThreads % 32 == 0, "whole warps: the amax shuffle takes every lane");
+};
+
+template <class Cfg>
+__device__ __forceinline__ float activate(float gate, float up, const kjit_moe_activation_params& p) {
+  if constexpr (Cfg::kActivation == Activation::silu_mul) return silu_mul(gate, up);
+  else return swiglu_oai(gate, up, p.alpha, p.limit);
+}
+
+template <class Cfg>
+__device__ __forceinline__ void moe_activation(const kjit_moe_activation_params& p) {
+  constexpr int kWords = Cfg::kColumns / 2;  // output bf16 pairs per thread
+  const long long chunk = static_cast<long long>(blockIdx.x) * Cfg::kThreads + threadIdx.x;
+  const long long row = chunk / Cfg::kChunks;
+  const long long column = chunk % Cfg::kChunks * Cfg::kColumns;
+  const bool active = row < p.rows;
+  const bool live = active && (p.valid_rows == nullptr || row < static_cast<long long>(__ldg(p.valid_rows)));
+
+  // Gate and up as bf16 pairs, the first element in the low half of a word.
+  Bytes<2 * Cfg::kColumns> gate_bytes{}, up_bytes{};
+  Bytes<4 * Cfg::kColumns> pair_bytes{};
+  const unsigned char* in_row = static_cast<const unsigned char*>(p.in) + 2 * row * p.in_row_stride;
+  if (live) {
+    if constexpr (Cfg::kLayout == GateUpLayout::halves) {
+      load_bytes(gate_bytes, in_row + 2 * column);
+      load_bytes(up_bytes, in_row + 2 * (Cfg::kI + column));
+    } else {
+      load_bytes(pair_bytes, in_row + 4 * column);
+    }
+  }
+
+  unsigned int words[kWords] = {};  // the rounded activations, two per word; zeros past valid_rows
+  if (live) {
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) {
+      float value[2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int element = 2 * i + j;
+        unsigned int gate_bits, up_bits;
+        if constexpr (Cfg::kLayout == GateUpLayout::halves) {
+          gate_bits = reinterpret_cast<const unsigned short*>(gate_bytes.b)[element];
+          up_bits = reinterpret_cast<const unsigned short*>(up_bytes.b)[element];
+        } else {
+          const unsigned int both = reinterpret_cast<const unsigned int*>(pair_bytes.b)[element];
+          gate_bits = both & 0xffffu;
+          up_bits = both >> 16;
+        }
+        value[j] = activate<Cfg>(__uint_as_float(gate_bits << 16), __uint_as_float(up_bits << 16), p);
+      }
+      words[i] = cvt_rn_bf16x2_f32(value[0], value[1]);
+    }
+  }
+
+  const long long out_index = row * Cfg::kI + column;
+  if constexpr (!Cfg::kFp8Out) {
+    if (active) *reinterpret_cast<uint4*>(static_cast<unsigned short*>(p.out) + out_index) =
+        make_uint4(words[0], words[1], words[2], words[3]);
+  } else {
+    // Every lane shuffles (the team's rows agree on `live`: a group lies in one row).
+    const unsigned int magnitude = group_magnitude_bits<Cfg::kTeam>(words);
+    if (!active) return;
+    float scale = 0.0f;
+    uint4 codes = make_uint4(0u, 0u, 0u, 0u);
+    if (live) codes = quantize_group16<Cfg::kUe8m0>(words, magnitude, scale);
+    *reinterpret_cast<uint4*>(static_cast<unsigned char*>(p.out) + out_index) = codes;
+    if (threadIdx.x % Cfg::kTeam == 0) p.scales[out_index / 128] = scale;
+  }
+}
+
+}  // namespace kjit
