@@ -23,7 +23,6 @@
 namespace kjit {
 
 enum class GateUpLayout { halves, alternating };
-enum class Activation { silu_mul, swiglu_oai };
 
 template <long long kI_, GateUpLayout kLayout_, Activation kActivation_, bool kFp8Out_, bool kUe8m0_, int kThreads_>
 struct MoeActivationConfig {
@@ -39,12 +38,6 @@ struct MoeActivationConfig {
   static_assert(kI % (kFp8Out ? 128 : 8) == 0, "codegen admits I a multiple of 8 (bf16) or 128 (FP8)");
   static_assert(kThreads % 32 == 0, "whole warps: the amax shuffle takes every lane");
 };
-
-template <class Cfg>
-__device__ __forceinline__ float activate(float gate, float up, const kjit_moe_activation_params& p) {
-  if constexpr (Cfg::kActivation == Activation::silu_mul) return silu_mul(gate, up);
-  else return swiglu_oai(gate, up, p.alpha, p.limit);
-}
 
 template <class Cfg>
 __device__ __forceinline__ void moe_activation(const kjit_moe_activation_params& p) {
@@ -85,7 +78,8 @@ __device__ __forceinline__ void moe_activation(const kjit_moe_activation_params&
           gate_bits = both & 0xffffu;
           up_bits = both >> 16;
         }
-        value[j] = activate<Cfg>(__uint_as_float(gate_bits << 16), __uint_as_float(up_bits << 16), p);
+        value[j] = activate<Cfg::kActivation>(__uint_as_float(gate_bits << 16), __uint_as_float(up_bits << 16), p.alpha,
+                                              p.limit);
       }
       words[i] = cvt_rn_bf16x2_f32(value[0], value[1]);
     }

@@ -9,6 +9,10 @@
 
 namespace kjit {
 
+// Which activation (codegen's Activation, in its order; none: the grouped
+// GEMM's plain epilogue).
+enum class Activation { none, silu_mul, swiglu_oai };
+
 // e^x: n = rint(x log2 e) on x clamped to [-104, 89] (NaN passes through),
 // r = x - n ln2 in two fma steps (ln2 split in a 16-bit head and a tail), the
 // degree-7 Taylor polynomial of e^r by Horner in fma, then p * 2^n rounded
@@ -48,6 +52,14 @@ __device__ __forceinline__ float swiglu_oai(float gate, float up, float alpha, f
   up = up > limit ? limit : (up < -limit ? -limit : up);
   const float sigmoid = __fdiv_rn(1.0f, __fadd_rn(1.0f, activation_exp(-__fmul_rn(alpha, gate))));
   return __fmul_rn(__fmul_rn(gate, sigmoid), __fadd_rn(up, 1.0f));
+}
+
+// The activation codegen named, of one gate/up pair.
+template <Activation kActivation>
+__device__ __forceinline__ float activate(float gate, float up, float alpha, float limit) {
+  static_assert(kActivation != Activation::none, "an activation to apply");
+  if constexpr (kActivation == Activation::silu_mul) return silu_mul(gate, up);
+  else return swiglu_oai(gate, up, alpha, limit);
 }
 
 }  // namespace kjit

@@ -6,15 +6,13 @@
 
 #include "../abi/device_errors.h"
 #include "../abi/grouped_gemm_params.h"
+#include "../common/activation.cuh"
 
 namespace kjit {
 
-// Activation codes (codegen's enum Activation, in its order).
-constexpr int kActivationNone = 0, kActivationSiluMul = 1, kActivationSwigluOai = 2;
-
 // The problem's constants, shared by both kernels' Configs (which add the tile).
 template <long long kN_, long long kK_, int kExperts_, bool kWeightsKN_, bool kOffsetsWithZero_, bool kRowScale_,
-          bool kOutF32_, int kActivation_ = kActivationNone>
+          bool kOutF32_, Activation kActivation_ = Activation::none>
 struct GemmProblem {
   static constexpr long long kN = kN_, kK = kK_;
   static constexpr int kExperts = kExperts_;
@@ -23,27 +21,12 @@ struct GemmProblem {
   // A fused activation: weight rows (and so accumulator columns) come in
   // groups of 8, gate then up (kjit.gate_up_interleaved's order); the output
   // has kOutN = N / 2 columns, out[:, 8g + i] = act(col 16g + i, col 16g + 8 + i).
-  static constexpr int kActivation = kActivation_;
-  static constexpr bool kFusedActivation = kActivation_ != kActivationNone;
+  static constexpr Activation kActivation = kActivation_;
+  static constexpr bool kFusedActivation = kActivation_ != Activation::none;
   static constexpr long long kOutN = kFusedActivation ? kN / 2 : kN;
   static_assert(kN % 8 == 0 && kK % 8 == 0, "the host admits only N and K divisible by 8 (16-byte rows)");
   static_assert(!kFusedActivation || kN % 16 == 0, "whole gate/up groups");
 };
-
-// The activation of one gate/up pair (codegen's Activation; kjit.h states
-// them): fp32 throughout, IEEE division and expf (not the fast intrinsics),
-// comparisons that let NaN through as torch's clamp does.
-template <int kActivation>
-__device__ __forceinline__ float activate(float gate, float up, float alpha, float limit) {
-  if constexpr (kActivation == kActivationSiluMul) {
-    return __fdiv_rn(gate, 1.0f + expf(-gate)) * up;
-  } else {
-    static_assert(kActivation == kActivationSwigluOai, "an activation codegen knows");
-    const float g = gate > limit ? limit : gate;
-    const float u = up > limit ? limit : (up < -limit ? -limit : up);
-    return (u + 1.0f) * __fdiv_rn(g, 1.0f + expf(-alpha * g));
-  }
-}
 
 // Rows [start, end) of expert e, in either offsets convention.
 template <class Cfg>

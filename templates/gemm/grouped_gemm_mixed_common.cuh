@@ -24,7 +24,8 @@ namespace kjit {
 enum class MixedScale { block, row, tensor, nvfp4, mxfp4 };
 
 template <long long kN_, long long kK_, int kExperts_, bool kWeightsKN_, bool kOffsetsWithZero_, bool kRowScale_,
-          bool kOutF32_, Fp8Format kWeightFormat_, MixedScale kScale_, bool kDivide_, int kActivation_ = kActivationNone>
+          bool kOutF32_, Fp8Format kWeightFormat_, MixedScale kScale_, bool kDivide_,
+          Activation kActivation_ = Activation::none>
 struct MixedGemmProblem
     : GemmProblem<kN_, kK_, kExperts_, kWeightsKN_, kOffsetsWithZero_, kRowScale_, kOutF32_, kActivation_> {
   static constexpr Fp8Format kWeightFormat = kWeightFormat_;  // fp8 weights only
@@ -40,7 +41,7 @@ struct MixedGemmProblem
   static_assert(kN_ % 16 == 0 && kK_ % 16 == 0, "the host admits only N and K divisible by 16");
   static_assert(!kFp4 || (!kWeightsKN_ && kK_ % 32 == 0), "FP4 weights: [E, N, K] with K a multiple of 32");
   // The fused activation pairs columns 8 apart in swap_ab_store_activated, and each row's scales follow it.
-  static_assert(kActivation_ == kActivationNone || (!kWeightsKN_ && kScale_ != MixedScale::block),
+  static_assert(kActivation_ == Activation::none || (!kWeightsKN_ && kScale_ != MixedScale::block),
                 "a fused activation: [E, N, K] weights with scales per row (or FP4 groups, or per expert)");
 };
 

@@ -103,8 +103,8 @@ kjit_moe_activation_desc describe(const Case& c, const Buffers& b) {
   kjit_moe_activation_desc d;
   kjit_moe_activation_desc_init(&d);
   d.out_dtype = c.fp8 ? KJIT_DTYPE_F8_E4M3FN : KJIT_DTYPE_BF16;
-  d.activation = c.p.activation == reference::Activation::silu_mul ? KJIT_MOE_ACTIVATION_SILU_MUL
-                                                                   : KJIT_MOE_ACTIVATION_SWIGLU_OAI;
+  d.activation = c.p.activation == reference::Activation::silu_mul ? KJIT_ACTIVATION_SILU_MUL
+                                                                   : KJIT_ACTIVATION_SWIGLU_OAI;
   d.layout = c.p.layout == reference::GateUp::halves ? KJIT_GATE_UP_HALVES : KJIT_GATE_UP_ALTERNATING;
   d.rows = c.p.rows;
   d.intermediate = c.p.intermediate;

@@ -390,7 +390,7 @@ TEST_CASE("fp8 quantize launch geometry gives every 128-column group of every ro
 
 TEST_CASE("moe activation specs round-trip through canonical text and JSON; invariants name what is wrong") {
   std::set<std::string> canonicals;
-  for (auto activation : {MoeActivation::silu_mul, MoeActivation::swiglu_oai})
+  for (auto activation : {Activation::silu_mul, Activation::swiglu_oai})
     for (auto layout : {GateUpLayout::halves, GateUpLayout::alternating})
       for (int out = 0; out < 3; ++out) {
         const KernelSpec spec = MoeActivationSpec{
@@ -404,7 +404,7 @@ TEST_CASE("moe activation specs round-trip through canonical text and JSON; inva
         canonicals.insert(canonical(spec));
       }
   CHECK(canonicals.size() == 12);
-  CHECK(canonical(KernelSpec{MoeActivationSpec{.intermediate = 2880, .activation = MoeActivation::swiglu_oai,
+  CHECK(canonical(KernelSpec{MoeActivationSpec{.intermediate = 2880, .activation = Activation::swiglu_oai,
                                                .layout = GateUpLayout::alternating}}) ==
         "moe_activation in=bf16 activation=swiglu_oai layout=alternating intermediate=2880 out=bf16");
   CHECK(canonical(KernelSpec{MoeActivationSpec{.intermediate = 768, .out = DType::f8_e4m3fn,
@@ -453,7 +453,7 @@ TEST_CASE("moe activation launch geometry: one thread per 8 bf16 or 16 FP8 outpu
   CHECK(moe_activation_geometry(fp8, 3).block_x == 256);
   CHECK(moe_activation_max_rows(bf16) * (2048 / 8) / 256 <= 0x7fffffff);
   // The rendered unit instantiates the config the spec names.
-  const auto k = render(KernelSpec{MoeActivationSpec{.intermediate = 2880, .activation = MoeActivation::swiglu_oai,
+  const auto k = render(KernelSpec{MoeActivationSpec{.intermediate = 2880, .activation = Activation::swiglu_oai,
                                                      .layout = GateUpLayout::alternating}});
   CHECK(k.source.find("kjit::MoeActivationConfig<2880LL, kjit::GateUpLayout::alternating, "
                       "kjit::Activation::swiglu_oai, false, false, 256>") != std::string::npos);

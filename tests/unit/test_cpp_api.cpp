@@ -45,7 +45,7 @@ TEST_CASE("every C++ descriptor starts with its struct size and unset convention
   CHECK_THROWS_AS(kjit::prepare_quantize_mx(mx, 0), kjit::Exception);
   kjit::MoeActivationDesc activation;
   CHECK(activation.struct_size == sizeof(kjit_moe_activation_desc));
-  CHECK(activation.activation == KJIT_MOE_ACTIVATION_UNSET);
+  CHECK(activation.activation == KJIT_ACTIVATION_NONE);
   CHECK(activation.layout == KJIT_GATE_UP_UNSET);
   CHECK_THROWS_AS(kjit::moe_activation(activation, nullptr), kjit::Exception);
   CHECK_THROWS_AS(kjit::prepare_moe_activation(activation, 0), kjit::Exception);

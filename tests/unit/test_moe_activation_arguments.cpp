@@ -16,7 +16,7 @@
 using namespace kjit::testing;
 using kjit::codegen::DType;
 using kjit::codegen::GateUpLayout;
-using kjit::codegen::MoeActivation;
+using kjit::codegen::Activation;
 using kjit::codegen::MoeActivationSpec;
 using kjit::codegen::QuantScaleFormat;
 
@@ -31,7 +31,7 @@ struct ActivationFixture : FakeRuntimeFixture {
   ActivationFixture() {
     kjit_moe_activation_desc_init(&desc);
     desc.out_dtype = KJIT_DTYPE_BF16;
-    desc.activation = KJIT_MOE_ACTIVATION_SILU_MUL;
+    desc.activation = KJIT_ACTIVATION_SILU_MUL;
     desc.layout = KJIT_GATE_UP_HALVES;
     desc.rows = kRows;
     desc.intermediate = kI;
@@ -72,12 +72,12 @@ TEST_CASE_FIXTURE(ActivationFixture, "a valid bf16 activation launches once, one
 
 TEST_CASE_FIXTURE(ActivationFixture, "FP8 output: 8 threads per 128-column group, the scale format keyed, valid_rows passed") {
   fp8(KJIT_QUANT_SCALE_UE8M0);
-  desc.activation = KJIT_MOE_ACTIVATION_SWIGLU_OAI;
+  desc.activation = KJIT_ACTIVATION_SWIGLU_OAI;
   desc.layout = KJIT_GATE_UP_ALTERNATING;
   desc.valid_rows = reinterpret_cast<const int32_t*>(valid.data());
   auto plan = kjit::ops::plan_moe_activation(desc, false);
   REQUIRE_MESSAGE(plan.has_value(), kjit::testing::why(plan));
-  CHECK(plan->spec == MoeActivationSpec{.intermediate = 256, .activation = MoeActivation::swiglu_oai,
+  CHECK(plan->spec == MoeActivationSpec{.intermediate = 256, .activation = Activation::swiglu_oai,
                                         .layout = GateUpLayout::alternating, .out = DType::f8_e4m3fn,
                                         .scale_format = QuantScaleFormat::ue8m0});
   CHECK(plan->geometry.grid_x == (37 * 256 / 16 + 255) / 256);
@@ -90,9 +90,9 @@ TEST_CASE_FIXTURE(ActivationFixture, "FP8 output: 8 threads per 128-column group
 }
 
 TEST_CASE_FIXTURE(ActivationFixture, "activation, layout and (FP8) scale format have no default; dtypes are checked") {
-  desc.activation = KJIT_MOE_ACTIVATION_UNSET;
-  expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "activation must be KJIT_MOE_ACTIVATION_SILU_MUL or");
-  desc.activation = KJIT_MOE_ACTIVATION_SILU_MUL;
+  desc.activation = KJIT_ACTIVATION_NONE;
+  expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "activation must be KJIT_ACTIVATION_SILU_MUL or");
+  desc.activation = KJIT_ACTIVATION_SILU_MUL;
   desc.layout = KJIT_GATE_UP_UNSET;
   expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "layout must be KJIT_GATE_UP_HALVES or KJIT_GATE_UP_ALTERNATING");
   desc.layout = KJIT_GATE_UP_HALVES;
@@ -130,7 +130,7 @@ TEST_CASE_FIXTURE(ActivationFixture, "swiglu_oai needs a finite alpha and a posi
   desc.alpha = std::numeric_limits<float>::quiet_NaN();
   desc.limit = -1.0f;
   REQUIRE(kjit::ops::plan_moe_activation(desc, false).has_value());  // silu_mul
-  desc.activation = KJIT_MOE_ACTIVATION_SWIGLU_OAI;
+  desc.activation = KJIT_ACTIVATION_SWIGLU_OAI;
   expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "alpha must be finite");
   desc.alpha = 1.702f;
   expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "limit must be > 0 (+inf: no clamp), got -1");
@@ -221,7 +221,7 @@ TEST_CASE("the moe activation C ABI rejects a NULL descriptor and one without st
   CHECK(desc.struct_size == sizeof(kjit_moe_activation_desc));
   CHECK(desc.in_dtype == KJIT_DTYPE_BF16);
   CHECK(desc.out_dtype == KJIT_DTYPE_INVALID);
-  CHECK(desc.activation == KJIT_MOE_ACTIVATION_UNSET);
+  CHECK(desc.activation == KJIT_ACTIVATION_NONE);
   CHECK(desc.layout == KJIT_GATE_UP_UNSET);
   CHECK(desc.scale_format == KJIT_QUANT_SCALE_UNSET);
   CHECK(desc.alpha == 1.702f);

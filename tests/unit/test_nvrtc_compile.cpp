@@ -370,7 +370,7 @@ TEST_CASE("ptxas reports no local-memory spills in the fp8 quantize kernels on s
 // Every activation, layout and output (FP8 in both scale formats).
 static std::vector<MoeActivationSpec> moe_activation_variants() {
   std::vector<MoeActivationSpec> out;
-  for (auto activation : {MoeActivation::silu_mul, MoeActivation::swiglu_oai})
+  for (auto activation : {Activation::silu_mul, Activation::swiglu_oai})
     for (auto layout : {GateUpLayout::halves, GateUpLayout::alternating}) {
       out.push_back({.intermediate = 2880, .activation = activation, .layout = layout, .out = DType::bf16});
       for (auto format : {QuantScaleFormat::fp32, QuantScaleFormat::ue8m0})

@@ -28,7 +28,7 @@ Expected<int64_t> check_moe_activation(Runtime& runtime, DeviceState& device, co
   problem.in_row_stride = 2 * spec.intermediate + 8;
   problem.layout = spec.layout == codegen::GateUpLayout::halves ? reference::GateUp::halves
                                                                 : reference::GateUp::alternating;
-  problem.activation = spec.activation == codegen::MoeActivation::silu_mul ? reference::Activation::silu_mul
+  problem.activation = spec.activation == codegen::Activation::silu_mul ? reference::Activation::silu_mul
                                                                            : reference::Activation::swiglu_oai;
   problem.valid_rows = 31;
 
@@ -68,8 +68,8 @@ Expected<int64_t> check_moe_activation(Runtime& runtime, DeviceState& device, co
   kjit_moe_activation_desc d;
   kjit_moe_activation_desc_init(&d);
   d.out_dtype = fp8 ? KJIT_DTYPE_F8_E4M3FN : KJIT_DTYPE_BF16;
-  d.activation = spec.activation == codegen::MoeActivation::silu_mul ? KJIT_MOE_ACTIVATION_SILU_MUL
-                                                                     : KJIT_MOE_ACTIVATION_SWIGLU_OAI;
+  d.activation = spec.activation == codegen::Activation::silu_mul ? KJIT_ACTIVATION_SILU_MUL
+                                                                     : KJIT_ACTIVATION_SWIGLU_OAI;
   d.layout = spec.layout == codegen::GateUpLayout::halves ? KJIT_GATE_UP_HALVES : KJIT_GATE_UP_ALTERNATING;
   d.rows = problem.rows;
   d.intermediate = problem.intermediate;

@@ -212,9 +212,9 @@ Expected<void> Family<GroupedGemmSpec>::supported_on(const GroupedGemmSpec& s, c
 
 RenderedKernel Family<GroupedGemmSpec>::render(const GroupedGemmSpec& s) {
   const auto problem =
-      fmt::format("kjit::GemmProblem<{}LL, {}LL, {}, {}, {}, {}, {}, {}>", s.n, s.k, s.experts,
+      fmt::format("kjit::GemmProblem<{}LL, {}LL, {}, {}, {}, {}, {}, kjit::Activation::{}>", s.n, s.k, s.experts,
                   s.weights == WeightLayout::e_k_n, s.offsets == OffsetsConvention::with_leading_zero, s.row_scale,
-                  s.out == DType::f32, static_cast<int>(s.activation));
+                  s.out == DType::f32, name(s.activation));
   if (is_sm90(s.kernel)) {
     const bool swap_ab = s.kernel == GemmKernel::wgmma_sm90_swap_ab;
     const bool weights_kn = s.weights == WeightLayout::e_k_n;

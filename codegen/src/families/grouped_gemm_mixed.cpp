@@ -264,7 +264,7 @@ Expected<void> Family<GroupedGemmMixedSpec>::supported_on(const GroupedGemmMixed
 
 RenderedKernel Family<GroupedGemmMixedSpec>::render(const GroupedGemmMixedSpec& s) {
   const auto problem = fmt::format(
-      "kjit::MixedGemmProblem<{}LL, {}LL, {}, {}, {}, {}, {}, {}, {}, {}, {}>", s.n, s.k, s.experts,
+      "kjit::MixedGemmProblem<{}LL, {}LL, {}, {}, {}, {}, {}, {}, {}, {}, kjit::Activation::{}>", s.n, s.k, s.experts,
       s.weights == WeightLayout::e_k_n, s.offsets == OffsetsConvention::with_leading_zero, s.row_scale,
       s.out == DType::f32, s.weight == MixedWeight::f8_e5m2 ? "kjit::Fp8Format::e5m2" : "kjit::Fp8Format::e4m3fn",
       s.weight == MixedWeight::nvfp4                  ? "kjit::MixedScale::nvfp4"
@@ -272,7 +272,7 @@ RenderedKernel Family<GroupedGemmMixedSpec>::render(const GroupedGemmMixedSpec& 
       : s.weight_scale == ScaleGranularity::per_block ? "kjit::MixedScale::block"
       : s.weight_scale == ScaleGranularity::per_row ? "kjit::MixedScale::row"
                                                     : "kjit::MixedScale::tensor",
-      s.scale_convention == ScaleConvention::divide, static_cast<int>(s.activation));
+      s.scale_convention == ScaleConvention::divide, name(s.activation));
   if (s.kernel == MixedGemmKernel::wgmma_sm90)
     return assemble(canonical(s),
                     {.entry_point = "kjit_grouped_gemm_mixed_sm90",

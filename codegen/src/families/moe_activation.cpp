@@ -14,13 +14,10 @@ namespace kjit::codegen {
 
 template <>
 inline constexpr int kEnumCount<GateUpLayout> = 2;
-template <>
-inline constexpr int kEnumCount<MoeActivation> = 2;
 
 namespace {
 
 constexpr std::array kLayoutNames{"halves", "alternating"};
-constexpr std::array kActivationNames{"silu_mul", "swiglu_oai"};
 
 constexpr int kActivationThreads = 256;
 constexpr int64_t kMaxGridX = 0x7fffffff;
@@ -35,7 +32,6 @@ int64_t columns_per_thread(const MoeActivationSpec& s) { return fp8_out(s) ? 16 
 }  // namespace
 
 std::string_view name(GateUpLayout l) { return kLayoutNames[static_cast<size_t>(l)]; }
-std::string_view name(MoeActivation a) { return kActivationNames[static_cast<size_t>(a)]; }
 
 std::string Family<MoeActivationSpec>::canonical(const MoeActivationSpec& s) {
   auto text = fmt::format("moe_activation in=bf16 activation={} layout={} intermediate={} out={}", name(s.activation),
@@ -57,7 +53,7 @@ nlohmann::json Family<MoeActivationSpec>::to_json(const MoeActivationSpec& s) {
 Expected<MoeActivationSpec> Family<MoeActivationSpec>::from_json(SpecReader& reader) {
   MoeActivationSpec s;
   s.intermediate = KJIT_TRY(reader.integer("intermediate"));
-  s.activation = KJIT_TRY(reader.enumeration<MoeActivation>("activation"));
+  s.activation = KJIT_TRY(reader.enumeration<Activation>("activation"));
   s.layout = KJIT_TRY(reader.enumeration<GateUpLayout>("layout"));
   s.out = KJIT_TRY(reader.enumeration<DType>("out"));
   s.scale_format = reader.has("scale_format") ? KJIT_TRY(reader.enumeration<QuantScaleFormat>("scale_format"))
@@ -81,6 +77,7 @@ void Family<MoeActivationSpec>::hash(const MoeActivationSpec& s, HashMixer& h) {
 }
 
 Expected<void> Family<MoeActivationSpec>::validate(const MoeActivationSpec& s) {
+  if (s.activation == Activation::none) return invalid("moe_activation: activation must be silu_mul or swiglu_oai");
   if (s.out != DType::bf16 && s.out != DType::f8_e4m3fn)
     return invalid(fmt::format("moe_activation: out must be bf16 or f8_e4m3fn, not {}", name(s.out)));
   const int64_t multiple = fp8_out(s) ? 128 : 8;

@@ -184,12 +184,13 @@ typedef enum kjit_gemm_cluster_axis {
  * W8A8 kernels: wgmma on Hopper, mma.sync with FP8 operands on sm_89 and newer
  * elsewhere; tile_m / tile_n / cluster then name those kernels' tiles. FP8 weights with bf16 activations run
  * the W8A16 kernels (the last fields). */
-/* The MoE activation between the two expert GEMMs, on a gate/up pair, in
- * fp32 (expf and IEEE division), one rounding to the output type:
+/* The MoE activation between the two expert GEMMs, on a gate/up pair:
  *   SILU_MUL:   silu(gate) * up, silu(g) = g / (1 + exp(-g));
  *   SWIGLU_OAI: gpt-oss's clamped form: g = min(gate, limit),
- *               u = clamp(up, -limit, limit), (u + 1) * g / (1 + exp(-alpha g)).
- * NaN passes through the clamps, as torch.clamp lets it. */
+ *               u = clamp(up, -limit, limit), (g * sigmoid(alpha g)) * (u + 1).
+ * The fp32 arithmetic, operation by operation, is kjit_moe_activation's (below);
+ * the grouped GEMM's fused epilogue evaluates the same operations on its fp32
+ * accumulators. NaN passes through the clamps, as torch.clamp lets it. */
 typedef enum kjit_activation {
   KJIT_ACTIVATION_NONE = 0,
   KJIT_ACTIVATION_SILU_MUL = 1,
@@ -523,17 +524,11 @@ typedef enum kjit_gate_up_layout {
   KJIT_GATE_UP_ALTERNATING = 2  /* gate = h[:, 0::2], up = h[:, 1::2] */
 } kjit_gate_up_layout;
 
-typedef enum kjit_moe_activation_kind {
-  KJIT_MOE_ACTIVATION_UNSET = 0,     /* rejected */
-  KJIT_MOE_ACTIVATION_SILU_MUL = 1,  /* silu(gate) * up */
-  KJIT_MOE_ACTIVATION_SWIGLU_OAI = 2 /* gpt-oss's clamped SwiGLU (alpha, limit) */
-} kjit_moe_activation_kind;
-
 typedef struct kjit_moe_activation_desc {
   uint32_t struct_size;   /* sizeof(kjit_moe_activation_desc) */
   kjit_dtype in_dtype;    /* KJIT_DTYPE_BF16 (set by _desc_init) */
   kjit_dtype out_dtype;   /* KJIT_DTYPE_BF16 or KJIT_DTYPE_F8_E4M3FN (no default) */
-  kjit_moe_activation_kind activation;
+  kjit_activation activation; /* SILU_MUL or SWIGLU_OAI (NONE after _desc_init: rejected) */
   kjit_gate_up_layout layout;
   int64_t rows;           /* rows of h and out (never part of a kernel key); 0 launches nothing */
   int64_t intermediate;   /* I: a multiple of 8 (bf16 out) or 128 (FP8 out) */

@@ -37,10 +37,8 @@ _GRANULARITY = {"tensor": 1, "row": 2, "block": 3}
 _CONVENTION = {"multiply": 1, "divide": 2}
 _GEMM_KERNEL = {"auto": 0, "portable": 1, "sm90": 2, "sm90_swap_ab": 3}
 _ACTIVATION = {"silu_mul": 1, "swiglu_oai": 2}  # kjit_activation (None: KJIT_ACTIVATION_NONE)
-_GATE_UP_LAYOUTS = ("halves", "alternating")
 _CLUSTER_AXIS = {"m": 0, "n": 1}  # kjit_gemm_cluster_axis
 _QUANT_SCALE = {"fp32": 1, "ue8m0": 2}  # kjit_quant_scale_format
-_MOE_ACTIVATION = {"silu_mul": 1, "swiglu_oai": 2}  # kjit_moe_activation_kind
 _GATE_UP = {"halves": 1, "alternating": 2}  # kjit_gate_up_layout
 
 
@@ -825,7 +823,7 @@ def gate_up_interleaved(w, *, layout, weights="e_n_k"):
     8; returns a new tensor of the same shape. Done once, at load."""
     import torch
 
-    _check_choice("layout", layout, _GATE_UP_LAYOUTS)
+    _check_choice("layout", layout, _GATE_UP)
     _check_choice("weights", weights, _WEIGHTS)
     if w.dim() != 3:
         raise _invalid(f"w must be [E, 2I, K] or [E, K, 2I], got {list(w.shape)}")
@@ -1044,7 +1042,7 @@ def _check_moe_activation(h, out, scales, activation, layout, alpha, limit, scal
     if h.dim() != 2 or h.stride(-1) != 1 or h.shape[1] % 2 != 0:
         raise _invalid(f"h must be [rows, 2I] with contiguous rows, got shape {list(h.shape)} and strides "
                        f"{list(h.stride())}")
-    _check_choice("activation", activation, _MOE_ACTIVATION)
+    _check_choice("activation", activation, _ACTIVATION)
     _check_choice("layout", layout, _GATE_UP)
     _check_tensor("out", out, ("bfloat16", "float8_e4m3fn"), device=h.device)
     rows, i_cols = h.shape[0], h.shape[1] // 2
@@ -1080,7 +1078,7 @@ def _moe_activation_desc(h, out, scales, activation, layout, alpha, limit, scale
     d = _MoeActivationDesc()
     library().kjit_moe_activation_desc_init(ctypes.byref(d))
     d.out_dtype = _dtype_code(out.dtype)
-    d.activation, d.layout = _MOE_ACTIVATION[activation], _GATE_UP[layout]
+    d.activation, d.layout = _ACTIVATION[activation], _GATE_UP[layout]
     d.rows, d.intermediate = out.shape
     d.in_row_stride = h.stride(0) if h.shape[0] > 1 else 0
     d.alpha, d.limit = alpha, limit

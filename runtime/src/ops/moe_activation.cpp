@@ -33,10 +33,10 @@ Expected<MoeActivationPlan> plan_moe_activation(const kjit_moe_activation_desc& 
   else
     return invalid(fmt::format("moe_activation out_dtype must be KJIT_DTYPE_BF16 or KJIT_DTYPE_F8_E4M3FN (got {})",
                                static_cast<int>(d.out_dtype)));
-  if (d.activation == KJIT_MOE_ACTIVATION_SILU_MUL) spec.activation = codegen::MoeActivation::silu_mul;
-  else if (d.activation == KJIT_MOE_ACTIVATION_SWIGLU_OAI) spec.activation = codegen::MoeActivation::swiglu_oai;
+  if (d.activation == KJIT_ACTIVATION_SILU_MUL) spec.activation = codegen::Activation::silu_mul;
+  else if (d.activation == KJIT_ACTIVATION_SWIGLU_OAI) spec.activation = codegen::Activation::swiglu_oai;
   else
-    return invalid(fmt::format("activation must be KJIT_MOE_ACTIVATION_SILU_MUL or KJIT_MOE_ACTIVATION_SWIGLU_OAI "
+    return invalid(fmt::format("activation must be KJIT_ACTIVATION_SILU_MUL or KJIT_ACTIVATION_SWIGLU_OAI "
                                "(got {}; there is no default)",
                                static_cast<int>(d.activation)));
   if (d.layout == KJIT_GATE_UP_HALVES) spec.layout = codegen::GateUpLayout::halves;
@@ -57,7 +57,7 @@ Expected<MoeActivationPlan> plan_moe_activation(const kjit_moe_activation_desc& 
     return invalid("scale_format and scales are for FP8 output; with bf16 output leave them UNSET and NULL");
   }
   KJIT_TRY(codegen::validate(codegen::KernelSpec{spec}));
-  if (spec.activation == codegen::MoeActivation::swiglu_oai) {
+  if (spec.activation == codegen::Activation::swiglu_oai) {
     if (!std::isfinite(d.alpha)) return invalid(fmt::format("alpha must be finite, got {}", d.alpha));
     if (!(d.limit > 0.0f)) return invalid(fmt::format("limit must be > 0 (+inf: no clamp), got {}", d.limit));
   }

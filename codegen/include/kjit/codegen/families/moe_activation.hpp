@@ -26,16 +26,14 @@ namespace kjit::codegen {
 
 // Where gate and up lie in a row of h: [gate | up] (halves) or gate, up, gate, up, ... (alternating).
 enum class GateUpLayout : uint8_t { halves, alternating };
-enum class MoeActivation : uint8_t { silu_mul, swiglu_oai };
 std::string_view name(GateUpLayout l);
-std::string_view name(MoeActivation a);
 
 // The key: I (compiled in), activation, layout, output type and, for FP8
 // output, the scale format. Rows, the input row stride, valid_rows and
 // swiglu_oai's alpha and limit are run-time arguments.
 struct MoeActivationSpec {
   int64_t intermediate = 0;  // I: output columns; h has 2I
-  MoeActivation activation = MoeActivation::silu_mul;
+  Activation activation = Activation::silu_mul;  // not none: an activation to apply
   GateUpLayout layout = GateUpLayout::halves;
   DType out = DType::bf16;                                 // bf16 or f8_e4m3fn
   QuantScaleFormat scale_format = QuantScaleFormat::fp32;  // f8_e4m3fn only
