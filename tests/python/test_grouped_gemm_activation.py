@@ -48,6 +48,12 @@ def test_gate_up_interleaved_puts_gate_and_up_rows_in_groups_of_8(layout, weight
     assert torch.equal(grouped[:, :, 1].reshape(experts, inter, k), up)
 
 
+def test_gate_up_interleaved_reorders_per_row_scales_as_their_rows():
+    scales = torch.randn(3, 48)
+    rows = kjit.gate_up_interleaved(scales[:, :, None].expand(3, 48, 4).contiguous(), layout="alternating")
+    assert torch.equal(kjit.gate_up_interleaved(scales, layout="alternating"), rows[:, :, 0])
+
+
 def test_gate_up_interleaved_refuses_what_is_no_whole_gate_up_groups():
     with pytest.raises(kjit.KjitError, match="multiple of 16"):
         kjit.gate_up_interleaved(torch.zeros(2, 24, 8), layout="halves")

@@ -820,13 +820,17 @@ def gate_up_interleaved(w, *, layout, weights="e_n_k"):
     says where gate and up are: 'halves' (Hugging Face gate_up_proj: gate rows
     first, then up) or 'alternating' (gpt-oss: gate at even rows, up at odd).
     w is [E, 2I, K] (weights='e_n_k') or [E, K, 2I] ('e_k_n'), I a multiple of
-    8; returns a new tensor of the same shape. Done once, at load."""
+    8; returns a new tensor of the same shape. Done once, at load. Tensors
+    whose rows follow the weights' (per-row scales [E, 2I] or [E, 2I, 1],
+    FP4 pairs [E, 2I, K / 2] and their scale bytes) go through it the same
+    way, as 'e_n_k'."""
     import torch
 
     _check_choice("layout", layout, _GATE_UP)
     _check_choice("weights", weights, _WEIGHTS)
-    if w.dim() != 3:
-        raise _invalid(f"w must be [E, 2I, K] or [E, K, 2I], got {list(w.shape)}")
+    if w.dim() != 3 and not (weights == "e_n_k" and w.dim() == 2):
+        raise _invalid(f"w must be [E, 2I, K] or [E, K, 2I] (or, e_n_k, [E, 2I]: per-row scales), got "
+                       f"{list(w.shape)}")
     axis = 1 if weights == "e_n_k" else 2
     n = w.shape[axis]
     if n % 16 != 0:
