@@ -162,6 +162,28 @@ TEST_CASE("no tokens gives zero counts and offsets") {
   check_routing(empty);
 }
 
+TEST_CASE("a rank without tokens passes null id arrays (an empty tensor's pointer) and gets zero counts and offsets") {
+  DeviceBuffer counts(0, 16 * 4), offsets(0, 17 * 4);
+  counts.poison();
+  offsets.poison();
+  kjit_moe_routing_desc d;
+  kjit_moe_routing_desc_init(&d);
+  d.tokens = 0;
+  d.top_k = 8;
+  d.experts_total = 64;
+  d.expert_base = 16;
+  d.experts_local = 16;
+  d.offsets_convention = KJIT_OFFSETS_WITH_LEADING_ZERO;
+  d.counts = static_cast<int32_t*>(counts.get());
+  d.offsets = static_cast<int32_t*>(offsets.get());
+  REQUIRE_MESSAGE(kjit_moe_routing(&d, nullptr) == KJIT_OK, std::string(kjit_last_error_message()));
+  REQUIRE(kjit_device_errors(0) == KJIT_OK);
+  for (int32_t v : counts.download<int32_t>(0, 16)) CHECK(v == 0);
+  for (int32_t v : offsets.download<int32_t>(0, 17)) CHECK(v == 0);
+  d.tokens = 1;  // with ids to read, null is an error
+  CHECK(kjit_moe_routing(&d, nullptr) == KJIT_ERROR_INVALID_ARGUMENT);
+}
+
 TEST_CASE("a global expert id out of range writes nothing and is reported") {
   for (bool many_blocks : {false, true}) {
     CAPTURE(many_blocks);

@@ -58,7 +58,12 @@ Expected<void> moe_routing(Runtime& runtime, const kjit_moe_routing_desc& d, CUs
                                                         {d.offsets, "offsets"},
                                                         {d.sorted_to_flat, "sorted_to_flat"},
                                                         {d.flat_to_sorted, "flat_to_sorted"}};
-  KJIT_TRY(require_non_null(pointers));
+  // A rank without tokens still gets its (zero) counts and offsets, which the GEMMs read; its id arrays are
+  // empty, and an empty torch tensor's pointer is null.
+  if (d.tokens == 0)
+    KJIT_TRY(require_non_null({{d.counts, "counts"}, {d.offsets, "offsets"}}));
+  else
+    KJIT_TRY(require_non_null(pointers));
   kjit_moe_routing_params p{};
   p.topk_ids = d.topk_ids;
   p.counts = d.counts;
