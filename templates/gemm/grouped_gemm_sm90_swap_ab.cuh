@@ -267,6 +267,28 @@ __device__ __forceinline__ void swap_ab_producer(const kjit_grouped_gemm_sm90_pa
   }
 }
 
+// A consumer warpgroup's share of the epilogue scratch: 32 rows of 128
+// bytes whose 16-byte units are XOR-swizzled by the row's low 3 bits, which
+// keeps both the writing side (stmatrix) and the copying-out side free of bank
+// conflicts; the warpgroup syncs on its own named barrier.
+struct EpilogueScratch {
+  int consumer;
+  unsigned base;
+  __device__ explicit EpilogueScratch(unsigned char* scratch)
+      : consumer(threadIdx.x / 128),
+        base(static_cast<unsigned>(__cvta_generic_to_shared(scratch + consumer * 32 * 128))) {}
+  // The shared address of 16-byte unit `unit` of row `row`.
+  __device__ unsigned unit(int row, int u) const { return base + row * 128 + 16 * (u ^ (row & 7)); }
+  __device__ uint4 load(int row, int u) const {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(unit(row, u)));
+    return v;
+  }
+  __device__ void sync() const { asm volatile("bar.sync %0, 128;" ::"r"(1 + consumer) : "memory"); }
+};
+
 // Stores a warpgroup's accumulator (m64 n<kRows> f32: register 4j + 2h + c
 // holds column 16 * warp + lane / 4 + 8h of the warpgroup's 64, row
 // 8j + 2 (lane % 4) + c of the tile; with kPairedColumns column 16 * warp +
@@ -310,10 +332,7 @@ __device__ __forceinline__ void swap_ab_store(const kjit_grouped_gemm_params& p,
     // storing its own 32-byte row pieces cost this kernel ~20% at K = 2048 on
     // an H100.) The 16-byte units of a row are XOR-swizzled by the row's low
     // 3 bits, which keeps both sides free of bank conflicts.
-    const int consumer = threadIdx.x / 128;
-    const unsigned base = static_cast<unsigned>(__cvta_generic_to_shared(scratch + consumer * 32 * 128));
-    auto unit_offset = [](int row, int unit) { return row * 128 + 16 * (unit ^ (row & 7)); };
-    auto sync_warpgroup = [consumer] { asm volatile("bar.sync %0, 128;" ::"r"(1 + consumer) : "memory"); };
+    const EpilogueScratch shared(scratch);
 #pragma unroll
     for (int chunk = 0; chunk < kRows / 32; ++chunk) {
       if (chunk >= chunks) break;
@@ -330,7 +349,7 @@ __device__ __forceinline__ void swap_ab_store(const kjit_grouped_gemm_params& p,
             if constexpr (Cfg::kRowScale) scale = r < tile.rows ? p.row_scale[tile.row0 + r] : 0.0f;
             const unsigned v = cvt_rn_bf16x2_f32(acc[4 * j + c] * scale, acc[4 * j + 2 + c] * scale);
             const int column = 16 * warp + 2 * (lane / 4);
-            asm volatile("st.shared.b32 [%0], %1;" ::"r"(base + unit_offset(r % 32, column / 8) + column % 8 * 2),
+            asm volatile("st.shared.b32 [%0], %1;" ::"r"(shared.unit(r % 32, column / 8) + column % 8 * 2),
                          "r"(v)
                          : "memory");
           }
@@ -355,25 +374,22 @@ __device__ __forceinline__ void swap_ab_store(const kjit_grouped_gemm_params& p,
         }
         const int m = lane / 8, row = 8 * (2 * pair + m / 2) + lane % 8;
         asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(
-                         base + unit_offset(row, 2 * warp + m % 2)),
+                         shared.unit(row, 2 * warp + m % 2)),
                      "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
                      : "memory");
       }
-      sync_warpgroup();
+      shared.sync();
       const int unit = threadIdx.x % 8;
       const long long col = col0 + 8 * unit;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int row = threadIdx.x % 128 / 8 + 16 * half;
-        uint4 v;
-        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                     : "r"(base + unit_offset(row, unit)));
+        const uint4 v = shared.load(row, unit);
         const int r = 32 * chunk + row;
         if (r < tile.rows && (!Cfg::kColumnsMasked || col < Cfg::kN))
           *reinterpret_cast<uint4*>(static_cast<unsigned short*>(p.out) + (tile.row0 + r) * Cfg::kN + col) = v;
       }
-      sync_warpgroup();  // the next chunk's stmatrix overwrites the scratch
+      shared.sync();  // the next chunk's stmatrix overwrites the scratch
     }
   }
 }
@@ -413,10 +429,7 @@ __device__ __forceinline__ void swap_ab_store_activated(const kjit_grouped_gemm_
       }
     }
   } else {
-    const int consumer = threadIdx.x / 128;
-    const unsigned base = static_cast<unsigned>(__cvta_generic_to_shared(scratch + consumer * 32 * 128));
-    auto unit_offset = [](int row, int unit) { return row * 128 + 16 * (unit ^ (row & 7)); };
-    auto sync_warpgroup = [consumer] { asm volatile("bar.sync %0, 128;" ::"r"(1 + consumer) : "memory"); };
+    const EpilogueScratch shared(scratch);
 #pragma unroll
     for (int chunk = 0; chunk < kRows / 32; ++chunk) {
       if (chunk >= chunks) break;
@@ -425,20 +438,17 @@ __device__ __forceinline__ void swap_ab_store_activated(const kjit_grouped_gemm_
       for (int m = 0; m < 4; ++m) w[m] = cvt_rn_bf16x2_f32(activated(4 * chunk + m, 0), activated(4 * chunk + m, 1));
       // Lane 8m + r gives the address of stored row r of matrix m: chunk row 8m + r, this warp's 8 columns.
       asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(
-                       base + unit_offset(lane, warp)),
+                       shared.unit(lane, warp)),
                    "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
                    : "memory");
-      sync_warpgroup();
+      shared.sync();
       const int row = threadIdx.x % 128 / 4, unit = threadIdx.x % 4;
       const long long col = out_col0 + 8 * unit;
-      uint4 v;
-      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                   : "r"(base + unit_offset(row, unit)));
+      const uint4 v = shared.load(row, unit);
       const int r = 32 * chunk + row;
       if (r < tile.rows && (!Cfg::kColumnsMasked || col < Cfg::kOutN))
         *reinterpret_cast<uint4*>(static_cast<unsigned short*>(p.out) + (tile.row0 + r) * Cfg::kOutN + col) = v;
-      sync_warpgroup();  // the next chunk's stmatrix overwrites the scratch
+      shared.sync();  // the next chunk's stmatrix overwrites the scratch
     }
   }
 }

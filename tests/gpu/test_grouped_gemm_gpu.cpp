@@ -147,6 +147,20 @@ struct GemmBuffers {
   }
 };
 
+// `g` run through `path`.
+kjit_grouped_gemm_desc on_path(kjit_grouped_gemm_desc g, const KernelPath& path) {
+  g.kernel = path.kernel;
+  g.tile_m = path.tile_m;
+  g.tile_n = path.tile_n;
+  g.cluster = path.cluster;
+  g.cluster_axis = path.cluster_axis;
+  if (!path.workspace) {
+    g.workspace = nullptr;
+    g.workspace_bytes = 0;
+  }
+  return g;
+}
+
 // Runs one case through every kernel path; checks the error bound and that
 // rows past the last offset keep their poison.
 void run_gemm(const GemmCase& c) {
@@ -159,16 +173,7 @@ void run_gemm(const GemmCase& c) {
     if (c.n % path.n_multiple != 0) continue;
     const std::string path_name = path.name;
     CAPTURE(path_name);
-    auto g = b.desc(c, rows);
-    g.kernel = path.kernel;
-    g.tile_m = path.tile_m;
-    g.tile_n = path.tile_n;
-    g.cluster = path.cluster;
-    g.cluster_axis = path.cluster_axis;
-    if (!path.workspace) {
-      g.workspace = nullptr;
-      g.workspace_bytes = 0;
-    }
+    const auto g = on_path(b.desc(c, rows), path);
     const auto out = grouped_gemm_output(g, b.out);
     const double err = relative_error(c.out, c.n, ref, out, routed);
     CHECK_MESSAGE(err <= 1e-2, "relative error ", err);
@@ -210,12 +215,7 @@ void run_activation(GemmCase c, kjit_activation activation, float alpha, float l
     if (c.n % path.n_multiple != 0) continue;
     const std::string path_name = path.name;
     CAPTURE(path_name);
-    auto g = b.desc(c, rows);
-    g.kernel = path.kernel;
-    g.tile_m = path.tile_m;
-    g.tile_n = path.tile_n;
-    g.cluster = path.cluster;
-    g.cluster_axis = path.cluster_axis;
+    auto g = on_path(b.desc(c, rows), path);
     auto plain = g;
     plain.out_dtype = KJIT_DTYPE_F32;
     plain.out = h.get();
