@@ -28,7 +28,10 @@
     "wrote nothing")                                                                                                 \
   X(SCALE_OFFSETS_OUT_OF_RANGE, 8,                                                                                   \
     "a scale-layout conversion on device {device} was given an offset for expert {value} outside [0, rows] (or a "  \
-    "first offset that is not 0); it wrote nothing")
+    "first offset that is not 0); it wrote nothing")                                                   \
+  X(GEMM_GATHER_INDEX_OUT_OF_RANGE, 9,                                                                               \
+    "a grouped GEMM gather on device {device} was given flat index {value} past tokens * top_k; that row of A was "  \
+    "read as zeros")
 
 #define KJIT_DEVICE_ERROR_ENUMERATOR(name, code, message) KJIT_DEVICE_ERROR_##name = code,
 enum kjit_device_error_code { KJIT_DEVICE_ERRORS(KJIT_DEVICE_ERROR_ENUMERATOR) };

@@ -17,6 +17,12 @@ struct kjit_grouped_gemm_params {
                                  null: a static round robin */
   float activation_alpha;  /* a fused swiglu_oai's alpha and limit (bf16 family; unused otherwise) */
   float activation_limit;
+  /* Gather (the spec's `gather`): row r of the GEMM's A is row gather[r] / gather_top_k of `a` ([gather_tokens,
+   * K]): the routing's sorted_to_flat, so no gathered copy of the activations exists. A negative entry reads
+   * zeros; one at or past gather_tokens * gather_top_k reads zeros and is reported. */
+  const int* gather;
+  long long gather_tokens;
+  long long gather_top_k;
 };
 
 /* TMA box facts the host's tensor-map encoder and the SM90 kernels share (in

@@ -12,7 +12,7 @@ namespace kjit {
 
 // The problem's constants, shared by both kernels' Configs (which add the tile).
 template <long long kN_, long long kK_, int kExperts_, bool kWeightsKN_, bool kOffsetsWithZero_, bool kRowScale_,
-          bool kOutF32_, Activation kActivation_ = Activation::none>
+          bool kOutF32_, Activation kActivation_ = Activation::none, bool kGather_ = false>
 struct GemmProblem {
   static constexpr long long kN = kN_, kK = kK_;
   static constexpr int kExperts = kExperts_;
@@ -24,6 +24,8 @@ struct GemmProblem {
   static constexpr Activation kActivation = kActivation_;
   static constexpr bool kFusedActivation = kActivation_ != Activation::none;
   static constexpr long long kOutN = kFusedActivation ? kN / 2 : kN;
+  // A's rows read through the routing's sorted_to_flat (a_source_row).
+  static constexpr bool kGather = kGather_;
   static_assert(kN % 8 == 0 && kK % 8 == 0, "the host admits only N and K divisible by 8 (16-byte rows)");
   static_assert(!kFusedActivation || kN % 16 == 0, "whole gate/up groups");
 };
@@ -38,6 +40,26 @@ __device__ __forceinline__ void expert_rows(const kjit_grouped_gemm_params& p, i
   } else {
     start = e == 0 ? 0 : p.offsets[e - 1];
     end = p.offsets[e];
+  }
+}
+
+// Which row of `a` holds row `row` of the GEMM's A: the row itself, or with
+// gather the token of its sorted_to_flat entry (flat / top_k). -1: the row
+// reads zeros (a negative entry: past the routed rows; or one at or past
+// tokens * top_k, which is reported).
+template <class Cfg>
+__device__ __forceinline__ long long a_source_row(const kjit_grouped_gemm_params& p, long long row) {
+  if constexpr (!Cfg::kGather) {
+    return row;
+  } else {
+    const int flat = p.gather[row];
+    if (flat < 0) return -1;
+    if (flat >= p.gather_tokens * p.gather_top_k) {
+      if (atomicCAS(&p.device_error[0], 0u, KJIT_DEVICE_ERROR_GEMM_GATHER_INDEX_OUT_OF_RANGE) == 0u)
+        p.device_error[1] = static_cast<unsigned>(flat);
+      return -1;
+    }
+    return flat / static_cast<int>(p.gather_top_k);  // top_k * tokens fits int32 (the host checks)
   }
 }
 

@@ -225,7 +225,7 @@ __device__ __forceinline__ void grouped_gemm_fp8_sm90(const kjit_grouped_gemm_fp
       [&](unsigned char* tiles, unsigned long long* full, unsigned long long* empty, unsigned char* after_barriers) {
         swap_ab_producer<Cfg>(p.sm90, tiles, full, empty, after_barriers);
       },
-      [&](unsigned long long* full, unsigned long long* empty, unsigned char* after_barriers) {
+      [&](unsigned char*, unsigned long long* full, unsigned long long* empty, unsigned char* after_barriers) {
         fp8_scale_loader<Cfg>(p, full, empty, after_barriers);
       },
       [&](unsigned char* tiles, unsigned long long* full, unsigned long long* empty, unsigned char* after_barriers) {

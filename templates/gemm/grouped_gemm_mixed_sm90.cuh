@@ -69,7 +69,7 @@ struct GroupedGemmMixedSm90Config : Problem {
   // grouped_gemm_mixed_shared_bytes computes the same; the generated code checks).
   static constexpr int kSharedBytes = kStages * kStageBytes + 1024 + 16 * kStages + kScratchBytes + kQueueBytes;
   static constexpr int kProducerRegisters = 56, kConsumerRegisters = 224;
-  static constexpr int kLoaderWarps = 0;
+  static constexpr int kLoaderWarps = Problem::kGather ? 1 : 0;  // a gathered row tile: swap_ab_gather_loader
   static_assert(kBM % kRowStep == 0 && kBM >= kRowStep && kBM <= 256, "wgmma N is at most 256");
   static_assert(kStageBytes % 1024 == 0, "every stage starts on a swizzle period");
 };
@@ -337,6 +337,7 @@ __device__ __forceinline__ void mixed_mainloop(const kjit_grouped_gemm_mixed_sm9
     }
     const unsigned s = it % Cfg::kStages;
     mbarrier_wait(&full[s], (it / Cfg::kStages) & 1);
+    gathered_stage_fence<Cfg>();
     const unsigned char* stage = tiles + s * Cfg::kStageBytes;
     if constexpr (Cfg::kFp4) {
       convert_fp4_fragments<Cfg>(stage, scales, fragments);
@@ -393,6 +394,9 @@ __device__ __forceinline__ void grouped_gemm_mixed_sm90(const kjit_grouped_gemm_
       p.sm90, [](unsigned char* after_barriers) { TileQueue<Cfg>(after_barriers).init(); },
       [&](unsigned char* tiles, unsigned long long* full, unsigned long long* empty, unsigned char* after_barriers) {
         swap_ab_producer<Cfg, Fp8WeightTileCopy>(p.sm90, tiles, full, empty, after_barriers);
+      },
+      [&](unsigned char* tiles, unsigned long long* full, unsigned long long* empty, unsigned char* after_barriers) {
+        swap_ab_gather_loader<Cfg>(p.sm90, tiles, full, empty, after_barriers);
       },
       [&](unsigned char* tiles, unsigned long long* full, unsigned long long* empty, unsigned char* after_barriers) {
         mixed_consumer<Cfg>(p, tiles, full, empty, after_barriers);

@@ -87,7 +87,7 @@ __device__ __forceinline__ void grouped_gemm_mma_with(const kjit_grouped_gemm_pa
 
   __shared__ __align__(16) unsigned short a_tile[Cfg::kBM][Cfg::kStride];
   __shared__ __align__(16) unsigned short b_tile[Cfg::kBN][Cfg::kStride];
-  const unsigned short* a = static_cast<const unsigned short*>(p.a) + m0 * Cfg::kK;
+  const unsigned short* a = static_cast<const unsigned short*>(p.a);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int group = lane / 4, quad = lane % 4;
   const int warp_m = (warp / 2) * Cfg::kWarpM, warp_n = (warp % 2) * Cfg::kWarpN;
@@ -102,11 +102,15 @@ __device__ __forceinline__ void grouped_gemm_mma_with(const kjit_grouped_gemm_pa
 
   constexpr int kChunksK = Cfg::kBK / 8;  // 16-byte chunks per tile row
   for (long long k0 = 0; k0 < Cfg::kK; k0 += Cfg::kBK) {
-    // A tile: rows past the expert's segment and columns past K are zeros.
+    // A tile: rows past the expert's segment and columns past K are zeros
+    // (and, with gather, rows whose entry reads none).
     for (int c = threadIdx.x; c < Cfg::kBM * kChunksK; c += Cfg::kThreads) {
       const int r = c / kChunksK, kc = (c % kChunksK) * 8;
       uint4 v = make_uint4(0, 0, 0, 0);
-      if (r < rows && k0 + kc < Cfg::kK) v = *reinterpret_cast<const uint4*>(a + r * Cfg::kK + k0 + kc);
+      if (r < rows && k0 + kc < Cfg::kK) {
+        const long long source = a_source_row<Cfg>(p, m0 + r);
+        if (source >= 0) v = *reinterpret_cast<const uint4*>(a + source * Cfg::kK + k0 + kc);
+      }
       *reinterpret_cast<uint4*>(&a_tile[r][kc]) = v;
     }
     stage_weights(b_tile, expert, n0, k0);

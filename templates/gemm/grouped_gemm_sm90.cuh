@@ -86,7 +86,8 @@ struct GroupedGemmSm90Config : Problem {
   // Register split under setmaxnreg (two consumers: 128 * 56 + 256 * 224 <= 64K; the
   // producer's 4 [E, K, N] copies per stage spill under 40).
   static constexpr int kProducerRegisters = 56, kConsumerRegisters = 224;
-  static constexpr int kLoaderWarps = 0;  // TMA brings everything a stage holds
+  // TMA brings everything a stage holds, but a gathered A (GatheredRows: the loader warp).
+  static constexpr int kLoaderWarps = Problem::kGather ? 1 : 0;
   static_assert(kBM == 64 || kBM == 128, "64 rows per consumer warpgroup, one or two consumers");
   static_assert(kBN % 64 == 0 && kBN >= 64 && kBN <= 256, "wgmma N and the [E, K, N] 64-column chunks");
   static_assert(kCluster == 1 || kCluster == 2, "pairs of blocks");
@@ -139,7 +140,7 @@ template <class Cfg>
 __device__ __forceinline__ void grouped_gemm_producer(const kjit_grouped_gemm_sm90_params& p, unsigned char* tiles,
                                                       unsigned long long* full, unsigned long long* empty) {
   namespace ptx = cuda::ptx;
-  asm volatile("prefetch.tensormap [%0];" ::"l"(&p.a_map) : "memory");
+  if constexpr (!Cfg::kGather) asm volatile("prefetch.tensormap [%0];" ::"l"(&p.a_map) : "memory");
   asm volatile("prefetch.tensormap [%0];" ::"l"(&p.b_map) : "memory");
   const int rank = cluster_rank<Cfg>();
   TileWalker<Cfg> walk{&p.gemm, rank};
@@ -149,13 +150,16 @@ __device__ __forceinline__ void grouped_gemm_producer(const kjit_grouped_gemm_sm
     for (int kb = 0; kb < Cfg::kKBlocks; ++kb, ++it) {
       const unsigned s = it % Cfg::kStages;
       mbarrier_wait(&empty[s], ((it / Cfg::kStages) & 1) ^ 1);
+      // A gathered A tile is the loader warp's (it arrives on full[s] itself).
       ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &full[s],
-                                     Cfg::kStageBytes);
+                                     Cfg::kStageBytes - (Cfg::kGather ? Cfg::kATileBytes : 0));
       unsigned char* a_tile = tiles + s * Cfg::kStageBytes;
       unsigned char* b_tile = a_tile + Cfg::kATileBytes;
       const int k0 = kb * Cfg::kBK;
       constexpr unsigned short kAll = (1u << Cfg::kCluster) - 1;
-      if constexpr (Cfg::kClusterAlongN) {
+      if constexpr (Cfg::kGather) {
+        // The loader warp gathers A (grouped_gemm_gather_loader).
+      } else if constexpr (Cfg::kClusterAlongN) {
         // This block's half of the A rows, multicast into both blocks (the box is BM/2 rows).
         constexpr int kHalfRows = Cfg::kBM / Cfg::kCluster;
         const int a_coords[2] = {k0, static_cast<int>(tile.row0) + rank * kHalfRows};
@@ -173,6 +177,28 @@ __device__ __forceinline__ void grouped_gemm_producer(const kjit_grouped_gemm_sm
       } else {
         copy_weight_columns<Cfg, Cfg::kBN>(p, b_tile, tile.n0, 0, k0, tile.expert, &full[s]);
       }
+    }
+  }
+}
+
+// The gather loader warp (Cfg::kGather): the same tiles and stages as the
+// producer; each stage's A tile from the tile's rows of `a`, through
+// sorted_to_flat. A block of a pair gathers its own rows (no multicast).
+template <class Cfg>
+__device__ __forceinline__ void grouped_gemm_gather_loader(const kjit_grouped_gemm_sm90_params& p,
+                                                           unsigned char* tiles, unsigned long long* full,
+                                                           unsigned long long* empty) {
+  TileWalker<Cfg> walk{&p.gemm, cluster_rank<Cfg>()};
+  GemmTile tile;
+  GatheredRows<Cfg, Cfg::kBM, 1> rows;
+  unsigned it = 0;
+  for (long long t = blockIdx.x / Cfg::kCluster; walk.seek(t, tile); t += gridDim.x / Cfg::kCluster) {
+    // A block past its expert's rows or past N stores nothing: copy nothing, still arrive.
+    rows.start_tile(p.gemm, tile.row0, tile.rows > 0 && tile.n0 < Cfg::kN ? tile.rows : 0);
+    for (int kb = 0; kb < Cfg::kKBlocks; ++kb, ++it) {
+      const unsigned s = it % Cfg::kStages;
+      mbarrier_wait(&empty[s], ((it / Cfg::kStages) & 1) ^ 1);
+      rows.copy(p.gemm, tiles + s * Cfg::kStageBytes, 0, static_cast<long long>(kb) * Cfg::kBK, &full[s]);
     }
   }
 }
@@ -309,6 +335,9 @@ __device__ __forceinline__ void grouped_gemm_sm90(const kjit_grouped_gemm_sm90_p
       p, [](unsigned char*) {},
       [&](unsigned char* tiles, unsigned long long* full, unsigned long long* empty, unsigned char*) {
         grouped_gemm_producer<Cfg>(p, tiles, full, empty);
+      },
+      [&](unsigned char* tiles, unsigned long long* full, unsigned long long* empty, unsigned char*) {
+        grouped_gemm_gather_loader<Cfg>(p, tiles, full, empty);
       },
       [&](unsigned char* tiles, unsigned long long* full, unsigned long long* empty, unsigned char*) {
         grouped_gemm_consumer<Cfg>(p, tiles, full, empty);

@@ -121,6 +121,76 @@ __device__ __forceinline__ void copy_weight_columns(const kjit_grouped_gemm_sm90
   }
 }
 
+// Orders the gather loader's cp.async writes of a stage (generic proxy)
+// before the consumer's wgmma reads of it (async proxy); the stage's full
+// barrier, which the copies arrive on, has been waited for.
+template <class Cfg>
+__device__ __forceinline__ void gathered_stage_fence() {
+  if constexpr (Cfg::kGather) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// The gather loader's rows of one tile (Cfg::kGather: A's row r is
+// a[sorted_to_flat[r] / top_k], which no TMA map describes). The producer
+// warpgroup's second warp copies them with cp.async, 16 bytes a lane and
+// copy, into the layout TMA writes (the row tile K-major, 128 bytes a row,
+// 16-byte unit u of row r at u ^ (r % 8): the 128-byte swizzle on 1 KB
+// aligned tiles), and each lane arrives on the stage's full barrier when its
+// copies have landed (cp.async.mbarrier.arrive.noinc: the barrier counts the
+// loader's 32 lanes). Lane l holds the source rows of tile rows l, l + 32, ...
+// (a_source_row, read once per tile); each copy's row comes by shuffle.
+template <class Cfg, int kTileRows, int kChunks>
+struct GatheredRows {
+  static constexpr int kHeld = kTileRows / 32;
+  static constexpr int kUnits = 8 * kChunks;        // 16-byte units of a row per k-block (64 bf16 a chunk)
+  static constexpr int kRowsPerCopy = 32 / kUnits;  // rows one warp-wide copy covers
+  static_assert(kTileRows % 32 == 0 && 32 % kUnits == 0, "whole warps of rows and units");
+  int source[kHeld];  // a token index fits int32 (tokens * top_k does: the host checks)
+  int rows = 0;
+
+  __device__ void start_tile(const kjit_grouped_gemm_params& p, long long row0, int tile_rows) {
+    const int lane = threadIdx.x % 32;
+    rows = tile_rows;
+#pragma unroll
+    for (int j = 0; j < kHeld; ++j) {
+      const int r = lane + 32 * j;
+      source[j] = r < rows ? static_cast<int>(a_source_row<Cfg>(p, row0 + r)) : -1;
+    }
+  }
+
+  // Copies k-block [k0, k0 + 64 kChunks) of the tile's rows into `tile` (chunk
+  // c of row r at tile + c * chunk_bytes + r * 128) and arrives on `full`.
+  // Columns past K and rows that read none are zero-filled: the weights' TMA
+  // zero-fills past K too, and zeros times zeros keep every sum finite.
+  __device__ void copy(const kjit_grouped_gemm_params& p, unsigned char* tile, int chunk_bytes, long long k0,
+                       unsigned long long* full) const {
+    const int lane = threadIdx.x % 32;
+    const int unit = lane % kUnits, chunk = unit / 8, u = unit % 8;
+    const long long column = k0 + chunk * 64 + u * 8;
+    const bool column_ok = column < Cfg::kK;
+    const unsigned char* a = static_cast<const unsigned char*>(p.a);
+    const unsigned destination = static_cast<unsigned>(__cvta_generic_to_shared(tile + chunk * chunk_bytes));
+#pragma unroll
+    for (int j = 0; j < kHeld; ++j) {
+      if (32 * j >= rows) break;  // the same for every lane
+#pragma unroll 1  // unrolled, the copies spill the producer warpgroup's 56 registers (tiles of 256 rows)
+      for (int i = 0; i < 32 / kRowsPerCopy; ++i) {
+        const int r = 32 * j + i * kRowsPerCopy + lane / kUnits;
+        const int from = __shfl_sync(0xffffffffu, source[j], r % 32);
+        if (r < rows) {
+          const bool ok = column_ok && from >= 0;
+          const unsigned char* src = a + (ok ? (static_cast<long long>(from) * Cfg::kK + column) * 2 : 0);
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(destination + r * 128 + ((u ^ (r % 8)) * 16)),
+                       "l"(src), "r"(ok ? 16 : 0)
+                       : "memory");
+        }
+      }
+    }
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(
+                     static_cast<unsigned>(__cvta_generic_to_shared(full)))
+                 : "memory");
+  }
+};
+
 // One tile's k-loop for one consumer warpgroup: wgmma m64 x kRegs*2, reading
 // wgmma's A operand from `a_offset` bytes into each stage and its B operand
 // from `b_offset` bytes. `it` counts k-blocks over all tiles (stage and phase).
@@ -133,6 +203,7 @@ __device__ __forceinline__ void mainloop(float (&acc)[kRegs], unsigned char* til
   for (int kb = 0; kb < Cfg::kKBlocks; ++kb, ++it) {
     const unsigned s = it % Cfg::kStages;
     mbarrier_wait(&full[s], (it / Cfg::kStages) & 1);
+    gathered_stage_fence<Cfg>();
     const unsigned char* stage = tiles + s * Cfg::kStageBytes;
     const unsigned long long a_desc = operand_descriptor<Cfg::kOperandAMnMajor>(stage + a_offset);
     const unsigned long long b_desc = operand_descriptor<Cfg::kOperandBMnMajor>(stage + b_offset);
@@ -227,7 +298,7 @@ __device__ __forceinline__ void warp_specialized_gemm(const Params& p, Init init
     if (threadIdx.x % 128 == 0)
       produce(tiles, full, empty, after_barriers);
     else if (Cfg::kLoaderWarps > 0 && threadIdx.x % 128 / 32 == 1)
-      load(full, empty, after_barriers);
+      load(tiles, full, empty, after_barriers);
   } else {
     if constexpr (Cfg::kConsumers > 1) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Cfg::kConsumerRegisters));
     consume(tiles, full, empty, reinterpret_cast<unsigned char*>(empty + Cfg::kStages));
@@ -238,8 +309,8 @@ __device__ __forceinline__ void warp_specialized_gemm(const Params& p, Init init
 // The frame without a loader warp (Cfg::kLoaderWarps = 0).
 template <class Cfg, class Params, class Init, class Producer, class Consumer>
 __device__ __forceinline__ void warp_specialized_gemm(const Params& p, Init init, Producer produce, Consumer consume) {
-  warp_specialized_gemm<Cfg>(p, init, produce, [](unsigned long long*, unsigned long long*, unsigned char*) {},
-                             consume);
+  warp_specialized_gemm<Cfg>(
+      p, init, produce, [](unsigned char*, unsigned long long*, unsigned long long*, unsigned char*) {}, consume);
 }
 
 }  // namespace kjit

@@ -75,7 +75,8 @@ struct GroupedGemmSwapAbConfig : Problem {
   // grouped_gemm_shared_bytes computes the same; the generated code checks).
   static constexpr int kSharedBytes = kStages * kStageBytes + 1024 + 16 * kStages + kScratchBytes + kQueueBytes;
   static constexpr int kProducerRegisters = 56, kConsumerRegisters = 224;
-  static constexpr int kLoaderWarps = 0;  // TMA brings everything a stage holds
+  // TMA brings everything a stage holds, but a gathered row tile (swap_ab_gather_loader).
+  static constexpr int kLoaderWarps = Problem::kGather ? 1 : 0;
   static_assert(kBM % kRowStep == 0 && kBM >= kRowStep && kBM <= 256, "wgmma N is at most 256");
   static_assert(kBN == 64 || kBN == 128, "one or two consumer warpgroups");
   static_assert(kCluster == 1 || (kCluster == 2 && kN % (kBN * kCluster) == 0),
@@ -212,9 +213,11 @@ __device__ __forceinline__ void swap_ab_producer(const kjit_grouped_gemm_sm90_pa
                                                  unsigned long long* full, unsigned long long* empty,
                                                  unsigned char* after_barriers) {
   namespace ptx = cuda::ptx;
-  asm volatile("prefetch.tensormap [%0];" ::"l"(&p.a_map) : "memory");
   asm volatile("prefetch.tensormap [%0];" ::"l"(&p.b_map) : "memory");
-  asm volatile("prefetch.tensormap [%0];" ::"l"(&p.a_wide_map) : "memory");
+  if constexpr (!Cfg::kGather) {
+    asm volatile("prefetch.tensormap [%0];" ::"l"(&p.a_map) : "memory");
+    asm volatile("prefetch.tensormap [%0];" ::"l"(&p.a_wide_map) : "memory");
+  }
   const int rank = cluster_rank<Cfg>();
   const TileQueue<Cfg> queue(after_barriers);
   const unsigned long long clusters = gridDim.x / Cfg::kCluster;
@@ -229,7 +232,8 @@ __device__ __forceinline__ void swap_ab_producer(const kjit_grouped_gemm_sm90_pa
     // Draw the next index now; the atomic's latency passes while this tile's copies are issued.
     unsigned long long next = 0;
     if (rank == 0) next = p.gemm.tile_counter != nullptr ? clusters + atomicAdd(p.gemm.tile_counter, 1u) : t + clusters;
-    const int boxes = (tile.rows + Cfg::kRowStep - 1) / Cfg::kRowStep;
+    // A gathered row tile is the loader warp's (it arrives on the stage's full barrier itself).
+    const int boxes = Cfg::kGather ? 0 : (tile.rows + Cfg::kRowStep - 1) / Cfg::kRowStep;
     // Copies of the rows: wide boxes first, then narrow ones (at most 2 + 3 for 256 rows, not 8).
     constexpr int kNarrowPerWide = Cfg::kWideRows / Cfg::kRowStep;
     const int wide = boxes / kNarrowPerWide, copies = wide + boxes % kNarrowPerWide;
@@ -264,6 +268,35 @@ __device__ __forceinline__ void swap_ab_producer(const kjit_grouped_gemm_sm90_pa
       }
     }
     if (rank == 0) queue.publish(i + 1, next);
+  }
+}
+
+// The gather loader warp (Cfg::kGather): follows the tile queue and the
+// stages as the producer thread does and fills each stage's row tile from
+// the tile's rows of `a` through sorted_to_flat (GatheredRows; kRowChunks
+// tiles of 64 k side by side). A block of a pair gathers its own copy of the
+// pair's rows (cp.async has no multicast).
+template <class Cfg>
+__device__ __forceinline__ void swap_ab_gather_loader(const kjit_grouped_gemm_sm90_params& p, unsigned char* tiles,
+                                                      unsigned long long* full, unsigned long long* empty,
+                                                      unsigned char* after_barriers) {
+  const TileQueue<Cfg> queue(after_barriers);
+  SwapAbTileWalker<Cfg> walk{&p.gemm, cluster_rank<Cfg>()};
+  SwapAbTile tile;
+  GatheredRows<Cfg, Cfg::kBM, Cfg::kRowChunks> rows;
+  unsigned it = 0;
+  for (unsigned i = 0;; ++i) {
+    const unsigned long long t = queue.read(i);
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) queue.release(i);
+    if (!walk.seek(static_cast<long long>(t), tile)) break;
+    rows.start_tile(p.gemm, tile.row0, tile.rows);
+    for (int kb = 0; kb < Cfg::kKBlocks; ++kb, ++it) {
+      const unsigned s = it % Cfg::kStages;
+      mbarrier_wait(&empty[s], ((it / Cfg::kStages) & 1) ^ 1);
+      rows.copy(p.gemm, tiles + s * Cfg::kStageBytes + Cfg::kWTileBytes, Cfg::kBM * 128,
+                static_cast<long long>(kb) * Cfg::kBK, &full[s]);
+    }
   }
 }
 
@@ -505,6 +538,9 @@ __device__ __forceinline__ void grouped_gemm_sm90_swap_ab(const kjit_grouped_gem
       p, [](unsigned char* after_barriers) { TileQueue<Cfg>(after_barriers).init(); },
       [&](unsigned char* tiles, unsigned long long* full, unsigned long long* empty, unsigned char* after_barriers) {
         swap_ab_producer<Cfg>(p, tiles, full, empty, after_barriers);
+      },
+      [&](unsigned char* tiles, unsigned long long* full, unsigned long long* empty, unsigned char* after_barriers) {
+        swap_ab_gather_loader<Cfg>(p, tiles, full, empty, after_barriers);
       },
       [&](unsigned char* tiles, unsigned long long* full, unsigned long long* empty, unsigned char* after_barriers) {
         swap_ab_consumer<Cfg>(p, tiles, full, empty, after_barriers);

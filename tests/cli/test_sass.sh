@@ -27,7 +27,8 @@ unset KJIT_CACHE_PATH
 # Both layouts in every sm_90a bucket, the f32 output with a row scale (another
 # epilogue), a dequant, the routing kernels, the fp8 quantizer, the FP8
 # GEMM in both weight scalings, the W8A16 and W4A16 GEMMs, the MX quantizer in every form, the MX dequant
-# and scale-layout kernels, and the MoE activation in every form.
+# and scale-layout kernels, the MoE activation in every form, and the
+# gathering (sorted_to_flat) bf16 and W8A16 / W4A16 GEMMs.
 cat > "$work/sass.json" <<'JSON'
 {"kjit_manifest": 1, "name": "sass check", "kernels": [
   {"op": "grouped_gemm", "out": "bf16", "n": 4096, "k": 7168, "experts": 32,
@@ -50,6 +51,11 @@ cat > "$work/sass.json" <<'JSON'
    "row_scale": true},
   {"op": "grouped_gemm_mixed", "out": "bf16", "n": 4096, "k": 7168, "experts": 32, "weights": "e_n_k",
    "weight": "nvfp4", "weight_scale": "per_block", "scale_convention": "divide", "offsets": "cumulative_end"},
+  {"op": "grouped_gemm", "out": "bf16", "n": 4096, "k": 7168, "experts": 32, "weights": "e_n_k",
+   "offsets": "cumulative_end", "gather": true},
+  {"op": "grouped_gemm_mixed", "out": "bf16", "n": 4096, "k": 7168, "experts": 32, "weights": "e_n_k",
+   "weight": ["f8_e4m3fn", "mxfp4"], "weight_scale": "per_block", "scale_convention": "multiply",
+   "offsets": "cumulative_end", "gather": true},
   {"op": "grouped_gemm_mixed", "out": "f32", "n": 2880, "k": 2880, "experts": 128, "weights": "e_n_k",
    "weight": "mxfp4", "weight_scale": "per_block", "scale_convention": "multiply", "offsets": "cumulative_end",
    "row_scale": true},
@@ -162,18 +168,19 @@ while read -r key arch op kernel canonical; do
   passed=$((passed + 1))
 done < "$work/entries.txt"
 
-# Three problems: 3 sm_90a configurations each (the heuristic's buckets: 64x256,
-# swap AB alone, swap AB in pairs along N), one portable kernel each on sm_100a
-# and sm_120a.
-[ "$gemm_sm90" -eq 9 ] || fail "expected 9 SM90 GEMM kernels, read $gemm_sm90"
-[ "$gemm_portable" -eq 6 ] || fail "expected 6 portable GEMM kernels, read $gemm_portable"
+# Four problems (one gathering): 3 sm_90a configurations each (the heuristic's
+# buckets: 64x256, swap AB alone, swap AB in pairs along N), one portable kernel
+# each on sm_100a and sm_120a.
+[ "$gemm_sm90" -eq 12 ] || fail "expected 12 SM90 GEMM kernels, read $gemm_sm90"
+[ "$gemm_portable" -eq 8 ] || fail "expected 8 portable GEMM kernels, read $gemm_portable"
 # FP8: two problems, two sm_90a buckets each (alone, pairs along N); one
 # portable kernel per problem on sm_100a and sm_120a.
 [ "$fp8_sm90" -eq 4 ] || fail "expected 4 SM90 FP8 GEMM kernels, read $fp8_sm90"
 [ "$fp8_portable" -eq 4 ] || fail "expected 4 portable FP8 GEMM kernels, read $fp8_portable"
-# W8A16 and W4A16: two problems each, three sm_90a buckets each (row tiles of
-# 32, 64, 128); one portable kernel per problem on sm_100a and sm_120a.
-[ "$mixed_sm90" -eq 12 ] || fail "expected 12 SM90 W8A16/W4A16 GEMM kernels, read $mixed_sm90"
-[ "$mixed_portable" -eq 8 ] || fail "expected 8 portable W8A16/W4A16 GEMM kernels, read $mixed_portable"
+# W8A16 and W4A16: three problems each (one gathering), three sm_90a buckets
+# each (row tiles of 32, 64, 128); one portable kernel per problem on sm_100a
+# and sm_120a.
+[ "$mixed_sm90" -eq 18 ] || fail "expected 18 SM90 W8A16/W4A16 GEMM kernels, read $mixed_sm90"
+[ "$mixed_portable" -eq 12 ] || fail "expected 12 portable W8A16/W4A16 GEMM kernels, read $mixed_portable"
 echo "$passed kernels read, $failed failures"
 [ "$failed" -eq 0 ]

@@ -185,6 +185,63 @@ inline void check_bad_offsets_refused(const kjit_grouped_gemm_desc& g, const Dev
   CHECK(out.written_words() == 0);
 }
 
+// A gathered A (kjit_grouped_gemm_desc's sorted_to_flat, tokens, top_k):
+// `tokens` random bf16 rows of K, and sorted_to_flat entries for `rows` GEMM
+// rows, a shuffled draw of distinct flat indices with every 7th entry -1 (a
+// zero row), beside the copy that gather reads ([rows, K]), on the device.
+struct GatheredA {
+  int64_t tokens, top_k;
+  std::vector<uint16_t> copy;
+  std::vector<int32_t> sorted_to_flat;
+  DeviceBuffer source_buffer, copy_buffer, index_buffer;
+
+  GatheredA(int64_t rows, int64_t k, int64_t top_k_)
+      : tokens((rows + top_k_ - 1) / top_k_ + 3), top_k(top_k_), copy(static_cast<size_t>(rows * k)),
+        sorted_to_flat(static_cast<size_t>(rows)), source_buffer(0, std::max<size_t>(16, tokens * k * 2)),
+        copy_buffer(0, std::max<size_t>(16, copy.size() * 2)), index_buffer(0, std::max<size_t>(16, rows * 4)) {
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<uint16_t> source(static_cast<size_t>(tokens * k));
+    for (auto& v : source) v = kjit::reference::bf16_bits_rne(normal(rng()));
+    std::vector<int32_t> flat(static_cast<size_t>(tokens * top_k));
+    std::iota(flat.begin(), flat.end(), 0);
+    std::shuffle(flat.begin(), flat.end(), rng());
+    for (int64_t r = 0; r < rows; ++r) {
+      const int32_t entry = r % 7 == 3 ? -1 : flat[static_cast<size_t>(r)];
+      sorted_to_flat[static_cast<size_t>(r)] = entry;
+      if (entry >= 0)
+        std::copy_n(source.begin() + entry / top_k * k, k, copy.begin() + r * k);
+    }
+    source_buffer.upload(source);
+    upload();
+  }
+  // After a change to `copy` and `sorted_to_flat`.
+  void upload() {
+    if (!copy.empty()) copy_buffer.upload(copy);
+    if (!sorted_to_flat.empty()) index_buffer.upload(sorted_to_flat);
+  }
+  // `g` reading A from the copy, or gathering it.
+  kjit_grouped_gemm_desc from_copy(kjit_grouped_gemm_desc g) const {
+    g.a = copy_buffer.get();
+    return g;
+  }
+  kjit_grouped_gemm_desc gathering(kjit_grouped_gemm_desc g) const {
+    g.a = source_buffer.get();
+    g.sorted_to_flat = static_cast<const int32_t*>(index_buffer.get());
+    g.tokens = tokens;
+    g.top_k = top_k;
+    return g;
+  }
+};
+
+// The GEMM `g` gathering its rows writes exactly what it writes from the
+// gathered copy (the same kernel, the same values in the same order), rows
+// past the last offset included.
+inline void check_gather_equals_copy(const kjit_grouped_gemm_desc& g, DeviceBuffer& out, const GatheredA& a) {
+  const auto want = grouped_gemm_output(a.from_copy(g), out);
+  const auto got = grouped_gemm_output(a.gathering(g), out);
+  CHECK(got == want);
+}
+
 // The bytes of `out` in [from, to) that are none of DeviceBuffer::poison's.
 inline int64_t touched_bytes(const std::vector<uint8_t>& out, size_t from, size_t to) {
   int64_t touched = 0;

@@ -3,7 +3,8 @@
 // counts that are no multiple of any tile, the smallest N and K, 1 to 256
 // experts, both weight layouts and offset conventions, row scales, bf16 and
 // fp32 output, rows past the last offset untouched, bad offsets rejected on
-// the device, and graph replay with per-expert counts changing in between.
+// the device, graph replay with per-expert counts changing in between, and A
+// gathered through sorted_to_flat (bit for bit the GEMM on the gathered copy).
 // On Hopper every case runs through each kernel path: the SM90 kernel in both
 // of its token-count buckets (64- and 128-row tiles) and the portable kernel
 // forced on the same GPU; elsewhere through the arch's default.
@@ -357,6 +358,53 @@ TEST_CASE("256 experts with random counts") {
   std::uniform_int_distribution<int> count(0, 12);
   for (int e = 0; e < 256; ++e) c.counts.push_back(count(rng()));
   run_gemm(c);
+}
+
+TEST_CASE("a gathered A (sorted_to_flat) gives the bytes of the GEMM on the gathered copy: every kernel path, K no "
+          "multiple of the k-block, zero rows, a fused activation") {
+  GemmCase c;
+  c.k = 200;  // a last k-block of 8 columns: the gather zero-fills past K as TMA does
+  c.counts = {37, 0, 130, 5, 64, 1, 0, 259};
+  c.extra_rows = 5;
+  const int64_t rows = std::accumulate(c.counts.begin(), c.counts.end(), int64_t{0}) + c.extra_rows;
+  const auto d = gemm_inputs(c, rows);
+  GemmBuffers b(c, rows, d);
+  const GatheredA a(rows, c.k, 4);
+  for (const auto& path : kernel_paths()) {
+    if (c.n % path.n_multiple != 0) continue;
+    const std::string path_name = path.name;
+    CAPTURE(path_name);
+    check_gather_equals_copy(on_path(b.desc(c, rows), path), b.out, a);
+    auto fused = on_path(b.desc(c, rows), path);
+    fused.activation = KJIT_ACTIVATION_SILU_MUL;
+    check_gather_equals_copy(fused, b.out, a);
+  }
+}
+
+TEST_CASE("a gather entry past tokens * top_k reads zeros and is reported") {
+  GemmCase c;
+  c.counts = {40, 0, 90};
+  const int64_t rows = 130;
+  const auto d = gemm_inputs(c, rows);
+  GemmBuffers b(c, rows, d);
+  GatheredA a(rows, c.k, 2);
+  const int32_t bad = static_cast<int32_t>(a.tokens * a.top_k + 3);
+  a.sorted_to_flat[77] = bad;
+  std::fill_n(a.copy.begin() + 77 * c.k, c.k, uint16_t{0});
+  a.upload();
+  for (const auto& path : kernel_paths()) {
+    const std::string path_name = path.name;
+    CAPTURE(path_name);
+    const auto g = on_path(b.desc(c, rows), path);
+    const auto want = grouped_gemm_output(a.from_copy(g), b.out);
+    b.out.poison();
+    const auto gathering = a.gathering(g);
+    REQUIRE_MESSAGE(kjit_grouped_gemm(&gathering, nullptr) == KJIT_OK, std::string(kjit_last_error_message()));
+    CHECK(kjit_device_errors(0) == KJIT_ERROR_DEVICE_REPORTED);
+    CHECK(std::string(kjit_last_error_message()).find("flat index " + std::to_string(bad) + " past tokens * top_k") !=
+          std::string::npos);
+    CHECK(b.out.download<uint8_t>(0, b.out.bytes) == want);
+  }
 }
 
 TEST_CASE("decreasing or out-of-range offsets write nothing and are reported") {

@@ -193,6 +193,32 @@ TEST_CASE("W4A16: both formats, NVFP4's global multiplied and divided, uneven ro
     }
 }
 
+TEST_CASE("W4A16 with a gathered A (sorted_to_flat): the bytes of the GEMM on the gathered copy, every row tile, "
+          "the portable kernel, gpt-oss's K = 2880 (short last k-block)") {
+  for (auto format : {KJIT_BLOCK_FORMAT_NVFP4, KJIT_BLOCK_FORMAT_MXFP4}) {
+    CAPTURE(format);
+    Fp4Case c;
+    c.k = 2880;
+    c.counts = {0, 37, 1, 0, 200, 64, 3, 130};
+    c.extra_rows = 11;
+    c.format = format;
+    const auto d = fp4_inputs(c);
+    Fp4Buffers b(c, d);
+    const GatheredA a(c.rows(), c.k, 4);
+    for (int tile_m : {0, 32, 64, 128}) {
+      for (auto kernel : {KJIT_GEMM_KERNEL_AUTO, KJIT_GEMM_KERNEL_PORTABLE}) {
+        if (kernel == KJIT_GEMM_KERNEL_AUTO && tile_m != 0 && !is_hopper()) continue;
+        CAPTURE(tile_m);
+        CAPTURE(kernel);
+        auto g = b.desc(c);
+        g.kernel = kernel;
+        g.tile_m = tile_m;
+        check_gather_equals_copy(g, b.out, a);
+      }
+    }
+  }
+}
+
 TEST_CASE("W4A16: every row-tile bucket, gpt-oss's K = N = 2880 (short last k-block, unaligned scale runs)") {
   for (auto format : {KJIT_BLOCK_FORMAT_NVFP4, KJIT_BLOCK_FORMAT_MXFP4})
     for (int per_expert : {3, 48, 150}) {

@@ -211,9 +211,14 @@ def _emulated_weights(w, a, w_scale, w_scale_convention, w_format, w_global_scal
 
 def emulated_grouped_gemm(a, w, offsets, *, offsets_convention, weights="e_n_k", out_dtype=None, a_scale=None,
                           w_scale=None, w_scale_convention=None, w_format=None, w_global_scale=None, activation=None,
-                          activation_alpha=1.702, activation_limit=7.0):
+                          activation_alpha=1.702, activation_limit=7.0, gather=None):
     assert offsets_convention == "cumulative_end" and weights == "e_n_k"
     assert (a.dtype == torch.float8_e4m3fn) == (a_scale is not None)
+    if gather is not None:  # the kernel's loads read token sorted_to_flat[r] // top_k; -1 reads zeros
+        assert a_scale is None, "the W8A8 GEMM has no gather"
+        sorted_to_flat, top_k = gather
+        rows = a.float()[(sorted_to_flat.clamp(min=0) // top_k).long()]
+        a = torch.where((sorted_to_flat >= 0)[:, None], rows, 0.0)
     rows_in = dequantize_groups(a, a_scale) if a_scale is not None else a.float()
     w32 = _emulated_weights(w, a, w_scale, w_scale_convention, w_format, w_global_scale)
     out = torch.full((a.shape[0], w.shape[1]), float("nan"))

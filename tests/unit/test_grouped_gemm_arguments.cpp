@@ -235,3 +235,42 @@ TEST_CASE_FIXTURE(GemmFixture, "grouped GEMM argument errors are named and launc
   g.out = out_on_1.data();
   expect_gemm_rejected("'out' is on device 1 but 'b' is on device 0");
 }
+
+TEST_CASE_FIXTURE(GemmFixture, "a gathered A launches without A's TMA maps") {
+  FakeBuffer index(64 * 4, 0);
+  g.sorted_to_flat = reinterpret_cast<const int32_t*>(index.data());
+  g.tokens = 16;
+  g.top_k = 4;
+  auto r = kjit::ops::grouped_gemm(runtime, g, fake_stream(0));
+  REQUIRE_MESSAGE(r.has_value(), r.error().message);
+  CHECK(machine.launches == 1);
+  // The loader warp gathers the rows: only B's map is encoded.
+  REQUIRE(machine.tensor_map_dims.size() == 1);
+  CHECK(machine.tensor_map_dims[0] == std::vector<cuuint64_t>{256, 128, 4});
+}
+
+TEST_CASE_FIXTURE(GemmFixture, "gather argument errors are named and launch nothing") {
+  FakeBuffer index(64 * 4, 0);
+  g.sorted_to_flat = reinterpret_cast<const int32_t*>(index.data());
+  g.tokens = 16;
+  g.top_k = -1;
+  expect_gemm_rejected("top_k must be 0 (no gather) or >= 1, got -1");
+  g.top_k = 0;
+  expect_gemm_rejected("sorted_to_flat and tokens are for a gather");
+  g.top_k = 4;
+  g.tokens = -1;
+  expect_gemm_rejected("tokens must be >= 0 with tokens * top_k within int32");
+  g.tokens = int64_t{1} << 30;
+  expect_gemm_rejected("tokens must be >= 0 with tokens * top_k within int32");
+  g.tokens = 16;
+  g.sorted_to_flat = nullptr;
+  expect_gemm_rejected("'sorted_to_flat' is NULL");
+  g.sorted_to_flat = reinterpret_cast<const int32_t*>(index.data() + 2);
+  expect_gemm_rejected("'sorted_to_flat' must be 4-byte aligned");
+  FakeBuffer index_on_1(64 * 4, 1);
+  g.sorted_to_flat = reinterpret_cast<const int32_t*>(index_on_1.data());
+  expect_gemm_rejected("'sorted_to_flat' is on device 1");
+  g.sorted_to_flat = reinterpret_cast<const int32_t*>(index.data());
+  g.a_dtype = g.b_dtype = KJIT_DTYPE_F8_E4M3FN;
+  expect_gemm_rejected("gather them in kjit_fp8_quantize");
+}

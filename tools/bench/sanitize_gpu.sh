@@ -32,6 +32,8 @@ cases=(
   "dequant|dequant|every dtype, granularity and convention is bit-exact on odd shapes with partial blocks"
   "grouped_gemm|grouped_gemm|one expert owning every row, and a single expert"
   "gemm_activation|grouped_gemm|the fused activation with N a multiple of every tile and a tall expert (cluster paths)"
+  "gemm_gather|grouped_gemm|a gather entry past tokens * top_k reads zeros and is reported"
+  "w8a16_gather|grouped_gemm_mixed|a gathered A (sorted_to_flat) gives the bytes of the W8A16 GEMM on the gathered copy: every row tile, the portable kernel, K no multiple of the k-block, zero rows"
   "routing_one_block|moe_routing|routing equals the CPU reference: prefill, decode, both offset conventions, many experts"
   "routing_many_blocks|moe_routing|with a workspace, large batches route over many blocks to the same result"
   "combine|moe_combine|combine sums weighted expert rows back in token order, skipping other ranks' rows"

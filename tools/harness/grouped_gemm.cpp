@@ -19,7 +19,8 @@ uint16_t bf16_bits(float f) { return reference::bf16_bits_rne(f); }
 
 // Runs a grouped GEMM kind once on random routing (empty experts included,
 // rows past the last offset) and returns the relative error of 6 sampled
-// rows against a float64 reference. Output starts as 0xA5 bytes (-2.9e-16 in
+// rows against a float64 reference (with its fused activation, and with its
+// rows gathered through sorted_to_flat when the kind has them). Output starts as 0xA5 bytes (-2.9e-16 in
 // bf16 and f32), so an unwritten row shows as a ~100% error; the rows past
 // the last offset must keep those bytes.
 Expected<double> check_grouped_gemm(Runtime& runtime, DeviceState& device, const codegen::GroupedGemmSpec& spec,
@@ -45,17 +46,21 @@ Expected<double> check_grouped_gemm(Runtime& runtime, DeviceState& device, const
   std::vector<float> scale(static_cast<size_t>(rows));
   for (auto& v : scale) v = 0.5f + 0.5f * std::abs(normal(rng));
   const int out_bytes = codegen::size_bytes(spec.out);
-  const size_t out_size = static_cast<size_t>(rows * n * out_bytes);
+  const bool fused = spec.activation != codegen::Activation::none;
+  const int64_t out_cols = fused ? n / 2 : n;
+  const size_t out_size = static_cast<size_t>(rows * out_cols * out_bytes);
+  const GatherCheck gathered(a, rows, routed, k, rng);
 
   Buffers buffers(api, device.context);
-  auto da = buffers.upload(a.data(), a.size() * 2);
+  auto da = buffers.upload(spec.gather ? gathered.tokens.data() : a.data(), a.size() * 2);
+  auto dindex = buffers.upload(gathered.sorted_to_flat.data(), gathered.sorted_to_flat.size() * 4);
   auto dw = buffers.upload(nullptr, static_cast<size_t>(experts) * expert_elements * 2);
   auto doff = buffers.upload(routing.offsets.data(), routing.offsets.size() * 4);
   auto dscale = buffers.upload(scale.data(), scale.size() * 4);
   auto dout = buffers.upload(nullptr, out_size);  // 0xA5 poison
   // Swap AB's tile counter (kjit zeroes it before the launch; the poison checks that).
   auto dworkspace = buffers.upload(nullptr, kjit_grouped_gemm_workspace_bytes());
-  for (auto* r : {&da, &dw, &doff, &dscale, &dout, &dworkspace})
+  for (auto* r : {&da, &dindex, &dw, &doff, &dscale, &dout, &dworkspace})
     if (!*r) return std::unexpected(r->error());
   KJIT_TRY(upload_routed_weights(buffers, *dw, w, active));
   kjit_grouped_gemm_desc g = launch_desc(spec, KJIT_DTYPE_BF16, rows, *da, *dw, *dout, *doff, *dscale);
@@ -70,11 +75,13 @@ Expected<double> check_grouped_gemm(Runtime& runtime, DeviceState& device, const
   g.tile_n = spec.tile_n;
   g.cluster = spec.cluster;
   g.cluster_axis = spec.cluster_axis == codegen::ClusterAxis::n ? KJIT_GEMM_CLUSTER_ALONG_N : KJIT_GEMM_CLUSTER_ALONG_M;
+  set_activation(g, spec.activation);
+  if (spec.gather) gathered.apply(g, *da, *dindex);
   KJIT_TRY(ops::grouped_gemm(runtime, g, nullptr));
   KJIT_TRY(runtime.take_device_errors(device.ordinal));
   std::vector<uint8_t> out(out_size);
   KJIT_TRY(buffers.download(out.data(), *dout, out_size));
-  KJIT_TRY(rows_past_routed_untouched(out, static_cast<size_t>(routed * n * out_bytes)));
+  KJIT_TRY(rows_past_routed_untouched(out, static_cast<size_t>(routed * out_cols * out_bytes)));
   RelativeError error;
   std::vector<double> want(static_cast<size_t>(n));
   std::uniform_int_distribution<int64_t> pick(0, std::max<int64_t>(routed - 1, 0));
@@ -88,9 +95,15 @@ Expected<double> check_grouped_gemm(Runtime& runtime, DeviceState& device, const
         ref += double(reference::bf16_to_float(a[static_cast<size_t>(row * k + kk)])) *
                double(reference::bf16_to_float(w[static_cast<size_t>(e)][wi]));
       }
-      want[static_cast<size_t>(col)] = spec.row_scale ? ref * scale[static_cast<size_t>(row)] : ref;
+      want[static_cast<size_t>(col)] = ref;
     }
-    error.add_row(out, out_bytes, row, want);
+    const double row_scale = spec.row_scale ? double(scale[static_cast<size_t>(row)]) : 1.0;
+    if (fused) {
+      error.add_row(out, out_bytes, row, activated_row(want, spec.activation, row_scale, g));
+    } else {
+      for (auto& v : want) v *= row_scale;
+      error.add_row(out, out_bytes, row, want);
+    }
   }
   return error.value();
 }

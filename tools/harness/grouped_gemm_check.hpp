@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <numeric>
+#include <random>
 #include <span>
 #include <vector>
 
@@ -79,6 +81,63 @@ kjit_grouped_gemm_desc launch_desc(const Spec& spec, kjit_dtype in, int64_t rows
   g.offsets = reinterpret_cast<const int32_t*>(offsets);
   g.row_scale = spec.row_scale ? reinterpret_cast<const float*>(row_scale) : nullptr;
   return g;
+}
+
+// A check's gathered A (a spec with `gather`): the kernel reads GEMM row r
+// as token sorted_to_flat[r] / kTopK, and the tokens are the rows of `a` in
+// a shuffled order, so what it gathers is `a` itself, which the reference
+// reads. Rows past the routed ones get -1 (they belong to no expert).
+struct GatherCheck {
+  static constexpr int64_t kTopK = 2;
+  std::vector<uint16_t> tokens;  // [rows, K]
+  std::vector<int32_t> sorted_to_flat;
+
+  GatherCheck(const std::vector<uint16_t>& a, int64_t rows, int64_t routed, int64_t k, std::mt19937_64& rng)
+      : tokens(a.size()), sorted_to_flat(static_cast<size_t>(rows), -1) {
+    std::vector<int32_t> token_of(static_cast<size_t>(rows));
+    std::iota(token_of.begin(), token_of.end(), 0);
+    std::shuffle(token_of.begin(), token_of.end(), rng);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int32_t t = token_of[static_cast<size_t>(r)];
+      std::copy_n(a.begin() + r * k, k, tokens.begin() + t * k);
+      if (r < routed) sorted_to_flat[static_cast<size_t>(r)] = static_cast<int32_t>(t * kTopK + r % kTopK);
+    }
+  }
+  // `g` reading its rows from `tokens_on_device` through `index_on_device` (this check's, uploaded).
+  void apply(kjit_grouped_gemm_desc& g, CUdeviceptr tokens_on_device, CUdeviceptr index_on_device) const {
+    g.a = reinterpret_cast<const void*>(tokens_on_device);
+    g.sorted_to_flat = reinterpret_cast<const int32_t*>(index_on_device);
+    g.tokens = static_cast<int64_t>(sorted_to_flat.size());
+    g.top_k = kTopK;
+  }
+};
+
+// A spec's fused activation in the descriptor (kjit.h's default alpha and limit).
+inline void set_activation(kjit_grouped_gemm_desc& g, codegen::Activation activation) {
+  g.activation = activation == codegen::Activation::silu_mul     ? KJIT_ACTIVATION_SILU_MUL
+                 : activation == codegen::Activation::swiglu_oai ? KJIT_ACTIVATION_SWIGLU_OAI
+                                                                 : KJIT_ACTIVATION_NONE;
+}
+
+// The fused activation's reference row, in float64: the product row `h` (N
+// columns in gate/up groups of 8, no row scale) -> N / 2 columns
+// act(h[16g + i], h[16g + 8 + i]) * scale, kjit.h's formulas.
+inline std::vector<double> activated_row(std::span<const double> h, codegen::Activation activation, double scale,
+                                         const kjit_grouped_gemm_desc& g) {
+  std::vector<double> out(h.size() / 2);
+  for (size_t j = 0; j < out.size(); ++j) {
+    const double gate = h[j / 8 * 16 + j % 8], up = h[j / 8 * 16 + 8 + j % 8];
+    double v;
+    if (activation == codegen::Activation::silu_mul) {
+      v = gate / (1.0 + std::exp(-gate)) * up;
+    } else {
+      const double gc = std::min(gate, double(g.activation_limit));
+      const double uc = std::clamp(up, -double(g.activation_limit), double(g.activation_limit));
+      v = (uc + 1.0) * gc / (1.0 + std::exp(-double(g.activation_alpha) * gc));
+    }
+    out[j] = v * scale;
+  }
+  return out;
 }
 
 // Fails when a byte of `out` from `routed_bytes` on (the rows past the last offset) lost the poison.

@@ -136,10 +136,14 @@ Expected<double> check_grouped_gemm_mixed(Runtime& runtime, DeviceState& device,
   std::vector<float> row_scale(static_cast<size_t>(rows));
   for (auto& v : row_scale) v = 0.5f + 0.5f * std::abs(normal(rng));
   const int out_bytes = codegen::size_bytes(spec.out);
-  const size_t out_size = static_cast<size_t>(rows * n * out_bytes);
+  const bool fused = spec.activation != codegen::Activation::none;
+  const int64_t out_cols = fused ? n / 2 : n;
+  const size_t out_size = static_cast<size_t>(rows * out_cols * out_bytes);
+  const GatherCheck gathered(a, rows, routed, k, rng);
 
   Buffers buffers(api, device.context);
-  auto da = buffers.upload(a.data(), a.size() * 2);
+  auto da = buffers.upload(spec.gather ? gathered.tokens.data() : a.data(), a.size() * 2);
+  auto dindex = buffers.upload(gathered.sorted_to_flat.data(), gathered.sorted_to_flat.size() * 4);
   auto dw = buffers.upload(nullptr, static_cast<size_t>(experts) * expert_codes);
   auto dscales = buffers.upload(fp4 ? block_scales.data() : static_cast<const void*>(scales.data()),
                                 fp4 ? block_scales.size() : scales.size() * 4);
@@ -149,7 +153,7 @@ Expected<double> check_grouped_gemm_mixed(Runtime& runtime, DeviceState& device,
   auto dout = buffers.upload(nullptr, out_size);  // 0xA5 poison
   // Swap AB's tile counter (kjit zeroes it before the launch; the poison checks that).
   auto dworkspace = buffers.upload(nullptr, kjit_grouped_gemm_workspace_bytes());
-  for (auto* r : {&da, &dw, &dscales, &dglobal, &doff, &drow_scale, &dout, &dworkspace})
+  for (auto* r : {&da, &dindex, &dw, &dscales, &dglobal, &doff, &drow_scale, &dout, &dworkspace})
     if (!*r) return std::unexpected(r->error());
   KJIT_TRY(upload_routed_weights(buffers, *dw, w, active));
   kjit_grouped_gemm_desc g = launch_desc(spec, KJIT_DTYPE_BF16, rows, *da, *dw, *dout, *doff, *drow_scale);
@@ -173,11 +177,13 @@ Expected<double> check_grouped_gemm_mixed(Runtime& runtime, DeviceState& device,
     g.tile_m = spec.tile_m;
     g.tile_n = spec.tile_n;
   }
+  set_activation(g, spec.activation);
+  if (spec.gather) gathered.apply(g, *da, *dindex);
   KJIT_TRY(ops::grouped_gemm(runtime, g, nullptr));
   KJIT_TRY(runtime.take_device_errors(device.ordinal));
   std::vector<uint8_t> out(out_size);
   KJIT_TRY(buffers.download(out.data(), *dout, out_size));
-  KJIT_TRY(rows_past_routed_untouched(out, static_cast<size_t>(routed * n * out_bytes)));
+  KJIT_TRY(rows_past_routed_untouched(out, static_cast<size_t>(routed * out_cols * out_bytes)));
 
   std::vector<int64_t> sampled;
   for (int64_t e = 0, row = 0; e < experts; row += counts[static_cast<size_t>(e)], ++e)
@@ -201,9 +207,13 @@ Expected<double> check_grouped_gemm_mixed(Runtime& runtime, DeviceState& device,
       converted = reference::dequantize_mixed_expert(weights_of_e, 0);
       converted_of = e;
     }
+    const double scale = spec.row_scale ? double(row_scale[static_cast<size_t>(row)]) : 1.0;
     reference::mixed_gemm_row(std::span(a).subspan(static_cast<size_t>(row * k), static_cast<size_t>(k)), converted,
-                              weights_of_e, spec.row_scale ? double(row_scale[static_cast<size_t>(row)]) : 1.0, want);
-    error.add_row(out, out_bytes, row, want);
+                              weights_of_e, fused ? 1.0 : scale, want);
+    if (fused)
+      error.add_row(out, out_bytes, row, activated_row(want, spec.activation, scale, g));
+    else
+      error.add_row(out, out_bytes, row, want);
   }
   return error.value();
 }

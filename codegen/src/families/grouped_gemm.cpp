@@ -117,10 +117,11 @@ std::string_view name(ClusterAxis a) { return kClusterAxisNames[static_cast<size
 
 std::string Family<GroupedGemmSpec>::canonical(const GroupedGemmSpec& g) {
   // " activation=..." only when fused, so unfused kernels keep their keys.
-  return fmt::format("grouped_gemm a=bf16 b=bf16 out={} n={} k={} experts={} weights={} offsets={} row_scale={}{}{}",
+  return fmt::format("grouped_gemm a=bf16 b=bf16 out={} n={} k={} experts={} weights={} offsets={} row_scale={}{}{}{}",
                      name(g.out), g.n, g.k, g.experts, name(g.weights), name(g.offsets), g.row_scale,
                      g.activation != Activation::none ? fmt::format(" activation={}", name(g.activation))
                                                       : std::string(),
+                     g.gather ? " gather=sorted_to_flat" : "",
                      g.configured() ? fmt::format(" kernel={} tile={}x{}x{} stages={} cluster={}{}", name(g.kernel),
                                                   g.tile_m, g.tile_n, g.tile_k, g.stages, g.cluster,
                                                   g.cluster > 1 ? fmt::format(" along {}", name(g.cluster_axis))
@@ -133,6 +134,7 @@ nlohmann::json Family<GroupedGemmSpec>::to_json(const GroupedGemmSpec& g) {
                       {"k", g.k},       {"experts", g.experts},       {"weights", name(g.weights)},
                       {"offsets", name(g.offsets)}, {"row_scale", g.row_scale}};
   if (g.activation != Activation::none) j["activation"] = name(g.activation);
+  if (g.gather) j["gather"] = true;
   if (g.configured()) {
     j["kernel"] = name(g.kernel);
     j["tile"] = {g.tile_m, g.tile_n, g.tile_k};
@@ -148,6 +150,7 @@ Expected<GroupedGemmSpec> Family<GroupedGemmSpec>::from_json(SpecReader& reader)
   KJIT_TRY(read_gemm_problem(reader, s));
   s.weights = KJIT_TRY(reader.enumeration<WeightLayout>("weights"));
   if (reader.has("activation")) s.activation = KJIT_TRY(reader.enumeration<Activation>("activation"));
+  s.gather = KJIT_TRY(reader.boolean_or("gather", false));
   // A configuration (cache metadata) names its kernel, tile and stages; a
   // problem (manifests) names none of them.
   if (!reader.has("kernel")) {
@@ -173,7 +176,7 @@ const std::vector<FieldRule>& Family<GroupedGemmSpec>::schema() {
       text_field("out", {"bf16", "f32"}), integer_field("n", 8, kMaxDimension), integer_field("k", 8, kMaxDimension),
       integer_field("experts", 1, kMaxExperts), text_field("weights", {"e_n_k", "e_k_n"}),
       text_field("offsets", {"cumulative_end", "with_leading_zero"}), boolean_field("row_scale"),
-      text_field("activation", {"none", "silu_mul", "swiglu_oai"}, false),
+      text_field("activation", {"none", "silu_mul", "swiglu_oai"}, false), boolean_field("gather"),
       // A configuration's fields (cache metadata; rare in manifests). Bounded so they stay in int;
       // validate says which are supported.
       text_field("kernel", {"mma_sync", "wgmma_sm90", "wgmma_sm90_swap_ab"}, false),
@@ -187,7 +190,8 @@ void Family<GroupedGemmSpec>::hash(const GroupedGemmSpec& g, HashMixer& h) {
   h.mix(static_cast<uint64_t>(g.k));
   h.mix(static_cast<uint64_t>(g.experts));
   h.mix(static_cast<uint64_t>(g.out) | static_cast<uint64_t>(g.weights) << 8 | static_cast<uint64_t>(g.offsets) << 16 |
-        static_cast<uint64_t>(g.row_scale) << 24 | static_cast<uint64_t>(g.activation) << 32);
+        static_cast<uint64_t>(g.row_scale) << 24 | static_cast<uint64_t>(g.activation) << 32 |
+        static_cast<uint64_t>(g.gather) << 40);
   h.mix(static_cast<uint64_t>(g.tile_m) << 32 | static_cast<uint64_t>(g.tile_n) << 16 | static_cast<uint64_t>(g.tile_k));
   h.mix(static_cast<uint64_t>(g.cluster_axis) << 24 | static_cast<uint64_t>(g.kernel) << 16 |
         static_cast<uint64_t>(g.stages) << 8 | static_cast<uint64_t>(g.cluster));
@@ -212,9 +216,9 @@ Expected<void> Family<GroupedGemmSpec>::supported_on(const GroupedGemmSpec& s, c
 
 RenderedKernel Family<GroupedGemmSpec>::render(const GroupedGemmSpec& s) {
   const auto problem =
-      fmt::format("kjit::GemmProblem<{}LL, {}LL, {}, {}, {}, {}, {}, kjit::Activation::{}>", s.n, s.k, s.experts,
-                  s.weights == WeightLayout::e_k_n, s.offsets == OffsetsConvention::with_leading_zero, s.row_scale,
-                  s.out == DType::f32, name(s.activation));
+      fmt::format("kjit::GemmProblem<{}LL, {}LL, {}, {}, {}, {}, {}, kjit::Activation::{}, {}>", s.n, s.k,
+                  s.experts, s.weights == WeightLayout::e_k_n, s.offsets == OffsetsConvention::with_leading_zero,
+                  s.row_scale, s.out == DType::f32, name(s.activation), s.gather);
   if (is_sm90(s.kernel)) {
     const bool swap_ab = s.kernel == GemmKernel::wgmma_sm90_swap_ab;
     const bool weights_kn = s.weights == WeightLayout::e_k_n;

@@ -162,10 +162,11 @@ std::string Family<GroupedGemmMixedSpec>::canonical(const GroupedGemmMixedSpec& 
                      : g.weight_scale == ScaleGranularity::per_block ? std::string("per_block:128x128")
                                                                      : std::string(name(g.weight_scale));
   return fmt::format(
-      "grouped_gemm_mixed a=bf16 b={}/{}/{} out={} n={} k={} experts={} weights={} offsets={} row_scale={}{}{}",
+      "grouped_gemm_mixed a=bf16 b={}/{}/{} out={} n={} k={} experts={} weights={} offsets={} row_scale={}{}{}{}",
       name(g.weight), scale, name(g.scale_convention), name(g.out), g.n, g.k, g.experts, name(g.weights),
       name(g.offsets), g.row_scale,
       g.activation != Activation::none ? fmt::format(" activation={}", name(g.activation)) : std::string(),
+      g.gather ? " gather=sorted_to_flat" : "",
       g.configured() ? fmt::format(" kernel={} tile={}x{}x{} stages={}", name(g.kernel), g.tile_m, g.tile_n,
                                    g.kernel == MixedGemmKernel::wgmma_sm90 ? kSm90KBlock : kPortableTileK, g.stages)
                      : std::string(" config=per-arch"));
@@ -184,6 +185,7 @@ nlohmann::json Family<GroupedGemmMixedSpec>::to_json(const GroupedGemmMixedSpec&
                       {"offsets", name(g.offsets)},
                       {"row_scale", g.row_scale}};
   if (g.activation != Activation::none) j["activation"] = name(g.activation);
+  if (g.gather) j["gather"] = true;
   if (g.configured()) {
     j["kernel"] = name(g.kernel);
     j["tile"] = {g.tile_m, g.tile_n};
@@ -200,6 +202,7 @@ Expected<GroupedGemmMixedSpec> Family<GroupedGemmMixedSpec>::from_json(SpecReade
   s.weight_scale = KJIT_TRY(reader.enumeration<ScaleGranularity>("weight_scale"));
   s.scale_convention = KJIT_TRY(reader.enumeration<ScaleConvention>("scale_convention"));
   if (reader.has("activation")) s.activation = KJIT_TRY(reader.enumeration<Activation>("activation"));
+  s.gather = KJIT_TRY(reader.boolean_or("gather", false));
   if (!reader.has("kernel")) {
     if (reader.has("tile") || reader.has("stages"))
       return invalid("spec fields 'tile' and 'stages' need 'kernel' beside them");
@@ -222,7 +225,7 @@ const std::vector<FieldRule>& Family<GroupedGemmMixedSpec>::schema() {
       text_field("weight_scale", {"per_block", "per_row", "per_tensor"}),
       text_field("scale_convention", {"multiply", "divide"}),
       text_field("offsets", {"cumulative_end", "with_leading_zero"}), boolean_field("row_scale"),
-      text_field("activation", {"none", "silu_mul", "swiglu_oai"}, false),
+      text_field("activation", {"none", "silu_mul", "swiglu_oai"}, false), boolean_field("gather"),
       // A configuration's fields (cache metadata; rare in manifests).
       text_field("kernel", {"mma_sync", "wgmma_sm90"}, false), integers_field("tile", "[m, n]", 2, 1, 256),
       integer_field("stages", 0, 16, false)};
@@ -238,7 +241,8 @@ void Family<GroupedGemmMixedSpec>::hash(const GroupedGemmMixedSpec& g, HashMixer
         static_cast<uint64_t>(g.offsets) << 40 | static_cast<uint64_t>(g.row_scale) << 48 |
         static_cast<uint64_t>(g.activation) << 56);
   h.mix(static_cast<uint64_t>(g.tile_m) << 32 | static_cast<uint64_t>(g.tile_n) << 16 |
-        static_cast<uint64_t>(g.kernel) << 12 | static_cast<uint64_t>(g.stages) << 4);
+        static_cast<uint64_t>(g.kernel) << 12 | static_cast<uint64_t>(g.stages) << 4 |
+        static_cast<uint64_t>(g.gather));
 }
 
 Expected<void> Family<GroupedGemmMixedSpec>::validate(const GroupedGemmMixedSpec& s) {
@@ -264,7 +268,7 @@ Expected<void> Family<GroupedGemmMixedSpec>::supported_on(const GroupedGemmMixed
 
 RenderedKernel Family<GroupedGemmMixedSpec>::render(const GroupedGemmMixedSpec& s) {
   const auto problem = fmt::format(
-      "kjit::MixedGemmProblem<{}LL, {}LL, {}, {}, {}, {}, {}, {}, {}, {}, kjit::Activation::{}>", s.n, s.k, s.experts,
+      "kjit::MixedGemmProblem<{}LL, {}LL, {}, {}, {}, {}, {}, {}, {}, {}, kjit::Activation::{}, {}>", s.n, s.k, s.experts,
       s.weights == WeightLayout::e_k_n, s.offsets == OffsetsConvention::with_leading_zero, s.row_scale,
       s.out == DType::f32, s.weight == MixedWeight::f8_e5m2 ? "kjit::Fp8Format::e5m2" : "kjit::Fp8Format::e4m3fn",
       s.weight == MixedWeight::nvfp4                  ? "kjit::MixedScale::nvfp4"
@@ -272,7 +276,7 @@ RenderedKernel Family<GroupedGemmMixedSpec>::render(const GroupedGemmMixedSpec& 
       : s.weight_scale == ScaleGranularity::per_block ? "kjit::MixedScale::block"
       : s.weight_scale == ScaleGranularity::per_row ? "kjit::MixedScale::row"
                                                     : "kjit::MixedScale::tensor",
-      s.scale_convention == ScaleConvention::divide, name(s.activation));
+      s.scale_convention == ScaleConvention::divide, name(s.activation), s.gather);
   if (s.kernel == MixedGemmKernel::wgmma_sm90)
     return assemble(canonical(s),
                     {.entry_point = "kjit_grouped_gemm_mixed_sm90",

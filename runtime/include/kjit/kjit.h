@@ -208,7 +208,7 @@ typedef struct kjit_grouped_gemm_desc {
   int64_t experts;
   kjit_weight_layout weights;
   kjit_expert_offsets offsets_convention;
-  const void* a;           /* [rows, K] row-major */
+  const void* a;           /* [rows, K] row-major ([tokens, K] with gather, below) */
   const void* b;           /* the stacked weights */
   void* out;               /* [rows, N] row-major */
   const int32_t* offsets;  /* device memory, E or E + 1 entries */
@@ -267,6 +267,14 @@ typedef struct kjit_grouped_gemm_desc {
   kjit_activation activation;  /* KJIT_ACTIVATION_NONE after _desc_init */
   float activation_alpha;      /* SWIGLU_OAI: 1.702 after _desc_init */
   float activation_limit;      /* SWIGLU_OAI: 7.0 after _desc_init */
+  /* Gather (bf16 A: the bf16, W8A16 and W4A16 GEMMs; W8A8 gathers in kjit_fp8_quantize): with top_k >= 1 and
+   * sorted_to_flat, row r of the GEMM's A is row sorted_to_flat[r] / top_k of `a`, which is [tokens, K]: the
+   * permutation kjit_moe_routing writes, read by the kernels' loads, so routing -> GEMM makes no gathered copy of
+   * the activations. `rows` stays the GEMM's (out's) row count. A negative entry (-1: past the routed rows) reads
+   * zeros; an entry at or past tokens * top_k reads zeros and is reported by kjit_device_errors. */
+  const int32_t* sorted_to_flat; /* gather only: device [rows], 4-byte aligned; NULL without */
+  int64_t tokens;                /* gather only: rows of `a` */
+  int64_t top_k;                 /* 0 (after _desc_init): no gather; >= 1: gather, sorted_to_flat required */
 } kjit_grouped_gemm_desc;
 
 KJIT_API void kjit_grouped_gemm_desc_init(kjit_grouped_gemm_desc* desc);

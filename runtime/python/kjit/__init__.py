@@ -110,6 +110,9 @@ class _GroupedGemmDesc(ctypes.Structure):
         ("activation", ctypes.c_int),
         ("activation_alpha", ctypes.c_float),
         ("activation_limit", ctypes.c_float),
+        ("sorted_to_flat", ctypes.c_void_p),
+        ("tokens", ctypes.c_int64),
+        ("top_k", ctypes.c_int64),
     ]
 
 
@@ -616,12 +619,18 @@ def _gemm_out_columns(n, activation) -> int:
 
 def _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, cluster_axis, a_scale=None,
                 w_scale=None, w_block=(_FP8_GEMM_BLOCK, _FP8_GEMM_BLOCK), w_scale_convention=None, w_format=None,
-                w_global_scale=None, activation=None, activation_alpha=1.702, activation_limit=7.0):
+                w_global_scale=None, activation=None, activation_alpha=1.702, activation_limit=7.0, gather=None):
     """Returns (operands, granularity): operands as _check_gemm_operands
     says, granularity None for bf16, else the weight scales' ('block', 'row'
     or, W8A16 only, 'tensor'; W4A16: the format)."""
     operands = _check_gemm_operands(a, w)
     _check_activation(activation, activation_alpha, activation_limit)
+    sorted_to_flat, top_k = _unpack_gather(gather)
+    _check_gather(sorted_to_flat, top_k, a.device)
+    if sorted_to_flat is not None and operands == "w8a8":
+        raise _invalid("the W8A8 GEMM reads FP8 rows as they lie: gather them in kjit.quantize_fp8(gather=...) and "
+                       "pass no gather here")
+    rows = a.shape[0] if sorted_to_flat is None else sorted_to_flat.shape[0]
     if activation is not None and (operands == "w8a8" or weights != "e_n_k"):
         raise _invalid(f"a fused activation is implemented in the bf16, W8A16 and W4A16 grouped GEMMs with "
                        f"weights='e_n_k' (not {operands} with {weights!r}): run the GEMM without it and apply "
@@ -645,16 +654,17 @@ def _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kern
     if operands == "w4a16":
         k = 2 * w.shape[2]  # pairs
     if a.dim() != 2 or a.shape[1] != k:
-        raise _invalid(f"a must be [rows, {k}], got {list(a.shape)}")
+        raise _invalid(f"a must be [{'tokens' if sorted_to_flat is not None else 'rows'}, {k}], got "
+                       f"{list(a.shape)}")
     expected = experts + (offsets_convention == "with_leading_zero")
     if offsets.dim() != 1 or offsets.shape[0] != expected:
         raise _invalid(f"offsets must be [{expected}] ({offsets_convention}), got {list(offsets.shape)}")
     if activation is not None and n % 16 != 0:
         raise _invalid(f"a fused activation needs N (gate and up rows) a multiple of 16, got {n}")
-    if list(out.shape) != [a.shape[0], _gemm_out_columns(n, activation)]:
-        raise _invalid(f"out must be [{a.shape[0]}, {_gemm_out_columns(n, activation)}], got {list(out.shape)}")
-    if row_scale is not None and list(row_scale.shape) != [a.shape[0]]:
-        raise _invalid(f"row_scale must be [{a.shape[0]}], got {list(row_scale.shape)}")
+    if list(out.shape) != [rows, _gemm_out_columns(n, activation)]:
+        raise _invalid(f"out must be [{rows}, {_gemm_out_columns(n, activation)}], got {list(out.shape)}")
+    if row_scale is not None and list(row_scale.shape) != [rows]:
+        raise _invalid(f"row_scale must be [{rows}], got {list(row_scale.shape)}")
     if operands == "bf16":
         if a_scale is not None or w_scale is not None or w_scale_convention is not None:
             raise _invalid("a_scale, w_scale and w_scale_convention are for float8 operands (W8A8, W8A16); a and w "
@@ -679,7 +689,7 @@ def _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kern
 def _gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n, cluster,
                cluster_axis, a_scale=None, w_scale=None, w_scale_granularity=None,
                w_scale_convention=None, w_global_scale=None, activation=None, activation_alpha=1.702,
-               activation_limit=7.0) -> _GroupedGemmDesc:
+               activation_limit=7.0, sorted_to_flat=None, top_k=0) -> _GroupedGemmDesc:
     experts = w.shape[0]
     n, k = (w.shape[1], w.shape[2]) if weights == "e_n_k" else (w.shape[2], w.shape[1])
     d = _GroupedGemmDesc()
@@ -698,6 +708,9 @@ def _gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kerne
     if activation is not None:
         d.activation = _ACTIVATION[activation]
         d.activation_alpha, d.activation_limit = activation_alpha, activation_limit
+    if sorted_to_flat is not None:
+        d.rows, d.tokens, d.top_k = sorted_to_flat.shape[0], a.shape[0], top_k
+        d.sorted_to_flat = sorted_to_flat.data_ptr()
     if w4a16:
         d.b_format = _BLOCK_FORMAT[w_scale_granularity]
         d.b_block_scales = w_scale.data_ptr()
@@ -718,7 +731,7 @@ def _gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kerne
 def grouped_gemm(a, w, offsets, *, weights="e_n_k", offsets_convention, row_scale=None, out=None,
                  out_dtype=None, stream=None, kernel="auto", tile=None, cluster=0, cluster_axis="m", a_scale=None,
                  w_scale=None, w_block=(_FP8_GEMM_BLOCK, _FP8_GEMM_BLOCK), w_scale_convention=None, w_format=None,
-                 w_global_scale=None, activation=None, activation_alpha=1.702, activation_limit=7.0):
+                 w_global_scale=None, activation=None, activation_alpha=1.702, activation_limit=7.0, gather=None):
     """MoE expert GEMM: rows of `a` ([rows, K] bf16, sorted by expert) times
     each expert's weights `w` ([E, N, K] with weights='e_n_k', as checkpoints
     store them, or [E, K, N] with 'e_k_n'). `offsets` (int32, on the device)
@@ -762,28 +775,36 @@ def grouped_gemm(a, w, offsets, *, weights="e_n_k", offsets_convention, row_scal
     states both. w is a gate_up stack whose N rows are in gate/up groups of 8,
     as kjit.gate_up_interleaved returns it, and out is [rows, N / 2]: the
     activation of the gate and up products (then times row_scale), with no
-    [rows, N] intermediate."""
+    [rows, N] intermediate.
+
+    gather=(sorted_to_flat, top_k) (bf16 a: bf16, W8A16 and W4A16 weights;
+    W8A8 gathers in kjit.quantize_fp8): kjit.moe_routing's permutation, read by
+    the kernel's loads. `a` is then the tokens [tokens, K], row r of the
+    GEMM's A is a[sorted_to_flat[r] // top_k] (rows of -1 read zeros), and
+    rows = sorted_to_flat.numel() (out, row_scale): no gathered copy of the
+    activations is made."""
     import torch
 
+    sorted_to_flat, top_k = _unpack_gather(gather)
     if out is None:
         operands = _check_gemm_operands(a, w)
         _check_choice("weights", weights, _WEIGHTS)
         n = w.shape[1] if weights == "e_n_k" or operands == "w4a16" else w.shape[2]
-        out = torch.empty(a.shape[0], _gemm_out_columns(n, activation), dtype=out_dtype or torch.bfloat16,
-                          device=a.device)
+        rows = a.shape[0] if sorted_to_flat is None else sorted_to_flat.shape[0]
+        out = torch.empty(rows, _gemm_out_columns(n, activation), dtype=out_dtype or torch.bfloat16, device=a.device)
     operands, granularity = _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel,
                                         cluster_axis, a_scale, w_scale, w_block, w_scale_convention, w_format,
-                                        w_global_scale, activation, activation_alpha, activation_limit)
+                                        w_global_scale, activation, activation_alpha, activation_limit, gather)
     tile_m, tile_n = tile if tile is not None else (0, 0)
     if operands == "bf16":
         torch.ops.kjit.grouped_gemm_(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m,
                                      tile_n, cluster, cluster_axis, activation or "none", float(activation_alpha),
-                                     float(activation_limit), stream)
+                                     float(activation_limit), sorted_to_flat, top_k, stream)
     elif operands == "w4a16":
         torch.ops.kjit.grouped_gemm_w4a16_(a, w, w_scale.view(torch.uint8), w_global_scale, offsets, out,
                                            offsets_convention, row_scale, w_format, w_scale_convention, kernel,
                                            tile_m, tile_n, activation or "none", float(activation_alpha),
-                                           float(activation_limit), stream)
+                                           float(activation_limit), sorted_to_flat, top_k, stream)
     elif operands == "w8a8":
         torch.ops.kjit.grouped_gemm_fp8_(a, a_scale, w, w_scale, offsets, out, offsets_convention, row_scale,
                                          granularity, kernel, tile_m, tile_n, cluster, cluster_axis, stream)
@@ -791,25 +812,26 @@ def grouped_gemm(a, w, offsets, *, weights="e_n_k", offsets_convention, row_scal
         torch.ops.kjit.grouped_gemm_w8a16_(a, w, w_scale, offsets, out, weights, offsets_convention, row_scale,
                                            granularity, w_scale_convention, kernel, tile_m, tile_n, cluster,
                                            cluster_axis, activation or "none", float(activation_alpha),
-                                           float(activation_limit), stream)
+                                           float(activation_limit), sorted_to_flat, top_k, stream)
     return out
 
 
 def prepare_grouped_gemm(a, w, offsets, out, *, weights="e_n_k", offsets_convention, row_scale=None, kernel="auto",
                          tile=None, a_scale=None, w_scale=None, w_block=(_FP8_GEMM_BLOCK, _FP8_GEMM_BLOCK),
                          w_scale_convention=None, w_format=None, w_global_scale=None, activation=None,
-                         activation_alpha=1.702, activation_limit=7.0):
+                         activation_alpha=1.702, activation_limit=7.0, gather=None):
     """Compiles (or finds) and loads every kernel grouped_gemm may pick for
     these shapes, whatever the row count, so that later calls can be captured
     in a CUDA graph. FP8 weights need their scales (and W8A16 their
     w_scale_convention) here too (grouped_gemm)."""
     _, granularity = _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, "m", a_scale,
                                  w_scale, w_block, w_scale_convention, w_format, w_global_scale, activation,
-                                 activation_alpha, activation_limit)
+                                 activation_alpha, activation_limit, gather)
     tile_m, tile_n = tile if tile is not None else (0, 0)
+    sorted_to_flat, top_k = _unpack_gather(gather)
     d = _gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n, 0, "m",
                    a_scale, w_scale, granularity, w_scale_convention, w_global_scale, activation, activation_alpha,
-                   activation_limit)
+                   activation_limit, sorted_to_flat, top_k)
     _check(library().kjit_grouped_gemm_prepare(ctypes.byref(d), a.device.index or 0))
 
 
@@ -965,12 +987,7 @@ def _check_quantize(x, codes, scales, group, scale_format, sorted_to_flat, top_k
     k = x.shape[1]
     if k % 128 != 0 or k == 0:
         raise _invalid(f"K = x.shape[1] must be a positive multiple of 128, got {k}")
-    _check_tensor("sorted_to_flat", sorted_to_flat, ("int32",), device=x.device, optional=True)
-    if sorted_to_flat is not None:
-        if sorted_to_flat.dim() != 1:
-            raise _invalid(f"sorted_to_flat must be 1-D [rows], got {list(sorted_to_flat.shape)}")
-        if not isinstance(top_k, int) or top_k < 1:
-            raise _invalid(f"top_k must be an int >= 1, got {top_k!r}")
+    _check_gather(sorted_to_flat, top_k, x.device)
     rows = x.shape[0] if sorted_to_flat is None else sorted_to_flat.shape[0]
     _check_tensor("codes", codes, ("float8_e4m3fn",), device=x.device)
     _check_tensor("scales", scales, ("float32",), device=x.device)
@@ -1000,6 +1017,17 @@ def _unpack_gather(gather):
     if not isinstance(gather, tuple) or len(gather) != 2:
         raise _invalid(f"gather must be (sorted_to_flat, top_k) or None, got {type(gather).__name__}")
     return gather
+
+
+def _check_gather(sorted_to_flat, top_k, device) -> None:
+    """gather=(sorted_to_flat, top_k) as kjit.moe_routing returns it: int32
+    [rows] on `device`, top_k an int >= 1."""
+    _check_tensor("sorted_to_flat", sorted_to_flat, ("int32",), device=device, optional=True)
+    if sorted_to_flat is not None:
+        if sorted_to_flat.dim() != 1:
+            raise _invalid(f"sorted_to_flat must be 1-D [rows], got {list(sorted_to_flat.shape)}")
+        if not isinstance(top_k, int) or top_k < 1:
+            raise _invalid(f"top_k must be an int >= 1, got {top_k!r}")
 
 
 def quantize_fp8(x, *, group=128, scale_format="fp32", gather=None, out=None, scales=None, stream=None):

@@ -49,15 +49,16 @@ def _launch_gemm(d, device: torch.device, stream: Optional[int]) -> None:
 def grouped_gemm_(a: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor, weights: str,
                   offsets_convention: str, row_scale: Optional[torch.Tensor], kernel: str, tile_m: int, tile_n: int,
                   cluster: int, cluster_axis: str, activation: str, activation_alpha: float, activation_limit: float,
-                  stream: Optional[int]) -> None:
+                  sorted_to_flat: Optional[torch.Tensor], top_k: int, stream: Optional[int]) -> None:
     _launch_gemm(_gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n,
                             cluster, cluster_axis, activation=None if activation == "none" else activation,
-                            activation_alpha=activation_alpha, activation_limit=activation_limit), a.device, stream)
+                            activation_alpha=activation_alpha, activation_limit=activation_limit,
+                            sorted_to_flat=sorted_to_flat, top_k=top_k), a.device, stream)
 
 
 @grouped_gemm_.register_fake
 def _(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n, cluster, cluster_axis,
-      activation, activation_alpha, activation_limit, stream) -> None:
+      activation, activation_alpha, activation_limit, sorted_to_flat, top_k, stream) -> None:
     return None
 
 
@@ -86,17 +87,20 @@ def grouped_gemm_w8a16_(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
                         out: torch.Tensor, weights: str, offsets_convention: str, row_scale: Optional[torch.Tensor],
                         w_scale_granularity: str, w_scale_convention: str, kernel: str, tile_m: int, tile_n: int,
                         cluster: int, cluster_axis: str, activation: str, activation_alpha: float,
-                        activation_limit: float, stream: Optional[int]) -> None:
+                        activation_limit: float, sorted_to_flat: Optional[torch.Tensor], top_k: int,
+                        stream: Optional[int]) -> None:
     _launch_gemm(_gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n,
                             cluster, cluster_axis, None, w_scale, w_scale_granularity, w_scale_convention,
                             activation=None if activation == "none" else activation,
-                            activation_alpha=activation_alpha, activation_limit=activation_limit),
+                            activation_alpha=activation_alpha, activation_limit=activation_limit,
+                            sorted_to_flat=sorted_to_flat, top_k=top_k),
                  a.device, stream)
 
 
 @grouped_gemm_w8a16_.register_fake
 def _(a, w, w_scale, offsets, out, weights, offsets_convention, row_scale, w_scale_granularity, w_scale_convention,
-      kernel, tile_m, tile_n, cluster, cluster_axis, activation, activation_alpha, activation_limit, stream) -> None:
+      kernel, tile_m, tile_n, cluster, cluster_axis, activation, activation_alpha, activation_limit, sorted_to_flat,
+      top_k, stream) -> None:
     return None
 
 
@@ -107,17 +111,19 @@ def grouped_gemm_w4a16_(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
                         offsets: torch.Tensor, out: torch.Tensor, offsets_convention: str,
                         row_scale: Optional[torch.Tensor], w_format: str, w_scale_convention: Optional[str],
                         kernel: str, tile_m: int, tile_n: int, activation: str, activation_alpha: float,
-                        activation_limit: float, stream: Optional[int]) -> None:
+                        activation_limit: float, sorted_to_flat: Optional[torch.Tensor], top_k: int,
+                        stream: Optional[int]) -> None:
     _launch_gemm(_gemm_desc(a, w, offsets, out, "e_n_k", offsets_convention, row_scale, kernel, tile_m, tile_n, 0,
                             "m", None, w_scale, w_format, w_scale_convention, w_global_scale,
                             activation=None if activation == "none" else activation,
-                            activation_alpha=activation_alpha, activation_limit=activation_limit),
+                            activation_alpha=activation_alpha, activation_limit=activation_limit,
+                            sorted_to_flat=sorted_to_flat, top_k=top_k),
                  a.device, stream)
 
 
 @grouped_gemm_w4a16_.register_fake
 def _(a, w, w_scale, w_global_scale, offsets, out, offsets_convention, row_scale, w_format, w_scale_convention,
-      kernel, tile_m, tile_n, activation, activation_alpha, activation_limit, stream) -> None:
+      kernel, tile_m, tile_n, activation, activation_alpha, activation_limit, sorted_to_flat, top_k, stream) -> None:
     return None
 
 

@@ -54,7 +54,22 @@ Expected<GemmCommonPlan> plan_gemm_common(const kjit_grouped_gemm_desc& d, bool 
     return invalid(fmt::format("SWIGLU_OAI needs a finite alpha and a finite positive limit, got alpha {} limit {}",
                                d.activation_alpha, d.activation_limit));
 
+  if (d.top_k < 0) return invalid(fmt::format("top_k must be 0 (no gather) or >= 1, got {}", d.top_k));
+  const bool gather = d.top_k >= 1;
+  if (!gather && (d.sorted_to_flat != nullptr || d.tokens != 0))
+    return invalid("sorted_to_flat and tokens are for a gather: set top_k >= 1 with them, or leave all three unset");
+  if (gather) {
+    if (is_fp8_gemm(d) && !is_mixed_gemm(d))
+      return invalid("the W8A8 GEMM reads FP8 rows as they lie: gather them in kjit_fp8_quantize (its "
+                     "sorted_to_flat and top_k) and leave the GEMM's unset");
+    // Flat indices are int32: every one of them must be representable.
+    if (d.tokens < 0 || d.tokens > INT32_MAX / d.top_k)
+      return invalid(fmt::format("gather: tokens must be >= 0 with tokens * top_k within int32, got tokens {} top_k {}",
+                                 d.tokens, d.top_k));
+  }
+
   GemmCommonPlan plan;
+  plan.gather = gather;
   using Kernel = codegen::GemmRequest::Kernel;
   plan.request = {.kernel = d.kernel == KJIT_GEMM_KERNEL_PORTABLE       ? Kernel::portable
                             : d.kernel == KJIT_GEMM_KERNEL_SM90         ? Kernel::sm90
@@ -71,7 +86,13 @@ Expected<GemmCommonPlan> plan_gemm_common(const kjit_grouped_gemm_desc& d, bool 
   plan.empty = d.rows == 0;
 
   if (!for_prepare && !plan.empty) {
-    KJIT_TRY(require_non_null({{d.a, "a"}, {d.b, "b"}, {d.out, "out"}, {d.offsets, "offsets"}}));
+    KJIT_TRY(require_non_null({{d.b, "b"}, {d.out, "out"}, {d.offsets, "offsets"}}));
+    // A gather from no tokens reads no row of `a` (every entry is -1, or reported).
+    if (!gather || d.tokens > 0) KJIT_TRY(require_non_null({{d.a, "a"}}));
+    if (gather) {
+      KJIT_TRY(require_non_null({{d.sorted_to_flat, "sorted_to_flat"}}));
+      if (reinterpret_cast<uintptr_t>(d.sorted_to_flat) % 4 != 0) return invalid("'sorted_to_flat' must be 4-byte aligned");
+    }
     // 16-byte accesses need 16-byte aligned rows; N and K divisible by 8 keep them so.
     for (const auto& [pointer, name] : {std::pair{d.a, "a"}, std::pair{d.b, "b"}, std::pair<const void*, const char*>{d.out, "out"}})
       if (reinterpret_cast<uintptr_t>(pointer) % 16 != 0) return invalid(fmt::format("'{}' is not 16-byte aligned", name));
@@ -94,6 +115,9 @@ Expected<GemmCommonPlan> plan_gemm_common(const kjit_grouped_gemm_desc& d, bool 
   p.tile_counter = static_cast<unsigned int*>(d.workspace);
   p.activation_alpha = d.activation_alpha;
   p.activation_limit = d.activation_limit;
+  p.gather = d.sorted_to_flat;
+  p.gather_tokens = gather ? d.tokens : 0;
+  p.gather_top_k = gather ? d.top_k : 0;
   return plan;
 }
 
@@ -125,6 +149,7 @@ Expected<GroupedGemmPlan> plan_grouped_gemm(const kjit_grouped_gemm_desc& d, boo
   s.offsets = common.offsets;
   s.row_scale = d.row_scale != nullptr;
   s.activation = static_cast<codegen::Activation>(d.activation);  // checked by plan_gemm_common; same order
+  s.gather = common.gather;
   KJIT_TRY(codegen::validate(codegen::KernelSpec{s}));
   return plan;
 }
@@ -155,7 +180,9 @@ Expected<void> encode_sm90_maps(const DriverApi& api, const codegen::GroupedGemm
   // block its own weight tile.
   const bool swap_ab = s.kernel == codegen::GemmKernel::wgmma_sm90_swap_ab;
   const bool along_n = s.cluster_axis == codegen::ClusterAxis::n;
-  if (swap_ab) {
+  if (s.gather) {
+    // The kernel's loader warp copies A's rows itself (no map).
+  } else if (swap_ab) {
     KJIT_TRY(encode_swap_ab_row_maps(api, s.k, p));
   } else {
     const cuuint32_t a_box[2] = {KJIT_SM90_K_BLOCK, static_cast<cuuint32_t>(along_n ? s.tile_m / s.cluster : s.tile_m)};
@@ -187,6 +214,7 @@ Expected<void> grouped_gemm(Runtime& runtime, const kjit_grouped_gemm_desc& desc
                                                               {p.out, "out"},
                                                               {p.offsets, "offsets"},
                                                               {p.row_scale, "row_scale"},
+                                                              {p.gather, "sorted_to_flat"},
                                                               {p.tile_counter, "workspace"}}));
   const auto spec = KJIT_TRY(codegen::choose_grouped_gemm_config(plan.problem, *device->arch, p.total_rows, plan.request));
   const LoadedKernel* kernel = KJIT_TRY(launchable_kernel(runtime, *device, spec, stream));

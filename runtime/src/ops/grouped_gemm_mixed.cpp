@@ -125,6 +125,7 @@ Expected<GroupedGemmMixedPlan> plan_grouped_gemm_mixed(const kjit_grouped_gemm_d
   s.offsets = common.offsets;
   s.row_scale = d.row_scale != nullptr;
   s.activation = static_cast<codegen::Activation>(d.activation);  // checked by plan_gemm_common; same order
+  s.gather = common.gather;
   KJIT_TRY(codegen::validate(codegen::KernelSpec{s}));
   if (!for_prepare && !plan.empty) {
     if (fp4) {
@@ -158,6 +159,7 @@ Expected<void> grouped_gemm_mixed(Runtime& runtime, const kjit_grouped_gemm_desc
                                                               {p.b_scales, "b_scales"},
                                                               {p.b_block_scales, "b_block_scales"},
                                                               {p.b_global_scales, "b_global_scales"},
+                                                              {p.gemm.gather, "sorted_to_flat"},
                                                               {p.gemm.tile_counter, "workspace"}}));
   const auto spec = KJIT_TRY(
       codegen::choose_grouped_gemm_mixed_config(plan.problem, *device->arch, p.gemm.total_rows, plan.request));
@@ -176,7 +178,7 @@ Expected<void> grouped_gemm_mixed(Runtime& runtime, const kjit_grouped_gemm_desc
     const DriverApi& api = **runtime.driver();
     ScopedContext scope(api, device->context);
     KJIT_TRY(scope.status());
-    KJIT_TRY(encode_swap_ab_row_maps(api, spec.k, sm90.sm90));
+    if (!spec.gather) KJIT_TRY(encode_swap_ab_row_maps(api, spec.k, sm90.sm90));  // gather: the loader warp's
     KJIT_TRY(encode_weight_map(api, spec, sm90.sm90));
     if (sm90.sm90.gemm.tile_counter != nullptr) KJIT_TRY(zero_tile_counter(api, sm90.sm90.gemm.tile_counter, stream));
   }

@@ -462,20 +462,22 @@ class MoEExperts(torch.nn.Module):
         return kjit.moe_combine(y, topk_weights, flat_to_sorted.view(tokens, top_k), out=out, out_dtype=out_dtype)
 
     def _experts_bf16_activations(self, hidden, ends, sorted_to_flat, top_k: int, kernels: str):
-        """bf16 activations through both GEMMs (bf16, W8A16, W4A16): the rows
-        gathered in expert order, [T * k, H]; rows past the routed ones (-1 in
-        sorted_to_flat) read token 0 and are never computed."""
+        """bf16 activations through both GEMMs (bf16, W8A16, W4A16): the
+        gate_up GEMM reads the tokens' rows in expert order through
+        sorted_to_flat itself (no [T * k, H] gathered copy); rows past the
+        routed ones (-1) read zeros and are never computed, and an index the
+        routing did not write is bounds-checked by the kernel (reported, read
+        as zeros)."""
         rows = sorted_to_flat.shape[0]
-        # Clamped both ways: whatever routing left there (it writes nothing when it sees a bad id), the
-        # gather never indexes outside hidden.
-        a = hidden[(sorted_to_flat.clamp(min=0, max=sorted_to_flat.shape[0] - 1) // top_k).long()]
+        gather = (sorted_to_flat, top_k)
+        hidden = hidden.contiguous()  # the gather reads rows K apart (a copy only for row-strided views)
         row_experts = self._row_experts(ends, rows) if self.gate_up_bias is not None or self.down_bias is not None \
             else None
         if self.fused_activation:
-            h = kjit.grouped_gemm(a, self.gate_up_weight, ends, offsets_convention=_OFFSETS,
+            h = kjit.grouped_gemm(hidden, self.gate_up_weight, ends, offsets_convention=_OFFSETS, gather=gather,
                                   **self._weight_args("gate_up", kernels), **self._fused_activation_args())
         else:
-            h = kjit.grouped_gemm(a, self.gate_up_weight, ends, offsets_convention=_OFFSETS,
+            h = kjit.grouped_gemm(hidden, self.gate_up_weight, ends, offsets_convention=_OFFSETS, gather=gather,
                                   out_dtype=self._gemm_out_dtype(self.gate_up_bias),
                                   **self._weight_args("gate_up", kernels))
             h = self._add_bias(h, self.gate_up_bias, row_experts)
@@ -545,6 +547,11 @@ class MoEExperts(torch.nn.Module):
             kjit.prepare_quantize_fp8(x, a, a_scale, gather=gather)
             scales = {"gate_up": a_scale,
                       "down": torch.zeros(top_k, i // _FP8_BLOCK, dtype=torch.float32, device=device)}
+        # bf16 activations: the gate_up GEMM gathers the tokens' rows itself (a gathering kernel).
+        gathers = {"gate_up": (torch.arange(top_k, dtype=torch.int32, device=device), top_k)} \
+            if kernels != "w8a8" else {}
+        if gathers:
+            a = torch.zeros(1, h, dtype=a_dtype, device=device)
         for which, w, a_in, n, bias in (("gate_up", self.gate_up_weight, a, 2 * i, self.gate_up_bias),
                                         ("down", self.down_weight, h_in, h, self.down_bias)):
             fused = which == "gate_up" and self.fused_activation
@@ -552,7 +559,7 @@ class MoEExperts(torch.nn.Module):
                               device=device)
             args = self._weight_args(which, kernels) | (self._fused_activation_args() if fused else {})
             kjit.prepare_grouped_gemm(a_in, w, ends, out, offsets_convention=_OFFSETS, a_scale=scales.get(which),
-                                      **args)
+                                      gather=gathers.get(which), **args)
         if not self.fused_activation:
             # One eager call loads the activation's kernel (a launch outside a capture may load; prepare then
             # has nothing left to do for it).

@@ -49,6 +49,9 @@ struct GroupedGemmSpec {
   // (gate_up_interleaved order), the output has N / 2 columns, and the row
   // scale, if any, multiplies the activation.
   Activation activation = Activation::none;
+  // A's rows read through the routing's sorted_to_flat (row r is a[sorted_to_flat[r] / top_k]): the kernels'
+  // loads gather, so no gathered copy of the activations is made.
+  bool gather = false;
   GemmKernel kernel = GemmKernel::mma_sync;
   int tile_m = 0, tile_n = 0, tile_k = 0;
   int stages = 0;   // shared-memory pipeline depth (wgmma_sm90); 0 for mma_sync

@@ -60,6 +60,7 @@ struct GroupedGemmMixedSpec {
   // their per-row or FP4 scales in the same order; not 128 x 128 blocks, which
   // groups of 8 rows would split): the output has N / 2 columns.
   Activation activation = Activation::none;
+  bool gather = false;  // A's rows read through sorted_to_flat (as GroupedGemmSpec's)
   MixedGemmKernel kernel = MixedGemmKernel::mma_sync;
   int tile_m = 0, tile_n = 0;
   int stages = 0;  // wgmma_sm90's pipeline depth; 0 for mma_sync

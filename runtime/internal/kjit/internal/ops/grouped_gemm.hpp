@@ -20,7 +20,8 @@ struct GemmCommonPlan {
   codegen::DType out = codegen::DType::bf16;
   codegen::OffsetsConvention offsets = codegen::OffsetsConvention::cumulative_end;
   kjit_grouped_gemm_params params{};
-  bool empty = false;  // no rows: nothing to do
+  bool empty = false;   // no rows: nothing to do
+  bool gather = false;  // A's rows are read through sorted_to_flat (the spec's `gather`)
 };
 Expected<GemmCommonPlan> plan_gemm_common(const kjit_grouped_gemm_desc& desc, bool for_prepare);
 
@@ -57,7 +58,8 @@ struct GroupedGemmPlan {
   codegen::GroupedGemmSpec problem;  // no configuration yet: that depends on the device
   codegen::GemmRequest request;
   kjit_grouped_gemm_params params{};
-  bool empty = false;  // no rows: nothing to do
+  bool empty = false;   // no rows: nothing to do
+  bool gather = false;  // A's rows are read through sorted_to_flat (the spec's `gather`)
 };
 
 // Checks everything that can be checked without the driver. With
