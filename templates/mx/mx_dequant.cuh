@@ -140,12 +140,24 @@ __device__ __forceinline__ void mx_dequant_slot(const kjit_mx_dequant_params& p,
   Bytes<Cfg::kInBytes> codes[Cfg::kUnroll];
   unsigned int scale_bytes[Cfg::kUnroll];
   long long out_offset[Cfg::kUnroll];
+  // Row and vector column of vector `first`, then steps of kThreads vectors
+  // (constants): one division per thread, not one per vector.
+  constexpr Index kPerRow = static_cast<Index>(Cfg::kVectorsPerRow);
+  Index row = first / kPerRow;
+  Index column = first - row * kPerRow;
 #pragma unroll
   for (int u = 0; u < Cfg::kUnroll; ++u) {
     const Index v = first + static_cast<Index>(u * Cfg::kThreads);
-    const Index row = v / static_cast<Index>(Cfg::kVectorsPerRow);
+    if (u > 0) {
+      row += static_cast<Index>(Cfg::kThreads) / kPerRow;
+      column += static_cast<Index>(Cfg::kThreads) % kPerRow;
+      if (column >= kPerRow) {
+        column -= kPerRow;
+        ++row;
+      }
+    }
     const long long r = static_cast<long long>(row);
-    const long long c = static_cast<long long>(v - row * static_cast<Index>(Cfg::kVectorsPerRow)) * kVec;
+    const long long c = static_cast<long long>(column) * kVec;
     out_offset[u] = r * p.out_row_stride + c;
     if (v < vectors) {
       load_bytes<Cfg::kInBytes>(codes[u], in + r * p.in_row_stride + (Cfg::kFp4 ? c / 2 : c));
