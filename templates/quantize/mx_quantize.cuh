@@ -237,14 +237,15 @@ __device__ __forceinline__ uint2 encode_chunk(const uint4& x, unsigned int magni
       return codes;
     }
     scale = mx_scale_byte(magnitude, Cfg::kEmax);
-    const float inverse = ue8m0_reciprocal(scale);
     if constexpr (Cfg::kFp4) {
+      const float prescale = mxfp4_prescale(scale);  // 2^-E * 2^-14: x * prescale is exact
 #pragma unroll
       for (int i = 0; i < 4; ++i)
-        codes.x |= (encode_e2m1_clear_of_ties(__fmul_rn(bf16_low(words[i]), inverse)) |
-                    encode_e2m1_clear_of_ties(__fmul_rn(bf16_high(words[i]), inverse)) << 4)
+        codes.x |= e2m1x2_of_prescaled_f16x2(cvt_rn_f16x2_f32(__fmul_rn(bf16_low(words[i]), prescale),
+                                                              __fmul_rn(bf16_high(words[i]), prescale)))
                    << (8 * i);
     } else {
+      const float inverse = ue8m0_reciprocal(scale);
       unsigned int pairs[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) {

@@ -7,8 +7,9 @@
 // subnormal blocks, a padded input row stride, CUDA graph capture and replay
 // of the computed-global-scale form, NVFP4 elements on and within a few ulps
 // of every e2m1 boundary (the reciprocal fast path and its exact fallback),
-// and quantize -> dequant round trips within each format's bound. Outputs
-// start poisoned, so unwritten bytes fail.
+// MXFP4 over every finite bf16 under every scale byte, and quantize ->
+// dequant round trips within each format's bound. Outputs start poisoned, so
+// unwritten bytes fail.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -336,6 +337,47 @@ TEST_CASE("NVFP4 is bit-exact on and within a few ulps of every e2m1 boundary (t
     CHECK(past > 500);
     CHECK(differences(run(p), expected(p)) == 0);
   }
+}
+
+// MXFP4's codes come from x * 2^(113 - s) rounded to f16 and rounded again in
+// 16-bit lanes (e2m1x2_of_prescaled_f16x2): exact for every bf16 a block can
+// hold. Every finite bf16 x here meets every scale byte s its block can have
+// (0 to 252; x's exponent at most s - 125): blocks of 31 such values behind
+// their amax 1.9921875 * 2^(s - 125), which pins the scale byte to s.
+TEST_CASE("MXFP4 is bit-exact for every finite bf16 under every scale byte its block can have") {
+  Problem p;
+  p.format = KJIT_BLOCK_FORMAT_MXFP4;
+  p.layout = KJIT_SCALE_LAYOUT_LINEAR;
+  p.k = 32 * 64;
+  std::vector<uint16_t> values;
+  int64_t blocks = 0;
+  for (int s = 0; s <= 252; ++s) {
+    const int top = s - 125;  // the amax's exponent
+    const uint16_t amax = static_cast<uint16_t>(((top + 127) << 7) | 0x7F);
+    int in_block = 0;
+    for (uint32_t h = 0; h < 0x10000u; ++h) {
+      const float x = reference::bf16_to_float(static_cast<uint16_t>(h));
+      if (!std::isfinite(x) || (x != 0.0f && std::ilogb(x) > top)) continue;
+      if (in_block == 0) values.push_back(amax), ++in_block, ++blocks;
+      values.push_back(static_cast<uint16_t>(h));
+      if (++in_block == 32) in_block = 0;
+    }
+    while (in_block != 0) {  // fill the last block with zeros
+      values.push_back(0);
+      if (++in_block == 32) in_block = 0;
+    }
+  }
+  while (values.size() % static_cast<size_t>(p.k) != 0) values.push_back(0);
+  p.rows = static_cast<int64_t>(values.size()) / p.k;
+  p.in = std::move(values);
+  CHECK(blocks > 250000);
+  const auto got = run(p), want = expected(p);
+  CHECK(differences(got, want) == 0);
+  int64_t scales_seen = 0;
+  std::vector<bool> seen(256, false);
+  for (uint8_t b : want.scales) seen[b] = true;
+  for (bool b : seen) scales_seen += b;
+  CHECK(scales_seen == 253);
 }
 
 TEST_CASE("NaN or inf blocks get a NaN scale and zero codes, all-zero blocks scale 0 / 2^-127, other blocks unaffected") {
