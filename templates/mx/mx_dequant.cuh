@@ -2,12 +2,14 @@
 // stacks [E, R, K] to bf16 / f16 / f32, with linear or swizzled 128x4 scales.
 //
 // Work split (as fp8_dequant): each thread handles kUnroll vectors of kVec
-// consecutive elements of one row (one 16-byte load at the widest: 32 FP4
-// elements or 16 fp8 codes); consecutive threads take consecutive vectors.
-// All loads (codes and the vector's one or two scale bytes, found once per
-// vector in either layout) are issued before anything is converted; results
-// leave in 16-byte stores. gridDim.y walks the output slots; every index is
-// 64-bit (32-bit vector arithmetic only where the slot's count fits).
+// consecutive elements of one row; consecutive threads take consecutive
+// vectors. The host picks kVec so that a vector's output is one 16-byte store
+// (8 bf16/f16, 4 f32): a warp's store is then 512 contiguous bytes, whole
+// sectors (codegen/src/families/mx_dequant.cpp says why). All loads (codes
+// and the vector's one or two scale bytes, found once per vector in either
+// layout) are issued before anything is converted. gridDim.y walks the output
+// slots; every index is 64-bit (32-bit vector arithmetic only where the
+// slot's count fits).
 //
 // Exactness (kjit.h, kjit/reference/fp4_mx.hpp): NVFP4 computes
 // e2m1 * e4m3(scale) in fp32 (exact), then ONE IEEE multiply or divide by the

@@ -22,24 +22,26 @@ constexpr std::array kLayoutNames{"linear", "swizzled_128x4"};
 // elements a thread: one 16-byte load, four 16-byte stores at a 64-byte lane
 // stride, so each store instruction half-filled its sectors) ran at 56% of a
 // copy on an H100. So a vector is 16 bytes of OUTPUT (8 bf16/f16 or 4 f32;
-// 4 or 2 bytes of FP4 in), and kUnroll vectors per thread keep 16 input bytes
-// in flight: 2048 threads x 16 bytes = 32 KB of reads per SM, about 8 us of
-// latency at the ~4 KB/us an SM reads when the whole device moves 2.7 TB/s
-// (FP4 -> bf16 reads a fifth of its bytes). Instructions: about 8 per element
-// (decode 4, scale 1-2, round 0.5, addressing ~2.5 of a vector's ~20 over 8),
-// a third of the ~26 an H100 issues per element at that rate (132 SMs x 4
+// 4 or 2 bytes of FP4 in), and each thread takes kUnroll vectors, loading
+// up to 16 input bytes (at most 4 vectors) before converting any: 1024
+// threads x 16 bytes = 16 KB of reads per SM, about 4 us of latency at the
+// ~4 KB/us an SM reads when the whole device moves 2.7 TB/s (FP4 -> bf16
+// reads a fifth of its bytes; -> f32 a ninth, 8 bytes a thread). SASS
+// (sm_90a, nvdisasm): ~14 instructions an element (decode 4, scale 1-2,
+// round 0.5, loads, addressing and the scale byte ~7 of a vector's 112 over
+// 8), half of the ~26 an H100 issues per element at that rate (132 SMs x 4
 // schedulers x 32 lanes x ~1.75 GHz / 1.09 G elements/ms).
 // 256 threads; __launch_bounds__ asks for 4 blocks per SM (at most 64
 // registers) on the tuned shape. Narrower vectors (odd K, misaligned tensors)
 // keep 1 (swizzled scales spilled under a cap). Every variant compiled for
-// sm_90a, sm_100a and sm_120a and read with nvdisasm: NVFP4 DIVIDE's IEEE
-// division spilled at 64 (2 blocks now), and MXFP8 with selected experts on
-// sm_100a (3).
+// sm_90a, sm_100a and sm_120a and read with nvdisasm: f32 output (4 vectors
+// of 4) spilled at 64 on all three and NVFP4 DIVIDE's IEEE division too (2
+// blocks, 128 registers, for both), MXFP8 with selected experts on sm_100a (3).
 constexpr int kThreads = 256;
 constexpr int kMinBlocksPerSM = 4;
 constexpr int kStoreBytes = 16;     // per thread store: whole sectors per warp
 constexpr int kInFlightBytes = 16;  // input bytes each thread loads before converting
-constexpr int kMaxUnroll = 8;
+constexpr int kMaxUnroll = 4;
 // gridDim.y walks output slots; more than this loop inside the kernel.
 constexpr int64_t kMaxGridY = 65535;
 
@@ -58,7 +60,7 @@ int unroll(const MxDequantSpec& s) {
 // __launch_bounds__'s blocks per SM (65536 registers / (256 threads x blocks) each).
 int min_blocks(const MxDequantSpec& s) {
   if (!tuned_shape(s)) return 1;
-  if (s.format == MxFormat::nvfp4 && s.convention == ScaleConvention::divide) return 2;
+  if (s.out == DType::f32 || (s.format == MxFormat::nvfp4 && s.convention == ScaleConvention::divide)) return 2;
   if (s.format == MxFormat::mxfp8) return 3;
   return kMinBlocksPerSM;
 }
