@@ -34,20 +34,68 @@ __device__ __forceinline__ unsigned int encode_e2m1_satfinite(float f) {
   return magnitude > 0x7f800000u ? 0u : ((bits >> 28) & 0x8u) | code;  // NaN has no code
 }
 
-// encode_e2m1_satfinite for MXFP4's y = x / 2^E, x bf16 (8 significant bits),
-// in fewer operations: y * 2^-126 moves e2m1's subnormal boundary (1.0) onto
-// fp32's (2^-126), where fp32's subnormal step 2^-149 is y's step 2^-23, so
-// one rounding of the bits at bit 22 covers both ranges (the same rounding as
-// above; the code is then bits 22 and up). The multiply is exact for
-// |y| >= 2^-16 (y's lowest bit is then at least 2^-23); smaller values round
-// to code 0 either way. The sign of zero survives the underflow. Finite y only
-// (an MX block with NaN or inf has no codes). Checked against the reference
-// for every finite bf16 x and every scale byte.
-__device__ __forceinline__ unsigned int encode_e2m1_of_bf16_over_pow2(float y) {
+// encode_e2m1_satfinite in fewer operations, for a finite y that lies more
+// than 2^-24 from the two ties below 1 (0.25, 0.75) unless exactly on one:
+// s = y * 2^-126 moves e2m1's subnormal boundary (1.0) onto fp32's (2^-126),
+// where fp32's subnormal step 2^-149 is y's step 2^-23, so one rounding of
+// s's bits at bit 22 covers both ranges (the same rounding as above; the code
+// is then bits 22 and up). For |y| >= 1 the multiply is exact. Below 1 it
+// rounds y to a multiple of 2^-23 first: that second rounding can only differ
+// from rounding y itself when it moves y onto or across a tie, i.e. when y is
+// within 2^-24 of 0.25 or 0.75 and not on it. For NVFP4's fast path
+// (nvfp4_codes), which makes sure of that with `tie_gap`: 0 when s's bits
+// below bit 22 are within 16 of half (0x200000), i.e. s is within 16 of its
+// last places of a rounding tie of this encoder ("near"), else non-zero (the
+// caller takes the minimum over a chunk). Those ties are exactly e2m1's
+// boundaries: for |y| >= 1 (s normal, its ulps y's) the fractions .25 and
+// .75 of a binade (1.25, 1.75, 2.5, 3.5, 5, and 7 past saturation,
+// harmlessly); below 1 (s subnormal, linear: one unit is 2^-23 of y, at least
+// 2 of y's ulps there) 0.25 and 0.75. Zero, tiny values and infinity are
+// never near. A y that is not near is more than 15.5 * 2^-23 from 0.25 and
+// 0.75, which keeps the condition above.
+// The sign of zero survives the underflow.
+__device__ __forceinline__ unsigned int encode_e2m1_clear_of_ties(float y, unsigned int& tie_gap) {
   const unsigned int bits = __float_as_uint(__fmul_rn(y, 0x1p-126f));
   const unsigned int magnitude = bits & 0x7fffffffu;
+  // (magnitude + 16 - 0x200000) mod 2^22 in [0, 31] <=> near; bits above 21 masked off.
+  tie_gap = (magnitude + (16u - 0x200000u)) & 0x3FFFE0u;
   const unsigned int rounded = magnitude + 0x1FFFFFu + ((magnitude >> 22) & 1u);
   return ((bits >> 28) & 0x8u) | min(rounded >> 22, 7u);
+}
+
+// MXFP4's codes, two at a time. For the block's scale byte s (E = s - 127),
+// mxfp4_prescale(s) = 2^(113 - s) = 2^-E * 2^-14, exact for every s in
+// [0, 254] (a normal float up to s = 239, a subnormal power of two above).
+// Two elements x * 2^(113 - s), rounded once to f16 (cvt.rn.f16x2.f32), give
+// e2m1x2_of_prescaled_f16x2 the byte of their two codes (first in the low
+// nibble): y = x / 2^E is below 8 in magnitude (the OCP scale rule), so y *
+// 2^-14 is an f16 whose 10-bit significand holds bf16's 8 exactly for |y| >=
+// 2^-3 (smaller y may round, to code 0 either way), and f16's subnormal step
+// 2^-24 is y's 2^-10: like encode_e2m1_clear_of_ties one level down, rounding
+// the f16 bits at bit 9 to nearest even gives 2 * (E + 1) + m for |y| >= 1 and
+// round(2y) below, saturated to 7, in 16-bit lanes (no carry crosses a lane:
+// every lane is below 0x1100). Checked against encode_e2m1_satfinite(x / 2^E)
+// for every finite bf16 x and scale byte a block holding x can have.
+__device__ __forceinline__ float mxfp4_prescale(unsigned int scale_byte) {
+  return __uint_as_float(scale_byte <= 239u ? (240u - scale_byte) << 23 : 1u << (262u - scale_byte));
+}
+
+__device__ __forceinline__ unsigned int e2m1x2_of_prescaled_f16x2(unsigned int halves) {
+  const unsigned int magnitudes = halves & 0x7fff7fffu;
+  const unsigned int rounded = magnitudes + 0x00FF00FFu + ((magnitudes >> 9) & 0x00010001u);
+  const unsigned int codes = __vminu2((rounded >> 9) & 0x000F000Fu, 0x00070007u) | ((halves >> 12) & 0x00080008u);
+  return (codes | codes >> 12) & 0xFFu;
+}
+
+// RN(a / 6) for a finite non-negative bf16 value a, without a division:
+// q0 = RN(a * RN(1/6)), the residual a - 6 q0 (exact in one fma), and one fma
+// correction. Equal to the IEEE quotient for every such a (all 32640 of them,
+// subnormals included: tests/unit/test_fp4_mx_reference.cpp checks the
+// identity); 3 instructions instead of a division's ~9.
+__device__ __forceinline__ float bf16_over_6(float a) {
+  constexpr float kSixth = 1.0f / 6.0f;
+  const float q0 = __fmul_rn(a, kSixth);
+  return __fmaf_rn(__fmaf_rn(-q0, 6.0f, a), kSixth, q0);
 }
 
 // Round two floats to nearest-even e5m2, saturating finite values beyond

@@ -2,12 +2,14 @@
 // stacks [E, R, K] to bf16 / f16 / f32, with linear or swizzled 128x4 scales.
 //
 // Work split (as fp8_dequant): each thread handles kUnroll vectors of kVec
-// consecutive elements of one row (one 16-byte load at the widest: 32 FP4
-// elements or 16 fp8 codes); consecutive threads take consecutive vectors.
-// All loads (codes and the vector's one or two scale bytes, found once per
-// vector in either layout) are issued before anything is converted; results
-// leave in 16-byte stores. gridDim.y walks the output slots; every index is
-// 64-bit (32-bit vector arithmetic only where the slot's count fits).
+// consecutive elements of one row; consecutive threads take consecutive
+// vectors. The host picks kVec so that a vector's output is one 16-byte store
+// (8 bf16/f16, 4 f32): a warp's store is then 512 contiguous bytes, whole
+// sectors (codegen/src/families/mx_dequant.cpp says why). All loads (codes
+// and the vector's one or two scale bytes, found once per vector in either
+// layout) are issued before anything is converted. gridDim.y walks the output
+// slots; every index is 64-bit (32-bit vector arithmetic only where the
+// slot's count fits).
 //
 // Exactness (kjit.h, kjit/reference/fp4_mx.hpp): NVFP4 computes
 // e2m1 * e4m3(scale) in fp32 (exact), then ONE IEEE multiply or divide by the
@@ -140,12 +142,24 @@ __device__ __forceinline__ void mx_dequant_slot(const kjit_mx_dequant_params& p,
   Bytes<Cfg::kInBytes> codes[Cfg::kUnroll];
   unsigned int scale_bytes[Cfg::kUnroll];
   long long out_offset[Cfg::kUnroll];
+  // Row and vector column of vector `first`, then steps of kThreads vectors
+  // (constants): one division per thread, not one per vector.
+  constexpr Index kPerRow = static_cast<Index>(Cfg::kVectorsPerRow);
+  Index row = first / kPerRow;
+  Index column = first - row * kPerRow;
 #pragma unroll
   for (int u = 0; u < Cfg::kUnroll; ++u) {
     const Index v = first + static_cast<Index>(u * Cfg::kThreads);
-    const Index row = v / static_cast<Index>(Cfg::kVectorsPerRow);
+    if (u > 0) {
+      row += static_cast<Index>(Cfg::kThreads) / kPerRow;
+      column += static_cast<Index>(Cfg::kThreads) % kPerRow;
+      if (column >= kPerRow) {
+        column -= kPerRow;
+        ++row;
+      }
+    }
     const long long r = static_cast<long long>(row);
-    const long long c = static_cast<long long>(v - row * static_cast<Index>(Cfg::kVectorsPerRow)) * kVec;
+    const long long c = static_cast<long long>(column) * kVec;
     out_offset[u] = r * p.out_row_stride + c;
     if (v < vectors) {
       load_bytes<Cfg::kInBytes>(codes[u], in + r * p.in_row_stride + (Cfg::kFp4 ? c / 2 : c));

@@ -69,6 +69,50 @@ __device__ __forceinline__ void store_scale(const kjit_mx_quantize_params& p, lo
   }
 }
 
+// Offset of swizzled scale (row, scale_col) within one expert's block
+// (swizzled_scale_offset), with the 64-bit arithmetic only where rows need it.
+template <class Cfg>
+__device__ __forceinline__ long long swizzled_offset(long long row, int scale_col) {
+  constexpr long long kTiles = Cfg::kPaddedScaleCols / 4;
+  const unsigned int low = static_cast<unsigned int>(row);
+  const unsigned int inner = (low & 31u) * 16u + ((low >> 5) & 3u) * 4u + (scale_col & 3);
+  return ((row >> 7) * kTiles + (scale_col >> 2)) * 512 + inner;
+}
+
+// Stores the swizzled scale byte of the block whose first chunk this lane
+// holds (a block lead: lane % kLanesPerBlock == 0). Scale columns 4t..4t+3 of
+// a row are one aligned 32-bit word (bytes past the last column are padding,
+// written 0), and their blocks' leads are kLanesPerBlock lanes apart: where
+// all of them are in this warp, the lead of column 4t gathers the other three
+// bytes by shuffles (every lane takes part) and stores the word; elsewhere (a
+// word split between warps, an unaligned scale pointer) each lead stores its
+// byte. One store instead of four, and no partial words.
+template <class Cfg>
+__device__ __forceinline__ void store_swizzled_scale(const kjit_mx_quantize_params& p, long long base, long long row,
+                                                     int col, unsigned int scale, bool valid) {
+  constexpr int kStep = Cfg::kLanesPerBlock;
+  const unsigned int next1 = __shfl_down_sync(0xffffffffu, scale, kStep);
+  const unsigned int next2 = __shfl_down_sync(0xffffffffu, scale, 2 * kStep);
+  const unsigned int next3 = __shfl_down_sync(0xffffffffu, scale, 3 * kStep);
+  const int lane = threadIdx.x % 32;
+  if (!valid || lane % kStep != 0) return;
+  const int scale_col = col / kStep;
+  const int position = scale_col & 3;
+  // The word's real bytes: 4, or fewer in the last (padded) column group.
+  const int bytes = Cfg::kScaleCols % 4 == 0 ? 4 : min(4, static_cast<int>(Cfg::kScaleCols) - (scale_col - position));
+  const int word_lead = lane - position * kStep;
+  const bool words = (reinterpret_cast<unsigned long long>(p.scales) & 3u) == 0;
+  const long long word_offset = base + swizzled_offset<Cfg>(row, scale_col - position);
+  if (words && word_lead >= 0 && word_lead + (bytes - 1) * kStep < 32) {
+    if (position != 0) return;  // the word's lead stores it
+    const unsigned int word = (scale & 0xFFu) | (next1 & 0xFFu) << 8 | (next2 & 0xFFu) << 16 | next3 << 24;
+    *reinterpret_cast<unsigned int*>(p.scales + word_offset) =
+        bytes == 4 ? word : word & ((1u << (8 * bytes)) - 1u);  // padding columns 0
+  } else {
+    p.scales[word_offset + position] = static_cast<unsigned char>(scale);
+  }
+}
+
 // The swizzled layout's padding (rows up to a multiple of 128, scale columns
 // up to 4), written 0 by the threads that own the last real row and column.
 template <class Cfg>
@@ -122,11 +166,56 @@ __device__ __forceinline__ void finalize_global_scale(const kjit_mx_quantize_par
       amax == 0.0f ? 1.0f : (Cfg::kDivide ? __fdiv_rn(kNvfp4Range, amax) : __fdiv_rn(amax, kNvfp4Range));
 }
 
+// NVFP4's 8 codes of one chunk, e2m1(RN(x / d)) as quantize_nvfp4_block
+// states, with one reciprocal per block instead of an IEEE division per
+// element: q = RN(x * r), r = RN(1 / d), and q's code, unless q lies near an
+// e2m1 rounding boundary, where the chunk takes the exact path (__fdiv_rn).
+//
+// Why q's code is z's, z = RN(x / d), off the boundaries. With u = 2^-24:
+// r = (1 / d)(1 + e1) and q = x r (1 + e2), |e1|, |e2| <= u, when 1 / d and
+// x r are normal fp32 (r's range is checked below: not finite or not normal
+// -> exact path); z = (x / d)(1 + e3), |e3| <= u. So |q - z| <= (3u +
+// u^2)|x / d| < 3.000001 u |q|, and for |q| in [2^e, 2^(e+1)) that is below
+// 3.000001 ulp(q) (ulp(q) = 2^(e-23) > u |q|). The encoder flags q near
+// (encode_e2m1_clear_of_ties' tie_gap 0) within 16 of its ulps of a boundary b (|q| >= 1)
+// or within 15.5 * 2^-23 of 0.25 or 0.75 (|q| < 1: at least 31 of q's ulps,
+// which are 2^-24 or less there). A q not near therefore has z strictly on
+// the same side of every b and z != b: both round to the same code, ties
+// included (a tie needs z == b exactly); and the encoder's own condition (no
+// y within 2^-24 of 0.25, 0.75 but off it) holds. When x r underflows (|q| <
+// 2^-126) the relative bound fails, but then |z| < 0.25 too and both are code
+// 0 with x's sign; when it overflows, q = inf and |z| >= FLT_MAX (1 - 3u):
+// both saturate.
+template <class Cfg>
+__device__ __forceinline__ unsigned int nvfp4_codes(const unsigned int (&words)[4], float d) {
+  const float r = __frcp_rn(d);
+  const float r_magnitude = fabsf(r);
+  const bool r_normal = r_magnitude >= 0x1p-126f && r_magnitude <= 0x1.fffffep127f;  // NaN fails too
+  unsigned int codes = 0, tie_gap = ~0u;  // 0 once an element is near a boundary
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    unsigned int gap_low, gap_high;
+    const unsigned int low = encode_e2m1_clear_of_ties(__fmul_rn(bf16_low(words[i]), r), gap_low);
+    const unsigned int high = encode_e2m1_clear_of_ties(__fmul_rn(bf16_high(words[i]), r), gap_high);
+    tie_gap = min(tie_gap, min(gap_low, gap_high));
+    codes |= (low | high << 4) << (8 * i);
+  }
+  if (tie_gap == 0 || !r_normal) {  // about 1 in 16000 random chunks; every chunk of a block whose r is not normal
+    codes = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      codes |= (encode_e2m1_satfinite(__fdiv_rn(bf16_low(words[i]), d)) |
+                encode_e2m1_satfinite(__fdiv_rn(bf16_high(words[i]), d)) << 4)
+               << (8 * i);
+  }
+  return codes;
+}
+
 // One chunk's 8 codes (4 packed bytes, or 8 fp8 codes in a uint2) and its
 // block's scale byte, from the block's amax bits. NVFP4 follows
-// quantize_nvfp4_block with IEEE divisions throughout (the block scale d is
-// no power of two: a reciprocal would round differently); MX divides by a
-// power of two, which multiplying by its exact reciprocal reproduces.
+// quantize_nvfp4_block (IEEE divisions for the block scale; the codes through
+// nvfp4_codes); MX divides by a power of two, which multiplying by its exact
+// reciprocal reproduces.
 template <class Cfg>
 __device__ __forceinline__ uint2 encode_chunk(const uint4& x, unsigned int magnitude, float global,
                                               unsigned int& scale) {
@@ -137,29 +226,26 @@ __device__ __forceinline__ uint2 encode_chunk(const uint4& x, unsigned int magni
       scale = 0x7Fu;
       return codes;
     }
-    const float per_block = __fdiv_rn(__uint_as_float(magnitude << 16), 6.0f);
+    const float per_block = bf16_over_6(__uint_as_float(magnitude << 16));  // RN(amax / 6), exactly
     scale = encode_e4m3fn_satfinite(Cfg::kDivide ? __fmul_rn(per_block, global) : __fdiv_rn(per_block, global));
     const float d = Cfg::kDivide ? __fdiv_rn(decode_e4m3fn(scale), global) : __fmul_rn(decode_e4m3fn(scale), global);
     if (d == 0.0f) return codes;
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      codes.x |= (encode_e2m1_satfinite(__fdiv_rn(bf16_low(words[i]), d)) |
-                  encode_e2m1_satfinite(__fdiv_rn(bf16_high(words[i]), d)) << 4)
-                 << (8 * i);
+    codes.x = nvfp4_codes<Cfg>(words, d);
   } else {
     if (magnitude >= 0x7f80u) {
       scale = 0xFFu;
       return codes;
     }
     scale = mx_scale_byte(magnitude, Cfg::kEmax);
-    const float inverse = ue8m0_reciprocal(scale);
     if constexpr (Cfg::kFp4) {
+      const float prescale = mxfp4_prescale(scale);  // 2^-E * 2^-14: x * prescale is exact
 #pragma unroll
       for (int i = 0; i < 4; ++i)
-        codes.x |= (encode_e2m1_of_bf16_over_pow2(__fmul_rn(bf16_low(words[i]), inverse)) |
-                    encode_e2m1_of_bf16_over_pow2(__fmul_rn(bf16_high(words[i]), inverse)) << 4)
+        codes.x |= e2m1x2_of_prescaled_f16x2(cvt_rn_f16x2_f32(__fmul_rn(bf16_low(words[i]), prescale),
+                                                              __fmul_rn(bf16_high(words[i]), prescale)))
                    << (8 * i);
     } else {
+      const float inverse = ue8m0_reciprocal(scale);
       unsigned int pairs[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -222,6 +308,7 @@ __device__ __forceinline__ void mx_quantize(const kjit_mx_quantize_params& p) {
 
   float global = 1.0f;
   if constexpr (Cfg::kGlobal != MxGlobal::none) global = p.global_scales[expert];
+  const long long swizzled_base = expert * ((p.rows + 127) / 128 * 128) * Cfg::kPaddedScaleCols;
 #pragma unroll
   for (int u = 0; u < Cfg::kChunksPerThread; ++u) {
     // The block's amax over its lanes (all of them in or past the end together:
@@ -234,21 +321,26 @@ __device__ __forceinline__ void mx_quantize(const kjit_mx_quantize_params& p) {
       magnitude = max(magnitude, __shfl_xor_sync(0xffffffffu, magnitude, offset));
 
     const long long chunk = first + static_cast<long long>(u) * Cfg::kThreads;
-    if (chunk >= chunks) continue;
+    const bool valid = chunk < chunks;
     const long long row = rows[u];
     const int col = cols[u];
     unsigned int scale = 0;
-    const uint2 codes = encode_chunk<Cfg>(x[u], magnitude, global, scale);
-    const long long flat_row = expert * p.rows + row;
-    if constexpr (Cfg::kFp4) {
-      *reinterpret_cast<unsigned int*>(p.out + flat_row * (Cfg::kK / 2) + col * 4LL) = codes.x;
-    } else {
-      *reinterpret_cast<uint2*>(p.out + flat_row * Cfg::kK + col * 8LL) = codes;
+    if (valid) {
+      const uint2 codes = encode_chunk<Cfg>(x[u], magnitude, global, scale);
+      const long long flat_row = expert * p.rows + row;
+      if constexpr (Cfg::kFp4) {
+        *reinterpret_cast<unsigned int*>(p.out + flat_row * (Cfg::kK / 2) + col * 4LL) = codes.x;
+      } else {
+        *reinterpret_cast<uint2*>(p.out + flat_row * Cfg::kK + col * 8LL) = codes;
+      }
     }
-    if (threadIdx.x % Cfg::kLanesPerBlock == 0) {
-      const long long scale_col = col / Cfg::kLanesPerBlock;
-      store_scale<Cfg>(p, expert, row, scale_col, scale);
-      if constexpr (Cfg::kSwizzled) store_scale_padding<Cfg>(p, expert, row, scale_col);
+    if constexpr (Cfg::kSwizzled) {
+      store_swizzled_scale<Cfg>(p, swizzled_base, row, col, scale, valid);  // every lane: it shuffles
+      if (valid && threadIdx.x % Cfg::kLanesPerBlock == 0)
+        store_scale_padding<Cfg>(p, expert, row, col / Cfg::kLanesPerBlock);
+    } else if (valid && threadIdx.x % Cfg::kLanesPerBlock == 0) {
+      // Linear: the warp's block leads write consecutive bytes, one sector per store already.
+      p.scales[(expert * p.rows + row) * Cfg::kScaleCols + col / Cfg::kLanesPerBlock] = static_cast<unsigned char>(scale);
     }
   }
 }

@@ -5,12 +5,16 @@
 // global scales with either convention, odd shapes over several experts, wide
 // dynamic range with planted rounding ties, NaN, inf, all-zero, huge and
 // subnormal blocks, a padded input row stride, CUDA graph capture and replay
-// of the computed-global-scale form, and quantize -> dequant round trips
-// within each format's bound. Outputs start poisoned, so unwritten bytes fail.
+// of the computed-global-scale form, NVFP4 elements on and within a few ulps
+// of every e2m1 boundary (the reciprocal fast path and its exact fallback),
+// MXFP4 over every finite bf16 under every scale byte, and quantize ->
+// dequant round trips within each format's bound. Outputs start poisoned, so
+// unwritten bytes fail.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <random>
 #include <span>
@@ -255,6 +259,125 @@ TEST_CASE("rounding ties go to the even code and values past the format's max sa
   for (size_t i = 0; i < 16; ++i) CHECK(((nv.out[i / 2] >> (4 * (i % 2))) & 0xF) == codes[i]);
   CHECK(nv.scales[0] == 0x38);
   CHECK(differences(nv, expected(p)) == 0);
+}
+
+// NVFP4 codes come from q = x * (1 / d) except near an e2m1 rounding boundary,
+// where the kernel divides (nvfp4_codes). Here every element lands on or
+// within a few fp32 ulps of a boundary of its block: expert e's global scale
+// is g = 1 + (e - 24) * 2^-23, a block of row r holds amax 6 * 2^m and the
+// boundaries +-{0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5} * 2^m (m = r - 6, all
+// exact in bf16), so its scale decodes to 2^m and d = 2^m * g (MULTIPLY) or
+// 2^m / g (DIVIDE): x / d is the boundary itself (e = 24) or |e - 24| * 1 to
+// 2 of its ulps away, inside the kernel's 16-ulp margin and past it. Two more
+// experts: a global scale of 2^-130 (MULTIPLY: d an fp32 subnormal whose
+// reciprocal overflows, so every chunk divides) and 1.5 * 2^127 (DIVIDE: d
+// subnormal, its reciprocal normal), with the same boundaries times g or 1 / g.
+TEST_CASE("NVFP4 is bit-exact on and within a few ulps of every e2m1 boundary (the reciprocal's exact path)") {
+  const std::vector<float> boundaries{0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+  for (auto convention : {KJIT_SCALE_MULTIPLY, KJIT_SCALE_DIVIDE}) {
+    Problem p;
+    p.format = KJIT_BLOCK_FORMAT_NVFP4;
+    p.mode = KJIT_GLOBAL_SCALE_GIVEN;
+    p.convention = convention;
+    p.layout = KJIT_SCALE_LAYOUT_SWIZZLED_128X4;
+    constexpr int64_t kNearExperts = 49;
+    p.experts = kNearExperts + 1;
+    p.rows = 15;
+    p.k = 64;
+    p.given.clear();
+    for (int64_t e = 0; e < kNearExperts; ++e) p.given.push_back(1.0f + static_cast<float>(e - 24) * 0x1p-23f);
+    const float extreme = convention == KJIT_SCALE_MULTIPLY ? 0x1p-130f : 0x1.8p127f;
+    p.given.push_back(extreme);
+    p.in.assign(static_cast<size_t>(p.experts * p.rows * p.k), 0);
+    for (int64_t e = 0; e < p.experts; ++e) {
+      const float unit = e < kNearExperts ? 1.0f : convention == KJIT_SCALE_MULTIPLY ? extreme : 1.0f / extreme;
+      for (int64_t r = 0; r < p.rows; ++r)
+        for (int64_t b = 0; b < p.k / 16; ++b) {
+          // amax first, the boundaries with both signs, then 5.5; rotated and negated per block so that the
+          // amax and every boundary visit every lane position of the chunk.
+          std::vector<float> block{6.0f};
+          for (float v : boundaries) block.push_back(v);
+          for (float v : boundaries) block.push_back(-v);
+          block.push_back(5.5f);
+          std::rotate(block.begin(), block.begin() + (r * 3 + b * 5) % 16, block.end());
+          const float sign = (b + e) % 2 ? -1.0f : 1.0f;
+          for (int64_t c = 0; c < 16; ++c)
+            p.in[static_cast<size_t>((e * p.rows + r) * p.k + b * 16 + c)] = reference::bf16_bits_rne(
+                sign * block[static_cast<size_t>(c)] * std::ldexp(1.0f, static_cast<int>(r) - 6) * unit);
+        }
+    }
+    // What the data covers, from the reference's own d: elements on a boundary, within the kernel's margin
+    // (1 to 15 ulps of x / d), and just past it (16 to 40).
+    int64_t on = 0, inside = 0, past = 0;
+    for (int64_t e = 0; e < kNearExperts; ++e)
+      for (int64_t blk = 0; blk < p.rows * p.k / 16; ++blk) {
+        const size_t first = static_cast<size_t>(e * p.rows * p.k + blk * 16);
+        float amax = 0.0f;
+        for (size_t i = first; i < first + 16; ++i) amax = std::max(amax, std::fabs(reference::bf16_to_float(p.in[i])));
+        const float g = p.given[static_cast<size_t>(e)];
+        const bool multiply = convention == KJIT_SCALE_MULTIPLY;
+        const uint8_t scale = reference::encode_e4m3fn_satfinite(multiply ? amax / 6.0f / g : amax / 6.0f * g);
+        const float d = multiply ? reference::decode_e4m3fn(scale) * g : reference::decode_e4m3fn(scale) / g;
+        for (size_t i = first; i < first + 16; ++i) {
+          const float z = std::fabs(reference::bf16_to_float(p.in[i]) / d);
+          int64_t distance = INT64_MAX;
+          for (float boundary : boundaries) {
+            const int64_t apart = static_cast<int64_t>(reference::float_bits(z)) -
+                                  static_cast<int64_t>(reference::float_bits(boundary));
+            distance = std::min(distance, apart < 0 ? -apart : apart);
+          }
+          on += distance == 0;
+          inside += distance > 0 && distance < 16;
+          past += distance >= 16 && distance <= 40;
+        }
+      }
+    CAPTURE(convention);
+    CHECK(on > 100);
+    CHECK(inside > 1000);
+    CHECK(past > 500);
+    CHECK(differences(run(p), expected(p)) == 0);
+  }
+}
+
+// MXFP4's codes come from x * 2^(113 - s) rounded to f16 and rounded again in
+// 16-bit lanes (e2m1x2_of_prescaled_f16x2): exact for every bf16 a block can
+// hold. Every finite bf16 x here meets every scale byte s its block can have
+// (0 to 252; x's exponent at most s - 125): blocks of 31 such values behind
+// their amax 1.9921875 * 2^(s - 125), which pins the scale byte to s.
+TEST_CASE("MXFP4 is bit-exact for every finite bf16 under every scale byte its block can have") {
+  Problem p;
+  p.format = KJIT_BLOCK_FORMAT_MXFP4;
+  p.layout = KJIT_SCALE_LAYOUT_LINEAR;
+  p.k = 32 * 64;
+  std::vector<uint16_t> values;
+  int64_t blocks = 0;
+  for (int s = 0; s <= 252; ++s) {
+    const int top = s - 125;  // the amax's exponent
+    const uint16_t amax = static_cast<uint16_t>(((top + 127) << 7) | 0x7F);
+    int in_block = 0;
+    for (uint32_t h = 0; h < 0x10000u; ++h) {
+      const float x = reference::bf16_to_float(static_cast<uint16_t>(h));
+      if (!std::isfinite(x) || (x != 0.0f && std::ilogb(x) > top)) continue;
+      if (in_block == 0) values.push_back(amax), ++in_block, ++blocks;
+      values.push_back(static_cast<uint16_t>(h));
+      if (++in_block == 32) in_block = 0;
+    }
+    while (in_block != 0) {  // fill the last block with zeros
+      values.push_back(0);
+      if (++in_block == 32) in_block = 0;
+    }
+  }
+  while (values.size() % static_cast<size_t>(p.k) != 0) values.push_back(0);
+  p.rows = static_cast<int64_t>(values.size()) / p.k;
+  p.in = std::move(values);
+  CHECK(blocks > 250000);
+  const auto got = run(p), want = expected(p);
+  CHECK(differences(got, want) == 0);
+  int64_t scales_seen = 0;
+  std::vector<bool> seen(256, false);
+  for (uint8_t b : want.scales) seen[b] = true;
+  for (bool b : seen) scales_seen += b;
+  CHECK(scales_seen == 253);
 }
 
 TEST_CASE("NaN or inf blocks get a NaN scale and zero codes, all-zero blocks scale 0 / 2^-127, other blocks unaffected") {

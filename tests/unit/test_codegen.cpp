@@ -724,11 +724,11 @@ TEST_CASE("MX dequant specs round-trip through text and JSON; fields a format ha
   CHECK(canonicals.size() == specs.size());
   CHECK(canonical(KernelSpec{specs[0]}) ==
         "mx_dequant format=nvfp4 convention=divide out=bf16 k=7168 scales=linear vec=32 experts=all");
-  // vec defaults to the widest access K allows: 16 bytes of input.
+  // vec defaults to the widest access K allows, up to one 16-byte store of output.
   auto minimal = spec_from_json(nlohmann::json{
       {"op", "mx_dequant"}, {"format", "mxfp4"}, {"out", "bf16"}, {"k", 2880}, {"scale_layout", "linear"}});
   REQUIRE_MESSAGE(minimal.has_value(), minimal.error().message);
-  CHECK(std::get<MxDequantSpec>(*minimal).vec == 32);
+  CHECK(std::get<MxDequantSpec>(*minimal).vec == 8);
   auto stray = spec_from_json(nlohmann::json{
       {"op", "mx_dequant"}, {"format", "mxfp4"}, {"convention", "multiply"}, {"out", "bf16"}, {"k", 2880},
       {"scale_layout", "linear"}});
@@ -754,10 +754,11 @@ TEST_CASE("MX dequant invariants: K in whole blocks, vec a power of two dividing
             .find("no global scale") != std::string::npos);
   CHECK(message({.format = MxFormat::mxfp8, .element = DType::bf16, .k = 64, .vec = 16}).find("f8_e4m3fn") !=
         std::string::npos);
-  // The access width: 16 input bytes at most, narrower where K, a stride or an address asks.
-  CHECK(mx_dequant_vector(MxFormat::mxfp4, DType::bf16, 2880) == 32);
-  CHECK(mx_dequant_vector(MxFormat::nvfp4, DType::bf16, 48) == 16);           // 24-byte rows
-  CHECK(mx_dequant_vector(MxFormat::mxfp8, DType::f32, 2880) == 16);
+  // The access width: one 16-byte store of output at most, narrower where K, a stride or an address asks.
+  CHECK(mx_dequant_vector(MxFormat::mxfp4, DType::bf16, 2880) == 8);
+  CHECK(mx_dequant_vector(MxFormat::nvfp4, DType::bf16, 48) == 8);
+  CHECK(mx_dequant_vector(MxFormat::nvfp4, DType::bf16, 48, {6}) == 4);       // 6-byte rows: 2-byte loads
+  CHECK(mx_dequant_vector(MxFormat::mxfp8, DType::f32, 2880) == 4);
   CHECK(mx_dequant_vector(MxFormat::mxfp4, DType::bf16, 2880, {1}) == 2);     // a byte-aligned input
   CHECK(mx_dequant_vector(MxFormat::mxfp4, DType::bf16, 2880, {}, {1}) == 0);  // FP4 pairs on odd outputs
   CHECK(mx_dequant_vector(MxFormat::mxfp8, DType::bf16, 2880, {}, {1}) == 1);
@@ -766,6 +767,8 @@ TEST_CASE("MX dequant invariants: K in whole blocks, vec a power of two dividing
   CHECK(mx_dequant_geometry(s, 5760, 32).grid_x == (5760 * 90 + 511) / 512);
   CHECK(mx_dequant_geometry(s, 5760, 32).grid_y == 32);
   CHECK(mx_dequant_geometry(s, 0, 1).grid_x == 1);
+  const MxDequantSpec tuned{.format = MxFormat::mxfp4, .k = 2880, .vec = 8};  // 4 vectors a thread: 16 bytes in
+  CHECK(mx_dequant_geometry(tuned, 5760, 32).grid_x == (5760 * 360 + 1023) / 1024);
 }
 
 TEST_CASE("MX scale-layout specs round-trip through text and JSON and need two different layouts") {

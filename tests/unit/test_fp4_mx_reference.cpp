@@ -246,6 +246,23 @@ TEST_CASE("an NVFP4 block's scale is e4m3(amax / 6 / global) and its codes the n
   CHECK(nvfp4_value(0x7, 0x45, 2.0f, KJIT_SCALE_DIVIDE) == 9.75f);  // what the 10 comes back as
 }
 
+// The kernel's division-free RN(amax / 6) (templates/common/mx_encode.cuh,
+// bf16_over_6): q0 = RN(a * RN(1/6)), corrected once by fma with the exact
+// residual, equals the IEEE quotient for every finite non-negative bf16 a.
+TEST_CASE("RN(a / 6) of every finite non-negative bf16 a is one multiply and two fmas (the quantizer's block scale)") {
+  const float sixth = 1.0f / 6.0f;
+  int differ = 0, checked = 0;
+  for (uint32_t h = 0; h < 0x7F80u; ++h) {
+    const float a = bf16_to_float(static_cast<uint16_t>(h));
+    const float q0 = a * sixth;
+    const float q1 = std::fma(std::fma(-q0, 6.0f, a), sixth, q0);
+    differ += float_bits(q1) != float_bits(a / 6.0f);
+    ++checked;
+  }
+  CHECK(checked == 32640);
+  CHECK(differ == 0);
+}
+
 TEST_CASE("an MXFP4 block's scale is 2^(floor(log2 amax) - 2) and values above 6 times it saturate") {
   // amax 13 = 1.625 * 2^3: E = 3 - 2 = 1, byte 128 (0x80), X = 2. x / 2: 13 -> 6.5 saturates (0x7),
   // 12 -> 6 (0x7), -3 -> -1.5 (0xB), 0.5 -> 0.25, a tie: 0 (0x0), 1.5 -> 0.75, a tie: 1 (0x2),

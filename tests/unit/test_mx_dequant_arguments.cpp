@@ -49,10 +49,10 @@ struct MxDequantFixture : FakeRuntimeFixture {
 
 }  // namespace
 
-TEST_CASE_FIXTURE(MxDequantFixture, "a valid NVFP4 dequant plans 32-element vectors and launches once") {
+TEST_CASE_FIXTURE(MxDequantFixture, "a valid NVFP4 dequant plans 8-element vectors (one 16-byte bf16 store) and launches once") {
   auto plan = kjit::ops::plan_mx_dequant(desc, false);
   REQUIRE_MESSAGE(plan.has_value(), kjit::testing::why(plan));
-  CHECK(plan->spec.vec == 32);
+  CHECK(plan->spec.vec == 8);
   CHECK(plan->spec.format == kjit::codegen::MxFormat::nvfp4);
   CHECK(plan->params.in_row_stride == 256);       // bytes: k / 2
   CHECK(plan->params.in_expert_stride == 256 * 256);
@@ -60,12 +60,12 @@ TEST_CASE_FIXTURE(MxDequantFixture, "a valid NVFP4 dequant plans 32-element vect
   CHECK(plan->params.scale_expert_stride == 256 * 32);  // round_up(256, 128) x round_up(512 / 16, 4)
   CHECK(plan->params.global_scales == desc.global_scales);
   CHECK(plan->params.output_slots == 2);
-  CHECK(plan->geometry.grid_x == 256 * 16 / 512);  // 16 vectors a row, 2 per thread
+  CHECK(plan->geometry.grid_x == 256 * 64 / 1024);  // 64 vectors a row, 4 per thread (16 input bytes)
   CHECK(plan->geometry.grid_y == 2);
   auto r = run();
   REQUIRE_MESSAGE(r.has_value(), r.error().message);
   CHECK(machine.launches == 1);
-  CHECK(machine.grid[0] == 8);
+  CHECK(machine.grid[0] == 16);
   CHECK(runtime.store().list().size() == 1);
   REQUIRE(run().has_value());  // a registry hit
   CHECK(machine.launches == 2);
@@ -78,7 +78,7 @@ TEST_CASE_FIXTURE(MxDequantFixture, "swizzled scale blocks of experts follow eac
   auto plan = kjit::ops::plan_mx_dequant(desc, false);
   REQUIRE_MESSAGE(plan.has_value(), kjit::testing::why(plan));
   CHECK(plan->params.scale_expert_stride == 256 * 4);
-  CHECK(plan->spec.vec == 16);  // k / 2 = 24 bytes a row: 8-byte accesses
+  CHECK(plan->spec.vec == 8);  // one 16-byte bf16 store (4 input bytes; 24-byte rows allow it)
   desc.scale_layout = KJIT_SCALE_LAYOUT_LINEAR;
   plan = kjit::ops::plan_mx_dequant(desc, false);
   REQUIRE(plan.has_value());
@@ -92,7 +92,7 @@ TEST_CASE_FIXTURE(MxDequantFixture, "MXFP4 and MXFP8 plan their strides from the
   REQUIRE_MESSAGE(plan.has_value(), kjit::testing::why(plan));
   CHECK(plan->params.scale_expert_stride == 256 * 16);
   CHECK(plan->params.global_scales == nullptr);
-  CHECK(plan->spec.vec == 32);
+  CHECK(plan->spec.vec == 8);
   desc.format = KJIT_BLOCK_FORMAT_MXFP8;
   desc.element_dtype = KJIT_DTYPE_F8_E5M2;
   desc.rows = 128;
@@ -100,7 +100,7 @@ TEST_CASE_FIXTURE(MxDequantFixture, "MXFP4 and MXFP8 plan their strides from the
   plan = kjit::ops::plan_mx_dequant(desc, false);
   REQUIRE_MESSAGE(plan.has_value(), kjit::testing::why(plan));
   CHECK(plan->params.in_row_stride == 512);  // one byte an element
-  CHECK(plan->spec.vec == 16);
+  CHECK(plan->spec.vec == 4);                 // one 16-byte f32 store
   CHECK(plan->spec.element == kjit::codegen::DType::f8_e5m2);
   auto r = run();
   CHECK_MESSAGE(r.has_value(), kjit::testing::why(r));
@@ -156,13 +156,13 @@ TEST_CASE_FIXTURE(MxDequantFixture, "row strides smaller than a row are rejected
   expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "must be aligned to two elements");
   desc.rows = 128;
   desc.out_row_stride = 520;
-  desc.in_row_stride = 264;  // 8-byte multiple: the access narrows to 16 elements
+  desc.in_row_stride = 258;  // 2-byte multiple: the access narrows to 4 elements
   auto plan = kjit::ops::plan_mx_dequant(desc, false);
   REQUIRE_MESSAGE(plan.has_value(), kjit::testing::why(plan));
   CHECK(plan->params.out_row_stride == 520);
-  CHECK(plan->params.in_row_stride == 264);
-  CHECK(plan->params.in_expert_stride == 128 * 264);
-  CHECK(plan->spec.vec == 16);
+  CHECK(plan->params.in_row_stride == 258);
+  CHECK(plan->params.in_expert_stride == 128 * 258);
+  CHECK(plan->spec.vec == 4);
 }
 
 TEST_CASE_FIXTURE(MxDequantFixture, "misaligned pointers are rejected, a misaligned input narrows the access") {

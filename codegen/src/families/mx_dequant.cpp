@@ -16,18 +16,32 @@ namespace {
 constexpr std::array kFormatNames{"nvfp4", "mxfp4", "mxfp8"};
 constexpr std::array kLayoutNames{"linear", "swizzled_128x4"};
 
-// Memory-bound like fp8_dequant (whose tile was measured, docs/benchmarks.md):
-// 256 threads, at least 4 blocks per SM (at most 64 registers), about 32
-// input bytes in flight per thread: two 16-byte loads (32 FP4 elements or 16
-// fp8 codes each), four of the narrower ones. Not yet measured on a GPU. The
-// register cap is for the tuned shape only: narrow vectors (odd K or
-// misaligned tensors) with swizzled scales spilled under it. Every variant
-// compiled for sm_90a, sm_100a and sm_120a and read with nvdisasm: NVFP4
-// DIVIDE's IEEE division spilled at 64 (sm_100a, sm_120a; 128 now), and so did
-// MXFP8 with selected experts on sm_100a (80 now).
+// Memory-bound like fp8_dequant, whose measurements (docs/benchmarks.md) found
+// one 16-byte store per thread, consecutive across lanes, the fastest: every
+// warp store then fills whole 32-byte sectors. An earlier tile (32 FP4
+// elements a thread: one 16-byte load, four 16-byte stores at a 64-byte lane
+// stride, so each store instruction half-filled its sectors) ran at 56% of a
+// copy on an H100. So a vector is 16 bytes of OUTPUT (8 bf16/f16 or 4 f32;
+// 4 or 2 bytes of FP4 in), and each thread takes kUnroll vectors, loading
+// up to 16 input bytes (at most 4 vectors) before converting any: 1024
+// threads x 16 bytes = 16 KB of reads per SM, about 4 us of latency at the
+// ~4 KB/us an SM reads when the whole device moves 2.7 TB/s (FP4 -> bf16
+// reads a fifth of its bytes; -> f32 a ninth, 8 bytes a thread). SASS
+// (sm_90a, nvdisasm): ~14 instructions an element (decode 4, scale 1-2,
+// round 0.5, loads, addressing and the scale byte ~7 of a vector's 112 over
+// 8), half of the ~26 an H100 issues per element at that rate (132 SMs x 4
+// schedulers x 32 lanes x ~1.75 GHz / 1.09 G elements/ms).
+// 256 threads; __launch_bounds__ asks for 4 blocks per SM (at most 64
+// registers) on the tuned shape. Narrower vectors (odd K, misaligned tensors)
+// keep 1 (swizzled scales spilled under a cap). Every variant compiled for
+// sm_90a, sm_100a and sm_120a and read with nvdisasm: f32 output (4 vectors
+// of 4) spilled at 64 on all three and NVFP4 DIVIDE's IEEE division too (2
+// blocks, 128 registers, for both), MXFP8 with selected experts on sm_100a (3).
 constexpr int kThreads = 256;
 constexpr int kMinBlocksPerSM = 4;
-constexpr int kMaxInputBytes = 16;  // per thread access
+constexpr int kStoreBytes = 16;     // per thread store: whole sectors per warp
+constexpr int kInFlightBytes = 16;  // input bytes each thread loads before converting
+constexpr int kMaxUnroll = 4;
 // gridDim.y walks output slots; more than this loop inside the kernel.
 constexpr int64_t kMaxGridY = 65535;
 
@@ -35,15 +49,18 @@ auto invalid(std::string message) { return fail(KJIT_ERROR_INVALID_ARGUMENT, std
 
 int64_t input_bytes(MxFormat format, int64_t elements) { return is_fp4(format) ? elements / 2 : elements; }
 
-// The tuned shape: 16-byte loads, two in flight.
-bool tuned_shape(const MxDequantSpec& s) { return input_bytes(s.format, s.vec) >= kMaxInputBytes; }
+// The tuned shape: one 16-byte store per vector.
+bool tuned_shape(const MxDequantSpec& s) { return s.vec * size_bytes(s.out) == kStoreBytes; }
 
-int unroll(const MxDequantSpec& s) { return tuned_shape(s) ? 2 : 4; }
+// Vectors per thread: kInFlightBytes of input, 2 to kMaxUnroll vectors.
+int unroll(const MxDequantSpec& s) {
+  return static_cast<int>(std::clamp<int64_t>(kInFlightBytes / input_bytes(s.format, s.vec), 2, kMaxUnroll));
+}
 
 // __launch_bounds__'s blocks per SM (65536 registers / (256 threads x blocks) each).
 int min_blocks(const MxDequantSpec& s) {
   if (!tuned_shape(s)) return 1;
-  if (s.format == MxFormat::nvfp4 && s.convention == ScaleConvention::divide) return 2;
+  if (s.out == DType::f32 || (s.format == MxFormat::nvfp4 && s.convention == ScaleConvention::divide)) return 2;
   if (s.format == MxFormat::mxfp8) return 3;
   return kMinBlocksPerSM;
 }
@@ -173,15 +190,18 @@ RenderedKernel Family<MxDequantSpec>::render(const MxDequantSpec& s) {
        .body = "kjit::mx_dequant"});
 }
 
+// The widest vector whose output is at most one 16-byte store (8 bf16/f16, 4
+// f32) and that K, the strides and the addresses allow.
 int mx_dequant_vector(MxFormat format, DType out, int64_t k, std::initializer_list<int64_t> byte_alignments,
                       std::initializer_list<int64_t> out_alignments) {
   const int out_bytes = size_bytes(out);
   const int narrowest = is_fp4(format) ? 2 : 1;
-  for (int vec = is_fp4(format) ? 32 : 16; vec >= narrowest; vec /= 2) {
+  const int widest = std::min(is_fp4(format) ? 32 : 16, kStoreBytes / out_bytes);
+  for (int vec = widest; vec >= narrowest; vec /= 2) {
     if (k % vec != 0) continue;
     const int64_t in_bytes = input_bytes(format, vec);
     // Stores are single instructions of up to 16 bytes.
-    const int64_t out_elements = std::min(16, vec * out_bytes) / out_bytes;
+    const int64_t out_elements = std::min(kStoreBytes, vec * out_bytes) / out_bytes;
     const bool fits = std::all_of(byte_alignments.begin(), byte_alignments.end(),
                                   [&](int64_t a) { return a % in_bytes == 0; }) &&
                       std::all_of(out_alignments.begin(), out_alignments.end(),

@@ -53,7 +53,8 @@ struct Family<MxDequantSpec> {
 // The access width (in elements) a dequant of `format` uses: the widest that
 // divides k and every alignment in `byte_alignments` (input bytes: address
 // and row stride) and `out_alignments` (output elements: address and row
-// stride), at most 16 input bytes (32 FP4 elements, 16 fp8 codes). At least 2
+// stride), at most one 16-byte store of output (8 bf16/f16, 4 f32: whole
+// sectors per warp store; a spec may still name up to 16 input bytes). At least 2
 // for FP4 (one packed byte); 0 when no width fits (an FP4 output that is not
 // aligned to two elements). Used by ops and manifests alike.
 int mx_dequant_vector(MxFormat format, DType out, int64_t k, std::initializer_list<int64_t> byte_alignments = {},
