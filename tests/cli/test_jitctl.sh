@@ -86,10 +86,11 @@ check "verify is clean after the concurrent precompiles" "$jitctl" verify
 check "no temp files remain" test -z "$(find "$work/shared-cache" -name '*.tmp*' -print -quit)"
 # 5 dequant kernels + 4 grouped GEMM problems (gate_up with and without the fused activation, down with and
 # without the row scale) x 3 sm_90a token-count buckets + routing + combine + 3 fp8 quantize kernels + 3 FP8 GEMM
-# problems x 2 sm_90a buckets (alone, pairs along N) + 3 W8A16 GEMM problems x 3 sm_90a buckets (row tiles of 32,
-# 64, 128) + 3 W4A16 (NVFP4) GEMM problems (gate_up fused and not, down) x 3 buckets + 4 NVFP4 quantize kernels
+# problems x 2 sm_90a buckets (alone, pairs along N) + 4 W8A16 GEMM problems (gate_up fused over the block scales
+# and not, down with and without the row scale) x 3 sm_90a buckets (row tiles of 32, 64, 128) + 3 W4A16 (NVFP4)
+# GEMM problems (gate_up fused and not, down) x 3 buckets + 4 NVFP4 quantize kernels
 # + 2 NVFP4 dequant kernels + 2 moe_activation kernels (bf16 and FP8 out).
-check "one entry per kernel" grep -q "^54 entries" <("$jitctl" list)
+check "one entry per kernel" grep -q "^57 entries" <("$jitctl" list)
 check "the model's routing and combine are precompiled" \
   grep -q "moe_routing experts=128 offsets=cumulative_end" <("$jitctl" list)
 
@@ -102,11 +103,11 @@ set +e
 rc=$?
 set -e
 check "kernels an arch cannot run do not fail the precompile" test "$rc" -eq 0
-# Skipped: 5 fp8 dequant + 3 fp8 quantize kernels + 3 FP8 and 3 W8A16 GEMM problems (one portable
+# Skipped: 5 fp8 dequant + 3 fp8 quantize kernels + 3 FP8 and 4 W8A16 GEMM problems (one portable
 # configuration each) + 3 W4A16 GEMM problems (one portable configuration each) + 4 NVFP4 quantize kernels
 # (e4m3 scales) + 2 NVFP4 dequant kernels + the FP8-out activation; built: the 4 bf16 GEMM problems' portable
 # kernels, routing, combine and the bf16-out activation.
-check "the summary counts the skipped kernels" grep -q "7 compiled, 0 already cached, 0 failed.*; 24 skipped" "$work/a100.txt"
+check "the summary counts the skipped kernels" grep -q "7 compiled, 0 already cached, 0 failed.*; 25 skipped" "$work/a100.txt"
 check "each skipped kernel is named with the reason" \
   grep -q "needs FP8 tensor cores (compute capability 8.9 or newer); sm_80" "$work/a100.err"
 check "nothing of the skipped families is cached" bash -c "! '$jitctl' list | grep -q 'fp8_'"

@@ -67,11 +67,12 @@ def test_grouped_gemm_desc_init_leaves_the_scale_convention_and_fp4_fields_unset
     ctypes.memset(ctypes.byref(d), 0x5A, ctypes.sizeof(d))
     kjit.library().kjit_grouped_gemm_desc_init(ctypes.byref(d))
     assert d.struct_size == ctypes.sizeof(kjit._GroupedGemmDesc)
-    assert kjit._GroupedGemmDesc._fields_[-1][0] == "activation_limit"
+    assert kjit._GroupedGemmDesc._fields_[-1][0] == "activation_gate_up_layout"
     assert d.b_scale_convention == 0  # KJIT_SCALE_CONVENTION_UNSET: no default
     assert d.b_format == 0 and not d.b_block_scales and not d.b_global_scales
     assert d.activation == 0  # KJIT_ACTIVATION_NONE
     assert d.activation_alpha == pytest.approx(1.702) and d.activation_limit == 7.0  # gpt-oss's
+    assert d.activation_gate_up_layout == 0  # KJIT_GATE_UP_UNSET
 
 
 def test_every_ctypes_field_lies_at_the_offset_of_its_c_field(tmp_path):
