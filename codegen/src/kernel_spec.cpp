@@ -24,6 +24,7 @@ constexpr std::array kConventionNames{"multiply", "divide"};
 constexpr std::array kLayoutNames{"e_n_k", "e_k_n"};
 constexpr std::array kOffsetsNames{"cumulative_end", "with_leading_zero"};
 constexpr std::array kActivationNames{"none", "silu_mul", "swiglu_oai"};
+constexpr std::array kGateUpNames{"halves", "alternating"};
 
 // Parses the alternative whose family's op is `op`, if any.
 template <size_t I = 0>
@@ -64,6 +65,7 @@ std::string_view name(ScaleConvention c) { return kConventionNames[static_cast<s
 std::string_view name(WeightLayout l) { return kLayoutNames[static_cast<size_t>(l)]; }
 std::string_view name(OffsetsConvention c) { return kOffsetsNames[static_cast<size_t>(c)]; }
 std::string_view name(Activation a) { return kActivationNames[static_cast<size_t>(a)]; }
+std::string_view name(GateUpLayout l) { return kGateUpNames[static_cast<size_t>(l)]; }
 
 int size_bytes(DType t) {
   switch (t) {

@@ -32,6 +32,8 @@ template <>
 inline constexpr int kEnumCount<OffsetsConvention> = 2;
 template <>
 inline constexpr int kEnumCount<Activation> = 3;
+template <>
+inline constexpr int kEnumCount<GateUpLayout> = 2;
 
 class SpecReader {
  public:

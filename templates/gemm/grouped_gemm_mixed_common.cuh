@@ -23,13 +23,22 @@ namespace kjit {
 // nibble) carry their format's scale bytes per group of the stored row.
 enum class MixedScale { block, row, tensor, nvfp4, mxfp4 };
 
+// The rows 128 x 128 block scales index. Stored: the weights' own rows. With
+// a fused activation the weights' rows are in gate_up_interleaved's order
+// (gate/up groups of 8) while the block scales stay over the checkpoint's
+// rows, whose gate/up layout this names: halves (gate rows [0, N/2), up
+// [N/2, N)) or alternating (gate even, up odd).
+enum class BlockScaleRows { stored, halves, alternating };
+
 template <long long kN_, long long kK_, int kExperts_, bool kWeightsKN_, bool kOffsetsWithZero_, bool kRowScale_,
           bool kOutF32_, Fp8Format kWeightFormat_, MixedScale kScale_, bool kDivide_,
-          Activation kActivation_ = Activation::none, bool kGather_ = false>
+          Activation kActivation_ = Activation::none, BlockScaleRows kBlockScaleRows_ = BlockScaleRows::stored,
+          bool kGather_ = false>
 struct MixedGemmProblem
     : GemmProblem<kN_, kK_, kExperts_, kWeightsKN_, kOffsetsWithZero_, kRowScale_, kOutF32_, kActivation_, kGather_> {
   static constexpr Fp8Format kWeightFormat = kWeightFormat_;  // fp8 weights only
   static constexpr MixedScale kScale = kScale_;
+  static constexpr BlockScaleRows kBlockScaleRows = kBlockScaleRows_;
   static constexpr bool kDivide = kDivide_;
   static constexpr bool kFp4 = kScale_ == MixedScale::nvfp4 || kScale_ == MixedScale::mxfp4;
   static constexpr int kGroup = kScale_ == MixedScale::nvfp4 ? 16 : 32;  // FP4: stored elements per scale byte
@@ -40,10 +49,27 @@ struct MixedGemmProblem
   static constexpr long long kGroupsPerRow = kStoredCols / kGroup;  // FP4: scale bytes per stored row
   static_assert(kN_ % 16 == 0 && kK_ % 16 == 0, "the host admits only N and K divisible by 16");
   static_assert(!kFp4 || (!kWeightsKN_ && kK_ % 32 == 0), "FP4 weights: [E, N, K] with K a multiple of 32");
-  // The fused activation pairs columns 8 apart in swap_ab_store_activated, and each row's scales follow it.
-  static_assert(kActivation_ == Activation::none || (!kWeightsKN_ && kScale_ != MixedScale::block),
-                "a fused activation: [E, N, K] weights with scales per row (or FP4 groups, or per expert)");
+  // The fused activation pairs columns 8 apart in swap_ab_store_activated; per-row scales follow their rows,
+  // block scales are found through the checkpoint's layout.
+  static_assert(kActivation_ == Activation::none || !kWeightsKN_, "a fused activation: [E, N, K] weights");
+  static_assert((kActivation_ != Activation::none && kScale_ == MixedScale::block) ==
+                    (kBlockScaleRows_ != BlockScaleRows::stored),
+                "the checkpoint's gate/up layout exactly with block scales and a fused activation");
 };
+
+// The checkpoint row whose block scales serve stored row `row` (BlockScaleRows
+// says why they differ): in group r / 16, pair r % 8, gate for r % 16 < 8.
+template <class Cfg>
+__device__ __forceinline__ long long block_scale_row(long long row) {
+  if constexpr (Cfg::kBlockScaleRows == BlockScaleRows::stored) {
+    return row;
+  } else {
+    const long long pair = row / 16 * 8 + row % 8;  // the gate/up pair: output column of the activation
+    const bool up = row % 16 >= 8;
+    if constexpr (Cfg::kBlockScaleRows == BlockScaleRows::halves) return up ? Cfg::kN / 2 + pair : pair;
+    else return 2 * pair + (up ? 1 : 0);
+  }
+}
 
 // The multiplier of `expert`'s stored element (row, col): its scale, or the
 // scale's reciprocal under the DIVIDE convention. Rows and columns past the
@@ -53,7 +79,7 @@ __device__ __forceinline__ float weight_multiplier(const float* scales, int expe
   float s;
   if constexpr (Cfg::kScale == MixedScale::block) {
     if (row >= Cfg::kStoredRows || col >= Cfg::kStoredCols) return 0.0f;
-    s = scales[(expert * Cfg::kScaleRows + row / KJIT_MIXED_SCALE_BLOCK) * Cfg::kScaleCols +
+    s = scales[(expert * Cfg::kScaleRows + block_scale_row<Cfg>(row) / KJIT_MIXED_SCALE_BLOCK) * Cfg::kScaleCols +
                col / KJIT_MIXED_SCALE_BLOCK];
   } else if constexpr (Cfg::kScale == MixedScale::row) {
     if (row >= Cfg::kStoredRows) return 0.0f;

@@ -4,7 +4,9 @@
 // fragments, epilogue) with its weight tile staged from fp8 codes, each
 // converted with its scale into bf16 as kjit's dequant does
 // (grouped_gemm_mixed_common.cuh) on its way into shared memory. Each thread
-// converts runs of 8 codes of one stored row, which lie in one scale block.
+// converts runs of 8 codes of one stored row, which lie in one scale block
+// (under a fused activation the block of the row's checkpoint row:
+// weight_multiplier maps it).
 #pragma once
 
 #include "../abi/grouped_gemm_mixed_params.h"

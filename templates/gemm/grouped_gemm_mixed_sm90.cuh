@@ -109,7 +109,8 @@ __device__ __forceinline__ void fence_fragments(unsigned (&f)[kSteps][4]) {
 
 // The multipliers a consumer thread applies, fixed over a tile or a k-block
 // (block and tensor scales, and [E, N, K]'s per-row scales: rows[0] for its
-// fragment rows g, rows[1] for g + 8), or, for [E, K, N]'s per-row scales
+// fragment rows g, rows[1] for g + 8; block scales under a fused activation
+// per fragment row too), or, for [E, K, N]'s per-row scales
 // (one per k), read per k-block: per_k[4 step + i] for k 2q, 2q + 1, 2q + 8,
 // 2q + 9 of each k16 step.
 template <class Cfg>
@@ -131,7 +132,13 @@ struct MixedScales {
   }
   // Before each k-block's stage is waited for (the loads' latency passes there).
   __device__ void start_k_block(const float* scales, int expert, long long col0, long long k0) {
-    if constexpr (Cfg::kScale == MixedScale::block) {
+    if constexpr (Cfg::kScale == MixedScale::block && Cfg::kFusedActivation) {
+      // Rows in gate/up groups of 8, scales over the checkpoint's rows: each of the thread's two rows (gate g, up
+      // g + 8) finds its own block (a warpgroup's 64 rows may span two blocks of up rows).
+      const int warp = threadIdx.x % 128 / 32, g = threadIdx.x % 32 / 4;
+      rows[0] = weight_multiplier<Cfg>(scales, expert, col0 + 16 * warp + g, k0);
+      rows[1] = weight_multiplier<Cfg>(scales, expert, col0 + 16 * warp + g + 8, k0);
+    } else if constexpr (Cfg::kScale == MixedScale::block) {
       // A block's 64 columns and 128 k lie in one 128 x 128 scale block.
       rows[0] = rows[1] = Cfg::kWeightsKN ? weight_multiplier<Cfg>(scales, expert, k0, col0)
                                           : weight_multiplier<Cfg>(scales, expert, col0, k0);

@@ -26,9 +26,9 @@ unset KJIT_CACHE_PATH
 
 # Both layouts in every sm_90a bucket, the f32 output with a row scale (another
 # epilogue), a dequant, the routing kernels, the fp8 quantizer, the FP8
-# GEMM in both weight scalings, the W8A16 and W4A16 GEMMs, the MX quantizer in every form, the MX dequant
-# and scale-layout kernels, the MoE activation in every form, and the
-# gathering (sorted_to_flat) bf16 and W8A16 / W4A16 GEMMs.
+# GEMM in both weight scalings, the W8A16 (also fused over block scales, both gate/up layouts) and W4A16
+# GEMMs, the MX quantizer in every form, the MX dequant and scale-layout kernels, the MoE activation in every
+# form, and the gathering (sorted_to_flat) bf16 and W8A16 / W4A16 GEMMs.
 cat > "$work/sass.json" <<'JSON'
 {"kjit_manifest": 1, "name": "sass check", "kernels": [
   {"op": "grouped_gemm", "out": "bf16", "n": 4096, "k": 7168, "experts": 32,
@@ -49,6 +49,9 @@ cat > "$work/sass.json" <<'JSON'
   {"op": "grouped_gemm_mixed", "out": "f32", "n": 7168, "k": 2048, "experts": 32, "weights": "e_k_n",
    "weight": "f8_e5m2", "weight_scale": "per_row", "scale_convention": "divide", "offsets": "with_leading_zero",
    "row_scale": true},
+  {"op": "grouped_gemm_mixed", "out": "bf16", "n": 4096, "k": 7168, "experts": 32, "weights": "e_n_k",
+   "weight": "f8_e4m3fn", "weight_scale": "per_block", "scale_convention": "multiply", "offsets": "cumulative_end",
+   "activation": "silu_mul", "gate_up_layout": ["halves", "alternating"]},
   {"op": "grouped_gemm_mixed", "out": "bf16", "n": 4096, "k": 7168, "experts": 32, "weights": "e_n_k",
    "weight": "nvfp4", "weight_scale": "per_block", "scale_convention": "divide", "offsets": "cumulative_end"},
   {"op": "grouped_gemm", "out": "bf16", "n": 4096, "k": 7168, "experts": 32, "weights": "e_n_k",
@@ -177,10 +180,9 @@ done < "$work/entries.txt"
 # portable kernel per problem on sm_100a and sm_120a.
 [ "$fp8_sm90" -eq 4 ] || fail "expected 4 SM90 FP8 GEMM kernels, read $fp8_sm90"
 [ "$fp8_portable" -eq 4 ] || fail "expected 4 portable FP8 GEMM kernels, read $fp8_portable"
-# W8A16 and W4A16: three problems each (one gathering), three sm_90a buckets
-# each (row tiles of 32, 64, 128); one portable kernel per problem on sm_100a
-# and sm_120a.
-[ "$mixed_sm90" -eq 18 ] || fail "expected 18 SM90 W8A16/W4A16 GEMM kernels, read $mixed_sm90"
-[ "$mixed_portable" -eq 12 ] || fail "expected 12 portable W8A16/W4A16 GEMM kernels, read $mixed_portable"
+# W8A16 five problems (two fused over block scales, one gathering), W4A16 three (one gathering), three sm_90a
+# buckets each (row tiles of 32, 64, 128); one portable kernel per problem on sm_100a and sm_120a.
+[ "$mixed_sm90" -eq 24 ] || fail "expected 24 SM90 W8A16/W4A16 GEMM kernels, read $mixed_sm90"
+[ "$mixed_portable" -eq 16 ] || fail "expected 16 portable W8A16/W4A16 GEMM kernels, read $mixed_portable"
 echo "$passed kernels read, $failed failures"
 [ "$failed" -eq 0 ]

@@ -282,7 +282,8 @@ TEST_CASE("the fused activation with N a multiple of every tile and a tall exper
   run_activation(c, KJIT_ACTIVATION_SILU_MUL, 0.0f, 0.0f, 2.0f);
 }
 
-TEST_CASE("a fused activation is refused for 128 x 128 fp8 scales and for N not in whole gate/up groups") {
+TEST_CASE("a fused activation is refused for 128 x 128 fp8 scales without their gate/up layout and for N not in "
+          "whole gate/up groups") {
   GemmCase c;
   c.n = 264;  // 16.5 groups
   c.counts = {4};
@@ -293,12 +294,12 @@ TEST_CASE("a fused activation is refused for 128 x 128 fp8 scales and for N not 
   CHECK(kjit_grouped_gemm(&g, nullptr) == KJIT_ERROR_INVALID_ARGUMENT);
   CHECK(std::string(kjit_last_error_message()).find("multiple of 16") != std::string::npos);
   g.n = 256;
-  g.b_dtype = KJIT_DTYPE_F8_E4M3FN;  // W8A16 with DeepSeek's 128 x 128 blocks: the groups of 8 would split them
-  g.b_scale_granularity = KJIT_SCALE_PER_BLOCK;
+  g.b_dtype = KJIT_DTYPE_F8_E4M3FN;  // W8A16 with DeepSeek's 128 x 128 blocks: they stay in the checkpoint's order,
+  g.b_scale_granularity = KJIT_SCALE_PER_BLOCK;  // which the call must name
   g.b_block_rows = g.b_block_cols = 128;
   g.b_scale_convention = KJIT_SCALE_MULTIPLY;
   CHECK(kjit_grouped_gemm(&g, nullptr) == KJIT_ERROR_INVALID_ARGUMENT);
-  CHECK(std::string(kjit_last_error_message()).find("would be split") != std::string::npos);
+  CHECK(std::string(kjit_last_error_message()).find("needs activation_gate_up_layout") != std::string::npos);
   g.b_dtype = KJIT_DTYPE_BF16;
   g.b_scale_granularity = KJIT_SCALE_INVALID;
   g.b_block_rows = g.b_block_cols = 0;

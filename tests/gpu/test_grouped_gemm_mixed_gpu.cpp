@@ -9,6 +9,9 @@
 // and fp32 output, rows past the last offset untouched, bad offsets refused
 // on the device, graph replay with per-expert counts changing in between,
 // and the portable kernel forced on the same GPU agreeing with the default.
+// The fused activation over DeepSeek's 128 x 128 block scales (weights'
+// rows reordered into gate/up groups of 8, the scales left as stored): bit
+// for bit the CPU activation of the unfused GEMM on the original weights.
 // On Hopper, last, a property the design hopes for: the default kernel's
 // output bit for bit that of kjit_dequant_fp8 + the bf16 swap-AB kernel of the
 // same row tile.
@@ -23,6 +26,7 @@
 #include "gpu_support.hpp"
 #include "kjit/kjit.h"
 #include "kjit/reference/mixed_gemm.hpp"
+#include "kjit/reference/moe_activation.hpp"
 
 using namespace kjit::testing;
 
@@ -179,9 +183,147 @@ void run_mixed_gemm_both_orientations(MixedCase c) {
   }
 }
 
+// ------------------------------------------------ fused activation, block scales
+
+// The checkpoint row of reordered row r (kjit.h, activation_gate_up_layout).
+int64_t checkpoint_row(int64_t r, int64_t n, kjit_gate_up_layout layout) {
+  const int64_t pair = r / 16 * 8 + r % 8;
+  const bool up = r % 16 >= 8;
+  return layout == KJIT_GATE_UP_HALVES ? (up ? n / 2 + pair : pair) : 2 * pair + (up ? 1 : 0);
+}
+
+// The checkpoint columns of output column c's gate and up in `layout`.
+std::pair<int64_t, int64_t> gate_up_columns(int64_t c, int64_t n, kjit_gate_up_layout layout) {
+  return layout == KJIT_GATE_UP_HALVES ? std::pair{c, n / 2 + c} : std::pair{2 * c, 2 * c + 1};
+}
+
+float host_activation(kjit_activation activation, float gate, float up, float alpha, float limit) {
+  return activation == KJIT_ACTIVATION_SILU_MUL ? kjit::reference::silu_mul(gate, up)
+                                                : kjit::reference::swiglu_oai(gate, up, alpha, limit);
+}
+
+struct KernelPath {
+  const char* name;
+  kjit_gemm_kernel kernel;
+  int32_t tile_m;
+};
+
+// Every W8A16 kernel on this GPU: on Hopper the SM90 kernel in each row-tile bucket and the portable one
+// forced; elsewhere the default (portable) kernel.
+std::vector<KernelPath> activation_paths() {
+  if (!is_hopper()) return {{"auto", KJIT_GEMM_KERNEL_AUTO, 0}};
+  return {{"sm90 row tiles of 32", KJIT_GEMM_KERNEL_SM90, 32},
+          {"sm90 row tiles of 64", KJIT_GEMM_KERNEL_SM90, 64},
+          {"sm90 row tiles of 128", KJIT_GEMM_KERNEL_SM90, 128},
+          {"portable forced", KJIT_GEMM_KERNEL_PORTABLE, 0}};
+}
+
+// A gate_up stack [E, N = 2I, K] with 128 x 128 block scales in `layout` (the checkpoint's): its rows reordered
+// into gate/up groups of 8 on the host (kjit.gate_up_interleaved's order), the scales uploaded as stored. Per
+// kernel path, the same path's unfused GEMM on the ORIGINAL weights gives fp32 accumulators h, and the fused
+// output must be activation(h[gate], h[up]) x row scale bit for bit (the CPU reference's fp32 operations, one
+// rounding to the output type): a block scale applied to a row of the wrong block changes its product. Also
+// within kTolerance of the fp64 reference, and rows past the routed ones keep their poison.
+void run_block_scaled_activation(MixedCase c, kjit_activation activation, kjit_gate_up_layout layout, float alpha,
+                                 float limit) {
+  REQUIRE((c.layout == KJIT_WEIGHTS_E_N_K && c.weight_scale == KJIT_SCALE_PER_BLOCK && c.n % 16 == 0));
+  const int64_t out_n = c.n / 2, routed = c.routed();
+  const auto d = mixed_inputs(c);
+  const auto ref = reference(c, d);  // fp64 [routed][N] over the original rows, row scale included
+  MixedData fused_data = d;
+  for (int64_t e = 0; e < c.experts(); ++e)
+    for (int64_t r = 0; r < c.n; ++r)
+      std::copy_n(d.w.begin() + (e * c.n + checkpoint_row(r, c.n, layout)) * c.k, c.k,
+                  fused_data.w.begin() + (e * c.n + r) * c.k);
+  MixedCase plain_case = c;
+  plain_case.out = KJIT_DTYPE_F32;
+  plain_case.row_scale = false;
+  MixedBuffers plain(plain_case, d), fused(c, fused_data);
+  std::vector<double> ref_act;
+  for (int64_t r = 0; r < routed; ++r)
+    for (int64_t col = 0; col < out_n; ++col) {
+      const auto [gate, up] = gate_up_columns(col, c.n, layout);
+      const double s = c.row_scale ? d.row_scale[static_cast<size_t>(r)] : 1.0;
+      ref_act.push_back(s * host_activation(activation, static_cast<float>(ref[r * c.n + gate] / s),
+                                            static_cast<float>(ref[r * c.n + up] / s), alpha, limit));
+    }
+  const bool f32 = c.out == KJIT_DTYPE_F32;
+  for (const auto& path : activation_paths()) {
+    const std::string path_name = path.name;
+    CAPTURE(path_name);
+    auto unfused = plain.desc(plain_case);
+    unfused.kernel = path.kernel;
+    unfused.tile_m = path.tile_m;
+    const auto h = grouped_gemm_output(unfused, plain.out);
+    auto g = fused.desc(c);
+    g.kernel = path.kernel;
+    g.tile_m = path.tile_m;
+    g.activation = activation;
+    g.activation_alpha = alpha;
+    g.activation_limit = limit;
+    g.activation_gate_up_layout = layout;
+    const auto out = grouped_gemm_output(g, fused.out);
+    int64_t differ = 0, clamped = 0;
+    for (int64_t r = 0; r < routed; ++r)
+      for (int64_t col = 0; col < out_n; ++col) {
+        const auto [gate, up] = gate_up_columns(col, c.n, layout);
+        const auto h_gate = static_cast<float>(output_value(KJIT_DTYPE_F32, h, r * c.n + gate));
+        const auto h_up = static_cast<float>(output_value(KJIT_DTYPE_F32, h, r * c.n + up));
+        clamped += h_gate > limit || h_up > limit || h_up < -limit;
+        const float s = c.row_scale ? d.row_scale[static_cast<size_t>(r)] : 1.0f;
+        const float want = host_activation(activation, h_gate, h_up, alpha, limit) * s;
+        const double got = output_value(c.out, out, r * out_n + col);
+        differ += f32 ? got != static_cast<double>(want)
+                      : kjit::reference::bf16_bits_rne(static_cast<float>(got)) != kjit::reference::bf16_bits_rne(want);
+      }
+    CHECK_MESSAGE(differ == 0, differ, " of ", routed * out_n,
+                  " outputs differ from the activation of the unfused GEMM on the original weights");
+    if (activation == KJIT_ACTIVATION_SWIGLU_OAI) CHECK_MESSAGE(clamped > 0, "the data reaches the clamps");
+    const double err = relative_error(c.out, out_n, ref_act, out, routed);
+    CHECK_MESSAGE(err <= kTolerance, "relative error against fp64 ", err);
+    const size_t row_bytes = static_cast<size_t>(out_n) * (f32 ? 4 : 2);
+    CHECK(touched_bytes(out, static_cast<size_t>(routed) * row_bytes, fused.out.bytes) == 0);
+  }
+}
+
 }  // namespace
 
 TEST_SUITE_BEGIN("grouped_gemm_mixed");
+
+TEST_CASE("fused activation over 128 x 128 block scales left as stored: both gate/up layouts, both activations, "
+          "uneven routing with empty experts, N no multiple of 64 or 128, every kernel path") {
+  for (auto layout : {KJIT_GATE_UP_HALVES, KJIT_GATE_UP_ALTERNATING})
+    for (auto activation : {KJIT_ACTIVATION_SILU_MUL, KJIT_ACTIVATION_SWIGLU_OAI})
+      for (auto out : {KJIT_DTYPE_BF16, KJIT_DTYPE_F32}) {
+        CAPTURE(layout);
+        CAPTURE(activation);
+        CAPTURE(out);
+        MixedCase c;
+        c.n = 272;  // I = 136: 17 gate/up groups; halves' up rows [136, 272) straddle the scale block edge at 256
+        c.k = 320;  // three k-blocks, the last of 64
+        c.counts = {0, 37, 1, 0, 200, 64, 3, 130};
+        c.extra_rows = 11;
+        c.row_scale = out == KJIT_DTYPE_BF16;
+        c.out = out;
+        c.convention = activation == KJIT_ACTIVATION_SILU_MUL ? KJIT_SCALE_MULTIPLY : KJIT_SCALE_DIVIDE;
+        // swiglu_oai with a limit inside the products' spread (~N(0, 50^2)): clamped and unclamped values, both signs.
+        run_block_scaled_activation(c, activation, layout, 1.702f, 40.0f);
+      }
+}
+
+TEST_CASE("fused activation over 128 x 128 block scales: a wider stack (I = 520, up rows off the block grid), "
+          "e5m2 codes, one expert owning most rows") {
+  for (auto layout : {KJIT_GATE_UP_HALVES, KJIT_GATE_UP_ALTERNATING}) {
+    CAPTURE(layout);
+    MixedCase c;
+    c.n = 1040;  // I = 520: halves' up rows start at 520, 8 past a block edge
+    c.k = 256;
+    c.counts = {3, 290, 0, 17};
+    c.extra_rows = 2;
+    c.weight = KJIT_DTYPE_F8_E5M2;
+    run_block_scaled_activation(c, KJIT_ACTIVATION_SILU_MUL, layout, 0.0f, 0.0f);
+  }
+}
 
 TEST_CASE("uneven routing with empty experts: both FP8 weight types, every scale layout and convention, both orientations") {
   for (auto weight : {KJIT_DTYPE_F8_E4M3FN, KJIT_DTYPE_F8_E5M2})

@@ -192,8 +192,17 @@ def emulated_moe_routing(topk_ids, experts_total, *, expert_base=0, experts_loca
     return counts, ends, sorted_to_flat.to(torch.int32), flat_to_sorted.to(torch.int32)
 
 
-def _emulated_weights(w, a, w_scale, w_scale_convention, w_format, w_global_scale):
-    """fp32 [E, N, K] as the GEMM converts them."""
+def checkpoint_rows(n, gate_up_layout):
+    """For w's rows in gate_up_interleaved's order, the checkpoint row each came from (kjit.h: reordered row
+    16g + i is gate pair 8g + i, row 16g + 8 + i its up), in `gate_up_layout`'s checkpoint order."""
+    row = torch.arange(n)
+    pair, up = row // 16 * 8 + row % 8, (row % 16 >= 8).long()
+    return torch.where(up.bool(), n // 2 + pair, pair) if gate_up_layout == "halves" else 2 * pair + up
+
+
+def _emulated_weights(w, a, w_scale, w_scale_convention, w_format, w_global_scale, gate_up_layout=None):
+    """fp32 [E, N, K] as the GEMM converts them. gate_up_layout: w's rows are reordered, the 128 x 128 block
+    scales still over the checkpoint's rows in that layout."""
     if w.dtype == torch.bfloat16:
         return w.float()
     if w.dtype == torch.uint8:
@@ -205,22 +214,28 @@ def _emulated_weights(w, a, w_scale, w_scale_convention, w_format, w_global_scal
         s = w_scale.reshape(e, n, 1).expand(e, n, k)
     else:
         s = w_scale.repeat_interleave(FP8_BLOCK, 1).repeat_interleave(FP8_BLOCK, 2)[:, :n, :k]
+        if gate_up_layout is not None:
+            s = s[:, checkpoint_rows(n, gate_up_layout)]
     deq = w.float() * s if convention == "multiply" else w.float() / s
     return deq if a.dtype == torch.float8_e4m3fn else deq.to(torch.bfloat16).float()  # W8A16 rounds to bf16
 
 
 def emulated_grouped_gemm(a, w, offsets, *, offsets_convention, weights="e_n_k", out_dtype=None, a_scale=None,
                           w_scale=None, w_scale_convention=None, w_format=None, w_global_scale=None, activation=None,
-                          activation_alpha=1.702, activation_limit=7.0, gather=None):
+                          activation_alpha=1.702, activation_limit=7.0, gate_up_layout=None, gather=None):
     assert offsets_convention == "cumulative_end" and weights == "e_n_k"
     assert (a.dtype == torch.float8_e4m3fn) == (a_scale is not None)
+    block_scaled = w.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) and \
+        list(w_scale.shape) not in ([w.shape[0], w.shape[1]], [w.shape[0], w.shape[1], 1])
+    # kjit.h: gate_up_layout exactly with a fused activation over W8A16 block scales.
+    assert (gate_up_layout is not None) == (activation is not None and block_scaled and a_scale is None)
     if gather is not None:  # the kernel's loads read token sorted_to_flat[r] // top_k; -1 reads zeros
         assert a_scale is None, "the W8A8 GEMM has no gather"
         sorted_to_flat, top_k = gather
         rows = a.float()[(sorted_to_flat.clamp(min=0) // top_k).long()]
         a = torch.where((sorted_to_flat >= 0)[:, None], rows, 0.0)
     rows_in = dequantize_groups(a, a_scale) if a_scale is not None else a.float()
-    w32 = _emulated_weights(w, a, w_scale, w_scale_convention, w_format, w_global_scale)
+    w32 = _emulated_weights(w, a, w_scale, w_scale_convention, w_format, w_global_scale, gate_up_layout)
     out = torch.full((a.shape[0], w.shape[1]), float("nan"))
     start = 0
     for e, end in enumerate(offsets.tolist()):

@@ -72,6 +72,7 @@ def test_grouped_gemm_desc_init_leaves_the_scale_convention_fp4_and_gather_field
     assert d.b_format == 0 and not d.b_block_scales and not d.b_global_scales
     assert d.activation == 0  # KJIT_ACTIVATION_NONE
     assert d.activation_alpha == pytest.approx(1.702) and d.activation_limit == 7.0  # gpt-oss's
+    assert d.activation_gate_up_layout == 0  # KJIT_GATE_UP_UNSET
     assert not d.sorted_to_flat and d.tokens == 0 and d.top_k == 0  # no gather
 
 

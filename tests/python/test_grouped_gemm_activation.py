@@ -54,6 +54,21 @@ def test_gate_up_interleaved_reorders_per_row_scales_as_their_rows():
     assert torch.equal(kjit.gate_up_interleaved(scales, layout="alternating"), rows[:, :, 0])
 
 
+def test_gate_up_interleaved_returns_128x128_block_scales_unchanged():
+    """Block scales stay over the checkpoint's rows (the fused GEMM maps rows to blocks through gate_up_layout)."""
+    scales = torch.rand(3, 3, 2)  # [E, ceil(2I / 128), ceil(K / 128)] of a 2I = 272 stack
+    for layout in ("halves", "alternating"):
+        assert kjit.gate_up_interleaved(scales, layout=layout, block_scales=True) is scales
+    with pytest.raises(kjit.KjitError, match=r"block_scales=True takes fp32 128x128 block scales"):
+        kjit.gate_up_interleaved(scales.to(torch.float16), layout="halves", block_scales=True)
+    with pytest.raises(kjit.KjitError, match=r"block_scales=True takes fp32 128x128 block scales"):
+        kjit.gate_up_interleaved(scales[0], layout="halves", block_scales=True)
+    with pytest.raises(kjit.KjitError, match=r"block_scales=True takes fp32 128x128 block scales"):
+        kjit.gate_up_interleaved(scales, layout="halves", weights="e_k_n", block_scales=True)
+    with pytest.raises(kjit.KjitError, match="layout must be one of 'halves', 'alternating'"):
+        kjit.gate_up_interleaved(scales, layout="interleaved", block_scales=True)
+
+
 def test_gate_up_interleaved_refuses_what_is_no_whole_gate_up_groups():
     with pytest.raises(kjit.KjitError, match="multiple of 16"):
         kjit.gate_up_interleaved(torch.zeros(2, 24, 8), layout="halves")
@@ -85,10 +100,27 @@ def test_fused_activation_arguments_on_fake_tensors():
         out = kjit.grouped_gemm(a, w8, offsets, offsets_convention="cumulative_end", w_scale=cuda(2, 96, dtype=f32),
                                 w_scale_convention="multiply", activation="silu_mul")  # W8A16, scales per row
         assert out.shape == (40, 48)
-        with pytest.raises(kjit.KjitError, match="would split 128 x 128 scale blocks"):
-            kjit.grouped_gemm(cuda(40, 256, dtype=bf16), cuda(2, 256, 256, dtype=torch.float8_e4m3fn), offsets,
-                              offsets_convention="cumulative_end", w_scale=cuda(2, 2, 2, dtype=f32),
-                              w_scale_convention="multiply", activation="silu_mul")
+        # W8A16 with 128 x 128 block scales: the scales stay as stored, gate_up_layout names their row order.
+        a256, w8_256, blocks = cuda(40, 256, dtype=bf16), cuda(2, 272, 256, dtype=torch.float8_e4m3fn), \
+            cuda(2, 3, 2, dtype=f32)
+        block_args = dict(offsets_convention="cumulative_end", w_scale=blocks, w_scale_convention="multiply")
+        for layout in ("halves", "alternating"):
+            out = kjit.grouped_gemm(a256, w8_256, offsets, activation="silu_mul", gate_up_layout=layout,
+                                    **block_args)
+            assert out.shape == (40, 136)
+        with pytest.raises(kjit.KjitError, match="needs gate_up_layout"):
+            kjit.grouped_gemm(a256, w8_256, offsets, activation="silu_mul", **block_args)
+        with pytest.raises(kjit.KjitError, match="gate_up_layout must be one of 'halves', 'alternating'"):
+            kjit.grouped_gemm(a256, w8_256, offsets, activation="silu_mul", gate_up_layout="interleaved",
+                              **block_args)
+        with pytest.raises(kjit.KjitError, match="gate_up_layout is for a fused activation with W8A16 128 x 128"):
+            kjit.grouped_gemm(a256, w8_256, offsets, gate_up_layout="halves", **block_args)  # no activation
+        with pytest.raises(kjit.KjitError, match="gate_up_layout is for a fused activation with W8A16 128 x 128"):
+            kjit.grouped_gemm(a, w8, offsets, offsets_convention="cumulative_end", w_scale=cuda(2, 96, dtype=f32),
+                              w_scale_convention="multiply", activation="silu_mul", gate_up_layout="halves")
+        with pytest.raises(kjit.KjitError, match="gate_up_layout is for a fused activation with W8A16 128 x 128"):
+            kjit.grouped_gemm(a, w, offsets, offsets_convention="cumulative_end", activation="silu_mul",
+                              gate_up_layout="halves")  # bf16
         with pytest.raises(kjit.KjitError, match="not w8a8"):
             kjit.grouped_gemm(cuda(40, 128, dtype=torch.float8_e4m3fn), cuda(2, 96, 128, dtype=torch.float8_e4m3fn),
                               offsets, offsets_convention="cumulative_end", a_scale=cuda(40, 1, dtype=f32),
@@ -200,3 +232,56 @@ def test_fused_activation_in_the_mixed_input_gemms(kind, layout, kernel):
     assert (gate > 3.0).any() and (up.abs() > 3.0).any(), "the data reaches the clamps"
     torch.testing.assert_close(out[:rows].float(), want, rtol=2 ** -8, atol=1e-30)
     assert torch.isnan(out[rows:].float()).all(), "rows past the routed ones were written"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["halves", "alternating"])
+@pytest.mark.parametrize("activation", ["silu_mul", "swiglu_oai"])
+@pytest.mark.parametrize("kernel", ["auto", "sm90", "portable"])
+@pytest.mark.parametrize("inter", [136, 1024])  # 2I = 272 (no multiple of 64 or 128) and DeepSeek-like 2048
+def test_fused_activation_with_w8a16_block_scales_left_as_stored(layout, activation, kernel, inter):
+    """W8A16 with 128 x 128 block scales: w reordered by gate_up_interleaved, w_scale as the checkpoint stores it,
+    gate_up_layout naming its order. The fused output equals torch's activation of the same kernel's unfused fp32
+    output on the ORIGINAL weights and scales (any scale block applied to the wrong row shows: every block's scale
+    differs), and the float64 reference of the dequantised weights within the GEMM bound."""
+    if kernel == "sm90" and torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the SM90 W8A16 kernel is Hopper's")
+    generator = torch.Generator().manual_seed(20 + inter)
+    counts = [0, 37, 1, 0, 200, 3, 130]
+    hidden, n = 384, 2 * inter
+    experts = len(counts)
+    w = (torch.randn(experts, n, hidden, generator=generator) * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
+    blocks = (-(-n // 128), -(-hidden // 128))
+    w_scale = torch.exp2(torch.rand(experts, *blocks, generator=generator) * 4 - 2) / 64 / hidden ** 0.5 * 3
+    w, w_scale = w.cuda(), w_scale.cuda()
+    a = torch.randn(sum(counts) + 5, hidden, generator=generator).to(bf16).cuda()
+    ends = torch.tensor(counts, dtype=i32).cumsum(0).to(i32).cuda()
+    rows = sum(counts)
+    alpha, limit = 1.702, 2.5
+    kwargs = dict(offsets_convention="cumulative_end", kernel=kernel, w_scale_convention="multiply")
+    h = kjit.grouped_gemm(a, w, ends, out_dtype=f32, w_scale=w_scale, **kwargs)
+    gate, up = split_gate_up(h[:rows], layout)
+    want = activation_reference(gate, up, activation, alpha, limit)
+    fused_w = kjit.gate_up_interleaved(w, layout=layout)
+    fused_scale = kjit.gate_up_interleaved(w_scale, layout=layout, block_scales=True)
+    assert fused_scale is w_scale
+    out = torch.full((a.shape[0], inter), float("nan"), dtype=bf16, device="cuda")
+    kjit.grouped_gemm(a, fused_w, ends, w_scale=fused_scale, activation=activation, activation_alpha=alpha,
+                      activation_limit=limit, gate_up_layout=layout, out=out, **kwargs)
+    kjit.check_device_errors()
+    got = out[:rows].float()
+    if activation == "swiglu_oai":
+        assert (gate > limit).any() and (up.abs() > limit).any(), "the data reaches the clamps"
+    # One bf16 unit in the last place (2^-8 relative) of the fp32 value: kjit's exp against torch's.
+    torch.testing.assert_close(got, want, rtol=2 ** -8, atol=1e-30)
+    assert torch.isnan(out[rows:].float()).all(), "rows past the routed ones were written"
+    # Each weight as the kernel converts it (code x scale in fp32, rounded to bf16), then a float64 product.
+    deq = (w.float() * w_scale.repeat_interleave(128, 1).repeat_interleave(128, 2)[:, :n, :hidden]).to(bf16)
+    h64 = torch.empty(rows, n, dtype=torch.float64, device="cuda")
+    start = 0
+    for e, end in enumerate(ends.tolist()):
+        h64[start:end] = a[start:end].double() @ deq[e].double().t()
+        start = end
+    g64, u64 = split_gate_up(h64, layout)
+    ref = activation_reference(g64, u64, activation, alpha, limit)
+    assert ((got.double() - ref).norm() / ref.norm()).item() < 1e-2

@@ -181,7 +181,10 @@ def test_per_expert_linears_stack_into_halves_with_their_block_scales():
     ("bf16", dict(experts_total=8, expert_base=6), r"experts \[6, 10\) must lie"),
     ("bf16", dict(expert_base=1.0), "expert_base must be an int"),
     ("bf16", dict(w8a8_min_rows=0), "w8a8_min_rows must be a positive int or None"),
-    ("fp8_block", dict(fused_activation=True), "fused_activation is the bf16 and W4A16 grouped GEMMs' epilogue"),
+    ("fp8_block", dict(fused_activation=True), r"W8A8 \(on from w8a8_min_rows=1024 routed rows\) reads gate_up in "
+                                               "the checkpoint's row order: pass w8a8_min_rows=None"),
+    ("fp8_channel", dict(fused_activation=True, w8a8_min_rows=None), "fused_activation is the bf16, W4A16 and "
+                                                                     "block-scaled W8A16 grouped GEMMs' epilogue"),
     ("bf16", dict(fused_activation=True, gate_up_bias=torch.zeros(4, 256)), "cannot add gate_up_bias"),
     ("bf16", dict(down_bias=torch.zeros(4, 128)), r"down_bias must be \[4, 256\]"),
 ])
@@ -496,7 +499,7 @@ def test_the_module_traces_through_aot_autograd(activation_contract):
 
 # ---- end to end on the CPU, kjit's ops emulated from their contracts ----
 
-def cpu_case(fmt, layout, act, convention, biases, seed):
+def cpu_case(fmt, layout, act, convention, biases, seed, w8a8_min_rows=64):
     """A small module in `fmt` (experts [4, 8) of 8, H 256, I 128) on the CPU, and its fp32 expert weights."""
     g = torch.Generator().manual_seed(seed)
     e, h, i = 4, 256, 128
@@ -528,7 +531,7 @@ def cpu_case(fmt, layout, act, convention, biases, seed):
         args.update(gate_up_bias=torch.randn(e, 2 * i, generator=g).to(bf16),
                     down_bias=torch.randn(e, h, generator=g).to(bf16))
     m = MoEExperts(gate_up, down, format=fmt, gate_up_layout=layout, activation=act, experts_total=8, expert_base=4,
-                   w8a8_min_rows=64, **args)
+                   w8a8_min_rows=w8a8_min_rows, **args)
     return m, experts
 
 
@@ -562,6 +565,34 @@ def test_the_module_end_to_end_on_emulated_kjit_ops_matches_the_reference(monkey
     err = ((out - expected).norm() / expected.norm()).item()
     assert err <= (W8A8_TOLERANCE if w8a8 else BF16_ACTIVATIONS_TOLERANCE), (kernels, err)
     assert torch.equal(m(hidden, ids, weights), out.to(bf16))
+
+
+@pytest.mark.parametrize("layout,act,convention", [("halves", "silu_mul", "multiply"),
+                                                    ("alternating", "swiglu_oai", "divide")])
+def test_fp8_block_weights_without_w8a8_fuse_the_activation_with_their_scales_as_stored(monkeypatch, layout, act,
+                                                                                        convention):
+    """W8A16 only (w8a8_min_rows=None): gate_up's rows reordered once, its 128 x 128 scales kept as the checkpoint
+    stores them, the GEMM told their order (gate_up_layout); end to end on the emulated ops against the reference."""
+    for name, op in ref.EMULATED_OPS.items():
+        monkeypatch.setattr(kjit, name, op, raising=False)
+    monkeypatch.setattr(kjit, "moe_activation", lambda *a, **k: pytest.fail("the epilogue runs it"), raising=False)
+    monkeypatch.setattr(MoEExperts, "_check_forward", lambda *args: None)
+    m, (gate_up32, down32) = cpu_case("fp8_block", layout, act, convention, False, seed=5, w8a8_min_rows=None)
+    assert m.fused_activation and m.kernels_for(1 << 20, 8) == "w8a16"
+    m_plain, _ = cpu_case("fp8_block", layout, act, convention, False, seed=5)  # W8A8 on: checkpoint order
+    assert not m_plain.fused_activation
+    assert torch.equal(m.gate_up_weight.float(),
+                       kjit.gate_up_interleaved(m_plain.gate_up_weight.float(), layout=layout))
+    assert torch.equal(m.gate_up_scale, m_plain.gate_up_scale), "block scales stay in the checkpoint's order"
+    assert m._fused_activation_args()["gate_up_layout"] == layout
+    g = torch.Generator().manual_seed(105)
+    hidden = (torch.randn(24, 256, generator=g) * (3 if act == "swiglu_oai" else 1)).to(bf16)
+    ids, weights = ref.random_routing(24, 2, 8, (4, 4), g, "cpu")
+    out = m(hidden, ids, weights, out_dtype=f32)
+    expected = ref.reference_moe(hidden, ids, weights, lambda e: gate_up32[e], lambda e: down32[e], 4, layout=layout,
+                                 act=act, expert_base=4)
+    err = ((out - expected).norm() / expected.norm()).item()
+    assert err <= BF16_ACTIVATIONS_TOLERANCE, err
 
 
 # ---- on a GPU: against plain torch ----

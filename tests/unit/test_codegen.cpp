@@ -668,6 +668,72 @@ TEST_CASE("W8A16 grouped GEMM specs round-trip through text and JSON; N and K mu
   CHECK(refused.error().code == KJIT_ERROR_UNSUPPORTED);
 }
 
+TEST_CASE("W8A16 block scales under a fused activation: gate_up_layout is in the key, required there, refused elsewhere") {
+  std::set<std::string> canonicals;
+  std::set<size_t> hashes;  // the registry's in-process key
+  for (auto layout : {GateUpLayout::halves, GateUpLayout::alternating}) {
+    auto problem = mixed_problem();
+    problem.activation = Activation::silu_mul;
+    problem.gate_up_layout = layout;
+    REQUIRE_MESSAGE(validate(KernelSpec{problem}).has_value(), canonical(KernelSpec{problem}));
+    CHECK(to_json(KernelSpec{problem})["gate_up_layout"] == std::string(name(layout)));
+    for (const auto* target : {"sm_90a", "sm_120a"})
+      for (const auto& config : kernels_for_target(KernelSpec{problem}, arch(target))) {
+        REQUIRE(validate_for_target(config, arch(target)).has_value());
+        const auto back = spec_from_json(to_json(config));
+        REQUIRE(back.has_value());
+        CHECK(*back == config);
+        canonicals.insert(canonical(config));
+        hashes.insert(SpecHash{}(config));
+        // The kernel maps reordered rows back through the checkpoint's layout.
+        CHECK(render(config).source.find(fmt::format("kjit::BlockScaleRows::{}", name(layout))) != std::string::npos);
+      }
+  }
+  CHECK(canonicals.size() == 8);  // three SM90 buckets and one portable kernel per layout
+  CHECK(hashes.size() == 8);
+  for (const auto& c : canonicals) CHECK(c.find(" gate_up_layout=") != std::string::npos);
+  // Without the activation's layout nothing keys the rows' blocks: no gate_up_layout in the other specs' text.
+  CHECK(canonical(KernelSpec{mixed_problem()}).find("gate_up_layout") == std::string::npos);
+  CHECK(render(*choose_grouped_gemm_mixed_config(mixed_problem(), arch("sm_90a"), 100)).source.find(
+            "kjit::BlockScaleRows::stored") != std::string::npos);
+
+  auto missing = mixed_problem();
+  missing.activation = Activation::swiglu_oai;
+  const auto refused = validate(KernelSpec{missing});
+  REQUIRE_FALSE(refused.has_value());
+  CHECK(refused.error().message.find("needs gate_up_layout") != std::string::npos);
+  auto per_row = mixed_problem();
+  per_row.activation = Activation::silu_mul;
+  per_row.weight_scale = ScaleGranularity::per_row;
+  REQUIRE(validate(KernelSpec{per_row}).has_value());  // its scales follow the rows
+  per_row.gate_up_layout = GateUpLayout::halves;
+  auto stray = validate(KernelSpec{per_row});
+  REQUIRE_FALSE(stray.has_value());
+  CHECK(stray.error().message.find("must be left out") != std::string::npos);
+  auto no_activation = mixed_problem();
+  no_activation.gate_up_layout = GateUpLayout::alternating;
+  CHECK_FALSE(validate(KernelSpec{no_activation}).has_value());
+  auto fp4 = mixed_problem();
+  fp4.weight = MixedWeight::nvfp4;
+  fp4.activation = Activation::silu_mul;
+  fp4.gate_up_layout = GateUpLayout::halves;
+  CHECK_FALSE(validate(KernelSpec{fp4}).has_value());
+  auto backward = mixed_problem();
+  backward.weights = WeightLayout::e_k_n;
+  backward.activation = Activation::silu_mul;
+  backward.gate_up_layout = GateUpLayout::halves;
+  CHECK_FALSE(validate(KernelSpec{backward}).has_value());
+  // N needs only whole gate/up groups: 2I = 272 (no multiple of 64 or 128), both layouts.
+  auto odd = mixed_problem();
+  odd.n = 272;
+  odd.activation = Activation::silu_mul;
+  odd.gate_up_layout = GateUpLayout::halves;
+  CHECK(validate(KernelSpec{odd}).has_value());
+  auto json = to_json(KernelSpec{odd});
+  json["gate_up_layout"] = "interleaved";
+  CHECK_FALSE(spec_from_json(json).has_value());
+}
+
 TEST_CASE("the SM90 W8A16 GEMM renders a register-A bf16 wgmma per bucket and asks for its shared memory") {
   // Buckets by rows per expert: <= 32, <= 64, more.
   for (auto [rows, tile_m, stages] : {std::tuple{32 * 4, 32, 8}, {32 * 64, 64, 6}, {32 * 256, 128, 4}}) {

@@ -161,3 +161,58 @@ TEST_CASE_FIXTURE(MixedGemmFixture, "e5m2 or f16 activations with FP8 weights ar
   g.b_dtype = KJIT_DTYPE_F8_E4M3FN;
   expect_rejected("a_dtype", KJIT_ERROR_UNSUPPORTED);
 }
+
+TEST_CASE_FIXTURE(MixedGemmFixture, "a fused activation over 128 x 128 block scales launches with the checkpoint's "
+                                    "gate/up layout, either one, and N in whole gate/up groups of any size") {
+  g.activation = KJIT_ACTIVATION_SILU_MUL;
+  int launches = 0;
+  for (auto layout : {KJIT_GATE_UP_HALVES, KJIT_GATE_UP_ALTERNATING})
+    for (int64_t n : {kN, int64_t{144}, int64_t{16}}) {  // 2I = 144: up rows straddle a 128-row scale block
+      for (auto kernel : {KJIT_GEMM_KERNEL_AUTO, KJIT_GEMM_KERNEL_PORTABLE}) {
+        CAPTURE(layout);
+        CAPTURE(n);
+        CAPTURE(kernel);
+        g.activation_gate_up_layout = layout;
+        g.n = n;
+        g.kernel = kernel;
+        auto r = run();
+        REQUIRE_MESSAGE(r.has_value(), why(r));
+        CHECK(machine.launches == ++launches);
+      }
+    }
+}
+
+TEST_CASE_FIXTURE(MixedGemmFixture, "a fused activation over 128 x 128 block scales without their gate/up layout is "
+                                    "refused, naming activation_gate_up_layout, and writes nothing") {
+  g.activation = KJIT_ACTIVATION_SWIGLU_OAI;
+  expect_rejected("needs activation_gate_up_layout (KJIT_GATE_UP_HALVES or _ALTERNATING)");
+  g.activation_gate_up_layout = static_cast<kjit_gate_up_layout>(3);
+  expect_rejected("activation_gate_up_layout must be KJIT_GATE_UP_UNSET, _HALVES or _ALTERNATING, got 3");
+  g.activation_gate_up_layout = KJIT_GATE_UP_HALVES;  // and N still in whole gate/up groups
+  g.n = kN + 8;
+  expect_rejected("multiple of 16");
+}
+
+TEST_CASE_FIXTURE(MixedGemmFixture, "activation_gate_up_layout anywhere but a fused activation over W8A16 block scales "
+                                    "is refused, and writes nothing") {
+  g.activation_gate_up_layout = KJIT_GATE_UP_ALTERNATING;
+  expect_rejected("activation_gate_up_layout is for a fused activation");  // no activation
+  g.activation = KJIT_ACTIVATION_SILU_MUL;
+  for (auto granularity : {KJIT_SCALE_PER_ROW, KJIT_SCALE_PER_TENSOR}) {  // their scales follow the rows
+    CAPTURE(granularity);
+    g.b_scale_granularity = granularity;
+    g.b_block_rows = g.b_block_cols = 0;
+    expect_rejected("activation_gate_up_layout is for a fused activation");
+  }
+  g.b_scale_granularity = KJIT_SCALE_PER_BLOCK;
+  g.b_block_rows = g.b_block_cols = 128;
+  g.weights = KJIT_WEIGHTS_E_K_N;  // the backward reading has no gate/up rows
+  expect_rejected("[E, N, K] weights");
+  g.weights = KJIT_WEIGHTS_E_N_K;
+  g.b_dtype = KJIT_DTYPE_BF16;  // the bf16 GEMM
+  g.b_scales = nullptr;
+  g.b_scale_granularity = KJIT_SCALE_INVALID;
+  g.b_block_rows = g.b_block_cols = 0;
+  g.b_scale_convention = KJIT_SCALE_CONVENTION_UNSET;
+  expect_rejected("activation_gate_up_layout is for a fused activation");
+}

@@ -326,8 +326,25 @@ TEST_CASE("the grouped GEMM's fused activations compile for sm_90a, sm_100a and 
         if (std::string_view(arch) == "sm_90a") mixed.push_back(std::get<GroupedGemmMixedSpec>(spec));
       }
   }
+  // fp8 128 x 128 block scales left in the checkpoint's row order, found through its gate/up layout: DeepSeek-V3's
+  // gate_up (halves) and gpt-oss-sized alternating rows with partial blocks along N and K.
+  for (auto layout : {GateUpLayout::halves, GateUpLayout::alternating}) {
+    GroupedGemmMixedSpec m;
+    m.activation = layout == GateUpLayout::halves ? Activation::silu_mul : Activation::swiglu_oai;
+    m.gate_up_layout = layout;
+    m.n = layout == GateUpLayout::halves ? 4096 : 5760;
+    m.k = layout == GateUpLayout::halves ? 7168 : 2880;
+    m.experts = 32;
+    for (const char* arch : {"sm_90a", "sm_100a", "sm_120a"})
+      for (const auto& spec : kernels_for_target(m, arch_of(arch))) {
+        auto cubin = b.builder.build(spec, arch_of(arch));
+        REQUIRE_MESSAGE(cubin.has_value(), arch, " ", canonical(spec), ": ", kjit::testing::why(cubin));
+        if (std::string_view(arch) == "sm_90a") mixed.push_back(std::get<GroupedGemmMixedSpec>(spec));
+      }
+    mixed.push_back(*choose_grouped_gemm_mixed_config(m, arch_of("sm_90a"), 0, {.kernel = GemmRequest::Kernel::portable}));
+  }
   check_no_spills_on_sm90a(mixed);
-  GroupedGemmMixedSpec blocks;  // 128 x 128 fp8 scales would be split by the gate/up groups
+  GroupedGemmMixedSpec blocks;  // 128 x 128 fp8 scales without their row order: refused
   blocks.activation = Activation::silu_mul;
   blocks.n = 4096;
   blocks.k = 7168;

@@ -27,11 +27,13 @@ export bin sanitizer logs TIMEOUT=${TIMEOUT:-300}
 # swap AB (with and without a workspace) and the portable kernel; the FP8
 # GEMM's case runs its SM90 tiles, pairs and portable tiles; the W8A16 GEMM's
 # its default (SM90) kernel and the portable one, both orientations; the
-# W4A16 GEMM's both formats on both kernels.
+# W4A16 GEMM's both formats on both kernels; the W8A16 fused activation over
+# block scales its SM90 row tiles and the portable kernel, both gate/up layouts.
 cases=(
   "dequant|dequant|every dtype, granularity and convention is bit-exact on odd shapes with partial blocks"
   "grouped_gemm|grouped_gemm|one expert owning every row, and a single expert"
   "gemm_activation|grouped_gemm|the fused activation with N a multiple of every tile and a tall expert (cluster paths)"
+  "w8a16_block_activation|grouped_gemm_mixed|fused activation over 128 x 128 block scales: a wider stack (I = 520, up rows off the block grid), e5m2 codes, one expert owning most rows"
   "gemm_gather|grouped_gemm|a gather entry past tokens * top_k reads zeros and is reported"
   "w8a16_gather|grouped_gemm_mixed|a gathered A (sorted_to_flat) gives the bytes of the W8A16 GEMM on the gathered copy: every row tile, the portable kernel, K no multiple of the k-block, zero rows"
   "routing_one_block|moe_routing|routing equals the CPU reference: prefill, decode, both offset conventions, many experts"

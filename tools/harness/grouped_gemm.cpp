@@ -75,7 +75,7 @@ Expected<double> check_grouped_gemm(Runtime& runtime, DeviceState& device, const
   g.tile_n = spec.tile_n;
   g.cluster = spec.cluster;
   g.cluster_axis = spec.cluster_axis == codegen::ClusterAxis::n ? KJIT_GEMM_CLUSTER_ALONG_N : KJIT_GEMM_CLUSTER_ALONG_M;
-  set_activation(g, spec.activation);
+  set_activation(g, spec);
   if (spec.gather) gathered.apply(g, *da, *dindex);
   KJIT_TRY(ops::grouped_gemm(runtime, g, nullptr));
   KJIT_TRY(runtime.take_device_errors(device.ordinal));

@@ -113,10 +113,26 @@ struct GatherCheck {
 };
 
 // A spec's fused activation in the descriptor (kjit.h's default alpha and limit).
-inline void set_activation(kjit_grouped_gemm_desc& g, codegen::Activation activation) {
-  g.activation = activation == codegen::Activation::silu_mul     ? KJIT_ACTIVATION_SILU_MUL
-                 : activation == codegen::Activation::swiglu_oai ? KJIT_ACTIVATION_SWIGLU_OAI
-                                                                 : KJIT_ACTIVATION_NONE;
+// With block-scaled W8A16, the checkpoint's gate/up layout too.
+template <class Spec>
+void set_activation(kjit_grouped_gemm_desc& g, const Spec& spec) {
+  g.activation = spec.activation == codegen::Activation::silu_mul     ? KJIT_ACTIVATION_SILU_MUL
+                 : spec.activation == codegen::Activation::swiglu_oai ? KJIT_ACTIVATION_SWIGLU_OAI
+                                                                      : KJIT_ACTIVATION_NONE;
+  if constexpr (requires { spec.gate_up_layout; }) {
+    if (spec.gate_up_layout)
+      g.activation_gate_up_layout =
+          *spec.gate_up_layout == codegen::GateUpLayout::halves ? KJIT_GATE_UP_HALVES : KJIT_GATE_UP_ALTERNATING;
+  }
+}
+
+// The checkpoint's row of the gate_up_interleaved row n of an N-row stack
+// whose gate and up rows lie in `layout` (kjit.h): group n / 16, gate
+// rows n % 16 < 8, up the others.
+inline int64_t gate_up_source_row(int64_t n, int64_t rows, codegen::GateUpLayout layout) {
+  const int64_t j = n / 16 * 8 + n % 8;
+  const bool up = n % 16 >= 8;
+  return layout == codegen::GateUpLayout::halves ? (up ? rows / 2 + j : j) : 2 * j + (up ? 1 : 0);
 }
 
 // The fused activation's reference row, in float64: the product row `h` (N

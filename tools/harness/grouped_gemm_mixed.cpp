@@ -155,7 +155,23 @@ Expected<double> check_grouped_gemm_mixed(Runtime& runtime, DeviceState& device,
   auto dworkspace = buffers.upload(nullptr, kjit_grouped_gemm_workspace_bytes());
   for (auto* r : {&da, &dindex, &dw, &dscales, &dglobal, &doff, &drow_scale, &dout, &dworkspace})
     if (!*r) return std::unexpected(r->error());
-  KJIT_TRY(upload_routed_weights(buffers, *dw, w, active));
+  // Block-scaled W8A16 with a fused activation: the kernel reads the rows in
+  // gate_up_interleaved order beside the checkpoint's block scales, so the
+  // device gets the reordered rows and the reference the checkpoint's.
+  const auto& layout_of_rows = spec.gate_up_layout;
+  if (layout_of_rows) {
+    std::vector<std::vector<uint8_t>> reordered(static_cast<size_t>(experts));
+    for (int64_t e : active) {
+      auto& from = w[static_cast<size_t>(e)];
+      auto& to = reordered[static_cast<size_t>(e)];
+      to.resize(from.size());
+      for (int64_t row = 0; row < n; ++row)
+        std::copy_n(from.begin() + gate_up_source_row(row, n, *layout_of_rows) * k, k, to.begin() + row * k);
+    }
+    KJIT_TRY(upload_routed_weights(buffers, *dw, reordered, active));
+  } else {
+    KJIT_TRY(upload_routed_weights(buffers, *dw, w, active));
+  }
   kjit_grouped_gemm_desc g = launch_desc(spec, KJIT_DTYPE_BF16, rows, *da, *dw, *dout, *doff, *drow_scale);
   g.b_dtype = weight;
   g.weights = layout;
@@ -177,7 +193,7 @@ Expected<double> check_grouped_gemm_mixed(Runtime& runtime, DeviceState& device,
     g.tile_m = spec.tile_m;
     g.tile_n = spec.tile_n;
   }
-  set_activation(g, spec.activation);
+  set_activation(g, spec);
   if (spec.gather) gathered.apply(g, *da, *dindex);
   KJIT_TRY(ops::grouped_gemm(runtime, g, nullptr));
   KJIT_TRY(runtime.take_device_errors(device.ordinal));
@@ -210,10 +226,16 @@ Expected<double> check_grouped_gemm_mixed(Runtime& runtime, DeviceState& device,
     const double scale = spec.row_scale ? double(row_scale[static_cast<size_t>(row)]) : 1.0;
     reference::mixed_gemm_row(std::span(a).subspan(static_cast<size_t>(row * k), static_cast<size_t>(k)), converted,
                               weights_of_e, fused ? 1.0 : scale, want);
-    if (fused)
+    if (fused && layout_of_rows) {
+      std::vector<double> in_kernel_order(want.size());
+      for (int64_t col = 0; col < n; ++col)
+        in_kernel_order[static_cast<size_t>(col)] = want[static_cast<size_t>(gate_up_source_row(col, n, *layout_of_rows))];
+      error.add_row(out, out_bytes, row, activated_row(in_kernel_order, spec.activation, scale, g));
+    } else if (fused) {
       error.add_row(out, out_bytes, row, activated_row(want, spec.activation, scale, g));
-    else
+    } else {
       error.add_row(out, out_bytes, row, want);
+    }
   }
   return error.value();
 }

@@ -37,6 +37,10 @@ constexpr int kSm90MaxStages = 8;
 
 auto invalid(std::string message) { return fail(KJIT_ERROR_INVALID_ARGUMENT, std::move(message)); }
 
+bool block_scaled_activation(const GroupedGemmMixedSpec& s) {
+  return s.activation != Activation::none && !is_fp4(s.weight) && s.weight_scale == ScaleGranularity::per_block;
+}
+
 // Invariants of the problem. N and K multiples of 16: the fp8 rows of either
 // orientation are then 16-byte multiples (TMA strides, 16-byte loads).
 Expected<void> validate_problem(const GroupedGemmMixedSpec& s) {
@@ -64,12 +68,22 @@ Expected<void> validate_problem(const GroupedGemmMixedSpec& s) {
                                  what, kMaxDimension, value));
   if (s.experts < 1 || s.experts > kMaxExperts)
     return invalid(fmt::format("grouped_gemm_mixed needs 1 to {} experts, got {}", kMaxExperts, s.experts));
-  if (s.activation != Activation::none &&
-      (s.weights != WeightLayout::e_n_k || (!is_fp4(s.weight) && s.weight_scale == ScaleGranularity::per_block)))
-    return invalid(fmt::format("grouped_gemm_mixed with activation {} needs [E, N, K] weights whose scales follow "
-                               "their rows (FP4, or fp8 per_row or per_tensor): 128 x 128 blocks would be split by the "
-                               "gate/up groups of 8",
+  if (s.activation != Activation::none && s.weights != WeightLayout::e_n_k)
+    return invalid(fmt::format("grouped_gemm_mixed with activation {} needs [E, N, K] weights (their N rows in "
+                               "gate/up groups of 8), not {}",
+                               name(s.activation), name(s.weights)));
+  // 128 x 128 block scales stay in the checkpoint's row order (the groups of 8 would split their blocks): the
+  // kernel maps each reordered row back through the checkpoint's gate/up layout, which only they need.
+  if (block_scaled_activation(s) && !s.gate_up_layout)
+    return invalid(fmt::format("grouped_gemm_mixed with activation {} and 128 x 128 block scales needs "
+                               "gate_up_layout (halves or alternating): the checkpoint's gate/up row order, in which "
+                               "the scales stay",
                                name(s.activation)));
+  if (!block_scaled_activation(s) && s.gate_up_layout)
+    return invalid(fmt::format("grouped_gemm_mixed gate_up_layout {} is for a fused activation with fp8 128 x 128 "
+                               "block scales; with activation {} and {} {} scales it must be left out (scales that "
+                               "follow their rows are reordered with them)",
+                               name(*s.gate_up_layout), name(s.activation), name(s.weight), name(s.weight_scale)));
   return {};
 }
 
@@ -166,6 +180,7 @@ std::string Family<GroupedGemmMixedSpec>::canonical(const GroupedGemmMixedSpec& 
       name(g.weight), scale, name(g.scale_convention), name(g.out), g.n, g.k, g.experts, name(g.weights),
       name(g.offsets), g.row_scale,
       g.activation != Activation::none ? fmt::format(" activation={}", name(g.activation)) : std::string(),
+      g.gate_up_layout ? fmt::format(" gate_up_layout={}", name(*g.gate_up_layout)) : std::string(),
       g.gather ? " gather=sorted_to_flat" : "",
       g.configured() ? fmt::format(" kernel={} tile={}x{}x{} stages={}", name(g.kernel), g.tile_m, g.tile_n,
                                    g.kernel == MixedGemmKernel::wgmma_sm90 ? kSm90KBlock : kPortableTileK, g.stages)
@@ -185,6 +200,7 @@ nlohmann::json Family<GroupedGemmMixedSpec>::to_json(const GroupedGemmMixedSpec&
                       {"offsets", name(g.offsets)},
                       {"row_scale", g.row_scale}};
   if (g.activation != Activation::none) j["activation"] = name(g.activation);
+  if (g.gate_up_layout) j["gate_up_layout"] = name(*g.gate_up_layout);
   if (g.gather) j["gather"] = true;
   if (g.configured()) {
     j["kernel"] = name(g.kernel);
@@ -202,6 +218,7 @@ Expected<GroupedGemmMixedSpec> Family<GroupedGemmMixedSpec>::from_json(SpecReade
   s.weight_scale = KJIT_TRY(reader.enumeration<ScaleGranularity>("weight_scale"));
   s.scale_convention = KJIT_TRY(reader.enumeration<ScaleConvention>("scale_convention"));
   if (reader.has("activation")) s.activation = KJIT_TRY(reader.enumeration<Activation>("activation"));
+  if (reader.has("gate_up_layout")) s.gate_up_layout = KJIT_TRY(reader.enumeration<GateUpLayout>("gate_up_layout"));
   s.gather = KJIT_TRY(reader.boolean_or("gather", false));
   if (!reader.has("kernel")) {
     if (reader.has("tile") || reader.has("stages"))
@@ -225,7 +242,8 @@ const std::vector<FieldRule>& Family<GroupedGemmMixedSpec>::schema() {
       text_field("weight_scale", {"per_block", "per_row", "per_tensor"}),
       text_field("scale_convention", {"multiply", "divide"}),
       text_field("offsets", {"cumulative_end", "with_leading_zero"}), boolean_field("row_scale"),
-      text_field("activation", {"none", "silu_mul", "swiglu_oai"}, false), boolean_field("gather"),
+      text_field("activation", {"none", "silu_mul", "swiglu_oai"}, false),
+      text_field("gate_up_layout", {"halves", "alternating"}, false), boolean_field("gather"),
       // A configuration's fields (cache metadata; rare in manifests).
       text_field("kernel", {"mma_sync", "wgmma_sm90"}, false), integers_field("tile", "[m, n]", 2, 1, 256),
       integer_field("stages", 0, 16, false)};
@@ -240,6 +258,7 @@ void Family<GroupedGemmMixedSpec>::hash(const GroupedGemmMixedSpec& g, HashMixer
         static_cast<uint64_t>(g.weight_scale) << 24 | static_cast<uint64_t>(g.scale_convention) << 32 |
         static_cast<uint64_t>(g.offsets) << 40 | static_cast<uint64_t>(g.row_scale) << 48 |
         static_cast<uint64_t>(g.activation) << 56);
+  if (g.gate_up_layout) h.mix(0x6761746575700000ull | static_cast<uint64_t>(*g.gate_up_layout));  // only when set
   h.mix(static_cast<uint64_t>(g.tile_m) << 32 | static_cast<uint64_t>(g.tile_n) << 16 |
         static_cast<uint64_t>(g.kernel) << 12 | static_cast<uint64_t>(g.stages) << 4 |
         static_cast<uint64_t>(g.gather));
@@ -268,7 +287,9 @@ Expected<void> Family<GroupedGemmMixedSpec>::supported_on(const GroupedGemmMixed
 
 RenderedKernel Family<GroupedGemmMixedSpec>::render(const GroupedGemmMixedSpec& s) {
   const auto problem = fmt::format(
-      "kjit::MixedGemmProblem<{}LL, {}LL, {}, {}, {}, {}, {}, {}, {}, {}, kjit::Activation::{}, {}>", s.n, s.k, s.experts,
+      "kjit::MixedGemmProblem<{}LL, {}LL, {}, {}, {}, {}, {}, {}, {}, {}, kjit::Activation::{}, "
+      "kjit::BlockScaleRows::{}, {}>",
+      s.n, s.k, s.experts,
       s.weights == WeightLayout::e_k_n, s.offsets == OffsetsConvention::with_leading_zero, s.row_scale,
       s.out == DType::f32, s.weight == MixedWeight::f8_e5m2 ? "kjit::Fp8Format::e5m2" : "kjit::Fp8Format::e4m3fn",
       s.weight == MixedWeight::nvfp4                  ? "kjit::MixedScale::nvfp4"
@@ -276,7 +297,8 @@ RenderedKernel Family<GroupedGemmMixedSpec>::render(const GroupedGemmMixedSpec& 
       : s.weight_scale == ScaleGranularity::per_block ? "kjit::MixedScale::block"
       : s.weight_scale == ScaleGranularity::per_row ? "kjit::MixedScale::row"
                                                     : "kjit::MixedScale::tensor",
-      s.scale_convention == ScaleConvention::divide, name(s.activation), s.gather);
+      s.scale_convention == ScaleConvention::divide, name(s.activation),
+      s.gate_up_layout ? name(*s.gate_up_layout) : "stored", s.gather);
   if (s.kernel == MixedGemmKernel::wgmma_sm90)
     return assemble(canonical(s),
                     {.entry_point = "kjit_grouped_gemm_mixed_sm90",

@@ -12,12 +12,7 @@
 
 namespace kjit::codegen {
 
-template <>
-inline constexpr int kEnumCount<GateUpLayout> = 2;
-
 namespace {
-
-constexpr std::array kLayoutNames{"halves", "alternating"};
 
 constexpr int kActivationThreads = 256;
 constexpr int64_t kMaxGridX = 0x7fffffff;
@@ -30,8 +25,6 @@ bool fp8_out(const MoeActivationSpec& s) { return s.out == DType::f8_e4m3fn; }
 int64_t columns_per_thread(const MoeActivationSpec& s) { return fp8_out(s) ? 16 : 8; }
 
 }  // namespace
-
-std::string_view name(GateUpLayout l) { return kLayoutNames[static_cast<size_t>(l)]; }
 
 std::string Family<MoeActivationSpec>::canonical(const MoeActivationSpec& s) {
   auto text = fmt::format("moe_activation in=bf16 activation={} layout={} intermediate={} out={}", name(s.activation),

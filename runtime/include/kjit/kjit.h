@@ -197,6 +197,15 @@ typedef enum kjit_activation {
   KJIT_ACTIVATION_SWIGLU_OAI = 2
 } kjit_activation;
 
+/* Where gate and up lie among a gate_up GEMM's 2I output columns h (its
+ * weights' rows): kjit_moe_activation's `layout`, and the checkpoint order of
+ * 128 x 128 block-scaled weights under the grouped GEMM's fused activation. */
+typedef enum kjit_gate_up_layout {
+  KJIT_GATE_UP_UNSET = 0,       /* rejected where a layout is needed */
+  KJIT_GATE_UP_HALVES = 1,      /* [gate | up]: gate = h[:, :I], up = h[:, I:] */
+  KJIT_GATE_UP_ALTERNATING = 2  /* gate = h[:, 0::2], up = h[:, 1::2] */
+} kjit_gate_up_layout;
+
 typedef struct kjit_grouped_gemm_desc {
   uint32_t struct_size; /* sizeof(kjit_grouped_gemm_desc) */
   kjit_dtype a_dtype;   /* KJIT_DTYPE_BF16, or KJIT_DTYPE_F8_E4M3FN with b_dtype (FP8, below) */
@@ -262,11 +271,19 @@ typedef struct kjit_grouped_gemm_desc {
    * expert (kjit.gate_up_interleaved in Python builds this order from the halves or alternating layouts once, at
    * load), N a multiple of 16, and out is [rows, N / 2]: out[:, 8g + i] = activation(h[:, 16g + i],
    * h[:, 16g + 8 + i]) of the product h, then times row_scale. Scales that follow the rows (PER_ROW, FP4 block
-   * scales) are reordered with them; PER_BLOCK 128 x 128 fp8 scales, which the groups would split, are refused.
+   * scales) are reordered with them. W8A16 PER_BLOCK 128 x 128 scales, which the groups would split, stay as the
+   * checkpoint stores them, [E, ceil(N / 128), ceil(K / 128)] over the original row order, and
+   * activation_gate_up_layout names that order (HALVES: gate rows [0, N / 2), up [N / 2, N); ALTERNATING: gate
+   * rows 0::2, up 1::2): reordered row 16g + i then takes the scales of original gate row 8g + i (HALVES) or
+   * 2 (8g + i) (ALTERNATING), and row 16g + 8 + i those of up row N / 2 + 8g + i or 2 (8g + i) + 1. Any N
+   * that is a multiple of 16 (so, for HALVES, any I = N / 2 that is a multiple of 8, 128 or not), both kernels.
    * Saves the gate_up output's write and re-read and a launch. */
   kjit_activation activation;  /* KJIT_ACTIVATION_NONE after _desc_init */
   float activation_alpha;      /* SWIGLU_OAI: 1.702 after _desc_init */
   float activation_limit;      /* SWIGLU_OAI: 7.0 after _desc_init */
+  kjit_gate_up_layout activation_gate_up_layout; /* UNSET after _desc_init; required (HALVES or ALTERNATING)
+                                                    with an activation and W8A16 PER_BLOCK scales, and UNSET
+                                                    everywhere else */
   /* Gather (bf16 A: the bf16, W8A16 and W4A16 GEMMs; W8A8 gathers in kjit_fp8_quantize): with top_k >= 1 and
    * sorted_to_flat, row r of the GEMM's A is row sorted_to_flat[r] / top_k of `a`, which is [tokens, K]: the
    * permutation kjit_moe_routing writes, read by the kernels' loads, so routing -> GEMM makes no gathered copy of
@@ -526,11 +543,6 @@ KJIT_API uint64_t kjit_swizzled_scale_bytes(int64_t total_rows, int64_t scale_co
  * cumulative end offsets): rows at or past *valid_rows are not read and are
  * written as zeros (bf16 0; FP8 codes 0 and scale 0), so a buffer's padding
  * rows carry no stale data. NULL: every row is computed. */
-typedef enum kjit_gate_up_layout {
-  KJIT_GATE_UP_UNSET = 0,       /* rejected */
-  KJIT_GATE_UP_HALVES = 1,      /* [gate | up]: gate = h[:, :I], up = h[:, I:] */
-  KJIT_GATE_UP_ALTERNATING = 2  /* gate = h[:, 0::2], up = h[:, 1::2] */
-} kjit_gate_up_layout;
 
 typedef struct kjit_moe_activation_desc {
   uint32_t struct_size;   /* sizeof(kjit_moe_activation_desc) */

@@ -110,6 +110,7 @@ class _GroupedGemmDesc(ctypes.Structure):
         ("activation", ctypes.c_int),
         ("activation_alpha", ctypes.c_float),
         ("activation_limit", ctypes.c_float),
+        ("activation_gate_up_layout", ctypes.c_int),
         ("sorted_to_flat", ctypes.c_void_p),
         ("tokens", ctypes.c_int64),
         ("top_k", ctypes.c_int64),
@@ -613,13 +614,29 @@ def _check_activation(activation, alpha, limit) -> None:
         raise _invalid(f"swiglu_oai needs a finite alpha and a finite positive limit, got {alpha} and {limit}")
 
 
+def _check_gate_up_layout(gate_up_layout, needed) -> None:
+    """gate_up_layout: the checkpoint's gate/up order, which W8A16's 128 x 128 block scales keep under a fused
+    activation; required there and nowhere else."""
+    if needed:
+        if gate_up_layout is None:
+            raise _invalid("a fused activation with W8A16 128 x 128 block scales needs gate_up_layout ('halves' or "
+                           "'alternating'): the checkpoint's gate/up row order, over which w_scale stays as stored "
+                           "while w's rows are in gate_up_interleaved's order")
+        _check_choice("gate_up_layout", gate_up_layout, _GATE_UP)
+    elif gate_up_layout is not None:
+        raise _invalid(f"gate_up_layout is for a fused activation with W8A16 128 x 128 block scales (which stay in "
+                       f"the checkpoint's row order), got {gate_up_layout!r} elsewhere: leave it None (scales that "
+                       f"follow their rows are reordered with them by gate_up_interleaved)")
+
+
 def _gemm_out_columns(n, activation) -> int:
     return n // 2 if activation is not None else n
 
 
 def _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, cluster_axis, a_scale=None,
                 w_scale=None, w_block=(_FP8_GEMM_BLOCK, _FP8_GEMM_BLOCK), w_scale_convention=None, w_format=None,
-                w_global_scale=None, activation=None, activation_alpha=1.702, activation_limit=7.0, gather=None):
+                w_global_scale=None, activation=None, activation_alpha=1.702, activation_limit=7.0,
+                gate_up_layout=None, gather=None):
     """Returns (operands, granularity): operands as _check_gemm_operands
     says, granularity None for bf16, else the weight scales' ('block', 'row'
     or, W8A16 only, 'tensor'; W4A16: the format)."""
@@ -665,6 +682,8 @@ def _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kern
         raise _invalid(f"out must be [{rows}, {_gemm_out_columns(n, activation)}], got {list(out.shape)}")
     if row_scale is not None and list(row_scale.shape) != [rows]:
         raise _invalid(f"row_scale must be [{rows}], got {list(row_scale.shape)}")
+    if operands != "w8a16":
+        _check_gate_up_layout(gate_up_layout, False)
     if operands == "bf16":
         if a_scale is not None or w_scale is not None or w_scale_convention is not None:
             raise _invalid("a_scale, w_scale and w_scale_convention are for float8 operands (W8A8, W8A16); a and w "
@@ -672,10 +691,7 @@ def _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kern
         return operands, None
     if operands == "w8a16":
         granularity = _check_w8a16_scales(w, n, k, a_scale, w_scale, w_scale_convention, w_block)
-        if activation is not None and granularity == "block":
-            raise _invalid("a fused activation needs scales that follow the weight rows (per row or per expert): "
-                           "gate_up_interleaved's groups of 8 rows would split 128 x 128 scale blocks; run the GEMM "
-                           "without it and apply kjit.moe_activation to its output")
+        _check_gate_up_layout(gate_up_layout, activation is not None and granularity == "block")
         return operands, granularity
     if operands == "w4a16":
         _check_w4a16(w, n, k, weights, a_scale, w_scale, w_format, w_global_scale, w_scale_convention)
@@ -689,7 +705,7 @@ def _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kern
 def _gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n, cluster,
                cluster_axis, a_scale=None, w_scale=None, w_scale_granularity=None,
                w_scale_convention=None, w_global_scale=None, activation=None, activation_alpha=1.702,
-               activation_limit=7.0, sorted_to_flat=None, top_k=0) -> _GroupedGemmDesc:
+               activation_limit=7.0, gate_up_layout=None, sorted_to_flat=None, top_k=0) -> _GroupedGemmDesc:
     experts = w.shape[0]
     n, k = (w.shape[1], w.shape[2]) if weights == "e_n_k" else (w.shape[2], w.shape[1])
     d = _GroupedGemmDesc()
@@ -708,6 +724,8 @@ def _gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kerne
     if activation is not None:
         d.activation = _ACTIVATION[activation]
         d.activation_alpha, d.activation_limit = activation_alpha, activation_limit
+    if gate_up_layout is not None:
+        d.activation_gate_up_layout = _GATE_UP[gate_up_layout]
     if sorted_to_flat is not None:
         d.rows, d.tokens, d.top_k = sorted_to_flat.shape[0], a.shape[0], top_k
         d.sorted_to_flat = sorted_to_flat.data_ptr()
@@ -731,7 +749,8 @@ def _gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kerne
 def grouped_gemm(a, w, offsets, *, weights="e_n_k", offsets_convention, row_scale=None, out=None,
                  out_dtype=None, stream=None, kernel="auto", tile=None, cluster=0, cluster_axis="m", a_scale=None,
                  w_scale=None, w_block=(_FP8_GEMM_BLOCK, _FP8_GEMM_BLOCK), w_scale_convention=None, w_format=None,
-                 w_global_scale=None, activation=None, activation_alpha=1.702, activation_limit=7.0, gather=None):
+                 w_global_scale=None, activation=None, activation_alpha=1.702, activation_limit=7.0,
+                 gate_up_layout=None, gather=None):
     """MoE expert GEMM: rows of `a` ([rows, K] bf16, sorted by expert) times
     each expert's weights `w` ([E, N, K] with weights='e_n_k', as checkpoints
     store them, or [E, K, N] with 'e_k_n'). `offsets` (int32, on the device)
@@ -775,7 +794,11 @@ def grouped_gemm(a, w, offsets, *, weights="e_n_k", offsets_convention, row_scal
     states both. w is a gate_up stack whose N rows are in gate/up groups of 8,
     as kjit.gate_up_interleaved returns it, and out is [rows, N / 2]: the
     activation of the gate and up products (then times row_scale), with no
-    [rows, N] intermediate.
+    [rows, N] intermediate. Scales that follow w's rows (W8A16 per row, FP4)
+    go through gate_up_interleaved with it; W8A16 128x128 block scales stay
+    as the checkpoint stores them (over the original rows) and gate_up_layout
+    ('halves' or 'alternating', required with them and only there) names the
+    checkpoint's order, through which the kernel finds each row's block.
 
     gather=(sorted_to_flat, top_k) (bf16 a: bf16, W8A16 and W4A16 weights;
     W8A8 gathers in kjit.quantize_fp8): kjit.moe_routing's permutation, read by
@@ -794,7 +817,8 @@ def grouped_gemm(a, w, offsets, *, weights="e_n_k", offsets_convention, row_scal
         out = torch.empty(rows, _gemm_out_columns(n, activation), dtype=out_dtype or torch.bfloat16, device=a.device)
     operands, granularity = _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel,
                                         cluster_axis, a_scale, w_scale, w_block, w_scale_convention, w_format,
-                                        w_global_scale, activation, activation_alpha, activation_limit, gather)
+                                        w_global_scale, activation, activation_alpha, activation_limit,
+                                        gate_up_layout, gather)
     tile_m, tile_n = tile if tile is not None else (0, 0)
     if operands == "bf16":
         torch.ops.kjit.grouped_gemm_(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m,
@@ -812,30 +836,30 @@ def grouped_gemm(a, w, offsets, *, weights="e_n_k", offsets_convention, row_scal
         torch.ops.kjit.grouped_gemm_w8a16_(a, w, w_scale, offsets, out, weights, offsets_convention, row_scale,
                                            granularity, w_scale_convention, kernel, tile_m, tile_n, cluster,
                                            cluster_axis, activation or "none", float(activation_alpha),
-                                           float(activation_limit), sorted_to_flat, top_k, stream)
+                                           float(activation_limit), gate_up_layout, sorted_to_flat, top_k, stream)
     return out
 
 
 def prepare_grouped_gemm(a, w, offsets, out, *, weights="e_n_k", offsets_convention, row_scale=None, kernel="auto",
                          tile=None, a_scale=None, w_scale=None, w_block=(_FP8_GEMM_BLOCK, _FP8_GEMM_BLOCK),
                          w_scale_convention=None, w_format=None, w_global_scale=None, activation=None,
-                         activation_alpha=1.702, activation_limit=7.0, gather=None):
+                         activation_alpha=1.702, activation_limit=7.0, gate_up_layout=None, gather=None):
     """Compiles (or finds) and loads every kernel grouped_gemm may pick for
     these shapes, whatever the row count, so that later calls can be captured
     in a CUDA graph. FP8 weights need their scales (and W8A16 their
     w_scale_convention) here too (grouped_gemm)."""
     _, granularity = _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, "m", a_scale,
                                  w_scale, w_block, w_scale_convention, w_format, w_global_scale, activation,
-                                 activation_alpha, activation_limit, gather)
+                                 activation_alpha, activation_limit, gate_up_layout, gather)
     tile_m, tile_n = tile if tile is not None else (0, 0)
     sorted_to_flat, top_k = _unpack_gather(gather)
     d = _gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n, 0, "m",
                    a_scale, w_scale, granularity, w_scale_convention, w_global_scale, activation, activation_alpha,
-                   activation_limit, sorted_to_flat, top_k)
+                   activation_limit, gate_up_layout, sorted_to_flat, top_k)
     _check(library().kjit_grouped_gemm_prepare(ctypes.byref(d), a.device.index or 0))
 
 
-def gate_up_interleaved(w, *, layout, weights="e_n_k"):
+def gate_up_interleaved(w, *, layout, weights="e_n_k", block_scales=False):
     """A gate_up weight stack with its 2I gate and up rows reordered for the
     grouped GEMM's fused activation (grouped_gemm(activation=...)): groups of
     8, gate rows 8g..8g+7 then up rows 8g..8g+7, for g = 0..I/8-1. layout
@@ -845,11 +869,24 @@ def gate_up_interleaved(w, *, layout, weights="e_n_k"):
     8; returns a new tensor of the same shape. Done once, at load. Tensors
     whose rows follow the weights' (per-row scales [E, 2I] or [E, 2I, 1],
     FP4 pairs [E, 2I, K / 2] and their scale bytes) go through it the same
-    way, as 'e_n_k'."""
+    way, as 'e_n_k'.
+
+    block_scales=True: w is the stack's W8A16 128x128 block scales, fp32
+    [E, ceil(2I / 128), ceil(K / 128)] (DeepSeek's weight_scale_inv). A group
+    of 8 rows would split their blocks, so they are not reordered: they are
+    returned unchanged (the same tensor, checked), and grouped_gemm's
+    gate_up_layout names the checkpoint order through which the kernel finds
+    each reordered row's block. Callers may then treat every gate_up tensor
+    alike."""
     import torch
 
     _check_choice("layout", layout, _GATE_UP)
     _check_choice("weights", weights, _WEIGHTS)
+    if block_scales:
+        if weights != "e_n_k" or w.dim() != 3 or w.dtype != torch.float32:
+            raise _invalid(f"block_scales=True takes fp32 128x128 block scales [E, ceil(2I / 128), ceil(K / 128)] of "
+                           f"an [E, 2I, K] ('e_n_k') stack, got {w.dtype} {list(w.shape)} with weights={weights!r}")
+        return w
     if w.dim() != 3 and not (weights == "e_n_k" and w.dim() == 2):
         raise _invalid(f"w must be [E, 2I, K] or [E, K, 2I] (or, e_n_k, [E, 2I]: per-row scales), got "
                        f"{list(w.shape)}")

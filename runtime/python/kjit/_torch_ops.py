@@ -81,26 +81,27 @@ def _(a, a_scale, w, w_scale, offsets, out, offsets_convention, row_scale, w_sca
 
 # The W8A16 grouped GEMM: bf16 a, fp8 w converted to bf16 in the kernel; the
 # same stored w in either orientation (weights), w_scale over the stored tensor
-# ('block', 'row' or 'tensor'), w_scale_convention 'multiply' or 'divide'.
+# ('block', 'row' or 'tensor'), w_scale_convention 'multiply' or 'divide';
+# gate_up_layout with a fused activation over block scales (else None).
 @torch.library.custom_op("kjit::grouped_gemm_w8a16_", mutates_args=("out",), device_types="cuda")
 def grouped_gemm_w8a16_(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, offsets: torch.Tensor,
                         out: torch.Tensor, weights: str, offsets_convention: str, row_scale: Optional[torch.Tensor],
                         w_scale_granularity: str, w_scale_convention: str, kernel: str, tile_m: int, tile_n: int,
                         cluster: int, cluster_axis: str, activation: str, activation_alpha: float,
-                        activation_limit: float, sorted_to_flat: Optional[torch.Tensor], top_k: int,
-                        stream: Optional[int]) -> None:
+                        activation_limit: float, gate_up_layout: Optional[str],
+                        sorted_to_flat: Optional[torch.Tensor], top_k: int, stream: Optional[int]) -> None:
     _launch_gemm(_gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n,
                             cluster, cluster_axis, None, w_scale, w_scale_granularity, w_scale_convention,
                             activation=None if activation == "none" else activation,
                             activation_alpha=activation_alpha, activation_limit=activation_limit,
-                            sorted_to_flat=sorted_to_flat, top_k=top_k),
+                            gate_up_layout=gate_up_layout, sorted_to_flat=sorted_to_flat, top_k=top_k),
                  a.device, stream)
 
 
 @grouped_gemm_w8a16_.register_fake
 def _(a, w, w_scale, offsets, out, weights, offsets_convention, row_scale, w_scale_granularity, w_scale_convention,
-      kernel, tile_m, tile_n, cluster, cluster_axis, activation, activation_alpha, activation_limit, sorted_to_flat,
-      top_k, stream) -> None:
+      kernel, tile_m, tile_n, cluster, cluster_axis, activation, activation_alpha, activation_limit, gate_up_layout,
+      sorted_to_flat, top_k, stream) -> None:
     return None
 
 

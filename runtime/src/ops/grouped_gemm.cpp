@@ -49,6 +49,20 @@ Expected<GemmCommonPlan> plan_gemm_common(const kjit_grouped_gemm_desc& d, bool 
   if (d.activation != KJIT_ACTIVATION_NONE && is_fp8_gemm(d) && !is_mixed_gemm(d))
     return invalid("a fused activation is implemented in the bf16, W8A16 and W4A16 grouped GEMMs, not W8A8 (FP8 "
                    "activations): apply kjit's activation to its output");
+  if (d.activation_gate_up_layout != KJIT_GATE_UP_UNSET && d.activation_gate_up_layout != KJIT_GATE_UP_HALVES &&
+      d.activation_gate_up_layout != KJIT_GATE_UP_ALTERNATING)
+    return invalid(fmt::format("activation_gate_up_layout must be KJIT_GATE_UP_UNSET, _HALVES or _ALTERNATING, got {}",
+                               static_cast<int>(d.activation_gate_up_layout)));
+  const bool block_scaled_w8a16 = is_mixed_gemm(d) && d.b_dtype != KJIT_DTYPE_F4_E2M1 &&
+                                  d.b_scale_granularity == KJIT_SCALE_PER_BLOCK;
+  if (d.activation_gate_up_layout != KJIT_GATE_UP_UNSET && !(d.activation != KJIT_ACTIVATION_NONE && block_scaled_w8a16))
+    return invalid("activation_gate_up_layout is for a fused activation in the W8A16 grouped GEMM with 128 x 128 "
+                   "block scales (KJIT_SCALE_PER_BLOCK), which stay in the checkpoint's row order; leave it "
+                   "KJIT_GATE_UP_UNSET otherwise (scales that follow their rows are reordered with them)");
+  if (d.activation != KJIT_ACTIVATION_NONE && block_scaled_w8a16 && d.activation_gate_up_layout == KJIT_GATE_UP_UNSET)
+    return invalid("a fused activation with W8A16 128 x 128 block scales needs activation_gate_up_layout "
+                   "(KJIT_GATE_UP_HALVES or _ALTERNATING): the checkpoint's gate/up row order, over which b_scales "
+                   "stay as stored while the weights' rows are in gate/up groups of 8");
   if (d.activation == KJIT_ACTIVATION_SWIGLU_OAI &&
       !(std::isfinite(d.activation_alpha) && std::isfinite(d.activation_limit) && d.activation_limit > 0.0f))
     return invalid(fmt::format("SWIGLU_OAI needs a finite alpha and a finite positive limit, got alpha {} limit {}",

@@ -125,6 +125,8 @@ Expected<GroupedGemmMixedPlan> plan_grouped_gemm_mixed(const kjit_grouped_gemm_d
   s.offsets = common.offsets;
   s.row_scale = d.row_scale != nullptr;
   s.activation = static_cast<codegen::Activation>(d.activation);  // checked by plan_gemm_common; same order
+  if (d.activation_gate_up_layout == KJIT_GATE_UP_HALVES) s.gate_up_layout = codegen::GateUpLayout::halves;
+  else if (d.activation_gate_up_layout == KJIT_GATE_UP_ALTERNATING) s.gate_up_layout = codegen::GateUpLayout::alternating;
   s.gather = common.gather;
   KJIT_TRY(codegen::validate(codegen::KernelSpec{s}));
   if (!for_prepare && !plan.empty) {

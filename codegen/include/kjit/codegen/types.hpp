@@ -18,6 +18,10 @@ enum class OffsetsConvention : uint8_t { cumulative_end, with_leading_zero };
 // silu_mul = silu(gate) * up; swiglu_oai = gpt-oss's clamped form,
 // (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit).
 enum class Activation : uint8_t { none, silu_mul, swiglu_oai };
+// Where a gate/up pair lies in the gate_up GEMM's 2I rows (or its output's
+// columns): [gate | up] (halves: Hugging Face) or gate, up, gate, up, ...
+// (alternating: gpt-oss).
+enum class GateUpLayout : uint8_t { halves, alternating };
 
 std::string_view name(DType t);
 std::string_view name(ScaleGranularity g);
@@ -25,6 +29,7 @@ std::string_view name(ScaleConvention c);
 std::string_view name(WeightLayout l);
 std::string_view name(OffsetsConvention c);
 std::string_view name(Activation a);
+std::string_view name(GateUpLayout l);
 
 int size_bytes(DType t);
 constexpr bool is_fp8(DType t) { return t == DType::f8_e4m3fn || t == DType::f8_e5m2; }

@@ -5,7 +5,7 @@ docs/formats.md): gate_up [E, 2I, H] and down [E, H, I], bf16, FP8 with block
 or per-channel scales, NVFP4 or MXFP4 (gpt-oss's `*_blocks` / `*_scales` as
 they are). forward(hidden, topk_ids, topk_weights) routes the (token, slot)
 pairs to this module's experts (kjit.moe_routing), runs the gate_up GEMM, the
-activation (kjit.moe_activation, or the bf16 GEMM's fused epilogue), the down
+activation (kjit.moe_activation, or the gate_up GEMM's fused epilogue), the down
 GEMM, and the weighted combine back to token order (kjit.moe_combine), picking
 the kernels per weight format and batch size (MoEExperts.kernels_for).
 
@@ -114,14 +114,16 @@ class MoEExperts(torch.nn.Module):
     quantized per 1x128 by kjit.quantize_fp8, gathered in the same pass) from
     there; W8A8 needs float8_e4m3fn weights and H, I multiples of 128, and
     w8a8_min_rows=None turns it off. FP4 weights run W4A16.
-    fused_activation (bf16, NVFP4 and MXFP4 weights, no gate_up bias) runs the
-    activation in the gate_up GEMM's epilogue (no [rows, 2I] intermediate, one
-    launch fewer: 1.0-1.5x on the gate_up step, docs/benchmarks.md), the
-    gate_up rows (and FP4's scale rows) reordered once by
-    kjit.gate_up_interleaved into new buffers (which state_dict then holds).
-    FP8 weights keep it off: 128 x 128 scale blocks do not follow reordered
-    rows, and W8A8 needs the checkpoint's order. None (default): on wherever it
-    applies.
+    fused_activation (bf16, NVFP4 and MXFP4 weights, and fp8_block weights
+    that run W8A16 only; no gate_up bias) runs the activation in the gate_up
+    GEMM's epilogue (no [rows, 2I] intermediate, one launch fewer: 1.0-1.5x on
+    the gate_up step, docs/benchmarks.md), the gate_up rows (and FP4's scale
+    rows) reordered once by kjit.gate_up_interleaved into new buffers (which
+    state_dict then holds); fp8_block's 128 x 128 scales stay as stored (the
+    kernel finds each row's block through gate_up_layout). W8A8 needs the
+    checkpoint's row order, so fp8_block weights fuse only with W8A8 off
+    (w8a8_min_rows=None, or operands W8A8 cannot take); fp8_channel keeps it
+    off. None (default): on wherever it applies.
 
     Weights and scales are registered as buffers (state_dict, .to()); they are
     used as given, never copied, except the reciprocal of 'divide' FP8 scales
@@ -295,21 +297,28 @@ class MoEExperts(torch.nn.Module):
         self.register_buffer("down_w8a8_scale", w8a8_scales[1])
 
     def _set_fused_activation(self, fused_activation) -> None:
-        fusable = ("bf16",) + tuple(_FP4_GROUP)
+        # fp8_block fuses in W8A16 only: W8A8 reads gate_up in the checkpoint's row order.
+        fusable = ("bf16",) + tuple(_FP4_GROUP) + (("fp8_block",) if self.w8a8_min_rows is None else ())
         if fused_activation is None:
             fused_activation = self.format in fusable and self.gate_up_bias is None
         if not isinstance(fused_activation, bool):
             raise _invalid(f"fused_activation must be a bool or None, got {type(fused_activation).__name__}")
         if fused_activation:
+            if self.format == "fp8_block" and self.format not in fusable:
+                raise _invalid("fused_activation with fp8_block weights is W8A16's epilogue, and W8A8 (on from "
+                               f"w8a8_min_rows={self.w8a8_min_rows} routed rows) reads gate_up in the checkpoint's "
+                               "row order: pass w8a8_min_rows=None to fuse")
             if self.format not in fusable:
-                raise _invalid(f"fused_activation is the bf16 and W4A16 grouped GEMMs' epilogue; {self.format} weights "
-                               "run the activation as its own kernel (kjit.moe_activation)")
+                raise _invalid(f"fused_activation is the bf16, W4A16 and block-scaled W8A16 grouped GEMMs' epilogue; "
+                               f"{self.format} weights run the activation as its own kernel (kjit.moe_activation)")
             if self.gate_up_bias is not None:
                 raise _invalid("fused_activation cannot add gate_up_bias before the activation: leave it False")
             # kjit's fused order of the gate_up rows; the buffer holds it from here on (state_dict included).
             self.gate_up_weight = kjit.gate_up_interleaved(self.gate_up_weight, layout=self.gate_up_layout)
             if self.format in _FP4_GROUP:  # FP4's scale bytes follow their rows
                 self.gate_up_scale = kjit.gate_up_interleaved(self.gate_up_scale, layout=self.gate_up_layout)
+            # fp8_block's 128 x 128 scales stay as stored (gate_up_interleaved(block_scales=True) returns them
+            # unchanged); the GEMM maps rows to blocks through gate_up_layout (_fused_activation_args).
         self.fused_activation = fused_activation
 
     # ---- checkpoint families ----
@@ -395,10 +404,12 @@ class MoEExperts(torch.nn.Module):
         return {"activation": self.activation, "layout": self.gate_up_layout}
 
     def _fused_activation_args(self) -> dict:
+        args = {"activation": self.activation}
         if self.activation == "swiglu_oai":
-            return {"activation": self.activation, "activation_alpha": self.swiglu_alpha,
-                    "activation_limit": self.swiglu_limit}
-        return {"activation": self.activation}
+            args.update(activation_alpha=self.swiglu_alpha, activation_limit=self.swiglu_limit)
+        if self.format == "fp8_block":  # the block scales' (checkpoint) row order
+            args["gate_up_layout"] = self.gate_up_layout
+        return args
 
     def _gemm_out_dtype(self, bias) -> Optional[torch.dtype]:
         # With a bias the GEMM writes fp32, the bias is added there and the sum rounded once to bf16.

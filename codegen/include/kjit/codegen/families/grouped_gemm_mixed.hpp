@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -57,9 +58,13 @@ struct GroupedGemmMixedSpec {
   OffsetsConvention offsets = OffsetsConvention::cumulative_end;
   bool row_scale = false;
   // A fused MoE activation ([E, N, K] weights in gate_up_interleaved order,
-  // their per-row or FP4 scales in the same order; not 128 x 128 blocks, which
-  // groups of 8 rows would split): the output has N / 2 columns.
+  // their per-row or FP4 scales in the same order): the output has N / 2
+  // columns. fp8 128 x 128 block scales, which groups of 8 rows would split,
+  // stay in the checkpoint's row order: gate_up_layout (set with them, and
+  // only then) names that order, and the kernel finds each reordered row's
+  // block through it.
   Activation activation = Activation::none;
+  std::optional<GateUpLayout> gate_up_layout = std::nullopt;
   bool gather = false;  // A's rows read through sorted_to_flat (as GroupedGemmSpec's)
   MixedGemmKernel kernel = MixedGemmKernel::mma_sync;
   int tile_m = 0, tile_n = 0;

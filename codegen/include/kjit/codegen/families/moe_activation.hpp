@@ -24,10 +24,6 @@
 
 namespace kjit::codegen {
 
-// Where gate and up lie in a row of h: [gate | up] (halves) or gate, up, gate, up, ... (alternating).
-enum class GateUpLayout : uint8_t { halves, alternating };
-std::string_view name(GateUpLayout l);
-
 // The key: I (compiled in), activation, layout, output type and, for FP8
 // output, the scale format. Rows, the input row stride, valid_rows and
 // swiglu_oai's alpha and limit are run-time arguments.
