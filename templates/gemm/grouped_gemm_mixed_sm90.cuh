@@ -344,6 +344,7 @@ __device__ __forceinline__ void mixed_mainloop(const kjit_grouped_gemm_mixed_sm9
     }
     const unsigned s = it % Cfg::kStages;
     mbarrier_wait(&full[s], (it / Cfg::kStages) & 1);
+    gathered_stage_fence<Cfg>();
     const unsigned char* stage = tiles + s * Cfg::kStageBytes;
     if constexpr (Cfg::kFp4) {
       convert_fp4_fragments<Cfg>(stage, scales, fragments);

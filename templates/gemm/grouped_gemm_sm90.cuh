@@ -183,15 +183,14 @@ __device__ __forceinline__ void grouped_gemm_producer(const kjit_grouped_gemm_sm
 
 // The gather loader warp (Cfg::kGather): the same tiles and stages as the
 // producer; each stage's A tile from the tile's rows of `a`, through
-// sorted_to_flat, a TMA box a row (GatheredRows). A block of a pair gathers
-// its own rows (no multicast).
+// sorted_to_flat. A block of a pair gathers its own rows (no multicast).
 template <class Cfg>
 __device__ __forceinline__ void grouped_gemm_gather_loader(const kjit_grouped_gemm_sm90_params& p,
                                                            unsigned char* tiles, unsigned long long* full,
                                                            unsigned long long* empty) {
   TileWalker<Cfg> walk{&p.gemm, cluster_rank<Cfg>()};
   GemmTile tile;
-  GatheredRows<Cfg, 1> rows;
+  GatheredRows<Cfg, Cfg::kBM, 1> rows;
   unsigned it = 0;
   for (long long t = blockIdx.x / Cfg::kCluster; walk.seek(t, tile); t += gridDim.x / Cfg::kCluster) {
     // A block past its expert's rows or past N stores nothing: copy nothing, still arrive.
@@ -199,7 +198,7 @@ __device__ __forceinline__ void grouped_gemm_gather_loader(const kjit_grouped_ge
     for (int kb = 0; kb < Cfg::kKBlocks; ++kb, ++it) {
       const unsigned s = it % Cfg::kStages;
       mbarrier_wait(&empty[s], ((it / Cfg::kStages) & 1) ^ 1);
-      rows.copy(p.gemm, &p.a_map, tiles + s * Cfg::kStageBytes, 0, kb * Cfg::kBK, &full[s]);
+      rows.copy(p.gemm, tiles + s * Cfg::kStageBytes, 0, static_cast<long long>(kb) * Cfg::kBK, &full[s]);
     }
   }
 }

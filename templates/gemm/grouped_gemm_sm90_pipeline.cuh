@@ -121,75 +121,73 @@ __device__ __forceinline__ void copy_weight_columns(const kjit_grouped_gemm_sm90
   }
 }
 
-// Orders a stage's zero rows, written by the gather loader's lanes (generic
-// proxy), before the consumers' wgmma reads of it (async proxy). The writer
-// fences before it arrives on the stage's full barrier.
-__device__ __forceinline__ void fence_generic_to_async() {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+// Orders the gather loader's cp.async writes of a stage (generic proxy)
+// before the consumer's wgmma reads of it (async proxy); the stage's full
+// barrier, which the copies arrive on, has been waited for.
+template <class Cfg>
+__device__ __forceinline__ void gathered_stage_fence() {
+  if constexpr (Cfg::kGather) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
 // The gather loader's rows of one tile (Cfg::kGather: A's row r is
-// a[sorted_to_flat[r] / top_k], which no box of rows describes). The
-// producer warpgroup's second warp copies each row with its own TMA box of
-// one row (`map`: a over [tokens, K], box 64 x 1, 128-byte swizzle). TMA
-// swizzles by the destination's address, so a row landing at r * 128 of a
-// 1 KB-aligned tile takes the pattern of row r % 8, the layout a box of many
-// rows writes. Lane l owns tile rows l, l + 32, ...; it reads their tokens
-// again for each stage (a_source_row: L1 hits) rather than holding them,
-// which a tile of 256 rows could not in the producer's 56 registers. Rows
-// that read none (-1, or reported) are zeroed by their lane's stores. Per
-// stage: lane 0 expects the bytes of the tile's valid rows on the full
-// barrier, each lane issues its rows' boxes, fences its zero rows and
-// arrives (the barrier counts the loader's 32 lanes): 4 boxes a lane per
-// stage for a 128-row tile.
-template <class Cfg, int kChunks>
+// a[sorted_to_flat[r] / top_k], which no TMA map describes). The producer
+// warpgroup's second warp copies them with cp.async, 16 bytes a lane and
+// copy, into the layout TMA writes (the row tile K-major, 128 bytes a row,
+// 16-byte unit u of row r at u ^ (r % 8): the 128-byte swizzle on 1 KB
+// aligned tiles), and each lane arrives on the stage's full barrier when its
+// copies have landed (cp.async.mbarrier.arrive.noinc: the barrier counts the
+// loader's 32 lanes). Lane l holds the source rows of tile rows l, l + 32, ...
+// (a_source_row, read once per tile); each copy's row comes by shuffle.
+template <class Cfg, int kTileRows, int kChunks>
 struct GatheredRows {
-  long long row0 = 0;
-  int rows = 0, valid = 0;
+  static constexpr int kHeld = kTileRows / 32;
+  static constexpr int kUnits = 8 * kChunks;        // 16-byte units of a row per k-block (64 bf16 a chunk)
+  static constexpr int kRowsPerCopy = 32 / kUnits;  // rows one warp-wide copy covers
+  static_assert(kTileRows % 32 == 0 && 32 % kUnits == 0, "whole warps of rows and units");
+  int source[kHeld];  // a token index fits int32 (tokens * top_k does: the host checks)
+  int rows = 0;
 
-  __device__ void start_tile(const kjit_grouped_gemm_params& p, long long first_row, int tile_rows) {
-    row0 = first_row;
+  __device__ void start_tile(const kjit_grouped_gemm_params& p, long long row0, int tile_rows) {
+    const int lane = threadIdx.x % 32;
     rows = tile_rows;
-    valid = 0;
-    for (int base = 0; base < rows; base += 32) {
-      const int r = base + threadIdx.x % 32;
-      valid += __popc(__ballot_sync(0xffffffffu, r < rows && a_source_row<Cfg>(p, row0 + r) >= 0));
+#pragma unroll
+    for (int j = 0; j < kHeld; ++j) {
+      const int r = lane + 32 * j;
+      source[j] = r < rows ? static_cast<int>(a_source_row<Cfg>(p, row0 + r)) : -1;
     }
   }
 
-  // Copies k-block [k0, k0 + 64 kChunks) of the tile's rows into `tile`
-  // (chunk c of row r at tile + c * chunk_bytes + r * 128) and arrives on
-  // `full`. Columns past K come zero-filled from the map's bounds.
-  __device__ void copy(const kjit_grouped_gemm_params& p, const kjit_tensor_map* map, unsigned char* tile,
-                       int chunk_bytes, int k0, unsigned long long* full) const {
-    namespace ptx = cuda::ptx;
-    if (threadIdx.x % 32 == 0 && valid > 0)
-      asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(
-                       static_cast<unsigned>(__cvta_generic_to_shared(full))),
-                   "r"(static_cast<unsigned>(valid * kChunks * 128))
-                   : "memory");
-    __syncwarp();
-    bool zeroed = false;
-    for (int r = threadIdx.x % 32; r < rows; r += 32) {
-      const int token = static_cast<int>(a_source_row<Cfg>(p, row0 + r));
-      if (token >= 0) {
+  // Copies k-block [k0, k0 + 64 kChunks) of the tile's rows into `tile` (chunk
+  // c of row r at tile + c * chunk_bytes + r * 128) and arrives on `full`.
+  // Columns past K and rows that read none are zero-filled: the weights' TMA
+  // zero-fills past K too, and zeros times zeros keep every sum finite.
+  __device__ void copy(const kjit_grouped_gemm_params& p, unsigned char* tile, int chunk_bytes, long long k0,
+                       unsigned long long* full) const {
+    const int lane = threadIdx.x % 32;
+    const int unit = lane % kUnits, chunk = unit / 8, u = unit % 8;
+    const long long column = k0 + chunk * 64 + u * 8;
+    const bool column_ok = column < Cfg::kK;
+    const unsigned char* a = static_cast<const unsigned char*>(p.a);
+    const unsigned destination = static_cast<unsigned>(__cvta_generic_to_shared(tile + chunk * chunk_bytes));
 #pragma unroll
-        for (int c = 0; c < kChunks; ++c) {
-          const int coords[2] = {k0 + 64 * c, token};
-          ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, tile + c * chunk_bytes + r * 128, map,
-                                    coords, full);
+    for (int j = 0; j < kHeld; ++j) {
+      if (32 * j >= rows) break;  // the same for every lane
+#pragma unroll 1  // unrolled, the copies spill the producer warpgroup's 56 registers (tiles of 256 rows)
+      for (int i = 0; i < 32 / kRowsPerCopy; ++i) {
+        const int r = 32 * j + i * kRowsPerCopy + lane / kUnits;
+        const int from = __shfl_sync(0xffffffffu, source[j], r % 32);
+        if (r < rows) {
+          const bool ok = column_ok && from >= 0;
+          const unsigned char* src = a + (ok ? (static_cast<long long>(from) * Cfg::kK + column) * 2 : 0);
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(destination + r * 128 + ((u ^ (r % 8)) * 16)),
+                       "l"(src), "r"(ok ? 16 : 0)
+                       : "memory");
         }
-      } else {
-#pragma unroll
-        for (int c = 0; c < kChunks; ++c)
-#pragma unroll
-          for (int u = 0; u < 8; ++u)
-            *reinterpret_cast<uint4*>(tile + c * chunk_bytes + r * 128 + u * 16) = make_uint4(0u, 0u, 0u, 0u);
-        zeroed = true;
       }
     }
-    if (zeroed) fence_generic_to_async();
-    (void)ptx::mbarrier_arrive(full);  // release: this lane's zero rows and its boxes' issue precede it
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(
+                     static_cast<unsigned>(__cvta_generic_to_shared(full)))
+                 : "memory");
   }
 };
 
@@ -205,6 +203,7 @@ __device__ __forceinline__ void mainloop(float (&acc)[kRegs], unsigned char* til
   for (int kb = 0; kb < Cfg::kKBlocks; ++kb, ++it) {
     const unsigned s = it % Cfg::kStages;
     mbarrier_wait(&full[s], (it / Cfg::kStages) & 1);
+    gathered_stage_fence<Cfg>();
     const unsigned char* stage = tiles + s * Cfg::kStageBytes;
     const unsigned long long a_desc = operand_descriptor<Cfg::kOperandAMnMajor>(stage + a_offset);
     const unsigned long long b_desc = operand_descriptor<Cfg::kOperandBMnMajor>(stage + b_offset);

@@ -273,9 +273,9 @@ __device__ __forceinline__ void swap_ab_producer(const kjit_grouped_gemm_sm90_pa
 
 // The gather loader warp (Cfg::kGather): follows the tile queue and the
 // stages as the producer thread does and fills each stage's row tile from
-// the tile's rows of `a` through sorted_to_flat (GatheredRows: a TMA box a
-// row and 64 k; kRowChunks tiles of 64 k side by side). A block of a pair
-// gathers its own copy of the pair's rows.
+// the tile's rows of `a` through sorted_to_flat (GatheredRows; kRowChunks
+// tiles of 64 k side by side). A block of a pair gathers its own copy of the
+// pair's rows (cp.async has no multicast).
 template <class Cfg>
 __device__ __forceinline__ void swap_ab_gather_loader(const kjit_grouped_gemm_sm90_params& p, unsigned char* tiles,
                                                       unsigned long long* full, unsigned long long* empty,
@@ -283,7 +283,7 @@ __device__ __forceinline__ void swap_ab_gather_loader(const kjit_grouped_gemm_sm
   const TileQueue<Cfg> queue(after_barriers);
   SwapAbTileWalker<Cfg> walk{&p.gemm, cluster_rank<Cfg>()};
   SwapAbTile tile;
-  GatheredRows<Cfg, Cfg::kRowChunks> rows;
+  GatheredRows<Cfg, Cfg::kBM, Cfg::kRowChunks> rows;
   unsigned it = 0;
   for (unsigned i = 0;; ++i) {
     const unsigned long long t = queue.read(i);
@@ -294,8 +294,8 @@ __device__ __forceinline__ void swap_ab_gather_loader(const kjit_grouped_gemm_sm
     for (int kb = 0; kb < Cfg::kKBlocks; ++kb, ++it) {
       const unsigned s = it % Cfg::kStages;
       mbarrier_wait(&empty[s], ((it / Cfg::kStages) & 1) ^ 1);
-      rows.copy(p.gemm, &p.a_map, tiles + s * Cfg::kStageBytes + Cfg::kWTileBytes, Cfg::kBM * 128, kb * Cfg::kBK,
-                &full[s]);
+      rows.copy(p.gemm, tiles + s * Cfg::kStageBytes + Cfg::kWTileBytes, Cfg::kBM * 128,
+                static_cast<long long>(kb) * Cfg::kBK, &full[s]);
     }
   }
 }

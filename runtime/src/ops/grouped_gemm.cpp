@@ -181,14 +181,6 @@ Expected<void> encode_swap_ab_row_maps(const DriverApi& api, int64_t k, kjit_gro
   return encode_tensor_map(api, p.a_wide_map, kBf16, p.gemm.a, 2, a_dims, a_strides, wide_box, "A");
 }
 
-Expected<void> encode_gather_row_map(const DriverApi& api, int64_t k, kjit_grouped_gemm_sm90_params& p) {
-  if (p.gemm.gather_tokens == 0) return {};  // every row reads zeros: the kernel issues no box
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(p.gemm.gather_tokens)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k) * 2};
-  const cuuint32_t box[2] = {KJIT_SM90_K_BLOCK, 1};
-  return encode_tensor_map(api, p.a_map, kBf16, p.gemm.a, 2, dims, strides, box, "A (tokens, one row a box)");
-}
-
 namespace {
 
 Expected<void> encode_sm90_maps(const DriverApi& api, const codegen::GroupedGemmSpec& s,
@@ -203,7 +195,7 @@ Expected<void> encode_sm90_maps(const DriverApi& api, const codegen::GroupedGemm
   const bool swap_ab = s.kernel == codegen::GemmKernel::wgmma_sm90_swap_ab;
   const bool along_n = s.cluster_axis == codegen::ClusterAxis::n;
   if (s.gather) {
-    KJIT_TRY(encode_gather_row_map(api, s.k, p));  // the loader warp's boxes of one token row
+    // The kernel's loader warp copies A's rows itself (no map).
   } else if (swap_ab) {
     KJIT_TRY(encode_swap_ab_row_maps(api, s.k, p));
   } else {

@@ -180,10 +180,7 @@ Expected<void> grouped_gemm_mixed(Runtime& runtime, const kjit_grouped_gemm_desc
     const DriverApi& api = **runtime.driver();
     ScopedContext scope(api, device->context);
     KJIT_TRY(scope.status());
-    if (spec.gather)
-      KJIT_TRY(encode_gather_row_map(api, spec.k, sm90.sm90));
-    else
-      KJIT_TRY(encode_swap_ab_row_maps(api, spec.k, sm90.sm90));
+    if (!spec.gather) KJIT_TRY(encode_swap_ab_row_maps(api, spec.k, sm90.sm90));  // gather: the loader warp's
     KJIT_TRY(encode_weight_map(api, spec, sm90.sm90));
     if (sm90.sm90.gemm.tile_counter != nullptr) KJIT_TRY(zero_tile_counter(api, sm90.sm90.gemm.tile_counter, stream));
   }

@@ -53,8 +53,6 @@ Expected<void> prepare_grouped_gemm_mixed(Runtime& runtime, const kjit_grouped_g
 
 // The swap-AB kernels' maps of bf16 rows A [total_rows, K] (boxes of 64 k x 32 rows, and x 128: a_wide_map).
 Expected<void> encode_swap_ab_row_maps(const DriverApi& api, int64_t k, kjit_grouped_gemm_sm90_params& params);
-// With gather: a_map over the tokens [gather_tokens, K], a box of one row and 64 k (none without tokens).
-Expected<void> encode_gather_row_map(const DriverApi& api, int64_t k, kjit_grouped_gemm_sm90_params& params);
 
 struct GroupedGemmPlan {
   codegen::GroupedGemmSpec problem;  // no configuration yet: that depends on the device
