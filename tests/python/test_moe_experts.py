@@ -415,7 +415,11 @@ def test_prepare_loads_every_kernel_forward_can_pick_up_to_max_tokens(monkeypatc
     gemms = calls.named("prepare_grouped_gemm")
     sets = {("w8a8" if a[0].dtype == e4m3 else "w4a16" if a[1].dtype == u8 else
              "w8a16" if a[1].dtype == e4m3 else "bf16") for a, _ in gemms}
-    assert sets == gemm_sets and len(gemms) == 2 * len(gemm_sets)  # gate_up and down of each
+    # gate_up and down of each set; the bf16-activation sets' gate_up also gathering (batches of at most
+    # GATHER_MAX_ROWS rows: one token here) beside reading a copy (the larger batches).
+    bf16_activation_sets = gemm_sets - {"w8a8"}
+    assert sets == gemm_sets and len(gemms) == 2 * len(gemm_sets) + len(bf16_activation_sets)
+    assert len([k for _, k in gemms if k.get("gather") is not None]) == len(bf16_activation_sets)
     assert len(calls.named("prepare_quantize_fp8")) == ("w8a8" in gemm_sets)
     assert {a[3].dtype for a, _ in calls.named("prepare_moe_combine")} == {bf16, f32}
     assert {k["out_dtype"] for _, k in calls.named("moe_activation")} == \
@@ -469,7 +473,8 @@ def test_a_block_using_the_module_compiles_with_no_graph_break(activation_contra
 
 
 def test_a_dynamic_token_count_compiles_one_graph_per_kernel_set(activation_contract):
-    """Engines compile with the batch dimension dynamic: W8A16 and W8A8 are the only shape guard."""
+    """Engines compile with the batch dimension dynamic: the gate_up GEMM's gather (up to GATHER_MAX_ROWS routed
+    rows) and W8A16 against W8A8 are the only shape guards."""
     graphs = []
 
     def recording_backend(gm, example_inputs):
@@ -480,13 +485,13 @@ def test_a_dynamic_token_count_compiles_one_graph_per_kernel_set(activation_cont
     with FakeTensorMode():
         block = torch.compile(Block(module("fp8_block", device="cuda", experts=4, experts_total=8, expert_base=4),
                                     8, 2), backend=recording_backend, fullgraph=True, dynamic=True)
-        for tokens in (8, 33, 300, 700):  # 16, 66, 600 rows: W8A16; 1400 rows: W8A8
+        for tokens in (8, 33, 300, 700):  # 16 rows: W8A16 gathering; 66, 600 rows: W8A16; 1400 rows: W8A8
             assert block(torch.empty(tokens, 256, dtype=bf16, device="cuda")).shape == (tokens, 256)
-    assert len(graphs) == 2
+    assert len(graphs) == 3
     # The ops called (dynamic=True also lifts grouped_gemm's float keyword defaults into graph inputs).
     gemms = [{str(n.target) for n in g.graph.nodes if n.op == "call_function" and "grouped_gemm" in str(n.target)}
              for g in graphs]
-    assert gemms == [{"kjit.grouped_gemm_w8a16_"}, {"kjit.grouped_gemm_fp8_"}]
+    assert gemms == [{"kjit.grouped_gemm_w8a16_"}, {"kjit.grouped_gemm_w8a16_"}, {"kjit.grouped_gemm_fp8_"}]
 
 
 def test_the_module_traces_through_aot_autograd(activation_contract):

@@ -35,6 +35,12 @@ SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = 1.702, 7.0  # gpt-oss's
 # guess from docs/benchmarks.md (W8A16 is 0.69-0.80x the bf16 GEMM at prefill,
 # W8A8 1.3x); to be measured per GPU (tools/bench/bench_moe_layer.py).
 DEFAULT_W8A8_MIN_ROWS = 1024
+# Routed rows up to which the gate_up GEMM gathers the tokens' rows in its own
+# loads (kjit.grouped_gemm(gather=...)) instead of reading a gathered copy:
+# measured on an H100 (docs/benchmarks.md, bench_gemm_gather.py) the gather
+# gains 1.0-1.8x at 1 to 16 tokens and loses from 512 (its one loader warp
+# issues the rows' copies more slowly than the tensor cores consume them).
+GATHER_MAX_ROWS = 64
 
 _FP8 = ("float8_e4m3fn", "float8_e5m2")
 _FP8_BLOCK = 128  # the FP8 GEMMs' only scale block
@@ -473,22 +479,25 @@ class MoEExperts(torch.nn.Module):
         return kjit.moe_combine(y, topk_weights, flat_to_sorted.view(tokens, top_k), out=out, out_dtype=out_dtype)
 
     def _experts_bf16_activations(self, hidden, ends, sorted_to_flat, top_k: int, kernels: str):
-        """bf16 activations through both GEMMs (bf16, W8A16, W4A16): the
-        gate_up GEMM reads the tokens' rows in expert order through
-        sorted_to_flat itself (no [T * k, H] gathered copy); rows past the
-        routed ones (-1) read zeros and are never computed, and an index the
-        routing did not write is bounds-checked by the kernel (reported, read
-        as zeros)."""
+        """bf16 activations through both GEMMs (bf16, W8A16, W4A16): up to
+        GATHER_MAX_ROWS routed rows the gate_up GEMM reads the tokens' rows in
+        expert order through sorted_to_flat itself (no [T * k, H] gathered
+        copy; an index the routing did not write is bounds-checked by the
+        kernel, reported and read as zeros); above, it reads the rows gathered
+        by torch (clamped both ways, so the index never leaves hidden). Rows
+        past the routed ones (-1) are never computed."""
         rows = sorted_to_flat.shape[0]
-        gather = (sorted_to_flat, top_k)
-        hidden = hidden.contiguous()  # the gather reads rows K apart (a copy only for row-strided views)
+        if rows <= GATHER_MAX_ROWS:
+            a, gather = hidden.contiguous(), (sorted_to_flat, top_k)  # the gather reads rows K apart
+        else:
+            a, gather = hidden[(sorted_to_flat.clamp(min=0, max=rows - 1) // top_k).long()], None
         row_experts = self._row_experts(ends, rows) if self.gate_up_bias is not None or self.down_bias is not None \
             else None
         if self.fused_activation:
-            h = kjit.grouped_gemm(hidden, self.gate_up_weight, ends, offsets_convention=_OFFSETS, gather=gather,
+            h = kjit.grouped_gemm(a, self.gate_up_weight, ends, offsets_convention=_OFFSETS, gather=gather,
                                   **self._weight_args("gate_up", kernels), **self._fused_activation_args())
         else:
-            h = kjit.grouped_gemm(hidden, self.gate_up_weight, ends, offsets_convention=_OFFSETS, gather=gather,
+            h = kjit.grouped_gemm(a, self.gate_up_weight, ends, offsets_convention=_OFFSETS, gather=gather,
                                   out_dtype=self._gemm_out_dtype(self.gate_up_bias),
                                   **self._weight_args("gate_up", kernels))
             h = self._add_bias(h, self.gate_up_bias, row_experts)
@@ -535,8 +544,10 @@ class MoEExperts(torch.nn.Module):
         kjit.prepare_moe_routing(ids, self.experts_total, expert_base=self.expert_base,
                                  experts_local=self.experts_local, offsets_convention=_OFFSETS)
         # kernels_for is monotone in the row count: the smallest and the largest batch name every kernel set.
+        # The gate_up GEMM gathers up to GATHER_MAX_ROWS routed rows and reads a gathered copy above.
+        gathering = {rows <= GATHER_MAX_ROWS for rows in (top_k, max_tokens * top_k)}
         for kernels in sorted({self.kernels_for(1, top_k), self.kernels_for(max_tokens, top_k)}):
-            self._prepare_kernels(kernels, device, top_k)
+            self._prepare_kernels(kernels, device, top_k, gathering)
         expert_out = torch.zeros(top_k, self.hidden_size, dtype=torch.bfloat16, device=device)
         weights = torch.zeros(1, top_k, dtype=torch.float32, device=device)
         flat_to_sorted = torch.arange(top_k, dtype=torch.int32, device=device)
@@ -544,7 +555,7 @@ class MoEExperts(torch.nn.Module):
             out = torch.empty(1, self.hidden_size, dtype=dtype, device=device)
             kjit.prepare_moe_combine(expert_out, weights, flat_to_sorted, out)
 
-    def _prepare_kernels(self, kernels: str, device, top_k: int) -> None:
+    def _prepare_kernels(self, kernels: str, device, top_k: int, gathering: set) -> None:
         h, i, e = self.hidden_size, self.intermediate_size, self.experts_local
         ends = torch.full((e,), top_k, dtype=torch.int32, device=device)  # every row in the last expert
         a_dtype = torch.float8_e4m3fn if kernels == "w8a8" else torch.bfloat16
@@ -558,19 +569,22 @@ class MoEExperts(torch.nn.Module):
             kjit.prepare_quantize_fp8(x, a, a_scale, gather=gather)
             scales = {"gate_up": a_scale,
                       "down": torch.zeros(top_k, i // _FP8_BLOCK, dtype=torch.float32, device=device)}
-        # bf16 activations: the gate_up GEMM gathers the tokens' rows itself (a gathering kernel).
-        gathers = {"gate_up": (torch.arange(top_k, dtype=torch.int32, device=device), top_k)} \
-            if kernels != "w8a8" else {}
-        if gathers:
-            a = torch.zeros(1, h, dtype=a_dtype, device=device)
-        for which, w, a_in, n, bias in (("gate_up", self.gate_up_weight, a, 2 * i, self.gate_up_bias),
-                                        ("down", self.down_weight, h_in, h, self.down_bias)):
+        # bf16 activations: the gate_up GEMM gathering the tokens' rows itself (small batches), or not.
+        gemms = [("gate_up", self.gate_up_weight, a, 2 * i, self.gate_up_bias, None),
+                 ("down", self.down_weight, h_in, h, self.down_bias, None)]
+        if kernels != "w8a8" and True in gathering:
+            gather = (torch.arange(top_k, dtype=torch.int32, device=device), top_k)
+            gemms.append(("gate_up", self.gate_up_weight, torch.zeros(1, h, dtype=a_dtype, device=device), 2 * i,
+                          self.gate_up_bias, gather))
+            if False not in gathering:
+                del gemms[0]
+        for which, w, a_in, n, bias, gather in gemms:
             fused = which == "gate_up" and self.fused_activation
             out = torch.empty(top_k, i if fused else n, dtype=self._gemm_out_dtype(bias) or torch.bfloat16,
                               device=device)
             args = self._weight_args(which, kernels) | (self._fused_activation_args() if fused else {})
             kjit.prepare_grouped_gemm(a_in, w, ends, out, offsets_convention=_OFFSETS, a_scale=scales.get(which),
-                                      gather=gathers.get(which), **args)
+                                      gather=gather, **args)
         if not self.fused_activation:
             # One eager call loads the activation's kernel (a launch outside a capture may load; prepare then
             # has nothing left to do for it).
