@@ -25,42 +25,19 @@ namespace kjit {
 //    bits from 22 up are then 2 * (E + 127) + m, and the code 2 * (E + 1) + m,
 //    saturated to 7 (6.0; infinity's bits give 258).
 // Ties: 0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4.
-__device__ __forceinline__ unsigned int encode_e2m1_satfinite(float f) {
-  const unsigned int bits = __float_as_uint(f);
-  const unsigned int magnitude = bits & 0x7fffffffu;
-  const unsigned int below_one = __float_as_uint(__fmaf_rn(__uint_as_float(magnitude), 2.0f, 0x1p23f)) - 0x4B000000u;
-  const unsigned int rounded = magnitude + 0x1FFFFFu + ((magnitude >> 22) & 1u);
-  const unsigned int code = magnitude < 0x3f800000u ? below_one : min((rounded >> 22) - 252u, 7u);
-  return magnitude > 0x7f800000u ? 0u : ((bits >> 28) & 0x8u) | code;  // NaN has no code
+// encode_e2m1_of_magnitude is the code of a non-negative y without its sign
+// and NaN handling (3-bit code).
+__device__ __forceinline__ unsigned int encode_e2m1_of_magnitude(float y) {  // y >= +0 (not -0), not NaN
+  const unsigned int bits = __float_as_uint(y);
+  const unsigned int below_one = __float_as_uint(__fmaf_rn(y, 2.0f, 0x1p23f)) - 0x4B000000u;
+  const unsigned int rounded = bits + 0x1FFFFFu + ((bits >> 22) & 1u);
+  return bits < 0x3f800000u ? below_one : min((rounded >> 22) - 252u, 7u);
 }
 
-// encode_e2m1_satfinite in fewer operations, for a finite y that lies more
-// than 2^-24 from the two ties below 1 (0.25, 0.75) unless exactly on one:
-// s = y * 2^-126 moves e2m1's subnormal boundary (1.0) onto fp32's (2^-126),
-// where fp32's subnormal step 2^-149 is y's step 2^-23, so one rounding of
-// s's bits at bit 22 covers both ranges (the same rounding as above; the code
-// is then bits 22 and up). For |y| >= 1 the multiply is exact. Below 1 it
-// rounds y to a multiple of 2^-23 first: that second rounding can only differ
-// from rounding y itself when it moves y onto or across a tie, i.e. when y is
-// within 2^-24 of 0.25 or 0.75 and not on it. For NVFP4's fast path
-// (nvfp4_codes), which makes sure of that with `tie_gap`: 0 when s's bits
-// below bit 22 are within 16 of half (0x200000), i.e. s is within 16 of its
-// last places of a rounding tie of this encoder ("near"), else non-zero (the
-// caller takes the minimum over a chunk). Those ties are exactly e2m1's
-// boundaries: for |y| >= 1 (s normal, its ulps y's) the fractions .25 and
-// .75 of a binade (1.25, 1.75, 2.5, 3.5, 5, and 7 past saturation,
-// harmlessly); below 1 (s subnormal, linear: one unit is 2^-23 of y, at least
-// 2 of y's ulps there) 0.25 and 0.75. Zero, tiny values and infinity are
-// never near. A y that is not near is more than 15.5 * 2^-23 from 0.25 and
-// 0.75, which keeps the condition above.
-// The sign of zero survives the underflow.
-__device__ __forceinline__ unsigned int encode_e2m1_clear_of_ties(float y, unsigned int& tie_gap) {
-  const unsigned int bits = __float_as_uint(__fmul_rn(y, 0x1p-126f));
-  const unsigned int magnitude = bits & 0x7fffffffu;
-  // (magnitude + 16 - 0x200000) mod 2^22 in [0, 31] <=> near; bits above 21 masked off.
-  tie_gap = (magnitude + (16u - 0x200000u)) & 0x3FFFE0u;
-  const unsigned int rounded = magnitude + 0x1FFFFFu + ((magnitude >> 22) & 1u);
-  return ((bits >> 28) & 0x8u) | min(rounded >> 22, 7u);
+__device__ __forceinline__ unsigned int encode_e2m1_satfinite(float f) {
+  const unsigned int bits = __float_as_uint(f);
+  const unsigned int code = encode_e2m1_of_magnitude(fabsf(f));
+  return (bits & 0x7fffffffu) > 0x7f800000u ? 0u : ((bits >> 28) & 0x8u) | code;  // NaN has no code
 }
 
 // MXFP4's codes, two at a time. For the block's scale byte s (E = s - 127),
@@ -71,7 +48,7 @@ __device__ __forceinline__ unsigned int encode_e2m1_clear_of_ties(float y, unsig
 // nibble): y = x / 2^E is below 8 in magnitude (the OCP scale rule), so y *
 // 2^-14 is an f16 whose 10-bit significand holds bf16's 8 exactly for |y| >=
 // 2^-3 (smaller y may round, to code 0 either way), and f16's subnormal step
-// 2^-24 is y's 2^-10: like encode_e2m1_clear_of_ties one level down, rounding
+// 2^-24 is y's 2^-10: fp32's subnormal boundary moved onto e2m1's, so rounding
 // the f16 bits at bit 9 to nearest even gives 2 * (E + 1) + m for |y| >= 1 and
 // round(2y) below, saturated to 7, in 16-bit lanes (no carry crosses a lane:
 // every lane is below 0x1100). Checked against encode_e2m1_satfinite(x / 2^E)
@@ -96,6 +73,22 @@ __device__ __forceinline__ float bf16_over_6(float a) {
   constexpr float kSixth = 1.0f / 6.0f;
   const float q0 = __fmul_rn(a, kSixth);
   return __fmaf_rn(__fmaf_rn(-q0, 6.0f, a), kSixth, q0);
+}
+
+// RN(a / d) for a finite a >= 0 from r = RN(1 / d), with no division and no
+// branch: q0 = RN(a r) is within 1.5 ulp of a / d, one residual correction
+// (a - d q0 in one fma, times r, added in another) makes it faithful, and a
+// second gives the correctly rounded quotient (Markstein's theorem: q faithful
+// and r within half an ulp of 1 / d make RN(q + (a - d q) r) = RN(a / d)).
+// The theorem needs no overflow and exact residuals: the caller keeps a r
+// below 2^100 and r in [2^-126, 2^96], which leaves the quotient exact
+// whenever it is 2^-90 or more (a residual underflows only for a far below d,
+// where the quotient is tiny either way). nvfp4_codes relies on it; CPU
+// check: every finite bf16 a against 3000 scales d, the e2m1 codes equal.
+__device__ __forceinline__ float quotient_from_reciprocal(float a, float d, float r) {
+  const float q0 = __fmul_rn(a, r);
+  const float q1 = __fmaf_rn(__fmaf_rn(-q0, d, a), r, q0);
+  return __fmaf_rn(__fmaf_rn(-q1, d, a), r, q1);
 }
 
 // Round two floats to nearest-even e5m2, saturating finite values beyond

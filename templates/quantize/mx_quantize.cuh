@@ -168,40 +168,30 @@ __device__ __forceinline__ void finalize_global_scale(const kjit_mx_quantize_par
 
 // NVFP4's 8 codes of one chunk, e2m1(RN(x / d)) as quantize_nvfp4_block
 // states, with one reciprocal per block instead of an IEEE division per
-// element: q = RN(x * r), r = RN(1 / d), and q's code, unless q lies near an
-// e2m1 rounding boundary, where the chunk takes the exact path (__fdiv_rn).
-//
-// Why q's code is z's, z = RN(x / d), off the boundaries. With u = 2^-24:
-// r = (1 / d)(1 + e1) and q = x r (1 + e2), |e1|, |e2| <= u, when 1 / d and
-// x r are normal fp32 (r's range is checked below: not finite or not normal
-// -> exact path); z = (x / d)(1 + e3), |e3| <= u. So |q - z| <= (3u +
-// u^2)|x / d| < 3.000001 u |q|, and for |q| in [2^e, 2^(e+1)) that is below
-// 3.000001 ulp(q) (ulp(q) = 2^(e-23) > u |q|). The encoder flags q near
-// (encode_e2m1_clear_of_ties' tie_gap 0) within 16 of its ulps of a boundary b (|q| >= 1)
-// or within 15.5 * 2^-23 of 0.25 or 0.75 (|q| < 1: at least 31 of q's ulps,
-// which are 2^-24 or less there). A q not near therefore has z strictly on
-// the same side of every b and z != b: both round to the same code, ties
-// included (a tie needs z == b exactly); and the encoder's own condition (no
-// y within 2^-24 of 0.25, 0.75 but off it) holds. When x r underflows (|q| <
-// 2^-126) the relative bound fails, but then |z| < 0.25 too and both are code
-// 0 with x's sign; when it overflows, q = inf and |z| >= FLT_MAX (1 - 3u):
-// both saturate.
+// element: RN(|x| / d) = quotient_from_reciprocal(|x|, d, RN(1 / d)) exactly
+// (never -0), x's sign put back on the code (that keeps -0's; every x is
+// finite here: a block holding NaN or inf never gets here).
+// No branch per element: an earlier fast path that fell back to __fdiv_rn
+// for the chunk whenever an approximate quotient lay near an e2m1 rounding
+// boundary fell back on ~4% of real chunks (bf16 x over d built from e4m3 and
+// a bf16-derived global scale often divides to a boundary or 1 ulp from it),
+// and its branch made most warps run both paths. The block falls back only
+// where the corrections' range (see quotient_from_reciprocal) is not met: r
+// outside [2^-126, 2^96] or amax r above 2^100, i.e. global scales that are
+// extreme for the data (the same for both lanes of a block).
 template <class Cfg>
-__device__ __forceinline__ unsigned int nvfp4_codes(const unsigned int (&words)[4], float d) {
+__device__ __forceinline__ unsigned int nvfp4_codes(const unsigned int (&words)[4], float d, float amax) {
   const float r = __frcp_rn(d);
-  const float r_magnitude = fabsf(r);
-  const bool r_normal = r_magnitude >= 0x1p-126f && r_magnitude <= 0x1.fffffep127f;  // NaN fails too
-  unsigned int codes = 0, tie_gap = ~0u;  // 0 once an element is near a boundary
+  unsigned int codes = 0;
+  if (r >= 0x1p-126f && r <= 0x1p96f && __fmul_rn(amax, r) <= 0x1p100f) {  // NaN r fails too
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    unsigned int gap_low, gap_high;
-    const unsigned int low = encode_e2m1_clear_of_ties(__fmul_rn(bf16_low(words[i]), r), gap_low);
-    const unsigned int high = encode_e2m1_clear_of_ties(__fmul_rn(bf16_high(words[i]), r), gap_high);
-    tie_gap = min(tie_gap, min(gap_low, gap_high));
-    codes |= (low | high << 4) << (8 * i);
-  }
-  if (tie_gap == 0 || !r_normal) {  // about 1 in 16000 random chunks; every chunk of a block whose r is not normal
-    codes = 0;
+    for (int i = 0; i < 4; ++i) {
+      const unsigned int low = encode_e2m1_of_magnitude(quotient_from_reciprocal(fabsf(bf16_low(words[i])), d, r));
+      const unsigned int high = encode_e2m1_of_magnitude(quotient_from_reciprocal(fabsf(bf16_high(words[i])), d, r));
+      const unsigned int signs = ((words[i] >> 12) & 0x8u) | ((words[i] >> 24) & 0x80u);  // bf16 sign bits 15, 31
+      codes |= (low | high << 4 | signs) << (8 * i);
+    }
+  } else {
 #pragma unroll
     for (int i = 0; i < 4; ++i)
       codes |= (encode_e2m1_satfinite(__fdiv_rn(bf16_low(words[i]), d)) |
@@ -230,7 +220,7 @@ __device__ __forceinline__ uint2 encode_chunk(const uint4& x, unsigned int magni
     scale = encode_e4m3fn_satfinite(Cfg::kDivide ? __fmul_rn(per_block, global) : __fdiv_rn(per_block, global));
     const float d = Cfg::kDivide ? __fdiv_rn(decode_e4m3fn(scale), global) : __fmul_rn(decode_e4m3fn(scale), global);
     if (d == 0.0f) return codes;
-    codes.x = nvfp4_codes<Cfg>(words, d);
+    codes.x = nvfp4_codes<Cfg>(words, d, __uint_as_float(magnitude << 16));
   } else {
     if (magnitude >= 0x7f80u) {
       scale = 0xFFu;

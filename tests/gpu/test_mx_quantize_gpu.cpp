@@ -261,17 +261,18 @@ TEST_CASE("rounding ties go to the even code and values past the format's max sa
   CHECK(differences(nv, expected(p)) == 0);
 }
 
-// NVFP4 codes come from q = x * (1 / d) except near an e2m1 rounding boundary,
-// where the kernel divides (nvfp4_codes). Here every element lands on or
-// within a few fp32 ulps of a boundary of its block: expert e's global scale
-// is g = 1 + (e - 24) * 2^-23, a block of row r holds amax 6 * 2^m and the
-// boundaries +-{0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5} * 2^m (m = r - 6, all
-// exact in bf16), so its scale decodes to 2^m and d = 2^m * g (MULTIPLY) or
-// 2^m / g (DIVIDE): x / d is the boundary itself (e = 24) or |e - 24| * 1 to
-// 2 of its ulps away, inside the kernel's 16-ulp margin and past it. Two more
-// experts: a global scale of 2^-130 (MULTIPLY: d an fp32 subnormal whose
-// reciprocal overflows, so every chunk divides) and 1.5 * 2^127 (DIVIDE: d
-// subnormal, its reciprocal normal), with the same boundaries times g or 1 / g.
+// NVFP4 codes come from x * (1 / d) corrected to RN(x / d) (nvfp4_codes); an
+// uncorrected product errs exactly near e2m1 rounding boundaries, so here
+// every element lands on or within a few fp32 ulps of a boundary of its
+// block: expert e's global scale is g = 1 + (e - 24) * 2^-23, a block of row r
+// holds amax 6 * 2^m and the boundaries +-{0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5}
+// * 2^m (m = r - 6, all exact in bf16), so its scale decodes to 2^m and d =
+// 2^m * g (MULTIPLY) or 2^m / g (DIVIDE): x / d is the boundary itself (e =
+// 24) or |e - 24| * 1 to 2 of its ulps away, where one ulp decides the code.
+// Two more experts: a global scale of 2^-130 (MULTIPLY: d an fp32 subnormal
+// whose reciprocal overflows) and 1.5 * 2^127 (DIVIDE: d subnormal, its
+// reciprocal normal but above 2^96), where every block divides, with the same
+// boundaries times g or 1 / g.
 TEST_CASE("NVFP4 is bit-exact on and within a few ulps of every e2m1 boundary (the reciprocal's exact path)") {
   const std::vector<float> boundaries{0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
   for (auto convention : {KJIT_SCALE_MULTIPLY, KJIT_SCALE_DIVIDE}) {
