@@ -242,6 +242,22 @@ inline void check_gather_equals_copy(const kjit_grouped_gemm_desc& g, DeviceBuff
   CHECK(got == want);
 }
 
+// check_gather_equals_copy on every row tile of the mixed-input GEMMs (the
+// heuristic's, then 32, 64, 128 forced) and on the portable kernel forced;
+// the forced tiles only where they exist (`hopper`).
+inline void check_gather_on_mixed_paths(kjit_grouped_gemm_desc g, DeviceBuffer& out, const GatheredA& a, bool hopper) {
+  for (int tile_m : {0, 32, 64, 128}) {
+    for (auto kernel : {KJIT_GEMM_KERNEL_AUTO, KJIT_GEMM_KERNEL_PORTABLE}) {
+      if (kernel == KJIT_GEMM_KERNEL_AUTO && tile_m != 0 && !hopper) continue;
+      CAPTURE(tile_m);
+      CAPTURE(kernel);
+      g.kernel = kernel;
+      g.tile_m = tile_m;
+      check_gather_equals_copy(g, out, a);
+    }
+  }
+}
+
 // The bytes of `out` in [from, to) that are none of DeviceBuffer::poison's.
 inline int64_t touched_bytes(const std::vector<uint8_t>& out, size_t from, size_t to) {
   int64_t touched = 0;

@@ -461,17 +461,7 @@ TEST_CASE("a gathered A (sorted_to_flat) gives the bytes of the W8A16 GEMM on th
   const auto d = mixed_inputs(c);
   MixedBuffers b(c, d);
   const GatheredA a(c.rows(), c.k, 8);
-  for (int tile_m : {0, 32, 64, 128}) {
-    for (auto kernel : {KJIT_GEMM_KERNEL_AUTO, KJIT_GEMM_KERNEL_PORTABLE}) {
-      if (kernel == KJIT_GEMM_KERNEL_AUTO && tile_m != 0 && !is_hopper()) continue;
-      CAPTURE(tile_m);
-      CAPTURE(kernel);
-      auto g = b.desc(c);
-      g.kernel = kernel;
-      g.tile_m = tile_m;
-      check_gather_equals_copy(g, b.out, a);
-    }
-  }
+  check_gather_on_mixed_paths(b.desc(c), b.out, a, is_hopper());
 }
 
 TEST_CASE("the portable kernel forced on the same GPU agrees with the default kernel on a multi-wave problem") {

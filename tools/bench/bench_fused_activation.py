@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 import kjit
-from timing import event_time, interleaved
+from timing import calibrated_timer, interleaved
 
 MODELS = {  # experts, hidden, intermediate, top_k
     "qwen3-30b-a3b": (128, 2048, 768, 8),
@@ -40,11 +40,6 @@ def routed_rows(tokens, experts, top_k):
     ids = torch.randn(tokens, experts, device="cuda").topk(top_k, dim=1).indices.to(torch.int32)
     _, ends, _, _ = kjit.moe_routing(ids, experts, offsets_convention="cumulative_end")
     return ends
-
-
-def calibrated_timer(fns, seconds):
-    iters = {fn: max(5, min(2000, int(seconds / event_time(fn, iters=3, warmup=1)))) for fn in fns}
-    return lambda fn: event_time(fn, iters=iters[fn])
 
 
 def main():

@@ -21,7 +21,7 @@ import sys
 import torch
 
 import kjit
-from timing import event_time, interleaved
+from timing import calibrated_timer, interleaved
 
 MODELS = {  # experts, hidden, intermediate, top_k
     "qwen3-30b-a3b": (128, 2048, 768, 8),
@@ -42,11 +42,6 @@ def weights(kind, experts, n, k):
     w = torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, device="cuda")
     scale = torch.randint(120, 124, (experts, n, k // 32), dtype=torch.uint8, device="cuda")
     return w, {"w_scale": scale, "w_format": "mxfp4"}
-
-
-def calibrated_timer(fns, seconds):
-    iters = {fn: max(5, min(2000, int(seconds / event_time(fn, iters=3, warmup=1)))) for fn in fns}
-    return lambda fn: event_time(fn, iters=iters[fn])
 
 
 def main():

@@ -43,7 +43,7 @@ import torch.nn.functional as F
 import kjit
 from kjit.torch import MoEExperts
 from gemm_problem import FP8_BLOCK, fp8_block_weights
-from timing import event_time, interleaved
+from timing import calibrated_timer, interleaved
 
 MODELS = {  # experts (local, all routed over), hidden, intermediate, top_k
     "qwen3-30b-a3b": (128, 2048, 768, 8),
@@ -178,13 +178,6 @@ class Layer:
 
 def relative_error(out, ref):
     return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
-
-
-def calibrated_timer(fns, seconds):
-    """A timer (fn -> seconds per call) that runs each function for about
-    `seconds` per timing: the iteration count comes from one short timing."""
-    iters = {fn: max(5, min(2000, int(seconds / event_time(fn, iters=3, warmup=1)))) for fn in fns}
-    return lambda fn: event_time(fn, iters=iters[fn])
 
 
 def main():

@@ -33,6 +33,13 @@ def event_time(fn, iters=50, warmup=5):
     return start.elapsed_time(end) * 1e-3 / iters
 
 
+def calibrated_timer(fns, seconds):
+    """A timer (fn -> seconds per call) that runs each function for about
+    `seconds` per timing: the iteration count comes from one short timing."""
+    iters = {fn: max(5, min(2000, int(seconds / event_time(fn, iters=3, warmup=1)))) for fn in fns}
+    return lambda fn: event_time(fn, iters=iters[fn])
+
+
 def interleaved(fns, rounds, rep=200, timer=None):
     """Medians over `rounds` alternating timings of each function, in seconds.
     The kernels run at the power cap, where the clock drifts with temperature
