@@ -176,7 +176,7 @@ std::string Family<GroupedGemmMixedSpec>::canonical(const GroupedGemmMixedSpec& 
                      : g.weight_scale == ScaleGranularity::per_block ? std::string("per_block:128x128")
                                                                      : std::string(name(g.weight_scale));
   return fmt::format(
-      "grouped_gemm_mixed a=bf16 b={}/{}/{} out={} n={} k={} experts={} weights={} offsets={} row_scale={}{}{}{}",
+      "grouped_gemm_mixed a=bf16 b={}/{}/{} out={} n={} k={} experts={} weights={} offsets={} row_scale={}{}{}{}{}",
       name(g.weight), scale, name(g.scale_convention), name(g.out), g.n, g.k, g.experts, name(g.weights),
       name(g.offsets), g.row_scale,
       g.activation != Activation::none ? fmt::format(" activation={}", name(g.activation)) : std::string(),
