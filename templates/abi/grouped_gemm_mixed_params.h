@@ -24,7 +24,8 @@ struct kjit_grouped_gemm_mixed_params {
  * kernel's; b_map over the weight bytes: fp8 [E, N, K] in boxes of 128 codes
  * x 128 rows and [E, K, N] in boxes of 128 codes x 128 k-rows, both with a
  * 128-byte swizzle; FP4 [E, N, K / 2] in boxes of 64 bytes x 128 rows with a
- * 64-byte swizzle), then the scales. */
+ * 64-byte swizzle; the converter kernel's [E, N, K] in boxes of 64 k, 64 codes or 32 bytes of FP4 pairs, x 128
+ * rows, unswizzled), then the scales. */
 struct kjit_grouped_gemm_mixed_sm90_params {
   struct kjit_grouped_gemm_sm90_params sm90;
   const float* b_scales;

@@ -395,6 +395,243 @@ __device__ __forceinline__ void mixed_consumer(const kjit_grouped_gemm_mixed_sm9
   }
 }
 
+// ------------------------------------------------------------------------
+// The converter kernel: converter warps write bf16 weight tiles into shared
+// memory; the consumers are the bf16 swap-AB kernel's.
+//
+// Why: converting in the consumer warpgroups (above) cannot overlap a
+// warpgroup's own wgmmas (ptxas serialises them, mixed_mainloop says why),
+// so at prefill the tensor cores wait for every conversion. Here the
+// producer warpgroup's idle warps convert each stage's fp8 (or FP4) tile as
+// it lands, the same conversion to the same bits, into a bf16 tile in the
+// layout TMA gives the bf16 kernel; the consumer warpgroups then run
+// grouped_gemm_sm90_swap_ab.cuh's k-loop and epilogue unchanged, with row
+// tiles up to 256 (no A fragments to hold), and the conversion of stage s + 1
+// runs beside the wgmmas of stage s.
+//
+// A stage: the landing tile (128 rows x 64 codes, or 32 bytes of FP4 pairs,
+// as TMA brings them: unswizzled rows), the row tile (K-major, 128-byte
+// swizzle), the bf16 weight tile (128 rows x 64 k, 128-byte swizzle). A
+// stage's `converted` barrier (after the tile queue) completes when every
+// converter lane has written its part; the consumers wait for it after the
+// full barrier. The converters need no barrier of their own before
+// overwriting a bf16 tile: a stage is refilled (and its full barrier
+// completes again) only after the consumers have released it.
+template <class Problem, int kBM_, int kStages_, template <int> class Mma_>
+struct GroupedGemmMixedConverterConfig : Problem {
+  using Problem::kK, Problem::kN;
+  static constexpr int kBM = kBM_;  // the tallest row tile
+  static constexpr int kBN = 128;   // weight rows (output columns) per block: 64 per consumer warpgroup
+  static constexpr int kStages = kStages_, kCluster = 1;
+  static constexpr int kRowStep = KJIT_SWAP_AB_ROW_BOX;
+  static constexpr int kWideRows = KJIT_SWAP_AB_WIDE_ROW_BOX;
+  template <int kRows>
+  using Mma = Mma_<kRows>;  // the generated wgmma m64n<kRows>k16 bf16 wrappers, both operands in shared memory
+  static constexpr int kBK = KJIT_SM90_K_BLOCK;
+  static constexpr int kConsumers = kBN / 64;
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr int kWTileBytes = kBN * (Problem::kFp4 ? kBK / 2 : kBK);  // the landing tile
+  static constexpr int kRowBoxBytes = kRowStep * kBK * 2;
+  static constexpr int kRowChunks = 1;
+  static constexpr int kWeightOperandOffset = kWTileBytes + kBM * kBK * 2;  // the bf16 weight tile
+  static constexpr int kStageBytes = kWeightOperandOffset + kBN * kBK * 2;
+  static constexpr bool kOperandAMnMajor = false, kOperandBMnMajor = false;
+  static constexpr long long kNTiles = (kN + kBN - 1) / kBN;
+  static constexpr long long kNClusterTiles = kNTiles;
+  static constexpr bool kColumnsMasked = kN % kBN != 0;
+  static constexpr int kKBlocks = static_cast<int>((kK + kBK - 1) / kBK);
+  static constexpr int kScratchBytes = kConsumers * 32 * 64 * 2;
+  static constexpr int kQueueSlots = 4;
+  static constexpr int kQueueBytes = kQueueSlots * 24;
+  // Stages, alignment slack, two mbarriers per stage, scratch, queue, a
+  // converted barrier per stage (codegen's grouped_gemm_mixed_shared_bytes
+  // computes the same; the generated code checks).
+  static constexpr int kSharedBytes =
+      kStages * kStageBytes + 1024 + 16 * kStages + kScratchBytes + kQueueBytes + 8 * kStages;
+  // The registers a block holds (168 a thread under launch bounds of 384)
+  // move from the producer warpgroup to the consumers: 88 + 2 x 208 = 3 x 168.
+  // The converters' units and scales spill under 56; the consumers need no
+  // fragments (tile_m / 2 accumulators).
+  static constexpr int kProducerRegisters = 88, kConsumerRegisters = 208;
+  static constexpr int kLoaderWarps = Problem::kGather ? 1 : 0;  // a gathered row tile: swap_ab_gather_loader
+  static constexpr int kConverterWarps = 3 - kLoaderWarps;       // the rest of the producer warpgroup
+  static_assert(!Problem::kWeightsKN, "the converter kernel reads [E, N, K] weights");
+  static_assert(kBM % kRowStep == 0 && kBM >= kRowStep && kBM <= 256, "wgmma N is at most 256");
+  static_assert(kWTileBytes % 1024 == 0 && kStageBytes % 1024 == 0, "every operand tile starts on a swizzle period");
+};
+
+template <class Cfg>
+__device__ __forceinline__ unsigned long long* converted_barriers(unsigned char* after_barriers) {
+  return reinterpret_cast<unsigned long long*>(after_barriers + Cfg::kScratchBytes + Cfg::kQueueBytes);
+}
+
+__device__ __forceinline__ void store_shared_v4(unsigned address, unsigned a, unsigned b, unsigned c, unsigned d) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(address), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+
+// One converter thread's share of a stage: 16-byte units of the landing tile
+// (16 fp8 codes, or 32 FP4 elements, of one row) u = thread, thread +
+// kThreads, ...; a row's units are consecutive, so 8 lanes read 128
+// contiguous bytes. The scales of those units are read before the stage is
+// waited for.
+template <class Cfg>
+struct ConverterShare {
+  static constexpr int kUnitsPerRow = Cfg::kFp4 ? Cfg::kBK / 32 : Cfg::kBK / 16;
+  static constexpr int kUnits = Cfg::kBN * kUnitsPerRow;
+  static constexpr int kThreads = 32 * Cfg::kConverterWarps;
+  static constexpr int kPerThread = (kUnits + kThreads - 1) / kThreads;
+  // fp8: one multiplier per unit (its row's, or the tile's 128 x 128 block's);
+  // FP4: a unit's scale bytes (NVFP4: two groups of 16, MXFP4: one of 32).
+  static constexpr bool kPerRow =
+      Cfg::kFp4 || Cfg::kScale == MixedScale::row || Cfg::kBlockScaleRows != BlockScaleRows::stored;
+  float multiplier[kPerRow && !Cfg::kFp4 ? kPerThread : 1];
+  unsigned scale_bytes[Cfg::kFp4 ? kPerThread : 1];
+  float global = 1.0f;  // NVFP4's, per expert
+  int thread;
+
+  __device__ explicit ConverterShare(int converter_thread) : thread(converter_thread) {}
+  __device__ int unit(int i) const { return thread + kThreads * i; }
+
+  __device__ void start_tile(const kjit_grouped_gemm_mixed_sm90_params& p, int expert, int n0) {
+    if constexpr (Cfg::kScale == MixedScale::nvfp4) {
+      global = p.b_global_scales[expert];
+      if constexpr (Cfg::kDivide) global = __frcp_rn(global);
+    } else if constexpr (Cfg::kScale == MixedScale::tensor) {
+      multiplier[0] = weight_multiplier<Cfg>(p.b_scales, expert, 0, 0);
+    } else if constexpr (Cfg::kScale == MixedScale::row) {
+#pragma unroll
+      for (int i = 0; i < kPerThread; ++i)
+        multiplier[i] = unit(i) < kUnits ? weight_multiplier<Cfg>(p.b_scales, expert, n0 + unit(i) / kUnitsPerRow, 0)
+                                         : 0.0f;
+    }
+  }
+
+  __device__ void start_k_block(const kjit_grouped_gemm_mixed_sm90_params& p, int expert, int n0, long long k0) {
+    if constexpr (Cfg::kFp4) {
+#pragma unroll
+      for (int i = 0; i < kPerThread; ++i) {
+        scale_bytes[i] = 0u;  // rows past N and units past K: their codes are TMA's zero fill
+        const long long row = n0 + unit(i) / kUnitsPerRow;
+        const long long first = k0 + 32 * (unit(i) % kUnitsPerRow);  // the unit's first element
+        if (unit(i) >= kUnits || row >= Cfg::kStoredRows || first >= Cfg::kK) continue;
+        const unsigned char* run =
+            p.b_block_scales + (expert * Cfg::kStoredRows + row) * Cfg::kGroupsPerRow + first / Cfg::kGroup;
+        // NVFP4: two bytes, 2-byte aligned (K / 16 and first / 16 are even).
+        scale_bytes[i] = Cfg::kScale == MixedScale::nvfp4 ? __ldg(reinterpret_cast<const unsigned short*>(run))
+                                                          : __ldg(run);
+      }
+    } else if constexpr (Cfg::kScale == MixedScale::block && kPerRow) {
+      // A fused activation: each row finds its checkpoint row's block.
+#pragma unroll
+      for (int i = 0; i < kPerThread; ++i)
+        multiplier[i] = unit(i) < kUnits ? weight_multiplier<Cfg>(p.b_scales, expert, n0 + unit(i) / kUnitsPerRow, k0)
+                                         : 0.0f;
+    } else if constexpr (Cfg::kScale == MixedScale::block) {
+      multiplier[0] = weight_multiplier<Cfg>(p.b_scales, expert, n0, k0);  // the tile's 128 rows, one block
+    }
+  }
+
+  // Converts the share's units of `landing` into the bf16 tile `out` (row r's
+  // 16-byte unit u at r * 128 + 16 (u ^ (r % 8)): TMA's 128-byte swizzle).
+  __device__ void convert(const unsigned char* landing, unsigned char* out) const {
+    const unsigned from = static_cast<unsigned>(__cvta_generic_to_shared(landing));
+    const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(out));
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int u = unit(i);
+      if (u >= kUnits) break;
+      const int row = u / kUnitsPerRow, part = u % kUnitsPerRow;
+      const uint4 v = load_shared_v4(from + 16 * u);
+      const unsigned words[4] = {v.x, v.y, v.z, v.w};
+      const unsigned row_base = to + row * 128;
+      if constexpr (Cfg::kFp4) {
+        // 32 elements: four 16-byte bf16 units, each from one word (8 nibbles, 4 of each pair order).
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          const unsigned byte = Cfg::kScale == MixedScale::nvfp4 ? (scale_bytes[i] >> (8 * (w / 2))) & 0xFFu
+                                                                  : scale_bytes[i];
+          const unsigned scale = group_scale_bf16x2<Cfg::kScale>(byte);
+          unsigned b[4];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            unsigned first, second;
+            e2m1x4_to_bf16x2x2(words[w] >> (16 * h), first, second);
+            b[2 * h] = apply_global<Cfg::kScale>(mul_bf16x2(first, scale), global);
+            b[2 * h + 1] = apply_global<Cfg::kScale>(mul_bf16x2(second, scale), global);
+          }
+          store_shared_v4(row_base + 16 * ((4 * part + w) ^ (row % 8)), b[0], b[1], b[2], b[3]);
+        }
+      } else {
+        const float m = multiplier[kPerRow ? i : 0];
+        unsigned b[8];
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          b[2 * w] = convert_weight_pair<Cfg>(static_cast<unsigned short>(words[w] & 0xFFFFu), m, m);
+          b[2 * w + 1] = convert_weight_pair<Cfg>(static_cast<unsigned short>(words[w] >> 16), m, m);
+        }
+        store_shared_v4(row_base + 16 * ((2 * part) ^ (row % 8)), b[0], b[1], b[2], b[3]);
+        store_shared_v4(row_base + 16 * ((2 * part + 1) ^ (row % 8)), b[4], b[5], b[6], b[7]);
+      }
+    }
+  }
+};
+
+// A converter warp (`index` of Cfg::kConverterWarps): follows the tile queue
+// and the stages as the producer thread does; converts each stage's landing
+// tile once it is full, then makes its writes visible to wgmma (the async
+// proxy) and arrives on the stage's converted barrier.
+template <class Cfg>
+__device__ __forceinline__ void weight_converter(const kjit_grouped_gemm_mixed_sm90_params& p, unsigned char* tiles,
+                                                 unsigned long long* full, unsigned char* after_barriers, int index) {
+  const int lane = threadIdx.x % 32;
+  const TileQueue<Cfg> queue(after_barriers);
+  unsigned long long* converted = converted_barriers<Cfg>(after_barriers);
+  SwapAbTileWalker<Cfg> walk{&p.sm90.gemm, 0};
+  SwapAbTile tile;
+  ConverterShare<Cfg> share(32 * index + lane);
+  unsigned it = 0;
+  for (unsigned i = 0;; ++i) {
+    const unsigned long long t = queue.read(i);
+    __syncwarp();
+    if (lane == 0) queue.release(i);
+    if (!walk.seek(static_cast<long long>(t), tile)) break;
+    share.start_tile(p, tile.expert, tile.n0);
+    for (int kb = 0; kb < Cfg::kKBlocks; ++kb, ++it) {
+      share.start_k_block(p, tile.expert, tile.n0, static_cast<long long>(kb) * Cfg::kBK);
+      const unsigned s = it % Cfg::kStages;
+      mbarrier_wait(&full[s], (it / Cfg::kStages) & 1);
+      unsigned char* stage = tiles + s * Cfg::kStageBytes;
+      share.convert(stage, stage + Cfg::kWeightOperandOffset);
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      (void)cuda::ptx::mbarrier_arrive(&converted[s]);
+    }
+  }
+}
+
+template <class Cfg>
+__device__ __forceinline__ void grouped_gemm_mixed_sm90_converter(const kjit_grouped_gemm_mixed_sm90_params& p) {
+  warp_specialized_gemm<Cfg>(
+      p.sm90,
+      [](unsigned char* after_barriers) {
+        TileQueue<Cfg>(after_barriers).init();
+        for (int s = 0; s < Cfg::kStages; ++s)
+          cuda::ptx::mbarrier_init(&converted_barriers<Cfg>(after_barriers)[s], 32 * Cfg::kConverterWarps);
+      },
+      [&](unsigned char* tiles, unsigned long long* full, unsigned long long* empty, unsigned char* after_barriers) {
+        swap_ab_producer<Cfg, Fp8WeightTileCopy>(p.sm90, tiles, full, empty, after_barriers);
+      },
+      [&](unsigned char* tiles, unsigned long long* full, unsigned long long* empty, unsigned char* after_barriers) {
+        const int warp = threadIdx.x % 128 / 32;  // 1 .. 3
+        if (Cfg::kLoaderWarps > 0 && warp == 1)
+          swap_ab_gather_loader<Cfg>(p.sm90, tiles, full, empty, after_barriers);
+        else
+          weight_converter<Cfg>(p, tiles, full, after_barriers, warp - 1 - Cfg::kLoaderWarps);
+      },
+      [&](unsigned char* tiles, unsigned long long* full, unsigned long long* empty, unsigned char* after_barriers) {
+        swap_ab_consumer<Cfg>(p.sm90, tiles, full, empty, after_barriers, converted_barriers<Cfg>(after_barriers));
+      });
+}
+
 template <class Cfg>
 __device__ __forceinline__ void grouped_gemm_mixed_sm90(const kjit_grouped_gemm_mixed_sm90_params& p) {
   warp_specialized_gemm<Cfg>(

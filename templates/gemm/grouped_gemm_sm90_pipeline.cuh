@@ -8,8 +8,22 @@
 #include "grouped_gemm_common.cuh"
 
 #include <cuda/ptx>
+#include <cuda/std/type_traits>
 
 namespace kjit {
+
+// Warps of the producer warpgroup that convert stage tiles for the consumers
+// (Cfg::kConverterWarps: the W8A16 / W4A16 converter kernel,
+// grouped_gemm_mixed_sm90.cuh); 0 for a Cfg that names none.
+template <class Cfg, class = void>
+struct ConverterWarps : cuda::std::integral_constant<int, 0> {};
+template <class Cfg>
+struct ConverterWarps<Cfg, cuda::std::void_t<decltype(Cfg::kConverterWarps)>>
+    : cuda::std::integral_constant<int, Cfg::kConverterWarps> {};
+template <class Cfg>
+__host__ __device__ constexpr int converter_warps() {
+  return ConverterWarps<Cfg>::value;
+}
 
 __device__ __forceinline__ void mbarrier_wait(unsigned long long* bar, unsigned phase) {
   while (!cuda::ptx::mbarrier_try_wait_parity(bar, phase)) {
@@ -194,15 +208,18 @@ struct GatheredRows {
 // One tile's k-loop for one consumer warpgroup: wgmma m64 x kRegs*2, reading
 // wgmma's A operand from `a_offset` bytes into each stage and its B operand
 // from `b_offset` bytes. `it` counts k-blocks over all tiles (stage and phase).
+// With converter warps (converter_warps<Cfg>()), a stage is ready once they
+// have also arrived on its `converted` barrier.
 template <class Cfg, class Mma, int kRegs>
 __device__ __forceinline__ void mainloop(float (&acc)[kRegs], unsigned char* tiles, unsigned long long* full,
                                          unsigned long long* empty, unsigned a_offset, unsigned b_offset,
-                                         unsigned& it) {
+                                         unsigned& it, unsigned long long* converted = nullptr) {
   const int lane = threadIdx.x % 32;
   unsigned previous = 0;
   for (int kb = 0; kb < Cfg::kKBlocks; ++kb, ++it) {
     const unsigned s = it % Cfg::kStages;
     mbarrier_wait(&full[s], (it / Cfg::kStages) & 1);
+    if constexpr (converter_warps<Cfg>() > 0) mbarrier_wait(&converted[s], (it / Cfg::kStages) & 1);
     gathered_stage_fence<Cfg>();
     const unsigned char* stage = tiles + s * Cfg::kStageBytes;
     const unsigned long long a_desc = operand_descriptor<Cfg::kOperandAMnMajor>(stage + a_offset);
@@ -251,9 +268,10 @@ __device__ __forceinline__ void drain(unsigned long long* full, unsigned long lo
 // stages (1 KB aligned for the swizzle) and their mbarriers, then splits the
 // block: the last warpgroup produces (one thread issues the copies; with
 // Cfg::kLoaderWarps = 1 its second warp runs `load`, which fills each stage
-// with what TMA cannot copy, every lane arriving on the stage's full barrier),
-// the others consume. Cfg provides kStages, kStageBytes, kConsumers, kCluster,
-// kLoaderWarps and the register split. The consumers also get where the
+// with what TMA cannot copy, every lane arriving on the stage's full barrier;
+// the converter warps after it run `load` too), the others consume. Cfg
+// provides kStages, kStageBytes, kConsumers, kCluster, kLoaderWarps, optionally
+// kConverterWarps, and the register split. The consumers also get where the
 // barriers end (a kernel's own shared memory after them), and `init` (run by
 // thread 0 before the cluster-wide sync) initialises whatever barriers live
 // there.
@@ -261,6 +279,7 @@ template <class Cfg, class Params, class Init, class Producer, class Loader, cla
 __device__ __forceinline__ void warp_specialized_gemm(const Params& p, Init init, Producer produce, Loader load,
                                                       Consumer consume) {
   static_assert(Cfg::kLoaderWarps == 0 || Cfg::kLoaderWarps == 1, "the producer warpgroup's second warp at most");
+  static_assert(Cfg::kLoaderWarps + converter_warps<Cfg>() <= 3, "beside the producer thread's warp");
   if (!offsets_valid<Cfg>(p.gemm)) return;
 
   extern __shared__ __align__(1024) unsigned char kjit_dynamic_smem[];
@@ -297,7 +316,7 @@ __device__ __forceinline__ void warp_specialized_gemm(const Params& p, Init init
     unsigned char* after_barriers = reinterpret_cast<unsigned char*>(empty + Cfg::kStages);
     if (threadIdx.x % 128 == 0)
       produce(tiles, full, empty, after_barriers);
-    else if (Cfg::kLoaderWarps > 0 && threadIdx.x % 128 / 32 == 1)
+    else if (const int warp = threadIdx.x % 128 / 32; warp >= 1 && warp <= Cfg::kLoaderWarps + converter_warps<Cfg>())
       load(tiles, full, empty, after_barriers);
   } else {
     if constexpr (Cfg::kConsumers > 1) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Cfg::kConsumerRegisters));

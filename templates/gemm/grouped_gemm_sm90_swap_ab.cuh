@@ -59,6 +59,7 @@ struct GroupedGemmSwapAbConfig : Problem {
   static constexpr int kRowBoxBytes = kRowStep * kBK * 2;
   static constexpr int kRowChunks = 1;  // the row tile is one swizzle row (64 k) wide
   static constexpr int kStageBytes = kWTileBytes + kBM * kBK * 2;
+  static constexpr int kWeightOperandOffset = 0;  // wgmma's A operand opens the stage (swap_ab_tile)
   // wgmma's A operand is the weight tile (N-major for [E, K, N]), B the rows.
   static constexpr bool kOperandAMnMajor = Problem::kWeightsKN, kOperandBMnMajor = false;
   static constexpr long long kNTiles = (kN + kBN - 1) / kBN;
@@ -141,7 +142,7 @@ struct TileQueue {
   unsigned long long* full;   // [slot]: rank 0's producer arrives once the index is in place
   unsigned long long* empty;  // [slot], rank 0's block: every reader of the cluster arrives
   unsigned long long* index;  // [slot]
-  static constexpr int kReadersPerBlock = 4 * Cfg::kConsumers + 1 + Cfg::kLoaderWarps;
+  static constexpr int kReadersPerBlock = 4 * Cfg::kConsumers + 1 + Cfg::kLoaderWarps + converter_warps<Cfg>();
 
   __device__ explicit TileQueue(unsigned char* base)
       : full(reinterpret_cast<unsigned long long*>(base + Cfg::kScratchBytes)),
@@ -489,29 +490,30 @@ __device__ __forceinline__ void swap_ab_store_activated(const kjit_grouped_gemm_
 // One tile's k-loop for one consumer warpgroup at the tile's height, the
 // smallest multiple of kRowStep holding its rows (wgmma's N is an immediate,
 // so each height is its own instantiation; the recursion is the switch over
-// them).
+// them). The weight tile (bf16, wgmma's A) lies kWeightOperandOffset bytes
+// into each stage, the row tile kWTileBytes; `converted` as mainloop's.
 template <class Cfg, int kRows = Cfg::kRowStep>
-__device__ __forceinline__ void swap_ab_tile(const kjit_grouped_gemm_sm90_params& p, const SwapAbTile& tile,
-                                             float (&acc)[Cfg::kBM / 2], unsigned char* tiles,
-                                             unsigned long long* full, unsigned long long* empty,
-                                             unsigned& it) {
+__device__ __forceinline__ void swap_ab_tile(const SwapAbTile& tile, float (&acc)[Cfg::kBM / 2], unsigned char* tiles,
+                                             unsigned long long* full, unsigned long long* empty, unsigned& it,
+                                             unsigned long long* converted) {
   if constexpr (kRows < Cfg::kBM) {
     if (tile.rows > kRows) {
-      swap_ab_tile<Cfg, kRows + Cfg::kRowStep>(p, tile, acc, tiles, full, empty, it);
+      swap_ab_tile<Cfg, kRows + Cfg::kRowStep>(tile, acc, tiles, full, empty, it, converted);
       return;
     }
   }
   const int consumer = threadIdx.x / 128;
   float(&part)[kRows / 2] = *reinterpret_cast<float(*)[kRows / 2]>(acc);
   // This consumer's 64 weight rows ([E, N, K]) or 64-column chunk ([E, K, N]): 8 KB either way.
-  mainloop<Cfg, typename Cfg::template Mma<kRows>, kRows / 2>(part, tiles, full, empty, consumer * 64 * 128,
-                                                              Cfg::kWTileBytes, it);
+  mainloop<Cfg, typename Cfg::template Mma<kRows>, kRows / 2>(
+      part, tiles, full, empty, Cfg::kWeightOperandOffset + consumer * 64 * 128, Cfg::kWTileBytes, it, converted);
 }
 
 template <class Cfg>
 __device__ __forceinline__ void swap_ab_consumer(const kjit_grouped_gemm_sm90_params& p, unsigned char* tiles,
                                                  unsigned long long* full, unsigned long long* empty,
-                                                 unsigned char* after_barriers) {
+                                                 unsigned char* after_barriers,
+                                                 unsigned long long* converted = nullptr) {
   float acc[Cfg::kBM / 2];
   const TileQueue<Cfg> queue(after_barriers);
   SwapAbTileWalker<Cfg> walk{&p.gemm, cluster_rank<Cfg>()};
@@ -522,7 +524,7 @@ __device__ __forceinline__ void swap_ab_consumer(const kjit_grouped_gemm_sm90_pa
     __syncwarp();
     if (threadIdx.x % 32 == 0) queue.release(i);
     if (!walk.seek(static_cast<long long>(t), tile)) break;
-    swap_ab_tile<Cfg>(p, tile, acc, tiles, full, empty, it);
+    swap_ab_tile<Cfg>(tile, acc, tiles, full, empty, it, converted);
     if constexpr (Cfg::kFusedActivation)
       swap_ab_store_activated<Cfg>(p.gemm, acc, tile, tile.n0 + threadIdx.x / 128 * 64, after_barriers,
                                    (tile.rows + 31) / 32);

@@ -242,19 +242,42 @@ inline void check_gather_equals_copy(const kjit_grouped_gemm_desc& g, DeviceBuff
   CHECK(got == want);
 }
 
+// A W8A16 / W4A16 kernel a test forces: kernel and row tile (0: the heuristic's).
+struct MixedKernelPath {
+  kjit_gemm_kernel kernel;
+  int32_t tile_m;
+};
+
+// The mixed-input kernels a test runs on this GPU: the default and the
+// portable one forced, and on Hopper (`hopper`) with [E, N, K] weights the
+// converter kernel forced, at its prefill row tile (256) and at 64.
+inline std::vector<MixedKernelPath> mixed_kernel_paths(bool hopper, kjit_weight_layout layout) {
+  std::vector<MixedKernelPath> paths{{KJIT_GEMM_KERNEL_AUTO, 0}, {KJIT_GEMM_KERNEL_PORTABLE, 0}};
+  if (hopper && layout == KJIT_WEIGHTS_E_N_K) {
+    paths.push_back({KJIT_GEMM_KERNEL_SM90_CONVERTER, 256});
+    paths.push_back({KJIT_GEMM_KERNEL_SM90_CONVERTER, 64});
+  }
+  return paths;
+}
+
 // check_gather_equals_copy on every row tile of the mixed-input GEMMs (the
-// heuristic's, then 32, 64, 128 forced) and on the portable kernel forced;
-// the forced tiles only where they exist (`hopper`).
+// heuristic's, then 32, 64, 128 forced, and the converter kernel's 64 and
+// 256) and on the portable kernel forced; the forced tiles only where they
+// exist (`hopper`).
 inline void check_gather_on_mixed_paths(kjit_grouped_gemm_desc g, DeviceBuffer& out, const GatheredA& a, bool hopper) {
-  for (int tile_m : {0, 32, 64, 128}) {
-    for (auto kernel : {KJIT_GEMM_KERNEL_AUTO, KJIT_GEMM_KERNEL_PORTABLE}) {
-      if (kernel == KJIT_GEMM_KERNEL_AUTO && tile_m != 0 && !hopper) continue;
-      CAPTURE(tile_m);
-      CAPTURE(kernel);
-      g.kernel = kernel;
-      g.tile_m = tile_m;
-      check_gather_equals_copy(g, out, a);
-    }
+  std::vector<MixedKernelPath> paths;
+  for (int32_t tile_m : {0, 32, 64, 128}) {
+    if (hopper || tile_m == 0) paths.push_back({KJIT_GEMM_KERNEL_AUTO, tile_m});
+    paths.push_back({KJIT_GEMM_KERNEL_PORTABLE, tile_m});
+  }
+  for (const auto& path : mixed_kernel_paths(hopper, KJIT_WEIGHTS_E_N_K))
+    if (path.kernel == KJIT_GEMM_KERNEL_SM90_CONVERTER) paths.push_back(path);
+  for (const auto& path : paths) {
+    CAPTURE(path.kernel);
+    CAPTURE(path.tile_m);
+    g.kernel = path.kernel;
+    g.tile_m = path.tile_m;
+    check_gather_equals_copy(g, out, a);
   }
 }
 

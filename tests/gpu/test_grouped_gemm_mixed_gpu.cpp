@@ -156,17 +156,19 @@ struct MixedBuffers {
   }
 };
 
-// Runs one case with the default kernel and the portable one forced; checks
+// Runs one case on every mixed_kernel_paths kernel; checks
 // each against the reference and that rows past the last offset keep their poison.
 void run_mixed_gemm(const MixedCase& c) {
   const auto d = mixed_inputs(c);
   const auto ref = reference(c, d);
   MixedBuffers b(c, d);
   const auto row_bytes = static_cast<size_t>(c.n * c.out_bytes());
-  for (auto kernel : {KJIT_GEMM_KERNEL_AUTO, KJIT_GEMM_KERNEL_PORTABLE}) {
-    CAPTURE(kernel);
+  for (const auto& path : mixed_kernel_paths(is_hopper(), c.layout)) {
+    CAPTURE(path.kernel);
+    CAPTURE(path.tile_m);
     auto g = b.desc(c);
-    g.kernel = kernel;
+    g.kernel = path.kernel;
+    g.tile_m = path.tile_m;
     const auto out = grouped_gemm_output(g, b.out);
     const double err = relative_error(c.out, c.n, ref, out, c.routed());
     CHECK_MESSAGE(err <= kTolerance, "relative error ", err);
@@ -208,13 +210,15 @@ struct KernelPath {
   int32_t tile_m;
 };
 
-// Every W8A16 kernel on this GPU: on Hopper the SM90 kernel in each row-tile bucket and the portable one
-// forced; elsewhere the default (portable) kernel.
+// Every W8A16 kernel on this GPU: on Hopper the SM90 kernel in each row-tile bucket, the converter kernel and
+// the portable one forced; elsewhere the default (portable) kernel.
 std::vector<KernelPath> activation_paths() {
   if (!is_hopper()) return {{"auto", KJIT_GEMM_KERNEL_AUTO, 0}};
   return {{"sm90 row tiles of 32", KJIT_GEMM_KERNEL_SM90, 32},
           {"sm90 row tiles of 64", KJIT_GEMM_KERNEL_SM90, 64},
           {"sm90 row tiles of 128", KJIT_GEMM_KERNEL_SM90, 128},
+          {"sm90 converter, row tiles of 64", KJIT_GEMM_KERNEL_SM90_CONVERTER, 64},
+          {"sm90 converter, row tiles of 256", KJIT_GEMM_KERNEL_SM90_CONVERTER, 256},
           {"portable forced", KJIT_GEMM_KERNEL_PORTABLE, 0}};
 }
 
@@ -522,10 +526,11 @@ TEST_CASE("scales of 2^8 and more convert exactly, and NaN or inf codes make exa
       {
         const auto ref = reference(c, d);
         MixedBuffers b(c, d);
-        for (auto kernel : {KJIT_GEMM_KERNEL_AUTO, KJIT_GEMM_KERNEL_PORTABLE}) {
-          CAPTURE(kernel);
+        for (const auto& path : mixed_kernel_paths(is_hopper(), layout)) {
+          CAPTURE(path.kernel);
           auto g = b.desc(c);
-          g.kernel = kernel;
+          g.kernel = path.kernel;
+          g.tile_m = path.tile_m;
           const double err = relative_error(c.out, c.n, ref, grouped_gemm_output(g, b.out), c.routed());
           CHECK_MESSAGE(err <= kTolerance, "relative error ", err);
         }
@@ -538,10 +543,11 @@ TEST_CASE("scales of 2^8 and more convert exactly, and NaN or inf codes make exa
       d.w[static_cast<size_t>((expert * (c.n * c.k / stored_cols) + stored_row) * stored_cols + stored_col)] =
           weight == KJIT_DTYPE_F8_E4M3FN ? 0x7F : 0x7C;
       MixedBuffers b(c, d);
-      for (auto kernel : {KJIT_GEMM_KERNEL_AUTO, KJIT_GEMM_KERNEL_PORTABLE}) {
-        CAPTURE(kernel);
+      for (const auto& path : mixed_kernel_paths(is_hopper(), layout)) {
+        CAPTURE(path.kernel);
         auto g = b.desc(c);
-        g.kernel = kernel;
+        g.kernel = path.kernel;
+        g.tile_m = path.tile_m;
         const auto out = grouped_gemm_output(g, b.out);
         int64_t wrong = 0;
         for (int64_t row = 0; row < c.routed(); ++row)
@@ -555,16 +561,25 @@ TEST_CASE("scales of 2^8 and more convert exactly, and NaN or inf codes make exa
     }
 }
 
-TEST_CASE("on Hopper the default kernel's output equals dequant + the bf16 swap-AB kernel of the same row tile, bit for bit") {
+TEST_CASE("on Hopper the SM90 kernels' output equals dequant + the bf16 swap-AB kernel of the same row tile, bit for "
+          "bit") {
   if (!is_hopper()) {
     MESSAGE("not a Hopper GPU: the swap-AB kernel is Hopper's");
     return;
   }
+  struct Forced {
+    kjit_gemm_kernel kernel;
+    int32_t tile_m;
+  };
   for (auto layout : {KJIT_WEIGHTS_E_N_K, KJIT_WEIGHTS_E_K_N})
     for (auto weight_scale : {KJIT_SCALE_PER_BLOCK, KJIT_SCALE_PER_ROW, KJIT_SCALE_PER_TENSOR})
-      for (int32_t tile_m : {64, 128}) {
+      for (auto [kernel, tile_m] : {Forced{KJIT_GEMM_KERNEL_AUTO, 64}, Forced{KJIT_GEMM_KERNEL_AUTO, 128},
+                                    Forced{KJIT_GEMM_KERNEL_SM90_CONVERTER, 64},
+                                    Forced{KJIT_GEMM_KERNEL_SM90_CONVERTER, 256}}) {
+        if (kernel == KJIT_GEMM_KERNEL_SM90_CONVERTER && layout != KJIT_WEIGHTS_E_N_K) continue;
         CAPTURE(layout);
         CAPTURE(weight_scale);
+        CAPTURE(kernel);
         CAPTURE(tile_m);
         MixedCase c;
         c.n = 512;
@@ -577,6 +592,7 @@ TEST_CASE("on Hopper the default kernel's output equals dequant + the bf16 swap-
         const auto d = mixed_inputs(c);
         MixedBuffers b(c, d);
         auto g = b.desc(c);
+        g.kernel = kernel;
         g.tile_m = tile_m;
         const auto mixed = grouped_gemm_output(g, b.out);
 

@@ -152,7 +152,7 @@ struct Fp4Buffers {
   }
 };
 
-// One case with the default kernel and the portable one forced, each against
+// One case on every mixed_kernel_paths kernel, each against
 // the reference; rows past the last offset keep their poison.
 void run_fp4_gemm(const Fp4Case& c) {
   const auto d = fp4_inputs(c);
@@ -162,10 +162,12 @@ void run_fp4_gemm(const Fp4Case& c) {
       c.row_scale ? std::span<const float>(d.row_scale) : std::span<const float>());
   Fp4Buffers b(c, d);
   const auto row_bytes = static_cast<size_t>(c.n * c.out_bytes());
-  for (auto kernel : {KJIT_GEMM_KERNEL_AUTO, KJIT_GEMM_KERNEL_PORTABLE}) {
-    CAPTURE(kernel);
+  for (const auto& path : mixed_kernel_paths(is_hopper(), KJIT_WEIGHTS_E_N_K)) {
+    CAPTURE(path.kernel);
+    CAPTURE(path.tile_m);
     auto g = b.desc(c);
-    g.kernel = kernel;
+    g.kernel = path.kernel;
+    g.tile_m = path.tile_m;
     const auto out = grouped_gemm_output(g, b.out);
     const double err = relative_error(c.out, c.n, ref, out, c.routed());
     CHECK_MESSAGE(err <= kTolerance, "relative error ", err);
@@ -255,10 +257,11 @@ TEST_CASE("W4A16 conversion is exact: unit-vector rows read every converted weig
   for (auto format : {KJIT_BLOCK_FORMAT_NVFP4, KJIT_BLOCK_FORMAT_MXFP4})
     for (auto convention : {KJIT_SCALE_MULTIPLY, KJIT_SCALE_DIVIDE}) {
       if (format == KJIT_BLOCK_FORMAT_MXFP4 && convention == KJIT_SCALE_DIVIDE) continue;
-      for (auto kernel : {KJIT_GEMM_KERNEL_AUTO, KJIT_GEMM_KERNEL_PORTABLE}) {
+      for (const auto& path : mixed_kernel_paths(is_hopper(), KJIT_WEIGHTS_E_N_K)) {
         CAPTURE(format);
         CAPTURE(convention);
-        CAPTURE(kernel);
+        CAPTURE(path.kernel);
+        CAPTURE(path.tile_m);
         Fp4Case c;
         c.format = format;
         c.convention = convention;
@@ -277,7 +280,8 @@ TEST_CASE("W4A16 conversion is exact: unit-vector rows read every converted weig
         d.block_scales[1] = c.nvfp4() ? 0x7E : 0xFC;
         Fp4Buffers b(c, d);
         auto g = b.desc(c);
-        g.kernel = kernel;
+        g.kernel = path.kernel;
+        g.tile_m = path.tile_m;
         const auto out = grouped_gemm_output(g, b.out);
         const auto w = weights_of(c, d);
         int64_t mismatches = 0;
@@ -316,7 +320,6 @@ TEST_CASE("W4A16 on Hopper: bit for bit the bf16 swap-AB kernel of the same row 
       c.counts = {per_expert, 0, 2 * per_expert + 1, 7};
       const auto d = fp4_inputs(c);
       Fp4Buffers b(c, d);
-      const auto fp4 = grouped_gemm_output(b.desc(c), b.out);
       // The reference's converted weights, as bf16 [E, N, K].
       const auto w = weights_of(c, d);
       std::vector<uint16_t> bf16_weights;
@@ -333,12 +336,23 @@ TEST_CASE("W4A16 on Hopper: bit for bit the bf16 swap-AB kernel of the same row 
       g.b_global_scales = nullptr;
       g.b_scale_convention = KJIT_SCALE_CONVENTION_UNSET;
       g.kernel = KJIT_GEMM_KERNEL_SM90_SWAP_AB;
-      // The W4A16 bucket's row tile: 32 up to 32 rows per expert, 64 to 64, else 128.
-      const int64_t average = c.rows() / c.experts();
-      g.tile_m = average <= 32 ? 32 : average <= 64 ? 64 : 128;
       g.tile_n = 128;
-      const auto bf16 = grouped_gemm_output(g, b.out);
-      CHECK(fp4 == bf16);
+      // The register-operand kernel at the tile its bucket picks (32 up to 32 rows per expert, 64 to 64, else
+      // 128), and the converter kernel at 64 and 256.
+      const int64_t average = c.rows() / c.experts();
+      const int32_t bucket_tile = average <= 32 ? 32 : average <= 64 ? 64 : 128;
+      for (const auto& path : {MixedKernelPath{KJIT_GEMM_KERNEL_SM90, bucket_tile},
+                               MixedKernelPath{KJIT_GEMM_KERNEL_SM90_CONVERTER, 64},
+                               MixedKernelPath{KJIT_GEMM_KERNEL_SM90_CONVERTER, 256}}) {
+        CAPTURE(path.kernel);
+        CAPTURE(path.tile_m);
+        auto f = b.desc(c);
+        f.kernel = path.kernel;
+        f.tile_m = path.tile_m;
+        const auto fp4 = grouped_gemm_output(f, b.out);
+        g.tile_m = path.tile_m;
+        CHECK(fp4 == grouped_gemm_output(g, b.out));
+      }
     }
 }
 

@@ -631,7 +631,8 @@ TEST_CASE("W4A16 grouped GEMM specs: NVFP4 and MXFP4 round-trip; [E, N, K] only,
   mx_divide.scale_convention = ScaleConvention::divide;
   CHECK_FALSE(validate(KernelSpec{mx_divide}).has_value());
   // A stage of FP4 weights is half the bytes: deeper pipelines than fp8 at the same row tile.
-  CHECK(grouped_gemm_mixed_max_stages(128, MixedWeight::nvfp4) > grouped_gemm_mixed_max_stages(128));
+  for (auto kernel : {MixedGemmKernel::wgmma_sm90, MixedGemmKernel::wgmma_sm90_converter})
+    CHECK(grouped_gemm_mixed_max_stages(kernel, 128, MixedWeight::nvfp4) > grouped_gemm_mixed_max_stages(kernel, 128));
 }
 
 TEST_CASE("W8A16 grouped GEMM specs round-trip through text and JSON; N and K must be multiples of 16, codes fp8") {
@@ -734,11 +735,13 @@ TEST_CASE("W8A16 block scales under a fused activation: gate_up_layout is in the
   CHECK_FALSE(spec_from_json(json).has_value());
 }
 
-TEST_CASE("the SM90 W8A16 GEMM renders a register-A bf16 wgmma per bucket and asks for its shared memory") {
-  // Buckets by rows per expert: <= 32, <= 64, more.
-  for (auto [rows, tile_m, stages] : {std::tuple{32 * 4, 32, 8}, {32 * 64, 64, 6}, {32 * 256, 128, 4}}) {
+TEST_CASE("the SM90 W8A16 GEMM renders a register-A bf16 wgmma per decode bucket and asks for its shared memory") {
+  // Buckets by rows per expert: <= 32, <= 64 (this kernel), more (the converter kernel, or this one when forced).
+  for (auto [rows, tile_m, stages, request] :
+       {std::tuple{32 * 4, 32, 8, GemmRequest{}}, {32 * 64, 64, 6, GemmRequest{}},
+        {32 * 256, 128, 4, GemmRequest{.kernel = GemmRequest::Kernel::sm90}}}) {
     CAPTURE(rows);
-    const auto s = *choose_grouped_gemm_mixed_config(mixed_problem(), arch("sm_90a"), rows);
+    const auto s = *choose_grouped_gemm_mixed_config(mixed_problem(), arch("sm_90a"), rows, request);
     REQUIRE(s.kernel == MixedGemmKernel::wgmma_sm90);
     CHECK((s.tile_m == tile_m && s.tile_n == 128 && s.stages == stages));
     const auto k = render(s);
@@ -753,7 +756,9 @@ TEST_CASE("the SM90 W8A16 GEMM renders a register-A bf16 wgmma per bucket and as
     CHECK(k.source.find("const unsigned (&a)[4]") != std::string::npos);
   }
   // Tiles of 160 rows and up do not fit the registers; clusters are refused.
-  REQUIRE_FALSE(choose_grouped_gemm_mixed_config(mixed_problem(), arch("sm_90a"), 100, {.tile_m = 160}).has_value());
+  REQUIRE_FALSE(choose_grouped_gemm_mixed_config(mixed_problem(), arch("sm_90a"), 100,
+                                                 {.kernel = GemmRequest::Kernel::sm90, .tile_m = 160})
+                    .has_value());
   const auto pair = choose_grouped_gemm_mixed_config(mixed_problem(), arch("sm_90a"), 100, {.cluster = 2});
   REQUIRE_FALSE(pair.has_value());
   CHECK(pair.error().code == KJIT_ERROR_UNSUPPORTED);
@@ -765,6 +770,49 @@ TEST_CASE("the SM90 W8A16 GEMM renders a register-A bf16 wgmma per bucket and as
   const auto forced = *choose_grouped_gemm_mixed_config(mixed_problem(), arch("sm_90a"), 1000,
                                                         {.kernel = GemmRequest::Kernel::portable});
   CHECK(forced.kernel == MixedGemmKernel::mma_sync);
+}
+
+TEST_CASE("the W8A16 converter kernel serves prefill: bf16 wgmma from shared memory per tile height, its stages") {
+  // Prefill (more than 64 rows per expert) on [E, N, K] weights: tiles up to 256 rows, 3 stages of the landing
+  // tile (128 x 64 codes), the row tile and the bf16 weight tile, then barriers, scratch, queue, converted barriers.
+  const auto s = *choose_grouped_gemm_mixed_config(mixed_problem(), arch("sm_90a"), 32 * 256);
+  REQUIRE(s.kernel == MixedGemmKernel::wgmma_sm90_converter);
+  CHECK((s.tile_m == 256 && s.tile_n == 128 && s.stages == 3));
+  const auto k = render(s);
+  CHECK(k.entry_point == "kjit_grouped_gemm_mixed_sm90_converter");
+  CHECK(k.threads_per_block == 384);
+  CHECK(k.dynamic_shared_bytes == 3 * (128 * 64 + 256 * 128 + 128 * 128) + 1024 + 16 * 3 + 2 * 4096 + 4 * 24 + 8 * 3);
+  for (int rows = 32; rows <= 256; rows += 32)
+    CHECK(k.source.find(fmt::format("wgmma.mma_async.sync.aligned.m64n{}k16.f32.bf16.bf16", rows)) !=
+          std::string::npos);
+  CHECK(k.source.find("const unsigned (&a)[4]") == std::string::npos);
+  // FP4 landing tiles are half as large: a deeper pipeline at the same tile.
+  auto fp4 = mixed_problem();
+  fp4.weight = MixedWeight::nvfp4;
+  fp4.scale_convention = ScaleConvention::divide;
+  const auto f = *choose_grouped_gemm_mixed_config(fp4, arch("sm_90a"), 32 * 256);
+  CHECK((f.kernel == MixedGemmKernel::wgmma_sm90_converter && f.stages == 4));
+  // Forced, it serves every bucket (64, 128, 256 rows by the bucket); [E, K, N] stays on the register kernel
+  // and refuses it.
+  const GemmRequest converter{.kernel = GemmRequest::Kernel::sm90_converter};
+  for (auto [rows, tile_m] : {std::pair{32 * 4, 64}, {32 * 64, 128}, {32 * 256, 256}}) {
+    const auto forced = *choose_grouped_gemm_mixed_config(mixed_problem(), arch("sm_90a"), rows, converter);
+    CHECK((forced.kernel == MixedGemmKernel::wgmma_sm90_converter && forced.tile_m == tile_m));
+  }
+  auto backward = mixed_problem();
+  backward.weights = WeightLayout::e_k_n;
+  const auto kn = *choose_grouped_gemm_mixed_config(backward, arch("sm_90a"), 32 * 256);
+  CHECK((kn.kernel == MixedGemmKernel::wgmma_sm90 && kn.tile_m == 128));
+  const auto refused = choose_grouped_gemm_mixed_config(backward, arch("sm_90a"), 32 * 256, converter);
+  REQUIRE_FALSE(refused.has_value());
+  CHECK(refused.error().code == KJIT_ERROR_UNSUPPORTED);
+  auto kn_spec = s;
+  kn_spec.weights = WeightLayout::e_k_n;
+  CHECK_FALSE(validate(KernelSpec{kn_spec}).has_value());
+  // Off Hopper the request is refused; the portable kernel serves the default.
+  CHECK_FALSE(choose_grouped_gemm_mixed_config(mixed_problem(), arch("sm_100a"), 32 * 256, converter).has_value());
+  CHECK(choose_grouped_gemm_mixed_config(mixed_problem(), arch("sm_100a"), 32 * 256)->kernel ==
+        MixedGemmKernel::mma_sync);
 }
 
 TEST_CASE("MX dequant specs round-trip through text and JSON; fields a format has no use for are refused") {

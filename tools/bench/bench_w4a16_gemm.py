@@ -82,6 +82,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--format", default="nvfp4", choices=["nvfp4", "mxfp4"])
+    parser.add_argument("--kernel", default="auto",
+                        help="kjit's W4A16 and W8A16 kernel (default: the arch's own; 'sm90': the register-operand "
+                        "kernel in every bucket, 'sm90_converter': the converter kernel)")
     parser.add_argument("--json", metavar="PATH", help="also write the results here")
     parser.add_argument("--rounds", type=int, default=3, help="alternating timings per shape (medians)")
     parser.add_argument("--shapes", help="comma-separated indices into the shape list (default: all): "
@@ -93,6 +96,7 @@ def main():
     decode_stack = max((E * N * K // 2 for E, K, N, M in shapes if M < DECODE_ROWS), default=0)
     copy_bw = copy_bandwidth(decode_stack) if decode_stack else None
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "format": args.format,
+              "kernel": args.kernel,
               "copy_tb_s": copy_bw / 1e12 if copy_bw else None, "copy_bytes": decode_stack or None, "rows": []}
     print(f"device: {result['device']}, torch {torch.__version__}, format {args.format}" +
           (f", D2D copy of {decode_stack / 1e6:.0f} MB: {copy_bw / 1e12:.2f} TB/s" if copy_bw else ""))
@@ -111,11 +115,12 @@ def main():
 
         def run_w4a16():
             kjit.grouped_gemm(a, w4, ends, offsets_convention="cumulative_end", out=out4, w_format=args.format,
-                              w_scale=scale4, w_global_scale=global4, w_scale_convention=convention)
+                              w_scale=scale4, w_global_scale=global4, w_scale_convention=convention,
+                              kernel=args.kernel)
 
         def run_w8a16():
             kjit.grouped_gemm(a, codes8, ends, offsets_convention="cumulative_end", out=out8, w_scale=scales8,
-                              w_block=(FP8_BLOCK, FP8_BLOCK), w_scale_convention="multiply")
+                              w_block=(FP8_BLOCK, FP8_BLOCK), w_scale_convention="multiply", kernel=args.kernel)
 
         def run_bf16():
             kjit.grouped_gemm(a, w_bf16, ends, offsets_convention="cumulative_end", out=out16)

@@ -52,7 +52,9 @@ def main():
                         + ", ".join(f"{i}: {s}" for i, s in enumerate(SHAPES)))
     parser.add_argument("--weights", default="e_n_k", choices=["e_n_k", "e_k_n"],
                         help="how the stored FP8 stack is read: [E, N, K] (forward) or [E, K, N] (backward's dX)")
-    parser.add_argument("--kernel", default="auto", help="kjit's W8A16 kernel (default: the arch's own)")
+    parser.add_argument("--kernel", default="auto",
+                        help="kjit's W8A16 kernel (default: the arch's own; 'sm90': the register-operand kernel in "
+                        "every bucket, 'sm90_converter': the converter kernel)")
     args = parser.parse_args()
 
     torch.manual_seed(0)

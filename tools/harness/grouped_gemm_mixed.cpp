@@ -21,8 +21,10 @@ namespace {
 
 // The request that makes the op pick `spec` itself, whatever the row count.
 codegen::GemmRequest pinning_request(const codegen::GroupedGemmMixedSpec& spec) {
-  return {.kernel = spec.kernel == codegen::MixedGemmKernel::wgmma_sm90 ? codegen::GemmRequest::Kernel::sm90
-                                                                        : codegen::GemmRequest::Kernel::portable,
+  using Kernel = codegen::GemmRequest::Kernel;
+  return {.kernel = spec.kernel == codegen::MixedGemmKernel::wgmma_sm90             ? Kernel::sm90
+                    : spec.kernel == codegen::MixedGemmKernel::wgmma_sm90_converter ? Kernel::sm90_converter
+                                                                                    : Kernel::portable,
           .tile_m = spec.tile_m,
           .tile_n = spec.tile_n};
 }
@@ -189,7 +191,9 @@ Expected<double> check_grouped_gemm_mixed(Runtime& runtime, DeviceState& device,
   g.workspace = reinterpret_cast<void*>(*dworkspace);
   g.workspace_bytes = kjit_grouped_gemm_workspace_bytes();
   if (spec.configured()) {
-    g.kernel = spec.kernel == codegen::MixedGemmKernel::wgmma_sm90 ? KJIT_GEMM_KERNEL_SM90 : KJIT_GEMM_KERNEL_PORTABLE;
+    g.kernel = spec.kernel == codegen::MixedGemmKernel::wgmma_sm90             ? KJIT_GEMM_KERNEL_SM90
+               : spec.kernel == codegen::MixedGemmKernel::wgmma_sm90_converter ? KJIT_GEMM_KERNEL_SM90_CONVERTER
+                                                                               : KJIT_GEMM_KERNEL_PORTABLE;
     g.tile_m = spec.tile_m;
     g.tile_n = spec.tile_n;
   }

@@ -17,13 +17,13 @@
 namespace kjit::codegen {
 
 template <>
-inline constexpr int kEnumCount<MixedGemmKernel> = 2;
+inline constexpr int kEnumCount<MixedGemmKernel> = 3;
 template <>
 inline constexpr int kEnumCount<MixedWeight> = 4;
 
 namespace {
 
-constexpr std::array kKernelNames{"mma_sync", "wgmma_sm90"};
+constexpr std::array kKernelNames{"mma_sync", "wgmma_sm90", "wgmma_sm90_converter"};
 constexpr std::array kWeightNames{"f8_e4m3fn", "f8_e5m2", "nvfp4", "mxfp4"};
 
 constexpr int kScaleBlock = 128;  // the block of PER_BLOCK weight scales (both edges)
@@ -32,6 +32,8 @@ constexpr int kPortableTileK = 32;
 constexpr int kSm90TileN = 128;     // weight rows per block: two consumer warpgroups of 64
 constexpr int kSm90KBlock = KJIT_MIXED_K_BLOCK;  // k per pipeline stage (the ABI header says why)
 constexpr int kSm90MaxRows = 128;   // the accumulator, tile_m / 2 registers, beside 32 of fragments: 256 spills
+constexpr int kConverterKBlock = KJIT_SM90_K_BLOCK;  // the converter kernel's stage: the bf16 swap-AB kernel's k-block
+constexpr int kConverterMaxRows = 256;               // wgmma's N (no fragments beside the accumulator)
 constexpr int kSm90SharedLimit = 227 * 1024;
 constexpr int kSm90MaxStages = 8;
 
@@ -107,19 +109,30 @@ Expected<void> validate_configuration(const GroupedGemmMixedSpec& s) {
                                  name(s.activation)));
     return {};
   }
-  const bool ok = s.tile_m % 32 == 0 && s.tile_m >= 32 && s.tile_m <= kSm90MaxRows && s.tile_n == kSm90TileN &&
-                  s.stages >= 2 && s.stages <= grouped_gemm_mixed_max_stages(s.tile_m, s.weight);
+  const int max_rows = s.kernel == MixedGemmKernel::wgmma_sm90 ? kSm90MaxRows : kConverterMaxRows;
+  const bool ok = s.tile_m % 32 == 0 && s.tile_m >= 32 && s.tile_m <= max_rows && s.tile_n == kSm90TileN &&
+                  s.stages >= 2 && s.stages <= grouped_gemm_mixed_max_stages(s.kernel, s.tile_m, s.weight);
   if (!ok)
-    return invalid(fmt::format("grouped_gemm_mixed {} is not supported (wgmma_sm90: tile_m 32 to {} in steps of 32, "
+    return invalid(fmt::format("grouped_gemm_mixed {} is not supported ({}: tile_m 32 to {} in steps of 32, "
                                "tile_n {}, 2 stages up to what fits in 227 KB)",
-                               tile, kSm90MaxRows, kSm90TileN));
+                               tile, name(s.kernel), max_rows, kSm90TileN));
+  if (s.kernel == MixedGemmKernel::wgmma_sm90_converter && s.weights != WeightLayout::e_n_k)
+    return invalid(fmt::format("grouped_gemm_mixed {} reads [E, N, K] weights only; [E, K, N] runs wgmma_sm90", tile));
   return {};
 }
 
-// Hopper's instruction: m64n<tile_m>k16 bf16 with the weights from registers
-// (every tile runs at the tallest height, as the FP8 kernel's).
-std::string sm90_wgmma_wrapper(const GroupedGemmMixedSpec& s) {
-  return wgmma_wrapper("struct KjitWgmmaMixed", {.n = s.tile_m, .operands = WgmmaOperands::bf16, .register_a = true});
+// Hopper's instructions: wgmma_sm90's m64n<tile_m>k16 bf16 with the weights
+// from registers (every tile runs at the tallest height, as the FP8
+// kernel's); the converter kernel's, the bf16 swap-AB kernel's m64n<rows>k16
+// from shared memory for every tile height, as KjitWgmmaRows<rows>.
+std::string sm90_wgmma_wrappers(const GroupedGemmMixedSpec& s) {
+  if (s.kernel == MixedGemmKernel::wgmma_sm90)
+    return wgmma_wrapper("struct KjitWgmmaMixed", {.n = s.tile_m, .operands = WgmmaOperands::bf16, .register_a = true});
+  std::string out = "template <int kRows>\nstruct KjitWgmmaRows;\n";
+  for (int rows = 32; rows <= s.tile_m; rows += 32)
+    out += wgmma_wrapper(fmt::format("template <>\nstruct KjitWgmmaRows<{}>", rows),
+                         {.n = rows, .operands = WgmmaOperands::bf16});
+  return out;
 }
 
 int sm90_threads(const GroupedGemmMixedSpec& s) { return 128 * (s.tile_n / 64 + 1); }
@@ -133,33 +146,46 @@ GroupedGemmMixedSpec portable_config(const GroupedGemmMixedSpec& problem) {
   return s;
 }
 
-GroupedGemmMixedSpec sm90_config(const GroupedGemmMixedSpec& problem, int tile_m) {
+GroupedGemmMixedSpec sm90_config(const GroupedGemmMixedSpec& problem, int tile_m,
+                                 MixedGemmKernel kernel = MixedGemmKernel::wgmma_sm90) {
   GroupedGemmMixedSpec s = problem;
-  s.kernel = MixedGemmKernel::wgmma_sm90;
+  s.kernel = kernel;
   s.tile_m = tile_m;
   s.tile_n = kSm90TileN;
-  s.stages = grouped_gemm_mixed_max_stages(tile_m, problem.weight);
+  s.stages = grouped_gemm_mixed_max_stages(kernel, tile_m, problem.weight);
   return s;
 }
 
 Expected<std::vector<GroupedGemmMixedSpec>> requested_configs(const GroupedGemmMixedSpec& problem,
                                                               const ArchInfo& arch, const GemmRequest& request) {
   using Kernel = GemmRequest::Kernel;
-  const bool wants_sm90 = request.kernel == Kernel::sm90 || request.kernel == Kernel::sm90_swap_ab;
+  const bool wants_sm90 = request.kernel == Kernel::sm90 || request.kernel == Kernel::sm90_swap_ab ||
+                          request.kernel == Kernel::sm90_converter;
   if (wants_sm90 && !arch.wgmma_tma)
     return fail(KJIT_ERROR_UNSUPPORTED,
-                fmt::format("the SM90 W8A16 grouped GEMM kernel runs only on sm_90a (Hopper); this device compiles "
+                fmt::format("the SM90 W8A16 grouped GEMM kernels run only on sm_90a (Hopper); this device compiles "
                             "for {}",
                             arch.target));
   if (request.cluster > 1)
     return fail(KJIT_ERROR_UNSUPPORTED, "the W8A16 grouped GEMM kernels run without clusters (cluster 0 or 1)");
+  if (request.kernel == Kernel::sm90_converter && problem.weights != WeightLayout::e_n_k)
+    return fail(KJIT_ERROR_UNSUPPORTED, "the W8A16 converter kernel reads [E, N, K] weights only; [E, K, N] runs "
+                                        "the register-operand kernel (KJIT_GEMM_KERNEL_SM90)");
   auto configs = request.kernel == Kernel::portable ? std::vector{portable_config(problem)}
                                                     : grouped_gemm_mixed_configs(problem, arch);
+  // A forced SM90 kernel serves every bucket, at its own row tile for the bucket.
+  constexpr std::array kRegisterRows{32, 64, kSm90MaxRows}, kConverterRows{64, 128, kConverterMaxRows};
+  for (size_t bucket = 0; bucket < configs.size() && is_sm90(configs[bucket].kernel); ++bucket) {
+    if (request.kernel == Kernel::sm90_converter)
+      configs[bucket] = sm90_config(problem, kConverterRows[bucket], MixedGemmKernel::wgmma_sm90_converter);
+    else if (request.kernel != Kernel::arch_default)
+      configs[bucket] = sm90_config(problem, kRegisterRows[bucket]);
+  }
   if (request.tile_m == 0 && request.tile_n == 0) return configs;
   for (auto& s : configs) {
     if (request.tile_m != 0) s.tile_m = request.tile_m;
     if (request.tile_n != 0) s.tile_n = request.tile_n;
-    if (s.kernel == MixedGemmKernel::wgmma_sm90) s.stages = grouped_gemm_mixed_max_stages(s.tile_m, s.weight);
+    if (is_sm90(s.kernel)) s.stages = grouped_gemm_mixed_max_stages(s.kernel, s.tile_m, s.weight);
     KJIT_TRY(Family<GroupedGemmMixedSpec>::validate(s));
   }
   return configs;
@@ -183,7 +209,10 @@ std::string Family<GroupedGemmMixedSpec>::canonical(const GroupedGemmMixedSpec& 
       g.gate_up_layout ? fmt::format(" gate_up_layout={}", name(*g.gate_up_layout)) : std::string(),
       g.gather ? " gather=sorted_to_flat" : "",
       g.configured() ? fmt::format(" kernel={} tile={}x{}x{} stages={}", name(g.kernel), g.tile_m, g.tile_n,
-                                   g.kernel == MixedGemmKernel::wgmma_sm90 ? kSm90KBlock : kPortableTileK, g.stages)
+                                   g.kernel == MixedGemmKernel::wgmma_sm90             ? kSm90KBlock
+                                   : g.kernel == MixedGemmKernel::wgmma_sm90_converter ? kConverterKBlock
+                                                                                       : kPortableTileK,
+                                   g.stages)
                      : std::string(" config=per-arch"));
 }
 
@@ -245,7 +274,8 @@ const std::vector<FieldRule>& Family<GroupedGemmMixedSpec>::schema() {
       text_field("activation", {"none", "silu_mul", "swiglu_oai"}, false),
       text_field("gate_up_layout", {"halves", "alternating"}, false), boolean_field("gather"),
       // A configuration's fields (cache metadata; rare in manifests).
-      text_field("kernel", {"mma_sync", "wgmma_sm90"}, false), integers_field("tile", "[m, n]", 2, 1, 256),
+      text_field("kernel", {"mma_sync", "wgmma_sm90", "wgmma_sm90_converter"}, false),
+      integers_field("tile", "[m, n]", 2, 1, 256),
       integer_field("stages", 0, 16, false)};
   return rules;
 }
@@ -278,7 +308,7 @@ Expected<void> Family<GroupedGemmMixedSpec>::supported_on(const GroupedGemmMixed
                 fmt::format("the W8A16 grouped GEMM converts fp8 codes with sm_89's instructions (compute capability "
                             "8.9 or newer); {} is {}.{} ({})",
                             arch.target, arch.major, arch.minor, arch.note));
-  if (s.kernel == MixedGemmKernel::wgmma_sm90 && !arch.wgmma_tma)
+  if (is_sm90(s.kernel) && !arch.wgmma_tma)
     return fail(KJIT_ERROR_UNSUPPORTED,
                 fmt::format("{} is Hopper's kernel (wgmma, TMA) and builds only for sm_90a, not {}", canonical(s),
                             arch.target));
@@ -299,18 +329,22 @@ RenderedKernel Family<GroupedGemmMixedSpec>::render(const GroupedGemmMixedSpec& 
                                                     : "kjit::MixedScale::tensor",
       s.scale_convention == ScaleConvention::divide, name(s.activation),
       s.gate_up_layout ? name(*s.gate_up_layout) : "stored", s.gather);
-  if (s.kernel == MixedGemmKernel::wgmma_sm90)
+  if (is_sm90(s.kernel)) {
+    const bool converter = s.kernel == MixedGemmKernel::wgmma_sm90_converter;
     return assemble(canonical(s),
-                    {.entry_point = "kjit_grouped_gemm_mixed_sm90",
+                    {.entry_point = converter ? "kjit_grouped_gemm_mixed_sm90_converter" : "kjit_grouped_gemm_mixed_sm90",
                      .threads = sm90_threads(s),
                      .min_blocks = 1,  // a register cap at entry, which setmaxnreg needs
                      .templates = {"gemm/grouped_gemm_mixed_sm90.cuh"},
-                     .config = fmt::format("kjit::GroupedGemmMixedSm90Config<{}, {}, {}, KjitWgmmaMixed>", problem,
-                                           s.tile_m, s.stages),
+                     .config = converter ? fmt::format("kjit::GroupedGemmMixedConverterConfig<{}, {}, {}, KjitWgmmaRows>",
+                                                       problem, s.tile_m, s.stages)
+                                         : fmt::format("kjit::GroupedGemmMixedSm90Config<{}, {}, {}, KjitWgmmaMixed>",
+                                                       problem, s.tile_m, s.stages),
                      .params_type = "kjit_grouped_gemm_mixed_sm90_params",
-                     .body = "kjit::grouped_gemm_mixed_sm90",
-                     .prelude = sm90_wgmma_wrapper(s),
+                     .body = converter ? "kjit::grouped_gemm_mixed_sm90_converter" : "kjit::grouped_gemm_mixed_sm90",
+                     .prelude = sm90_wgmma_wrappers(s),
                      .dynamic_shared_bytes = grouped_gemm_mixed_shared_bytes(s)});
+  }
   return assemble(canonical(s),
                   {.entry_point = "kjit_grouped_gemm_mixed",
                    .threads = kPortableThreads,
@@ -328,21 +362,30 @@ std::vector<GroupedGemmMixedSpec> Family<GroupedGemmMixedSpec>::kernels_for_targ
 }
 
 int grouped_gemm_mixed_shared_bytes(const GroupedGemmMixedSpec& s) {
-  if (s.kernel != MixedGemmKernel::wgmma_sm90) return 0;  // the portable kernel's tiles are static
+  if (!is_sm90(s.kernel)) return 0;  // the portable kernel's tiles are static
+  const int consumers = s.tile_n / 64;
+  if (s.kernel == MixedGemmKernel::wgmma_sm90_converter) {
+    // GroupedGemmMixedConverterConfig::kSharedBytes: stages of the landing
+    // tile (tile_n x 64 codes, or 32 bytes of FP4 pairs), the bf16 row tile
+    // (tile_m x 64) and the bf16 weight tile (tile_n x 64), then as below,
+    // plus a converted barrier per stage.
+    const int landing = is_fp4(s.weight) ? s.tile_n * kConverterKBlock / 2 : s.tile_n * kConverterKBlock;
+    return s.stages * (landing + 2 * s.tile_m * kConverterKBlock + 2 * s.tile_n * kConverterKBlock) + 1024 +
+           16 * s.stages + consumers * 4096 + 4 * 24 + 8 * s.stages;
+  }
   // GroupedGemmMixedSm90Config::kSharedBytes (the generated code asserts they
   // agree): stages of the fp8 weight tile (tile_n x 128 codes) and the bf16 row
   // tile (tile_m x 128), 1 KB of alignment slack, two mbarriers per stage, the
   // epilogue scratch (4 KB per consumer) and the tile queue (4 slots of 24 bytes).
   // FP4 weight tiles hold pairs: half the bytes.
-  const int consumers = s.tile_n / 64;
   const int weight_bytes = is_fp4(s.weight) ? s.tile_n * kSm90KBlock / 2 : s.tile_n * kSm90KBlock;
   return s.stages * (weight_bytes + 2 * s.tile_m * kSm90KBlock) + 1024 + 16 * s.stages + consumers * 4096 + 4 * 24;
 }
 
-int grouped_gemm_mixed_max_stages(int tile_m, MixedWeight weight) {
+int grouped_gemm_mixed_max_stages(MixedGemmKernel kernel, int tile_m, MixedWeight weight) {
   GroupedGemmMixedSpec s;
   s.weight = weight;
-  s.kernel = MixedGemmKernel::wgmma_sm90;
+  s.kernel = kernel;
   s.tile_m = tile_m;
   s.tile_n = kSm90TileN;
   for (s.stages = kSm90MaxStages; s.stages > 1; --s.stages)
@@ -354,7 +397,7 @@ LaunchGeometry grouped_gemm_mixed_geometry(const GroupedGemmMixedSpec& spec, int
   // Every expert adds at most one partial row tile: an upper bound that needs no offsets on the host.
   const int64_t m_tiles = (total_rows + spec.tile_m - 1) / spec.tile_m + spec.experts;
   const int64_t n_tiles = (spec.n + spec.tile_n - 1) / spec.tile_n;
-  if (spec.kernel == MixedGemmKernel::wgmma_sm90)
+  if (is_sm90(spec.kernel))
     return persistent_gemm_grid(m_tiles * n_tiles, 1, resident_blocks, sm90_threads(spec),
                                 grouped_gemm_mixed_shared_bytes(spec));
   return portable_gemm_grid(m_tiles, n_tiles, kPortableThreads);
@@ -363,10 +406,15 @@ LaunchGeometry grouped_gemm_mixed_geometry(const GroupedGemmMixedSpec& spec, int
 std::vector<GroupedGemmMixedSpec> grouped_gemm_mixed_configs(const GroupedGemmMixedSpec& problem,
                                                              const ArchInfo& arch) {
   if (!arch.wgmma_tma) return {portable_config(problem)};
-  // By average rows per expert: every tile runs wgmma at the config's full
-  // height, so decode (a few rows per expert) takes 32-row tiles and
-  // prefill 128.
-  return {sm90_config(problem, 32), sm90_config(problem, 64), sm90_config(problem, 128)};
+  // By average rows per expert: the register-operand kernel runs every tile
+  // at the config's full height, so decode (a few rows per expert) takes
+  // 32-row tiles, up to 64 rows per expert 64; prefill runs the converter
+  // kernel ([E, N, K]; its tiles are as tall as their rows, up to 256) or,
+  // for [E, K, N], 128-row tiles.
+  const auto prefill = problem.weights == WeightLayout::e_n_k
+                           ? sm90_config(problem, kConverterMaxRows, MixedGemmKernel::wgmma_sm90_converter)
+                           : sm90_config(problem, kSm90MaxRows);
+  return {sm90_config(problem, 32), sm90_config(problem, 64), prefill};
 }
 
 Expected<GroupedGemmMixedSpec> choose_grouped_gemm_mixed_config(const GroupedGemmMixedSpec& problem,
@@ -374,8 +422,9 @@ Expected<GroupedGemmMixedSpec> choose_grouped_gemm_mixed_config(const GroupedGem
                                                                 const GemmRequest& request) {
   // TMA coordinates are 32-bit: past 2^31 rows only the portable kernel serves.
   constexpr int64_t kTmaRowLimit = (int64_t{1} << 31) - 256;
-  const bool wants_sm90 =
-      request.kernel == GemmRequest::Kernel::sm90 || request.kernel == GemmRequest::Kernel::sm90_swap_ab;
+  const bool wants_sm90 = request.kernel == GemmRequest::Kernel::sm90 ||
+                          request.kernel == GemmRequest::Kernel::sm90_swap_ab ||
+                          request.kernel == GemmRequest::Kernel::sm90_converter;
   if (rows > kTmaRowLimit && request.kernel != GemmRequest::Kernel::portable) {
     if (wants_sm90)
       return invalid(fmt::format("the SM90 W8A16 grouped GEMM addresses at most {} rows, got {}", kTmaRowLimit, rows));

@@ -35,7 +35,7 @@ _SCALE_LAYOUT = {"linear": 1, "swizzled_128x4": 2}  # kjit_scale_layout
 _GLOBAL_SCALE = {"given": 1, "compute": 2}  # kjit_global_scale_mode
 _GRANULARITY = {"tensor": 1, "row": 2, "block": 3}
 _CONVENTION = {"multiply": 1, "divide": 2}
-_GEMM_KERNEL = {"auto": 0, "portable": 1, "sm90": 2, "sm90_swap_ab": 3}
+_GEMM_KERNEL = {"auto": 0, "portable": 1, "sm90": 2, "sm90_swap_ab": 3, "sm90_converter": 4}
 _ACTIVATION = {"silu_mul": 1, "swiglu_oai": 2}  # kjit_activation (None: KJIT_ACTIVATION_NONE)
 _CLUSTER_AXIS = {"m": 0, "n": 1}  # kjit_gemm_cluster_axis
 _QUANT_SCALE = {"fp32": 1, "ue8m0": 2}  # kjit_quant_scale_format
@@ -758,7 +758,9 @@ def grouped_gemm(a, w, offsets, *, weights="e_n_k", offsets_convention, row_scal
     entries with a leading 0 ('with_leading_zero'). row_scale (fp32 [rows])
     multiplies each output row. Returns out [rows, N] (bf16 unless out_dtype).
     kernel: 'auto' (the arch's own: wgmma on Hopper), 'portable' (mma.sync),
-    'sm90' or 'sm90_swap_ab' (rows on wgmma's N in every bucket); tile=(tile_m, tile_n), cluster (1 or 2) and cluster_axis
+    'sm90' or 'sm90_swap_ab' (rows on wgmma's N in every bucket), or for fp8
+    and FP4 weights 'sm90_converter' (converter warps write bf16 weight tiles
+    to shared memory, in every bucket); tile=(tile_m, tile_n), cluster (1 or 2) and cluster_axis
     ('m': the pair shares weight tiles, 'n': activation tiles) override the
     heuristic (tuning).
 

@@ -25,9 +25,13 @@ Expected<GemmCommonPlan> plan_gemm_common(const kjit_grouped_gemm_desc& d, bool 
                    "KJIT_OFFSETS_WITH_LEADING_ZERO (E + 1 entries); there is no default");
 
   if (d.kernel != KJIT_GEMM_KERNEL_AUTO && d.kernel != KJIT_GEMM_KERNEL_PORTABLE && d.kernel != KJIT_GEMM_KERNEL_SM90 &&
-      d.kernel != KJIT_GEMM_KERNEL_SM90_SWAP_AB)
-    return invalid(fmt::format("kernel must be KJIT_GEMM_KERNEL_AUTO, _PORTABLE, _SM90 or _SM90_SWAP_AB, got {}",
+      d.kernel != KJIT_GEMM_KERNEL_SM90_SWAP_AB && d.kernel != KJIT_GEMM_KERNEL_SM90_CONVERTER)
+    return invalid(fmt::format("kernel must be KJIT_GEMM_KERNEL_AUTO, _PORTABLE, _SM90, _SM90_SWAP_AB or "
+                               "_SM90_CONVERTER, got {}",
                                static_cast<int>(d.kernel)));
+  if (d.kernel == KJIT_GEMM_KERNEL_SM90_CONVERTER && !is_mixed_gemm(d))
+    return invalid("KJIT_GEMM_KERNEL_SM90_CONVERTER is the W8A16 / W4A16 kernel (fp8 or FP4 weights, bf16 "
+                   "activations): its converter warps turn the weights into bf16; bf16 and W8A8 GEMMs have none");
   if (d.tile_m < 0 || d.tile_n < 0 || d.cluster < 0)
     return invalid(fmt::format("tile_m, tile_n and cluster must be 0 (the heuristic's) or supported values, got "
                                "{}x{} cluster {}",
@@ -88,7 +92,8 @@ Expected<GemmCommonPlan> plan_gemm_common(const kjit_grouped_gemm_desc& d, bool 
   plan.request = {.kernel = d.kernel == KJIT_GEMM_KERNEL_PORTABLE       ? Kernel::portable
                             : d.kernel == KJIT_GEMM_KERNEL_SM90         ? Kernel::sm90
                             : d.kernel == KJIT_GEMM_KERNEL_SM90_SWAP_AB ? Kernel::sm90_swap_ab
-                                                                        : Kernel::arch_default,
+                            : d.kernel == KJIT_GEMM_KERNEL_SM90_CONVERTER ? Kernel::sm90_converter
+                                                                          : Kernel::arch_default,
                   .tile_m = d.tile_m,
                   .tile_n = d.tile_n,
                   .cluster = d.cluster,

@@ -63,17 +63,28 @@ Expected<codegen::MixedWeight> fp4_weight_of(const kjit_grouped_gemm_desc& d) {
   return nvfp4 ? codegen::MixedWeight::nvfp4 : codegen::MixedWeight::mxfp4;
 }
 
-// The weight tile's TMA map over the stored bytes: fp8 [E, N, K] in boxes of
-// 128 codes x tile_n rows, [E, K, N] in boxes of tile_n codes x 128 k-rows,
-// both 128-byte swizzled; FP4 [E, N, K / 2] in boxes of 64 bytes (128
-// elements) x tile_n rows, 64-byte swizzled. grouped_gemm_mixed_sm90.cuh
-// reads them so.
+// The weight tile's TMA map over the stored bytes. wgmma_sm90: fp8 [E, N, K]
+// in boxes of 128 codes x tile_n rows, [E, K, N] in boxes of tile_n codes x
+// 128 k-rows, both 128-byte swizzled; FP4 [E, N, K / 2] in boxes of 64 bytes
+// (128 elements) x tile_n rows, 64-byte swizzled. wgmma_sm90_converter:
+// [E, N, K] in boxes of 64 k (64 codes, or 32 bytes of FP4 pairs) x tile_n
+// rows, unswizzled (its converter warps read whole 16-byte units of a row).
+// grouped_gemm_mixed_sm90.cuh reads them so.
 Expected<void> encode_weight_map(const DriverApi& api, const codegen::GroupedGemmMixedSpec& s,
                                  kjit_grouped_gemm_sm90_params& p) {
   constexpr CUtensorMapDataType kBytes = CU_TENSOR_MAP_DATA_TYPE_UINT8;
   constexpr cuuint32_t kKBlock = KJIT_MIXED_K_BLOCK;
   const auto n = static_cast<cuuint64_t>(s.n), k = static_cast<cuuint64_t>(s.k);
   const auto e = static_cast<cuuint64_t>(s.experts);
+  if (s.kernel == codegen::MixedGemmKernel::wgmma_sm90_converter) {
+    const bool fp4 = codegen::is_fp4(s.weight);
+    const cuuint64_t row_bytes = fp4 ? k / 2 : k;
+    const cuuint64_t dims[3] = {row_bytes, n, e};
+    const cuuint64_t strides[2] = {row_bytes, n * row_bytes};
+    const cuuint32_t box[3] = {fp4 ? KJIT_SM90_K_BLOCK / 2u : KJIT_SM90_K_BLOCK * 1u, static_cast<cuuint32_t>(s.tile_n), 1};
+    return encode_tensor_map(api, p.b_map, kBytes, p.gemm.b, 3, dims, strides, box, "B [E, N, K] (converter)",
+                             CU_TENSOR_MAP_SWIZZLE_NONE);
+  }
   if (codegen::is_fp4(s.weight)) {
     const cuuint64_t dims[3] = {k / 2, n, e};
     const cuuint64_t strides[2] = {k / 2, n * (k / 2)};
@@ -167,7 +178,7 @@ Expected<void> grouped_gemm_mixed(Runtime& runtime, const kjit_grouped_gemm_desc
       codegen::choose_grouped_gemm_mixed_config(plan.problem, *device->arch, p.gemm.total_rows, plan.request));
   const LoadedKernel* kernel = KJIT_TRY(launchable_kernel(runtime, *device, spec, stream));
   const auto geometry = codegen::grouped_gemm_mixed_geometry(spec, p.gemm.total_rows, kernel->resident_blocks);
-  if (spec.kernel != codegen::MixedGemmKernel::wgmma_sm90)
+  if (!codegen::is_sm90(spec.kernel))
     return launch_kernel(runtime, *device, *kernel, p.gemm.device_error, geometry, &p, stream);
 
   kjit_grouped_gemm_mixed_sm90_params sm90{};

@@ -104,9 +104,10 @@ int sm90_max_stages(GemmKernel kernel, int tile_m, int tile_n);
 
 // What a caller may ask of the configuration choice.
 struct GemmRequest {
-  enum class Kernel : uint8_t { arch_default, portable, sm90, sm90_swap_ab };
-  // portable: tests, comparisons; sm90 (the arch's SM90 buckets) and sm90_swap_ab (every bucket swap AB): an
-  // error off Hopper
+  enum class Kernel : uint8_t { arch_default, portable, sm90, sm90_swap_ab, sm90_converter };
+  // portable: tests, comparisons; sm90 (the arch's SM90 buckets), sm90_swap_ab (every bucket swap AB) and
+  // sm90_converter (the mixed-input family's converter kernel in every bucket; the op refuses it for the
+  // others): an error off Hopper
   Kernel kernel = Kernel::arch_default;
   int tile_m = 0, tile_n = 0;  // 0: the heuristic's
   int cluster = 0;             // 0: the heuristic's (1 whenever a tile is given)

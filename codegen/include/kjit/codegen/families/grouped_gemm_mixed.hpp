@@ -29,10 +29,15 @@
 namespace kjit::codegen {
 
 // Which kernel: the portable mma.sync one (sm_89 and newer: fp8 conversion
-// instructions), or Hopper's: wgmma with the weights as its register operand
-// (rows of A on wgmma's N, "swap AB"), converted from the TMA-fed fp8 tile by
-// the consumer warpgroups themselves.
-enum class MixedGemmKernel : uint8_t { mma_sync, wgmma_sm90 };
+// instructions), or one of Hopper's, both with rows of A on wgmma's N ("swap
+// AB"): wgmma_sm90 takes the weights as wgmma's register operand, converted
+// from the TMA-fed tile by the consumer warpgroups themselves (decode: they
+// have the time); wgmma_sm90_converter has the producer warpgroup's spare
+// warps convert each tile into a bf16 one in shared memory, which the bf16
+// swap-AB consumers read (prefill: conversion beside the tensor cores, row
+// tiles up to 256; [E, N, K] weights only).
+enum class MixedGemmKernel : uint8_t { mma_sync, wgmma_sm90, wgmma_sm90_converter };
+constexpr bool is_sm90(MixedGemmKernel k) { return k != MixedGemmKernel::mma_sync; }
 std::string_view name(MixedGemmKernel k);
 
 // The stored weights: fp8 codes (fp32 scales as weight_scale says), or e2m1
@@ -68,7 +73,7 @@ struct GroupedGemmMixedSpec {
   bool gather = false;  // A's rows read through sorted_to_flat (as GroupedGemmSpec's)
   MixedGemmKernel kernel = MixedGemmKernel::mma_sync;
   int tile_m = 0, tile_n = 0;
-  int stages = 0;  // wgmma_sm90's pipeline depth; 0 for mma_sync
+  int stages = 0;  // the SM90 kernels' pipeline depth; 0 for mma_sync
 
   bool configured() const { return tile_m != 0; }
   bool operator==(const GroupedGemmMixedSpec&) const = default;
@@ -90,8 +95,8 @@ struct Family<GroupedGemmMixedSpec> {
 };
 
 int grouped_gemm_mixed_shared_bytes(const GroupedGemmMixedSpec& spec);
-// The deepest wgmma_sm90 pipeline with row tiles of `tile_m` rows that fits a Hopper block's shared memory.
-int grouped_gemm_mixed_max_stages(int tile_m, MixedWeight weight = MixedWeight::f8_e4m3fn);
+// The deepest pipeline of SM90 `kernel` with row tiles of `tile_m` rows that fits a Hopper block's shared memory.
+int grouped_gemm_mixed_max_stages(MixedGemmKernel kernel, int tile_m, MixedWeight weight = MixedWeight::f8_e4m3fn);
 LaunchGeometry grouped_gemm_mixed_geometry(const GroupedGemmMixedSpec& spec, int64_t total_rows, int resident_blocks);
 
 // The configurations `arch` may pick, one per token-count bucket (what precompile builds).
