@@ -22,7 +22,7 @@ struct kjit_grouped_gemm_fp8_params {
 };
 
 /* The SM90 kernel's: the bf16 kernels' block with its TMA maps over bytes
- * (A boxes of 128 codes x 32 or 128 rows, B boxes of 128 codes x tile_n
+ * (A boxes of 128 codes x 32 (rows on M: 64) or 128 rows, B boxes of 128 codes x tile_n
  * rows: one 128-byte swizzle row per box row), then the scales. */
 struct kjit_grouped_gemm_fp8_sm90_params {
   struct kjit_grouped_gemm_sm90_params sm90;
@@ -31,5 +31,8 @@ struct kjit_grouped_gemm_fp8_sm90_params {
 
 /* K columns per scale of A and per block of B: one k-block of the kernels. */
 #define KJIT_FP8_SCALE_BLOCK 128
+/* The rows-on-M SM90 kernel's narrow A box (a_map): one consumer warpgroup's
+ * 64 rows, the step of its tile heights (the wide box stays 128 rows). */
+#define KJIT_FP8_ROWS_ON_M_ROW_BOX 64
 
 #endif

@@ -21,10 +21,24 @@
 // for each stage it loads the tile's row scales and the weight block's scale
 // into the stage's slot of a small array, then every lane arrives on the
 // stage's full barrier beside the TMA thread's expect_tx.
+//
+// The rows-on-M variant (kRowsOnM, DeepGEMM's orientation) keeps the same
+// stages, producer, loader and tile queue but gives the tokens to wgmma's M:
+// consumer warpgroup c takes tile rows 64c..64c+63 against all kBN = 128
+// weight rows (m64n128k32, the same work per wgmma as swap AB's
+// m64n<128>k32). Each thread then holds only two rows (16 warp + lane / 4
+// and that + 8), so a k-block's promotion needs two scale products, which it
+// reads before issuing the wgmmas (their latency hides behind them), and the
+// stage goes back to the producer as soon as the wgmmas are done, before the
+// promotion. Tiles are whole warpgroups of rows (heights 64 or 128): a
+// consumer whose 64 rows lie past the tile's drains the stages instead
+// (an expert of 130 rows costs 3 warpgroup k-loops, not swap AB's 4).
 #pragma once
 
 #include "../abi/grouped_gemm_fp8_params.h"
 #include "grouped_gemm_fp8_common.cuh"
+// store_block: the rows-on-M epilogue (rows on M, as the bf16 kernel's)
+#include "grouped_gemm_sm90.cuh"
 #include "grouped_gemm_sm90_pipeline.cuh"
 #include "grouped_gemm_sm90_swap_ab.cuh"
 
@@ -32,18 +46,29 @@
 
 namespace kjit {
 
-template <class Problem, int kBM_, int kStages_, int kCluster_, template <int> class Mma_>
+// Where the swap-AB kernel's loader puts row r's scale in a stage's slot: its consumers read
+// rows 8j + 2q and 8j + 2q + 1 for every j (q = lane % 4), so the four rows a
+// thread needs of j and j + 1 lie side by side, one 16-byte load.
+__device__ __forceinline__ int fp8_scale_position(int r) {
+  const int j = r / 8, q = r % 8 / 2, c = r % 2;
+  return j / 2 * 16 + q * 4 + j % 2 * 2 + c;
+}
+
+template <class Problem, int kBM_, int kStages_, int kCluster_, bool kRowsOnM_, template <int> class Mma_>
 struct GroupedGemmFp8Sm90Config : Problem {
   using Problem::kK, Problem::kN;
+  static constexpr bool kRowsOnM = kRowsOnM_;  // tokens on wgmma's M (else swap AB: on its N)
   static constexpr int kBM = kBM_;  // the tallest row tile
-  static constexpr int kBN = 128;   // weight rows (output columns) per block: 64 per consumer warpgroup
+  static constexpr int kBN = 128;   // weight rows (output columns) per block
   static constexpr int kStages = kStages_, kCluster = kCluster_;
-  static constexpr int kRowStep = KJIT_SWAP_AB_ROW_BOX;
+  // The step of tile heights and the narrow row box: rows on M, one consumer's 64 rows.
+  static constexpr int kRowStep = kRowsOnM ? KJIT_FP8_ROWS_ON_M_ROW_BOX : KJIT_SWAP_AB_ROW_BOX;
   static constexpr int kWideRows = KJIT_SWAP_AB_WIDE_ROW_BOX;
-  template <int kRows>
-  using Mma = Mma_<kRows>;  // the generated wgmma m64n<kRows>k32 e4m3 wrappers
+  template <int kN>
+  using Mma = Mma_<kN>;  // the generated wgmma m64n<kN>k32 e4m3 wrappers (kN: rows, or kBN rows on M)
   static constexpr int kBK = KJIT_FP8_SCALE_BLOCK;  // codes (bytes) per k-block: one swizzle row, one scale block
-  static constexpr int kConsumers = kBN / 64;
+  // Swap AB: 64 weight rows per consumer warpgroup; rows on M: 64 tile rows.
+  static constexpr int kConsumers = (kRowsOnM ? kBM : kBN) / 64;
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kWTileBytes = kBN * kBK;
   static constexpr int kRowBoxBytes = kRowStep * kBK;
@@ -54,9 +79,10 @@ struct GroupedGemmFp8Sm90Config : Problem {
   static constexpr long long kNClusterTiles = (kNTiles + kCluster - 1) / kCluster;
   static constexpr bool kColumnsMasked = kN % kBN != 0;
   static constexpr int kKBlocks = static_cast<int>(kK / kBK);
-  // After the stage barriers: swap AB's epilogue scratch and tile queue, then
-  // each stage's scales (kBM products a_scale x b_scale).
-  static constexpr int kScratchBytes = kConsumers * 32 * 64 * 2;
+  // After the stage barriers: swap AB's epilogue scratch (rows on M stores
+  // from registers: none) and tile queue, then each stage's scales (kBM
+  // products a_scale x b_scale).
+  static constexpr int kScratchBytes = kRowsOnM ? 0 : kConsumers * 32 * 64 * 2;
   static constexpr int kQueueSlots = 4;
   static constexpr int kQueueBytes = kQueueSlots * 24;
   static constexpr int kScaleSlot = kBM;
@@ -71,23 +97,20 @@ struct GroupedGemmFp8Sm90Config : Problem {
   static constexpr int kProducerRegisters = 56, kConsumerRegisters = 224;
   static_assert(kBM % kRowStep == 0 && kBM >= kRowStep && kBM <= 128,
                 "two kBM / 2 register arrays per thread (160 rows spill)");
+  static_assert(!kRowsOnM || kBM == 128, "rows on M: two consumer warpgroups of 64 rows");
   static_assert(kCluster == 1 || (kCluster == 2 && kN % (kBN * kCluster) == 0),
                 "pairs along N never run past N (the host only picks them then)");
   static_assert(kBK * 1 == 128, "a k-block is one 128-byte swizzle row of e4m3");
+
+  // Where the loader puts tile row r's scale product in a stage's slot: in
+  // the swap-AB consumers' order, or (rows on M) in row order.
+  static __device__ __forceinline__ int scale_position(int r) { return kRowsOnM ? r : fp8_scale_position(r); }
 };
 
 // Each stage's slot of scales (after the tile queue).
 template <class Cfg>
 __device__ __forceinline__ float* fp8_stage_scales(unsigned char* after_barriers) {
   return reinterpret_cast<float*>(after_barriers + Cfg::kScratchBytes + Cfg::kQueueBytes);
-}
-
-// Where the loader puts row r's scale in a stage's slot: the consumers read
-// rows 8j + 2q and 8j + 2q + 1 for every j (q = lane % 4), so the four rows a
-// thread needs of j and j + 1 lie side by side, one 16-byte load.
-__device__ __forceinline__ int fp8_scale_position(int r) {
-  const int j = r / 8, q = r % 8 / 2, c = r % 2;
-  return j / 2 * 16 + q * 4 + j % 2 * 2 + c;
 }
 
 // The loader warp: follows the same tiles and stages as the TMA thread and
@@ -121,7 +144,7 @@ __device__ __forceinline__ void fp8_scale_loader(const kjit_grouped_gemm_fp8_sm9
       mbarrier_wait(&empty[s], ((it / Cfg::kStages) & 1) ^ 1);
       float* slot = scales + s * Cfg::kScaleSlot;
 #pragma unroll
-      for (int j = 0; j < Cfg::kBM / 32; ++j) slot[fp8_scale_position(lane + 32 * j)] = a[j] * b;
+      for (int j = 0; j < Cfg::kBM / 32; ++j) slot[Cfg::scale_position(lane + 32 * j)] = a[j] * b;
       (void)cuda::ptx::mbarrier_arrive(&full[s]);  // release: the slot is visible to whoever waits
     }
   }
@@ -218,6 +241,99 @@ __device__ __forceinline__ void fp8_consumer(const kjit_grouped_gemm_fp8_sm90_pa
   }
 }
 
+// A float of shared memory through a generic pointer into it, as one
+// ld.shared (the compiler cannot tell the scales' slot is shared memory and
+// would issue a generic load). Volatile: it stays where it is written,
+// before the wgmmas.
+__device__ __forceinline__ float load_shared_f32(const float* p) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(static_cast<unsigned>(__cvta_generic_to_shared(p))));
+  return v;
+}
+
+// The rows-on-M k-loop of one tile for one consumer warpgroup: per k-block,
+// four wgmma m64n128k32 (this warpgroup's 64 tile rows x the block's 128
+// weight rows) into `partial`, then acc += partial x a_scale[row] x b_scale.
+// Register 4j + 2h + c holds tile row 64 consumer + 16 warp + lane / 4 + 8h,
+// weight row 8j + 2 (lane % 4) + c, so a thread promotes with two products.
+template <class Cfg>
+__device__ __forceinline__ void fp8_rows_on_m_mainloop(float (&acc)[Cfg::kBN / 2], float (&partial)[Cfg::kBN / 2],
+                                                       unsigned char* tiles, unsigned long long* full,
+                                                       unsigned long long* empty, const float* scales, unsigned& it) {
+  using Mma = typename Cfg::template Mma<Cfg::kBN>;
+  const int consumer = threadIdx.x / 128, warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32;
+  const int row = 64 * consumer + 16 * warp + lane / 4;  // and row + 8
+#pragma unroll
+  for (int i = 0; i < Cfg::kBN / 2; ++i) acc[i] = 0.0f;
+  for (int kb = 0; kb < Cfg::kKBlocks; ++kb, ++it) {
+    const unsigned s = it % Cfg::kStages;
+    mbarrier_wait(&full[s], (it / Cfg::kStages) & 1);
+    // Read before the wgmmas: the shared loads complete while they run.
+    const float* slot = scales + s * Cfg::kScaleSlot;
+    const float scale0 = load_shared_f32(slot + row), scale1 = load_shared_f32(slot + row + 8);
+    const unsigned char* stage = tiles + s * Cfg::kStageBytes;
+    // This consumer's 64 rows of the row tile (after the weight tile), and all 128 weight rows.
+    const unsigned long long r_desc = operand_descriptor<false>(stage + Cfg::kWTileBytes + consumer * 64 * Cfg::kBK);
+    const unsigned long long w_desc = operand_descriptor<false>(stage);
+    fence_accumulators(partial);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Cfg::kBK / 32; ++kk)
+      Mma::run(partial, r_desc + operand_k_step<false>(kk), w_desc + operand_k_step<false>(kk), kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_accumulators(partial);
+    // The wgmmas have read the tiles and every lane its scales: hand the stage back before promoting.
+    __syncwarp();
+    if (lane == 0) arrive_cluster_wide<Cfg>(&empty[s]);
+#pragma unroll
+    for (int j = 0; j < Cfg::kBN / 8; ++j) {
+      acc[4 * j] = fmaf(partial[4 * j], scale0, acc[4 * j]);
+      acc[4 * j + 1] = fmaf(partial[4 * j + 1], scale0, acc[4 * j + 1]);
+      acc[4 * j + 2] = fmaf(partial[4 * j + 2], scale1, acc[4 * j + 2]);
+      acc[4 * j + 3] = fmaf(partial[4 * j + 3], scale1, acc[4 * j + 3]);
+    }
+  }
+}
+
+template <class Cfg>
+__device__ __forceinline__ void fp8_rows_on_m_consumer(const kjit_grouped_gemm_fp8_sm90_params& p,
+                                                       unsigned char* tiles, unsigned long long* full,
+                                                       unsigned long long* empty, unsigned char* after_barriers) {
+  float acc[Cfg::kBN / 2], partial[Cfg::kBN / 2];
+  const TileQueue<Cfg> queue(after_barriers);
+  const float* scales = fp8_stage_scales<Cfg>(after_barriers);
+  SwapAbTileWalker<Cfg> walk{&p.sm90.gemm, cluster_rank<Cfg>()};
+  SwapAbTile tile;
+  unsigned it = 0;
+  const int consumer = threadIdx.x / 128, lane = threadIdx.x % 32, q = lane % 4;
+  for (unsigned i = 0;; ++i) {
+    const unsigned long long t = queue.read(i);
+    __syncwarp();
+    if (lane == 0) queue.release(i);
+    if (!walk.seek(static_cast<long long>(t), tile)) break;
+    if (tile.rows <= 64 * consumer) {
+      // A tile of one warpgroup's rows (an expert's last, of at most 64): the other hands its stages back unread.
+      drain<Cfg>(full, empty, it);
+      continue;
+    }
+    fp8_rows_on_m_mainloop<Cfg>(acc, partial, tiles, full, empty, scales, it);
+    if constexpr (!Cfg::kBlockScales) {
+      // Per-channel weight scales: this thread's 32 output columns, 8j + 2q + c.
+#pragma unroll
+      for (int j = 0; j < Cfg::kBN / 8; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const long long col = tile.n0 + 8 * j + 2 * q + c;
+          const float b = col < Cfg::kN ? b_channel_scale<Cfg>(p.scales, tile.expert, col) : 0.0f;
+          acc[4 * j + c] *= b;
+          acc[4 * j + 2 + c] *= b;
+        }
+    }
+    store_block<Cfg, Cfg::kBN>(p.sm90.gemm, acc, 64 * consumer, tile.rows, tile.row0, tile.n0);
+  }
+}
+
 template <class Cfg>
 __device__ __forceinline__ void grouped_gemm_fp8_sm90(const kjit_grouped_gemm_fp8_sm90_params& p) {
   warp_specialized_gemm<Cfg>(
@@ -229,7 +345,10 @@ __device__ __forceinline__ void grouped_gemm_fp8_sm90(const kjit_grouped_gemm_fp
         fp8_scale_loader<Cfg>(p, full, empty, after_barriers);
       },
       [&](unsigned char* tiles, unsigned long long* full, unsigned long long* empty, unsigned char* after_barriers) {
-        fp8_consumer<Cfg>(p, tiles, full, empty, after_barriers);
+        if constexpr (Cfg::kRowsOnM)
+          fp8_rows_on_m_consumer<Cfg>(p, tiles, full, empty, after_barriers);
+        else
+          fp8_consumer<Cfg>(p, tiles, full, empty, after_barriers);
       });
 }
 

@@ -26,7 +26,8 @@ unset KJIT_CACHE_PATH
 
 # Both layouts in every sm_90a bucket, the f32 output with a row scale (another
 # epilogue), a dequant, the routing kernels, the fp8 quantizer, the FP8
-# GEMM in both weight scalings, the W8A16 (also fused over block scales, both gate/up layouts) and W4A16
+# GEMM in both weight scalings (its rows-on-M kernel too, alone and in
+# pairs), the W8A16 (also fused over block scales, both gate/up layouts) and W4A16
 # GEMMs, the MX quantizer in every form, the MX dequant and scale-layout kernels, the MoE activation in every
 # form, and the gathering (sorted_to_flat) bf16 and W8A16 / W4A16 GEMMs.
 cat > "$work/sass.json" <<'JSON'
@@ -44,6 +45,11 @@ cat > "$work/sass.json" <<'JSON'
    "offsets": "cumulative_end"},
   {"op": "grouped_gemm_fp8", "out": "f32", "n": 2816, "k": 1408, "experts": 128, "weight_scale": "channel",
    "offsets": "with_leading_zero", "row_scale": true},
+  {"op": "grouped_gemm_fp8", "out": "bf16", "n": 4096, "k": 7168, "experts": 32, "weight_scale": "block_128",
+   "offsets": "cumulative_end", "kernel": "wgmma_sm90_rows_on_m", "tile": [128, 128], "stages": 6, "cluster": 1},
+  {"op": "grouped_gemm_fp8", "out": "f32", "n": 2816, "k": 1408, "experts": 128, "weight_scale": "channel",
+   "offsets": "with_leading_zero", "row_scale": true, "kernel": "wgmma_sm90_rows_on_m", "tile": [128, 128],
+   "stages": 6, "cluster": 2},
   {"op": "grouped_gemm_mixed", "out": "bf16", "n": 4096, "k": 7168, "experts": 32, "weights": "e_n_k",
    "weight": "f8_e4m3fn", "weight_scale": "per_block", "scale_convention": "multiply", "offsets": "cumulative_end"},
   {"op": "grouped_gemm_mixed", "out": "f32", "n": 7168, "k": 2048, "experts": 32, "weights": "e_k_n",
@@ -134,7 +140,7 @@ while read -r key arch op kernel canonical; do
     qmma=$(count '\bQMMA\.16832\.F32\.E4M3\.E4M3\b')
     echo "  FP8 forms: QGMMA $qgmma, QMMA $qmma"
     case "$kernel" in
-      wgmma_sm90)
+      wgmma_sm90 | wgmma_sm90_rows_on_m)
         fp8_sm90=$((fp8_sm90 + 1))
         [ "$arch" = sm_90a ] || fail "$canonical was built for $arch"
         [ "$qgmma" -gt 0 ] || fail "$canonical has no FP8 wgmma (QGMMA E4M3)"
@@ -176,9 +182,9 @@ done < "$work/entries.txt"
 # each on sm_100a and sm_120a.
 [ "$gemm_sm90" -eq 12 ] || fail "expected 12 SM90 GEMM kernels, read $gemm_sm90"
 [ "$gemm_portable" -eq 8 ] || fail "expected 8 portable GEMM kernels, read $gemm_portable"
-# FP8: two problems, two sm_90a buckets each (alone, pairs along N); one
-# portable kernel per problem on sm_100a and sm_120a.
-[ "$fp8_sm90" -eq 4 ] || fail "expected 4 SM90 FP8 GEMM kernels, read $fp8_sm90"
+# FP8: two problems, two sm_90a buckets each (alone, pairs along N), and two
+# rows-on-M configurations; one portable kernel per problem on sm_100a and sm_120a.
+[ "$fp8_sm90" -eq 6 ] || fail "expected 6 SM90 FP8 GEMM kernels, read $fp8_sm90"
 [ "$fp8_portable" -eq 4 ] || fail "expected 4 portable FP8 GEMM kernels, read $fp8_portable"
 # W8A16 five problems (two fused over block scales, one gathering), W4A16 three (one gathering), three sm_90a
 # buckets each (row tiles of 32, 64, 128); one portable kernel per problem on sm_100a and sm_120a.

@@ -7,7 +7,8 @@
 // rows past the last offset untouched, bad offsets rejected on the device,
 // graph replay with per-expert counts changing in between, and the portable
 // kernel forced on the same GPU agreeing with the default. On Hopper every
-// case also runs through the SM90 kernel's tiles and clusters. Last, the
+// case also runs through both SM90 kernels (swap AB, the default, and rows
+// on M), their tiles and clusters. Last, the
 // shared harness (jitctl selftest's check) on every configuration this arch
 // builds, DeepSeek-V3's 256 experts of 4096 x 7168 included.
 #include <doctest/doctest.h>
@@ -82,9 +83,14 @@ std::vector<KernelPath> kernel_paths() {
                                 {"portable 32 x 32 tiles", KJIT_GEMM_KERNEL_PORTABLE, 32, 32, 0},
                                 {"portable 128 x 64 tiles", KJIT_GEMM_KERNEL_PORTABLE, 128, 64, 0}};
   if (is_hopper()) {
-    paths.push_back({"sm90 rows up to 96", KJIT_GEMM_KERNEL_SM90, 96, 128, 1});
-    paths.push_back({"sm90 rows up to 32", KJIT_GEMM_KERNEL_SM90, 32, 128, 1});
-    paths.push_back({"sm90 rows up to 128, pairs along N sharing the rows", KJIT_GEMM_KERNEL_SM90, 128, 128, 2, 256});
+    paths.push_back({"sm90 swap AB rows up to 96", KJIT_GEMM_KERNEL_SM90_SWAP_AB, 96, 128, 1});
+    paths.push_back({"sm90 swap AB rows up to 32", KJIT_GEMM_KERNEL_SM90_SWAP_AB, 32, 128, 1});
+    paths.push_back({"sm90 swap AB rows up to 128, pairs along N sharing the rows", KJIT_GEMM_KERNEL_SM90_SWAP_AB,
+                     128, 128, 2, 256});
+    // A tile with KJIT_GEMM_KERNEL_SM90 names the rows-on-M kernel (tokens on wgmma's M).
+    paths.push_back({"sm90 rows on M 128 x 128", KJIT_GEMM_KERNEL_SM90, 128, 128, 1});
+    paths.push_back(
+        {"sm90 rows on M 128 x 128, pairs along N sharing the rows", KJIT_GEMM_KERNEL_SM90, 128, 128, 2, 256});
   }
   return paths;
 }
@@ -347,6 +353,16 @@ TEST_CASE("the portable kernel forced on the same GPU agrees with the default ke
     // Every output element: the kernels differ only in summation order and final rounding.
     const double apart = disagreement(c.out, outputs[0], outputs[1], rows * c.n);
     CHECK_MESSAGE(apart <= kTolerance, "default vs portable ", apart);
+    if (is_hopper()) {
+      // The rows-on-M kernel (a tile with KJIT_GEMM_KERNEL_SM90) against the portable one, alone and in pairs.
+      for (int32_t cluster : {1, 2}) {
+        CAPTURE(cluster);
+        use_path(g, {"sm90 rows on M", KJIT_GEMM_KERNEL_SM90, 128, 128, cluster});
+        outputs.push_back(grouped_gemm_output(g, b.out));
+        const double rows_on_m_apart = disagreement(c.out, outputs.back(), outputs[1], rows * c.n);
+        CHECK_MESSAGE(rows_on_m_apart <= kTolerance, "rows on M vs portable ", rows_on_m_apart);
+      }
+    }
     // And each against fp64 on every 17th row.
     const auto ref = reference(c, d, 17);
     for (const auto& out : outputs) {
@@ -377,6 +393,16 @@ TEST_CASE("the shared harness finds every FP8 configuration of this arch, and th
     REQUIRE_MESSAGE(portable.has_value(), why(portable));
     for (const auto& spec : *portable)
       if (std::find(specs.begin(), specs.end(), spec) == specs.end()) specs.push_back(spec);
+    if (arch.wgmma_tma)  // the rows-on-M kernel, alone and (where N holds whole pairs) in pairs along N
+      for (int32_t cluster : {1, 2}) {
+        if (cluster == 2 && problem.n % 256 != 0) continue;
+        const auto rows_on_m = codegen::choose_grouped_gemm_fp8_config(
+            problem, arch, 1 << 20,
+            {.kernel = codegen::GemmRequest::Kernel::sm90, .tile_m = 128, .tile_n = 128, .cluster = cluster});
+        REQUIRE_MESSAGE(rows_on_m.has_value(), why(rows_on_m));
+        REQUIRE(rows_on_m->kernel == codegen::Fp8GemmKernel::wgmma_sm90_rows_on_m);
+        specs.push_back(*rows_on_m);
+      }
     for (const auto& spec : specs) {
       const std::string name = codegen::Family<codegen::GroupedGemmFp8Spec>::canonical(spec);
       CAPTURE(name);

@@ -589,6 +589,50 @@ TEST_CASE("the SM90 FP8 GEMM renders one e4m3 wgmma width and asks for its share
   CHECK((g.grid_x == (1000 + 63) / 64 + 32 && g.grid_y == 4096 / 128 && g.block_x == 128));
 }
 
+TEST_CASE("the rows-on-M SM90 FP8 GEMM: picked by a tile with the sm90 request, never by the heuristic") {
+  using Kernel = GemmRequest::Kernel;
+  // The heuristic keeps swap AB in every bucket, and sm90 without a tile is the heuristic's.
+  for (int64_t rows : {int64_t{128}, int64_t{32 * 256}, int64_t{32 * 4096}}) {
+    CHECK(choose_grouped_gemm_fp8_config(fp8_problem(), arch("sm_90a"), rows)->kernel == Fp8GemmKernel::wgmma_sm90);
+    CHECK(choose_grouped_gemm_fp8_config(fp8_problem(), arch("sm_90a"), rows, {.kernel = Kernel::sm90})->kernel ==
+          Fp8GemmKernel::wgmma_sm90);
+  }
+  // A tile names the rows-on-M kernel's, unless swap AB is asked for (as in the bf16 family).
+  const auto rows_on_m = *choose_grouped_gemm_fp8_config(fp8_problem(), arch("sm_90a"), 8192,
+                                                         {.kernel = Kernel::sm90, .tile_m = 128, .tile_n = 128});
+  REQUIRE(rows_on_m.kernel == Fp8GemmKernel::wgmma_sm90_rows_on_m);
+  CHECK((rows_on_m.cluster == 1 && rows_on_m.stages == 6));
+  CHECK(choose_grouped_gemm_fp8_config(fp8_problem(), arch("sm_90a"), 8192,
+                                       {.kernel = Kernel::sm90_swap_ab, .tile_m = 128, .tile_n = 128})
+            ->kernel == Fp8GemmKernel::wgmma_sm90);
+  const auto pairs = *choose_grouped_gemm_fp8_config(
+      fp8_problem(), arch("sm_90a"), 8192, {.kernel = Kernel::sm90, .tile_m = 128, .tile_n = 128, .cluster = 2});
+  CHECK((pairs.kernel == Fp8GemmKernel::wgmma_sm90_rows_on_m && pairs.cluster == 2));
+  // Only 128 x 128 (two consumer warpgroups of 64 rows, one weight block).
+  CHECK_FALSE(
+      choose_grouped_gemm_fp8_config(fp8_problem(), arch("sm_90a"), 8192, {.kernel = Kernel::sm90, .tile_m = 64})
+          .has_value());
+  // Off Hopper a tile keeps the portable kernel.
+  CHECK(choose_grouped_gemm_fp8_config(fp8_problem(), arch("sm_120a"), 8192, {.tile_m = 64, .tile_n = 64})->kernel ==
+        Fp8GemmKernel::mma_sync);
+  // Its own canonical text (the cache key's), a spec that round-trips, and sm_90a only.
+  CHECK(canonical(rows_on_m).find("kernel=wgmma_sm90_rows_on_m tile=128x128x128 stages=6 cluster=1") !=
+        std::string::npos);
+  const auto back = spec_from_json(to_json(rows_on_m));
+  REQUIRE(back.has_value());
+  CHECK(*back == KernelSpec{rows_on_m});
+  CHECK_FALSE(validate_for_target(rows_on_m, arch("sm_100a")).has_value());
+  // Rendered: m64n128k32 with the rows as operand A, 384 threads, no epilogue scratch in its shared memory.
+  const auto k = render(rows_on_m);
+  CHECK(k.entry_point == "kjit_grouped_gemm_fp8_sm90");
+  CHECK(k.threads_per_block == 384);
+  CHECK(k.dynamic_shared_bytes == 6 * (128 + 128) * 128 + 1024 + 16 * 6 + 4 * 24 + 6 * 128 * 4);
+  CHECK(k.source.find("wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3") != std::string::npos);
+  CHECK(k.source.find(", true, KjitWgmmaFp8>") != std::string::npos);
+  const auto g = grouped_gemm_fp8_geometry(rows_on_m, 512, 4000);
+  CHECK((g.grid_x == (512 / 128 + 32) * (4096 / 128) && g.block_x == 384));
+}
+
 namespace {
 
 GroupedGemmMixedSpec mixed_problem() {

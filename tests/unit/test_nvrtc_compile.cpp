@@ -278,6 +278,8 @@ void check_no_spills_on_sm90a(const Specs& specs) {
     CHECK_MESSAGE(r->log.find("0 bytes spill stores, 0 bytes spill loads") != std::string::npos, r->log);
     CHECK_MESSAGE(r->log.find("0 bytes stack frame") != std::string::npos, r->log);
     CHECK_MESSAGE(r->log.find("warning") == std::string::npos, r->log);
+    // ptxas's note when it serialises wgmma (C7510-C7520: "Performance Loss ... wgmma pipeline").
+    CHECK_MESSAGE(r->log.find("Performance Loss") == std::string::npos, r->log);
   }
 }
 
@@ -357,6 +359,36 @@ TEST_CASE("the grouped GEMM's fused activations compile for sm_90a, sm_100a and 
   odd.k = 2048;
   odd.experts = 4;
   CHECK_FALSE(validate(KernelSpec{odd}).has_value());
+}
+
+// The FP8 (W8A8) GEMM's SM90 kernels, both orientations (the heuristic's
+// swap AB and rows on M), alone and in pairs along N, over what changes
+// register pressure: block or channel weight scales, bf16 or f32 output, the
+// row scale.
+static std::vector<GroupedGemmFp8Spec> fp8_gemm_sm90_variants() {
+  std::vector<GroupedGemmFp8Spec> out;
+  for (int v = 0; v < 8; ++v) {
+    GroupedGemmFp8Spec g{.out = v & 1 ? DType::f32 : DType::bf16,
+                         .n = 4096,
+                         .k = 7168,
+                         .experts = 32,
+                         .weight_scale = v & 2 ? Fp8WeightScale::channel : Fp8WeightScale::block_128,
+                         .row_scale = (v & 4) != 0};
+    for (const auto kernel : {GemmRequest::Kernel::sm90_swap_ab, GemmRequest::Kernel::sm90})
+      for (int cluster : {1, 2})
+        out.push_back(*choose_grouped_gemm_fp8_config(g, arch_of("sm_90a"), 1 << 20,
+                                                      {.kernel = kernel, .tile_m = 128, .tile_n = 128,
+                                                       .cluster = cluster, .cluster_axis = ClusterAxis::n}));
+  }
+  return out;
+}
+
+TEST_CASE("ptxas compiles the FP8 GEMM's SM90 kernels, both orientations, with no spills and no serialised wgmma") {
+  const auto specs = fp8_gemm_sm90_variants();
+  int rows_on_m = 0;
+  for (const auto& s : specs) rows_on_m += s.kernel == Fp8GemmKernel::wgmma_sm90_rows_on_m;
+  CHECK(rows_on_m == 16);
+  check_no_spills_on_sm90a(specs);
 }
 
 static std::vector<Fp8QuantizeSpec> quantize_variants() {

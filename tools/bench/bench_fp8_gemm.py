@@ -6,7 +6,12 @@ providers side by side on the same shapes and routing:
   per output column of B, B as [E, K, N] column-major (a transposed view of
   the [E, N, K] weights), a coarser and cheaper recipe: a peer, not the same
   arithmetic;
-- kjit bf16 (kjit.grouped_gemm on the unquantised operands).
+- kjit bf16 (kjit.grouped_gemm on the unquantised operands);
+- with --rows-on-m, a fourth: kjit FP8 on its rows-on-M SM90 kernel (tokens on
+  wgmma's M, kernel='sm90' with tile 128x128), the same operands as kjit FP8,
+  timed in the same alternation ("rows on M" columns: its speed-up over kjit
+  FP8 as configured, and its largest difference from kjit FP8's output
+  relative to that output's largest magnitude).
 Routing is uniform and random, top-k style: rows per expert drawn from a
 multinomial. TFLOP/s count real rows only (2 * sum(M) * N * K); timings
 alternate between the providers (timing.interleaved) so the clock's drift at
@@ -17,7 +22,7 @@ error against kjit bf16's (the FP8 quantisation's, a few percent; a wrong
 scale shows as ~1).
 
     PYTHONPATH=runtime/python python3 tools/bench/bench_fp8_gemm.py [--json FILE] [--quantize]
-        [--kernel portable] [--tile 128x128] [--cluster 2] [--shapes 0,5]
+        [--kernel portable] [--tile 128x128] [--cluster 2] [--shapes 0,5] [--rows-on-m [--rows-on-m-cluster 2]]
 """
 
 import argparse
@@ -176,6 +181,10 @@ def main():
                         "the heuristic's")
     parser.add_argument("--cluster", type=int, default=0, help="kjit FP8 cluster size (0: the heuristic's)")
     parser.add_argument("--cluster-axis", default="m", choices=["m", "n"])
+    parser.add_argument("--rows-on-m", action="store_true",
+                        help="also time kjit FP8's rows-on-M SM90 kernel (kernel='sm90', tile 128x128) beside it")
+    parser.add_argument("--rows-on-m-cluster", type=int, default=1, choices=[1, 2],
+                        help="the rows-on-M kernel's cluster (2: pairs along N sharing the rows; N a multiple of 256)")
     parser.add_argument("--quantize", action="store_true",
                         help="also time kjit.quantize_fp8 on the A operand, its bandwidth against a device copy")
     parser.add_argument("--torch-group-align", type=int, default=1,
@@ -190,6 +199,7 @@ def main():
     copy_bw = copy_bandwidth() if args.quantize else None
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "kernel": args.kernel,
               "tile": args.tile, "cluster": args.cluster, "cluster_axis": args.cluster_axis,
+              "rows_on_m": args.rows_on_m, "rows_on_m_cluster": args.rows_on_m_cluster if args.rows_on_m else None,
               "torch_fast_accum": args.torch_fast_accum, "rows": []}
     print(f"device: {result['device']}, torch {torch.__version__}" +
           (f", D2D copy {copy_bw / 1e12:.2f} TB/s" if copy_bw else ""))
@@ -218,7 +228,15 @@ def main():
         def run_bf16():
             kjit.grouped_gemm(x, w, ends, offsets_convention="cumulative_end", out=out_bf16)
 
-        providers = [run_fp8, run_bf16]
+        rows_on_m_cluster = args.rows_on_m_cluster if N % 256 == 0 else 1
+        out_rows_on_m = torch.empty_like(out_fp8) if args.rows_on_m else None
+
+        def run_rows_on_m():
+            kjit.grouped_gemm(a_codes, w_codes, ends, offsets_convention="cumulative_end", a_scale=a_scale,
+                              w_scale=w_scale, out=out_rows_on_m, kernel="sm90", tile=(128, 128),
+                              cluster=rows_on_m_cluster, cluster_axis="n" if rows_on_m_cluster > 1 else "m")
+
+        providers = [run_fp8, run_bf16] + ([run_rows_on_m] if args.rows_on_m else [])
         peer = out_torch = None
         if has_torch_fp8:
             peer, out_torch, align = torch_peer(x, w, counts, align, args.torch_fast_accum)
@@ -228,9 +246,16 @@ def main():
         run_bf16()
         err_fp8 = relative_error(out_fp8, out_bf16)
         err_torch = relative_error(peer.real_rows(out_torch), out_bf16) if peer else float("nan")
+        if args.rows_on_m:
+            run_rows_on_m()
+            err_rows_on_m = relative_error(out_rows_on_m, out_bf16)
+            # Same arithmetic, another summation order: close to kjit FP8's output, not bit-identical.
+            rows_on_m_apart = ((out_rows_on_m.float() - out_fp8.float()).abs().max() /
+                               out_fp8.float().abs().max()).item()
         times = interleaved(providers, args.rounds)
         t_fp8, t_bf16 = times[0], times[1]
-        t_torch = times[2] if peer else float("nan")
+        t_rows_on_m = times[2] if args.rows_on_m else float("nan")
+        t_torch = times[-1] if peer else float("nan")
         flops = 2 * M * N * K
 
         def tflops(t):
@@ -239,12 +264,23 @@ def main():
         print(f"{E:>4} {M:>6} {N:>6} {K:>6} | {t_fp8 * 1e6:8.1f} {tflops(t_fp8):7.1f} | {t_torch * 1e6:8.1f} "
               f"{tflops(t_torch):7.1f} | {t_bf16 * 1e6:8.1f} {tflops(t_bf16):7.1f} | {t_torch / t_fp8:7.2f}x "
               f"{t_bf16 / t_fp8:6.2f}x | {err_fp8:7.1e} {err_torch:9.1e}")
+        if args.rows_on_m:
+            print(f"{'':>4} rows on M (cluster {rows_on_m_cluster}): {t_rows_on_m * 1e6:8.1f} us "
+                  f"{tflops(t_rows_on_m):7.1f} TFLOP/s, {t_fp8 / t_rows_on_m:5.2f}x kjit FP8, "
+                  f"{t_torch / t_rows_on_m:5.2f}x torch, {t_bf16 / t_rows_on_m:5.2f}x bf16; err {err_rows_on_m:7.1e}, "
+                  f"apart from kjit FP8 {rows_on_m_apart:7.1e}")
         row = {"E": E, "rows": M, "N": N, "K": K, "kjit_fp8_us": t_fp8 * 1e6, "torch_rowwise_us": t_torch * 1e6,
                "kjit_bf16_us": t_bf16 * 1e6, "kjit_fp8_tflops": tflops(t_fp8),
                "torch_rowwise_tflops": tflops(t_torch), "kjit_bf16_tflops": tflops(t_bf16),
                "kjit_fp8_vs_torch_rowwise": t_torch / t_fp8, "kjit_fp8_vs_kjit_bf16": t_bf16 / t_fp8,
                "kjit_fp8_error_vs_bf16": err_fp8, "torch_rowwise_error_vs_bf16": err_torch,
                "torch_group_align": align if peer else None}
+        if args.rows_on_m:
+            row.update({"rows_on_m_us": t_rows_on_m * 1e6, "rows_on_m_tflops": tflops(t_rows_on_m),
+                        "rows_on_m_cluster": rows_on_m_cluster, "rows_on_m_vs_kjit_fp8": t_fp8 / t_rows_on_m,
+                        "rows_on_m_vs_torch_rowwise": t_torch / t_rows_on_m,
+                        "rows_on_m_vs_kjit_bf16": t_bf16 / t_rows_on_m, "rows_on_m_error_vs_bf16": err_rows_on_m,
+                        "rows_on_m_apart_from_kjit_fp8": rows_on_m_apart})
         if args.quantize:
             row.update(bench_quantize(x, copy_bw))
             print(f"{'':>4} quantize_fp8 [{M}, {K}]: {row['quantize_us']:.1f} us "
@@ -252,7 +288,7 @@ def main():
                   f"GPU-only {row['quantize_graph_us']:.1f} us "
                   f"({100 * row['quantize_graph_fraction_of_copy']:.1f}% of copy)")
         result["rows"].append(row)
-        del x, w, a_codes, a_scale, w_codes, w_scale, out_fp8, out_bf16, peer, out_torch, providers
+        del x, w, a_codes, a_scale, w_codes, w_scale, out_fp8, out_bf16, out_rows_on_m, peer, out_torch, providers
         torch.cuda.empty_cache()
     vs_bf16 = geomean([r["kjit_fp8_vs_kjit_bf16"] for r in result["rows"]])
     vs_torch = geomean([r["kjit_fp8_vs_torch_rowwise"] for r in result["rows"]
@@ -260,6 +296,11 @@ def main():
     print(f"geometric mean of kjit FP8 / kjit bf16 speed: {vs_bf16:.3f}x; of kjit FP8 / torch rowwise: {vs_torch:.3f}x")
     result["geomean_kjit_fp8_vs_kjit_bf16"] = vs_bf16
     result["geomean_kjit_fp8_vs_torch_rowwise"] = vs_torch
+    if args.rows_on_m:
+        for key, label in (("kjit_bf16", "kjit bf16"), ("torch_rowwise", "torch rowwise"), ("kjit_fp8", "kjit FP8")):
+            ratios = [r[f"rows_on_m_vs_{key}"] for r in result["rows"] if not math.isnan(r[f"rows_on_m_vs_{key}"])]
+            result[f"geomean_rows_on_m_vs_{key}"] = geomean(ratios)
+            print(f"geometric mean of rows on M / {label} speed: {geomean(ratios):.3f}x")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

@@ -17,10 +17,23 @@
 namespace kjit::harness {
 namespace {
 
+// The kernel request that, with `spec`'s tile, names `spec`'s kernel (a tile
+// with sm90 names the rows-on-M kernel; swap AB is asked for by name).
+kjit_gemm_kernel kernel_request(const codegen::GroupedGemmFp8Spec& spec) {
+  switch (spec.kernel) {
+    case codegen::Fp8GemmKernel::wgmma_sm90: return KJIT_GEMM_KERNEL_SM90_SWAP_AB;
+    case codegen::Fp8GemmKernel::wgmma_sm90_rows_on_m: return KJIT_GEMM_KERNEL_SM90;
+    default: return KJIT_GEMM_KERNEL_PORTABLE;
+  }
+}
+
 // The request that makes the op pick `spec` itself, whatever the row count.
 codegen::GemmRequest pinning_request(const codegen::GroupedGemmFp8Spec& spec) {
-  return {.kernel = spec.kernel == codegen::Fp8GemmKernel::wgmma_sm90 ? codegen::GemmRequest::Kernel::sm90
-                                                                      : codegen::GemmRequest::Kernel::portable,
+  using Kernel = codegen::GemmRequest::Kernel;
+  const kjit_gemm_kernel kernel = kernel_request(spec);
+  return {.kernel = kernel == KJIT_GEMM_KERNEL_SM90_SWAP_AB ? Kernel::sm90_swap_ab
+                    : kernel == KJIT_GEMM_KERNEL_SM90       ? Kernel::sm90
+                                                            : Kernel::portable,
           .tile_m = spec.tile_m,
           .tile_n = spec.tile_n,
           .cluster = spec.cluster,
@@ -108,7 +121,7 @@ Expected<double> check_grouped_gemm_fp8(Runtime& runtime, DeviceState& device, c
   g.b_scale_granularity = block_scaled ? KJIT_SCALE_PER_BLOCK : KJIT_SCALE_PER_ROW;
   g.b_block_rows = g.b_block_cols = block_scaled ? 128 : 0;
   if (spec.configured()) {
-    g.kernel = spec.kernel == codegen::Fp8GemmKernel::wgmma_sm90 ? KJIT_GEMM_KERNEL_SM90 : KJIT_GEMM_KERNEL_PORTABLE;
+    g.kernel = kernel_request(spec);
     g.tile_m = spec.tile_m;
     g.tile_n = spec.tile_n;
     g.cluster = spec.cluster;

@@ -18,17 +18,18 @@ namespace kjit::codegen {
 template <>
 inline constexpr int kEnumCount<Fp8WeightScale> = 2;
 template <>
-inline constexpr int kEnumCount<Fp8GemmKernel> = 2;
+inline constexpr int kEnumCount<Fp8GemmKernel> = 3;
 
 namespace {
 
 constexpr std::array kWeightScaleNames{"block_128", "channel"};
-constexpr std::array kKernelNames{"mma_sync", "wgmma_sm90"};
+constexpr std::array kKernelNames{"mma_sync", "wgmma_sm90", "wgmma_sm90_rows_on_m"};
 
 constexpr int kScaleBlock = 128;      // K columns per scale of A, and B's block edge
 constexpr int kPortableThreads = 128;
-constexpr int kSm90TileN = 128;       // weight rows per block: two consumer warpgroups of 64
+constexpr int kSm90TileN = 128;       // weight rows per block (swap AB: two consumer warpgroups of 64)
 constexpr int kSm90MaxRows = 128;     // the accumulator and the partial, tile_m / 2 registers each: 160 spills
+constexpr int kRowsOnMTileM = 128;    // rows on M: two consumer warpgroups of 64 rows
 constexpr int kSm90SharedLimit = 227 * 1024;
 constexpr int kSm90MaxStages = 8;
 
@@ -67,9 +68,17 @@ Expected<void> validate_configuration(const GroupedGemmFp8Spec& s) {
                                  tile));
     return {};
   }
+  const bool stages_ok = s.stages >= 2 && s.stages <= grouped_gemm_fp8_max_stages(s.kernel, s.tile_m);
+  const bool cluster_ok = s.cluster == 1 || (s.cluster == 2 && s.n % (2 * kSm90TileN) == 0);
+  if (s.kernel == Fp8GemmKernel::wgmma_sm90_rows_on_m) {
+    if (s.tile_m != kRowsOnMTileM || s.tile_n != kSm90TileN || !stages_ok || !cluster_ok)
+      return invalid(fmt::format("grouped_gemm_fp8 {} is not supported (wgmma_sm90_rows_on_m: tile {}x{}, 2 stages "
+                                 "up to what fits in 227 KB, cluster 1, or 2 when N is a multiple of {})",
+                                 tile, kRowsOnMTileM, kSm90TileN, 2 * kSm90TileN));
+    return {};
+  }
   const bool ok = s.tile_m % 32 == 0 && s.tile_m >= 32 && s.tile_m <= kSm90MaxRows && s.tile_n == kSm90TileN &&
-                  s.stages >= 2 && s.stages <= grouped_gemm_fp8_max_stages(s.tile_m) &&
-                  (s.cluster == 1 || (s.cluster == 2 && s.n % (2 * kSm90TileN) == 0));
+                  stages_ok && cluster_ok;
   if (!ok)
     return invalid(fmt::format("grouped_gemm_fp8 {} is not supported (wgmma_sm90: tile_m 32 to {} in steps of 32, "
                                "tile_n {}, 2 stages up to what fits in 227 KB, cluster 1, or 2 when N is a multiple "
@@ -78,15 +87,20 @@ Expected<void> validate_configuration(const GroupedGemmFp8Spec& s) {
   return {};
 }
 
-// Hopper's instruction: m64n<tile_m>k32 e4m3 (every tile runs at the tallest
-// height: fp8_consumer says why), as KjitWgmmaFp8Rows<tile_m> (the weights are operand A).
+// Hopper's instruction, as KjitWgmmaFp8<n>: swap AB m64n<tile_m>k32 e4m3
+// (every tile runs at the tallest height: fp8_consumer says why; the weights
+// are operand A), rows on M m64n<tile_n>k32 (the rows are operand A).
 std::string sm90_wgmma_wrapper(const GroupedGemmFp8Spec& s) {
-  return "template <int kRows>\nstruct KjitWgmmaFp8Rows;\n" +
-         wgmma_wrapper(fmt::format("template <>\nstruct KjitWgmmaFp8Rows<{}>", s.tile_m),
-                       {.n = s.tile_m, .operands = WgmmaOperands::e4m3});
+  const int n = s.kernel == Fp8GemmKernel::wgmma_sm90_rows_on_m ? s.tile_n : s.tile_m;
+  return "template <int kN>\nstruct KjitWgmmaFp8;\n" +
+         wgmma_wrapper(fmt::format("template <>\nstruct KjitWgmmaFp8<{}>", n),
+                       {.n = n, .operands = WgmmaOperands::e4m3});
 }
 
-int sm90_threads(const GroupedGemmFp8Spec& s) { return 128 * (s.tile_n / 64 + 1); }
+// One consumer warpgroup per 64 weight rows (swap AB) or 64 rows (rows on M), and the producer's.
+int sm90_threads(const GroupedGemmFp8Spec& s) {
+  return 128 * ((s.kernel == Fp8GemmKernel::wgmma_sm90_rows_on_m ? s.tile_m : s.tile_n) / 64 + 1);
+}
 
 GroupedGemmFp8Spec portable_config(const GroupedGemmFp8Spec& problem) {
   GroupedGemmFp8Spec s = problem;
@@ -103,7 +117,7 @@ GroupedGemmFp8Spec sm90_config(const GroupedGemmFp8Spec& problem, int tile_m, in
   s.kernel = Fp8GemmKernel::wgmma_sm90;
   s.tile_m = tile_m;
   s.tile_n = kSm90TileN;
-  s.stages = grouped_gemm_fp8_max_stages(tile_m);
+  s.stages = grouped_gemm_fp8_max_stages(s.kernel, tile_m);
   s.cluster = cluster;
   return s;
 }
@@ -121,10 +135,14 @@ Expected<std::vector<GroupedGemmFp8Spec>> requested_configs(const GroupedGemmFp8
                                                     : grouped_gemm_fp8_configs(problem, arch);
   if (request.tile_m == 0 && request.tile_n == 0 && request.cluster == 0) return configs;
   for (auto& s : configs) {
+    // A tile names a kernel's tile: the rows-on-M kernel's unless swap AB is asked for (as in the bf16 family).
+    if (is_sm90(s.kernel))
+      s.kernel = request.kernel == Kernel::sm90_swap_ab ? Fp8GemmKernel::wgmma_sm90
+                                                        : Fp8GemmKernel::wgmma_sm90_rows_on_m;
     if (request.tile_m != 0) s.tile_m = request.tile_m;
     if (request.tile_n != 0) s.tile_n = request.tile_n;
     s.cluster = request.cluster != 0 ? request.cluster : 1;
-    if (s.kernel == Fp8GemmKernel::wgmma_sm90) s.stages = grouped_gemm_fp8_max_stages(s.tile_m);
+    if (is_sm90(s.kernel)) s.stages = grouped_gemm_fp8_max_stages(s.kernel, s.tile_m);
     KJIT_TRY(Family<GroupedGemmFp8Spec>::validate(s));
   }
   return configs;
@@ -134,6 +152,7 @@ Expected<std::vector<GroupedGemmFp8Spec>> requested_configs(const GroupedGemmFp8
 
 std::string_view name(Fp8WeightScale s) { return kWeightScaleNames[static_cast<size_t>(s)]; }
 std::string_view name(Fp8GemmKernel k) { return kKernelNames[static_cast<size_t>(k)]; }
+bool is_sm90(Fp8GemmKernel k) { return k != Fp8GemmKernel::mma_sync; }
 
 std::string Family<GroupedGemmFp8Spec>::canonical(const GroupedGemmFp8Spec& g) {
   return fmt::format(
@@ -189,7 +208,8 @@ const std::vector<FieldRule>& Family<GroupedGemmFp8Spec>::schema() {
       text_field("weight_scale", {"block_128", "channel"}),
       text_field("offsets", {"cumulative_end", "with_leading_zero"}), boolean_field("row_scale"),
       // A configuration's fields (cache metadata; rare in manifests).
-      text_field("kernel", {"mma_sync", "wgmma_sm90"}, false), integers_field("tile", "[m, n]", 2, 1, 256),
+      text_field("kernel", {"mma_sync", "wgmma_sm90", "wgmma_sm90_rows_on_m"}, false),
+      integers_field("tile", "[m, n]", 2, 1, 256),
       integer_field("stages", 0, 16, false), integer_field("cluster", 1, 16, false)};
   return rules;
 }
@@ -219,7 +239,7 @@ Expected<void> Family<GroupedGemmFp8Spec>::supported_on(const GroupedGemmFp8Spec
                 fmt::format("the FP8 grouped GEMM needs FP8 tensor cores (compute capability 8.9 or newer); {} is "
                             "{}.{} ({})",
                             arch.target, arch.major, arch.minor, arch.note));
-  if (s.kernel == Fp8GemmKernel::wgmma_sm90 && !arch.wgmma_tma)
+  if (is_sm90(s.kernel) && !arch.wgmma_tma)
     return fail(KJIT_ERROR_UNSUPPORTED,
                 fmt::format("{} is Hopper's kernel (wgmma, TMA) and builds only for sm_90a, not {}", canonical(s),
                             arch.target));
@@ -230,14 +250,15 @@ RenderedKernel Family<GroupedGemmFp8Spec>::render(const GroupedGemmFp8Spec& s) {
   const auto problem = fmt::format("kjit::Fp8GemmProblem<{}LL, {}LL, {}, {}, {}, {}, {}>", s.n, s.k, s.experts,
                                    s.offsets == OffsetsConvention::with_leading_zero, s.row_scale,
                                    s.out == DType::f32, s.weight_scale == Fp8WeightScale::block_128);
-  if (s.kernel == Fp8GemmKernel::wgmma_sm90)
+  if (is_sm90(s.kernel))
     return assemble(canonical(s),
                     {.entry_point = "kjit_grouped_gemm_fp8_sm90",
                      .threads = sm90_threads(s),
                      .min_blocks = 1,  // a register cap at entry, which setmaxnreg needs
                      .templates = {"gemm/grouped_gemm_fp8_sm90.cuh"},
-                     .config = fmt::format("kjit::GroupedGemmFp8Sm90Config<{}, {}, {}, {}, KjitWgmmaFp8Rows>", problem,
-                                           s.tile_m, s.stages, s.cluster),
+                     .config = fmt::format("kjit::GroupedGemmFp8Sm90Config<{}, {}, {}, {}, {}, KjitWgmmaFp8>", problem,
+                                           s.tile_m, s.stages, s.cluster,
+                                           s.kernel == Fp8GemmKernel::wgmma_sm90_rows_on_m),
                      .params_type = "kjit_grouped_gemm_fp8_sm90_params",
                      .body = "kjit::grouped_gemm_fp8_sm90",
                      .prelude = sm90_wgmma_wrapper(s),
@@ -259,20 +280,20 @@ std::vector<GroupedGemmFp8Spec> Family<GroupedGemmFp8Spec>::kernels_for_target(c
 }
 
 int grouped_gemm_fp8_shared_bytes(const GroupedGemmFp8Spec& s) {
-  if (s.kernel != Fp8GemmKernel::wgmma_sm90) return 0;  // the portable kernel's tiles are static
+  if (!is_sm90(s.kernel)) return 0;  // the portable kernel's tiles are static
   // GroupedGemmFp8Sm90Config::kSharedBytes (the generated code asserts they
   // agree): stages of weight and row tiles (128 bytes a row), 1 KB of
-  // alignment slack, two mbarriers per stage, the epilogue scratch (4 KB per
-  // consumer), the tile queue (4 slots of 24 bytes) and each stage's scales
-  // (tile_m floats).
-  const int consumers = s.tile_n / 64;
-  return s.stages * (s.tile_n + s.tile_m) * kScaleBlock + 1024 + 16 * s.stages + consumers * 4096 + 4 * 24 +
+  // alignment slack, two mbarriers per stage, swap AB's epilogue scratch (4 KB
+  // per consumer; rows on M stores from registers), the tile queue (4 slots
+  // of 24 bytes) and each stage's scales (tile_m floats).
+  const int scratch = s.kernel == Fp8GemmKernel::wgmma_sm90 ? s.tile_n / 64 * 4096 : 0;
+  return s.stages * (s.tile_n + s.tile_m) * kScaleBlock + 1024 + 16 * s.stages + scratch + 4 * 24 +
          s.stages * s.tile_m * 4;
 }
 
-int grouped_gemm_fp8_max_stages(int tile_m) {
+int grouped_gemm_fp8_max_stages(Fp8GemmKernel kernel, int tile_m) {
   GroupedGemmFp8Spec s;
-  s.kernel = Fp8GemmKernel::wgmma_sm90;
+  s.kernel = kernel;
   s.tile_m = tile_m;
   s.tile_n = kSm90TileN;
   for (s.stages = kSm90MaxStages; s.stages > 1; --s.stages)
@@ -284,7 +305,7 @@ LaunchGeometry grouped_gemm_fp8_geometry(const GroupedGemmFp8Spec& spec, int64_t
   // Every expert adds at most one partial row tile: an upper bound that needs no offsets on the host.
   const int64_t m_tiles = (total_rows + spec.tile_m - 1) / spec.tile_m + spec.experts;
   const int64_t n_tiles = (spec.n + spec.tile_n - 1) / spec.tile_n;
-  if (spec.kernel == Fp8GemmKernel::wgmma_sm90)  // pairs lie along N
+  if (is_sm90(spec.kernel))  // pairs lie along N
     return persistent_gemm_grid(m_tiles * ((n_tiles + spec.cluster - 1) / spec.cluster), spec.cluster,
                                 resident_blocks, sm90_threads(spec), grouped_gemm_fp8_shared_bytes(spec));
   return portable_gemm_grid(m_tiles, n_tiles, kPortableThreads);

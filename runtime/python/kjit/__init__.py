@@ -769,7 +769,8 @@ def grouped_gemm(a, w, offsets, *, weights="e_n_k", offsets_convention, row_scal
     a_scale [rows, K / 128] (what kjit.quantize_fp8 returns) and w_scale
     [E, ceil(N / 128), K / 128] (128x128 blocks: w_block must say (128, 128))
     or [E, N] / [E, N, 1] (one per output channel). w_scale_convention: None
-    or 'multiply'.
+    or 'multiply'. On Hopper kernel='sm90' with tile=(128, 128) runs its
+    rows-on-M kernel (tokens on wgmma's M), 'sm90_swap_ab' the default's.
 
     W8A16 (FP8 weights converted to bf16 inside the kernel): a bfloat16, w
     float8_e4m3fn or float8_e5m2, N and K multiples of 16, no a_scale. The

@@ -31,10 +31,14 @@ enum class Fp8WeightScale : uint8_t { block_128, channel };
 std::string_view name(Fp8WeightScale s);
 
 // Which kernel: the portable mma.sync one with FP8 operands (sm_89 and newer)
-// or Hopper's (sm_90a): wgmma e4m3 with the rows of A on wgmma's N ("swap
-// AB": row tiles of any multiple of 32 rows up to tile_m, tile_n = 128
-// weight rows per block, one consumer warpgroup per 64).
-enum class Fp8GemmKernel : uint8_t { mma_sync, wgmma_sm90 };
+// or Hopper's (sm_90a), wgmma e4m3 in one of two orientations:
+// - wgmma_sm90: the rows of A on wgmma's N ("swap AB": row tiles of any
+//   multiple of 32 rows up to tile_m, tile_n = 128 weight rows per block,
+//   one consumer warpgroup per 64 of them); the heuristic's;
+// - wgmma_sm90_rows_on_m: the rows on wgmma's M (tile 128 x 128, one
+//   consumer warpgroup per 64 rows, two scale products per thread per
+//   k-block); picked only on request, for comparison, until measured.
+enum class Fp8GemmKernel : uint8_t { mma_sync, wgmma_sm90, wgmma_sm90_rows_on_m };
 std::string_view name(Fp8GemmKernel k);
 
 // The shape key is N, K, the expert count and the weight scaling; the token
@@ -74,15 +78,18 @@ struct Family<GroupedGemmFp8Spec> {
 };
 
 int grouped_gemm_fp8_shared_bytes(const GroupedGemmFp8Spec& spec);
-// The deepest wgmma_sm90 pipeline with row tiles of up to `tile_m` rows that fits a Hopper block's shared memory.
-int grouped_gemm_fp8_max_stages(int tile_m);
+// Whether `kernel` is one of Hopper's (wgmma and TMA).
+bool is_sm90(Fp8GemmKernel kernel);
+// The deepest pipeline of SM90 `kernel` with row tiles of up to `tile_m` rows that fits a Hopper block's shared memory.
+int grouped_gemm_fp8_max_stages(Fp8GemmKernel kernel, int tile_m);
 LaunchGeometry grouped_gemm_fp8_geometry(const GroupedGemmFp8Spec& spec, int64_t total_rows, int resident_blocks);
 
 // The configurations `arch` may pick, one per token-count bucket (what precompile builds).
 std::vector<GroupedGemmFp8Spec> grouped_gemm_fp8_configs(const GroupedGemmFp8Spec& problem, const ArchInfo& arch);
-// The configuration a launch of `rows` rows on `arch` uses; `request` as for the bf16 family (its kernel
-// sm90 and sm90_swap_ab both name the wgmma kernel; tile_m / tile_n / cluster override; the wgmma kernel's
-// pairs always lie along N, whatever cluster_axis says).
+// The configuration a launch of `rows` rows on `arch` uses; `request` as for the bf16 family: sm90 asks for
+// the arch's SM90 buckets, sm90_swap_ab for swap AB in every bucket; a tile (or cluster) names the rows-on-M
+// kernel's unless sm90_swap_ab is asked for; the SM90 kernels' pairs always lie along N, whatever
+// cluster_axis says.
 Expected<GroupedGemmFp8Spec> choose_grouped_gemm_fp8_config(const GroupedGemmFp8Spec& problem, const ArchInfo& arch,
                                                             int64_t rows, const GemmRequest& request = {});
 Expected<std::vector<GroupedGemmFp8Spec>> grouped_gemm_fp8_candidates(const GroupedGemmFp8Spec& problem,
