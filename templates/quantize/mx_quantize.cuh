@@ -99,14 +99,17 @@ __device__ __forceinline__ void finalize_global_scale(const kjit_mx_quantize_par
 // NVFP4's 8 codes of one chunk, e2m1(RN(x / d)) as quantize_nvfp4_block
 // states, with one reciprocal per block instead of an IEEE division per
 // element: RN(|x| / d) = quotient_from_reciprocal(|x|, d, RN(1 / d)) exactly
-// (never -0), x's sign put back on the code (that keeps -0's; every x is
-// finite here: a block holding NaN or inf never gets here).
+// (never -0), encoded by e2m1_code_plus_2p23, x's sign put back on the code
+// (that keeps -0's; every x is finite here: a block holding NaN or inf never
+// gets here). The codes are summed at their nibbles, 2^23 + code shifted left
+// by 4e for element e: the 0x4B000000 of elements e >= 2 leaves 32 bits, that
+// of elements 0 and 1 (0x4B000000 + 0xB0000000, mod 2^32) is subtracted.
 // No branch per element: an earlier fast path that fell back to __fdiv_rn
 // for the chunk whenever an approximate quotient lay near an e2m1 rounding
 // boundary fell back on ~4% of real chunks (bf16 x over d built from e4m3 and
 // a bf16-derived global scale often divides to a boundary or 1 ulp from it),
 // and its branch made most warps run both paths. The block falls back only
-// where the corrections' range (see quotient_from_reciprocal) is not met: r
+// where the correction's range (see quotient_from_reciprocal) is not met: r
 // outside [2^-126, 2^96] or amax r above 2^100, i.e. global scales that are
 // extreme for the data (the same for both lanes of a block).
 template <class Cfg>
@@ -114,13 +117,13 @@ __device__ __forceinline__ unsigned int nvfp4_codes(const unsigned int (&words)[
   const float r = __frcp_rn(d);
   unsigned int codes = 0;
   if (r >= 0x1p-126f && r <= 0x1p96f && __fmul_rn(amax, r) <= 0x1p100f) {  // NaN r fails too
+    unsigned int sum = 0u - (0x4B000000u + 0xB0000000u);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const unsigned int low = encode_e2m1_of_magnitude(quotient_from_reciprocal(fabsf(bf16_low(words[i])), d, r));
-      const unsigned int high = encode_e2m1_of_magnitude(quotient_from_reciprocal(fabsf(bf16_high(words[i])), d, r));
-      const unsigned int signs = ((words[i] >> 12) & 0x8u) | ((words[i] >> 24) & 0x80u);  // bf16 sign bits 15, 31
-      codes |= (low | high << 4 | signs) << (8 * i);
+      sum += e2m1_code_plus_2p23(quotient_from_reciprocal(fabsf(bf16_low(words[i])), d, r)) << (8 * i);
+      sum += e2m1_code_plus_2p23(quotient_from_reciprocal(fabsf(bf16_high(words[i])), d, r)) << (8 * i + 4);
     }
+    codes = sum | e2m1_signs(words);
   } else {
 #pragma unroll
     for (int i = 0; i < 4; ++i)
