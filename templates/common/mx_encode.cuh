@@ -10,33 +10,34 @@
 
 namespace kjit {
 
-// fp32 -> e2m1 nibble, round to nearest even, saturating to +-6 (inf too),
-// the sign of zero kept, NaN -> +0 (encode_e2m1_satfinite). One exact code
-// path on every arch (sm_90a has no cvt to e2m1), branch-free (both ranges
-// are computed and one is selected: a branch per element diverged):
-//  - |f| < 1: e2m1's subnormal step is 0.5, so the code is |f| * 2 rounded to
-//    the nearest even integer (0, 1 or 2 = 1.0's code): one fma with 2^23,
-//    which rounds |f| * 2 + 2^23 once, to an integer n whose bits are
-//    0x4B000000 + n.
-//  - |f| >= 1: e2m1 is 2^E * (1 + m / 2), E in 0..2, which is fp32's format
-//    cut to one mantissa bit: round fp32's bits at bit 22 to nearest even
-//    (adding 0x1FFFFF plus the kept bit carries into the exponent exactly when
-//    the discarded bits exceed half, or equal it with the kept bit odd); the
-//    bits from 22 up are then 2 * (E + 127) + m, and the code 2 * (E + 1) + m,
-//    saturated to 7 (6.0; infinity's bits give 258).
-// Ties: 0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4.
-// encode_e2m1_of_magnitude is the code of a non-negative y without its sign
-// and NaN handling (3-bit code).
-__device__ __forceinline__ unsigned int encode_e2m1_of_magnitude(float y) {  // y >= +0 (not -0), not NaN
-  const unsigned int bits = __float_as_uint(y);
-  const unsigned int below_one = __float_as_uint(__fmaf_rn(y, 2.0f, 0x1p23f)) - 0x4B000000u;
-  const unsigned int rounded = bits + 0x1FFFFFu + ((bits >> 22) & 1u);
-  return bits < 0x3f800000u ? below_one : min((rounded >> 22) - 252u, 7u);
+// The e2m1 code of a finite y >= 0 (3 bits, saturating at 6) as the fp32
+// bits of 2^23 + code, from fp32 additions that round onto the integers of
+// [2^23, 2^24) (nearest even there is e2m1's nearest even: the even code):
+//   fma(y, 2, 2^23)                = 2^23 + RNE(2 y):         the code for y < 2 (steps of 0.5)
+//   y + (2^23 + 2)                 = 2^23 + RNE(y) + 2:       the code for 2 <= y < 4 (steps of 1)
+//   fma(min(y, 6), 0.5, 2^23 + 4)  = 2^23 + RNE(y / 2) + 4:   the code for y >= 4 (steps of 2), saturated
+// and each candidate is at least the code outside its range (2y <= y + 2 for
+// y <= 2, and so on), so the code is their smallest (as bits: all are
+// positive floats). Equal to reference::encode_e2m1_satfinite for every
+// finite y >= 0 (all 2^31 - 2^23 checked on the CPU;
+// tests/unit/test_fp4_mx_reference.cpp checks a stride of them and every float
+// near each rounding boundary). The code is the low 3 bits, the rest is
+// 0x4B000000.
+__device__ __forceinline__ unsigned int e2m1_code_plus_2p23(float y) {
+  const unsigned int below_two = __float_as_uint(__fmaf_rn(y, 2.0f, 0x1p23f));
+  const unsigned int two_to_four = __float_as_uint(__fadd_rn(y, 0x1p23f + 2.0f));
+  const unsigned int from_four = __float_as_uint(__fmaf_rn(fminf(y, 6.0f), 0.5f, 0x1p23f + 4.0f));
+  return min(min(below_two, two_to_four), from_four);
 }
 
+// fp32 -> e2m1 nibble, round to nearest even, saturating to +-6 (inf too),
+// the sign of zero kept, NaN -> +0 (encode_e2m1_satfinite). One exact code
+// path on every arch (sm_90a has no cvt to e2m1), branch-free: the magnitude
+// through e2m1_code_plus_2p23. Ties: 0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 ->
+// 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4.
 __device__ __forceinline__ unsigned int encode_e2m1_satfinite(float f) {
   const unsigned int bits = __float_as_uint(f);
-  const unsigned int code = encode_e2m1_of_magnitude(fabsf(f));
+  const unsigned int code = e2m1_code_plus_2p23(fabsf(f)) & 7u;  // inf: min(inf, 6) saturates
   return (bits & 0x7fffffffu) > 0x7f800000u ? 0u : ((bits >> 28) & 0x8u) | code;  // NaN has no code
 }
 
@@ -75,20 +76,36 @@ __device__ __forceinline__ float bf16_over_6(float a) {
   return __fmaf_rn(__fmaf_rn(-q0, 6.0f, a), kSixth, q0);
 }
 
-// RN(a / d) for a finite a >= 0 from r = RN(1 / d), with no division and no
-// branch: q0 = RN(a r) is within 1.5 ulp of a / d, one residual correction
-// (a - d q0 in one fma, times r, added in another) makes it faithful, and a
-// second gives the correctly rounded quotient (Markstein's theorem: q faithful
-// and r within half an ulp of 1 / d make RN(q + (a - d q) r) = RN(a / d)).
-// The theorem needs no overflow and exact residuals: the caller keeps a r
-// below 2^100 and r in [2^-126, 2^96], which leaves the quotient exact
-// whenever it is 2^-90 or more (a residual underflows only for a far below d,
-// where the quotient is tiny either way). nvfp4_codes relies on it; CPU
-// check: every finite bf16 a against 3000 scales d, the e2m1 codes equal.
+// RN(a / d) for a bf16 value a >= 0 (finite) from r = RN(1 / d), with no
+// division and no branch: q0 = RN(a r) is within about an ulp of a / d, and
+// one correction by the exact residual (a - d q0 in one fma, times r, added
+// to q0 in another) leaves q0 + (a - d q0) r = a / d + (q0 - a / d)(1 - r d)
+// to round, within a tiny fraction of an ulp of a / d (|1 - r d| <= 2^-24).
+// That is the correctly rounded quotient unless a / d lies closer still to a
+// rounding midpoint, which bf16 over fp32 quotients never do: RN(q0 + (a - d
+// q0) r) equals the IEEE quotient for every one of bf16's 128 significands
+// against every one of fp32's 2^23 (all 2^30 pairs, checked on the CPU; 27%
+// of the q0 are off by an ulp), and the arithmetic scales exactly with a's
+// and d's exponents as long as nothing overflows and the residual is exact:
+// the caller keeps a r below 2^100 and r in [2^-126, 2^96], which leaves the
+// quotient exact whenever it is 2^-90 or more (a residual underflows only for
+// a far below d, where the quotient is tiny either way). nvfp4_codes relies
+// on it; tests/unit/test_fp4_mx_reference.cpp checks every bf16 significand
+// against a stride of d's.
 __device__ __forceinline__ float quotient_from_reciprocal(float a, float d, float r) {
   const float q0 = __fmul_rn(a, r);
-  const float q1 = __fmaf_rn(__fmaf_rn(-q0, d, a), r, q0);
-  return __fmaf_rn(__fmaf_rn(-q1, d, a), r, q1);
+  return __fmaf_rn(__fmaf_rn(-q0, d, a), r, q0);
+}
+
+// The sign bits of a chunk's 8 bf16 (the words' bits 15 and 31) at bit 3 of
+// their e2m1 nibbles, element e at bit 4e + 3: bytes 1 and 3 of word i carry
+// the signs of elements 2i and 2i + 1 in their top bits.
+__device__ __forceinline__ unsigned int e2m1_signs(const unsigned int (&words)[4]) {
+  const unsigned int front = __byte_perm(words[0], words[1], 0x7351) & 0x80808080u;  // elements 0, 2, 1, 3
+  const unsigned int back = __byte_perm(words[2], words[3], 0x7351) & 0x80808080u;   // elements 4, 6, 5, 7
+  const unsigned int even = __byte_perm(front, back, 0x5410);  // elements 0, 2, 4, 6 at bits 7, 15, 23, 31
+  const unsigned int odd = __byte_perm(front, back, 0x7632);   // elements 1, 3, 5, 7 at bits 7, 15, 23, 31
+  return (even >> 4) | odd;
 }
 
 // Round two floats to nearest-even e5m2, saturating finite values beyond

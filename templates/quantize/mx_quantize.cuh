@@ -5,14 +5,16 @@
 // nvfp4_global_scale for a computed global scale).
 //
 // Each thread loads kChunksPerThread 16-byte chunks (8 bf16) before converting
-// any; consecutive lanes hold consecutive chunks, so every warp load reads 512
-// contiguous bytes and the 2 (NVFP4) or 4 (MX) lanes of one scale block are
-// neighbours: the block's amax is a max over bf16 magnitude bits (monotonic for
-// non-negative values; inf and NaN compare above every finite value) and one or
-// two shuffles. Each lane stores its 8 elements' codes (4 or 8 bytes; a warp
-// stores a contiguous 128 or 256 bytes), the first lane of a block its scale.
-// Grid: x over the expert's chunks, y = the expert (no division to find it).
-// Indices are 64-bit.
+// any; the kLanesPerBlock = 2 (NVFP4) or 4 (MX) lanes of one scale block are
+// neighbours holding consecutive chunks: the block's amax is a max over bf16
+// magnitude bits (monotonic for non-negative values; inf and NaN compare above
+// every finite value) and one or two shuffles. Each lane stores its 8
+// elements' codes (4 or 8 bytes; the lanes of a row piece store contiguous
+// bytes). Which chunks a thread takes depends on the scale layout: linear
+// scales (mx_quantize_linear) take the expert's chunks in order, swizzled ones
+// (mx_quantize_swizzled) one 128x4 scale tile per thread block, so that the
+// tile's 512 bytes go out whole in 16-byte stores. Grid: y = the expert (no
+// division to find it). Indices are 64-bit where rows need it.
 #pragma once
 
 #include "../abi/mx_quantize_params.h"
@@ -57,78 +59,6 @@ constexpr float kNvfp4Range = 2688.0f;
 __device__ __forceinline__ float bf16_low(unsigned int word) { return __uint_as_float(word << 16); }
 __device__ __forceinline__ float bf16_high(unsigned int word) { return __uint_as_float(word & 0xffff0000u); }
 
-// Writes one scale byte of expert `expert` (rows per expert `rows`) at (row, col).
-template <class Cfg>
-__device__ __forceinline__ void store_scale(const kjit_mx_quantize_params& p, long long expert, long long row,
-                                            long long col, unsigned int byte) {
-  if constexpr (Cfg::kSwizzled) {
-    const long long base = expert * ((p.rows + 127) / 128 * 128) * Cfg::kPaddedScaleCols;
-    p.scales[base + swizzled_scale_offset(row, col, Cfg::kScaleCols)] = static_cast<unsigned char>(byte);
-  } else {
-    p.scales[(expert * p.rows + row) * Cfg::kScaleCols + col] = static_cast<unsigned char>(byte);
-  }
-}
-
-// Offset of swizzled scale (row, scale_col) within one expert's block
-// (swizzled_scale_offset), with the 64-bit arithmetic only where rows need it.
-template <class Cfg>
-__device__ __forceinline__ long long swizzled_offset(long long row, int scale_col) {
-  constexpr long long kTiles = Cfg::kPaddedScaleCols / 4;
-  const unsigned int low = static_cast<unsigned int>(row);
-  const unsigned int inner = (low & 31u) * 16u + ((low >> 5) & 3u) * 4u + (scale_col & 3);
-  return ((row >> 7) * kTiles + (scale_col >> 2)) * 512 + inner;
-}
-
-// Stores the swizzled scale byte of the block whose first chunk this lane
-// holds (a block lead: lane % kLanesPerBlock == 0). Scale columns 4t..4t+3 of
-// a row are one aligned 32-bit word (bytes past the last column are padding,
-// written 0), and their blocks' leads are kLanesPerBlock lanes apart: where
-// all of them are in this warp, the lead of column 4t gathers the other three
-// bytes by shuffles (every lane takes part) and stores the word; elsewhere (a
-// word split between warps, an unaligned scale pointer) each lead stores its
-// byte. One store instead of four, and no partial words.
-template <class Cfg>
-__device__ __forceinline__ void store_swizzled_scale(const kjit_mx_quantize_params& p, long long base, long long row,
-                                                     int col, unsigned int scale, bool valid) {
-  constexpr int kStep = Cfg::kLanesPerBlock;
-  const unsigned int next1 = __shfl_down_sync(0xffffffffu, scale, kStep);
-  const unsigned int next2 = __shfl_down_sync(0xffffffffu, scale, 2 * kStep);
-  const unsigned int next3 = __shfl_down_sync(0xffffffffu, scale, 3 * kStep);
-  const int lane = threadIdx.x % 32;
-  if (!valid || lane % kStep != 0) return;
-  const int scale_col = col / kStep;
-  const int position = scale_col & 3;
-  // The word's real bytes: 4, or fewer in the last (padded) column group.
-  const int bytes = Cfg::kScaleCols % 4 == 0 ? 4 : min(4, static_cast<int>(Cfg::kScaleCols) - (scale_col - position));
-  const int word_lead = lane - position * kStep;
-  const bool words = (reinterpret_cast<unsigned long long>(p.scales) & 3u) == 0;
-  const long long word_offset = base + swizzled_offset<Cfg>(row, scale_col - position);
-  if (words && word_lead >= 0 && word_lead + (bytes - 1) * kStep < 32) {
-    if (position != 0) return;  // the word's lead stores it
-    const unsigned int word = (scale & 0xFFu) | (next1 & 0xFFu) << 8 | (next2 & 0xFFu) << 16 | next3 << 24;
-    *reinterpret_cast<unsigned int*>(p.scales + word_offset) =
-        bytes == 4 ? word : word & ((1u << (8 * bytes)) - 1u);  // padding columns 0
-  } else {
-    p.scales[word_offset + position] = static_cast<unsigned char>(scale);
-  }
-}
-
-// The swizzled layout's padding (rows up to a multiple of 128, scale columns
-// up to 4), written 0 by the threads that own the last real row and column.
-template <class Cfg>
-__device__ __forceinline__ void store_scale_padding(const kjit_mx_quantize_params& p, long long expert, long long row,
-                                                    long long col) {
-  const bool last_col = col == Cfg::kScaleCols - 1;
-  if (last_col)
-    for (long long c = Cfg::kScaleCols; c < Cfg::kPaddedScaleCols; ++c) store_scale<Cfg>(p, expert, row, c, 0u);
-  if (row == p.rows - 1) {
-    const long long padded_rows = (p.rows + 127) / 128 * 128;
-    const long long col_end = last_col ? Cfg::kPaddedScaleCols : col + 1;
-    for (long long r = p.rows; r < padded_rows; ++r)
-      for (long long c = col; c < col_end; ++c) store_scale<Cfg>(p, expert, r, c, 0u);
-  }
-}
-
 // The largest finite bf16 magnitude of the block's chunks (bits), into
 // global_scales[expert] by atomicMax on the bits (non-negative floats order as
 // their bits; the op zeroed the array first). NaN and inf are left out.
@@ -169,14 +99,17 @@ __device__ __forceinline__ void finalize_global_scale(const kjit_mx_quantize_par
 // NVFP4's 8 codes of one chunk, e2m1(RN(x / d)) as quantize_nvfp4_block
 // states, with one reciprocal per block instead of an IEEE division per
 // element: RN(|x| / d) = quotient_from_reciprocal(|x|, d, RN(1 / d)) exactly
-// (never -0), x's sign put back on the code (that keeps -0's; every x is
-// finite here: a block holding NaN or inf never gets here).
+// (never -0), encoded by e2m1_code_plus_2p23, x's sign put back on the code
+// (that keeps -0's; every x is finite here: a block holding NaN or inf never
+// gets here). The codes are summed at their nibbles, 2^23 + code shifted left
+// by 4e for element e: the 0x4B000000 of elements e >= 2 leaves 32 bits, that
+// of elements 0 and 1 (0x4B000000 + 0xB0000000, mod 2^32) is subtracted.
 // No branch per element: an earlier fast path that fell back to __fdiv_rn
 // for the chunk whenever an approximate quotient lay near an e2m1 rounding
 // boundary fell back on ~4% of real chunks (bf16 x over d built from e4m3 and
 // a bf16-derived global scale often divides to a boundary or 1 ulp from it),
 // and its branch made most warps run both paths. The block falls back only
-// where the corrections' range (see quotient_from_reciprocal) is not met: r
+// where the correction's range (see quotient_from_reciprocal) is not met: r
 // outside [2^-126, 2^96] or amax r above 2^100, i.e. global scales that are
 // extreme for the data (the same for both lanes of a block).
 template <class Cfg>
@@ -184,13 +117,13 @@ __device__ __forceinline__ unsigned int nvfp4_codes(const unsigned int (&words)[
   const float r = __frcp_rn(d);
   unsigned int codes = 0;
   if (r >= 0x1p-126f && r <= 0x1p96f && __fmul_rn(amax, r) <= 0x1p100f) {  // NaN r fails too
+    unsigned int sum = 0u - (0x4B000000u + 0xB0000000u);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const unsigned int low = encode_e2m1_of_magnitude(quotient_from_reciprocal(fabsf(bf16_low(words[i])), d, r));
-      const unsigned int high = encode_e2m1_of_magnitude(quotient_from_reciprocal(fabsf(bf16_high(words[i])), d, r));
-      const unsigned int signs = ((words[i] >> 12) & 0x8u) | ((words[i] >> 24) & 0x80u);  // bf16 sign bits 15, 31
-      codes |= (low | high << 4 | signs) << (8 * i);
+      sum += e2m1_code_plus_2p23(quotient_from_reciprocal(fabsf(bf16_low(words[i])), d, r)) << (8 * i);
+      sum += e2m1_code_plus_2p23(quotient_from_reciprocal(fabsf(bf16_high(words[i])), d, r)) << (8 * i + 4);
     }
+    codes = sum | e2m1_signs(words);
   } else {
 #pragma unroll
     for (int i = 0; i < 4; ++i)
@@ -250,14 +183,37 @@ __device__ __forceinline__ uint2 encode_chunk(const uint4& x, unsigned int magni
   return codes;
 }
 
+// The amax bits of the block a chunk belongs to: the chunk's own, then a max
+// over the block's kLanesPerBlock neighbouring lanes (every lane takes part).
 template <class Cfg>
-__device__ __forceinline__ void mx_quantize(const kjit_mx_quantize_params& p) {
-  if constexpr (Cfg::kGlobal == MxGlobal::compute) {
-    if (p.phase == KJIT_MX_QUANTIZE_PHASE_FINALIZE) {
-      finalize_global_scale<Cfg>(p);
-      return;
-    }
+__device__ __forceinline__ unsigned int block_magnitude(const uint4& x) {
+  unsigned int magnitude = __vmaxu2(__vmaxu2(x.x & 0x7fff7fffu, x.y & 0x7fff7fffu),
+                                    __vmaxu2(x.z & 0x7fff7fffu, x.w & 0x7fff7fffu));
+  magnitude = max(magnitude & 0xffffu, magnitude >> 16);
+#pragma unroll
+  for (int offset = 1; offset < Cfg::kLanesPerBlock; offset *= 2)
+    magnitude = max(magnitude, __shfl_xor_sync(0xffffffffu, magnitude, offset));
+  return magnitude;
+}
+
+// Stores one chunk's codes (4 packed bytes for FP4, 8 fp8 codes for MXFP8) at
+// chunk column `col` of flat row `flat_row`.
+template <class Cfg>
+__device__ __forceinline__ void store_codes(const kjit_mx_quantize_params& p, long long flat_row, int col,
+                                            const uint2& codes) {
+  if constexpr (Cfg::kFp4) {
+    *reinterpret_cast<unsigned int*>(p.out + flat_row * (Cfg::kK / 2) + col * 4LL) = codes.x;
+  } else {
+    *reinterpret_cast<uint2*>(p.out + flat_row * Cfg::kK + col * 8LL) = codes;
   }
+}
+
+// Linear scales: the grid's x runs over the expert's 16-byte chunks, each
+// thread taking kChunksPerThread of them kThreads apart, consecutive lanes
+// consecutive chunks (every warp load reads 512 contiguous bytes). The block
+// leads of a warp write consecutive scale bytes, whole sectors per store.
+template <class Cfg>
+__device__ __forceinline__ void mx_quantize_linear(const kjit_mx_quantize_params& p) {
   const long long expert = blockIdx.y;
   const long long chunks = p.rows * Cfg::kChunksPerRow;
   const long long first = static_cast<long long>(blockIdx.x) * Cfg::kThreads * Cfg::kChunksPerThread + threadIdx.x;
@@ -298,40 +254,131 @@ __device__ __forceinline__ void mx_quantize(const kjit_mx_quantize_params& p) {
 
   float global = 1.0f;
   if constexpr (Cfg::kGlobal != MxGlobal::none) global = p.global_scales[expert];
-  const long long swizzled_base = expert * ((p.rows + 127) / 128 * 128) * Cfg::kPaddedScaleCols;
 #pragma unroll
   for (int u = 0; u < Cfg::kChunksPerThread; ++u) {
-    // The block's amax over its lanes (all of them in or past the end together:
-    // the chunk count is a multiple of the lanes per block).
-    unsigned int magnitude = __vmaxu2(__vmaxu2(x[u].x & 0x7fff7fffu, x[u].y & 0x7fff7fffu),
-                                      __vmaxu2(x[u].z & 0x7fff7fffu, x[u].w & 0x7fff7fffu));
-    magnitude = max(magnitude & 0xffffu, magnitude >> 16);
-#pragma unroll
-    for (int offset = 1; offset < Cfg::kLanesPerBlock; offset *= 2)
-      magnitude = max(magnitude, __shfl_xor_sync(0xffffffffu, magnitude, offset));
+    // All lanes of a block are in or past the end together (the chunk count
+    // is a multiple of the lanes per block); all of them take the shuffles.
+    const unsigned int magnitude = block_magnitude<Cfg>(x[u]);
+    if (first + static_cast<long long>(u) * Cfg::kThreads < chunks) {
+      unsigned int scale = 0;
+      const long long flat_row = expert * p.rows + rows[u];
+      store_codes<Cfg>(p, flat_row, cols[u], encode_chunk<Cfg>(x[u], magnitude, global, scale));
+      if (threadIdx.x % Cfg::kLanesPerBlock == 0)
+        p.scales[flat_row * Cfg::kScaleCols + cols[u] / Cfg::kLanesPerBlock] = static_cast<unsigned char>(scale);
+    }
+  }
+}
 
-    const long long chunk = first + static_cast<long long>(u) * Cfg::kThreads;
-    const bool valid = chunk < chunks;
-    const long long row = rows[u];
-    const int col = cols[u];
-    unsigned int scale = 0;
-    if (valid) {
+// Swizzled 128x4 scales: one thread block per tile, the 128 rows (padding
+// included) x 4 scale columns of one expert whose 512 scale bytes are
+// contiguous in the layout (FORMATS.md: offset (m % 32) * 16 + (m / 32 % 4) *
+// 4 + k % 4 inside the tile; the tiles of an expert row-major, band by band,
+// from the expert's 128-row-padded base), so the grid's x is the expert's
+// tile index and the block writes its tile whole with 16-byte stores, padding
+// bytes (rows past the expert's end, scale columns past K) as 0.
+//
+// A tile row is kTileChunks = 4 * kLanesPerBlock chunks. In pass u thread t
+// takes row m = u * kRowsPerPass + t / kTileChunks, chunk t % kTileChunks
+// (a warp loads 4 or 2 whole 128- or 256-byte row pieces). Scale column k and
+// m % 32 stay the same across a thread's passes, and m / 32 runs over 0..3
+// (NVFP4: one pass each; MX: every other pass), so the 16-byte segment at
+// (m % 32) * 16 holds scale byte k of 4 of the thread's passes: each lane
+// packs those 4 bytes into a word (byte m / 32), and the lane of column 0
+// gathers the words of columns 1..3 by shuffles and transposes the 4x4 bytes
+// into the segment.
+template <class Cfg>
+__device__ __forceinline__ void mx_quantize_swizzled(const kjit_mx_quantize_params& p) {
+  constexpr int kTileChunks = 4 * Cfg::kLanesPerBlock;
+  constexpr int kRowsPerPass = Cfg::kThreads / kTileChunks;
+  constexpr int kSegments = 32 / kRowsPerPass;  // segments (16-byte tile rows) per thread: 1 (NVFP4) or 2 (MX)
+  constexpr unsigned int kTiles = static_cast<unsigned int>(Cfg::kPaddedScaleCols / 4);
+  static_assert(Cfg::kThreads % kTileChunks == 0 && 32 % kRowsPerPass == 0, "a pass takes whole tile rows");
+  static_assert(kRowsPerPass * Cfg::kChunksPerThread == 128, "a thread block takes one 128-row tile");
+  const long long expert = blockIdx.y;
+  const unsigned int band = blockIdx.x / kTiles;  // the tile's 128 rows, within the expert
+  const int tile_col = static_cast<int>(blockIdx.x % kTiles);
+  const int lane_col = static_cast<int>(threadIdx.x % kTileChunks);
+  const int first_row = static_cast<int>(threadIdx.x / kTileChunks);  // in the tile, pass 0
+  const int col = tile_col * kTileChunks + lane_col;                   // chunk column in the row
+  const bool col_valid = Cfg::kChunksPerRow % kTileChunks == 0 || col < Cfg::kChunksPerRow;
+  const long long row = band * 128LL + first_row;  // within the expert, pass 0
+  // Passes whose row exists: u * kRowsPerPass < rows_left.
+  const int rows_left = static_cast<int>(min(p.rows - row, 128LL));
+  const long long flat_row = expert * p.rows + row;
+  const unsigned char* in = static_cast<const unsigned char*>(p.in) + 2 * (flat_row * p.in_row_stride + col * 8LL);
+  const long long pass_stride = 2LL * kRowsPerPass * p.in_row_stride;  // bytes
+
+  uint4 x[Cfg::kChunksPerThread];
+#pragma unroll
+  for (int u = 0; u < Cfg::kChunksPerThread; ++u) {
+    x[u] = make_uint4(0u, 0u, 0u, 0u);
+    if (col_valid && u * kRowsPerPass < rows_left) {
+      Bytes<16> loaded;
+      load_bytes(loaded, in + u * pass_stride);
+      x[u] = *reinterpret_cast<const uint4*>(loaded.b);
+    }
+  }
+  if constexpr (Cfg::kGlobal == MxGlobal::compute) {
+    if (p.phase == KJIT_MX_QUANTIZE_PHASE_AMAX) {
+      expert_amax<Cfg>(p, x);
+      return;
+    }
+  }
+
+  float global = 1.0f;
+  if constexpr (Cfg::kGlobal != MxGlobal::none) global = p.global_scales[expert];
+  unsigned int packed[kSegments] = {};  // byte g: the scale of row group m / 32 = g
+#pragma unroll
+  for (int u = 0; u < Cfg::kChunksPerThread; ++u) {
+    const unsigned int magnitude = block_magnitude<Cfg>(x[u]);
+    unsigned int scale = 0;  // padding rows and columns: 0
+    if (col_valid && u * kRowsPerPass < rows_left) {
       const uint2 codes = encode_chunk<Cfg>(x[u], magnitude, global, scale);
-      const long long flat_row = expert * p.rows + row;
-      if constexpr (Cfg::kFp4) {
-        *reinterpret_cast<unsigned int*>(p.out + flat_row * (Cfg::kK / 2) + col * 4LL) = codes.x;
-      } else {
-        *reinterpret_cast<uint2*>(p.out + flat_row * Cfg::kK + col * 8LL) = codes;
-      }
+      store_codes<Cfg>(p, flat_row + u * kRowsPerPass, col, codes);
     }
-    if constexpr (Cfg::kSwizzled) {
-      store_swizzled_scale<Cfg>(p, swizzled_base, row, col, scale, valid);  // every lane: it shuffles
-      if (valid && threadIdx.x % Cfg::kLanesPerBlock == 0)
-        store_scale_padding<Cfg>(p, expert, row, col / Cfg::kLanesPerBlock);
-    } else if (valid && threadIdx.x % Cfg::kLanesPerBlock == 0) {
-      // Linear: the warp's block leads write consecutive bytes, one sector per store already.
-      p.scales[(expert * p.rows + row) * Cfg::kScaleCols + col / Cfg::kLanesPerBlock] = static_cast<unsigned char>(scale);
+    packed[u % kSegments] |= scale << (8 * (u / kSegments));
+  }
+
+  const long long tile = (expert * ((p.rows + 127) / 128) + band) * kTiles + tile_col;
+  unsigned char* segments = p.scales + tile * 512 + first_row * 16;
+#pragma unroll
+  for (int h = 0; h < kSegments; ++h) {
+    constexpr int kStep = Cfg::kLanesPerBlock;  // lanes from one scale column to the next
+    const unsigned int column0 = packed[h];
+    const unsigned int column1 = __shfl_down_sync(0xffffffffu, column0, kStep);
+    const unsigned int column2 = __shfl_down_sync(0xffffffffu, column0, 2 * kStep);
+    const unsigned int column3 = __shfl_down_sync(0xffffffffu, column0, 3 * kStep);
+    if (lane_col != 0) continue;
+    // Word g of the segment: byte g of columns 0..3 (the 4x4 byte transpose).
+    const unsigned int low01 = __byte_perm(column0, column1, 0x5140);   // c0.b0 c1.b0 c0.b1 c1.b1
+    const unsigned int low23 = __byte_perm(column2, column3, 0x5140);   // c2.b0 c3.b0 c2.b1 c3.b1
+    const unsigned int high01 = __byte_perm(column0, column1, 0x7362);  // c0.b2 c1.b2 c0.b3 c1.b3
+    const unsigned int high23 = __byte_perm(column2, column3, 0x7362);
+    const uint4 segment = make_uint4(__byte_perm(low01, low23, 0x5410), __byte_perm(low01, low23, 0x7632),
+                                     __byte_perm(high01, high23, 0x5410), __byte_perm(high01, high23, 0x7632));
+    unsigned char* to = segments + h * kRowsPerPass * 16;
+    if ((reinterpret_cast<unsigned long long>(p.scales) & 15u) == 0) {
+      *reinterpret_cast<uint4*>(to) = segment;
+    } else {  // an unaligned scale pointer (the op allows any): byte by byte
+      const unsigned int words[4] = {segment.x, segment.y, segment.z, segment.w};
+#pragma unroll
+      for (int i = 0; i < 16; ++i) to[i] = static_cast<unsigned char>(words[i / 4] >> (8 * (i % 4)));
     }
+  }
+}
+
+template <class Cfg>
+__device__ __forceinline__ void mx_quantize(const kjit_mx_quantize_params& p) {
+  if constexpr (Cfg::kGlobal == MxGlobal::compute) {
+    if (p.phase == KJIT_MX_QUANTIZE_PHASE_FINALIZE) {
+      finalize_global_scale<Cfg>(p);
+      return;
+    }
+  }
+  if constexpr (Cfg::kSwizzled) {
+    mx_quantize_swizzled<Cfg>(p);
+  } else {
+    mx_quantize_linear<Cfg>(p);
   }
 }
 

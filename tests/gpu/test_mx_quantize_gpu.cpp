@@ -8,8 +8,8 @@
 // of the computed-global-scale form, NVFP4 elements on and within a few ulps
 // of every e2m1 boundary (the reciprocal fast path and its exact fallback),
 // MXFP4 over every finite bf16 under every scale byte, and quantize ->
-// dequant round trips within each format's bound. Outputs start poisoned, so
-// unwritten bytes fail.
+// dequant round trips within each format's bound, swizzled scales at
+// unaligned addresses. Outputs start poisoned, so unwritten bytes fail.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -468,6 +468,42 @@ TEST_CASE("a swizzled layout writes every padding byte 0 and each expert at its 
     CHECK(real == 15 * 3);
     CHECK(zero_padding == 3 * 512 - 15 * 3);
   }
+}
+
+// The swizzled layout's tiles go out as 16-byte stores when the scale pointer
+// is 16-byte aligned and byte by byte otherwise (the op takes any address):
+// here at offsets 1, 4 and 8 into a poisoned buffer, with two full 128-row
+// bands plus a partial one and a padded last tile (6 scale columns of 8); the
+// bytes around the layout keep their poison.
+TEST_CASE("swizzled scales at an address that is not 16-byte aligned are bit-exact and stay in bounds") {
+  for (Problem form : every_form())
+    for (int64_t offset : {1, 4, 8}) {
+      Problem p = form;
+      p.layout = KJIT_SCALE_LAYOUT_SWIZZLED_128X4;
+      p.experts = 2;
+      p.rows = 300;
+      p.k = p.block() * 6;
+      fill(p);
+      CAPTURE(name(p));
+      CAPTURE(offset);
+      Buffers b(p);
+      DeviceBuffer shifted(0, static_cast<size_t>((p.scale_bytes() + offset + 16 + 3) / 4 * 4));
+      shifted.poison();
+      auto d = describe(p, b);
+      d.scales = static_cast<uint8_t*>(shifted.get()) + offset;
+      REQUIRE_MESSAGE(kjit_quantize_mx(&d, nullptr) == KJIT_OK, kjit_last_error_message());
+      REQUIRE_MESSAGE(kjit_device_errors(0) == KJIT_OK, kjit_last_error_message());
+      auto got = downloaded(p, b);
+      const auto all = shifted.download<uint8_t>(0, shifted.bytes);
+      got.scales.assign(all.begin() + offset, all.begin() + offset + p.scale_bytes());
+      CHECK(differences(got, expected(p)) == 0);
+      auto poison_byte = [](size_t i) { return static_cast<uint8_t>(DeviceBuffer::kPoison >> (8 * (i % 4))); };
+      int64_t clobbered = 0;
+      for (size_t i = 0; i < all.size(); ++i)
+        if (i < static_cast<size_t>(offset) || i >= static_cast<size_t>(offset + p.scale_bytes()))
+          clobbered += all[i] != poison_byte(i);
+      CHECK(clobbered == 0);
+    }
 }
 
 TEST_CASE("no rows launches nothing: the outputs keep their poison") {

@@ -532,6 +532,23 @@ TEST_CASE("mx quantize launch geometry: x over an expert's 16-byte chunks (1024 
   CHECK(mx_quantize_max_rows(s) * (7168 / 8) / 1024 <= 0x7fffffff);
 }
 
+TEST_CASE("mx quantize launch geometry, swizzled scales: x over an expert's 128x4 scale tiles, y over experts") {
+  const MxQuantizeSpec nvfp4{.format = MxFormat::nvfp4, .k = 7168, .scale_layout = MxScaleLayout::swizzled_128x4};
+  CHECK(mx_quantize_geometry(nvfp4, 1, 1, false).grid_x == 112);    // 448 scale columns: 112 tiles of 4
+  CHECK(mx_quantize_geometry(nvfp4, 3, 129, false).grid_x == 224);  // two 128-row bands
+  CHECK(mx_quantize_geometry(nvfp4, 3, 129, false).grid_y == 3);
+  CHECK(mx_quantize_geometry(nvfp4, 1, 1, false).block_x == 256);
+  MxQuantizeSpec mxfp4{.format = MxFormat::mxfp4, .k = 2880, .scale_layout = MxScaleLayout::swizzled_128x4,
+                       .global_scale = GlobalScaleMode::none};
+  CHECK(mx_quantize_geometry(mxfp4, 2, 256, false).grid_x == 46);  // 90 scale columns, padded to 92: 23 tiles
+  CHECK(mx_quantize_geometry(mxfp4, 2, 257, false).grid_x == 69);
+  CHECK((mx_quantize_max_rows(mxfp4) + 127) / 128 * 23 <= 0x7fffffff);
+  CHECK((mx_quantize_max_rows(mxfp4) + 128 + 127) / 128 * 23 > 0x7fffffff);
+  // The kernel text names the chunks each thread takes: a tile's 1024 (NVFP4) or 2048 (MX) over 256 threads.
+  CHECK(render(KernelSpec{nvfp4}).source.find("256, 4>") != std::string::npos);
+  CHECK(render(KernelSpec{mxfp4}).source.find("256, 8>") != std::string::npos);
+}
+
 namespace {
 
 GroupedGemmFp8Spec fp8_problem() {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -261,6 +262,65 @@ TEST_CASE("RN(a / 6) of every finite non-negative bf16 a is one multiply and two
   }
   CHECK(checked == 32640);
   CHECK(differ == 0);
+}
+
+// The NVFP4 quantizer's e2m1 encoder (templates/common/mx_encode.cuh,
+// e2m1_code_plus_2p23): the smallest of fma(y, 2, 2^23), y + (2^23 + 2) and
+// fma(min(y, 6), 0.5, 2^23 + 4), as bits, is 0x4B000000 + the e2m1 code of y.
+// All 2^31 - 2^23 finite y >= 0 were checked once on the CPU (20 s); here a
+// stride through all of them, and every float within 4096 ulps of each
+// rounding boundary, of each code's value and of the saturation point.
+TEST_CASE("the kernel's e2m1 encoder by three fp32 adds and a min equals encode_e2m1_satfinite") {
+  auto kernel_code = [](float y) {
+    const uint32_t below_two = float_bits(std::fma(y, 2.0f, 0x1p23f));
+    const uint32_t two_to_four = float_bits(y + (0x1p23f + 2.0f));
+    const uint32_t from_four = float_bits(std::fma(std::min(y, 6.0f), 0.5f, 0x1p23f + 4.0f));
+    return std::min({below_two, two_to_four, from_four});
+  };
+  int64_t checked = 0, wrong = 0;
+  auto check = [&](uint32_t bits) {
+    const float y = std::bit_cast<float>(bits);
+    const uint32_t got = kernel_code(y);
+    wrong += (got & ~7u) != 0x4B000000u || (got & 7u) != encode_e2m1_satfinite(y);
+    ++checked;
+  };
+  for (uint32_t bits = 0; bits < 0x7F800000u; bits += 997) check(bits);
+  for (float point : {0.25f, 0.5f, 0.75f, 1.0f, 1.25f, 1.5f, 1.75f, 2.0f, 2.5f, 3.0f, 3.5f, 4.0f, 5.0f, 6.0f, 7.0f, 8.0f})
+    for (int64_t ulps = -4096; ulps <= 4096; ++ulps) check(static_cast<uint32_t>(float_bits(point) + ulps));
+  check(0x7F7FFFFFu);  // the largest float saturates
+  CHECK(checked > 2000000);
+  CHECK(wrong == 0);
+}
+
+// The NVFP4 quantizer's quotient (templates/common/mx_encode.cuh,
+// quotient_from_reciprocal): for a bf16 a and r = RN(1 / d), q0 = RN(a r)
+// corrected once, RN(q0 + (a - d q0) r), is the IEEE quotient RN(a / d). The
+// computation scales exactly with a's and d's exponents (within the range the
+// kernel guards), so significands decide: all 2^30 pairs of bf16's 128 and
+// fp32's 2^23 were checked once on the CPU (10 s); here every bf16
+// significand against a stride of d's and every d within 256 ulps of a / b
+// for each e2m1 rounding boundary b (the quotients whose code one ulp decides).
+TEST_CASE("RN(a / d) of a bf16 a from RN(1 / d) and one fma correction is the IEEE quotient") {
+  int64_t checked = 0, wrong = 0, uncorrected_wrong = 0;
+  auto check = [&](float a, float d) {
+    const float r = 1.0f / d;
+    const float q0 = a * r;
+    const float q = std::fma(std::fma(-q0, d, a), r, q0);
+    wrong += float_bits(q) != float_bits(a / d);
+    uncorrected_wrong += float_bits(q0) != float_bits(a / d);
+    ++checked;
+  };
+  for (int s = 0; s < 128; ++s) {
+    const float a = 1.0f + static_cast<float>(s) / 128.0f;
+    for (uint32_t d_significand = 0; d_significand < (1u << 23); d_significand += 61)
+      check(a, std::bit_cast<float>(0x3F800000u | d_significand));
+    for (float boundary : {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f})
+      for (int64_t ulps = -256; ulps <= 256; ++ulps)
+        check(a, std::bit_cast<float>(static_cast<uint32_t>(float_bits(a / boundary) + ulps)));
+  }
+  CHECK(checked > 17000000);
+  CHECK(uncorrected_wrong > checked / 10);  // the correction is needed
+  CHECK(wrong == 0);
 }
 
 TEST_CASE("an MXFP4 block's scale is 2^(floor(log2 amax) - 2) and values above 6 times it saturate") {

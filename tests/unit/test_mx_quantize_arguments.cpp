@@ -53,7 +53,7 @@ struct MxQuantizeFixture : FakeRuntimeFixture {
 
 }  // namespace
 
-TEST_CASE_FIXTURE(MxQuantizeFixture, "a valid NVFP4 quantize launches once, grid x over an expert's chunks, y over experts") {
+TEST_CASE_FIXTURE(MxQuantizeFixture, "a valid NVFP4 quantize launches once, grid x over an expert's scale tiles (swizzled) or chunks (linear), y over experts") {
   auto plan = kjit::ops::plan_mx_quantize(desc, false);
   REQUIRE_MESSAGE(plan.has_value(), kjit::testing::why(plan));
   CHECK(plan->spec == kjit::codegen::MxQuantizeSpec{.format = kjit::codegen::MxFormat::nvfp4,
@@ -69,10 +69,17 @@ TEST_CASE_FIXTURE(MxQuantizeFixture, "a valid NVFP4 quantize launches once, grid
   auto r = run();
   REQUIRE_MESSAGE(r.has_value(), kjit::testing::why(r));
   CHECK(machine.launches == 1);
-  CHECK(machine.grid[0] == (kRows * kK / 8 + 1023) / 1024);
+  CHECK(machine.grid[0] == 2);  // one 128-row band of 6 scale columns: 2 tiles of 4
   CHECK(machine.grid[1] == kExperts);
   CHECK(machine.async_memsets.empty());
   CHECK(runtime.store().list().size() == 1);
+
+  desc.scale_layout = KJIT_SCALE_LAYOUT_LINEAR;
+  auto linear = run();
+  REQUIRE_MESSAGE(linear.has_value(), kjit::testing::why(linear));
+  CHECK(machine.launches == 2);
+  CHECK(machine.grid[0] == (kRows * kK / 8 + 1023) / 1024);  // 1024 chunks of 8 elements per block
+  CHECK(machine.grid[1] == kExperts);
 }
 
 TEST_CASE_FIXTURE(MxQuantizeFixture, "a computed global scale zeroes global_scales in the caller's stream, then launches three passes") {

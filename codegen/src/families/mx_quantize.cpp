@@ -24,9 +24,22 @@ constexpr std::array kElementNames{"e2m1", "f8_e4m3fn", "f8_e5m2"};
 constexpr std::array kGlobalNames{"none", "given", "compute"};
 
 constexpr int kQuantizeThreads = 256;
-constexpr int kChunksPerThread = 4;  // 16-byte chunks (8 bf16) each thread loads before converting any
-constexpr int64_t kChunksPerBlock = int64_t{kQuantizeThreads} * kChunksPerThread;
+constexpr int kLinearChunksPerThread = 4;  // 16-byte chunks (8 bf16) each thread loads before converting any
+constexpr int64_t kLinearChunksPerBlock = int64_t{kQuantizeThreads} * kLinearChunksPerThread;
 constexpr int64_t kMaxGridX = 0x7fffffff;
+constexpr int64_t kTileRows = 128;  // a swizzled layout's tile: 128 rows x 4 scale columns, one thread block
+
+bool swizzled(const MxQuantizeSpec& s) { return s.scale_layout == MxScaleLayout::swizzled_128x4; }
+
+// Swizzled: the block's threads take the tile's 128 x 4 blocks of 16 or 32
+// elements (1024 or 2048 chunks of 8) between them.
+int chunks_per_thread(const MxQuantizeSpec& s) {
+  return swizzled(s) ? static_cast<int>(kTileRows * 4 * mx_block(s.format) / 8 / kQuantizeThreads)
+                     : kLinearChunksPerThread;
+}
+
+// Swizzled: the tiles of one expert's 128-row band.
+int64_t tiles_per_band(const MxQuantizeSpec& s) { return (s.k / mx_block(s.format) + 3) / 4; }
 
 auto invalid(std::string message) { return fail(KJIT_ERROR_INVALID_ARGUMENT, std::move(message)); }
 
@@ -125,8 +138,8 @@ RenderedKernel Family<MxQuantizeSpec>::render(const MxQuantizeSpec& s) {
                    .config = fmt::format("kjit::MxQuantizeConfig<kjit::MxFormat::{}, kjit::MxElement::{}, {}LL, {}, "
                                          "kjit::MxGlobal::{}, {}, {}, {}>",
                                          name(s.format), name(s.element), s.k,
-                                         s.scale_layout == MxScaleLayout::swizzled_128x4, name(s.global_scale),
-                                         s.convention == ScaleConvention::divide, kQuantizeThreads, kChunksPerThread),
+                                         swizzled(s), name(s.global_scale), s.convention == ScaleConvention::divide,
+                                         kQuantizeThreads, chunks_per_thread(s)),
                    .params_type = "kjit_mx_quantize_params",
                    .body = "kjit::mx_quantize"});
 }
@@ -138,12 +151,16 @@ LaunchGeometry mx_quantize_geometry(const MxQuantizeSpec& spec, int64_t experts,
     g.grid_x = static_cast<uint32_t>(std::max<int64_t>(1, (experts + kQuantizeThreads - 1) / kQuantizeThreads));
     return g;
   }
-  const int64_t chunks = rows * (spec.k / 8);
-  g.grid_x = static_cast<uint32_t>(std::clamp<int64_t>((chunks + kChunksPerBlock - 1) / kChunksPerBlock, 1, kMaxGridX));
+  const int64_t blocks = swizzled(spec) ? (rows + kTileRows - 1) / kTileRows * tiles_per_band(spec)
+                                        : (rows * (spec.k / 8) + kLinearChunksPerBlock - 1) / kLinearChunksPerBlock;
+  g.grid_x = static_cast<uint32_t>(std::clamp<int64_t>(blocks, 1, kMaxGridX));
   g.grid_y = static_cast<uint32_t>(std::max<int64_t>(1, experts));
   return g;
 }
 
-int64_t mx_quantize_max_rows(const MxQuantizeSpec& spec) { return kMaxGridX * kChunksPerBlock / (spec.k / 8); }
+int64_t mx_quantize_max_rows(const MxQuantizeSpec& spec) {
+  return swizzled(spec) ? kMaxGridX / tiles_per_band(spec) * kTileRows
+                        : kMaxGridX * kLinearChunksPerBlock / (spec.k / 8);
+}
 
 }  // namespace kjit::codegen

@@ -58,8 +58,9 @@ struct Family<MxQuantizeSpec> {
 
 // The passes of one kernel (kjit_mx_quantize_params.phase): with a computed
 // global scale, amax (after a memset of global_scales) then finalize, then
-// quantize; otherwise quantize alone. Grid: x over an expert's 16-byte chunks,
-// y over experts (finalize: x over experts).
+// quantize; otherwise quantize alone. Grid: x over an expert's 16-byte chunks
+// (linear scales) or its 128x4 scale tiles (swizzled), y over experts
+// (finalize: x over experts).
 LaunchGeometry mx_quantize_geometry(const MxQuantizeSpec& spec, int64_t experts, int64_t rows, bool finalize);
 // The most rows per expert one launch takes for `spec` (the grid's x limit).
 int64_t mx_quantize_max_rows(const MxQuantizeSpec& spec);
