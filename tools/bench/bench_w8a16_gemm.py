@@ -55,6 +55,7 @@ def main():
     parser.add_argument("--kernel", default="auto",
                         help="kjit's W8A16 kernel (default: the arch's own; 'sm90': the register-operand kernel in "
                         "every bucket, 'sm90_converter': the converter kernel)")
+    parser.add_argument("--tile-m", type=int, default=0, help="kjit W8A16's row tile (default: the heuristic's)")
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -84,7 +85,7 @@ def main():
         def run_w8a16():
             kjit.grouped_gemm(a, codes, ends, weights=args.weights, offsets_convention="cumulative_end",
                               out=out_w8a16, kernel=args.kernel, w_scale=scales, w_block=(FP8_BLOCK, FP8_BLOCK),
-                              w_scale_convention="multiply")
+                              w_scale_convention="multiply", tile=(args.tile_m, 0) if args.tile_m else None)
 
         def run_dequant_bf16():
             kjit.dequant_fp8(codes, scales, out=w_scratch, scale="block", block=(FP8_BLOCK, FP8_BLOCK),
