@@ -167,6 +167,12 @@ while read -r key arch op kernel canonical; do
         [ "$arch" = sm_90a ] || fail "$canonical was built for $arch"
         [ "$register_a" -gt 0 ] && [ "$register_a" -eq "$hgmma" ] || fail "$canonical: not every HGMMA reads A from registers"
         [ "$hmma" -eq 0 ] || fail "$canonical has mma.sync" ;;
+      wgmma_sm90_converter)
+        # The converter warps' bf16 tiles in shared memory: every HGMMA reads both operands there.
+        mixed_sm90=$((mixed_sm90 + 1))
+        [ "$arch" = sm_90a ] || fail "$canonical was built for $arch"
+        [ "$hgmma" -gt 0 ] && [ "$register_a" -eq 0 ] || fail "$canonical: HGMMA missing or reading A from registers"
+        [ "$hmma" -eq 0 ] || fail "$canonical has mma.sync" ;;
       mma_sync)
         mixed_portable=$((mixed_portable + 1))
         [ "$hmma" -gt 0 ] || fail "$arch $canonical has no mma.sync (HMMA)"
@@ -182,12 +188,14 @@ done < "$work/entries.txt"
 # each on sm_100a and sm_120a.
 [ "$gemm_sm90" -eq 12 ] || fail "expected 12 SM90 GEMM kernels, read $gemm_sm90"
 [ "$gemm_portable" -eq 8 ] || fail "expected 8 portable GEMM kernels, read $gemm_portable"
-# FP8: two problems, two sm_90a buckets each (alone, pairs along N), and two
-# rows-on-M configurations; one portable kernel per problem on sm_100a and sm_120a.
-[ "$fp8_sm90" -eq 6 ] || fail "expected 6 SM90 FP8 GEMM kernels, read $fp8_sm90"
+# FP8: two problems, two sm_90a buckets each (swap AB, rows on M), and two
+# rows-on-M configurations named in full (one of them a bucket's too); one
+# portable kernel per problem on sm_100a and sm_120a.
+[ "$fp8_sm90" -eq 5 ] || fail "expected 5 SM90 FP8 GEMM kernels, read $fp8_sm90"
 [ "$fp8_portable" -eq 4 ] || fail "expected 4 portable FP8 GEMM kernels, read $fp8_portable"
 # W8A16 five problems (two fused over block scales, one gathering), W4A16 three (one gathering), three sm_90a
-# buckets each (row tiles of 32, 64, 128); one portable kernel per problem on sm_100a and sm_120a.
+# buckets each (row tiles of 32 and 64; prefill the converter kernel's 256, or for [E, K, N] 128); one portable
+# kernel per problem on sm_100a and sm_120a.
 [ "$mixed_sm90" -eq 24 ] || fail "expected 24 SM90 W8A16/W4A16 GEMM kernels, read $mixed_sm90"
 [ "$mixed_portable" -eq 16 ] || fail "expected 16 portable W8A16/W4A16 GEMM kernels, read $mixed_portable"
 echo "$passed kernels read, $failed failures"

@@ -580,7 +580,7 @@ TEST_CASE("FP8 grouped GEMM specs round-trip through text and JSON, and K must b
 }
 
 TEST_CASE("the SM90 FP8 GEMM renders one e4m3 wgmma width and asks for its shared memory; both grids bound the tiles") {
-  const auto alone = *choose_grouped_gemm_fp8_config(fp8_problem(), arch("sm_90a"), 32 * 256);
+  const auto alone = *choose_grouped_gemm_fp8_config(fp8_problem(), arch("sm_90a"), 32 * 16);
   REQUIRE(alone.kernel == Fp8GemmKernel::wgmma_sm90);
   CHECK(alone.cluster == 1);
   const auto k = render(alone);
@@ -595,7 +595,8 @@ TEST_CASE("the SM90 FP8 GEMM renders one e4m3 wgmma width and asks for its share
   CHECK((small.grid_x == (512 / 128 + 32) * (4096 / 128) && small.cluster_x == 1 && small.block_x == 384));
   const auto capped = grouped_gemm_fp8_geometry(alone, 1 << 20, 132);
   CHECK((capped.grid_x == 132 && capped.shared_bytes == static_cast<uint32_t>(k.dynamic_shared_bytes)));
-  const auto pairs = *choose_grouped_gemm_fp8_config(fp8_problem(), arch("sm_90a"), 32 * 1024);
+  const auto pairs = *choose_grouped_gemm_fp8_config(fp8_problem(), arch("sm_90a"), 32 * 16,
+                                                     {.kernel = GemmRequest::Kernel::sm90_swap_ab, .cluster = 2});
   CHECK(pairs.cluster == 2);
   CHECK(grouped_gemm_fp8_geometry(pairs, 1 << 20, 132).grid_x == 132);
   CHECK(grouped_gemm_fp8_geometry(pairs, 256, 4000).grid_x == 2 * (4096 / 256) * (256 / 128 + 32));
@@ -606,13 +607,20 @@ TEST_CASE("the SM90 FP8 GEMM renders one e4m3 wgmma width and asks for its share
   CHECK((g.grid_x == (1000 + 63) / 64 + 32 && g.grid_y == 4096 / 128 && g.block_x == 128));
 }
 
-TEST_CASE("the rows-on-M SM90 FP8 GEMM: picked by a tile with the sm90 request, never by the heuristic") {
+TEST_CASE("the rows-on-M SM90 FP8 GEMM: the heuristic's above 64 rows per expert, or picked by a tile") {
   using Kernel = GemmRequest::Kernel;
-  // The heuristic keeps swap AB in every bucket, and sm90 without a tile is the heuristic's.
-  for (int64_t rows : {int64_t{128}, int64_t{32 * 256}, int64_t{32 * 4096}}) {
-    CHECK(choose_grouped_gemm_fp8_config(fp8_problem(), arch("sm_90a"), rows)->kernel == Fp8GemmKernel::wgmma_sm90);
+  // Swap AB up to 64 rows per expert, rows on M above (sm90 without a tile is the heuristic's); sm90_swap_ab
+  // keeps swap AB in every bucket.
+  for (auto [rows, kernel] : {std::pair{int64_t{128}, Fp8GemmKernel::wgmma_sm90},
+                              {int64_t{32 * 64}, Fp8GemmKernel::wgmma_sm90},
+                              {int64_t{32 * 65}, Fp8GemmKernel::wgmma_sm90_rows_on_m},
+                              {int64_t{32 * 4096}, Fp8GemmKernel::wgmma_sm90_rows_on_m}}) {
+    CAPTURE(rows);
+    CHECK(choose_grouped_gemm_fp8_config(fp8_problem(), arch("sm_90a"), rows)->kernel == kernel);
     CHECK(choose_grouped_gemm_fp8_config(fp8_problem(), arch("sm_90a"), rows, {.kernel = Kernel::sm90})->kernel ==
-          Fp8GemmKernel::wgmma_sm90);
+          kernel);
+    CHECK(choose_grouped_gemm_fp8_config(fp8_problem(), arch("sm_90a"), rows, {.kernel = Kernel::sm90_swap_ab})
+              ->kernel == Fp8GemmKernel::wgmma_sm90);
   }
   // A tile names the rows-on-M kernel's, unless swap AB is asked for (as in the bf16 family).
   const auto rows_on_m = *choose_grouped_gemm_fp8_config(fp8_problem(), arch("sm_90a"), 8192,

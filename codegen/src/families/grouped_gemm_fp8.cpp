@@ -112,9 +112,10 @@ GroupedGemmFp8Spec portable_config(const GroupedGemmFp8Spec& problem) {
   return s;
 }
 
-GroupedGemmFp8Spec sm90_config(const GroupedGemmFp8Spec& problem, int tile_m, int cluster) {
+GroupedGemmFp8Spec sm90_config(const GroupedGemmFp8Spec& problem, int tile_m, int cluster,
+                               Fp8GemmKernel kernel = Fp8GemmKernel::wgmma_sm90) {
   GroupedGemmFp8Spec s = problem;
-  s.kernel = Fp8GemmKernel::wgmma_sm90;
+  s.kernel = kernel;
   s.tile_m = tile_m;
   s.tile_n = kSm90TileN;
   s.stages = grouped_gemm_fp8_max_stages(s.kernel, tile_m);
@@ -133,6 +134,9 @@ Expected<std::vector<GroupedGemmFp8Spec>> requested_configs(const GroupedGemmFp8
                             arch.target));
   auto configs = request.kernel == Kernel::portable ? std::vector{portable_config(problem)}
                                                     : grouped_gemm_fp8_configs(problem, arch);
+  if (request.kernel == Kernel::sm90_swap_ab)  // every bucket swap AB, at its own tile
+    for (auto& s : configs)
+      if (is_sm90(s.kernel)) s = sm90_config(problem, kSm90MaxRows, s.cluster);
   if (request.tile_m == 0 && request.tile_n == 0 && request.cluster == 0) return configs;
   for (auto& s : configs) {
     // A tile names a kernel's tile: the rows-on-M kernel's unless swap AB is asked for (as in the bf16 family).
@@ -313,12 +317,13 @@ LaunchGeometry grouped_gemm_fp8_geometry(const GroupedGemmFp8Spec& spec, int64_t
 
 std::vector<GroupedGemmFp8Spec> grouped_gemm_fp8_configs(const GroupedGemmFp8Spec& problem, const ArchInfo& arch) {
   if (!arch.wgmma_tma) return {portable_config(problem)};
-  // By average rows per expert: up to 512, single blocks (row tiles of up to
-  // 128, near-equal heights in steps of 32); more, pairs along N sharing the
-  // row tile by TMA multicast where N holds whole pairs.
-  const GroupedGemmFp8Spec single = sm90_config(problem, 128, 1);
-  const GroupedGemmFp8Spec many = problem.n % (2 * kSm90TileN) == 0 ? sm90_config(problem, 128, 2) : single;
-  return {single, many};
+  // By average rows per expert (H100, docs/benchmarks.md): up to 64, swap AB
+  // (row tiles of up to 128, near-equal heights in steps of 32; decode is
+  // memory-bound, and swap AB wastes no rows); more, rows on M (128 x 128
+  // tiles, two scale products a thread per promotion instead of 32): 1.09-1.19x
+  // swap AB on the five prefill shapes, even at decode.
+  return {sm90_config(problem, kSm90MaxRows, 1),
+          sm90_config(problem, 128, 1, Fp8GemmKernel::wgmma_sm90_rows_on_m)};
 }
 
 Expected<GroupedGemmFp8Spec> choose_grouped_gemm_fp8_config(const GroupedGemmFp8Spec& problem, const ArchInfo& arch,
@@ -334,7 +339,7 @@ Expected<GroupedGemmFp8Spec> choose_grouped_gemm_fp8_config(const GroupedGemmFp8
   }
   const auto configs = KJIT_TRY(requested_configs(problem, arch, request));
   const int64_t rows_per_expert = rows / std::max<int64_t>(problem.experts, 1);
-  const size_t bucket = rows_per_expert <= 512 ? 0 : 1;
+  const size_t bucket = rows_per_expert <= 64 ? 0 : 1;
   return configs[std::min(bucket, configs.size() - 1)];
 }
 
