@@ -125,7 +125,8 @@ struct TileWalker {
       tiles = (end - start + kRows - 1) / kRows * Cfg::kNClusterTiles;
     }
     const long long local = t - first, m_tiles = tiles / Cfg::kNClusterTiles;
-    const long long m = local % m_tiles, n = local / m_tiles;
+    long long m, n;
+    raster(local, m_tiles, Cfg::kNClusterTiles, m, n);
     tile.expert = expert;
     tile.row0 = start + m * kRows + (Cfg::kClusterAlongN ? 0 : rank * Cfg::kBM);
     const long long rows = end - tile.row0;

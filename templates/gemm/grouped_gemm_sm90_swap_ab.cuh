@@ -118,7 +118,8 @@ struct SwapAbTileWalker {
       tiles = m_tiles * Cfg::kNClusterTiles;
     }
     const long long local = t - first;
-    const long long m = local % m_tiles, n = local / m_tiles;
+    long long m, n;
+    raster(local, m_tiles, Cfg::kNClusterTiles, m, n);
     tile.expert = expert;
     tile.row0 = start + m * height;
     const long long rows = end - tile.row0;

@@ -262,6 +262,16 @@ TEST_CASE("one expert owning every row (333, no multiple of any tile), and a sin
   run_fp8_gemm_both_scalings(single);
 }
 
+TEST_CASE("an expert taller than several raster bands (16 row tiles each), the last band partial") {
+  if (!has_fp8()) return;
+  Fp8Case c;
+  c.counts = {5, 4500, 0, 300};  // 36 tiles of 128 rows: bands of 16, 16 and 4
+  c.n = 384;
+  c.k = 256;
+  c.extra_rows = 2;
+  run_fp8_gemm(c);
+}
+
 TEST_CASE("one row in total, with rows past it untouched") {
   if (!has_fp8()) return;
   Fp8Case c;

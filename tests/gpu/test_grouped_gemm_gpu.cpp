@@ -341,6 +341,14 @@ TEST_CASE("one expert owning every row, and a single expert") {
   run_gemm(single);
 }
 
+TEST_CASE("an expert taller than several raster bands (16 row tiles each), the last band partial") {
+  GemmCase c;
+  c.counts = {5, 4500, 0, 300};  // 36 tiles of 128 rows, 18 of 256: the last band partial either way
+  c.n = 384;
+  c.k = 128;
+  run_gemm(c);
+}
+
 TEST_CASE("the smallest N and K, and row counts that are no multiple of any tile") {
   for (auto weights : {KJIT_WEIGHTS_E_N_K, KJIT_WEIGHTS_E_K_N}) {
     GemmCase c;
