@@ -25,9 +25,9 @@
 // The rows-on-M variant (kRowsOnM, DeepGEMM's orientation) keeps the same
 // stages, producer, loader and tile queue but gives the tokens to wgmma's M:
 // consumer warpgroup c takes tile rows 64c..64c+63 against all kBN = 128
-// weight rows (m64n128k32, the same work per wgmma as swap AB's
-// m64n<128>k32). Each thread then holds only two rows (16 warp + lane / 4
-// and that + 8), so a k-block's promotion needs two scale products, which it
+// or 256 weight rows, 128 at a time (m64n128k32, the same work per wgmma as
+// swap AB's m64n<128>k32). Each thread then holds only two rows (16 warp +
+// lane / 4 and that + 8), so a promotion needs two scale products, which it
 // reads before issuing the wgmmas (their latency hides behind them), and the
 // stage goes back to the producer as soon as the wgmmas are done, before the
 // promotion. Tiles are whole warpgroups of rows (heights 64 or 128): a
@@ -54,18 +54,21 @@ __device__ __forceinline__ int fp8_scale_position(int r) {
   return j / 2 * 16 + q * 4 + j % 2 * 2 + c;
 }
 
-template <class Problem, int kBM_, int kStages_, int kCluster_, bool kRowsOnM_, template <int> class Mma_>
+template <class Problem, int kBM_, int kBN_, int kStages_, int kCluster_, bool kRowsOnM_, template <int> class Mma_>
 struct GroupedGemmFp8Sm90Config : Problem {
   using Problem::kK, Problem::kN;
   static constexpr bool kRowsOnM = kRowsOnM_;  // tokens on wgmma's M (else swap AB: on its N)
   static constexpr int kBM = kBM_;  // the tallest row tile
-  static constexpr int kBN = 128;   // weight rows (output columns) per block
+  static constexpr int kBN = kBN_;  // weight rows (output columns) per block: 128, or 256 rows on M
+  // Rows on M: the block's weight rows in halves of one 128 x 128 scale block
+  // each (wgmma m64n128k32); a thread's stage scales are one product per half.
+  static constexpr int kHalves = kBN / 128;
   static constexpr int kStages = kStages_, kCluster = kCluster_;
   // The step of tile heights and the narrow row box: rows on M, one consumer's 64 rows.
   static constexpr int kRowStep = kRowsOnM ? KJIT_FP8_ROWS_ON_M_ROW_BOX : KJIT_SWAP_AB_ROW_BOX;
   static constexpr int kWideRows = KJIT_SWAP_AB_WIDE_ROW_BOX;
   template <int kN>
-  using Mma = Mma_<kN>;  // the generated wgmma m64n<kN>k32 e4m3 wrappers (kN: rows, or kBN rows on M)
+  using Mma = Mma_<kN>;  // the generated wgmma m64n<kN>k32 e4m3 wrappers (kN: rows, or 128 weight rows on M)
   static constexpr int kBK = KJIT_FP8_SCALE_BLOCK;  // codes (bytes) per k-block: one swizzle row, one scale block
   // Swap AB: 64 weight rows per consumer warpgroup; rows on M: 64 tile rows.
   static constexpr int kConsumers = (kRowsOnM ? kBM : kBN) / 64;
@@ -85,7 +88,7 @@ struct GroupedGemmFp8Sm90Config : Problem {
   static constexpr int kScratchBytes = kRowsOnM ? 0 : kConsumers * 32 * 64 * 2;
   static constexpr int kQueueSlots = 4;
   static constexpr int kQueueBytes = kQueueSlots * 24;
-  static constexpr int kScaleSlot = kBM;
+  static constexpr int kScaleSlot = kBM * kHalves;
   static constexpr int kScaleBytes = kStages * kScaleSlot * 4;
   static constexpr int kLoaderWarps = 1;
   // Stages, alignment slack, two mbarriers per stage, scratch, queue, scales
@@ -98,6 +101,7 @@ struct GroupedGemmFp8Sm90Config : Problem {
   static_assert(kBM % kRowStep == 0 && kBM >= kRowStep && kBM <= 128,
                 "two kBM / 2 register arrays per thread (160 rows spill)");
   static_assert(!kRowsOnM || kBM == 128, "rows on M: two consumer warpgroups of 64 rows");
+  static_assert(kBN == 128 || (kRowsOnM && kBN == 256), "swap AB: 128 weight rows; rows on M: 128 or 256");
   static_assert(kCluster == 1 || (kCluster == 2 && kN % (kBN * kCluster) == 0),
                 "pairs along N never run past N (the host only picks them then)");
   static_assert(kBK * 1 == 128, "a k-block is one 128-byte swizzle row of e4m3");
@@ -139,12 +143,20 @@ __device__ __forceinline__ void fp8_scale_loader(const kjit_grouped_gemm_fp8_sm9
         const int r = lane + 32 * j;
         a[j] = r < tile.rows ? a_scale<Cfg>(p.scales, tile.row0 + r, kb) : 0.0f;
       }
-      const float b = Cfg::kBlockScales ? b_block_scale<Cfg>(p.scales, tile.expert, tile.n0, kb) : 1.0f;
+      // A weight block per half (a half past N: 0, never stored).
+      float b[Cfg::kHalves];
+#pragma unroll
+      for (int h = 0; h < Cfg::kHalves; ++h) {
+        const long long n = tile.n0 + 128 * h;
+        b[h] = !Cfg::kBlockScales ? 1.0f : n < Cfg::kN ? b_block_scale<Cfg>(p.scales, tile.expert, n, kb) : 0.0f;
+      }
       const unsigned s = it % Cfg::kStages;
       mbarrier_wait(&empty[s], ((it / Cfg::kStages) & 1) ^ 1);
       float* slot = scales + s * Cfg::kScaleSlot;
 #pragma unroll
-      for (int j = 0; j < Cfg::kBM / 32; ++j) slot[Cfg::scale_position(lane + 32 * j)] = a[j] * b;
+      for (int h = 0; h < Cfg::kHalves; ++h)
+#pragma unroll
+        for (int j = 0; j < Cfg::kBM / 32; ++j) slot[h * Cfg::kBM + Cfg::scale_position(lane + 32 * j)] = a[j] * b[h];
       (void)cuda::ptx::mbarrier_arrive(&full[s]);  // release: the slot is visible to whoever waits
     }
   }
@@ -251,40 +263,35 @@ __device__ __forceinline__ float load_shared_f32(const float* p) {
   return v;
 }
 
-// The rows-on-M k-loop's steps (fp8_rows_on_m_mainloop). K-blocks in pairs, into two partials: both blocks' wgmmas are issued
-// before the first one's promotion, so the tensor cores work on this
-// warpgroup's second block while it promotes the first. Why: with one
-// partial (issue, wait, promote) the promotion, the stage wait and the
-// descriptors ran with no wgmma of this warpgroup in flight, and the two
-// warpgroups did not cover each other: ncu on an H100 at 4 experts x 8192
-// rows, N 4096, K 7168 found the tensor pipe active 52% of the time, the
-// consumers' samples 30% on the wgmma wait and the rest on the promotion,
-// the barrier and the addresses. Why pairs, not every block's wgmmas issued
-// before the previous one's promotion: a wgmma group in flight across the
-// loop's back edge makes ptxas serialise every wgmma (C7514: it cannot tell
-// the partial read is not the one in flight); fully unrolled, 56 k-blocks
-// took 30 s to compile.
+// The rows-on-M k-loop's steps (fp8_rows_on_m_mainloop) on one consumer
+// warpgroup's 64 tile rows: wgmmas into a partial of one 128-row weight
+// half, and its promotion into the accumulator. Register 4j + 2h + c of a
+// partial holds tile row 64 consumer + 16 warp + lane / 4 + 8h, weight row
+// 8j + 2 (lane % 4) + c of its half, so a thread promotes with two products.
 template <class Cfg>
 struct Fp8RowsOnMLoop {
-  static constexpr int kRegs = Cfg::kBN / 2;
-  using Mma = typename Cfg::template Mma<Cfg::kBN>;
+  static constexpr int kRegs = 64;  // a partial: 64 rows x 128 weight rows
+  using Mma = typename Cfg::template Mma<128>;
   unsigned char* tiles;
   unsigned long long *full, *empty;
   const float* scales;
   int consumer, row, lane;
 
-  // Waits for k-block `k_it`'s stage, reads this thread's two scale products
-  // and issues the block's wgmmas into `partial` (one commit group).
-  __device__ __forceinline__ void issue(float (&partial)[kRegs], float (&scale)[2], unsigned k_it) const {
+  __device__ __forceinline__ void wait_stage(unsigned k_it) const {
+    mbarrier_wait(&full[k_it % Cfg::kStages], (k_it / Cfg::kStages) & 1);
+  }
+
+  // K-block `k_it`'s stage is full: reads this thread's two scale products of
+  // weight half `half` and issues its wgmmas into `partial` (one commit group).
+  __device__ __forceinline__ void issue(float (&partial)[kRegs], float (&scale)[2], unsigned k_it, int half) const {
     const unsigned s = k_it % Cfg::kStages;
-    mbarrier_wait(&full[s], (k_it / Cfg::kStages) & 1);
-    const float* slot = scales + s * Cfg::kScaleSlot;
+    const float* slot = scales + s * Cfg::kScaleSlot + half * Cfg::kBM;
     scale[0] = load_shared_f32(slot + row);
     scale[1] = load_shared_f32(slot + row + 8);
     const unsigned char* stage = tiles + s * Cfg::kStageBytes;
-    // This consumer's 64 rows of the row tile (after the weight tile), and all 128 weight rows.
+    // This consumer's 64 rows of the row tile (after the weight tile), and the half's 128 weight rows.
     const unsigned long long r_desc = operand_descriptor<false>(stage + Cfg::kWTileBytes + consumer * 64 * Cfg::kBK);
-    const unsigned long long w_desc = operand_descriptor<false>(stage);
+    const unsigned long long w_desc = operand_descriptor<false>(stage + half * 128 * Cfg::kBK);
     fence_accumulators(partial);
     wgmma_fence();
 #pragma unroll
@@ -293,31 +300,55 @@ struct Fp8RowsOnMLoop {
     wgmma_commit();
   }
 
-  // K-block `k_it`, its wgmmas done: hands its stage back and promotes.
-  __device__ __forceinline__ void promote(float (&acc)[kRegs], float (&partial)[kRegs], const float (&scale)[2],
-                                          unsigned k_it) const {
-    fence_accumulators(partial);
-    // Its wgmmas have read the stage and every lane its scales: hand it back before promoting.
+  // Hands k-block `k_it`'s stage back: its wgmmas are done and every lane has read its scales.
+  __device__ __forceinline__ void release(unsigned k_it) const {
     __syncwarp();
     if (lane == 0) arrive_cluster_wide<Cfg>(&empty[k_it % Cfg::kStages]);
+  }
+
+  // acc's weight half `half` += partial x its scale products (the partial's wgmmas done).
+  __device__ __forceinline__ void promote(float (&acc)[Cfg::kBN / 2], float (&partial)[kRegs],
+                                          const float (&scale)[2], int half) const {
+    fence_accumulators(partial);
+    float* a = acc + half * kRegs;
 #pragma unroll
-    for (int j = 0; j < Cfg::kBN / 8; ++j) {
-      acc[4 * j] = fmaf(partial[4 * j], scale[0], acc[4 * j]);
-      acc[4 * j + 1] = fmaf(partial[4 * j + 1], scale[0], acc[4 * j + 1]);
-      acc[4 * j + 2] = fmaf(partial[4 * j + 2], scale[1], acc[4 * j + 2]);
-      acc[4 * j + 3] = fmaf(partial[4 * j + 3], scale[1], acc[4 * j + 3]);
+    for (int j = 0; j < 16; ++j) {
+      a[4 * j] = fmaf(partial[4 * j], scale[0], a[4 * j]);
+      a[4 * j + 1] = fmaf(partial[4 * j + 1], scale[0], a[4 * j + 1]);
+      a[4 * j + 2] = fmaf(partial[4 * j + 2], scale[1], a[4 * j + 2]);
+      a[4 * j + 3] = fmaf(partial[4 * j + 3], scale[1], a[4 * j + 3]);
     }
   }
 };
 
-// The rows-on-M k-loop of one tile for one consumer warpgroup: per k-block,
-// four wgmma m64n128k32 (this warpgroup's 64 tile rows x the block's 128
-// weight rows) into a partial, then acc += partial x a_scale[row] x b_scale.
-// Register 4j + 2h + c holds tile row 64 consumer + 16 warp + lane / 4 + 8h,
-// weight row 8j + 2 (lane % 4) + c, so a thread promotes with two products.
+// The rows-on-M k-loop of one tile for one consumer warpgroup: per k-block
+// and weight half, four wgmma m64n128k32 (this warpgroup's 64 tile rows x
+// the half's 128 weight rows, one scale block) into a partial, then
+// acc += partial x a_scale[row] x b_scale.
+//
+// 128 weight rows: k-blocks in pairs, into two partials: both blocks'
+// wgmmas are issued before the first one's promotion, so the tensor cores
+// work on this warpgroup's second block while it promotes the first. Why:
+// with one partial (issue, wait, promote) the promotion, the stage wait and
+// the descriptors ran with no wgmma of this warpgroup in flight, and the two
+// warpgroups did not cover each other: ncu on an H100 at 4 experts x 8192
+// rows, N 4096, K 7168 found the tensor pipe active 52% of the time, the
+// consumers' samples 30% on the wgmma wait and the rest on the promotion,
+// the barrier and the addresses; pairs ran 3-10% faster. Why pairs, not
+// every block's wgmmas issued before the previous one's promotion: a wgmma
+// group in flight across the loop's back edge makes ptxas serialise every
+// wgmma (C7514: it cannot tell the partial read is not the one in flight);
+// fully unrolled, 56 k-blocks took 30 s to compile, and chains of 8 ran no
+// faster than pairs.
+//
+// 256 weight rows: the accumulator takes 128 registers, which leaves room
+// for one partial: the halves run one after the other (issue, wait,
+// promote), and the other warpgroup's wgmmas cover the promotions. What it
+// buys: a quarter less operand traffic from L2 per product (the row tile
+// serves 256 weight rows).
 template <class Cfg>
-__device__ __forceinline__ void fp8_rows_on_m_mainloop(float (&acc)[Cfg::kBN / 2], float (&partial0)[Cfg::kBN / 2],
-                                                       float (&partial1)[Cfg::kBN / 2], unsigned char* tiles,
+__device__ __forceinline__ void fp8_rows_on_m_mainloop(float (&acc)[Cfg::kBN / 2], float (&partial0)[64],
+                                                       float (&partial1)[64], unsigned char* tiles,
                                                        unsigned long long* full, unsigned long long* empty,
                                                        const float* scales, unsigned& it) {
   const int consumer = threadIdx.x / 128, warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32;
@@ -325,19 +356,40 @@ __device__ __forceinline__ void fp8_rows_on_m_mainloop(float (&acc)[Cfg::kBN / 2
 #pragma unroll
   for (int i = 0; i < Cfg::kBN / 2; ++i) acc[i] = 0.0f;
   float scale0[2], scale1[2];
-  for (int kb = 0; kb + 1 < Cfg::kKBlocks; kb += 2, it += 2) {
-    loop.issue(partial0, scale0, it);
-    loop.issue(partial1, scale1, it + 1);
-    wgmma_wait<1>();
-    loop.promote(acc, partial0, scale0, it);
-    wgmma_wait<0>();
-    loop.promote(acc, partial1, scale1, it + 1);
-  }
-  if constexpr (Cfg::kKBlocks % 2 != 0) {
-    loop.issue(partial0, scale0, it);
-    wgmma_wait<0>();
-    loop.promote(acc, partial0, scale0, it);
-    ++it;
+  if constexpr (Cfg::kHalves == 1) {
+    for (int kb = 0; kb + 1 < Cfg::kKBlocks; kb += 2, it += 2) {
+      loop.wait_stage(it);
+      loop.issue(partial0, scale0, it, 0);
+      loop.wait_stage(it + 1);
+      loop.issue(partial1, scale1, it + 1, 0);
+      wgmma_wait<1>();
+      loop.release(it);
+      loop.promote(acc, partial0, scale0, 0);
+      wgmma_wait<0>();
+      loop.release(it + 1);
+      loop.promote(acc, partial1, scale1, 0);
+    }
+    if constexpr (Cfg::kKBlocks % 2 != 0) {
+      loop.wait_stage(it);
+      loop.issue(partial0, scale0, it, 0);
+      wgmma_wait<0>();
+      loop.release(it);
+      loop.promote(acc, partial0, scale0, 0);
+      ++it;
+    }
+  } else {
+    (void)partial1;
+    (void)scale1;
+    for (int kb = 0; kb < Cfg::kKBlocks; ++kb, ++it) {
+      loop.wait_stage(it);
+#pragma unroll
+      for (int half = 0; half < Cfg::kHalves; ++half) {
+        loop.issue(partial0, scale0, it, half);
+        wgmma_wait<0>();
+        if (half + 1 == Cfg::kHalves) loop.release(it);
+        loop.promote(acc, partial0, scale0, half);
+      }
+    }
   }
 }
 
@@ -345,7 +397,7 @@ template <class Cfg>
 __device__ __forceinline__ void fp8_rows_on_m_consumer(const kjit_grouped_gemm_fp8_sm90_params& p,
                                                        unsigned char* tiles, unsigned long long* full,
                                                        unsigned long long* empty, unsigned char* after_barriers) {
-  float acc[Cfg::kBN / 2], partial0[Cfg::kBN / 2], partial1[Cfg::kBN / 2];
+  float acc[Cfg::kBN / 2], partial0[64], partial1[64];
   const TileQueue<Cfg> queue(after_barriers);
   const float* scales = fp8_stage_scales<Cfg>(after_barriers);
   SwapAbTileWalker<Cfg> walk{&p.sm90.gemm, cluster_rank<Cfg>()};
@@ -364,9 +416,11 @@ __device__ __forceinline__ void fp8_rows_on_m_consumer(const kjit_grouped_gemm_f
     }
     fp8_rows_on_m_mainloop<Cfg>(acc, partial0, partial1, tiles, full, empty, scales, it);
     if constexpr (!Cfg::kBlockScales) {
-      // Per-channel weight scales: this thread's 32 output columns, 8j + 2q + c.
+      // Per-channel weight scales: this thread's kBN / 4 output columns, 8j + 2q + c.
 #pragma unroll
-      for (int j = 0; j < Cfg::kBN / 8; ++j)
+      for (int j = 0; j < Cfg::kBN / 8; ++j) {
+        // 16 loads at a time: hoisted all together, 64 of them spill beside a 256-wide tile's accumulator.
+        if (j % 8 == 0) asm volatile("" ::: "memory");
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           const long long col = tile.n0 + 8 * j + 2 * q + c;
@@ -374,6 +428,7 @@ __device__ __forceinline__ void fp8_rows_on_m_consumer(const kjit_grouped_gemm_f
           acc[4 * j + c] *= b;
           acc[4 * j + 2 + c] *= b;
         }
+      }
     }
     store_block<Cfg, Cfg::kBN>(p.sm90.gemm, acc, 64 * consumer, tile.rows, tile.row0, tile.n0);
   }

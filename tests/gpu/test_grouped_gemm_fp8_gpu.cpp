@@ -57,6 +57,7 @@ struct KernelPath {
   int32_t tile_m, tile_n;
   int32_t cluster;
   int64_t n_multiple = 8;  // the path runs only where N is a multiple of this (pairs of blocks never pass N)
+  bool block_scales_only = false;  // 128 x 256 rows on M: per-channel weight scales are refused
 };
 
 int compute_capability() {
@@ -91,6 +92,7 @@ std::vector<KernelPath> kernel_paths() {
     paths.push_back({"sm90 rows on M 128 x 128", KJIT_GEMM_KERNEL_SM90, 128, 128, 1});
     paths.push_back(
         {"sm90 rows on M 128 x 128, pairs along N sharing the rows", KJIT_GEMM_KERNEL_SM90, 128, 128, 2, 256});
+    paths.push_back({"sm90 rows on M 128 x 256 (two weight halves)", KJIT_GEMM_KERNEL_SM90, 128, 256, 1, 8, true});
   }
   return paths;
 }
@@ -202,7 +204,7 @@ void run_fp8_gemm(const Fp8Case& c) {
   const auto ref = reference(c, d);
   Fp8Buffers b(c, rows, d);
   for (const auto& path : kernel_paths()) {
-    if (c.n % path.n_multiple != 0) continue;
+    if (c.n % path.n_multiple != 0 || (path.block_scales_only && c.weight_scale != KJIT_SCALE_PER_BLOCK)) continue;
     const std::string path_name = path.name;
     CAPTURE(path_name);
     auto g = b.desc(c, rows);

@@ -633,10 +633,26 @@ TEST_CASE("the rows-on-M SM90 FP8 GEMM: the heuristic's above 64 rows per expert
   const auto pairs = *choose_grouped_gemm_fp8_config(
       fp8_problem(), arch("sm_90a"), 8192, {.kernel = Kernel::sm90, .tile_m = 128, .tile_n = 128, .cluster = 2});
   CHECK((pairs.kernel == Fp8GemmKernel::wgmma_sm90_rows_on_m && pairs.cluster == 2));
-  // Only 128 x 128 (two consumer warpgroups of 64 rows, one weight block).
+  // Only 128 x 128 or 128 x 256 (two consumer warpgroups of 64 rows, one or two weight blocks).
   CHECK_FALSE(
       choose_grouped_gemm_fp8_config(fp8_problem(), arch("sm_90a"), 8192, {.kernel = Kernel::sm90, .tile_m = 64})
           .has_value());
+  CHECK_FALSE(choose_grouped_gemm_fp8_config(fp8_problem(), arch("sm_90a"), 8192,
+                                             {.kernel = Kernel::sm90, .tile_m = 128, .tile_n = 192})
+                  .has_value());
+  // The heuristic's rows-on-M tile: 128 x 256 with block scales (4 stages of 48 KB), 128 x 128 with per-channel
+  // ones, which refuse 256 (their epilogue would spill).
+  const auto wide = *choose_grouped_gemm_fp8_config(fp8_problem(), arch("sm_90a"), 8192);
+  CHECK((wide.kernel == Fp8GemmKernel::wgmma_sm90_rows_on_m && wide.tile_m == 128 && wide.tile_n == 256 &&
+         wide.stages == 4));
+  CHECK(render(wide).dynamic_shared_bytes == 4 * (256 + 128) * 128 + 1024 + 16 * 4 + 4 * 24 + 4 * 128 * 2 * 4);
+  auto channel = fp8_problem();
+  channel.weight_scale = Fp8WeightScale::channel;
+  CHECK(choose_grouped_gemm_fp8_config(channel, arch("sm_90a"), 8192)->tile_n == 128);
+  const auto refused = choose_grouped_gemm_fp8_config(channel, arch("sm_90a"), 8192,
+                                                      {.kernel = Kernel::sm90, .tile_m = 128, .tile_n = 256});
+  REQUIRE_FALSE(refused.has_value());
+  CHECK(refused.error().message.find("per-channel weight scales run 128-row weight tiles") != std::string::npos);
   // Off Hopper a tile keeps the portable kernel.
   CHECK(choose_grouped_gemm_fp8_config(fp8_problem(), arch("sm_120a"), 8192, {.tile_m = 64, .tile_n = 64})->kernel ==
         Fp8GemmKernel::mma_sync);

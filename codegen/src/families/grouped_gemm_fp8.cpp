@@ -30,6 +30,7 @@ constexpr int kPortableThreads = 128;
 constexpr int kSm90TileN = 128;       // weight rows per block (swap AB: two consumer warpgroups of 64)
 constexpr int kSm90MaxRows = 128;     // the accumulator and the partial, tile_m / 2 registers each: 160 spills
 constexpr int kRowsOnMTileM = 128;    // rows on M: two consumer warpgroups of 64 rows
+constexpr int kRowsOnMWideTileN = 256;  // rows on M: or two 128-row weight halves (a quarter less L2 traffic)
 constexpr int kSm90SharedLimit = 227 * 1024;
 constexpr int kSm90MaxStages = 8;
 
@@ -68,13 +69,19 @@ Expected<void> validate_configuration(const GroupedGemmFp8Spec& s) {
                                  tile));
     return {};
   }
-  const bool stages_ok = s.stages >= 2 && s.stages <= grouped_gemm_fp8_max_stages(s.kernel, s.tile_m);
-  const bool cluster_ok = s.cluster == 1 || (s.cluster == 2 && s.n % (2 * kSm90TileN) == 0);
+  const bool stages_ok = s.stages >= 2 && s.stages <= grouped_gemm_fp8_max_stages(s.kernel, s.tile_m, s.tile_n);
+  const bool cluster_ok = s.cluster == 1 || (s.cluster == 2 && s.n % (2 * s.tile_n) == 0);
   if (s.kernel == Fp8GemmKernel::wgmma_sm90_rows_on_m) {
-    if (s.tile_m != kRowsOnMTileM || s.tile_n != kSm90TileN || !stages_ok || !cluster_ok)
-      return invalid(fmt::format("grouped_gemm_fp8 {} is not supported (wgmma_sm90_rows_on_m: tile {}x{}, 2 stages "
-                                 "up to what fits in 227 KB, cluster 1, or 2 when N is a multiple of {})",
-                                 tile, kRowsOnMTileM, kSm90TileN, 2 * kSm90TileN));
+    const bool tile_ok = s.tile_m == kRowsOnMTileM && (s.tile_n == kSm90TileN || s.tile_n == kRowsOnMWideTileN);
+    if (!tile_ok || !stages_ok || !cluster_ok)
+      return invalid(fmt::format("grouped_gemm_fp8 {} is not supported (wgmma_sm90_rows_on_m: tile {}x{} or {}x{}, 2 "
+                                 "stages up to what fits in 227 KB, cluster 1, or 2 when N is a multiple of twice "
+                                 "tile_n)",
+                                 tile, kRowsOnMTileM, kSm90TileN, kRowsOnMTileM, kRowsOnMWideTileN));
+    if (s.tile_n == kRowsOnMWideTileN && s.weight_scale != Fp8WeightScale::block_128)
+      return invalid(fmt::format("grouped_gemm_fp8 {} is not supported: per-channel weight scales run 128-row weight "
+                                 "tiles (their epilogue spills beside a 256-wide accumulator)",
+                                 tile));
     return {};
   }
   const bool ok = s.tile_m % 32 == 0 && s.tile_m >= 32 && s.tile_m <= kSm90MaxRows && s.tile_n == kSm90TileN &&
@@ -89,9 +96,10 @@ Expected<void> validate_configuration(const GroupedGemmFp8Spec& s) {
 
 // Hopper's instruction, as KjitWgmmaFp8<n>: swap AB m64n<tile_m>k32 e4m3
 // (every tile runs at the tallest height: fp8_consumer says why; the weights
-// are operand A), rows on M m64n<tile_n>k32 (the rows are operand A).
+// are operand A), rows on M m64n128k32 (the rows are operand A; a 256-row
+// weight tile runs as two halves of one scale block).
 std::string sm90_wgmma_wrapper(const GroupedGemmFp8Spec& s) {
-  const int n = s.kernel == Fp8GemmKernel::wgmma_sm90_rows_on_m ? s.tile_n : s.tile_m;
+  const int n = s.kernel == Fp8GemmKernel::wgmma_sm90_rows_on_m ? kSm90TileN : s.tile_m;
   return "template <int kN>\nstruct KjitWgmmaFp8;\n" +
          wgmma_wrapper(fmt::format("template <>\nstruct KjitWgmmaFp8<{}>", n),
                        {.n = n, .operands = WgmmaOperands::e4m3});
@@ -113,12 +121,12 @@ GroupedGemmFp8Spec portable_config(const GroupedGemmFp8Spec& problem) {
 }
 
 GroupedGemmFp8Spec sm90_config(const GroupedGemmFp8Spec& problem, int tile_m, int cluster,
-                               Fp8GemmKernel kernel = Fp8GemmKernel::wgmma_sm90) {
+                               Fp8GemmKernel kernel = Fp8GemmKernel::wgmma_sm90, int tile_n = kSm90TileN) {
   GroupedGemmFp8Spec s = problem;
   s.kernel = kernel;
   s.tile_m = tile_m;
-  s.tile_n = kSm90TileN;
-  s.stages = grouped_gemm_fp8_max_stages(s.kernel, tile_m);
+  s.tile_n = tile_n;
+  s.stages = grouped_gemm_fp8_max_stages(s.kernel, tile_m, s.tile_n);
   s.cluster = cluster;
   return s;
 }
@@ -146,7 +154,7 @@ Expected<std::vector<GroupedGemmFp8Spec>> requested_configs(const GroupedGemmFp8
     if (request.tile_m != 0) s.tile_m = request.tile_m;
     if (request.tile_n != 0) s.tile_n = request.tile_n;
     s.cluster = request.cluster != 0 ? request.cluster : 1;
-    if (is_sm90(s.kernel)) s.stages = grouped_gemm_fp8_max_stages(s.kernel, s.tile_m);
+    if (is_sm90(s.kernel)) s.stages = grouped_gemm_fp8_max_stages(s.kernel, s.tile_m, s.tile_n);
     KJIT_TRY(Family<GroupedGemmFp8Spec>::validate(s));
   }
   return configs;
@@ -260,8 +268,8 @@ RenderedKernel Family<GroupedGemmFp8Spec>::render(const GroupedGemmFp8Spec& s) {
                      .threads = sm90_threads(s),
                      .min_blocks = 1,  // a register cap at entry, which setmaxnreg needs
                      .templates = {"gemm/grouped_gemm_fp8_sm90.cuh"},
-                     .config = fmt::format("kjit::GroupedGemmFp8Sm90Config<{}, {}, {}, {}, {}, KjitWgmmaFp8>", problem,
-                                           s.tile_m, s.stages, s.cluster,
+                     .config = fmt::format("kjit::GroupedGemmFp8Sm90Config<{}, {}, {}, {}, {}, {}, KjitWgmmaFp8>",
+                                           problem, s.tile_m, s.tile_n, s.stages, s.cluster,
                                            s.kernel == Fp8GemmKernel::wgmma_sm90_rows_on_m),
                      .params_type = "kjit_grouped_gemm_fp8_sm90_params",
                      .body = "kjit::grouped_gemm_fp8_sm90",
@@ -289,17 +297,17 @@ int grouped_gemm_fp8_shared_bytes(const GroupedGemmFp8Spec& s) {
   // agree): stages of weight and row tiles (128 bytes a row), 1 KB of
   // alignment slack, two mbarriers per stage, swap AB's epilogue scratch (4 KB
   // per consumer; rows on M stores from registers), the tile queue (4 slots
-  // of 24 bytes) and each stage's scales (tile_m floats).
+  // of 24 bytes) and each stage's scales (tile_m floats per 128 weight rows).
   const int scratch = s.kernel == Fp8GemmKernel::wgmma_sm90 ? s.tile_n / 64 * 4096 : 0;
   return s.stages * (s.tile_n + s.tile_m) * kScaleBlock + 1024 + 16 * s.stages + scratch + 4 * 24 +
-         s.stages * s.tile_m * 4;
+         s.stages * s.tile_m * (s.tile_n / kScaleBlock) * 4;
 }
 
-int grouped_gemm_fp8_max_stages(Fp8GemmKernel kernel, int tile_m) {
+int grouped_gemm_fp8_max_stages(Fp8GemmKernel kernel, int tile_m, int tile_n) {
   GroupedGemmFp8Spec s;
   s.kernel = kernel;
   s.tile_m = tile_m;
-  s.tile_n = kSm90TileN;
+  s.tile_n = tile_n;
   for (s.stages = kSm90MaxStages; s.stages > 1; --s.stages)
     if (grouped_gemm_fp8_shared_bytes(s) <= kSm90SharedLimit) break;
   return s.stages;
@@ -319,11 +327,14 @@ std::vector<GroupedGemmFp8Spec> grouped_gemm_fp8_configs(const GroupedGemmFp8Spe
   if (!arch.wgmma_tma) return {portable_config(problem)};
   // By average rows per expert (H100, docs/benchmarks.md): up to 64, swap AB
   // (row tiles of up to 128, near-equal heights in steps of 32; decode is
-  // memory-bound, and swap AB wastes no rows); more, rows on M (128 x 128
-  // tiles, two scale products a thread per promotion instead of 32): 1.09-1.19x
-  // swap AB on the five prefill shapes, even at decode.
+  // memory-bound, and swap AB wastes no rows); more, rows on M (two scale
+  // products a thread per promotion instead of 32): 1.09-1.19x swap AB on the
+  // five prefill shapes, even at decode. Rows on M at 128 x 256 (a quarter
+  // less L2 traffic per product): 1.08-1.12x 128 x 128 on four of the five
+  // prefill shapes, even on the fifth; block scales only (validate says why).
+  const int rows_on_m_n = problem.weight_scale == Fp8WeightScale::block_128 ? kRowsOnMWideTileN : kSm90TileN;
   return {sm90_config(problem, kSm90MaxRows, 1),
-          sm90_config(problem, 128, 1, Fp8GemmKernel::wgmma_sm90_rows_on_m)};
+          sm90_config(problem, 128, 1, Fp8GemmKernel::wgmma_sm90_rows_on_m, rows_on_m_n)};
 }
 
 Expected<GroupedGemmFp8Spec> choose_grouped_gemm_fp8_config(const GroupedGemmFp8Spec& problem, const ArchInfo& arch,

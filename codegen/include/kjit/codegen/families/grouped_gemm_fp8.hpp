@@ -80,8 +80,9 @@ struct Family<GroupedGemmFp8Spec> {
 int grouped_gemm_fp8_shared_bytes(const GroupedGemmFp8Spec& spec);
 // Whether `kernel` is one of Hopper's (wgmma and TMA).
 bool is_sm90(Fp8GemmKernel kernel);
-// The deepest pipeline of SM90 `kernel` with row tiles of up to `tile_m` rows that fits a Hopper block's shared memory.
-int grouped_gemm_fp8_max_stages(Fp8GemmKernel kernel, int tile_m);
+// The deepest pipeline of SM90 `kernel` with row tiles of up to `tile_m` rows and `tile_n` weight rows that fits a
+// Hopper block's shared memory.
+int grouped_gemm_fp8_max_stages(Fp8GemmKernel kernel, int tile_m, int tile_n);
 LaunchGeometry grouped_gemm_fp8_geometry(const GroupedGemmFp8Spec& spec, int64_t total_rows, int resident_blocks);
 
 // The configurations `arch` may pick, one per token-count bucket (what precompile builds).
