@@ -305,7 +305,7 @@ __device__ __forceinline__ void convert_fp4_fragments(const unsigned char* w_til
       for (int j = 0; j < 2; ++j) {
         const int step = 2 * unit + j;
         unsigned low_cols, high_cols;
-        e2m1x4_to_bf16x2x2(byte_permute(j ? v.z : v.x, j ? v.w : v.y, pick), low_cols, high_cols);
+        e2m1x4_to_bf16x2x2(byte_permute(j ? v.z : v.x, j ? v.w : v.y, pick), 0, low_cols, high_cols);
         const unsigned scale = scales.step_scale(half, step);
         f[step][half] = apply_global<Cfg::kScale>(mul_bf16x2(low_cols, scale), scales.global);
         f[step][2 + half] = apply_global<Cfg::kScale>(mul_bf16x2(high_cols, scale), scales.global);
@@ -568,17 +568,21 @@ struct ConverterShare {
       const unsigned words[4] = {v.x, v.y, v.z, v.w};
       const unsigned row_base = to + row * 128;
       if constexpr (Cfg::kFp4) {
-        // 32 elements: four 16-byte bf16 units, each from one word (8 nibbles, 4 of each pair order).
+        // 32 elements: four 16-byte bf16 units, each from one word (8 nibbles, 4 of each pair order); NVFP4's
+        // two groups of 16 take two words each.
+        unsigned group_scales[2];
+        if constexpr (Cfg::kScale == MixedScale::nvfp4)
+          nvfp4_group_scales_bf16x2(scale_bytes[i], group_scales[0], group_scales[1]);
+        else
+          group_scales[0] = group_scales[1] = group_scale_bf16x2<Cfg::kScale>(scale_bytes[i]);
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
-          const unsigned byte = Cfg::kScale == MixedScale::nvfp4 ? (scale_bytes[i] >> (8 * (w / 2))) & 0xFFu
-                                                                  : scale_bytes[i];
-          const unsigned scale = group_scale_bf16x2<Cfg::kScale>(byte);
+          const unsigned scale = group_scales[w / 2];
           unsigned b[4];
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             unsigned first, second;
-            e2m1x4_to_bf16x2x2(words[w] >> (16 * h), first, second);
+            e2m1x4_to_bf16x2x2(words[w], h, first, second);
             b[2 * h] = apply_global<Cfg::kScale>(mul_bf16x2(first, scale), global);
             b[2 * h + 1] = apply_global<Cfg::kScale>(mul_bf16x2(second, scale), global);
           }
