@@ -515,7 +515,9 @@ struct ConverterShare {
   __device__ ConverterShare(int group_first, int thread_index) : first(group_first), index(thread_index) {}
   __device__ int unit(int i) const { return first + index + kThreads * i; }
   // Whether the thread has an i-th unit (a group's units need not split evenly over its threads).
-  __device__ bool has(int i) const { return kUnits % kThreads == 0 || i < kPerThread - 1 || index + kThreads * i < kUnits; }
+  __device__ bool has(int i) const {
+    return kUnits % kThreads == 0 || i < kPerThread - 1 || index + kThreads * i < kUnits;
+  }
 
   __device__ void start_tile(const kjit_grouped_gemm_mixed_sm90_params& p, int expert, int n0) {
     if constexpr (Cfg::kScale == MixedScale::nvfp4) {
@@ -642,15 +644,16 @@ struct ConvertedByWarps {
   static constexpr bool kConvertsAhead = false;
   unsigned long long* converted;
   __device__ void wait(unsigned stage, unsigned phase) { mbarrier_wait(&converted[stage], phase); }
-  __device__ void convert(unsigned char*, int) {}
+  __device__ void start(int) {}
+  __device__ void convert(unsigned char*) {}
 };
 
 // Without converter warps (FP4), mainloop's Prepare of one tile: the consumer
-// warpgroup converts its own 64 weight rows of k-block kb, which its next
+// warpgroup converts its own 64 weight rows of a k-block, which its next
 // wgmmas read, into the stage's bf16 tile, then makes the writes visible to
 // wgmma (the async proxy); mainloop syncs the warpgroup after it. The tile's
-// scales are read once it starts; a k-block's, just before its stage is
-// waited for.
+// scales are read once it starts; a k-block's (`start`) before its stage is
+// waited for, as the converter warps do.
 template <class Cfg>
 struct OwnRowsConversion {
   static constexpr bool kConvertsAhead = true;
@@ -665,8 +668,8 @@ struct OwnRowsConversion {
     share.start_tile(p, tile.expert, tile.n0);
   }
   __device__ void wait(unsigned, unsigned) {}
-  __device__ void convert(unsigned char* stage, int kb) {
-    share.start_k_block(p, tile.expert, tile.n0, static_cast<long long>(kb) * Cfg::kBK);
+  __device__ void start(int kb) { share.start_k_block(p, tile.expert, tile.n0, static_cast<long long>(kb) * Cfg::kBK); }
+  __device__ void convert(unsigned char* stage) {
     share.convert(stage, stage + Cfg::kWeightOperandOffset);
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   }

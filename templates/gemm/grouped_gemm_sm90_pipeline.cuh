@@ -209,11 +209,14 @@ struct GatheredRows {
 // barrier (mainloop's Prepare). Here nothing: TMA brought everything. The
 // converter kernel's (grouped_gemm_mixed_sm90.cuh) either waits for its
 // converter warps (`wait`: fp8 weights) or has the warpgroup convert its own
-// weight rows itself, a k-block ahead (kConvertsAhead, `convert`: FP4).
+// weight rows itself, a k-block ahead (kConvertsAhead: FP4; `start` reads
+// what k-block kb's conversion needs from global memory before its stage is
+// waited for, `convert` converts the stage).
 struct NoPreparation {
   static constexpr bool kConvertsAhead = false;
   __device__ void wait(unsigned /*stage*/, unsigned /*phase*/) {}
-  __device__ void convert(unsigned char* /*stage*/, int /*kb*/) {}
+  __device__ void start(int /*kb*/) {}
+  __device__ void convert(unsigned char* /*stage*/) {}
 };
 
 // Syncs the consumer warpgroup on its own named barrier (1 + its index, as the epilogue's scratch does).
@@ -241,8 +244,9 @@ __device__ __forceinline__ void mainloop(float (&acc)[kRegs], unsigned char* til
   const int lane = threadIdx.x % 32;
   auto convert_stage = [&](unsigned k_it, int kb) {
     const unsigned s = k_it % Cfg::kStages;
+    prepare.start(kb);
     mbarrier_wait(&full[s], (k_it / Cfg::kStages) & 1);
-    prepare.convert(tiles + s * Cfg::kStageBytes, kb);
+    prepare.convert(tiles + s * Cfg::kStageBytes);
   };
   if constexpr (kConvertsAhead) {
     convert_stage(it, 0);

@@ -182,7 +182,7 @@ while read -r key arch op kernel canonical; do
         released=$(count "USETMAXREG\.DEALLOC\.CTAPOOL $producer ;")
         taken=$(count "USETMAXREG\.TRY_ALLOC\.CTAPOOL (UP[0-9], )?$consumer ;")
         echo "  register split: producer $producer x $released, consumers $consumer x $taken"
-        [ "$released" -eq 1 ] && [ "$taken" -eq 1 ] || fail "$canonical: not the register split $producer / $consumer" ;;
+        [ "$released" -eq 1 ] && [ "$taken" -eq 1 ] || fail "$canonical: not the register split $producer/$consumer" ;;
       mma_sync)
         mixed_portable=$((mixed_portable + 1))
         [ "$hmma" -gt 0 ] || fail "$arch $canonical has no mma.sync (HMMA)"

@@ -401,7 +401,8 @@ TEST_CASE("ptxas compiles the converter kernel, converter warps and own rows, wi
     for (bool gather : {false, true}) {
       GroupedGemmMixedSpec m;
       m.weight = weight;
-      m.weight_scale = weight == MixedWeight::f8_e4m3fn && gather ? ScaleGranularity::per_row : ScaleGranularity::per_block;
+      const bool per_row = weight == MixedWeight::f8_e4m3fn && gather;
+      m.weight_scale = per_row ? ScaleGranularity::per_row : ScaleGranularity::per_block;
       m.scale_convention = weight == MixedWeight::nvfp4 ? ScaleConvention::divide : ScaleConvention::multiply;
       m.gather = gather;
       m.n = 2880;
