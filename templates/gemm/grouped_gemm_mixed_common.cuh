@@ -115,22 +115,26 @@ __device__ __forceinline__ unsigned mul_bf16x2(unsigned a, unsigned b) {
   return out;
 }
 
-// Two packed bytes of e2m1 pairs (`first` in bits 0-7, `second` in 8-15) ->
-// their values as exact bf16 pairs (each byte's low nibble in the low half).
-// The three magnitude bits index byte tables of the eight bf16 values (prmt
-// takes a 3-bit index per result byte); each nibble's sign bit is moved to
-// its bf16's sign with a multiply that places two copies at once (the stray
-// copies are masked off).
-__device__ __forceinline__ void e2m1x4_to_bf16x2x2(unsigned bytes, unsigned& first, unsigned& second) {
+// Two packed bytes of e2m1 pairs, bytes 2 half and 2 half + 1 of `word` ->
+// their values as exact bf16 pairs (`first` the lower byte's, each byte's low
+// nibble in the low half). The three magnitude bits index byte tables of the
+// eight bf16 values (prmt takes a 3-bit index per result byte). The signs
+// come from prmt's sign mode (selector bit 3: the chosen byte's bit 7 in all
+// eight bits): an odd nibble's sign is bit 7 of its byte of `word`, an even
+// one's of `word << 4`; masked to 0x80, they join the high bytes. Per byte
+// pair that is a prmt and a lop3 (and a shift per word) where moving the
+// signs with multiplies took six instructions (the same bits: checked for
+// every 16-bit input against the old code and the e2m1 values).
+__device__ __forceinline__ void e2m1x4_to_bf16x2x2(unsigned word, int half, unsigned& first, unsigned& second) {
   // bf16 of 0, 0.5, 1, 1.5, 2, 3, 4, 6: high bytes 00 3F 3F 3F 40 40 40 40, low bytes 00 00 80 C0 00 40 80 C0.
-  const unsigned magnitudes = bytes & 0x7777u;
-  const unsigned high = byte_permute(0x3F3F3F00u, 0x40404040u, magnitudes);
+  // prmt reads the low 16 bits of its selector: one mask serves both halves.
+  const unsigned magnitudes = (word & 0x77777777u) >> (16 * half);
   const unsigned low = byte_permute(0xC0800000u, 0xC0804000u, magnitudes);
-  // Nibble signs: bits 3 and 7 -> 15 and 31 (times 2^12 + 2^24); bits 11 and 15 -> 15 and 31 (2^4 + 2^16).
-  const unsigned first_signs = ((bytes & 0x88u) * 0x01001000u) & 0x80008000u;
-  const unsigned second_signs = ((bytes & 0x8800u) * 0x00010010u) & 0x80008000u;
-  first = byte_permute(low, high, 0x5140u) | first_signs;
-  second = byte_permute(low, high, 0x7362u) | second_signs;
+  // Result byte i (nibble 4 half + i) replicates bit 7 of byte 2 half + i / 2 of word << 4 (i even) or word (odd).
+  const unsigned signs = byte_permute(word << 4, word, half == 0 ? 0xD9C8u : 0xFBEAu);
+  const unsigned high = byte_permute(0x3F3F3F00u, 0x40404040u, magnitudes) | (signs & 0x80808080u);
+  first = byte_permute(low, high, 0x5140u);
+  second = byte_permute(low, high, 0x7362u);
 }
 
 // A group's scale as a bf16 pair for mul_bf16x2: NVFP4's e4m3fn scale (exact
@@ -146,6 +150,15 @@ __device__ __forceinline__ unsigned group_scale_bf16x2(unsigned byte) {
     const unsigned bits = byte == 0xFFu ? 0x7FC0u : byte == 0u ? 0x0040u : byte << 7;
     return bits | bits << 16;
   }
+}
+
+// NVFP4's scales of two consecutive groups (bytes 0 and 1 of `bytes`) as
+// group_scale_bf16x2's pairs, both decoded by one cvt.
+__device__ __forceinline__ void nvfp4_group_scales_bf16x2(unsigned bytes, unsigned& first, unsigned& second) {
+  float low, high;
+  decode_fp8x2<Fp8Format::e4m3fn>(static_cast<unsigned short>(bytes), low, high);
+  first = cvt_rn_bf16x2_f32(low, low);
+  second = cvt_rn_bf16x2_f32(high, high);
 }
 
 // An exact bf16 pair of (e2m1 x group scale) -> the weights: MXFP4 as it is;

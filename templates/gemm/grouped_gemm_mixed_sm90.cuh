@@ -305,7 +305,7 @@ __device__ __forceinline__ void convert_fp4_fragments(const unsigned char* w_til
       for (int j = 0; j < 2; ++j) {
         const int step = 2 * unit + j;
         unsigned low_cols, high_cols;
-        e2m1x4_to_bf16x2x2(byte_permute(j ? v.z : v.x, j ? v.w : v.y, pick), low_cols, high_cols);
+        e2m1x4_to_bf16x2x2(byte_permute(j ? v.z : v.x, j ? v.w : v.y, pick), 0, low_cols, high_cols);
         const unsigned scale = scales.step_scale(half, step);
         f[step][half] = apply_global<Cfg::kScale>(mul_bf16x2(low_cols, scale), scales.global);
         f[step][2 + half] = apply_global<Cfg::kScale>(mul_bf16x2(high_cols, scale), scales.global);
@@ -396,27 +396,40 @@ __device__ __forceinline__ void mixed_consumer(const kjit_grouped_gemm_mixed_sm9
 }
 
 // ------------------------------------------------------------------------
-// The converter kernel: converter warps write bf16 weight tiles into shared
-// memory; the consumers are the bf16 swap-AB kernel's.
+// The converter kernel: each stage's fp8 (or FP4) weight tile is converted
+// into a bf16 tile in shared memory; the consumers are the bf16 swap-AB
+// kernel's.
 //
-// Why: converting in the consumer warpgroups (above) cannot overlap a
-// warpgroup's own wgmmas (ptxas serialises them, mixed_mainloop says why),
-// so at prefill the tensor cores wait for every conversion. Here the
-// producer warpgroup's idle warps convert each stage's fp8 (or FP4) tile as
-// it lands, the same conversion to the same bits, into a bf16 tile in the
-// layout TMA gives the bf16 kernel; the consumer warpgroups then run
-// grouped_gemm_sm90_swap_ab.cuh's k-loop and epilogue unchanged, with row
-// tiles up to 256 (no A fragments to hold), and the conversion of stage s + 1
-// runs beside the wgmmas of stage s.
+// Why: converting in the consumer warpgroups' registers (above) cannot
+// overlap a warpgroup's own wgmmas (ptxas serialises them, mixed_mainloop
+// says why), so at prefill the tensor cores wait for every conversion.
+// Written to shared memory, the converted weights are no wgmma's registers:
+// the conversion of stage s + 1 runs beside the wgmmas of stage s, the same
+// conversion to the same bits (ConverterShare), into the layout TMA gives the
+// bf16 kernel, whose k-loop and epilogue run unchanged, with row tiles up to
+// 256 (no A fragments to hold). Who converts depends on the weights, each
+// where it ran faster (H100, against the bf16 kernel on the gpt-oss and Qwen
+// prefill shapes of tools/bench/bench_w8a16_gemm.py and bench_w4a16_gemm.py):
+// - fp8: the producer warpgroup's spare warps (kConverterWarps, 3, or 2 beside
+//   a gather loader) convert each stage as it lands and arrive on its
+//   `converted` barrier (after the tile queue), which the consumers wait for
+//   after the full barrier: 0.70-0.81x, where the consumers converting their
+//   own rows ran 0.61-0.67x.
+// - FP4 (NVFP4, MXFP4): each consumer warpgroup converts its own 64 weight
+//   rows of stage s + 1 while its wgmmas of stage s run (OwnRowsConversion,
+//   mainloop's Prepare): NVFP4 0.72/0.70/0.82/0.80x, MXFP4 0.76/0.77/0.95/0.93x,
+//   where converter warps ran 0.66/0.63/0.71/0.70x and 0.73/0.72/0.87/0.87x.
+//   Why the two differ was not measured; FP4's conversion does more work per
+//   landing byte (two elements, and a scale per group of 16 or 32), which a
+//   warp a scheduler (the converter warps) hides less well than two (the
+//   consumers).
 //
 // A stage: the landing tile (128 rows x 64 codes, or 32 bytes of FP4 pairs,
 // as TMA brings them: unswizzled rows), the row tile (K-major, 128-byte
-// swizzle), the bf16 weight tile (128 rows x 64 k, 128-byte swizzle). A
-// stage's `converted` barrier (after the tile queue) completes when every
-// converter lane has written its part; the consumers wait for it after the
-// full barrier. The converters need no barrier of their own before
-// overwriting a bf16 tile: a stage is refilled (and its full barrier
-// completes again) only after the consumers have released it.
+// swizzle), the bf16 weight tile (128 rows x 64 k, 128-byte swizzle). No
+// converter needs a barrier of its own before overwriting a bf16 tile: a
+// stage is refilled (and its full barrier completes again) only after the
+// consumers have released it.
 template <class Problem, int kBM_, int kStages_, template <int> class Mma_>
 struct GroupedGemmMixedConverterConfig : Problem {
   using Problem::kK, Problem::kN;
@@ -443,25 +456,31 @@ struct GroupedGemmMixedConverterConfig : Problem {
   static constexpr int kScratchBytes = kConsumers * 32 * 64 * 2;
   static constexpr int kQueueSlots = 4;
   static constexpr int kQueueBytes = kQueueSlots * 24;
-  // Stages, alignment slack, two mbarriers per stage, scratch, queue, a
-  // converted barrier per stage (codegen's grouped_gemm_mixed_shared_bytes
-  // computes the same; the generated code checks).
-  static constexpr int kSharedBytes =
-      kStages * kStageBytes + 1024 + 16 * kStages + kScratchBytes + kQueueBytes + 8 * kStages;
-  // The registers a block holds (168 a thread under launch bounds of 384)
-  // move from the producer warpgroup to the consumers: 88 + 2 x 208 = 3 x 168.
-  // The converters' units and scales spill under 56; the consumers need no
-  // fragments (tile_m / 2 accumulators).
-  static constexpr int kProducerRegisters = 88, kConsumerRegisters = 208;
   static constexpr int kLoaderWarps = Problem::kGather ? 1 : 0;  // a gathered row tile: swap_ab_gather_loader
-  static constexpr int kConverterWarps = 3 - kLoaderWarps;       // the rest of the producer warpgroup
+  // fp8 weights: the rest of the producer warpgroup converts; FP4: the consumers, their own rows (above says why).
+  static constexpr int kConverterWarps = Problem::kFp4 ? 0 : 3 - kLoaderWarps;
+  // Stages, alignment slack, two mbarriers per stage, scratch, queue, with
+  // converter warps a converted barrier per stage (codegen's
+  // grouped_gemm_mixed_shared_bytes computes the same; the generated code checks).
+  static constexpr int kSharedBytes = kStages * kStageBytes + 1024 + 16 * kStages + kScratchBytes + kQueueBytes +
+                                      (kConverterWarps > 0 ? 8 * kStages : 0);
+  // The registers a block holds (168 a thread under launch bounds of 384):
+  // converter warps keep 88 (their units and scales spill under 56), so the
+  // consumers get 208 (88 + 2 x 208 = 3 x 168); they need no fragments
+  // (tile_m / 2 accumulators). Without converter warps, the producer
+  // warpgroup's 56 and the consumers' 224, as the bf16 kernel's.
+  static constexpr int kProducerRegisters = kConverterWarps > 0 ? 88 : 56;
+  static constexpr int kConsumerRegisters = kConverterWarps > 0 ? 208 : 224;
   static_assert(!Problem::kWeightsKN, "the converter kernel reads [E, N, K] weights");
+  static_assert(kConverterWarps > 0 || kStages >= 3,
+                "converting its own rows, a warpgroup waits for the next stage before handing back the one before");
   static_assert(kBM % kRowStep == 0 && kBM >= kRowStep && kBM <= 256, "wgmma N is at most 256");
   static_assert(kWTileBytes % 1024 == 0 && kStageBytes % 1024 == 0, "every operand tile starts on a swizzle period");
 };
 
 template <class Cfg>
 __device__ __forceinline__ unsigned long long* converted_barriers(unsigned char* after_barriers) {
+  static_assert(Cfg::kConverterWarps > 0, "only converter warps arrive on converted barriers");
   return reinterpret_cast<unsigned long long*>(after_barriers + Cfg::kScratchBytes + Cfg::kQueueBytes);
 }
 
@@ -469,16 +488,19 @@ __device__ __forceinline__ void store_shared_v4(unsigned address, unsigned a, un
   asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(address), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
 }
 
-// One converter thread's share of a stage: 16-byte units of the landing tile
-// (16 fp8 codes, or 32 FP4 elements, of one row) u = thread, thread +
-// kThreads, ...; a row's units are consecutive, so 8 lanes read 128
-// contiguous bytes. The scales of those units are read before the stage is
+// One converting thread's share of a stage: 16-byte units of the landing
+// tile (16 fp8 codes, or 32 FP4 elements, of one row), every kThreads-th of
+// its group's units from its index in the group on; a row's units are
+// consecutive, so 8 lanes read 128 contiguous bytes. The group: the converter
+// warps, over the tile's 128 rows, or (none: FP4) one consumer warpgroup, over
+// its own 64 rows. The scales of those units are read before the stage is
 // waited for.
 template <class Cfg>
 struct ConverterShare {
+  static constexpr bool kOwnRows = Cfg::kConverterWarps == 0;
   static constexpr int kUnitsPerRow = Cfg::kFp4 ? Cfg::kBK / 32 : Cfg::kBK / 16;
-  static constexpr int kUnits = Cfg::kBN * kUnitsPerRow;
-  static constexpr int kThreads = 32 * Cfg::kConverterWarps;
+  static constexpr int kUnits = (kOwnRows ? 64 : Cfg::kBN) * kUnitsPerRow;  // the group's
+  static constexpr int kThreads = kOwnRows ? 128 : 32 * Cfg::kConverterWarps;
   static constexpr int kPerThread = (kUnits + kThreads - 1) / kThreads;
   // fp8: one multiplier per unit (its row's, or the tile's 128 x 128 block's);
   // FP4: a unit's scale bytes (NVFP4: two groups of 16, MXFP4: one of 32).
@@ -487,10 +509,15 @@ struct ConverterShare {
   float multiplier[kPerRow && !Cfg::kFp4 ? kPerThread : 1];
   unsigned scale_bytes[Cfg::kFp4 ? kPerThread : 1];
   float global = 1.0f;  // NVFP4's, per expert
-  int thread;
+  int first;            // the group's first unit in the tile
+  int index;            // the thread's in its group
 
-  __device__ explicit ConverterShare(int converter_thread) : thread(converter_thread) {}
-  __device__ int unit(int i) const { return thread + kThreads * i; }
+  __device__ ConverterShare(int group_first, int thread_index) : first(group_first), index(thread_index) {}
+  __device__ int unit(int i) const { return first + index + kThreads * i; }
+  // Whether the thread has an i-th unit (a group's units need not split evenly over its threads).
+  __device__ bool has(int i) const {
+    return kUnits % kThreads == 0 || i < kPerThread - 1 || index + kThreads * i < kUnits;
+  }
 
   __device__ void start_tile(const kjit_grouped_gemm_mixed_sm90_params& p, int expert, int n0) {
     if constexpr (Cfg::kScale == MixedScale::nvfp4) {
@@ -501,8 +528,7 @@ struct ConverterShare {
     } else if constexpr (Cfg::kScale == MixedScale::row) {
 #pragma unroll
       for (int i = 0; i < kPerThread; ++i)
-        multiplier[i] = unit(i) < kUnits ? weight_multiplier<Cfg>(p.b_scales, expert, n0 + unit(i) / kUnitsPerRow, 0)
-                                         : 0.0f;
+        multiplier[i] = has(i) ? weight_multiplier<Cfg>(p.b_scales, expert, n0 + unit(i) / kUnitsPerRow, 0) : 0.0f;
     }
   }
 
@@ -512,11 +538,11 @@ struct ConverterShare {
       for (int i = 0; i < kPerThread; ++i) {
         scale_bytes[i] = 0u;  // rows past N and units past K: their codes are TMA's zero fill
         const long long row = n0 + unit(i) / kUnitsPerRow;
-        const long long first = k0 + 32 * (unit(i) % kUnitsPerRow);  // the unit's first element
-        if (unit(i) >= kUnits || row >= Cfg::kStoredRows || first >= Cfg::kK) continue;
+        const long long element = k0 + 32 * (unit(i) % kUnitsPerRow);  // the unit's first
+        if (!has(i) || row >= Cfg::kStoredRows || element >= Cfg::kK) continue;
         const unsigned char* run =
-            p.b_block_scales + (expert * Cfg::kStoredRows + row) * Cfg::kGroupsPerRow + first / Cfg::kGroup;
-        // NVFP4: two bytes, 2-byte aligned (K / 16 and first / 16 are even).
+            p.b_block_scales + (expert * Cfg::kStoredRows + row) * Cfg::kGroupsPerRow + element / Cfg::kGroup;
+        // NVFP4: two bytes, 2-byte aligned (K / 16 and element / 16 are even).
         scale_bytes[i] = Cfg::kScale == MixedScale::nvfp4 ? __ldg(reinterpret_cast<const unsigned short*>(run))
                                                           : __ldg(run);
       }
@@ -524,8 +550,7 @@ struct ConverterShare {
       // A fused activation: each row finds its checkpoint row's block.
 #pragma unroll
       for (int i = 0; i < kPerThread; ++i)
-        multiplier[i] = unit(i) < kUnits ? weight_multiplier<Cfg>(p.b_scales, expert, n0 + unit(i) / kUnitsPerRow, k0)
-                                         : 0.0f;
+        multiplier[i] = has(i) ? weight_multiplier<Cfg>(p.b_scales, expert, n0 + unit(i) / kUnitsPerRow, k0) : 0.0f;
     } else if constexpr (Cfg::kScale == MixedScale::block) {
       multiplier[0] = weight_multiplier<Cfg>(p.b_scales, expert, n0, k0);  // the tile's 128 rows, one block
     }
@@ -539,23 +564,27 @@ struct ConverterShare {
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
       const int u = unit(i);
-      if (u >= kUnits) break;
+      if (!has(i)) break;
       const int row = u / kUnitsPerRow, part = u % kUnitsPerRow;
       const uint4 v = load_shared_v4(from + 16 * u);
       const unsigned words[4] = {v.x, v.y, v.z, v.w};
       const unsigned row_base = to + row * 128;
       if constexpr (Cfg::kFp4) {
-        // 32 elements: four 16-byte bf16 units, each from one word (8 nibbles, 4 of each pair order).
+        // 32 elements: four 16-byte bf16 units, each from one word (8 nibbles, 4 of each pair order); NVFP4's
+        // two groups of 16 take two words each.
+        unsigned group_scales[2];
+        if constexpr (Cfg::kScale == MixedScale::nvfp4)
+          nvfp4_group_scales_bf16x2(scale_bytes[i], group_scales[0], group_scales[1]);
+        else
+          group_scales[0] = group_scales[1] = group_scale_bf16x2<Cfg::kScale>(scale_bytes[i]);
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
-          const unsigned byte = Cfg::kScale == MixedScale::nvfp4 ? (scale_bytes[i] >> (8 * (w / 2))) & 0xFFu
-                                                                  : scale_bytes[i];
-          const unsigned scale = group_scale_bf16x2<Cfg::kScale>(byte);
+          const unsigned scale = group_scales[w / 2];
           unsigned b[4];
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             unsigned first, second;
-            e2m1x4_to_bf16x2x2(words[w] >> (16 * h), first, second);
+            e2m1x4_to_bf16x2x2(words[w], h, first, second);
             b[2 * h] = apply_global<Cfg::kScale>(mul_bf16x2(first, scale), global);
             b[2 * h + 1] = apply_global<Cfg::kScale>(mul_bf16x2(second, scale), global);
           }
@@ -588,7 +617,7 @@ __device__ __forceinline__ void weight_converter(const kjit_grouped_gemm_mixed_s
   unsigned long long* converted = converted_barriers<Cfg>(after_barriers);
   SwapAbTileWalker<Cfg> walk{&p.sm90.gemm, 0};
   SwapAbTile tile;
-  ConverterShare<Cfg> share(32 * index + lane);
+  ConverterShare<Cfg> share(0, 32 * index + lane);
   unsigned it = 0;
   for (unsigned i = 0;; ++i) {
     const unsigned long long t = queue.read(i);
@@ -608,27 +637,74 @@ __device__ __forceinline__ void weight_converter(const kjit_grouped_gemm_mixed_s
   }
 }
 
+// The consumers' side of converter warps (mainloop's Prepare): a stage is
+// ready once they have arrived on its converted barrier too.
+template <class Cfg>
+struct ConvertedByWarps {
+  static constexpr bool kConvertsAhead = false;
+  unsigned long long* converted;
+  __device__ void wait(unsigned stage, unsigned phase) { mbarrier_wait(&converted[stage], phase); }
+  __device__ void start(int) {}
+  __device__ void convert(unsigned char*) {}
+};
+
+// Without converter warps (FP4), mainloop's Prepare of one tile: the consumer
+// warpgroup converts its own 64 weight rows of a k-block, which its next
+// wgmmas read, into the stage's bf16 tile, then makes the writes visible to
+// wgmma (the async proxy); mainloop syncs the warpgroup after it. The tile's
+// scales are read once it starts; a k-block's (`start`) before its stage is
+// waited for, as the converter warps do.
+template <class Cfg>
+struct OwnRowsConversion {
+  static constexpr bool kConvertsAhead = true;
+  const kjit_grouped_gemm_mixed_sm90_params& p;
+  const SwapAbTile& tile;
+  ConverterShare<Cfg> share;
+
+  __device__ OwnRowsConversion(const kjit_grouped_gemm_mixed_sm90_params& params, const SwapAbTile& t)
+      : p(params),
+        tile(t),
+        share(static_cast<int>(threadIdx.x / 128) * ConverterShare<Cfg>::kUnits, static_cast<int>(threadIdx.x % 128)) {
+    share.start_tile(p, tile.expert, tile.n0);
+  }
+  __device__ void wait(unsigned, unsigned) {}
+  __device__ void start(int kb) { share.start_k_block(p, tile.expert, tile.n0, static_cast<long long>(kb) * Cfg::kBK); }
+  __device__ void convert(unsigned char* stage) {
+    share.convert(stage, stage + Cfg::kWeightOperandOffset);
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  }
+};
+
 template <class Cfg>
 __device__ __forceinline__ void grouped_gemm_mixed_sm90_converter(const kjit_grouped_gemm_mixed_sm90_params& p) {
   warp_specialized_gemm<Cfg>(
       p.sm90,
       [](unsigned char* after_barriers) {
         TileQueue<Cfg>(after_barriers).init();
-        for (int s = 0; s < Cfg::kStages; ++s)
-          cuda::ptx::mbarrier_init(&converted_barriers<Cfg>(after_barriers)[s], 32 * Cfg::kConverterWarps);
+        if constexpr (Cfg::kConverterWarps > 0)
+          for (int s = 0; s < Cfg::kStages; ++s)
+            cuda::ptx::mbarrier_init(&converted_barriers<Cfg>(after_barriers)[s], 32 * Cfg::kConverterWarps);
       },
       [&](unsigned char* tiles, unsigned long long* full, unsigned long long* empty, unsigned char* after_barriers) {
         swap_ab_producer<Cfg, Fp8WeightTileCopy>(p.sm90, tiles, full, empty, after_barriers);
       },
       [&](unsigned char* tiles, unsigned long long* full, unsigned long long* empty, unsigned char* after_barriers) {
-        const int warp = threadIdx.x % 128 / 32;  // 1 .. 3
-        if (Cfg::kLoaderWarps > 0 && warp == 1)
-          swap_ab_gather_loader<Cfg>(p.sm90, tiles, full, empty, after_barriers);
-        else
-          weight_converter<Cfg>(p, tiles, full, after_barriers, warp - 1 - Cfg::kLoaderWarps);
+        const int warp = threadIdx.x % 128 / 32;  // 1 .. kLoaderWarps + kConverterWarps
+        if constexpr (Cfg::kConverterWarps > 0) {
+          if (Cfg::kLoaderWarps == 0 || warp > 1) {
+            weight_converter<Cfg>(p, tiles, full, after_barriers, warp - 1 - Cfg::kLoaderWarps);
+            return;
+          }
+        }
+        swap_ab_gather_loader<Cfg>(p.sm90, tiles, full, empty, after_barriers);
       },
       [&](unsigned char* tiles, unsigned long long* full, unsigned long long* empty, unsigned char* after_barriers) {
-        swap_ab_consumer<Cfg>(p.sm90, tiles, full, empty, after_barriers, converted_barriers<Cfg>(after_barriers));
+        swap_ab_consumer<Cfg>(p.sm90, tiles, full, empty, after_barriers, [&](const SwapAbTile& tile) {
+          if constexpr (Cfg::kConverterWarps > 0)
+            return ConvertedByWarps<Cfg>{converted_barriers<Cfg>(after_barriers)};
+          else
+            return OwnRowsConversion<Cfg>(p, tile);
+        });
       });
 }
 

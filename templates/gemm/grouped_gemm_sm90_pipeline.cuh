@@ -13,8 +13,8 @@
 namespace kjit {
 
 // Warps of the producer warpgroup that convert stage tiles for the consumers
-// (Cfg::kConverterWarps: the W8A16 / W4A16 converter kernel,
-// grouped_gemm_mixed_sm90.cuh); 0 for a Cfg that names none.
+// (Cfg::kConverterWarps: the W8A16 / W4A16 converter kernel's, fp8 weights,
+// grouped_gemm_mixed_sm90.cuh); 0 for a Cfg that has none or names none.
 template <class Cfg, class = void>
 struct ConverterWarps : cuda::std::integral_constant<int, 0> {};
 template <class Cfg>
@@ -205,21 +205,58 @@ struct GatheredRows {
   }
 };
 
+// What readies a stage for a consumer warpgroup's wgmmas beyond its full
+// barrier (mainloop's Prepare). Here nothing: TMA brought everything. The
+// converter kernel's (grouped_gemm_mixed_sm90.cuh) either waits for its
+// converter warps (`wait`: fp8 weights) or has the warpgroup convert its own
+// weight rows itself, a k-block ahead (kConvertsAhead: FP4; `start` reads
+// what k-block kb's conversion needs from global memory before its stage is
+// waited for, `convert` converts the stage).
+struct NoPreparation {
+  static constexpr bool kConvertsAhead = false;
+  __device__ void wait(unsigned /*stage*/, unsigned /*phase*/) {}
+  __device__ void start(int /*kb*/) {}
+  __device__ void convert(unsigned char* /*stage*/) {}
+};
+
+// Syncs the consumer warpgroup on its own named barrier (1 + its index, as the epilogue's scratch does).
+__device__ __forceinline__ void consumer_warpgroup_sync() {
+  asm volatile("bar.sync %0, 128;" ::"r"(1 + static_cast<int>(threadIdx.x / 128)) : "memory");
+}
+
 // One tile's k-loop for one consumer warpgroup: wgmma m64 x kRegs*2, reading
 // wgmma's A operand from `a_offset` bytes into each stage and its B operand
 // from `b_offset` bytes. `it` counts k-blocks over all tiles (stage and phase).
-// With converter warps (converter_warps<Cfg>()), a stage is ready once they
-// have also arrived on its `converted` barrier.
-template <class Cfg, class Mma, int kRegs>
+// `prepare` (NoPreparation's interface) waits for what else readies a stage,
+// or, converting ahead, converts each k-block's stage once it is full: the
+// tile's first before any wgmma, every next one while the wgmmas of the one
+// before it run; the warpgroup syncs before the wgmmas that read it. Its
+// writes to a stage are safe once the stage is full again: the refill waited
+// for both warpgroups to hand it back after their wgmmas had read it. Waiting
+// for stage kb + 1 before handing back kb - 1 needs Cfg::kStages >= 3 (with
+// two, they are one stage, whose refill would wait for this warpgroup).
+template <class Cfg, class Mma, int kRegs, class Prepare = NoPreparation>
 __device__ __forceinline__ void mainloop(float (&acc)[kRegs], unsigned char* tiles, unsigned long long* full,
                                          unsigned long long* empty, unsigned a_offset, unsigned b_offset,
-                                         unsigned& it, unsigned long long* converted = nullptr) {
+                                         unsigned& it, Prepare&& prepare = NoPreparation{}) {
+  constexpr bool kConvertsAhead = cuda::std::decay_t<Prepare>::kConvertsAhead;
+  static_assert(!kConvertsAhead || Cfg::kStages >= 3, "waits for the next stage before handing back the one before");
   const int lane = threadIdx.x % 32;
+  auto convert_stage = [&](unsigned k_it, int kb) {
+    const unsigned s = k_it % Cfg::kStages;
+    prepare.start(kb);
+    mbarrier_wait(&full[s], (k_it / Cfg::kStages) & 1);
+    prepare.convert(tiles + s * Cfg::kStageBytes);
+  };
+  if constexpr (kConvertsAhead) {
+    convert_stage(it, 0);
+    consumer_warpgroup_sync();
+  }
   unsigned previous = 0;
   for (int kb = 0; kb < Cfg::kKBlocks; ++kb, ++it) {
     const unsigned s = it % Cfg::kStages;
     mbarrier_wait(&full[s], (it / Cfg::kStages) & 1);
-    if constexpr (converter_warps<Cfg>() > 0) mbarrier_wait(&converted[s], (it / Cfg::kStages) & 1);
+    prepare.wait(s, (it / Cfg::kStages) & 1);
     gathered_stage_fence<Cfg>();
     const unsigned char* stage = tiles + s * Cfg::kStageBytes;
     const unsigned long long a_desc = operand_descriptor<Cfg::kOperandAMnMajor>(stage + a_offset);
@@ -232,11 +269,14 @@ __device__ __forceinline__ void mainloop(float (&acc)[kRegs], unsigned char* til
                b_desc + operand_k_step<Cfg::kOperandBMnMajor>(kk), kb > 0 || kk > 0);
     wgmma_commit();
     fence_accumulators(acc);
+    if constexpr (kConvertsAhead)
+      if (kb + 1 < Cfg::kKBlocks) convert_stage(it + 1, kb + 1);
     if (kb > 0) {
       // The previous k-block's group is done reading its stage: hand it back.
       wgmma_wait<1>();
       if (lane == 0) arrive_cluster_wide<Cfg>(&empty[previous]);
     }
+    if constexpr (kConvertsAhead) consumer_warpgroup_sync();
     previous = s;
   }
   wgmma_wait<0>();

@@ -136,8 +136,9 @@ struct SwapAbTileWalker {
 // different heights even out) or, without one, the index a grid's worth of
 // clusters further (a static round robin). Rank 0's producer thread draws the
 // indices and publishes them in a ring of kQueueSlots slots in every block of
-// the cluster; each consumer warp, each producer thread and each loader warp
-// (pipeline.cuh) reads every index.
+// the cluster; each consumer warp, each producer thread, each loader warp
+// (pipeline.cuh) and each converter warp (converter_warps<Cfg>()) reads every
+// index.
 template <class Cfg>
 struct TileQueue {
   unsigned long long* full;   // [slot]: rank 0's producer arrives once the index is in place
@@ -492,14 +493,14 @@ __device__ __forceinline__ void swap_ab_store_activated(const kjit_grouped_gemm_
 // smallest multiple of kRowStep holding its rows (wgmma's N is an immediate,
 // so each height is its own instantiation; the recursion is the switch over
 // them). The weight tile (bf16, wgmma's A) lies kWeightOperandOffset bytes
-// into each stage, the row tile kWTileBytes; `converted` as mainloop's.
-template <class Cfg, int kRows = Cfg::kRowStep>
+// into each stage, the row tile kWTileBytes; `prepare` as mainloop's.
+template <class Cfg, int kRows = Cfg::kRowStep, class Prepare>
 __device__ __forceinline__ void swap_ab_tile(const SwapAbTile& tile, float (&acc)[Cfg::kBM / 2], unsigned char* tiles,
                                              unsigned long long* full, unsigned long long* empty, unsigned& it,
-                                             unsigned long long* converted) {
+                                             Prepare& prepare) {
   if constexpr (kRows < Cfg::kBM) {
     if (tile.rows > kRows) {
-      swap_ab_tile<Cfg, kRows + Cfg::kRowStep>(tile, acc, tiles, full, empty, it, converted);
+      swap_ab_tile<Cfg, kRows + Cfg::kRowStep>(tile, acc, tiles, full, empty, it, prepare);
       return;
     }
   }
@@ -507,14 +508,14 @@ __device__ __forceinline__ void swap_ab_tile(const SwapAbTile& tile, float (&acc
   float(&part)[kRows / 2] = *reinterpret_cast<float(*)[kRows / 2]>(acc);
   // This consumer's 64 weight rows ([E, N, K]) or 64-column chunk ([E, K, N]): 8 KB either way.
   mainloop<Cfg, typename Cfg::template Mma<kRows>, kRows / 2>(
-      part, tiles, full, empty, Cfg::kWeightOperandOffset + consumer * 64 * 128, Cfg::kWTileBytes, it, converted);
+      part, tiles, full, empty, Cfg::kWeightOperandOffset + consumer * 64 * 128, Cfg::kWTileBytes, it, prepare);
 }
 
-template <class Cfg>
+// `preparation(tile)` gives each tile's Prepare (mainloop's).
+template <class Cfg, class Preparation>
 __device__ __forceinline__ void swap_ab_consumer(const kjit_grouped_gemm_sm90_params& p, unsigned char* tiles,
                                                  unsigned long long* full, unsigned long long* empty,
-                                                 unsigned char* after_barriers,
-                                                 unsigned long long* converted = nullptr) {
+                                                 unsigned char* after_barriers, Preparation preparation) {
   float acc[Cfg::kBM / 2];
   const TileQueue<Cfg> queue(after_barriers);
   SwapAbTileWalker<Cfg> walk{&p.gemm, cluster_rank<Cfg>()};
@@ -525,7 +526,8 @@ __device__ __forceinline__ void swap_ab_consumer(const kjit_grouped_gemm_sm90_pa
     __syncwarp();
     if (threadIdx.x % 32 == 0) queue.release(i);
     if (!walk.seek(static_cast<long long>(t), tile)) break;
-    swap_ab_tile<Cfg>(tile, acc, tiles, full, empty, it, converted);
+    auto prepare = preparation(tile);
+    swap_ab_tile<Cfg>(tile, acc, tiles, full, empty, it, prepare);
     if constexpr (Cfg::kFusedActivation)
       swap_ab_store_activated<Cfg>(p.gemm, acc, tile, tile.n0 + threadIdx.x / 128 * 64, after_barriers,
                                    (tile.rows + 31) / 32);
@@ -546,7 +548,7 @@ __device__ __forceinline__ void grouped_gemm_sm90_swap_ab(const kjit_grouped_gem
         swap_ab_gather_loader<Cfg>(p, tiles, full, empty, after_barriers);
       },
       [&](unsigned char* tiles, unsigned long long* full, unsigned long long* empty, unsigned char* after_barriers) {
-        swap_ab_consumer<Cfg>(p, tiles, full, empty, after_barriers);
+        swap_ab_consumer<Cfg>(p, tiles, full, empty, after_barriers, [](const SwapAbTile&) { return NoPreparation{}; });
       });
 }
 

@@ -168,11 +168,21 @@ while read -r key arch op kernel canonical; do
         [ "$register_a" -gt 0 ] && [ "$register_a" -eq "$hgmma" ] || fail "$canonical: not every HGMMA reads A from registers"
         [ "$hmma" -eq 0 ] || fail "$canonical has mma.sync" ;;
       wgmma_sm90_converter)
-        # The converter warps' bf16 tiles in shared memory: every HGMMA reads both operands there.
+        # The converted bf16 tiles in shared memory: every HGMMA reads both operands there. fp8 weights have
+        # converter warps, which keep 88 registers (the consumers 208); FP4 weights are converted by the
+        # consumers, with the bf16 kernel's split (56, 224).
         mixed_sm90=$((mixed_sm90 + 1))
         [ "$arch" = sm_90a ] || fail "$canonical was built for $arch"
         [ "$hgmma" -gt 0 ] && [ "$register_a" -eq 0 ] || fail "$canonical: HGMMA missing or reading A from registers"
-        [ "$hmma" -eq 0 ] || fail "$canonical has mma.sync" ;;
+        [ "$hmma" -eq 0 ] || fail "$canonical has mma.sync"
+        case "$canonical" in
+          *b=nvfp4/* | *b=mxfp4/*) producer=0x38 consumer=0xe0 ;;
+          *) producer=0x58 consumer=0xd0 ;;
+        esac
+        released=$(count "USETMAXREG\.DEALLOC\.CTAPOOL $producer ;")
+        taken=$(count "USETMAXREG\.TRY_ALLOC\.CTAPOOL (UP[0-9], )?$consumer ;")
+        echo "  register split: producer $producer x $released, consumers $consumer x $taken"
+        [ "$released" -eq 1 ] && [ "$taken" -eq 1 ] || fail "$canonical: not the register split $producer/$consumer" ;;
       mma_sync)
         mixed_portable=$((mixed_portable + 1))
         [ "$hmma" -gt 0 ] || fail "$arch $canonical has no mma.sync (HMMA)"

@@ -226,6 +226,23 @@ TEST_CASE("W4A16: every row-tile bucket, gpt-oss's K = N = 2880 (short last k-bl
     }
 }
 
+TEST_CASE("W4A16: K of one k-block and of a short one (the converter kernel's consumers convert only a tile's "
+          "first stage, none ahead)") {
+  for (auto format : {KJIT_BLOCK_FORMAT_NVFP4, KJIT_BLOCK_FORMAT_MXFP4})
+    for (int64_t k : {64, 32}) {
+      CAPTURE(format);
+      CAPTURE(k);
+      Fp4Case c;
+      c.format = format;
+      c.convention = format == KJIT_BLOCK_FORMAT_NVFP4 ? KJIT_SCALE_DIVIDE : KJIT_SCALE_MULTIPLY;
+      c.n = 272;                        // two full 128-column tiles and a partial one
+      c.k = k;
+      c.counts = {70, 0, 300, 1, 129};  // row tiles of several heights
+      c.extra_rows = 3;
+      run_fp4_gemm(c);
+    }
+}
+
 TEST_CASE("W4A16: both offset conventions, row scales, bf16 and fp32 out, one row alone") {
   for (auto offsets : {KJIT_OFFSETS_CUMULATIVE_END, KJIT_OFFSETS_WITH_LEADING_ZERO})
     for (bool row_scale : {false, true})

@@ -871,12 +871,45 @@ TEST_CASE("the W8A16 converter kernel serves prefill: bf16 wgmma from shared mem
     CHECK(k.source.find(fmt::format("wgmma.mma_async.sync.aligned.m64n{}k16.f32.bf16.bf16", rows)) !=
           std::string::npos);
   CHECK(k.source.find("const unsigned (&a)[4]") == std::string::npos);
-  // FP4 landing tiles are half as large: a deeper pipeline at the same tile.
-  auto fp4 = mixed_problem();
-  fp4.weight = MixedWeight::nvfp4;
-  fp4.scale_convention = ScaleConvention::divide;
-  const auto f = *choose_grouped_gemm_mixed_config(fp4, arch("sm_90a"), 32 * 256);
-  CHECK((f.kernel == MixedGemmKernel::wgmma_sm90_converter && f.stages == 4));
+  // fp8 weights are converted by converter warps, which need no third stage.
+  auto two_stages = s;
+  two_stages.stages = 2;
+  REQUIRE(validate(KernelSpec{two_stages}).has_value());
+  CHECK(render(two_stages).dynamic_shared_bytes ==
+        2 * (128 * 64 + 256 * 128 + 128 * 128) + 1024 + 16 * 2 + 2 * 4096 + 4 * 24 + 8 * 2);
+  // FP4 weights are converted by the consumers, their own rows: no converted barriers. Landing tiles are half as
+  // large: a deeper pipeline at the same tile. A consumer waits for the next stage before handing back the one
+  // before it: 3 stages at least.
+  for (auto weight : {MixedWeight::nvfp4, MixedWeight::mxfp4}) {
+    CAPTURE(name(weight));
+    auto fp4 = mixed_problem();
+    fp4.weight = weight;
+    fp4.scale_convention = weight == MixedWeight::nvfp4 ? ScaleConvention::divide : ScaleConvention::multiply;
+    const auto f = *choose_grouped_gemm_mixed_config(fp4, arch("sm_90a"), 32 * 256);
+    REQUIRE((f.kernel == MixedGemmKernel::wgmma_sm90_converter && f.tile_m == 256 && f.stages == 4));
+    const auto fk = render(f);
+    CHECK(fk.entry_point == "kjit_grouped_gemm_mixed_sm90_converter");
+    CHECK(fk.dynamic_shared_bytes == 4 * (128 * 32 + 256 * 128 + 128 * 128) + 1024 + 16 * 4 + 2 * 4096 + 4 * 24);
+    CHECK(fk.source.find(fmt::format("static_assert(Config::kSharedBytes == {},", fk.dynamic_shared_bytes)) !=
+          std::string::npos);
+    auto three = f;
+    three.stages = 3;
+    REQUIRE(validate(KernelSpec{three}).has_value());
+    CHECK(render(three).dynamic_shared_bytes ==
+          3 * (128 * 32 + 256 * 128 + 128 * 128) + 1024 + 16 * 3 + 2 * 4096 + 4 * 24);
+    auto shallow = f;
+    shallow.stages = 2;
+    const auto refused = validate(KernelSpec{shallow});
+    REQUIRE_FALSE(refused.has_value());
+    CHECK(refused.error().message.find("3 stages") != std::string::npos);
+    // Every forced bucket gets 3 stages or more.
+    for (int rows : {32 * 4, 32 * 64, 32 * 256}) {
+      const auto forced = *choose_grouped_gemm_mixed_config(
+          fp4, arch("sm_90a"), rows, {.kernel = GemmRequest::Kernel::sm90_converter});
+      CHECK(forced.stages >= 3);
+      CHECK(validate(KernelSpec{forced}).has_value());
+    }
+  }
   // Forced, it serves every bucket (64, 128, 256 rows by the bucket); [E, K, N] stays on the register kernel
   // and refuses it.
   const GemmRequest converter{.kernel = GemmRequest::Kernel::sm90_converter};

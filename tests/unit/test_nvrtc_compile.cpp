@@ -391,6 +391,32 @@ TEST_CASE("ptxas compiles the FP8 GEMM's SM90 kernels, both orientations, with n
   check_no_spills_on_sm90a(specs);
 }
 
+// The W8A16 / W4A16 converter kernel's two mechanisms: fp8 weights converted
+// by converter warps, FP4 (NVFP4, MXFP4) by the consumers, their own rows
+// between their wgmmas; each with the row tile gathered (a loader warp beside
+// the converters) or not, and fp8 per row, which holds a multiplier per unit.
+TEST_CASE("ptxas compiles the converter kernel, converter warps and own rows, with no spills and no serialised wgmma") {
+  std::vector<GroupedGemmMixedSpec> specs;
+  for (auto weight : {MixedWeight::f8_e4m3fn, MixedWeight::nvfp4, MixedWeight::mxfp4})
+    for (bool gather : {false, true}) {
+      GroupedGemmMixedSpec m;
+      m.weight = weight;
+      const bool per_row = weight == MixedWeight::f8_e4m3fn && gather;
+      m.weight_scale = per_row ? ScaleGranularity::per_row : ScaleGranularity::per_block;
+      m.scale_convention = weight == MixedWeight::nvfp4 ? ScaleConvention::divide : ScaleConvention::multiply;
+      m.gather = gather;
+      m.n = 2880;
+      m.k = 2880;
+      m.experts = 32;
+      const auto spec = choose_grouped_gemm_mixed_config(m, arch_of("sm_90a"), 1 << 20,
+                                                         {.kernel = GemmRequest::Kernel::sm90_converter});
+      REQUIRE_MESSAGE(spec.has_value(), kjit::testing::why(spec));
+      REQUIRE(spec->kernel == MixedGemmKernel::wgmma_sm90_converter);
+      specs.push_back(*spec);
+    }
+  check_no_spills_on_sm90a(specs);
+}
+
 static std::vector<Fp8QuantizeSpec> quantize_variants() {
   std::vector<Fp8QuantizeSpec> out;
   for (auto format : {QuantScaleFormat::fp32, QuantScaleFormat::ue8m0})

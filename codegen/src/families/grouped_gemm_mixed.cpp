@@ -118,6 +118,10 @@ Expected<void> validate_configuration(const GroupedGemmMixedSpec& s) {
                                tile, name(s.kernel), max_rows, kSm90TileN));
   if (s.kernel == MixedGemmKernel::wgmma_sm90_converter && s.weights != WeightLayout::e_n_k)
     return invalid(fmt::format("grouped_gemm_mixed {} reads [E, N, K] weights only; [E, K, N] runs wgmma_sm90", tile));
+  // FP4 weights are converted by the consumers, each its own rows of the next stage before handing back the one
+  // before it (GroupedGemmMixedConverterConfig).
+  if (s.kernel == MixedGemmKernel::wgmma_sm90_converter && is_fp4(s.weight) && s.stages < 3)
+    return invalid(fmt::format("grouped_gemm_mixed {} needs 3 stages or more for {} weights", tile, name(s.weight)));
   return {};
 }
 
@@ -368,10 +372,11 @@ int grouped_gemm_mixed_shared_bytes(const GroupedGemmMixedSpec& s) {
     // GroupedGemmMixedConverterConfig::kSharedBytes: stages of the landing
     // tile (tile_n x 64 codes, or 32 bytes of FP4 pairs), the bf16 row tile
     // (tile_m x 64) and the bf16 weight tile (tile_n x 64), then as below,
-    // plus a converted barrier per stage.
+    // plus, for fp8 weights (converter warps), a converted barrier per stage.
     const int landing = is_fp4(s.weight) ? s.tile_n * kConverterKBlock / 2 : s.tile_n * kConverterKBlock;
+    const int converted_barriers = is_fp4(s.weight) ? 0 : 8 * s.stages;
     return s.stages * (landing + 2 * s.tile_m * kConverterKBlock + 2 * s.tile_n * kConverterKBlock) + 1024 +
-           16 * s.stages + consumers * 4096 + 4 * 24 + 8 * s.stages;
+           16 * s.stages + consumers * 4096 + 4 * 24 + converted_barriers;
   }
   // GroupedGemmMixedSm90Config::kSharedBytes (the generated code asserts they
   // agree): stages of the fp8 weight tile (tile_n x 128 codes) and the bf16 row
