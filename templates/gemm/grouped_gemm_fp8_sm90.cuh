@@ -91,6 +91,7 @@ struct GroupedGemmFp8Sm90Config : Problem {
   static constexpr int kScaleSlot = kBM * kHalves;
   static constexpr int kScaleBytes = kStages * kScaleSlot * 4;
   static constexpr int kLoaderWarps = 1;
+  static constexpr int kConverterWarps = 0;  // warps converting weight tiles: the W8A16 / W4A16 converter kernel's
   // Stages, alignment slack, two mbarriers per stage, scratch, queue, scales
   // (codegen's grouped_gemm_fp8_shared_bytes computes the same; the generated code checks).
   static constexpr int kSharedBytes =

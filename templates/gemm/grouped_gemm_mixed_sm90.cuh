@@ -33,7 +33,6 @@
 #include "grouped_gemm_sm90_swap_ab.cuh"
 
 #include <cuda/ptx>
-#include <cuda/std/type_traits>
 
 namespace kjit {
 
@@ -70,6 +69,7 @@ struct GroupedGemmMixedSm90Config : Problem {
   static constexpr int kSharedBytes = kStages * kStageBytes + 1024 + 16 * kStages + kScratchBytes + kQueueBytes;
   static constexpr int kProducerRegisters = 56, kConsumerRegisters = 224;
   static constexpr int kLoaderWarps = Problem::kGather ? 1 : 0;  // a gathered row tile: swap_ab_gather_loader
+  static constexpr int kConverterWarps = 0;  // the register kernel converts in its consumers
   static_assert(kBM % kRowStep == 0 && kBM >= kRowStep && kBM <= 256, "wgmma N is at most 256");
   static_assert(kStageBytes % 1024 == 0, "every stage starts on a swizzle period");
 };
@@ -327,7 +327,7 @@ __device__ __forceinline__ void mixed_mainloop(const kjit_grouped_gemm_mixed_sm9
   using Mma = typename Cfg::Mma;
   constexpr int kSteps = Cfg::kBK / 16;
   const int lane = threadIdx.x % 32;
-  using Scales = cuda::std::conditional_t<Cfg::kFp4, Fp4Scales<Cfg>, MixedScales<Cfg>>;
+  using Scales = conditional_t<Cfg::kFp4, Fp4Scales<Cfg>, MixedScales<Cfg>>;
   Scales scales;
   if constexpr (Cfg::kFp4) {
     scales.start_tile(p, tile.expert);

@@ -88,6 +88,7 @@ struct GroupedGemmSm90Config : Problem {
   static constexpr int kProducerRegisters = 56, kConsumerRegisters = 224;
   // TMA brings everything a stage holds, but a gathered A (GatheredRows: the loader warp).
   static constexpr int kLoaderWarps = Problem::kGather ? 1 : 0;
+  static constexpr int kConverterWarps = 0;  // warps converting weight tiles: the W8A16 / W4A16 converter kernel's
   static_assert(kBM == 64 || kBM == 128, "64 rows per consumer warpgroup, one or two consumers");
   static_assert(kBN % 64 == 0 && kBN >= 64 && kBN <= 256, "wgmma N and the [E, K, N] 64-column chunks");
   static_assert(kCluster == 1 || kCluster == 2, "pairs of blocks");

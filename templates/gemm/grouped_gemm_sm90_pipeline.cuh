@@ -5,25 +5,12 @@
 #pragma once
 
 #include "../abi/grouped_gemm_params.h"
+#include "../common/traits.cuh"
 #include "grouped_gemm_common.cuh"
 
 #include <cuda/ptx>
-#include <cuda/std/type_traits>
 
 namespace kjit {
-
-// Warps of the producer warpgroup that convert stage tiles for the consumers
-// (Cfg::kConverterWarps: the W8A16 / W4A16 converter kernel's, fp8 weights,
-// grouped_gemm_mixed_sm90.cuh); 0 for a Cfg that has none or names none.
-template <class Cfg, class = void>
-struct ConverterWarps : cuda::std::integral_constant<int, 0> {};
-template <class Cfg>
-struct ConverterWarps<Cfg, cuda::std::void_t<decltype(Cfg::kConverterWarps)>>
-    : cuda::std::integral_constant<int, Cfg::kConverterWarps> {};
-template <class Cfg>
-__host__ __device__ constexpr int converter_warps() {
-  return ConverterWarps<Cfg>::value;
-}
 
 __device__ __forceinline__ void mbarrier_wait(unsigned long long* bar, unsigned phase) {
   while (!cuda::ptx::mbarrier_try_wait_parity(bar, phase)) {
@@ -239,7 +226,7 @@ template <class Cfg, class Mma, int kRegs, class Prepare = NoPreparation>
 __device__ __forceinline__ void mainloop(float (&acc)[kRegs], unsigned char* tiles, unsigned long long* full,
                                          unsigned long long* empty, unsigned a_offset, unsigned b_offset,
                                          unsigned& it, Prepare&& prepare = NoPreparation{}) {
-  constexpr bool kConvertsAhead = cuda::std::decay_t<Prepare>::kConvertsAhead;
+  constexpr bool kConvertsAhead = remove_reference_t<Prepare>::kConvertsAhead;
   static_assert(!kConvertsAhead || Cfg::kStages >= 3, "waits for the next stage before handing back the one before");
   const int lane = threadIdx.x % 32;
   auto convert_stage = [&](unsigned k_it, int kb) {
@@ -310,16 +297,16 @@ __device__ __forceinline__ void drain(unsigned long long* full, unsigned long lo
 // Cfg::kLoaderWarps = 1 its second warp runs `load`, which fills each stage
 // with what TMA cannot copy, every lane arriving on the stage's full barrier;
 // the converter warps after it run `load` too), the others consume. Cfg
-// provides kStages, kStageBytes, kConsumers, kCluster, kLoaderWarps, optionally
-// kConverterWarps, and the register split. The consumers also get where the
-// barriers end (a kernel's own shared memory after them), and `init` (run by
-// thread 0 before the cluster-wide sync) initialises whatever barriers live
-// there.
+// provides kStages, kStageBytes, kConsumers, kCluster, kLoaderWarps,
+// kConverterWarps (0 but in the converter kernel) and the register split.
+// The consumers also get where the barriers end (a kernel's own shared memory
+// after them), and `init` (run by thread 0 before the cluster-wide sync)
+// initialises whatever barriers live there.
 template <class Cfg, class Params, class Init, class Producer, class Loader, class Consumer>
 __device__ __forceinline__ void warp_specialized_gemm(const Params& p, Init init, Producer produce, Loader load,
                                                       Consumer consume) {
   static_assert(Cfg::kLoaderWarps == 0 || Cfg::kLoaderWarps == 1, "the producer warpgroup's second warp at most");
-  static_assert(Cfg::kLoaderWarps + converter_warps<Cfg>() <= 3, "beside the producer thread's warp");
+  static_assert(Cfg::kLoaderWarps + Cfg::kConverterWarps <= 3, "beside the producer thread's warp");
   if (!offsets_valid<Cfg>(p.gemm)) return;
 
   extern __shared__ __align__(1024) unsigned char kjit_dynamic_smem[];
@@ -356,7 +343,7 @@ __device__ __forceinline__ void warp_specialized_gemm(const Params& p, Init init
     unsigned char* after_barriers = reinterpret_cast<unsigned char*>(empty + Cfg::kStages);
     if (threadIdx.x % 128 == 0)
       produce(tiles, full, empty, after_barriers);
-    else if (const int warp = threadIdx.x % 128 / 32; warp >= 1 && warp <= Cfg::kLoaderWarps + converter_warps<Cfg>())
+    else if (const int warp = threadIdx.x % 128 / 32; warp >= 1 && warp <= Cfg::kLoaderWarps + Cfg::kConverterWarps)
       load(tiles, full, empty, after_barriers);
   } else {
     if constexpr (Cfg::kConsumers > 1) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Cfg::kConsumerRegisters));

@@ -78,6 +78,7 @@ struct GroupedGemmSwapAbConfig : Problem {
   static constexpr int kProducerRegisters = 56, kConsumerRegisters = 224;
   // TMA brings everything a stage holds, but a gathered row tile (swap_ab_gather_loader).
   static constexpr int kLoaderWarps = Problem::kGather ? 1 : 0;
+  static constexpr int kConverterWarps = 0;  // warps converting weight tiles: the W8A16 / W4A16 converter kernel's
   static_assert(kBM % kRowStep == 0 && kBM >= kRowStep && kBM <= 256, "wgmma N is at most 256");
   static_assert(kBN == 64 || kBN == 128, "one or two consumer warpgroups");
   static_assert(kCluster == 1 || (kCluster == 2 && kN % (kBN * kCluster) == 0),
@@ -137,14 +138,14 @@ struct SwapAbTileWalker {
 // clusters further (a static round robin). Rank 0's producer thread draws the
 // indices and publishes them in a ring of kQueueSlots slots in every block of
 // the cluster; each consumer warp, each producer thread, each loader warp
-// (pipeline.cuh) and each converter warp (converter_warps<Cfg>()) reads every
+// (pipeline.cuh) and each converter warp (Cfg::kConverterWarps) reads every
 // index.
 template <class Cfg>
 struct TileQueue {
   unsigned long long* full;   // [slot]: rank 0's producer arrives once the index is in place
   unsigned long long* empty;  // [slot], rank 0's block: every reader of the cluster arrives
   unsigned long long* index;  // [slot]
-  static constexpr int kReadersPerBlock = 4 * Cfg::kConsumers + 1 + Cfg::kLoaderWarps + converter_warps<Cfg>();
+  static constexpr int kReadersPerBlock = 4 * Cfg::kConsumers + 1 + Cfg::kLoaderWarps + Cfg::kConverterWarps;
 
   __device__ explicit TileQueue(unsigned char* base)
       : full(reinterpret_cast<unsigned long long*>(base + Cfg::kScratchBytes)),
