@@ -90,8 +90,6 @@ std::vector<KernelPath> kernel_paths() {
                      128, 128, 2, 256});
     // A tile with KJIT_GEMM_KERNEL_SM90 names the rows-on-M kernel (tokens on wgmma's M).
     paths.push_back({"sm90 rows on M 128 x 128", KJIT_GEMM_KERNEL_SM90, 128, 128, 1});
-    paths.push_back(
-        {"sm90 rows on M 128 x 128, pairs along N sharing the rows", KJIT_GEMM_KERNEL_SM90, 128, 128, 2, 256});
     paths.push_back({"sm90 rows on M 128 x 256 (two weight halves)", KJIT_GEMM_KERNEL_SM90, 128, 256, 1, 8, true});
   }
   return paths;

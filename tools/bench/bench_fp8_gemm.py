@@ -22,7 +22,7 @@ error against kjit bf16's (the FP8 quantisation's, a few percent; a wrong
 scale shows as ~1).
 
     PYTHONPATH=runtime/python python3 tools/bench/bench_fp8_gemm.py [--json FILE] [--quantize]
-        [--kernel portable] [--tile 128x128] [--cluster 2] [--shapes 0,5] [--rows-on-m [--rows-on-m-cluster 2]]
+        [--kernel portable] [--tile 128x128] [--cluster 2] [--shapes 0,5] [--rows-on-m]
 """
 
 import argparse
@@ -183,8 +183,6 @@ def main():
     parser.add_argument("--cluster-axis", default="m", choices=["m", "n"])
     parser.add_argument("--rows-on-m", action="store_true",
                         help="also time kjit FP8's rows-on-M SM90 kernel (kernel='sm90', tile 128x128) beside it")
-    parser.add_argument("--rows-on-m-cluster", type=int, default=1, choices=[1, 2],
-                        help="the rows-on-M kernel's cluster (2: pairs along N sharing the rows; N a multiple of 256)")
     parser.add_argument("--quantize", action="store_true",
                         help="also time kjit.quantize_fp8 on the A operand, its bandwidth against a device copy")
     parser.add_argument("--torch-group-align", type=int, default=1,
@@ -199,8 +197,7 @@ def main():
     copy_bw = copy_bandwidth() if args.quantize else None
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "kernel": args.kernel,
               "tile": args.tile, "cluster": args.cluster, "cluster_axis": args.cluster_axis,
-              "rows_on_m": args.rows_on_m, "rows_on_m_cluster": args.rows_on_m_cluster if args.rows_on_m else None,
-              "torch_fast_accum": args.torch_fast_accum, "rows": []}
+              "rows_on_m": args.rows_on_m,               "torch_fast_accum": args.torch_fast_accum, "rows": []}
     print(f"device: {result['device']}, torch {torch.__version__}" +
           (f", D2D copy {copy_bw / 1e12:.2f} TB/s" if copy_bw else ""))
     if not has_torch_fp8:
@@ -228,13 +225,12 @@ def main():
         def run_bf16():
             kjit.grouped_gemm(x, w, ends, offsets_convention="cumulative_end", out=out_bf16)
 
-        rows_on_m_cluster = args.rows_on_m_cluster if N % 256 == 0 else 1
         out_rows_on_m = torch.empty_like(out_fp8) if args.rows_on_m else None
 
         def run_rows_on_m():
             kjit.grouped_gemm(a_codes, w_codes, ends, offsets_convention="cumulative_end", a_scale=a_scale,
                               w_scale=w_scale, out=out_rows_on_m, kernel="sm90", tile=(128, 128),
-                              cluster=rows_on_m_cluster, cluster_axis="n" if rows_on_m_cluster > 1 else "m")
+                              cluster=1)
 
         providers = [run_fp8, run_bf16] + ([run_rows_on_m] if args.rows_on_m else [])
         peer = out_torch = None
@@ -265,7 +261,7 @@ def main():
               f"{tflops(t_torch):7.1f} | {t_bf16 * 1e6:8.1f} {tflops(t_bf16):7.1f} | {t_torch / t_fp8:7.2f}x "
               f"{t_bf16 / t_fp8:6.2f}x | {err_fp8:7.1e} {err_torch:9.1e}")
         if args.rows_on_m:
-            print(f"{'':>4} rows on M (cluster {rows_on_m_cluster}): {t_rows_on_m * 1e6:8.1f} us "
+            print(f"{'':>4} rows on M 128 x 128: {t_rows_on_m * 1e6:8.1f} us "
                   f"{tflops(t_rows_on_m):7.1f} TFLOP/s, {t_fp8 / t_rows_on_m:5.2f}x kjit FP8, "
                   f"{t_torch / t_rows_on_m:5.2f}x torch, {t_bf16 / t_rows_on_m:5.2f}x bf16; err {err_rows_on_m:7.1e}, "
                   f"apart from kjit FP8 {rows_on_m_apart:7.1e}")
@@ -277,7 +273,7 @@ def main():
                "torch_group_align": align if peer else None}
         if args.rows_on_m:
             row.update({"rows_on_m_us": t_rows_on_m * 1e6, "rows_on_m_tflops": tflops(t_rows_on_m),
-                        "rows_on_m_cluster": rows_on_m_cluster, "rows_on_m_vs_kjit_fp8": t_fp8 / t_rows_on_m,
+"rows_on_m_vs_kjit_fp8": t_fp8 / t_rows_on_m,
                         "rows_on_m_vs_torch_rowwise": t_torch / t_rows_on_m,
                         "rows_on_m_vs_kjit_bf16": t_bf16 / t_rows_on_m, "rows_on_m_error_vs_bf16": err_rows_on_m,
                         "rows_on_m_apart_from_kjit_fp8": rows_on_m_apart})
