@@ -320,6 +320,17 @@ struct Fp8RowsOnMLoop {
       a[4 * j + 3] = fmaf(partial[4 * j + 3], scale[1], a[4 * j + 3]);
     }
   }
+
+  // Weight half `half` of k-block `k_it` with no other wgmma of this
+  // warpgroup in flight: issue, wait, hand the stage back (its last half),
+  // promote.
+  __device__ __forceinline__ void alone(float (&acc)[Cfg::kBN / 2], float (&partial)[kRegs], float (&scale)[2],
+                                        unsigned k_it, int half) const {
+    issue(partial, scale, k_it, half);
+    wgmma_wait<0>();
+    if (half + 1 == Cfg::kHalves) release(k_it);
+    promote(acc, partial, scale, half);
+  }
 };
 
 // The rows-on-M k-loop of one tile for one consumer warpgroup: per k-block
@@ -372,10 +383,7 @@ __device__ __forceinline__ void fp8_rows_on_m_mainloop(float (&acc)[Cfg::kBN / 2
     }
     if constexpr (Cfg::kKBlocks % 2 != 0) {
       loop.wait_stage(it);
-      loop.issue(partial0, scale0, it, 0);
-      wgmma_wait<0>();
-      loop.release(it);
-      loop.promote(acc, partial0, scale0, 0);
+      loop.alone(acc, partial0, scale0, it, 0);
       ++it;
     }
   } else {
@@ -384,12 +392,7 @@ __device__ __forceinline__ void fp8_rows_on_m_mainloop(float (&acc)[Cfg::kBN / 2
     for (int kb = 0; kb < Cfg::kKBlocks; ++kb, ++it) {
       loop.wait_stage(it);
 #pragma unroll
-      for (int half = 0; half < Cfg::kHalves; ++half) {
-        loop.issue(partial0, scale0, it, half);
-        wgmma_wait<0>();
-        if (half + 1 == Cfg::kHalves) loop.release(it);
-        loop.promote(acc, partial0, scale0, half);
-      }
+      for (int half = 0; half < Cfg::kHalves; ++half) loop.alone(acc, partial0, scale0, it, half);
     }
   }
 }
