@@ -131,3 +131,35 @@ def test_the_compiled_moe_block_runs_under_cuda_graphs_mode_reduce_overhead():
     for _ in range(3):  # warm-up runs, then recorded and replayed
         out = block(*inputs)
     assert torch.allclose(out.float(), eager.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+def test_eager_calls_launch_directly_with_the_ops_effects_and_a_dispatch_mode_sees_the_ops():
+    """Eager kjit calls skip torch's dispatcher (host time), yet bump the version counter of the tensor they
+    write as the op does, and give the op's bytes; where a dispatch mode is active, the op itself runs."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.called = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.called.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    x, router, w_up_fp8, up_scales, w_down = block_inputs("cuda")
+    w_up = kjit.dequant_fp8(w_up_fp8, up_scales, scale="block", block=(128, 128), convention="multiply")
+    ends = torch.tensor([TOKENS // 2, TOKENS], dtype=torch.int32, device="cuda")
+    out = torch.full((TOKENS, 2 * INTER), float("nan"), dtype=torch.bfloat16, device="cuda")
+    version = out._version
+    kjit.grouped_gemm(x, w_up[:2], ends, offsets_convention="cumulative_end", out=out)
+    assert out._version == version + 1
+    eager = out.clone()
+    recorder = Recorder()
+    with recorder:
+        kjit.grouped_gemm(x, w_up[:2], ends, offsets_convention="cumulative_end", out=out)
+    assert any(name.startswith("kjit.grouped_gemm_") for name in recorder.called), recorder.called
+    assert torch.equal(out, eager)
+    expected = torch.cat([x[:TOKENS // 2].float() @ w_up[0].float().t(), x[TOKENS // 2:].float() @ w_up[1].float().t()])
+    assert torch.allclose(eager.float(), expected, rtol=2e-2, atol=2e-2)

@@ -6,7 +6,8 @@ read; nothing is copied) and the launch goes on torch's current stream of the
 tensors' device. Every argument is checked here, before any call, and a wrong
 one raises KjitError naming it. The ops are torch custom ops (torch.ops.kjit.*,
 kjit/_torch_ops.py) with fake kernels, so torch.compile traces them without
-graph breaks and CUDA graphs capture them (after the prepare_* calls).
+graph breaks and CUDA graphs capture them (after the prepare_* calls); eager
+calls launch without going through torch's dispatcher (its cost is host time).
 
 libkjit is the one bundled with the installed package (pip install), else
 $KJIT_LIBRARY, else build/runtime/libkjit.so of a build tree this file lies in,
@@ -362,8 +363,18 @@ def _invalid(message: str) -> KjitError:
     return KjitError(_INVALID, message)
 
 
-def _dtype_code(t) -> int:
-    return _DTYPE[str(t).replace("torch.", "")]
+_DTYPE_NAMES: dict = {}  # torch dtype -> its name ('bfloat16'): str() of a dtype is slow for a per-call check
+
+
+def _dtype_name(dtype) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).replace("torch.", "")
+    return name
+
+
+def _dtype_code(dtype) -> int:
+    return _DTYPE[_dtype_name(dtype)]
 
 
 def _check_choice(name: str, value, choices) -> None:
@@ -381,11 +392,11 @@ def _check_tensor(name: str, t, dtypes, *, device=None, contiguous=True, optiona
         return
     if not isinstance(t, torch.Tensor):
         raise _invalid(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.device.type != "cuda":
+    if not t.is_cuda:
         raise _invalid(f"{name} must be on a CUDA device, got {t.device}")
-    if device is not None and t.device != device:
+    if device is not None and t.get_device() != device.index:  # (get_device: no torch.device built per call)
         raise _invalid(f"{name} is on {t.device}, but the other tensors are on {device}")
-    dtype = str(t.dtype).replace("torch.", "")
+    dtype = _dtype_name(t.dtype)
     if dtype not in dtypes:
         raise _invalid(f"{name} must be {' or '.join(dtypes)}, got {dtype}")
     if contiguous and not t.is_contiguous():
@@ -462,7 +473,7 @@ def dequant_fp8(w, scales, *, out=None, out_dtype=None, scale="block", block=(12
         out = torch.empty(shape, dtype=out_dtype or torch.bfloat16, device=w.device)
     _check_dequant(w, scales, out, scale, block, convention, expert_ids)
     block_rows, block_cols = block if scale == "block" else (0, 0)
-    torch.ops.kjit.dequant_fp8_(w, scales, out, scale, block_rows, block_cols, convention, expert_ids, stream)
+    _torch_ops.dequant_fp8_(w, scales, out, scale, block_rows, block_cols, convention, expert_ids, stream)
     return out
 
 
@@ -487,7 +498,7 @@ def _check_gemm_operands(a, w) -> str:
     (bfloat16 a, uint8 w holding FP4 pairs)."""
     _check_tensor("a", a, _GEMM_A)
     _check_tensor("w", w, _GEMM_W, device=a.device)
-    a_dtype, w_dtype = (str(t.dtype).replace("torch.", "") for t in (a, w))
+    a_dtype, w_dtype = _dtype_name(a.dtype), _dtype_name(w.dtype)
     if w_dtype == "uint8" and a_dtype != "bfloat16":
         raise _invalid(f"uint8 w (FP4 pairs, W4A16) needs bfloat16 a, got {a_dtype}")
     if a_dtype == "bfloat16":
@@ -536,7 +547,7 @@ def _check_w8a16_scales(w, n, k, a_scale, w_scale, w_scale_convention, w_block) 
     ([E], [E, 1] or [E, 1, 1])."""
     experts, r, c = w.shape
     block = _FP8_GEMM_BLOCK
-    w_dtype = str(w.dtype).replace("torch.", "")
+    w_dtype = _dtype_name(w.dtype)
     if a_scale is not None:
         raise _invalid(f"a_scale must be None with bfloat16 a and {w_dtype} w (W8A16: the activations are not "
                        "scaled; a_scale is for float8_e4m3fn a, W8A8)")
@@ -550,10 +561,13 @@ def _check_w8a16_scales(w, n, k, a_scale, w_scale, w_scale_convention, w_block) 
                        "weight_scale) or 'divide' (w = code / scale)")
     _check_choice("w_scale_convention", w_scale_convention, _CONVENTION)
     block_expected = [experts, -(-r // block), -(-c // block)]
-    shapes = (f"{block_expected} ({block}x{block} blocks of the stored [E, R, C] = {list(w.shape)}), {[experts, r]} "
-              f"(one per stored row) or {[experts]} (one per expert)")
+
+    def shapes():  # for the errors only: formatting it costs a call microseconds
+        return (f"{block_expected} ({block}x{block} blocks of the stored [E, R, C] = {list(w.shape)}), "
+                f"{[experts, r]} (one per stored row) or {[experts]} (one per expert)")
+
     if w_scale is None:
-        raise _invalid(f"w_scale is required with bfloat16 a and {w_dtype} w (W8A16): fp32 {shapes}")
+        raise _invalid(f"w_scale is required with bfloat16 a and {w_dtype} w (W8A16): fp32 {shapes()}")
     _check_tensor("w_scale", w_scale, ("float32",), device=w.device)
     shape = list(w_scale.shape)
     if shape in ([experts], [experts, 1], [experts, 1, 1]):
@@ -564,7 +578,7 @@ def _check_w8a16_scales(w, n, k, a_scale, w_scale, w_scale_convention, w_block) 
         if not isinstance(w_block, (tuple, list)) or tuple(w_block) != (block, block):
             raise _invalid(f"w_block must be ({block}, {block}) (the W8A16 GEMM's only weight block), got {w_block!r}")
         return "block"
-    raise _invalid(f"w_scale must be {shapes}, got {shape}")
+    raise _invalid(f"w_scale must be {shapes()}, got {shape}")
 
 
 def _check_w4a16(w, n, k, weights, a_scale, w_scale, w_format, w_global_scale, w_scale_convention) -> None:
@@ -641,9 +655,10 @@ def _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kern
     says, granularity None for bf16, else the weight scales' ('block', 'row'
     or, W8A16 only, 'tensor'; W4A16: the format)."""
     operands = _check_gemm_operands(a, w)
+    device = a.device
     _check_activation(activation, activation_alpha, activation_limit)
     sorted_to_flat, top_k = _unpack_gather(gather)
-    _check_gather(sorted_to_flat, top_k, a.device)
+    _check_gather(sorted_to_flat, top_k, device)
     if sorted_to_flat is not None and operands == "w8a8":
         raise _invalid("the W8A8 GEMM reads FP8 rows as they lie: gather them in kjit.quantize_fp8(gather=...) and "
                        "pass no gather here")
@@ -654,9 +669,9 @@ def _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kern
                        f"kjit.moe_activation to its output")
     if operands != "w4a16" and (w_format is not None or w_global_scale is not None):
         raise _invalid("w_format and w_global_scale are for FP4 weights (uint8 w, W4A16)")
-    _check_tensor("offsets", offsets, ("int32",), device=a.device)
-    _check_tensor("out", out, ("bfloat16", "float32"), device=a.device)
-    _check_tensor("row_scale", row_scale, ("float32",), device=a.device, optional=True)
+    _check_tensor("offsets", offsets, ("int32",), device=device)
+    _check_tensor("out", out, ("bfloat16", "float32"), device=device)
+    _check_tensor("row_scale", row_scale, ("float32",), device=device, optional=True)
     _check_choice("kernel", kernel, _GEMM_KERNEL)
     _check_choice("weights", weights, _WEIGHTS)
     _check_choice("cluster_axis", cluster_axis, _CLUSTER_AXIS)
@@ -824,19 +839,19 @@ def grouped_gemm(a, w, offsets, *, weights="e_n_k", offsets_convention, row_scal
                                         gate_up_layout, gather)
     tile_m, tile_n = tile if tile is not None else (0, 0)
     if operands == "bf16":
-        torch.ops.kjit.grouped_gemm_(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m,
+        _torch_ops.grouped_gemm_(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m,
                                      tile_n, cluster, cluster_axis, activation or "none", float(activation_alpha),
                                      float(activation_limit), sorted_to_flat, top_k, stream)
     elif operands == "w4a16":
-        torch.ops.kjit.grouped_gemm_w4a16_(a, w, w_scale.view(torch.uint8), w_global_scale, offsets, out,
+        _torch_ops.grouped_gemm_w4a16_(a, w, w_scale.view(torch.uint8), w_global_scale, offsets, out,
                                            offsets_convention, row_scale, w_format, w_scale_convention, kernel,
                                            tile_m, tile_n, activation or "none", float(activation_alpha),
                                            float(activation_limit), sorted_to_flat, top_k, stream)
     elif operands == "w8a8":
-        torch.ops.kjit.grouped_gemm_fp8_(a, a_scale, w, w_scale, offsets, out, offsets_convention, row_scale,
+        _torch_ops.grouped_gemm_fp8_(a, a_scale, w, w_scale, offsets, out, offsets_convention, row_scale,
                                          granularity, kernel, tile_m, tile_n, cluster, cluster_axis, stream)
     else:
-        torch.ops.kjit.grouped_gemm_w8a16_(a, w, w_scale, offsets, out, weights, offsets_convention, row_scale,
+        _torch_ops.grouped_gemm_w8a16_(a, w, w_scale, offsets, out, weights, offsets_convention, row_scale,
                                            granularity, w_scale_convention, kernel, tile_m, tile_n, cluster,
                                            cluster_axis, activation or "none", float(activation_alpha),
                                            float(activation_limit), gate_up_layout, sorted_to_flat, top_k, stream)
@@ -951,7 +966,7 @@ def moe_routing(topk_ids, experts_total, *, expert_base=0, experts_local=None, o
     experts_local = experts_total - expert_base if experts_local is None else experts_local
     _check_routing(topk_ids, experts_total, expert_base, experts_local, offsets_convention)
     outputs = _routing_outputs(topk_ids, experts_local, offsets_convention)
-    torch.ops.kjit.moe_routing_(topk_ids, *outputs, experts_total, expert_base, experts_local, offsets_convention,
+    _torch_ops.moe_routing_(topk_ids, *outputs, experts_total, expert_base, experts_local, offsets_convention,
                                 stream)
     return outputs
 
@@ -1004,7 +1019,7 @@ def moe_combine(expert_out, topk_weights, flat_to_sorted, *, out=None, out_dtype
         out = torch.empty(topk_weights.shape[0], expert_out.shape[-1], dtype=out_dtype or torch.bfloat16,
                           device=expert_out.device)
     _check_combine(expert_out, topk_weights, flat_to_sorted, out)
-    torch.ops.kjit.moe_combine_(expert_out, topk_weights, flat_to_sorted, out, stream)
+    _torch_ops.moe_combine_(expert_out, topk_weights, flat_to_sorted, out, stream)
     return out
 
 
@@ -1090,7 +1105,7 @@ def quantize_fp8(x, *, group=128, scale_format="fp32", gather=None, out=None, sc
     if scales is None:
         scales = torch.empty(rows, x.shape[1] // 128, dtype=torch.float32, device=x.device)
     _check_quantize(x, out, scales, group, scale_format, sorted_to_flat, top_k)
-    torch.ops.kjit.quantize_fp8_(x, out, scales, scale_format, sorted_to_flat, top_k, stream)
+    _torch_ops.quantize_fp8_(x, out, scales, scale_format, sorted_to_flat, top_k, stream)
     return out, scales
 
 
@@ -1197,10 +1212,10 @@ def moe_activation(h, *, activation, layout, alpha=1.702, limit=7.0, out_dtype=N
     _check_moe_activation(h, out, scales, activation, layout, alpha, limit, scale_format, valid_rows)
     alpha, limit = float(alpha), float(limit)
     if fp8:
-        torch.ops.kjit.moe_activation_fp8_(h, out, scales, activation, layout, alpha, limit, scale_format,
+        _torch_ops.moe_activation_fp8_(h, out, scales, activation, layout, alpha, limit, scale_format,
                                            valid_rows, stream)
         return out, scales
-    torch.ops.kjit.moe_activation_(h, out, activation, layout, alpha, limit, valid_rows, stream)
+    _torch_ops.moe_activation_(h, out, activation, layout, alpha, limit, valid_rows, stream)
     return out
 
 
@@ -1342,7 +1357,7 @@ def quantize_mx(x, *, format, scale_layout, element_dtype=None, global_scale=Non
             global_scales = torch.empty(1 if x.dim() == 2 else x.shape[0], dtype=torch.float32, device=x.device)
     _check_quantize_mx(x, out, scales, global_scales, format, scale_layout, element_dtype, global_scale,
                        global_scale_convention)
-    torch.ops.kjit.quantize_mx_(x, out, scales, global_scales, format, scale_layout, element_dtype, global_scale,
+    _torch_ops.quantize_mx_(x, out, scales, global_scales, format, scale_layout, element_dtype, global_scale,
                                 global_scale_convention, stream)
     return (out, scales, global_scales) if format == "nvfp4" else (out, scales)
 
@@ -1376,8 +1391,8 @@ def _mx_element(format, w, element_dtype) -> str:
         if element_dtype is not None:
             raise _invalid(f"element_dtype is only for mxfp8 ({format} elements are e2m1), got {element_dtype!r}")
         return ""
-    dtype = str(w.dtype).replace("torch.", "")
-    given = None if element_dtype is None else str(element_dtype).replace("torch.", "")
+    dtype = _dtype_name(w.dtype)
+    given = None if element_dtype is None else _dtype_name(element_dtype)
     if dtype in _FP8:
         if given is not None and given != dtype:
             raise _invalid(f"element_dtype {given} disagrees with w's dtype {dtype}")
@@ -1491,7 +1506,7 @@ def dequant_mx(w, scales, *, format, scale_layout, global_scales=None, global_sc
         out = torch.empty(shape, dtype=out_dtype or torch.bfloat16, device=w.device)
     _check_mx_dequant(w, scales, global_scales, out, format, element, scale_layout, global_scale_convention,
                       expert_ids)
-    torch.ops.kjit.dequant_mx_(w, scales, global_scales, out, format, element, scale_layout,
+    _torch_ops.dequant_mx_(w, scales, global_scales, out, format, element, scale_layout,
                                global_scale_convention or "", expert_ids, stream)
     return out
 
@@ -1596,7 +1611,7 @@ def convert_scale_layout(scales, *, to, rows=None, scale_cols=None, experts=None
             shape = [rows, scale_cols] if offsets is not None or experts == 1 else [experts, rows, scale_cols]
             out = torch.empty(shape, dtype=torch.uint8, device=scales.device)
     _check_scale_layout(scales, out, to, experts, rows, scale_cols, offsets, pad)
-    torch.ops.kjit.convert_scale_layout_(scales, out, to, experts, rows, scale_cols, offsets,
+    _torch_ops.convert_scale_layout_(scales, out, to, experts, rows, scale_cols, offsets,
                                          offsets_convention or "", pad, stream)
     return out
 
