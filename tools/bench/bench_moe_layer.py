@@ -131,15 +131,22 @@ class Layer:
         return sum(t.numel() * t.element_size() for t in
                    (self.gate_up, self.gate_up_scale, self.down, self.down_scale))
 
-    def seed(self, x, ids, weights):
-        """(a): whole-stack Triton dequant, torch routing, torch._grouped_mm, index_add_."""
+    def seed(self, x, ids, weights, capturable=False):
+        """(a): whole-stack Triton dequant, torch routing, torch._grouped_mm, index_add_. capturable: the
+        per-expert counts by scatter_add_ instead of bincount (which synchronises the host to size its
+        output, so a CUDA graph cannot hold it); the same counts."""
         w_gate_up = self.triton_dequant_stack(self.gate_up, self.gate_up_scale,
                                               torch.empty(self.gate_up.shape, dtype=torch.bfloat16, device="cuda"))
         w_down = self.triton_dequant_stack(self.down, self.down_scale,
                                            torch.empty(self.down.shape, dtype=torch.bfloat16, device="cuda"))
         flat = ids.view(-1).long()
         order = torch.argsort(flat, stable=True)
-        ends = torch.cumsum(torch.bincount(flat, minlength=self.experts), 0).to(torch.int32)
+        if capturable:
+            counts = torch.zeros(self.experts, dtype=torch.int64, device=flat.device)
+            counts.scatter_add_(0, flat, torch.ones_like(flat))
+        else:
+            counts = torch.bincount(flat, minlength=self.experts)
+        ends = torch.cumsum(counts, 0).to(torch.int32)
         token_of_row = order // self.top_k
         h = torch._grouped_mm(x[token_of_row], w_gate_up.transpose(1, 2), offs=ends)
         y = torch._grouped_mm(silu_and_mul(h), w_down.transpose(1, 2), offs=ends)
