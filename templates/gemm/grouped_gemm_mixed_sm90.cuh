@@ -36,26 +36,21 @@
 
 namespace kjit {
 
-template <class Problem, int kBM_, int kStages_, class Mma_>
-struct GroupedGemmMixedSm90Config : Problem {
+// What both SM90 mixed-input kernels share: swap AB's single blocks of 128
+// weight rows (64 per consumer warpgroup) over k-blocks of kBK_, their tile
+// queue and scratch, and the landing tile of codes (a byte a code, or a pair).
+template <class Problem, int kBM_, int kStages_, int kBK_>
+struct MixedSwapAbShape : Problem {
   using Problem::kK, Problem::kN;
-  static constexpr int kBM = kBM_;  // the row tile (wgmma's N): every tile runs this wide
-  static constexpr int kBN = 128;   // weight rows (output columns) per block: 64 per consumer warpgroup
+  static constexpr int kBM = kBM_;
+  static constexpr int kBN = 128;  // weight rows (output columns) per block: 64 per consumer warpgroup
+  static constexpr int kBK = kBK_;
   static constexpr int kStages = kStages_, kCluster = 1;
   static constexpr int kRowStep = KJIT_SWAP_AB_ROW_BOX;
   static constexpr int kWideRows = KJIT_SWAP_AB_WIDE_ROW_BOX;
-  using Mma = Mma_;  // the generated wgmma m64n<kBM>k16 bf16 wrapper, A from registers
-  // A k-block of 128: one 128-byte swizzle row of codes per weight row (and
-  // one scale block); the row tile is two 64-k chunks (kRowChunks). k-blocks
-  // of 64 (64-byte rows of codes) ran 10-12% slower at decode and prefill (H100).
-  static constexpr int kBK = KJIT_MIXED_K_BLOCK;
-  static_assert(kBK == 128, "one 128-byte swizzle row of codes");
   static constexpr int kConsumers = kBN / 64;
   static constexpr int kThreads = 128 * (kConsumers + 1);
-  static constexpr int kWTileBytes = kBN * (Problem::kFp4 ? kBK / 2 : kBK);  // a byte a code, or a pair
-  static constexpr int kRowChunks = kBK / KJIT_SM90_K_BLOCK;
-  static constexpr int kRowBoxBytes = kRowStep * KJIT_SM90_K_BLOCK * 2;  // per chunk
-  static constexpr int kStageBytes = kWTileBytes + kBM * kBK * 2;
+  static constexpr int kWTileBytes = kBN * (Problem::kFp4 ? kBK / 2 : kBK);  // the landing tile
   static constexpr bool kOperandBMnMajor = false;
   static constexpr long long kNTiles = (kN + kBN - 1) / kBN;
   static constexpr long long kNClusterTiles = kNTiles;
@@ -64,13 +59,30 @@ struct GroupedGemmMixedSm90Config : Problem {
   static constexpr int kScratchBytes = kConsumers * 32 * 64 * 2;
   static constexpr int kQueueSlots = 4;
   static constexpr int kQueueBytes = kQueueSlots * 24;
+  static constexpr int kLoaderWarps = Problem::kGather ? 1 : 0;  // a gathered row tile: swap_ab_gather_loader
+  static_assert(kBM % kRowStep == 0 && kBM >= kRowStep && kBM <= 256, "wgmma N is at most 256");
+};
+
+// The register kernel: kBM is the row tile (wgmma's N), every tile runs this
+// wide. A k-block of 128: one 128-byte swizzle row of codes per weight row
+// (and one scale block); the row tile is two 64-k chunks (kRowChunks).
+// k-blocks of 64 (64-byte rows of codes) ran 10-12% slower at decode and
+// prefill (H100).
+template <class Problem, int kBM_, int kStages_, class Mma_>
+struct GroupedGemmMixedSm90Config : MixedSwapAbShape<Problem, kBM_, kStages_, KJIT_MIXED_K_BLOCK> {
+  using Shape = MixedSwapAbShape<Problem, kBM_, kStages_, KJIT_MIXED_K_BLOCK>;
+  using Shape::kBK, Shape::kBM, Shape::kRowStep, Shape::kStages, Shape::kWTileBytes;
+  using Mma = Mma_;  // the generated wgmma m64n<kBM>k16 bf16 wrapper, A from registers
+  static_assert(kBK == 128, "one 128-byte swizzle row of codes");
+  static constexpr int kRowChunks = kBK / KJIT_SM90_K_BLOCK;
+  static constexpr int kRowBoxBytes = kRowStep * KJIT_SM90_K_BLOCK * 2;  // per chunk
+  static constexpr int kStageBytes = kWTileBytes + kBM * kBK * 2;
   // Stages, alignment slack, two mbarriers per stage, scratch, queue (codegen's
   // grouped_gemm_mixed_shared_bytes computes the same; the generated code checks).
-  static constexpr int kSharedBytes = kStages * kStageBytes + 1024 + 16 * kStages + kScratchBytes + kQueueBytes;
+  static constexpr int kSharedBytes =
+      kStages * kStageBytes + 1024 + 16 * kStages + Shape::kScratchBytes + Shape::kQueueBytes;
   static constexpr int kProducerRegisters = 56, kConsumerRegisters = 224;
-  static constexpr int kLoaderWarps = Problem::kGather ? 1 : 0;  // a gathered row tile: swap_ab_gather_loader
   static constexpr int kConverterWarps = 0;  // the register kernel converts in its consumers
-  static_assert(kBM % kRowStep == 0 && kBM >= kRowStep && kBM <= 256, "wgmma N is at most 256");
   static_assert(kStageBytes % 1024 == 0, "every stage starts on a swizzle period");
 };
 
@@ -431,39 +443,24 @@ __device__ __forceinline__ void mixed_consumer(const kjit_grouped_gemm_mixed_sm9
 // stage is refilled (and its full barrier completes again) only after the
 // consumers have released it.
 template <class Problem, int kBM_, int kStages_, template <int> class Mma_>
-struct GroupedGemmMixedConverterConfig : Problem {
-  using Problem::kK, Problem::kN;
-  static constexpr int kBM = kBM_;  // the tallest row tile
-  static constexpr int kBN = 128;   // weight rows (output columns) per block: 64 per consumer warpgroup
-  static constexpr int kStages = kStages_, kCluster = 1;
-  static constexpr int kRowStep = KJIT_SWAP_AB_ROW_BOX;
-  static constexpr int kWideRows = KJIT_SWAP_AB_WIDE_ROW_BOX;
+struct GroupedGemmMixedConverterConfig : MixedSwapAbShape<Problem, kBM_, kStages_, KJIT_SM90_K_BLOCK> {
+  // kBM: the tallest row tile.
+  using Shape = MixedSwapAbShape<Problem, kBM_, kStages_, KJIT_SM90_K_BLOCK>;
+  using Shape::kBK, Shape::kBM, Shape::kBN, Shape::kLoaderWarps, Shape::kRowStep, Shape::kStages, Shape::kWTileBytes;
   template <int kRows>
   using Mma = Mma_<kRows>;  // the generated wgmma m64n<kRows>k16 bf16 wrappers, both operands in shared memory
-  static constexpr int kBK = KJIT_SM90_K_BLOCK;
-  static constexpr int kConsumers = kBN / 64;
-  static constexpr int kThreads = 128 * (kConsumers + 1);
-  static constexpr int kWTileBytes = kBN * (Problem::kFp4 ? kBK / 2 : kBK);  // the landing tile
   static constexpr int kRowBoxBytes = kRowStep * kBK * 2;
   static constexpr int kRowChunks = 1;
   static constexpr int kWeightOperandOffset = kWTileBytes + kBM * kBK * 2;  // the bf16 weight tile
   static constexpr int kStageBytes = kWeightOperandOffset + kBN * kBK * 2;
-  static constexpr bool kOperandAMnMajor = false, kOperandBMnMajor = false;
-  static constexpr long long kNTiles = (kN + kBN - 1) / kBN;
-  static constexpr long long kNClusterTiles = kNTiles;
-  static constexpr bool kColumnsMasked = kN % kBN != 0;
-  static constexpr int kKBlocks = static_cast<int>((kK + kBK - 1) / kBK);
-  static constexpr int kScratchBytes = kConsumers * 32 * 64 * 2;
-  static constexpr int kQueueSlots = 4;
-  static constexpr int kQueueBytes = kQueueSlots * 24;
-  static constexpr int kLoaderWarps = Problem::kGather ? 1 : 0;  // a gathered row tile: swap_ab_gather_loader
+  static constexpr bool kOperandAMnMajor = false;
   // fp8 weights: the rest of the producer warpgroup converts; FP4: the consumers, their own rows (above says why).
   static constexpr int kConverterWarps = Problem::kFp4 ? 0 : 3 - kLoaderWarps;
   // Stages, alignment slack, two mbarriers per stage, scratch, queue, with
   // converter warps a converted barrier per stage (codegen's
   // grouped_gemm_mixed_shared_bytes computes the same; the generated code checks).
-  static constexpr int kSharedBytes = kStages * kStageBytes + 1024 + 16 * kStages + kScratchBytes + kQueueBytes +
-                                      (kConverterWarps > 0 ? 8 * kStages : 0);
+  static constexpr int kSharedBytes = kStages * kStageBytes + 1024 + 16 * kStages + Shape::kScratchBytes +
+                                      Shape::kQueueBytes + (kConverterWarps > 0 ? 8 * kStages : 0);
   // The registers a block holds (168 a thread under launch bounds of 384):
   // converter warps keep 88 (their units and scales spill under 56), so the
   // consumers get 208 (88 + 2 x 208 = 3 x 168); they need no fragments
@@ -474,7 +471,6 @@ struct GroupedGemmMixedConverterConfig : Problem {
   static_assert(!Problem::kWeightsKN, "the converter kernel reads [E, N, K] weights");
   static_assert(kConverterWarps > 0 || kStages >= 3,
                 "converting its own rows, a warpgroup waits for the next stage before handing back the one before");
-  static_assert(kBM % kRowStep == 0 && kBM >= kRowStep && kBM <= 256, "wgmma N is at most 256");
   static_assert(kWTileBytes % 1024 == 0 && kStageBytes % 1024 == 0, "every operand tile starts on a swizzle period");
 };
 
