@@ -131,10 +131,7 @@ __device__ __forceinline__ void fp8_scale_loader(const kjit_grouped_gemm_fp8_sm9
   SwapAbTile tile;
   unsigned it = 0;
   for (unsigned i = 0;; ++i) {
-    const unsigned long long t = queue.read(i);
-    __syncwarp();
-    if (lane == 0) queue.release(i);
-    if (!walk.seek(static_cast<long long>(t), tile)) break;
+    if (!queue.take(i, walk, tile)) break;
     for (int kb = 0; kb < Cfg::kKBlocks; ++kb, ++it) {
       // Read before waiting for the stage: the global latency passes while it drains.
       // Rows past the tile's get 0 (the epilogue never stores them).
@@ -223,10 +220,7 @@ __device__ __forceinline__ void fp8_consumer(const kjit_grouped_gemm_fp8_sm90_pa
   unsigned it = 0;
   const int consumer = threadIdx.x / 128, warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32;
   for (unsigned i = 0;; ++i) {
-    const unsigned long long t = queue.read(i);
-    __syncwarp();
-    if (lane == 0) queue.release(i);
-    if (!walk.seek(static_cast<long long>(t), tile)) break;
+    if (!queue.take(i, walk, tile)) break;
     // Every tile runs at the tallest height, whatever its rows: wgmma's N is an
     // immediate, and with one k-loop per multiple of 32 (three or more widths)
     // ptxas serialised the kernel's wgmmas ("C7511 ... insufficient register
@@ -409,10 +403,7 @@ __device__ __forceinline__ void fp8_rows_on_m_consumer(const kjit_grouped_gemm_f
   unsigned it = 0;
   const int consumer = threadIdx.x / 128, lane = threadIdx.x % 32, q = lane % 4;
   for (unsigned i = 0;; ++i) {
-    const unsigned long long t = queue.read(i);
-    __syncwarp();
-    if (lane == 0) queue.release(i);
-    if (!walk.seek(static_cast<long long>(t), tile)) break;
+    if (!queue.take(i, walk, tile)) break;
     if (tile.rows <= 64 * consumer) {
       // A tile of one warpgroup's rows (an expert's last, of at most 64): the other hands its stages back unread.
       drain<Cfg>(full, empty, it);

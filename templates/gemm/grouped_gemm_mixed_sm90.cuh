@@ -390,12 +390,9 @@ __device__ __forceinline__ void mixed_consumer(const kjit_grouped_gemm_mixed_sm9
   SwapAbTileWalker<Cfg> walk{&p.sm90.gemm, 0};
   SwapAbTile tile;
   unsigned it = 0;
-  const int consumer = threadIdx.x / 128, lane = threadIdx.x % 32;
+  const int consumer = threadIdx.x / 128;
   for (unsigned i = 0;; ++i) {
-    const unsigned long long t = queue.read(i);
-    __syncwarp();
-    if (lane == 0) queue.release(i);
-    if (!walk.seek(static_cast<long long>(t), tile)) break;
+    if (!queue.take(i, walk, tile)) break;
     // Rows past the tile's own hold stale rows of an earlier stage; their
     // products are never stored (the epilogue masks them).
     const long long col0 = tile.n0 + consumer * 64;
@@ -616,10 +613,7 @@ __device__ __forceinline__ void weight_converter(const kjit_grouped_gemm_mixed_s
   ConverterShare<Cfg> share(0, 32 * index + lane);
   unsigned it = 0;
   for (unsigned i = 0;; ++i) {
-    const unsigned long long t = queue.read(i);
-    __syncwarp();
-    if (lane == 0) queue.release(i);
-    if (!walk.seek(static_cast<long long>(t), tile)) break;
+    if (!queue.take(i, walk, tile)) break;
     share.start_tile(p, tile.expert, tile.n0);
     for (int kb = 0; kb < Cfg::kKBlocks; ++kb, ++it) {
       share.start_k_block(p, tile.expert, tile.n0, static_cast<long long>(kb) * Cfg::kBK);

@@ -199,6 +199,18 @@ struct TileQueue {
     else
       arrive_in_rank(bar, 0);  // rank 0's barrier
   }
+
+  // A whole warp (every lane calls it) takes the cluster's i-th tile: reads
+  // it, hands the slot back once every lane has read, and seeks `walk` to it;
+  // false once the tiles are done. (The producer, one thread, reads and
+  // releases itself.)
+  template <class Walker, class Tile>
+  __device__ bool take(unsigned i, Walker& walk, Tile& tile) const {
+    const unsigned long long t = read(i);
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) release(i);
+    return walk.seek(static_cast<long long>(t), tile);
+  }
 };
 
 // How the producer copies a stage's weight tile: copy_weight_columns's
@@ -290,10 +302,7 @@ __device__ __forceinline__ void swap_ab_gather_loader(const kjit_grouped_gemm_sm
   GatheredRows<Cfg, Cfg::kBM, Cfg::kRowChunks> rows;
   unsigned it = 0;
   for (unsigned i = 0;; ++i) {
-    const unsigned long long t = queue.read(i);
-    __syncwarp();
-    if (threadIdx.x % 32 == 0) queue.release(i);
-    if (!walk.seek(static_cast<long long>(t), tile)) break;
+    if (!queue.take(i, walk, tile)) break;
     rows.start_tile(p.gemm, tile.row0, tile.rows);
     for (int kb = 0; kb < Cfg::kKBlocks; ++kb, ++it) {
       const unsigned s = it % Cfg::kStages;
@@ -523,10 +532,7 @@ __device__ __forceinline__ void swap_ab_consumer(const kjit_grouped_gemm_sm90_pa
   SwapAbTile tile;
   unsigned it = 0;
   for (unsigned i = 0;; ++i) {
-    const unsigned long long t = queue.read(i);
-    __syncwarp();
-    if (threadIdx.x % 32 == 0) queue.release(i);
-    if (!walk.seek(static_cast<long long>(t), tile)) break;
+    if (!queue.take(i, walk, tile)) break;
     auto prepare = preparation(tile);
     swap_ab_tile<Cfg>(tile, acc, tiles, full, empty, it, prepare);
     if constexpr (Cfg::kFusedActivation)
