@@ -27,6 +27,19 @@ inline void must(CUresult r, const char* what) {
   if (r != CUDA_SUCCESS) FAIL(what, ": ", kjit::driver_error_text(api(), r));
 }
 
+// Device 0's compute capability as major * 10 + minor (90 on Hopper).
+inline int compute_capability() {
+  CUdevice dev;
+  must(api().cuDeviceGet(&dev, 0), "cuDeviceGet");
+  int major = 0, minor = 0;
+  must(api().cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev), "cuDeviceGetAttribute");
+  must(api().cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev), "cuDeviceGetAttribute");
+  return major * 10 + minor;
+}
+
+// Whether device 0 is a Hopper GPU: the SM90 kernel paths run there.
+inline bool is_hopper() { return compute_capability() / 10 == 9; }
+
 inline std::mt19937_64& rng() {
   static std::mt19937_64 engine(std::random_device{}());
   return engine;

@@ -60,17 +60,6 @@ struct KernelPath {
   bool block_scales_only = false;  // 128 x 256 rows on M: per-channel weight scales are refused
 };
 
-int compute_capability() {
-  CUdevice dev;
-  must(api().cuDeviceGet(&dev, 0), "cuDeviceGet");
-  int major = 0, minor = 0;
-  must(api().cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev), "cuDeviceGetAttribute");
-  must(api().cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev), "cuDeviceGetAttribute");
-  return major * 10 + minor;
-}
-
-bool is_hopper() { return compute_capability() / 10 == 9; }
-
 // FP8 tensor cores arrived with sm_89; older GPUs get KJIT_ERROR_UNSUPPORTED (the argument tests check that).
 bool has_fp8() {
   if (compute_capability() >= 89) return true;

@@ -47,14 +47,6 @@ struct KernelPath {
   bool workspace = true;   // swap AB: tiles on demand from the workspace's counter, or a static round robin
 };
 
-bool is_hopper() {
-  CUdevice dev;
-  must(api().cuDeviceGet(&dev, 0), "cuDeviceGet");
-  int major = 0;
-  must(api().cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev), "cuDeviceGetAttribute");
-  return major == 9;
-}
-
 std::vector<KernelPath> kernel_paths() {
   if (!is_hopper()) return {{"auto", KJIT_GEMM_KERNEL_AUTO, 0, 0, 0}};
   return {{"sm90 64x256 tiles", KJIT_GEMM_KERNEL_SM90, 64, 256, 1},

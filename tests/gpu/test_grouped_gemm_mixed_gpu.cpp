@@ -62,17 +62,6 @@ kjit::reference::MixedWeights weights_of(const MixedCase& c, const MixedData& d)
   return {d.w, d.scales, c.weight, c.layout, c.weight_scale, c.convention, c.experts(), c.n, c.k};
 }
 
-int compute_capability() {
-  CUdevice dev;
-  must(api().cuDeviceGet(&dev, 0), "cuDeviceGet");
-  int major = 0, minor = 0;
-  must(api().cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev), "cuDeviceGetAttribute");
-  must(api().cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev), "cuDeviceGetAttribute");
-  return major * 10 + minor;
-}
-
-bool is_hopper() { return compute_capability() / 10 == 9; }
-
 // A random FP8 code of magnitude 1/4 to 4 (e4m3fn exponents 5..8, e5m2
 // 13..16), either sign, never zero: a scale applied to the wrong block or
 // channel shows, and no weight drowns the others in the error.

@@ -67,14 +67,6 @@ kjit::reference::MixedWeights weights_of(const Fp4Case& c, const Fp4Data& d) {
   return w;
 }
 
-bool is_hopper() {
-  CUdevice dev;
-  must(api().cuDeviceGet(&dev, 0), "cuDeviceGet");
-  int major = 0;
-  must(api().cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev), "cuDeviceGetAttribute");
-  return major == 9;
-}
-
 // Scale bytes of moderate size for the tolerance checks (NVFP4: e4m3fn
 // 2^-2 .. 2^2 with random mantissas; MXFP4: 2^-3 .. 2^3), either way no zeros.
 uint8_t moderate_scale(const Fp4Case& c) {
