@@ -74,7 +74,7 @@ def main():
 
     entries = {
         "torch: x.add_(1)": lambda: x.add_(1),
-        "torch: empty + index (the gather)": lambda: x[(sorted_to_flat // top_k).long()],
+        "torch: // top_k, .long(), index (the gather)": lambda: x[(sorted_to_flat // top_k).long()],
         "torch: empty (the GEMM's out)": lambda: torch.empty(out.shape, dtype=out.dtype, device="cuda"),
         "python: the GEMM's checks (kjit._check_gemm)": lambda: kjit._check_gemm(
             h, layer.down, ends, out, "e_n_k", "cumulative_end", None, "auto", "m", w_scale=layer.down_scale,

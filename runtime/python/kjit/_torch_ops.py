@@ -87,7 +87,6 @@ def dequant_fp8_(w: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, scale
     _check(library().kjit_dequant_fp8(ctypes.byref(d), _stream(w.device, stream)))
 
 
-
 @functools.cache
 def _gemm_workspace_bytes() -> int:
     return library().kjit_grouped_gemm_workspace_bytes()
@@ -113,7 +112,6 @@ def grouped_gemm_(a: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: 
                             sorted_to_flat=sorted_to_flat, top_k=top_k), a.device, stream)
 
 
-
 # The W8A8 grouped GEMM: the same C entry point, with the scales (weights are
 # always [E, N, K]; w_scale_granularity is 'block' or 'row').
 @_op("grouped_gemm_fp8_", ("out",))
@@ -123,7 +121,6 @@ def grouped_gemm_fp8_(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w
                       tile_n: int, cluster: int, cluster_axis: str, stream: Optional[int]) -> None:
     _launch_gemm(_gemm_desc(a, w, offsets, out, "e_n_k", offsets_convention, row_scale, kernel, tile_m, tile_n,
                             cluster, cluster_axis, a_scale, w_scale, w_scale_granularity), a.device, stream)
-
 
 
 # The W8A16 grouped GEMM: bf16 a, fp8 w converted to bf16 in the kernel; the
@@ -145,7 +142,6 @@ def grouped_gemm_w8a16_(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
                  a.device, stream)
 
 
-
 # The W4A16 grouped GEMM: bf16 a, FP4 pairs w [E, N, K / 2] (uint8) with their
 # scale bytes (uint8) and NVFP4's global scales; w_format 'nvfp4' or 'mxfp4'.
 @_op("grouped_gemm_w4a16_", ("out",))
@@ -163,7 +159,6 @@ def grouped_gemm_w4a16_(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
                  a.device, stream)
 
 
-
 @_op("moe_routing_", ("counts", "offsets", "sorted_to_flat", "flat_to_sorted"))
 def moe_routing_(topk_ids: torch.Tensor, counts: torch.Tensor, offsets: torch.Tensor, sorted_to_flat: torch.Tensor,
                  flat_to_sorted: torch.Tensor, experts_total: int, expert_base: int, experts_local: int,
@@ -177,13 +172,11 @@ def moe_routing_(topk_ids: torch.Tensor, counts: torch.Tensor, offsets: torch.Te
     _check(library().kjit_moe_routing(ctypes.byref(d), _stream(topk_ids.device, stream)))
 
 
-
 @_op("moe_combine_", ("out",))
 def moe_combine_(expert_out: torch.Tensor, topk_weights: torch.Tensor, flat_to_sorted: torch.Tensor,
                  out: torch.Tensor, stream: Optional[int]) -> None:
     d = _combine_desc(expert_out, topk_weights, flat_to_sorted, out)
     _check(library().kjit_moe_combine(ctypes.byref(d), _stream(expert_out.device, stream)))
-
 
 
 @_op("quantize_fp8_", ("codes", "scales"))
@@ -193,7 +186,6 @@ def quantize_fp8_(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, sc
     _check(library().kjit_fp8_quantize(ctypes.byref(d), _stream(x.device, stream)))
 
 
-
 @_op("quantize_mx_", ("out", "scales", "global_scales"))
 def quantize_mx_(x: torch.Tensor, out: torch.Tensor, scales: torch.Tensor, global_scales: Optional[torch.Tensor],
                  format: str, scale_layout: str, element_dtype: Optional[str], global_scale: Optional[str],
@@ -201,7 +193,6 @@ def quantize_mx_(x: torch.Tensor, out: torch.Tensor, scales: torch.Tensor, globa
     d = _quantize_mx_desc(x, out, scales, global_scales, format, scale_layout, element_dtype, global_scale,
                           global_scale_convention)
     _check(library().kjit_quantize_mx(ctypes.byref(d), _stream(x.device, stream)))
-
 
 
 # The MX formats: dequant (NVFP4, MXFP4, MXFP8) and scale-layout conversion.
@@ -214,7 +205,6 @@ def dequant_mx_(w: torch.Tensor, scales: torch.Tensor, global_scales: Optional[t
     _check(library().kjit_dequant_mx(ctypes.byref(d), _stream(w.device, stream)))
 
 
-
 @_op("convert_scale_layout_", ("out",))
 def convert_scale_layout_(scales: torch.Tensor, out: torch.Tensor, to: str, experts: int, rows: int, scale_cols: int,
                           offsets: Optional[torch.Tensor], offsets_convention: str, pad: int,
@@ -223,14 +213,12 @@ def convert_scale_layout_(scales: torch.Tensor, out: torch.Tensor, to: str, expe
     _check(library().kjit_convert_scale_layout(ctypes.byref(d), _stream(scales.device, stream)))
 
 
-
 # The MoE activation between the grouped GEMMs: bf16 out, or FP8 codes and scales.
 @_op("moe_activation_", ("out",))
 def moe_activation_(h: torch.Tensor, out: torch.Tensor, activation: str, layout: str, alpha: float, limit: float,
                     valid_rows: Optional[torch.Tensor], stream: Optional[int]) -> None:
     d = _moe_activation_desc(h, out, None, activation, layout, alpha, limit, None, valid_rows)
     _check(library().kjit_moe_activation(ctypes.byref(d), _stream(h.device, stream)))
-
 
 
 @_op("moe_activation_fp8_", ("codes", "scales"))
