@@ -161,6 +161,63 @@ __device__ __forceinline__ void nvfp4_group_scales_bf16x2(unsigned bytes, unsign
   second = cvt_rn_bf16x2_f32(high, high);
 }
 
+// ------------------------------------------------------------ FP4 lookup tables
+
+// A 32-bit shared-memory load.
+__device__ __forceinline__ unsigned load_shared_u32(unsigned address) {
+  unsigned v;
+  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(address));
+  return v;
+}
+
+// Byte j of `word` alone (the other three bytes 0): one prmt, j may vary by lane.
+__device__ __forceinline__ unsigned byte_alone(unsigned word, unsigned j) { return byte_permute(word, 0u, j | 0x4440u); }
+
+// A block's FP4 conversion tables in shared memory, filled once by every
+// thread before the pipeline starts (fill), read by the converting threads:
+// - pairs: e2m1x4_to_bf16x2x2's exact bf16 pair of every byte of two codes,
+//   32 copies, byte b's copy for lane l at 128 b + 4 l, so a warp's 32
+//   lookups fall on 32 distinct banks whatever bytes they look up;
+// - scales: group_scale_bf16x2 of every scale byte (a warp looks up at most
+//   8 rows' bytes: few conflicts).
+// Why: a pair took ~9 ALU-pipe instructions (prmt tables, signs, interleave),
+// which bounded the W4A16 kernels (ncu at decode: the ALU pipe 75% busy, DRAM
+// 35%); a lookup is a prmt, an integer multiply-add (FMA pipe) and a load.
+struct Fp4Tables {
+  static constexpr int kPairBytes = 256 * 32 * 4, kScaleBytes = 256 * 4, kBytes = kPairBytes + kScaleBytes;
+  unsigned pair_base = 0;   // the pairs, this lane's copy
+  unsigned scale_base = 0;  // the scales
+
+  template <MixedScale kScale>
+  static __device__ void fill(unsigned char* table, int thread, int threads) {
+    auto* words = reinterpret_cast<unsigned*>(table);
+    for (int i = thread; i < kPairBytes / 4; i += threads) {
+      unsigned pair, unused;
+      e2m1x4_to_bf16x2x2(static_cast<unsigned>(i) / 32, 0, pair, unused);
+      words[i] = pair;
+    }
+    for (int i = thread; i < 256; i += threads) words[kPairBytes / 4 + i] = group_scale_bf16x2<kScale>(i);
+  }
+
+  Fp4Tables() = default;
+  __device__ explicit Fp4Tables(const unsigned char* table) {
+    const unsigned base = static_cast<unsigned>(__cvta_generic_to_shared(table));
+    pair_base = base + 4 * (threadIdx.x % 32);
+    scale_base = base + kPairBytes;
+  }
+  // `byte` alone in its word (byte_alone's).
+  __device__ unsigned pair(unsigned byte) const { return load_shared_u32(multiply_add(byte, 128u, pair_base)); }
+  __device__ unsigned scale(unsigned byte) const { return load_shared_u32(multiply_add(byte, 4u, scale_base)); }
+
+ private:
+  // An integer multiply-add, which the FMA pipe runs (a shift and add would take the ALU pipe).
+  static __device__ __forceinline__ unsigned multiply_add(unsigned a, unsigned b, unsigned c) {
+    unsigned out;
+    asm("mad.lo.u32 %0, %1, %2, %3;" : "=r"(out) : "r"(a), "r"(b), "r"(c));
+    return out;
+  }
+};
+
 // An exact bf16 pair of (e2m1 x group scale) -> the weights: MXFP4 as it is;
 // NVFP4 times the fp32 global multiplier (one fp32 rounding each), rounded to
 // nearest-even bf16 (the dequant's order: the product first, then the global).

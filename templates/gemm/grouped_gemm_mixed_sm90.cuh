@@ -63,6 +63,7 @@ struct MixedSwapAbShape : Problem {
   static_assert(kBM % kRowStep == 0 && kBM >= kRowStep && kBM <= 256, "wgmma N is at most 256");
 };
 
+
 // The register kernel: kBM is the row tile (wgmma's N), every tile runs this
 // wide. A k-block of 128: one 128-byte swizzle row of codes per weight row
 // (and one scale block); the row tile is two 64-k chunks (kRowChunks).
@@ -79,12 +80,22 @@ struct GroupedGemmMixedSm90Config : MixedSwapAbShape<Problem, kBM_, kStages_, KJ
   static constexpr int kStageBytes = kWTileBytes + kBM * kBK * 2;
   // Stages, alignment slack, two mbarriers per stage, scratch, queue (codegen's
   // grouped_gemm_mixed_shared_bytes computes the same; the generated code checks).
+  // FP4 weights: the conversion tables (Fp4Tables) after the scratch and the queue.
+  static constexpr int kFp4TablesOffset = Shape::kScratchBytes + Shape::kQueueBytes;  // from where the barriers end
+  static constexpr int kFp4TableBytes = Problem::kFp4 ? Fp4Tables::kBytes : 0;
   static constexpr int kSharedBytes =
-      kStages * kStageBytes + 1024 + 16 * kStages + Shape::kScratchBytes + Shape::kQueueBytes;
+      kStages * kStageBytes + 1024 + 16 * kStages + Shape::kScratchBytes + Shape::kQueueBytes + kFp4TableBytes;
   static constexpr int kProducerRegisters = 56, kConsumerRegisters = 224;
   static constexpr int kConverterWarps = 0;  // the register kernel converts in its consumers
   static_assert(kStageBytes % 1024 == 0, "every stage starts on a swizzle period");
 };
+
+// Every thread fills the FP4 tables before the pipeline's first sync (which publishes them).
+template <class Cfg>
+__device__ __forceinline__ void fill_fp4_tables() {
+  if constexpr (Cfg::kFp4)
+    Fp4Tables::fill<Cfg::kScale>(shared_after_barriers<Cfg>() + Cfg::kFp4TablesOffset, threadIdx.x, Cfg::kThreads);
+}
 
 // The producer's weight copy: one box a stage ([E, N, K]: 128 codes x 128
 // rows; [E, K, N]: 128 codes of n x 128 k-rows), 16 KB either way; FP4
@@ -128,6 +139,9 @@ __device__ __forceinline__ void fence_fragments(unsigned (&f)[kSteps][4]) {
 template <class Cfg>
 struct MixedScales {
   static constexpr bool kPerK = Cfg::kWeightsKN && Cfg::kScale == MixedScale::row;
+  // Read a k-block ahead (mixed_mainloop), except per-k scales: two k-blocks' 32 beside a 128-row tile's
+  // accumulators and two fragment buffers spilled.
+  static constexpr bool kReadAhead = !kPerK;
   static constexpr int kSteps = Cfg::kBK / 16;
   float rows[2] = {0.0f, 0.0f};
   float per_k[kPerK ? 4 * kSteps : 1];
@@ -252,6 +266,7 @@ template <class Cfg>
 struct Fp4Scales {
   static constexpr int kGroups = Cfg::kBK / Cfg::kGroup;  // a row's scale bytes per k-block
   static constexpr bool kAligned = Cfg::kGroupsPerRow % kGroups == 0;  // every k-block's bytes one aligned load
+  static constexpr bool kReadAhead = true;                               // mixed_mainloop's
   unsigned bytes[2][2] = {{0u, 0u}, {0u, 0u}};  // [row half][word]: byte i of the k-block's run at word i / 4
   float global = 1.0f;
 
@@ -289,9 +304,9 @@ struct Fp4Scales {
     }
   }
   // The bf16 pair of the scale of k16 step `step` in fragment row half `half`.
-  __device__ unsigned step_scale(int half, int step) const {
+  __device__ unsigned step_scale(const Fp4Tables& tables, int half, int step) const {
     const int i = Cfg::kScale == MixedScale::nvfp4 ? step : step / 2;
-    return group_scale_bf16x2<Cfg::kScale>((bytes[half][i / 4] >> (8 * (i % 4))) & 0xFFu);
+    return tables.scale(byte_alone(bytes[half][i / 4], i % 4));
   }
 };
 
@@ -302,11 +317,10 @@ struct Fp4Scales {
 // holds the thread's columns 2q, 2q + 1 and byte 4 + q columns 2q + 8, 2q + 9.
 template <class Cfg>
 __device__ __forceinline__ void convert_fp4_fragments(const unsigned char* w_tile, const Fp4Scales<Cfg>& scales,
-                                                      unsigned (&f)[Cfg::kBK / 16][4]) {
+                                                      const Fp4Tables& tables, unsigned (&f)[Cfg::kBK / 16][4]) {
   const int consumer = threadIdx.x / 128, warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, q = lane % 4;
   const unsigned base = static_cast<unsigned>(__cvta_generic_to_shared(w_tile));
-  const unsigned pick = static_cast<unsigned>(q | (4 + q) << 4);
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = 64 * consumer + 16 * warp + g + 8 * half;
@@ -316,9 +330,9 @@ __device__ __forceinline__ void convert_fp4_fragments(const unsigned char* w_til
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int step = 2 * unit + j;
-        unsigned low_cols, high_cols;
-        e2m1x4_to_bf16x2x2(byte_permute(j ? v.z : v.x, j ? v.w : v.y, pick), 0, low_cols, high_cols);
-        const unsigned scale = scales.step_scale(half, step);
+        const unsigned scale = scales.step_scale(tables, half, step);
+        const unsigned low_cols = tables.pair(byte_alone(j ? v.z : v.x, q));
+        const unsigned high_cols = tables.pair(byte_alone(j ? v.w : v.y, q));
         f[step][half] = apply_global<Cfg::kScale>(mul_bf16x2(low_cols, scale), scales.global);
         f[step][2 + half] = apply_global<Cfg::kScale>(mul_bf16x2(high_cols, scale), scales.global);
       }
@@ -326,44 +340,60 @@ __device__ __forceinline__ void convert_fp4_fragments(const unsigned char* w_til
   }
 }
 
-// One tile's k-loop for one consumer warpgroup: per k-block, convert the
-// fragments, issue the eight wgmmas, wait for them, hand the stage back.
-// Converting the next k-block while this one's wgmmas run (double-buffered
-// fragments) made ptxas serialise every wgmma (C7513: non-wgmma instructions
-// defining a wgmma's input registers inside its pipeline stage); the other
-// consumer warpgroup's wgmmas fill the tensor cores while this one converts.
+// One tile's k-loop for one consumer warpgroup, two k-blocks in flight: the
+// fragments of k-block kb + 1 are converted (their scales read one k-block
+// earlier still) while kb's eight wgmmas run, into the other of two fragment
+// buffers; a stage is handed back once its wgmmas are done (wgmma_wait<1>
+// after the next group is issued). The loop is unrolled by two so that every
+// fragment register is named statically.
 template <class Cfg>
 __device__ __forceinline__ void mixed_mainloop(const kjit_grouped_gemm_mixed_sm90_params& p, const SwapAbTile& tile,
                                                long long col0, float (&acc)[Cfg::kBM / 2], unsigned char* tiles,
-                                               unsigned long long* full, unsigned long long* empty, unsigned& it) {
+                                               unsigned long long* full, unsigned long long* empty, unsigned& it,
+                                               const Fp4Tables& tables) {
   using Mma = typename Cfg::Mma;
-  constexpr int kSteps = Cfg::kBK / 16;
-  const int lane = threadIdx.x % 32;
+  constexpr int kSteps = Cfg::kBK / 16, kKBlocks = Cfg::kKBlocks;
+  using Fragments = unsigned[kSteps][4];
   using Scales = conditional_t<Cfg::kFp4, Fp4Scales<Cfg>, MixedScales<Cfg>>;
-  Scales scales;
-  if constexpr (Cfg::kFp4) {
-    scales.start_tile(p, tile.expert);
-  } else {
-    scales.start_tile(p.b_scales, tile.expert, col0);
+  const int lane = threadIdx.x % 32;
+  Scales scales[2];
+#pragma unroll
+  for (int b = 0; b < 2; ++b) {
+    if constexpr (Cfg::kFp4) {
+      scales[b].start_tile(p, tile.expert);
+    } else {
+      scales[b].start_tile(p.b_scales, tile.expert, col0);
+    }
   }
-  unsigned fragments[kSteps][4];
-  for (int kb = 0; kb < Cfg::kKBlocks; ++kb, ++it) {
+  auto start_scales = [&](Scales& s, int kb) {
     const long long k0 = static_cast<long long>(kb) * Cfg::kBK;
     if constexpr (Cfg::kFp4) {
-      scales.start_k_block(p, tile.expert, col0, k0);
+      s.start_k_block(p, tile.expert, col0, k0);
     } else {
-      scales.start_k_block(p.b_scales, tile.expert, col0, k0);
+      s.start_k_block(p.b_scales, tile.expert, col0, k0);
     }
-    const unsigned s = it % Cfg::kStages;
-    mbarrier_wait(&full[s], (it / Cfg::kStages) & 1);
+  };
+  auto stage_of = [&](int kb) { return tiles + (it + kb) % Cfg::kStages * Cfg::kStageBytes; };
+  // k-block kb into `f` with `s`, once its stage is full; `next` starts reading kb + 1's scales first (or,
+  // without Scales::kReadAhead, `s` kb's).
+  auto convert = [&](Fragments& f, Scales& s, Scales& next, int kb) {
+    if constexpr (Scales::kReadAhead) {
+      if (kb + 1 < kKBlocks) start_scales(next, kb + 1);
+    } else {
+      start_scales(s, kb);
+    }
+    const unsigned i = it + kb;
+    mbarrier_wait(&full[i % Cfg::kStages], (i / Cfg::kStages) & 1);
     gathered_stage_fence<Cfg>();
-    const unsigned char* stage = tiles + s * Cfg::kStageBytes;
     if constexpr (Cfg::kFp4) {
-      convert_fp4_fragments<Cfg>(stage, scales, fragments);
+      convert_fp4_fragments<Cfg>(stage_of(kb), s, tables, f);
     } else {
-      convert_fragments<Cfg>(stage, scales, fragments);
+      convert_fragments<Cfg>(stage_of(kb), s, f);
     }
-    fence_fragments(fragments);
+  };
+  auto issue = [&](Fragments& f, int kb) {
+    const unsigned char* stage = stage_of(kb);
+    fence_fragments(f);
     fence_accumulators(acc);
     wgmma_fence();
 #pragma unroll
@@ -371,14 +401,43 @@ __device__ __forceinline__ void mixed_mainloop(const kjit_grouped_gemm_mixed_sm9
       // The row tile's 64-k chunks lie one after the other, kBM rows of 128 bytes each.
       const unsigned long long r_desc =
           operand_descriptor<false>(stage + Cfg::kWTileBytes + kk / 4 * Cfg::kBM * 128);
-      Mma::run(acc, fragments[kk], r_desc + operand_k_step<false>(kk % 4), kb > 0 || kk > 0);
+      Mma::run(acc, f[kk], r_desc + operand_k_step<false>(kk % 4), kb > 0 || kk > 0);
     }
     wgmma_commit();
-    wgmma_wait<0>();
+  };
+  // Once kb's wgmmas are done (wgmma_wait before it; the group issued after kb's may still run): its
+  // fragments may be rewritten, its stage refilled.
+  auto retire = [&](Fragments& f, int kb) {
     fence_accumulators(acc);
-    fence_fragments(fragments);
-    if (lane == 0) arrive_cluster_wide<Cfg>(&empty[s]);
+    fence_fragments(f);
+    if (lane == 0) arrive_cluster_wide<Cfg>(&empty[(it + kb) % Cfg::kStages]);
+  };
+  Fragments even, odd;
+  if constexpr (Scales::kReadAhead) start_scales(scales[0], 0);
+  convert(even, scales[0], scales[1], 0);
+  for (int kb = 0;; kb += 2) {
+    issue(even, kb);
+    if (kb > 0) {
+      wgmma_wait<1>();
+      retire(odd, kb - 1);
+    }
+    if (kb + 1 == kKBlocks) {
+      wgmma_wait<0>();
+      retire(even, kb);
+      break;
+    }
+    convert(odd, scales[1], scales[0], kb + 1);
+    issue(odd, kb + 1);
+    wgmma_wait<1>();
+    retire(even, kb);
+    if (kb + 2 == kKBlocks) {
+      wgmma_wait<0>();
+      retire(odd, kb + 1);
+      break;
+    }
+    convert(even, scales[0], scales[1], kb + 2);
   }
+  it += kKBlocks;
 }
 
 template <class Cfg>
@@ -391,12 +450,13 @@ __device__ __forceinline__ void mixed_consumer(const kjit_grouped_gemm_mixed_sm9
   SwapAbTile tile;
   unsigned it = 0;
   const int consumer = threadIdx.x / 128;
+  const Fp4Tables tables = Cfg::kFp4 ? Fp4Tables(after_barriers + Cfg::kFp4TablesOffset) : Fp4Tables();
   for (unsigned i = 0;; ++i) {
     if (!queue.take(i, walk, tile)) break;
     // Rows past the tile's own hold stale rows of an earlier stage; their
     // products are never stored (the epilogue masks them).
     const long long col0 = tile.n0 + consumer * 64;
-    mixed_mainloop<Cfg>(p, tile, col0, acc, tiles, full, empty, it);
+    mixed_mainloop<Cfg>(p, tile, col0, acc, tiles, full, empty, it, tables);
     if constexpr (Cfg::kFusedActivation)
       swap_ab_store_activated<Cfg>(p.sm90.gemm, acc, tile, col0, after_barriers, (tile.rows + 31) / 32);
     else
@@ -564,7 +624,9 @@ struct ConverterShare {
       const unsigned row_base = to + row * 128;
       if constexpr (Cfg::kFp4) {
         // 32 elements: four 16-byte bf16 units, each from one word (8 nibbles, 4 of each pair order); NVFP4's
-        // two groups of 16 take two words each.
+        // two groups of 16 take two words each. Bit operations, not Fp4Tables' lookups: with the table (and a
+        // stage less to make room) the converter ran W4A16 prefill at 0.64-0.69x bf16 against 0.79-0.97x (H100,
+        // bench_w4a16_gemm.py): the lookups share the shared-memory pipe with the wgmmas' operands.
         unsigned group_scales[2];
         if constexpr (Cfg::kScale == MixedScale::nvfp4)
           nvfp4_group_scales_bf16x2(scale_bytes[i], group_scales[0], group_scales[1]);
@@ -700,6 +762,7 @@ __device__ __forceinline__ void grouped_gemm_mixed_sm90_converter(const kjit_gro
 
 template <class Cfg>
 __device__ __forceinline__ void grouped_gemm_mixed_sm90(const kjit_grouped_gemm_mixed_sm90_params& p) {
+  fill_fp4_tables<Cfg>();
   warp_specialized_gemm<Cfg>(
       p.sm90, [](unsigned char* after_barriers) { TileQueue<Cfg>(after_barriers).init(); },
       [&](unsigned char* tiles, unsigned long long* full, unsigned long long* empty, unsigned char* after_barriers) {

@@ -291,6 +291,20 @@ __device__ __forceinline__ void drain(unsigned long long* full, unsigned long lo
   }
 }
 
+// The stages' start in the dynamic shared window, which is only 16-byte
+// aligned by contract: the swizzle needs 1024.
+__device__ __forceinline__ unsigned char* shared_stages() {
+  extern __shared__ __align__(1024) unsigned char kjit_dynamic_smem[];
+  return reinterpret_cast<unsigned char*>((reinterpret_cast<unsigned long long>(kjit_dynamic_smem) + 1023) &
+                                          ~static_cast<unsigned long long>(1023));
+}
+
+// Where warp_specialized_gemm's barriers end (the `after_barriers` its roles get).
+template <class Cfg>
+__device__ __forceinline__ unsigned char* shared_after_barriers() {
+  return shared_stages() + Cfg::kStages * Cfg::kStageBytes + 16 * Cfg::kStages;
+}
+
 // The shared frame of the SM90 kernels: validates the offsets, lays out the
 // stages (1 KB aligned for the swizzle) and their mbarriers, then splits the
 // block: the last warpgroup produces (one thread issues the copies; with
@@ -309,10 +323,7 @@ __device__ __forceinline__ void warp_specialized_gemm(const Params& p, Init init
   static_assert(Cfg::kLoaderWarps + Cfg::kConverterWarps <= 3, "beside the producer thread's warp");
   if (!offsets_valid<Cfg>(p.gemm)) return;
 
-  extern __shared__ __align__(1024) unsigned char kjit_dynamic_smem[];
-  // The dynamic window is only 16-byte aligned by contract; the swizzle needs 1024.
-  unsigned char* tiles = reinterpret_cast<unsigned char*>(
-      (reinterpret_cast<unsigned long long>(kjit_dynamic_smem) + 1023) & ~static_cast<unsigned long long>(1023));
+  unsigned char* tiles = shared_stages();
   auto* full = reinterpret_cast<unsigned long long*>(tiles + Cfg::kStages * Cfg::kStageBytes);
   unsigned long long* empty = full + Cfg::kStages;
   if (threadIdx.x == 0) {
