@@ -176,24 +176,28 @@ __device__ __forceinline__ unsigned byte_alone(unsigned word, unsigned j) { retu
 // A block's FP4 conversion tables in shared memory, filled once by every
 // thread before the pipeline starts (fill), read by the converting threads:
 // - pairs: e2m1x4_to_bf16x2x2's exact bf16 pair of every byte of two codes,
-//   32 copies, byte b's copy for lane l at 128 b + 4 l, so a warp's 32
-//   lookups fall on 32 distinct banks whatever bytes they look up;
+//   byte b's copy for lane l at 256 b + 4 l (32 copies in the first half of
+//   each 256-byte row), so a warp's 32 lookups fall on 32 distinct banks
+//   whatever bytes they look up, and one prmt builds a lookup's offset from
+//   the code byte and 4 l (ptxas folds the table's base into the load);
 // - scales: group_scale_bf16x2 of every scale byte (a warp looks up at most
 //   8 rows' bytes: few conflicts).
 // Why: a pair took ~9 ALU-pipe instructions (prmt tables, signs, interleave),
-// which bounded the W4A16 kernels (ncu at decode: the ALU pipe 75% busy, DRAM
-// 35%); a lookup is a prmt, an integer multiply-add (FMA pipe) and a load.
+// which bounded the W4A16 register kernel at decode (ncu: the ALU pipe 75%
+// busy, DRAM 35%); a lookup is a prmt and a load. (Rows of 128 bytes, half the
+// table, need a multiply-add per lookup: 1-3% slower at decode, H100.)
 struct Fp4Tables {
-  static constexpr int kPairBytes = 256 * 32 * 4, kScaleBytes = 256 * 4, kBytes = kPairBytes + kScaleBytes;
-  unsigned pair_base = 0;   // the pairs, this lane's copy
-  unsigned scale_base = 0;  // the scales
+  static constexpr int kPairBytes = 256 * 256, kScaleBytes = 256 * 4, kBytes = kPairBytes + kScaleBytes;
+  unsigned pair_base = 0;    // the pairs
+  unsigned lane_offset = 0;  // 4 lane: this lane's copy in a row
+  unsigned scale_base = 0;   // the scales
 
   template <MixedScale kScale>
   static __device__ void fill(unsigned char* table, int thread, int threads) {
     auto* words = reinterpret_cast<unsigned*>(table);
     for (int i = thread; i < kPairBytes / 4; i += threads) {
       unsigned pair, unused;
-      e2m1x4_to_bf16x2x2(static_cast<unsigned>(i) / 32, 0, pair, unused);
+      e2m1x4_to_bf16x2x2(static_cast<unsigned>(i) / 64, 0, pair, unused);
       words[i] = pair;
     }
     for (int i = thread; i < 256; i += threads) words[kPairBytes / 4 + i] = group_scale_bf16x2<kScale>(i);
@@ -201,12 +205,15 @@ struct Fp4Tables {
 
   Fp4Tables() = default;
   __device__ explicit Fp4Tables(const unsigned char* table) {
-    const unsigned base = static_cast<unsigned>(__cvta_generic_to_shared(table));
-    pair_base = base + 4 * (threadIdx.x % 32);
-    scale_base = base + kPairBytes;
+    pair_base = static_cast<unsigned>(__cvta_generic_to_shared(table));
+    lane_offset = 4 * (threadIdx.x % 32);
+    scale_base = pair_base + kPairBytes;
   }
-  // `byte` alone in its word (byte_alone's).
-  __device__ unsigned pair(unsigned byte) const { return load_shared_u32(multiply_add(byte, 128u, pair_base)); }
+  // The bf16 pair of byte j of `word` (the offset: 4 lane as its first byte, the code byte as its second).
+  __device__ unsigned pair(unsigned word, unsigned j) const {
+    return load_shared_u32(pair_base + byte_permute(word, lane_offset, 0x5504u | j << 4));
+  }
+  // The bf16 pair of a scale byte, alone in its word (byte_alone's).
   __device__ unsigned scale(unsigned byte) const { return load_shared_u32(multiply_add(byte, 4u, scale_base)); }
 
  private:

@@ -331,8 +331,8 @@ __device__ __forceinline__ void convert_fp4_fragments(const unsigned char* w_til
       for (int j = 0; j < 2; ++j) {
         const int step = 2 * unit + j;
         const unsigned scale = scales.step_scale(tables, half, step);
-        const unsigned low_cols = tables.pair(byte_alone(j ? v.z : v.x, q));
-        const unsigned high_cols = tables.pair(byte_alone(j ? v.w : v.y, q));
+        const unsigned low_cols = tables.pair(j ? v.z : v.x, q);
+        const unsigned high_cols = tables.pair(j ? v.w : v.y, q);
         f[step][half] = apply_global<Cfg::kScale>(mul_bf16x2(low_cols, scale), scales.global);
         f[step][2 + half] = apply_global<Cfg::kScale>(mul_bf16x2(high_cols, scale), scales.global);
       }

@@ -382,10 +382,10 @@ int grouped_gemm_mixed_shared_bytes(const GroupedGemmMixedSpec& s) {
   // agree): stages of the fp8 weight tile (tile_n x 128 codes) and the bf16 row
   // tile (tile_m x 128), 1 KB of alignment slack, two mbarriers per stage, the
   // epilogue scratch (4 KB per consumer) and the tile queue (4 slots of 24 bytes).
-  // FP4 weight tiles hold pairs: half the bytes; FP4 weights add Fp4Tables (a bf16 pair per byte of codes, 32
-  // copies, and a bf16 pair per scale byte) last.
+  // FP4 weight tiles hold pairs: half the bytes; FP4 weights add Fp4Tables (a 256-byte row per byte of codes,
+  // and a bf16 pair per scale byte) last.
   const int weight_bytes = is_fp4(s.weight) ? s.tile_n * kSm90KBlock / 2 : s.tile_n * kSm90KBlock;
-  const int fp4_tables = is_fp4(s.weight) ? 256 * 32 * 4 + 256 * 4 : 0;
+  const int fp4_tables = is_fp4(s.weight) ? 256 * 256 + 256 * 4 : 0;
   return s.stages * (weight_bytes + 2 * s.tile_m * kSm90KBlock) + 1024 + 16 * s.stages + consumers * 4096 + 4 * 24 +
          fp4_tables;
 }
