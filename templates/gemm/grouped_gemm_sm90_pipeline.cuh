@@ -326,6 +326,7 @@ __device__ __forceinline__ void warp_specialized_gemm(const Params& p, Init init
   unsigned char* tiles = shared_stages();
   auto* full = reinterpret_cast<unsigned long long*>(tiles + Cfg::kStages * Cfg::kStageBytes);
   unsigned long long* empty = full + Cfg::kStages;
+  unsigned char* after_barriers = shared_after_barriers<Cfg>();  // = empty + Cfg::kStages
   if (threadIdx.x == 0) {
     for (int s = 0; s < Cfg::kStages; ++s) {
       // The producer's arrive.expect_tx, and every lane of a loader warp.
@@ -334,7 +335,7 @@ __device__ __forceinline__ void warp_specialized_gemm(const Params& p, Init init
       // producer writes into its peers' stages too.
       cuda::ptx::mbarrier_init(&empty[s], Cfg::kConsumers * 4 * Cfg::kCluster);
     }
-    init(reinterpret_cast<unsigned char*>(empty + Cfg::kStages));
+    init(after_barriers);
     cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
   }
   // Peers arrive on and copy into this block's barriers and stages: all of
@@ -351,14 +352,13 @@ __device__ __forceinline__ void warp_specialized_gemm(const Params& p, Init init
 
   if (threadIdx.x / 128 == Cfg::kConsumers) {
     if constexpr (Cfg::kConsumers > 1) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(Cfg::kProducerRegisters));
-    unsigned char* after_barriers = reinterpret_cast<unsigned char*>(empty + Cfg::kStages);
     if (threadIdx.x % 128 == 0)
       produce(tiles, full, empty, after_barriers);
     else if (const int warp = threadIdx.x % 128 / 32; warp >= 1 && warp <= Cfg::kLoaderWarps + Cfg::kConverterWarps)
       load(tiles, full, empty, after_barriers);
   } else {
     if constexpr (Cfg::kConsumers > 1) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Cfg::kConsumerRegisters));
-    consume(tiles, full, empty, reinterpret_cast<unsigned char*>(empty + Cfg::kStages));
+    consume(tiles, full, empty, after_barriers);
   }
   if constexpr (Cfg::kCluster > 1) sync_cluster();
 }
