@@ -1,11 +1,12 @@
 // What the mixed-input (W8A16, W4A16) grouped GEMM kernels share: the
 // problem's constants, where a weight's scale lives, and the conversion of
-// the stored weights to the bf16 the tensor cores multiply, which is kjit's
-// dequant's:
+// the stored weights to the bf16 the tensor cores multiply:
 //   fp8:   w = code x scale (fp32; DIVIDE multiplies by the fp32 reciprocal),
-//          rounded to nearest-even bf16;
-//   NVFP4: w = (e2m1 x e4m3 scale, exact) x global (fp32; DIVIDE: by the
-//          fp32 reciprocal), rounded to nearest-even bf16;
+//          rounded to nearest-even bf16, as kjit's dequant does;
+//   NVFP4: w = e2m1 x e4m3 scale, exact in bf16; the fp32 accumulator is
+//          multiplied by the expert's global (expert_multiplier): the tensor
+//          cores add exact products, where dequant + bf16 rounds every
+//          e2m1 x scale x global to bf16;
 //   MXFP4: w = e2m1 x 2^(ue8m0 - 127), exact in bf16 (or +-inf, NaN for 0xFF).
 // Scales index the stored tensor [E, R, C]: (R, C) = (N, K) for [E, N, K]
 // weights and (K, N) for [E, K, N] (the same storage read for dX = dY . W).
@@ -225,16 +226,27 @@ struct Fp4Tables {
   }
 };
 
-// An exact bf16 pair of (e2m1 x group scale) -> the weights: MXFP4 as it is;
-// NVFP4 times the fp32 global multiplier (one fp32 rounding each), rounded to
-// nearest-even bf16 (the dequant's order: the product first, then the global).
-template <MixedScale kScale>
-__device__ __forceinline__ unsigned apply_global(unsigned scaled, float global) {
-  if constexpr (kScale == MixedScale::nvfp4) {
-    return cvt_rn_bf16x2_f32(__uint_as_float(scaled << 16) * global, __uint_as_float(scaled & 0xFFFF0000u) * global);
+// The multiplier of an expert's whole product: NVFP4's global (DIVIDE: the
+// fp32 reciprocal of the stored one), 1 for the other weights. Every kernel
+// multiplies the fp32 accumulator by it after the k-loop, before the
+// epilogue's activation, row scale and rounding: the tensor cores see
+// e2m1 x e4m3 scale, exact in bf16, so the products carry no rounding of the
+// global (dequant + bf16 rounds each weight x global to bf16 instead).
+template <class Cfg>
+__device__ __forceinline__ float expert_multiplier(const float* globals, int expert) {
+  if constexpr (Cfg::kScale == MixedScale::nvfp4) {
+    const float global = globals[expert];
+    return Cfg::kDivide ? __frcp_rn(global) : global;
   } else {
-    return scaled;
+    return 1.0f;
   }
+}
+
+// acc x s (nothing for s known to be 1 at compile time: the multiply by 1.0f folds).
+template <int kRegs>
+__device__ __forceinline__ void scale_accumulators(float (&acc)[kRegs], float s) {
+#pragma unroll
+  for (int i = 0; i < kRegs; ++i) acc[i] *= s;
 }
 
 }  // namespace kjit

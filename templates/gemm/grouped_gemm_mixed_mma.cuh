@@ -64,20 +64,15 @@ __device__ __forceinline__ void stage_fp8_weights(const kjit_grouped_gemm_mixed_
 }
 
 // FP4 weights ([E, N, K / 2] pairs): runs of 8 elements (4 bytes) of one
-// stored row, which lie in one scale group (16 or 32), converted in fp32
-// (e2m1 x group scale is exact; NVFP4 then times its global multiplier, one
-// rounding) and rounded to bf16, as the SM90 kernel and the dequant do.
+// stored row, which lie in one scale group (16 or 32): e2m1 x group scale,
+// exact in bf16, as the SM90 kernels convert them (NVFP4's global multiplies
+// the accumulator: expert_multiplier).
 template <class Cfg>
 __device__ __forceinline__ void stage_fp4_weights(const kjit_grouped_gemm_mixed_params& p,
                                                   unsigned short (&b_tile)[Cfg::kBN][Cfg::kStride], int expert,
                                                   long long n0, long long k0) {
   static_assert(Cfg::kBK % 8 == 0, "runs of 8 elements");
   const unsigned char* w = static_cast<const unsigned char*>(p.gemm.b) + expert * Cfg::kN * (Cfg::kK / 2);
-  float global = 1.0f;
-  if constexpr (Cfg::kScale == MixedScale::nvfp4) {
-    global = p.b_global_scales[expert];
-    if constexpr (Cfg::kDivide) global = __frcp_rn(global);
-  }
   constexpr int kRunsK = Cfg::kBK / 8;
   for (int c = threadIdx.x; c < Cfg::kBN * kRunsK; c += Cfg::kThreads) {
     const int n = c / kRunsK, kc = (c % kRunsK) * 8;
@@ -98,9 +93,7 @@ __device__ __forceinline__ void stage_fp4_weights(const kjit_grouped_gemm_mixed_
       for (int i = 0; i < 4; ++i) {
         float even, odd;
         decode_e2m1x2((pairs >> (8 * i)) & 0xFFu, even, odd);
-        // The group product is exact; NVFP4's global multiply is its one fp32 rounding.
-        out[i] = Cfg::kScale == MixedScale::nvfp4 ? cvt_rn_bf16x2_f32(even * scale * global, odd * scale * global)
-                                                  : cvt_rn_bf16x2_f32(even * scale, odd * scale);
+        out[i] = cvt_rn_bf16x2_f32(even * scale, odd * scale);  // exact: the group product has 6 significant bits
       }
       v = make_uint4(out[0], out[1], out[2], out[3]);
     }
@@ -110,14 +103,16 @@ __device__ __forceinline__ void stage_fp4_weights(const kjit_grouped_gemm_mixed_
 
 template <class Cfg>
 __device__ __forceinline__ void grouped_gemm_mixed_mma(const kjit_grouped_gemm_mixed_params& p) {
-  grouped_gemm_mma_with<Cfg>(p.gemm, [&](unsigned short(&b_tile)[Cfg::kBN][Cfg::kStride], int expert, long long n0,
-                                         long long k0) {
-    if constexpr (Cfg::kFp4) {
-      stage_fp4_weights<Cfg>(p, b_tile, expert, n0, k0);
-    } else {
-      stage_fp8_weights<Cfg>(p, b_tile, expert, n0, k0);
-    }
-  });
+  grouped_gemm_mma_with<Cfg>(
+      p.gemm,
+      [&](unsigned short(&b_tile)[Cfg::kBN][Cfg::kStride], int expert, long long n0, long long k0) {
+        if constexpr (Cfg::kFp4) {
+          stage_fp4_weights<Cfg>(p, b_tile, expert, n0, k0);
+        } else {
+          stage_fp8_weights<Cfg>(p, b_tile, expert, n0, k0);
+        }
+      },
+      [&](int expert) { return expert_multiplier<Cfg>(p.b_global_scales, expert); });
 }
 
 }  // namespace kjit

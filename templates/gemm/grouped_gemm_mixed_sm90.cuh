@@ -259,7 +259,7 @@ __device__ __forceinline__ void convert_fragments(const unsigned char* w_tile, c
 // FP4 weights' scales for one consumer thread: its two fragment rows' group
 // scale bytes of the current k-block (NVFP4: 8 e4m3fn bytes a row, one per
 // k16 step; MXFP4: 4 UE8M0 bytes, one per two steps), read from global memory
-// before the stage is waited for, and NVFP4's global multiplier per tile.
+// before the stage is waited for.
 // Rows past N and groups past K read byte 0 (their codes are TMA's zero fill,
 // so they contribute 0, never 0 x NaN).
 template <class Cfg>
@@ -268,14 +268,7 @@ struct Fp4Scales {
   static constexpr bool kAligned = Cfg::kGroupsPerRow % kGroups == 0;  // every k-block's bytes one aligned load
   static constexpr bool kReadAhead = true;                               // mixed_mainloop's
   unsigned bytes[2][2] = {{0u, 0u}, {0u, 0u}};  // [row half][word]: byte i of the k-block's run at word i / 4
-  float global = 1.0f;
 
-  __device__ void start_tile(const kjit_grouped_gemm_mixed_sm90_params& p, int expert) {
-    if constexpr (Cfg::kScale == MixedScale::nvfp4) {
-      global = p.b_global_scales[expert];
-      if constexpr (Cfg::kDivide) global = __frcp_rn(global);
-    }
-  }
   __device__ void start_k_block(const kjit_grouped_gemm_mixed_sm90_params& p, int expert, long long col0,
                                 long long k0) {
     const int warp = threadIdx.x % 128 / 32, g = threadIdx.x % 32 / 4;
@@ -333,8 +326,8 @@ __device__ __forceinline__ void convert_fp4_fragments(const unsigned char* w_til
         const unsigned scale = scales.step_scale(tables, half, step);
         const unsigned low_cols = tables.pair(j ? v.z : v.x, q);
         const unsigned high_cols = tables.pair(j ? v.w : v.y, q);
-        f[step][half] = apply_global<Cfg::kScale>(mul_bf16x2(low_cols, scale), scales.global);
-        f[step][2 + half] = apply_global<Cfg::kScale>(mul_bf16x2(high_cols, scale), scales.global);
+        f[step][half] = mul_bf16x2(low_cols, scale);
+        f[step][2 + half] = mul_bf16x2(high_cols, scale);
       }
     }
   }
@@ -359,11 +352,7 @@ __device__ __forceinline__ void mixed_mainloop(const kjit_grouped_gemm_mixed_sm9
   Scales scales[2];
 #pragma unroll
   for (int b = 0; b < 2; ++b) {
-    if constexpr (Cfg::kFp4) {
-      scales[b].start_tile(p, tile.expert);
-    } else {
-      scales[b].start_tile(p.b_scales, tile.expert, col0);
-    }
+    if constexpr (!Cfg::kFp4) scales[b].start_tile(p.b_scales, tile.expert, col0);
   }
   auto start_scales = [&](Scales& s, int kb) {
     const long long k0 = static_cast<long long>(kb) * Cfg::kBK;
@@ -456,7 +445,9 @@ __device__ __forceinline__ void mixed_consumer(const kjit_grouped_gemm_mixed_sm9
     // Rows past the tile's own hold stale rows of an earlier stage; their
     // products are never stored (the epilogue masks them).
     const long long col0 = tile.n0 + consumer * 64;
+    const float global = expert_multiplier<Cfg>(p.b_global_scales, tile.expert);
     mixed_mainloop<Cfg>(p, tile, col0, acc, tiles, full, empty, it, tables);
+    scale_accumulators(acc, global);
     if constexpr (Cfg::kFusedActivation)
       swap_ab_store_activated<Cfg>(p.sm90.gemm, acc, tile, col0, after_barriers, (tile.rows + 31) / 32);
     else
@@ -563,7 +554,6 @@ struct ConverterShare {
       Cfg::kFp4 || Cfg::kScale == MixedScale::row || Cfg::kBlockScaleRows != BlockScaleRows::stored;
   float multiplier[kPerRow && !Cfg::kFp4 ? kPerThread : 1];
   unsigned scale_bytes[Cfg::kFp4 ? kPerThread : 1];
-  float global = 1.0f;  // NVFP4's, per expert
   int first;            // the group's first unit in the tile
   int index;            // the thread's in its group
 
@@ -575,10 +565,7 @@ struct ConverterShare {
   }
 
   __device__ void start_tile(const kjit_grouped_gemm_mixed_sm90_params& p, int expert, int n0) {
-    if constexpr (Cfg::kScale == MixedScale::nvfp4) {
-      global = p.b_global_scales[expert];
-      if constexpr (Cfg::kDivide) global = __frcp_rn(global);
-    } else if constexpr (Cfg::kScale == MixedScale::tensor) {
+    if constexpr (Cfg::kScale == MixedScale::tensor) {
       multiplier[0] = weight_multiplier<Cfg>(p.b_scales, expert, 0, 0);
     } else if constexpr (Cfg::kScale == MixedScale::row) {
 #pragma unroll
@@ -642,8 +629,8 @@ struct ConverterShare {
           for (int h = 0; h < 2; ++h) {
             unsigned first, second;
             e2m1x4_to_bf16x2x2(words[w], h, first, second);
-            b[2 * h] = apply_global<Cfg::kScale>(mul_bf16x2(first, scale), global);
-            b[2 * h + 1] = apply_global<Cfg::kScale>(mul_bf16x2(second, scale), global);
+            b[2 * h] = mul_bf16x2(first, scale);
+            b[2 * h + 1] = mul_bf16x2(second, scale);
           }
           store_shared_v4(row_base + 16 * ((4 * part + w) ^ (row % 8)), b[0], b[1], b[2], b[3]);
         }
@@ -694,12 +681,9 @@ __device__ __forceinline__ void weight_converter(const kjit_grouped_gemm_mixed_s
 // The consumers' side of converter warps (mainloop's Prepare): a stage is
 // ready once they have arrived on its converted barrier too.
 template <class Cfg>
-struct ConvertedByWarps {
-  static constexpr bool kConvertsAhead = false;
+struct ConvertedByWarps : NoPreparation {
   unsigned long long* converted;
   __device__ void wait(unsigned stage, unsigned phase) { mbarrier_wait(&converted[stage], phase); }
-  __device__ void start(int) {}
-  __device__ void convert(unsigned char*) {}
 };
 
 // Without converter warps (FP4), mainloop's Prepare of one tile: the consumer
@@ -709,16 +693,18 @@ struct ConvertedByWarps {
 // scales are read once it starts; a k-block's (`start`) before its stage is
 // waited for, as the converter warps do.
 template <class Cfg>
-struct OwnRowsConversion {
+struct OwnRowsConversion : NoPreparation {
   static constexpr bool kConvertsAhead = true;
   const kjit_grouped_gemm_mixed_sm90_params& p;
   const SwapAbTile& tile;
   ConverterShare<Cfg> share;
+  float global;  // expert_multiplier's
 
   __device__ OwnRowsConversion(const kjit_grouped_gemm_mixed_sm90_params& params, const SwapAbTile& t)
       : p(params),
         tile(t),
-        share(static_cast<int>(threadIdx.x / 128) * ConverterShare<Cfg>::kUnits, static_cast<int>(threadIdx.x % 128)) {
+        share(static_cast<int>(threadIdx.x / 128) * ConverterShare<Cfg>::kUnits, static_cast<int>(threadIdx.x % 128)),
+        global(expert_multiplier<Cfg>(params.b_global_scales, t.expert)) {
     share.start_tile(p, tile.expert, tile.n0);
   }
   __device__ void wait(unsigned, unsigned) {}
@@ -726,6 +712,10 @@ struct OwnRowsConversion {
   __device__ void convert(unsigned char* stage) {
     share.convert(stage, stage + Cfg::kWeightOperandOffset);
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  }
+  template <int kRegs>
+  __device__ void finish(float (&acc)[kRegs]) const {
+    scale_accumulators(acc, global);
   }
 };
 
@@ -755,7 +745,7 @@ __device__ __forceinline__ void grouped_gemm_mixed_sm90_converter(const kjit_gro
       [&](unsigned char* tiles, unsigned long long* full, unsigned long long* empty, unsigned char* after_barriers) {
         swap_ab_consumer<Cfg>(p.sm90, tiles, full, empty, after_barriers, [&](const SwapAbTile& tile) {
           if constexpr (Cfg::kConverterWarps > 0)
-            return ConvertedByWarps<Cfg>{converted_barriers<Cfg>(after_barriers)};
+            return ConvertedByWarps<Cfg>{{}, converted_barriers<Cfg>(after_barriers)};
           else
             return OwnRowsConversion<Cfg>(p, tile);
         });

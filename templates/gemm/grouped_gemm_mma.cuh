@@ -74,9 +74,12 @@ __device__ __forceinline__ void stage_bf16_weights(const kjit_grouped_gemm_param
 
 // The kernel, with `stage_weights(b_tile, expert, n0, k0)` filling the
 // weight tile (kBN rows of n, kBK k each, bf16, zeros past N and K) for
-// k-block k0: bf16 weights are copied, the mixed-input kernel's converted.
-template <class Cfg, class StageWeights>
-__device__ __forceinline__ void grouped_gemm_mma_with(const kjit_grouped_gemm_params& p, StageWeights stage_weights) {
+// k-block k0: bf16 weights are copied, the mixed-input kernel's converted;
+// `expert_multiplier(expert)` multiplies the expert's fp32 accumulators
+// before the epilogue (the mixed-input kernel's NVFP4 global; 1 otherwise).
+template <class Cfg, class StageWeights, class ExpertMultiplier>
+__device__ __forceinline__ void grouped_gemm_mma_with(const kjit_grouped_gemm_params& p, StageWeights stage_weights,
+                                                      ExpertMultiplier expert_multiplier) {
   if (!offsets_valid<Cfg>(p)) return;
 
   // Which expert and m-tile this block owns.
@@ -145,6 +148,13 @@ __device__ __forceinline__ void grouped_gemm_mma_with(const kjit_grouped_gemm_pa
   // a warp give output fragment g, columns from (n0 + warp_n) / 2.
   constexpr int kStep = Cfg::kFusedActivation ? 2 : 1;
   static_assert(Cfg::kFragsN % kStep == 0 && Cfg::kWarpN % (8 * kStep) == 0, "whole gate/up fragment pairs");
+  const float product_scale = expert_multiplier(expert);
+#pragma unroll
+  for (int i = 0; i < Cfg::kFragsM; ++i)
+#pragma unroll
+    for (int j = 0; j < Cfg::kFragsN; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[i][j][c] *= product_scale;
 #pragma unroll
   for (int i = 0; i < Cfg::kFragsM; ++i)
 #pragma unroll
@@ -176,8 +186,12 @@ __device__ __forceinline__ void grouped_gemm_mma_with(const kjit_grouped_gemm_pa
 
 template <class Cfg>
 __device__ __forceinline__ void grouped_gemm_mma(const kjit_grouped_gemm_params& p) {
-  grouped_gemm_mma_with<Cfg>(p, [&](unsigned short(&b_tile)[Cfg::kBN][Cfg::kStride], int expert, long long n0,
-                                    long long k0) { stage_bf16_weights<Cfg>(p, b_tile, expert, n0, k0); });
+  grouped_gemm_mma_with<Cfg>(
+      p,
+      [&](unsigned short(&b_tile)[Cfg::kBN][Cfg::kStride], int expert, long long n0, long long k0) {
+        stage_bf16_weights<Cfg>(p, b_tile, expert, n0, k0);
+      },
+      [](int) { return 1.0f; });
 }
 
 }  // namespace kjit

@@ -193,17 +193,22 @@ struct GatheredRows {
 };
 
 // What readies a stage for a consumer warpgroup's wgmmas beyond its full
-// barrier (mainloop's Prepare). Here nothing: TMA brought everything. The
-// converter kernel's (grouped_gemm_mixed_sm90.cuh) either waits for its
-// converter warps (`wait`: fp8 weights) or has the warpgroup convert its own
-// weight rows itself, a k-block ahead (kConvertsAhead: FP4; `start` reads
-// what k-block kb's conversion needs from global memory before its stage is
-// waited for, `convert` converts the stage).
+// barrier (mainloop's Prepare), and what the accumulator takes besides the
+// products. Here nothing: TMA brought everything. The converter kernel's
+// (grouped_gemm_mixed_sm90.cuh) either waits for its converter warps
+// (`wait`: fp8 weights) or has the warpgroup convert its own weight rows
+// itself, a k-block ahead (kConvertsAhead: FP4; `start` reads what k-block
+// kb's conversion needs from global memory before its stage is waited for,
+// `convert` converts the stage); `finish` multiplies the accumulator by what
+// the converted weights leave out (NVFP4's global) once the k-loop is done,
+// before the epilogue.
 struct NoPreparation {
   static constexpr bool kConvertsAhead = false;
   __device__ void wait(unsigned /*stage*/, unsigned /*phase*/) {}
   __device__ void start(int /*kb*/) {}
   __device__ void convert(unsigned char* /*stage*/) {}
+  template <int kRegs>
+  __device__ void finish(float (&)[kRegs]) const {}
 };
 
 // Syncs the consumer warpgroup on its own named barrier (1 + its index, as the epilogue's scratch does).

@@ -535,6 +535,7 @@ __device__ __forceinline__ void swap_ab_consumer(const kjit_grouped_gemm_sm90_pa
     if (!queue.take(i, walk, tile)) break;
     auto prepare = preparation(tile);
     swap_ab_tile<Cfg>(tile, acc, tiles, full, empty, it, prepare);
+    prepare.finish(acc);
     if constexpr (Cfg::kFusedActivation)
       swap_ab_store_activated<Cfg>(p.gemm, acc, tile, tile.n0 + threadIdx.x / 128 * 64, after_barriers,
                                    (tile.rows + 31) / 32);

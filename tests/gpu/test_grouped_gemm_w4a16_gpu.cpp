@@ -9,11 +9,14 @@
 //   conventions, row scales, bf16 and fp32 out, rows past the last offset
 //   untouched, and the portable kernel forced on the same GPU;
 // - the conversion itself, exactly: rows of A that are unit vectors make each
-//   output the converted weight (fp32 out), compared bit for bit with the
-//   reference over every e2m1 code and the scale bytes' whole finite range
-//   (UE8M0 0x00 = 2^-127 included: bf16 subnormal products);
+//   output the weight as the kernels accumulate it (fp32 out): MXFP4's
+//   converted weight, NVFP4's e2m1 x scale times its global multiplier in
+//   fp32 (the accumulator takes the global), compared bit for bit over every
+//   e2m1 code and the scale bytes' whole finite range (UE8M0 0x00 = 2^-127
+//   included: bf16 subnormal products);
 // - on Hopper, the default kernel bit for bit the bf16 swap-AB kernel of the
-//   same row tile on the reference's converted weights;
+//   same row tile on the converted weights (NVFP4: on e2m1 x scale, fp32 out,
+//   the global multiplied on the host);
 // - graph capture and replay.
 #include <doctest/doctest.h>
 
@@ -65,6 +68,52 @@ kjit::reference::MixedWeights weights_of(const Fp4Case& c, const Fp4Data& d) {
   w.block_scales = d.block_scales;
   w.global_scales = d.global_scales;
   return w;
+}
+
+// Expert e's weights as the tensor cores multiply them, fp32 values [N, K]:
+// e2m1 x group scale, exact in bf16 (NVFP4's global is left to the
+// accumulator).
+std::vector<float> tensor_core_weights(const Fp4Case& c, const Fp4Data& d, int64_t e) {
+  std::vector<float> out(static_cast<size_t>(c.n * c.k));
+  for (int64_t r = 0; r < c.n; ++r)
+    for (int64_t kk = 0; kk < c.k; ++kk) {
+      const uint8_t pair = d.w[static_cast<size_t>(((e * c.n + r) * c.k + kk) / 2)];
+      const uint8_t code = kk % 2 == 0 ? pair & 0xF : pair >> 4;
+      const uint8_t scale = d.block_scales[static_cast<size_t>((e * c.n + r) * (c.k / c.group()) + kk / c.group())];
+      out[static_cast<size_t>(r * c.k + kk)] =
+          c.nvfp4() ? kjit::reference::decode_e2m1(code) * kjit::reference::decode_e4m3fn(scale)
+                    : kjit::reference::fp4_weight_value(c.format, code, scale, 1.0f, c.convention);
+    }
+  return out;
+}
+
+// NVFP4's global multiplier of expert e, as the kernels apply it (DIVIDE: the fp32 reciprocal).
+float global_multiplier(const Fp4Case& c, const Fp4Data& d, int64_t e) {
+  const float g = d.global_scales[static_cast<size_t>(e)];
+  return c.convention == KJIT_SCALE_DIVIDE ? 1.0f / g : g;
+}
+
+// Expert e's weights as a unit-vector row of A reads them back (fp32 out):
+// tensor_core_weights, NVFP4's times its global multiplier (one fp32 rounding).
+std::vector<float> accumulated_weights(const Fp4Case& c, const Fp4Data& d, int64_t e) {
+  auto out = tensor_core_weights(c, d, e);
+  if (c.nvfp4())
+    for (auto& v : out) v *= global_multiplier(c, d, e);
+  return out;
+}
+
+// An fp32 output [rows, N] of the bf16 GEMM on tensor_core_weights, times each
+// routed row's expert's global multiplier, as the NVFP4 kernels' epilogues do.
+void multiply_by_globals(const Fp4Case& c, const Fp4Data& d, std::vector<uint8_t>& out) {
+  int64_t row = 0;
+  for (int64_t e = 0; e < c.experts(); ++e)
+    for (int32_t i = 0; i < c.counts[static_cast<size_t>(e)]; ++i, ++row)
+      for (int64_t n = 0; n < c.n; ++n) {
+        float v;
+        std::memcpy(&v, &out[static_cast<size_t>((row * c.n + n) * 4)], 4);
+        v *= global_multiplier(c, d, e);
+        std::memcpy(&out[static_cast<size_t>((row * c.n + n) * 4)], &v, 4);
+      }
 }
 
 // Scale bytes of moderate size for the tolerance checks (NVFP4: e4m3fn
@@ -292,10 +341,9 @@ TEST_CASE("W4A16 conversion is exact: unit-vector rows read every converted weig
         g.kernel = path.kernel;
         g.tile_m = path.tile_m;
         const auto out = grouped_gemm_output(g, b.out);
-        const auto w = weights_of(c, d);
         int64_t mismatches = 0;
         for (int64_t e = 0; e < c.experts(); ++e) {
-          const auto converted = kjit::reference::dequantize_mixed_expert(w, e);
+          const auto converted = accumulated_weights(c, d, e);
           for (int64_t kk = 0; kk < c.k; ++kk)
             for (int64_t n = 0; n < c.n; ++n) {
               float got;
@@ -327,14 +375,14 @@ TEST_CASE("W4A16 on Hopper: bit for bit the bf16 swap-AB kernel of the same row 
       c.n = 384;
       c.k = 1024;
       c.counts = {per_expert, 0, 2 * per_expert + 1, 7};
+      // NVFP4: fp32 out, so that the global's multiply can be repeated on the host bit for bit.
+      if (c.nvfp4()) c.out = KJIT_DTYPE_F32;
       const auto d = fp4_inputs(c);
       Fp4Buffers b(c, d);
-      // The reference's converted weights, as bf16 [E, N, K].
-      const auto w = weights_of(c, d);
+      // The weights the tensor cores multiply, as bf16 [E, N, K] (exact: e2m1 x group scale).
       std::vector<uint16_t> bf16_weights;
       for (int64_t e = 0; e < c.experts(); ++e)
-        for (float v : kjit::reference::dequantize_mixed_expert(w, e))
-          bf16_weights.push_back(kjit::reference::bf16_bits_rne(v));
+        for (float v : tensor_core_weights(c, d, e)) bf16_weights.push_back(kjit::reference::bf16_bits_rne(v));
       DeviceBuffer wb(0, bf16_weights.size() * 2);
       wb.upload(bf16_weights);
       auto g = b.desc(c);
@@ -360,7 +408,9 @@ TEST_CASE("W4A16 on Hopper: bit for bit the bf16 swap-AB kernel of the same row 
         f.tile_m = path.tile_m;
         const auto fp4 = grouped_gemm_output(f, b.out);
         g.tile_m = path.tile_m;
-        CHECK(fp4 == grouped_gemm_output(g, b.out));
+        auto want = grouped_gemm_output(g, b.out);
+        if (c.nvfp4()) multiply_by_globals(c, d, want);
+        CHECK(fp4 == want);
       }
     }
 }

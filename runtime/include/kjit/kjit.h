@@ -262,9 +262,12 @@ typedef struct kjit_grouped_gemm_desc {
    * [E, N, K / 2] bytes of pairs along K), N a multiple of 16 and K of 32, b_format NVFP4 or MXFP4,
    * b_block_scales LINEAR [E, N, K / 16] e4m3fn (NVFP4) or [E, N, K / 32] UE8M0 (MXFP4) bytes: gpt-oss's
    * `*_blocks` and `*_scales` as stored; NVFP4 also b_global_scales fp32 [E]. b_scales, b_scale_granularity and
-   * b_block_rows/cols stay unset. Each weight is converted as kjit_dequant_mx converts it: e2m1 x group scale
-   * (exact), NVFP4 then times the global scale (DIVIDE: times its fp32 reciprocal, as W8A16), rounded to
-   * nearest-even bf16; then bf16 tensor-core products with fp32 accumulation. */
+   * b_block_rows/cols stay unset. Each weight enters the bf16 tensor cores as e2m1 x group scale (exact in bf16:
+   * MXFP4's is kjit_dequant_mx's value), with fp32 accumulation; NVFP4's global scale then multiplies each
+   * expert's fp32 sums (DIVIDE: times its fp32 reciprocal, as W8A16), before the activation, row scale and
+   * rounding to the output. So NVFP4 products carry no rounding of the weights (kjit_dequant_mx rounds each
+   * e2m1 x scale x global to the output type): results differ from dequant + bf16 GEMM within the GEMM's
+   * tolerance, and are closer to the exact product. */
   kjit_block_format b_format;     /* W4A16 only (else UNSET) */
   const uint8_t* b_block_scales;  /* W4A16 only, device */
   const float* b_global_scales;   /* W4A16 NVFP4 only, device [E] */

@@ -71,9 +71,11 @@ inline float mixed_weight_value(kjit_dtype dtype, uint8_t code, float scale, kji
   return bf16_to_float(bf16_bits_rne(scaled));
 }
 
-// One FP4 weight as the W4A16 kernels convert it: e2m1 x group scale (exact
-// in fp32), NVFP4 then times the global (DIVIDE: times its fp32 reciprocal),
-// one fp32 rounding, then nearest-even bf16; as the fp32 value of that bf16.
+// One FP4 weight dequantised to bf16 (kjit_dequant_mx's value): e2m1 x group
+// scale (exact in fp32), NVFP4 then times the global (DIVIDE: times its fp32
+// reciprocal), one fp32 rounding, then nearest-even bf16; as the fp32 value of
+// that bf16. (The W4A16 kernels leave NVFP4's global to their fp32 sums:
+// kjit.h; they agree with this reference within the GEMM tolerance.)
 inline float fp4_weight_value(kjit_block_format format, uint8_t e2m1, uint8_t scale_byte, float global,
                               kjit_scale_convention convention) {
   float value;
