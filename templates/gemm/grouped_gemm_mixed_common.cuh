@@ -49,7 +49,7 @@ struct MixedGemmProblem
   static constexpr long long kScaleCols = (kStoredCols + KJIT_MIXED_SCALE_BLOCK - 1) / KJIT_MIXED_SCALE_BLOCK;
   static constexpr long long kGroupsPerRow = kStoredCols / kGroup;  // FP4: scale bytes per stored row
   static_assert(kN_ % 16 == 0 && kK_ % 16 == 0, "the host admits only N and K divisible by 16");
-  static_assert(!kFp4 || (!kWeightsKN_ && kK_ % 32 == 0), "FP4 weights: [E, N, K] with K a multiple of 32");
+  static_assert(!kFp4 || kStoredCols % 32 == 0, "FP4 weights: stored rows of whole 32-element units");
   // The fused activation pairs columns 8 apart in swap_ab_store_activated; per-row scales follow their rows,
   // block scales are found through the checkpoint's layout.
   static_assert(kActivation_ == Activation::none || !kWeightsKN_, "a fused activation: [E, N, K] weights");

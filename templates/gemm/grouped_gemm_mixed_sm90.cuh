@@ -88,6 +88,7 @@ struct GroupedGemmMixedSm90Config : MixedSwapAbShape<Problem, kBM_, kStages_, KJ
   static constexpr int kProducerRegisters = 56, kConsumerRegisters = 224;
   static constexpr int kConverterWarps = 0;  // the register kernel converts in its consumers
   static_assert(kStageBytes % 1024 == 0, "every stage starts on a swizzle period");
+  static_assert(!(Problem::kFp4 && Problem::kWeightsKN), "FP4 weights read [E, K, N] run the converter kernel");
 };
 
 // Every thread fills the FP4 tables before the pipeline's first sync (which publishes them).
@@ -106,8 +107,9 @@ struct Fp8WeightTileCopy {
   static __device__ __forceinline__ void copy(const kjit_grouped_gemm_sm90_params& p, unsigned char* tile, int n0,
                                               int k0, int expert, unsigned long long* bar) {
     namespace ptx = cuda::ptx;
-    const int k_bytes = Cfg::kFp4 ? k0 / 2 : k0;
-    const int coords[3] = {Cfg::kWeightsKN ? n0 : k_bytes, Cfg::kWeightsKN ? k_bytes : n0, expert};
+    // The stored row's coordinate (bytes: a code, or a pair of FP4 elements) and the stored row's.
+    const int along = Cfg::kWeightsKN ? n0 : k0, row = Cfg::kWeightsKN ? k0 : n0;
+    const int coords[3] = {Cfg::kFp4 ? along / 2 : along, row, expert};
     ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, tile, &p.b_map, coords, bar);
   }
 };
@@ -503,7 +505,7 @@ struct GroupedGemmMixedConverterConfig : MixedSwapAbShape<Problem, kBM_, kStages
   static constexpr int kRowChunks = 1;
   static constexpr int kWeightOperandOffset = kWTileBytes + kBM * kBK * 2;  // the bf16 weight tile
   static constexpr int kStageBytes = kWeightOperandOffset + kBN * kBK * 2;
-  static constexpr bool kOperandAMnMajor = false;
+  static constexpr bool kOperandAMnMajor = Problem::kWeightsKN;  // [E, K, N]: the bf16 kernel's MN-major chunks
   // fp8 weights: the rest of the producer warpgroup converts; FP4: the consumers, their own rows (above says why).
   static constexpr int kConverterWarps = Problem::kFp4 ? 0 : 3 - kLoaderWarps;
   // Stages, alignment slack, two mbarriers per stage, scratch, queue, with
@@ -518,7 +520,8 @@ struct GroupedGemmMixedConverterConfig : MixedSwapAbShape<Problem, kBM_, kStages
   // warpgroup's 56 and the consumers' 224, as the bf16 kernel's.
   static constexpr int kProducerRegisters = kConverterWarps > 0 ? 88 : 56;
   static constexpr int kConsumerRegisters = kConverterWarps > 0 ? 208 : 224;
-  static_assert(!Problem::kWeightsKN, "the converter kernel reads [E, N, K] weights");
+  static_assert(!Problem::kWeightsKN || Problem::kFp4,
+                "the converter kernel reads fp8 weights [E, N, K] (the register kernel serves their [E, K, N])");
   static_assert(kConverterWarps > 0 || kStages >= 3,
                 "converting its own rows, a warpgroup waits for the next stage before handing back the one before");
   static_assert(kWTileBytes % 1024 == 0 && kStageBytes % 1024 == 0, "every operand tile starts on a swizzle period");
@@ -535,17 +538,22 @@ __device__ __forceinline__ void store_shared_v4(unsigned address, unsigned a, un
 }
 
 // One converting thread's share of a stage: 16-byte units of the landing
-// tile (16 fp8 codes, or 32 FP4 elements, of one row), every kThreads-th of
-// its group's units from its index in the group on; a row's units are
-// consecutive, so 8 lanes read 128 contiguous bytes. The group: the converter
-// warps, over the tile's 128 rows, or (none: FP4) one consumer warpgroup, over
-// its own 64 rows. The scales of those units are read before the stage is
-// waited for.
+// tile (16 fp8 codes, or 32 FP4 elements, of one stored row), every
+// kThreads-th of its group's units from its index in the group on; a row's
+// units are consecutive, so 8 lanes read 128 contiguous bytes. The group: the
+// converter warps, over the tile's 128 rows, or (none: FP4) one consumer
+// warpgroup, over its own 64 weight rows: with [E, K, N] FP4 weights (the
+// stored [E, N, K / 2] read for dX) its own 64 output columns, the `half` of
+// each landing row (64 stored rows of 64 bytes, the GEMM's k x n) that it
+// multiplies. The scales of those units are read before the stage is waited
+// for.
 template <class Cfg>
 struct ConverterShare {
   static constexpr bool kOwnRows = Cfg::kConverterWarps == 0;
-  static constexpr int kUnitsPerRow = Cfg::kFp4 ? Cfg::kBK / 32 : Cfg::kBK / 16;
-  static constexpr int kUnits = (kOwnRows ? 64 : Cfg::kBN) * kUnitsPerRow;  // the group's
+  static constexpr bool kKN = Cfg::kWeightsKN;  // FP4 pairs only (GroupedGemmMixedConverterConfig)
+  // The group's units per landing row, and its landing rows.
+  static constexpr int kUnitsPerRow = kKN ? 2 : Cfg::kFp4 ? Cfg::kBK / 32 : Cfg::kBK / 16;
+  static constexpr int kUnits = (kKN ? Cfg::kBK : kOwnRows ? 64 : Cfg::kBN) * kUnitsPerRow;  // the group's
   static constexpr int kThreads = kOwnRows ? 128 : 32 * Cfg::kConverterWarps;
   static constexpr int kPerThread = (kUnits + kThreads - 1) / kThreads;
   // fp8: one multiplier per unit (its row's, or the tile's 128 x 128 block's);
@@ -556,9 +564,14 @@ struct ConverterShare {
   unsigned scale_bytes[Cfg::kFp4 ? kPerThread : 1];
   int first;            // the group's first unit in the tile
   int index;            // the thread's in its group
+  int half;             // [E, K, N]: the group's half of each landing row (its consumer warpgroup)
 
-  __device__ ConverterShare(int group_first, int thread_index) : first(group_first), index(thread_index) {}
+  __device__ ConverterShare(int group_first, int thread_index, int row_half = 0)
+      : first(group_first), index(thread_index), half(row_half) {}
   __device__ int unit(int i) const { return first + index + kThreads * i; }
+  // Unit i's landing row, and its 16-byte unit in that row (32 elements of the stored row from 32 x that).
+  __device__ int row_of(int i) const { return unit(i) / kUnitsPerRow; }
+  __device__ int part_of(int i) const { return (kKN ? kUnitsPerRow * half : 0) + unit(i) % kUnitsPerRow; }
   // Whether the thread has an i-th unit (a group's units need not split evenly over its threads).
   __device__ bool has(int i) const {
     return kUnits % kThreads == 0 || i < kPerThread - 1 || index + kThreads * i < kUnits;
@@ -578,13 +591,14 @@ struct ConverterShare {
     if constexpr (Cfg::kFp4) {
 #pragma unroll
       for (int i = 0; i < kPerThread; ++i) {
-        scale_bytes[i] = 0u;  // rows past N and units past K: their codes are TMA's zero fill
-        const long long row = n0 + unit(i) / kUnitsPerRow;
-        const long long element = k0 + 32 * (unit(i) % kUnitsPerRow);  // the unit's first
-        if (!has(i) || row >= Cfg::kStoredRows || element >= Cfg::kK) continue;
+        scale_bytes[i] = 0u;  // stored rows and columns past the tensor's: their codes are TMA's zero fill
+        // The unit's stored row and its first element along it.
+        const long long row = (kKN ? k0 : n0) + row_of(i);
+        const long long element = (kKN ? n0 : k0) + 32 * part_of(i);
+        if (!has(i) || row >= Cfg::kStoredRows || element >= Cfg::kStoredCols) continue;
         const unsigned char* run =
             p.b_block_scales + (expert * Cfg::kStoredRows + row) * Cfg::kGroupsPerRow + element / Cfg::kGroup;
-        // NVFP4: two bytes, 2-byte aligned (K / 16 and element / 16 are even).
+        // NVFP4: two bytes, 2-byte aligned (the stored row's length / 16 and element / 16 are even).
         scale_bytes[i] = Cfg::kScale == MixedScale::nvfp4 ? __ldg(reinterpret_cast<const unsigned short*>(run))
                                                           : __ldg(run);
       }
@@ -598,19 +612,23 @@ struct ConverterShare {
     }
   }
 
-  // Converts the share's units of `landing` into the bf16 tile `out` (row r's
-  // 16-byte unit u at r * 128 + 16 (u ^ (r % 8)): TMA's 128-byte swizzle).
+  // Converts the share's units of `landing` into the bf16 tile `out` in the
+  // layout TMA gives bf16 weights (128-byte swizzle): [E, N, K], 128 rows of
+  // 64 k, row r's 16-byte unit u at r * 128 + 16 (u ^ (r % 8)); [E, K, N], two
+  // MN-major chunks of 64 output columns (one per consumer warpgroup) 8 KB
+  // apart, each 64 k-rows of 128 bytes swizzled alike.
   __device__ void convert(const unsigned char* landing, unsigned char* out) const {
     const unsigned from = static_cast<unsigned>(__cvta_generic_to_shared(landing));
     const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(out));
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
-      const int u = unit(i);
       if (!has(i)) break;
-      const int row = u / kUnitsPerRow, part = u % kUnitsPerRow;
-      const uint4 v = load_shared_v4(from + 16 * u);
+      const int row = row_of(i), part = part_of(i);
+      // [E, K, N]: 64-byte landing rows, 64-byte swizzled (unit u of row r at u ^ (r / 2 % 4)), so that the
+      // 32 lanes' units of their warpgroup's half fall on distinct banks.
+      const uint4 v = load_shared_v4(from + (kKN ? row * 64 + 16 * (part ^ (row >> 1 & 3)) : 16 * unit(i)));
       const unsigned words[4] = {v.x, v.y, v.z, v.w};
-      const unsigned row_base = to + row * 128;
+      const unsigned row_base = to + (kKN ? half * 64 * 128 : 0) + row * 128;
       if constexpr (Cfg::kFp4) {
         // 32 elements: four 16-byte bf16 units, each from one word (8 nibbles, 4 of each pair order); NVFP4's
         // two groups of 16 take two words each. Bit operations, not Fp4Tables' lookups: with the table (and a
@@ -632,7 +650,7 @@ struct ConverterShare {
             b[2 * h] = mul_bf16x2(first, scale);
             b[2 * h + 1] = mul_bf16x2(second, scale);
           }
-          store_shared_v4(row_base + 16 * ((4 * part + w) ^ (row % 8)), b[0], b[1], b[2], b[3]);
+          store_shared_v4(row_base + 16 * ((4 * (part % 2) + w) ^ (row % 8)), b[0], b[1], b[2], b[3]);
         }
       } else {
         const float m = multiplier[kPerRow ? i : 0];
@@ -703,7 +721,8 @@ struct OwnRowsConversion : NoPreparation {
   __device__ OwnRowsConversion(const kjit_grouped_gemm_mixed_sm90_params& params, const SwapAbTile& t)
       : p(params),
         tile(t),
-        share(static_cast<int>(threadIdx.x / 128) * ConverterShare<Cfg>::kUnits, static_cast<int>(threadIdx.x % 128)),
+        share(Cfg::kWeightsKN ? 0 : static_cast<int>(threadIdx.x / 128) * ConverterShare<Cfg>::kUnits,
+              static_cast<int>(threadIdx.x % 128), static_cast<int>(threadIdx.x / 128)),
         global(expert_multiplier<Cfg>(params.b_global_scales, t.expert)) {
     share.start_tile(p, tile.expert, tile.n0);
   }

@@ -45,6 +45,7 @@ struct Fp4Case {
   kjit_expert_offsets offsets = KJIT_OFFSETS_CUMULATIVE_END;
   bool row_scale = false;
   kjit_dtype out = KJIT_DTYPE_BF16;
+  kjit_weight_layout layout = KJIT_WEIGHTS_E_N_K;  // E_K_N: the stored [E, N, K / 2] read for dX (GEMM n, k swapped)
 
   int64_t experts() const { return static_cast<int64_t>(counts.size()); }
   int64_t routed() const { return std::accumulate(counts.begin(), counts.end(), int64_t{0}); }
@@ -52,17 +53,24 @@ struct Fp4Case {
   int64_t out_bytes() const { return out == KJIT_DTYPE_F32 ? 4 : 2; }
   int64_t group() const { return format == KJIT_BLOCK_FORMAT_NVFP4 ? 16 : 32; }
   bool nvfp4() const { return format == KJIT_BLOCK_FORMAT_NVFP4; }
+  // The stored tensor [E, R, C / 2] and its scale bytes [E, R, C / group].
+  int64_t stored_rows() const { return layout == KJIT_WEIGHTS_E_N_K ? n : k; }
+  int64_t stored_cols() const { return layout == KJIT_WEIGHTS_E_N_K ? k : n; }
+  // Where the GEMM's W_e(n, k) lies in the stored order [R, C].
+  int64_t stored_index(int64_t col, int64_t kk) const {
+    return layout == KJIT_WEIGHTS_E_N_K ? col * k + kk : kk * n + col;
+  }
 };
 
 struct Fp4Data {
   std::vector<uint16_t> a;  // bf16 bits [rows, K]
-  std::vector<uint8_t> w;   // pairs [E, N, K / 2]
-  std::vector<uint8_t> block_scales;  // [E, N, K / group]
+  std::vector<uint8_t> w;   // pairs [E, R, C / 2] (Fp4Case::stored_rows, stored_cols)
+  std::vector<uint8_t> block_scales;  // [E, R, C / group]
   std::vector<float> global_scales, row_scale;
 };
 
 kjit::reference::MixedWeights weights_of(const Fp4Case& c, const Fp4Data& d) {
-  kjit::reference::MixedWeights w{d.w, {}, KJIT_DTYPE_F4_E2M1, KJIT_WEIGHTS_E_N_K, KJIT_SCALE_INVALID,
+  kjit::reference::MixedWeights w{d.w, {}, KJIT_DTYPE_F4_E2M1, c.layout, KJIT_SCALE_INVALID,
                                   c.convention, c.experts(), c.n, c.k};
   w.format = c.format;
   w.block_scales = d.block_scales;
@@ -70,17 +78,18 @@ kjit::reference::MixedWeights weights_of(const Fp4Case& c, const Fp4Data& d) {
   return w;
 }
 
-// Expert e's weights as the tensor cores multiply them, fp32 values [N, K]:
-// e2m1 x group scale, exact in bf16 (NVFP4's global is left to the
-// accumulator).
+// Expert e's weights as the tensor cores multiply them, fp32 values in the
+// stored order [R, C]: e2m1 x group scale, exact in bf16 (NVFP4's global is
+// left to the accumulator).
 std::vector<float> tensor_core_weights(const Fp4Case& c, const Fp4Data& d, int64_t e) {
-  std::vector<float> out(static_cast<size_t>(c.n * c.k));
-  for (int64_t r = 0; r < c.n; ++r)
-    for (int64_t kk = 0; kk < c.k; ++kk) {
-      const uint8_t pair = d.w[static_cast<size_t>(((e * c.n + r) * c.k + kk) / 2)];
-      const uint8_t code = kk % 2 == 0 ? pair & 0xF : pair >> 4;
-      const uint8_t scale = d.block_scales[static_cast<size_t>((e * c.n + r) * (c.k / c.group()) + kk / c.group())];
-      out[static_cast<size_t>(r * c.k + kk)] =
+  const int64_t rows = c.stored_rows(), cols = c.stored_cols();
+  std::vector<float> out(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t col = 0; col < cols; ++col) {
+      const uint8_t pair = d.w[static_cast<size_t>(((e * rows + r) * cols + col) / 2)];
+      const uint8_t code = col % 2 == 0 ? pair & 0xF : pair >> 4;
+      const uint8_t scale = d.block_scales[static_cast<size_t>((e * rows + r) * (cols / c.group()) + col / c.group())];
+      out[static_cast<size_t>(r * cols + col)] =
           c.nvfp4() ? kjit::reference::decode_e2m1(code) * kjit::reference::decode_e4m3fn(scale)
                     : kjit::reference::fp4_weight_value(c.format, code, scale, 1.0f, c.convention);
     }
@@ -136,7 +145,7 @@ Fp4Data fp4_inputs(const Fp4Case& c) {
   std::uniform_int_distribution<int> byte(0, 255);
   d.w.resize(static_cast<size_t>(c.experts() * c.n * c.k / 2));
   for (auto& v : d.w) v = static_cast<uint8_t>(byte(rng()));  // every e2m1 code, both nibbles
-  d.block_scales.resize(static_cast<size_t>(c.experts() * c.n * (c.k / c.group())));
+  d.block_scales.resize(static_cast<size_t>(c.experts() * c.stored_rows() * (c.stored_cols() / c.group())));
   for (auto& s : d.block_scales) s = moderate_scale(c);
   std::uniform_real_distribution<float> log2_global(-2.0f, 2.0f);
   if (c.nvfp4()) {
@@ -176,7 +185,7 @@ struct Fp4Buffers {
     g.n = c.n;
     g.k = c.k;
     g.experts = c.experts();
-    g.weights = KJIT_WEIGHTS_E_N_K;
+    g.weights = c.layout;
     g.offsets_convention = c.offsets;
     g.a = a.get();
     g.b = w.get();
@@ -203,7 +212,7 @@ void run_fp4_gemm(const Fp4Case& c) {
       c.row_scale ? std::span<const float>(d.row_scale) : std::span<const float>());
   Fp4Buffers b(c, d);
   const auto row_bytes = static_cast<size_t>(c.n * c.out_bytes());
-  for (const auto& path : mixed_kernel_paths(is_hopper(), KJIT_WEIGHTS_E_N_K)) {
+  for (const auto& path : mixed_kernel_paths(is_hopper(), c.layout, true)) {
     CAPTURE(path.kernel);
     CAPTURE(path.tile_m);
     auto g = b.desc(c);
@@ -232,6 +241,40 @@ TEST_CASE("W4A16: both formats, NVFP4's global multiplied and divided, uneven ro
       c.extra_rows = 11;
       c.format = format;
       c.convention = convention;
+      run_fp4_gemm(c);
+    }
+}
+
+TEST_CASE("W4A16 read [E, K, N] (the stored [E, N, K / 2] for the backward pass's dX): both formats, uneven "
+          "routing with empty experts, N no multiple of the 128-column tile, K of the 64-row stage") {
+  for (auto format : {KJIT_BLOCK_FORMAT_NVFP4, KJIT_BLOCK_FORMAT_MXFP4}) {
+    CAPTURE(format);
+    Fp4Case c;
+    c.layout = KJIT_WEIGHTS_E_K_N;
+    c.format = format;
+    c.convention = format == KJIT_BLOCK_FORMAT_NVFP4 ? KJIT_SCALE_DIVIDE : KJIT_SCALE_MULTIPLY;
+    c.n = 160;  // the stored rows' length (pairs, scale groups): the checkpoint's K
+    c.k = 208;  // the stored rows: the checkpoint's N
+    c.counts = {70, 0, 300, 1, 129};
+    c.extra_rows = 3;
+    c.out = format == KJIT_BLOCK_FORMAT_NVFP4 ? KJIT_DTYPE_F32 : KJIT_DTYPE_BF16;
+    run_fp4_gemm(c);
+  }
+}
+
+TEST_CASE("W4A16 read [E, K, N]: every row-tile bucket on gpt-oss's K = N = 2880 (short last k-block), row scales") {
+  for (auto format : {KJIT_BLOCK_FORMAT_NVFP4, KJIT_BLOCK_FORMAT_MXFP4})
+    for (int per_expert : {3, 48, 150}) {
+      CAPTURE(format);
+      CAPTURE(per_expert);
+      Fp4Case c;
+      c.layout = KJIT_WEIGHTS_E_K_N;
+      c.format = format;
+      c.n = 2880;
+      c.k = 2880;
+      c.counts = {per_expert, 0, per_expert + 5, per_expert / 2, 0};
+      c.extra_rows = 2;
+      c.row_scale = per_expert == 48;
       run_fp4_gemm(c);
     }
 }
@@ -312,19 +355,22 @@ TEST_CASE("W4A16: both offset conventions, row scales, bf16 and fp32 out, one ro
 TEST_CASE("W4A16 conversion is exact: unit-vector rows read every converted weight back, bit for bit") {
   // Row r of A is the unit vector e_(r % K) and routes to expert r / K, so out[r, n] (fp32) = w_e(n, r % K)
   // exactly: one product by 1.0 and zeros (every weight finite).
+  for (auto layout : {KJIT_WEIGHTS_E_N_K, KJIT_WEIGHTS_E_K_N})
   for (auto format : {KJIT_BLOCK_FORMAT_NVFP4, KJIT_BLOCK_FORMAT_MXFP4})
     for (auto convention : {KJIT_SCALE_MULTIPLY, KJIT_SCALE_DIVIDE}) {
       if (format == KJIT_BLOCK_FORMAT_MXFP4 && convention == KJIT_SCALE_DIVIDE) continue;
-      for (const auto& path : mixed_kernel_paths(is_hopper(), KJIT_WEIGHTS_E_N_K)) {
+      for (const auto& path : mixed_kernel_paths(is_hopper(), layout, true)) {
+        CAPTURE(layout);
         CAPTURE(format);
         CAPTURE(convention);
         CAPTURE(path.kernel);
         CAPTURE(path.tile_m);
         Fp4Case c;
+        c.layout = layout;
         c.format = format;
         c.convention = convention;
-        c.n = 160;
-        c.k = 224;
+        c.n = layout == KJIT_WEIGHTS_E_N_K ? 160 : 224;  // the stored rows 160 x 224 elements either way
+        c.k = layout == KJIT_WEIGHTS_E_N_K ? 224 : 160;
         c.counts = {static_cast<int32_t>(c.k), static_cast<int32_t>(c.k)};
         c.out = KJIT_DTYPE_F32;
         auto d = fp4_inputs(c);
@@ -348,7 +394,7 @@ TEST_CASE("W4A16 conversion is exact: unit-vector rows read every converted weig
             for (int64_t n = 0; n < c.n; ++n) {
               float got;
               std::memcpy(&got, &out[static_cast<size_t>(((e * c.k + kk) * c.n + n) * 4)], 4);
-              const float want = converted[static_cast<size_t>(n * c.k + kk)];
+              const float want = converted[static_cast<size_t>(c.stored_index(n, kk))];
               uint32_t got_bits, want_bits;
               std::memcpy(&got_bits, &got, 4);
               std::memcpy(&want_bits, &want, 4);
@@ -366,11 +412,14 @@ TEST_CASE("W4A16 on Hopper: bit for bit the bf16 swap-AB kernel of the same row 
     MESSAGE("skipped: the SM90 kernels need a Hopper GPU");
     return;
   }
+  for (auto layout : {KJIT_WEIGHTS_E_N_K, KJIT_WEIGHTS_E_K_N})
   for (auto format : {KJIT_BLOCK_FORMAT_NVFP4, KJIT_BLOCK_FORMAT_MXFP4})
     for (int per_expert : {6, 100}) {
+      CAPTURE(layout);
       CAPTURE(format);
       CAPTURE(per_expert);
       Fp4Case c;
+      c.layout = layout;
       c.format = format;
       c.n = 384;
       c.k = 1024;
@@ -379,7 +428,7 @@ TEST_CASE("W4A16 on Hopper: bit for bit the bf16 swap-AB kernel of the same row 
       if (c.nvfp4()) c.out = KJIT_DTYPE_F32;
       const auto d = fp4_inputs(c);
       Fp4Buffers b(c, d);
-      // The weights the tensor cores multiply, as bf16 [E, N, K] (exact: e2m1 x group scale).
+      // The weights the tensor cores multiply, as bf16 in the stored order (exact: e2m1 x group scale).
       std::vector<uint16_t> bf16_weights;
       for (int64_t e = 0; e < c.experts(); ++e)
         for (float v : tensor_core_weights(c, d, e)) bf16_weights.push_back(kjit::reference::bf16_bits_rne(v));
@@ -394,13 +443,13 @@ TEST_CASE("W4A16 on Hopper: bit for bit the bf16 swap-AB kernel of the same row 
       g.b_scale_convention = KJIT_SCALE_CONVENTION_UNSET;
       g.kernel = KJIT_GEMM_KERNEL_SM90_SWAP_AB;
       g.tile_n = 128;
-      // The register-operand kernel at the tile its bucket picks (32 up to 32 rows per expert, 64 to 64, else
-      // 128), and the converter kernel at 64 and 256.
+      // The register-operand kernel ([E, N, K] only) at the tile its bucket picks (32 up to 32 rows per expert,
+      // 64 to 64, else 128), and the converter kernel at 64 and 256 (the bf16 kernel reading [E, K, N] like it).
       const int64_t average = c.rows() / c.experts();
       const int32_t bucket_tile = average <= 32 ? 32 : average <= 64 ? 64 : 128;
-      for (const auto& path : {MixedKernelPath{KJIT_GEMM_KERNEL_SM90, bucket_tile},
-                               MixedKernelPath{KJIT_GEMM_KERNEL_SM90_CONVERTER, 64},
-                               MixedKernelPath{KJIT_GEMM_KERNEL_SM90_CONVERTER, 256}}) {
+      std::vector<MixedKernelPath> paths{{KJIT_GEMM_KERNEL_SM90_CONVERTER, 64}, {KJIT_GEMM_KERNEL_SM90_CONVERTER, 256}};
+      if (layout == KJIT_WEIGHTS_E_N_K) paths.push_back({KJIT_GEMM_KERNEL_SM90, bucket_tile});
+      for (const auto& path : paths) {
         CAPTURE(path.kernel);
         CAPTURE(path.tile_m);
         auto f = b.desc(c);

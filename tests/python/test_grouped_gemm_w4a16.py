@@ -2,9 +2,10 @@
 bfloat16 a and uint8 w holding NVFP4 / MXFP4 pairs): against a float64
 reference of the weights decoded here from the format's definition (e2m1
 table, e4m3fn or UE8M0 scale bytes, NVFP4's global multiplied or divided,
-each weight rounded to bf16 as the kernel does); gpt-oss's stored MXFP4
-layout ([E, N, K/32, 16] blocks viewed as [E, N, K/2]); a CUDA graph; argument
-errors (no GPU needed)."""
+each weight rounded to bf16 as kjit.dequant_mx gives it); gpt-oss's stored
+MXFP4 layout ([E, N, K/32, 16] blocks viewed as [E, N, K/2]); the forward /
+backward pair on one stored stack (weights 'e_n_k' and 'e_k_n') against torch
+autograd; a CUDA graph; argument errors (no GPU needed)."""
 
 import pytest
 
@@ -120,7 +121,7 @@ def raises_naming(text):
     (dict(w_scale_convention=None), "w_scale_convention is required with nvfp4"),
     (dict(w_global_scale=None), "w_global_scale is required with nvfp4"),
     (dict(w_scale=None), "w_scale is required"),
-    (dict(weights="e_k_n"), "weights='e_n_k'"),
+    (dict(weights="e_k_n"), r"a must be \[rows, 64\]"),  # the same storage read backwards: K = its 64 rows
 ])
 def test_w4a16_argument_errors_name_the_argument(change, message):
     with FakeTensorMode():
@@ -142,6 +143,60 @@ def test_w4a16_arguments_that_fit_reach_the_op():
             assert (out.shape, out.dtype) == ((8, 64), bf16)
 
 
+def test_w4a16_backward_reading_takes_the_stored_stack_and_its_scales():
+    """weights='e_k_n': the stored [E, R, C / 2] read as [E, K, N] = [E, R, C]; the scale bytes stay over the
+    stored rows ([E, R, C / group]), and C must hold whole 32-element units."""
+    with FakeTensorMode():
+        for fmt in ("nvfp4", "mxfp4"):
+            _, w, offsets, scale, global_scale = fake_operands(fmt)  # stored [2, 64, 64]: R 64, C 128
+            extra = dict(w_global_scale=global_scale, w_scale_convention="multiply") if fmt == "nvfp4" else {}
+            out = kjit.grouped_gemm(cuda(8, 64, dtype=bf16), w, offsets, weights="e_k_n",
+                                    offsets_convention="cumulative_end", w_format=fmt, w_scale=scale, **extra)
+            assert (out.shape, out.dtype) == ((8, 128), bf16)
+            with raises_naming("w_scale must be"):
+                kjit.grouped_gemm(cuda(8, 64, dtype=bf16), w, offsets, weights="e_k_n",
+                                  offsets_convention="cumulative_end", w_format=fmt,
+                                  w_scale=scale.transpose(1, 2).contiguous(), **extra)
+        _, w, offsets, _, _ = fake_operands("mxfp4", n=64, k=80)  # stored rows of 80 elements: not whole units
+        with raises_naming("C of 32"):
+            kjit.grouped_gemm(cuda(8, 64, dtype=bf16), w, offsets, weights="e_k_n",
+                              offsets_convention="cumulative_end", w_format="mxfp4", w_scale=cuda(2, 64, 2, dtype=u8))
+
+
+@needs_gpu
+@pytest.mark.parametrize("fmt,convention", [("nvfp4", "divide"), ("mxfp4", None)])
+def test_the_forward_and_backward_pair_on_one_fp4_stack_match_torch_autograd(fmt, convention):
+    """y = x . W_e^T per expert segment ('e_n_k') and dX = dY . W_e ('e_k_n') from the same FP4 storage
+    [E, N, K / 2] and scale bytes, against autograd on the dequantised weights in fp32."""
+    g = torch.Generator().manual_seed(12)
+    counts = [40, 0, 77, 1, 130, 0, 8]
+    experts, n, k = len(counts), 384, 2880  # gpt-oss's K: the backward's N, no multiple of the 128-column tile
+    w, scale, global_scale = fp4_problem(fmt, experts, n, k, "cuda", g)
+    rows = sum(counts)
+    ends = torch.tensor(counts, dtype=i32).cumsum(0).to(i32).cuda()
+    x = torch.randn(rows, k, generator=g).to(bf16).cuda()
+    dy = torch.randn(rows, n, generator=g).to(bf16).cuda()
+
+    x_ref = x.float().requires_grad_()
+    w_deq = decode(w, scale, fmt, global_scale, convention or "multiply").cuda()
+    segments, start = [], 0
+    for e, end in enumerate(ends.tolist()):
+        segments.append(x_ref[start:end] @ w_deq[e].T)
+        start = end
+    y_ref = torch.cat(segments)
+    (y_ref * dy.float()).sum().backward()
+
+    args = dict(offsets_convention="cumulative_end", w_format=fmt, w_scale=scale, w_global_scale=global_scale,
+                w_scale_convention=convention)
+    y = kjit.grouped_gemm(x, w, ends, weights="e_n_k", **args)
+    dx = kjit.grouped_gemm(dy, w, ends, weights="e_k_n", **args)
+    kjit.check_device_errors(0)
+    assert y.shape == (rows, n) and dx.shape == (rows, k)
+    err_y = ((y.double() - y_ref.detach().double()).norm() / y_ref.norm()).item()
+    err_dx = ((dx.double() - x_ref.grad.double()).norm() / x_ref.grad.norm()).item()
+    assert err_y <= TOLERANCE and err_dx <= TOLERANCE, (err_y, err_dx)
+
+
 def test_w4a16_scale_shapes_and_format_rules():
     with FakeTensorMode():
         check_scale_shapes_and_format_rules()
@@ -159,7 +214,7 @@ def check_scale_shapes_and_format_rules():
     with raises_naming("UE8M0 multipliers"):
         kjit.grouped_gemm(a, w, offsets, out=out, offsets_convention="cumulative_end", w_format="mxfp4",
                           w_scale=scale, w_scale_convention="divide")
-    with raises_naming("K of 32"):
+    with raises_naming("C of 32"):
         kjit.grouped_gemm(cuda(8, 48, dtype=bf16), cuda(2, 64, 24, dtype=u8), offsets, out=out,
                           offsets_convention="cumulative_end", w_format="mxfp4", w_scale=cuda(2, 64, 1, dtype=u8))
     with raises_naming("needs bfloat16 a"):

@@ -15,8 +15,11 @@ measured in the same run (read + write counted, as the W8A16 benchmark
 does). "err" is W4A16's relative Frobenius error against kjit bf16 on the
 same weights converted to bf16 by torch, from the format's definition.
 
+With --weights e_k_n every provider reads its stored stack [E, K, N / 2]
+(FP4), [E, K, N] (fp8, bf16) backwards, as the backward pass's dX does.
+
     PYTHONPATH=runtime/python python3 tools/bench/bench_w4a16_gemm.py [--format nvfp4|mxfp4] [--json FILE]
-        [--rounds 3] [--shapes 0,1]
+        [--rounds 3] [--shapes 0,1] [--weights e_k_n]
 """
 
 import argparse
@@ -41,11 +44,12 @@ DECODE_ROWS = 1024
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
 
 
-def fp4_weights(fmt, E, N, K):
-    """Random pairs [E, N, K/2] (every code), scale bytes of ~1/sqrt(K)-sized weights, NVFP4's global."""
+def fp4_weights(fmt, E, N, K, reduce_dim=None):
+    """Random pairs [E, N, K/2] (every code), scale bytes of ~1/sqrt(reduce_dim)-sized weights (the GEMM's K:
+    by default this stack's K), NVFP4's global."""
     w = torch.randint(0, 256, (E, N, K // 2), dtype=torch.uint8, device="cuda")
     group = 16 if fmt == "nvfp4" else 32
-    target = -0.5 * math.log2(K) - 1  # log2 of a weight scale giving unit-variance outputs
+    target = -0.5 * math.log2(reduce_dim or K) - 1  # log2 of a weight scale giving unit-variance outputs
     if fmt == "nvfp4":
         # e4m3fn bytes near 2^(target + 3) times a global of 2^-3
         exponent = torch.randint(int(target) + 3 + 7 - 1, int(target) + 3 + 7 + 2, (E, N, K // group), device="cuda")
@@ -89,6 +93,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=3, help="alternating timings per shape (medians)")
     parser.add_argument("--shapes", help="comma-separated indices into the shape list (default: all): "
                         + ", ".join(f"{i}: {s}" for i, s in enumerate(SHAPES)))
+    parser.add_argument("--weights", default="e_n_k", choices=["e_n_k", "e_k_n"],
+                        help="how the stored stacks are read: [E, N, K] (forward) or [E, K, N] (backward's dX)")
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -96,16 +102,18 @@ def main():
     decode_stack = max((E * N * K // 2 for E, K, N, M in shapes if M < DECODE_ROWS), default=0)
     copy_bw = copy_bandwidth(decode_stack) if decode_stack else None
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "format": args.format,
-              "kernel": args.kernel,
+              "kernel": args.kernel, "weights": args.weights,
               "copy_tb_s": copy_bw / 1e12 if copy_bw else None, "copy_bytes": decode_stack or None, "rows": []}
     print(f"device: {result['device']}, torch {torch.__version__}, format {args.format}" +
           (f", D2D copy of {decode_stack / 1e6:.0f} MB: {copy_bw / 1e12:.2f} TB/s" if copy_bw else ""))
     print(f"{'E':>4} {'K':>6} {'N':>6} {'rows':>6} | {'w4a16 us':>9} {'TFLOP/s':>7} | {'w8a16 us':>9} {'TFLOP/s':>7} | "
           f"{'bf16 us':>9} {'TFLOP/s':>7} | {'vs w8a16':>8} {'vs bf16':>7} | {'fp4 % copy':>10} | {'err':>7}")
     for E, K, N, M in shapes:
-        w4, scale4, global4 = fp4_weights(args.format, E, N, K)
+        # The stored stacks [E, R, C]: R, C = N, K read [E, N, K]; K, N read [E, K, N].
+        R, C = (N, K) if args.weights == "e_n_k" else (K, N)
+        w4, scale4, global4 = fp4_weights(args.format, E, R, C, reduce_dim=K)
         w_bf16 = decode_to_bf16(args.format, w4, scale4, global4)
-        codes8, scales8 = fp8_block_weights(E, N, K, reduce_dim=K)
+        codes8, scales8 = fp8_block_weights(E, R, C, reduce_dim=K)
         a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
         ends = uniform_ends(E, M)
         out4 = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
@@ -114,16 +122,17 @@ def main():
         convention = "multiply" if args.format == "nvfp4" else None
 
         def run_w4a16():
-            kjit.grouped_gemm(a, w4, ends, offsets_convention="cumulative_end", out=out4, w_format=args.format,
-                              w_scale=scale4, w_global_scale=global4, w_scale_convention=convention,
-                              kernel=args.kernel)
+            kjit.grouped_gemm(a, w4, ends, weights=args.weights, offsets_convention="cumulative_end", out=out4,
+                              w_format=args.format, w_scale=scale4, w_global_scale=global4,
+                              w_scale_convention=convention, kernel=args.kernel)
 
         def run_w8a16():
-            kjit.grouped_gemm(a, codes8, ends, offsets_convention="cumulative_end", out=out8, w_scale=scales8,
-                              w_block=(FP8_BLOCK, FP8_BLOCK), w_scale_convention="multiply", kernel=args.kernel)
+            kjit.grouped_gemm(a, codes8, ends, weights=args.weights, offsets_convention="cumulative_end", out=out8,
+                              w_scale=scales8, w_block=(FP8_BLOCK, FP8_BLOCK), w_scale_convention="multiply",
+                              kernel=args.kernel)
 
         def run_bf16():
-            kjit.grouped_gemm(a, w_bf16, ends, offsets_convention="cumulative_end", out=out16)
+            kjit.grouped_gemm(a, w_bf16, ends, weights=args.weights, offsets_convention="cumulative_end", out=out16)
 
         run_w4a16()
         run_w8a16()

@@ -43,6 +43,7 @@ cases=(
   "fp8_gemm|grouped_gemm_fp8|one expert owning every row (333, no multiple of any tile), and a single expert"
   "w8a16_gemm|grouped_gemm_mixed|one expert owning every row (333, no multiple of any tile), and one expert with partial scale blocks"
   "w4a16_gemm|grouped_gemm_mixed|W4A16: both formats, NVFP4's global multiplied and divided, uneven routing with empty experts"
+  "w4a16_gemm_kn|grouped_gemm_mixed|W4A16 read [E, K, N] (the stored [E, N, K / 2] for the backward pass's dX): both formats, uneven routing with empty experts, N no multiple of the 128-column tile, K of the 64-row stage"
   "mx_dequant|mx_dequant|DeepSeek-V3 and gpt-oss shapes are bit-exact: NVFP4 K 7168 / 2048 swizzled, MXFP4 K 2880 linear"
   "mx_quantize|mx_quantize|a swizzled layout writes every padding byte 0 and each expert at its 128-row-padded base"
   "mx_scale_layout|mx_scale_layout|device offsets of both conventions, empty experts and rows past the last offset"

@@ -113,7 +113,10 @@ Expected<double> check_grouped_gemm_mixed(Runtime& runtime, DeviceState& device,
     w.global_scales = global;
     return w;
   };
-  const int64_t scales_per_expert = fp4 ? n * (k / group) : expert_weights({}, {}, {}, {}).scales_per_expert();
+  // FP4: a scale byte per group of the stored rows ([E, N, K / 2] read [E, N, K] or [E, K, N]).
+  const auto stored = expert_weights({}, {}, {}, {});
+  const int64_t scales_per_expert =
+      fp4 ? stored.stored_rows() * (stored.stored_cols() / group) : stored.scales_per_expert();
 
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<uint16_t> a(static_cast<size_t>(rows * k));

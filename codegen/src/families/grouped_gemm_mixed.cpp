@@ -51,17 +51,18 @@ Expected<void> validate_problem(const GroupedGemmMixedSpec& s) {
   if (static_cast<size_t>(s.weight) >= kWeightNames.size())
     return invalid("grouped_gemm_mixed weights must be f8_e4m3fn, f8_e5m2, nvfp4 or mxfp4");
   if (is_fp4(s.weight)) {
-    if (s.weights != WeightLayout::e_n_k)
-      return invalid(fmt::format("grouped_gemm_mixed {} weights are read [E, N, K] only (pairs along K)",
-                                 name(s.weight)));
     if (s.weight_scale != ScaleGranularity::per_block)
       return invalid(fmt::format("grouped_gemm_mixed {} weights carry their format's block scales (weight_scale "
                                  "per_block), not {}",
                                  name(s.weight), name(s.weight_scale)));
     if (s.weight == MixedWeight::mxfp4 && s.scale_convention != ScaleConvention::multiply)
       return invalid("grouped_gemm_mixed mxfp4 scales are UE8M0 multipliers (scale_convention multiply)");
-    if (s.k % 32 != 0)
-      return invalid(fmt::format("grouped_gemm_mixed {} needs K a multiple of 32, got {}", name(s.weight), s.k));
+    // The stored [E, N, K / 2] rows (K for the forward pass, the GEMM's N when read [E, K, N] for dX) are
+    // whole 32-element units: pairs, scale groups of 16 or 32, 16-byte loads.
+    const bool kn = s.weights == WeightLayout::e_k_n;
+    if ((kn ? s.n : s.k) % 32 != 0)
+      return invalid(fmt::format("grouped_gemm_mixed {} needs the stored rows' length ({}) a multiple of 32, got {}",
+                                 name(s.weight), kn ? "N for [E, K, N]" : "K", kn ? s.n : s.k));
   }
   for (const auto& [value, what] : {std::pair{s.n, "N"}, std::pair{s.k, "K"}})
     if (value < 16 || value % 16 != 0 || value > kMaxDimension)
@@ -116,8 +117,15 @@ Expected<void> validate_configuration(const GroupedGemmMixedSpec& s) {
     return invalid(fmt::format("grouped_gemm_mixed {} is not supported ({}: tile_m 32 to {} in steps of 32, "
                                "tile_n {}, 2 stages up to what fits in 227 KB)",
                                tile, name(s.kernel), max_rows, kSm90TileN));
-  if (s.kernel == MixedGemmKernel::wgmma_sm90_converter && s.weights != WeightLayout::e_n_k)
-    return invalid(fmt::format("grouped_gemm_mixed {} reads [E, N, K] weights only; [E, K, N] runs wgmma_sm90", tile));
+  // [E, K, N]: fp8 codes run the register kernel (ldmatrix.trans hands out their fragments); FP4 pairs, which
+  // have no such load on Hopper, run the converter kernel.
+  if (s.kernel == MixedGemmKernel::wgmma_sm90_converter && s.weights != WeightLayout::e_n_k && !is_fp4(s.weight))
+    return invalid(fmt::format("grouped_gemm_mixed {} reads fp8 weights [E, N, K] only; [E, K, N] runs wgmma_sm90",
+                               tile));
+  if (s.kernel == MixedGemmKernel::wgmma_sm90 && s.weights != WeightLayout::e_n_k && is_fp4(s.weight))
+    return invalid(fmt::format("grouped_gemm_mixed {} reads {} weights [E, N, K] only; [E, K, N] runs "
+                               "wgmma_sm90_converter",
+                               tile, name(s.weight)));
   // FP4 weights are converted by the consumers, each its own rows of the next stage before handing back the one
   // before it (GroupedGemmMixedConverterConfig).
   if (s.kernel == MixedGemmKernel::wgmma_sm90_converter && is_fp4(s.weight) && s.stages < 3)
@@ -128,14 +136,16 @@ Expected<void> validate_configuration(const GroupedGemmMixedSpec& s) {
 // Hopper's instructions: wgmma_sm90's m64n<tile_m>k16 bf16 with the weights
 // from registers (every tile runs at the tallest height, as the FP8
 // kernel's); the converter kernel's, the bf16 swap-AB kernel's m64n<rows>k16
-// from shared memory for every tile height, as KjitWgmmaRows<rows>.
+// from shared memory for every tile height, as KjitWgmmaRows<rows> (its
+// weights MN-major when read [E, K, N]).
 std::string sm90_wgmma_wrappers(const GroupedGemmMixedSpec& s) {
   if (s.kernel == MixedGemmKernel::wgmma_sm90)
     return wgmma_wrapper("struct KjitWgmmaMixed", {.n = s.tile_m, .operands = WgmmaOperands::bf16, .register_a = true});
   std::string out = "template <int kRows>\nstruct KjitWgmmaRows;\n";
   for (int rows = 32; rows <= s.tile_m; rows += 32)
     out += wgmma_wrapper(fmt::format("template <>\nstruct KjitWgmmaRows<{}>", rows),
-                         {.n = rows, .operands = WgmmaOperands::bf16});
+                         {.n = rows, .operands = WgmmaOperands::bf16,
+                          .transpose_a = s.weights == WeightLayout::e_k_n});  // FP4 [E, K, N]: MN-major weights
   return out;
 }
 
@@ -172,15 +182,19 @@ Expected<std::vector<GroupedGemmMixedSpec>> requested_configs(const GroupedGemmM
                             arch.target));
   if (request.cluster > 1)
     return fail(KJIT_ERROR_UNSUPPORTED, "the W8A16 grouped GEMM kernels run without clusters (cluster 0 or 1)");
-  if (request.kernel == Kernel::sm90_converter && problem.weights != WeightLayout::e_n_k)
-    return fail(KJIT_ERROR_UNSUPPORTED, "the W8A16 converter kernel reads [E, N, K] weights only; [E, K, N] runs "
+  const bool fp4_kn = is_fp4(problem.weight) && problem.weights == WeightLayout::e_k_n;
+  if (request.kernel == Kernel::sm90_converter && problem.weights != WeightLayout::e_n_k && !fp4_kn)
+    return fail(KJIT_ERROR_UNSUPPORTED, "the W8A16 converter kernel reads fp8 weights [E, N, K] only; [E, K, N] runs "
                                         "the register-operand kernel (KJIT_GEMM_KERNEL_SM90)");
+  if ((request.kernel == Kernel::sm90 || request.kernel == Kernel::sm90_swap_ab) && fp4_kn)
+    return fail(KJIT_ERROR_UNSUPPORTED, "FP4 weights read [E, K, N] run the converter kernel "
+                                        "(KJIT_GEMM_KERNEL_SM90_CONVERTER or the default), not the register-operand one");
   auto configs = request.kernel == Kernel::portable ? std::vector{portable_config(problem)}
                                                     : grouped_gemm_mixed_configs(problem, arch);
   // A forced SM90 kernel serves every bucket, at its own row tile for the bucket.
   constexpr std::array kRegisterRows{32, 64, kSm90MaxRows}, kConverterRows{64, 128, kConverterMaxRows};
   for (size_t bucket = 0; bucket < configs.size() && is_sm90(configs[bucket].kernel); ++bucket) {
-    if (request.kernel == Kernel::sm90_converter)
+    if (request.kernel == Kernel::sm90_converter || fp4_kn)
       configs[bucket] = sm90_config(problem, kConverterRows[bucket], MixedGemmKernel::wgmma_sm90_converter);
     else if (request.kernel != Kernel::arch_default)
       configs[bucket] = sm90_config(problem, kRegisterRows[bucket]);
@@ -418,7 +432,12 @@ std::vector<GroupedGemmMixedSpec> grouped_gemm_mixed_configs(const GroupedGemmMi
   // at the config's full height, so decode (a few rows per expert) takes
   // 32-row tiles, up to 64 rows per expert 64; prefill runs the converter
   // kernel ([E, N, K]; its tiles are as tall as their rows, up to 256) or,
-  // for [E, K, N], 128-row tiles.
+  // for fp8 [E, K, N], 128-row tiles. FP4 [E, K, N] runs the converter kernel
+  // in every bucket (the register kernel has no fragment load for it).
+  if (is_fp4(problem.weight) && problem.weights == WeightLayout::e_k_n)
+    return {sm90_config(problem, 64, MixedGemmKernel::wgmma_sm90_converter),
+            sm90_config(problem, 128, MixedGemmKernel::wgmma_sm90_converter),
+            sm90_config(problem, kConverterMaxRows, MixedGemmKernel::wgmma_sm90_converter)};
   const auto prefill = problem.weights == WeightLayout::e_n_k
                            ? sm90_config(problem, kConverterMaxRows, MixedGemmKernel::wgmma_sm90_converter)
                            : sm90_config(problem, kSm90MaxRows);

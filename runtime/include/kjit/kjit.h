@@ -258,9 +258,10 @@ typedef struct kjit_grouped_gemm_desc {
    * with A in the bf16 tensor cores with fp32 accumulation. */
   kjit_scale_convention b_scale_convention; /* W8A16: MULTIPLY or DIVIDE (no default). W8A8: UNSET or MULTIPLY.
                                                W4A16: NVFP4's global scale, MULTIPLY or DIVIDE; MXFP4: MULTIPLY */
-  /* W4A16 (FP4 weights, bf16 activations): b_dtype KJIT_DTYPE_F4_E2M1, weights KJIT_WEIGHTS_E_N_K (b is
-   * [E, N, K / 2] bytes of pairs along K), N a multiple of 16 and K of 32, b_format NVFP4 or MXFP4,
-   * b_block_scales LINEAR [E, N, K / 16] e4m3fn (NVFP4) or [E, N, K / 32] UE8M0 (MXFP4) bytes: gpt-oss's
+  /* W4A16 (FP4 weights, bf16 activations): b_dtype KJIT_DTYPE_F4_E2M1, b the stored [E, R, C / 2] bytes of
+   * pairs along its rows, read as W8A16's: KJIT_WEIGHTS_E_N_K for the forward pass (N, K = R, C) and
+   * KJIT_WEIGHTS_E_K_N for the backward pass's dX (N, K = C, R); R a multiple of 16 and C of 32, b_format NVFP4 or
+   * MXFP4, b_block_scales LINEAR [E, R, C / 16] e4m3fn (NVFP4) or [E, R, C / 32] UE8M0 (MXFP4) bytes: gpt-oss's
    * `*_blocks` and `*_scales` as stored; NVFP4 also b_global_scales fp32 [E]. b_scales, b_scale_granularity and
    * b_block_rows/cols stay unset. Each weight enters the bf16 tensor cores as e2m1 x group scale (exact in bf16:
    * MXFP4's is kjit_dequant_mx's value), with fp32 accumulation; NVFP4's global scale then multiplies each

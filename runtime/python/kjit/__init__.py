@@ -582,27 +582,29 @@ def _check_w8a16_scales(w, n, k, a_scale, w_scale, w_scale_convention, w_block) 
 
 
 def _check_w4a16(w, n, k, weights, a_scale, w_scale, w_format, w_global_scale, w_scale_convention) -> None:
-    """The W4A16 weights and scales as kjit.h states them: w uint8 [E, N, K / 2]
-    pairs, w_scale [E, N, K / 16] e4m3fn bytes (NVFP4: uint8 or float8_e4m3fn)
-    or [E, N, K / 32] UE8M0 bytes (MXFP4: uint8, or float8_e8m0fnu where torch
-    has it), NVFP4's w_global_scale fp32 [E] with its convention."""
+    """The W4A16 weights and scales as kjit.h states them: w the stored uint8
+    [E, R, C / 2] pairs (R, C = N, K for weights 'e_n_k'; K, N for 'e_k_n'),
+    w_scale over it, [E, R, C / 16] e4m3fn bytes (NVFP4: uint8 or
+    float8_e4m3fn) or [E, R, C / 32] UE8M0 bytes (MXFP4: uint8, or
+    float8_e8m0fnu where torch has it), NVFP4's w_global_scale fp32 [E] with
+    its convention."""
     experts = w.shape[0]
     if w_format not in ("nvfp4", "mxfp4"):
         raise _invalid(f"uint8 w holds FP4 pairs (W4A16): w_format must be 'nvfp4' or 'mxfp4', got {w_format!r}")
-    if weights != "e_n_k":
-        raise _invalid("FP4 weights are read as stored, weights='e_n_k' ([E, N, K / 2] pairs along K)")
     if a_scale is not None:
         raise _invalid("a_scale must be None with bfloat16 a (W4A16)")
-    if n % 16 != 0 or k % 32 != 0:
-        raise _invalid(f"W4A16 needs N a multiple of 16 and K of 32, got N {n}, K {k}")
+    rows, cols = (n, k) if weights == "e_n_k" else (k, n)  # the stored tensor's
+    if rows % 16 != 0 or cols % 32 != 0:
+        raise _invalid(f"W4A16 needs the stored [E, R, C / 2] pairs with R a multiple of 16 and C of 32, got R {rows}, "
+                       f"C {cols} (weights={weights!r})")
     group = 16 if w_format == "nvfp4" else 32
-    expected = [experts, n, k // group]
+    expected = [experts, rows, cols // group]
     if w_scale is None:
         raise _invalid(f"w_scale is required with {w_format} w: {expected} scale bytes (one per {group} elements)")
     _check_tensor("w_scale", w_scale, _MX_SCALES[w_format], device=w.device)
     if list(w_scale.shape) != expected:
-        raise _invalid(f"w_scale must be {expected} ({w_format}: one scale byte per {group} elements along K, "
-                       f"linear), got {list(w_scale.shape)}")
+        raise _invalid(f"w_scale must be {expected} ({w_format}: one scale byte per {group} elements along the "
+                       f"stored rows, linear), got {list(w_scale.shape)}")
     if w_format == "nvfp4":
         if w_global_scale is None:
             raise _invalid(f"w_global_scale is required with nvfp4 w: fp32 [{experts}] (one per expert)")
@@ -647,6 +649,13 @@ def _gemm_out_columns(n, activation) -> int:
     return n // 2 if activation is not None else n
 
 
+def _gemm_dims(w, weights, fp4):
+    """The GEMM's (N, K) of the stored stack w as `weights` reads it: [E, N, K] ('e_n_k') or [E, K, N] ('e_k_n');
+    FP4 w holds pairs along its last dimension."""
+    rows, cols = w.shape[1], w.shape[2] * (2 if fp4 else 1)
+    return (rows, cols) if weights == "e_n_k" else (cols, rows)
+
+
 def _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, cluster_axis, a_scale=None,
                 w_scale=None, w_block=(_FP8_GEMM_BLOCK, _FP8_GEMM_BLOCK), w_scale_convention=None, w_format=None,
                 w_global_scale=None, activation=None, activation_alpha=1.702, activation_limit=7.0,
@@ -682,9 +691,7 @@ def _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kern
     if w.dim() != 3:
         raise _invalid(f"w must be [E, N, K] or [E, K, N], got {list(w.shape)}")
     experts = w.shape[0]
-    n, k = (w.shape[1], w.shape[2]) if weights == "e_n_k" else (w.shape[2], w.shape[1])
-    if operands == "w4a16":
-        k = 2 * w.shape[2]  # pairs
+    n, k = _gemm_dims(w, weights, operands == "w4a16")
     if a.dim() != 2 or a.shape[1] != k:
         raise _invalid(f"a must be [{'tokens' if sorted_to_flat is not None else 'rows'}, {k}], got "
                        f"{list(a.shape)}")
@@ -722,13 +729,13 @@ def _gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kerne
                w_scale_convention=None, w_global_scale=None, activation=None, activation_alpha=1.702,
                activation_limit=7.0, gate_up_layout=None, sorted_to_flat=None, top_k=0) -> _GroupedGemmDesc:
     experts = w.shape[0]
-    n, k = (w.shape[1], w.shape[2]) if weights == "e_n_k" else (w.shape[2], w.shape[1])
+    w4a16 = w_scale_granularity in _BLOCK_FORMAT  # uint8 w: FP4 pairs
+    n, k = _gemm_dims(w, weights, w4a16)
     d = _GroupedGemmDesc()
     library().kjit_grouped_gemm_desc_init(ctypes.byref(d))
-    w4a16 = w_scale_granularity in _BLOCK_FORMAT  # uint8 w: FP4 pairs, K twice its last dimension
     d.a_dtype, d.out_dtype = _dtype_code(a.dtype), _dtype_code(out.dtype)
     d.b_dtype = _F4_E2M1 if w4a16 else _dtype_code(w.dtype)
-    d.rows, d.n, d.k, d.experts = a.shape[0], n, 2 * w.shape[2] if w4a16 else k, experts
+    d.rows, d.n, d.k, d.experts = a.shape[0], n, k, experts
     d.weights, d.offsets_convention = _WEIGHTS[weights], _OFFSETS[offsets_convention]
     d.a, d.b, d.out, d.offsets = a.data_ptr(), w.data_ptr(), out.data_ptr(), offsets.data_ptr()
     d.row_scale = row_scale.data_ptr() if row_scale is not None else None
@@ -798,14 +805,17 @@ def grouped_gemm(a, w, offsets, *, weights="e_n_k", offsets_convention, row_scal
     required: 'multiply' (w = code * scale) or 'divide' (w = code / scale);
     each weight is rounded to bf16 as kjit.dequant_fp8 rounds it.
 
-    W4A16 (FP4 weights converted to bf16 inside the kernel): a bfloat16, w
-    uint8 [E, N, K / 2] (e2m1 pairs, element 2i in the low nibble of byte i;
-    gpt-oss's `*_blocks` [E, N, K / 32, 16] viewed as [E, N, K / 2]),
-    weights='e_n_k', N a multiple of 16 and K of 32, w_format 'nvfp4' or
-    'mxfp4', w_scale the linear scale bytes [E, N, K / 16] (NVFP4 e4m3fn: uint8
-    or float8_e4m3fn) or [E, N, K / 32] (MXFP4 UE8M0: uint8), and for NVFP4
-    w_global_scale fp32 [E] with w_scale_convention 'multiply' (ModelOpt
-    weight_scale_2) or 'divide' (compressed-tensors weight_global_scale).
+    W4A16 (FP4 weights converted to bf16 inside the kernel): a bfloat16, w the
+    stored uint8 [E, R, C / 2] (e2m1 pairs, element 2i in the low nibble of
+    byte i; gpt-oss's `*_blocks` [E, R, C / 32, 16] viewed as [E, R, C / 2]),
+    read as W8A16's: weights='e_n_k' for the forward pass (N, K = R, C) and
+    'e_k_n' for the backward dX (N, K = C, R); R a multiple of 16 and C of 32,
+    w_format 'nvfp4' or 'mxfp4', w_scale the linear scale bytes over the
+    stored rows, [E, R, C / 16] (NVFP4 e4m3fn: uint8 or float8_e4m3fn) or
+    [E, R, C / 32] (MXFP4 UE8M0: uint8), and for NVFP4 w_global_scale fp32
+    [E] with w_scale_convention 'multiply' (ModelOpt weight_scale_2) or
+    'divide' (compressed-tensors weight_global_scale), which multiplies each
+    expert's fp32 sums.
 
     A fused MoE activation (bf16 a and w): activation 'silu_mul' or
     'swiglu_oai' (gpt-oss's clamp; activation_alpha, activation_limit), kjit.h
@@ -830,7 +840,7 @@ def grouped_gemm(a, w, offsets, *, weights="e_n_k", offsets_convention, row_scal
     if out is None:
         operands = _check_gemm_operands(a, w)
         _check_choice("weights", weights, _WEIGHTS)
-        n = w.shape[1] if weights == "e_n_k" or operands == "w4a16" else w.shape[2]
+        n, _ = _gemm_dims(w, weights, operands == "w4a16")
         rows = a.shape[0] if sorted_to_flat is None else sorted_to_flat.shape[0]
         out = torch.empty(rows, _gemm_out_columns(n, activation), dtype=out_dtype or torch.bfloat16, device=a.device)
     operands, granularity = _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel,
@@ -843,7 +853,7 @@ def grouped_gemm(a, w, offsets, *, weights="e_n_k", offsets_convention, row_scal
                                      tile_n, cluster, cluster_axis, activation or "none", float(activation_alpha),
                                      float(activation_limit), sorted_to_flat, top_k, stream)
     elif operands == "w4a16":
-        _torch_ops.grouped_gemm_w4a16_(a, w, w_scale.view(torch.uint8), w_global_scale, offsets, out,
+        _torch_ops.grouped_gemm_w4a16_(a, w, w_scale.view(torch.uint8), w_global_scale, offsets, out, weights,
                                            offsets_convention, row_scale, w_format, w_scale_convention, kernel,
                                            tile_m, tile_n, activation or "none", float(activation_alpha),
                                            float(activation_limit), sorted_to_flat, top_k, stream)

@@ -142,16 +142,17 @@ def grouped_gemm_w8a16_(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
                  a.device, stream)
 
 
-# The W4A16 grouped GEMM: bf16 a, FP4 pairs w [E, N, K / 2] (uint8) with their
-# scale bytes (uint8) and NVFP4's global scales; w_format 'nvfp4' or 'mxfp4'.
+# The W4A16 grouped GEMM: bf16 a, FP4 pairs w, the stored [E, R, C / 2] (uint8)
+# in either orientation (weights), with their scale bytes (uint8) over it and
+# NVFP4's global scales; w_format 'nvfp4' or 'mxfp4'.
 @_op("grouped_gemm_w4a16_", ("out",))
 def grouped_gemm_w4a16_(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, w_global_scale: Optional[torch.Tensor],
-                        offsets: torch.Tensor, out: torch.Tensor, offsets_convention: str,
+                        offsets: torch.Tensor, out: torch.Tensor, weights: str, offsets_convention: str,
                         row_scale: Optional[torch.Tensor], w_format: str, w_scale_convention: Optional[str],
                         kernel: str, tile_m: int, tile_n: int, activation: str, activation_alpha: float,
                         activation_limit: float, sorted_to_flat: Optional[torch.Tensor], top_k: int,
                         stream: Optional[int]) -> None:
-    _launch_gemm(_gemm_desc(a, w, offsets, out, "e_n_k", offsets_convention, row_scale, kernel, tile_m, tile_n, 0,
+    _launch_gemm(_gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n, 0,
                             "m", None, w_scale, w_format, w_scale_convention, w_global_scale,
                             activation=None if activation == "none" else activation,
                             activation_alpha=activation_alpha, activation_limit=activation_limit,

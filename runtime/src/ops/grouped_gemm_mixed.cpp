@@ -45,9 +45,6 @@ Expected<codegen::MixedWeight> fp4_weight_of(const kjit_grouped_gemm_desc& d) {
                                "_MXFP4; there is no default, got {}",
                                static_cast<int>(d.b_format)));
   const bool nvfp4 = d.b_format == KJIT_BLOCK_FORMAT_NVFP4;
-  if (d.weights != KJIT_WEIGHTS_E_N_K)
-    return fail(KJIT_ERROR_UNSUPPORTED, "W4A16 weights are read as stored, KJIT_WEIGHTS_E_N_K ([E, N, K / 2] pairs "
-                                        "along K); the [E, K, N] reading is not implemented");
   if (d.b_scales != nullptr || d.b_scale_granularity != KJIT_SCALE_INVALID || d.b_block_rows != 0 ||
       d.b_block_cols != 0)
     return invalid("W4A16 weights carry their format's scale bytes in b_block_scales (and NVFP4's b_global_scales): "
@@ -68,7 +65,9 @@ Expected<codegen::MixedWeight> fp4_weight_of(const kjit_grouped_gemm_desc& d) {
 // 128 k-rows, both 128-byte swizzled; FP4 [E, N, K / 2] in boxes of 64 bytes
 // (128 elements) x tile_n rows, 64-byte swizzled. wgmma_sm90_converter:
 // [E, N, K] in boxes of 64 k (64 codes, or 32 bytes of FP4 pairs) x tile_n
-// rows, unswizzled (its converter warps read whole 16-byte units of a row).
+// rows, unswizzled (its converter warps read whole 16-byte units of a row);
+// FP4 [E, K, N] (the stored [E, N, K / 2] read for dX) in boxes of tile_n / 2
+// bytes (tile_n output columns) x 64 stored rows (k), 64-byte swizzled.
 // grouped_gemm_mixed_sm90.cuh reads them so.
 Expected<void> encode_weight_map(const DriverApi& api, const codegen::GroupedGemmMixedSpec& s,
                                  kjit_grouped_gemm_sm90_params& p) {
@@ -76,6 +75,13 @@ Expected<void> encode_weight_map(const DriverApi& api, const codegen::GroupedGem
   constexpr cuuint32_t kKBlock = KJIT_MIXED_K_BLOCK;
   const auto n = static_cast<cuuint64_t>(s.n), k = static_cast<cuuint64_t>(s.k);
   const auto e = static_cast<cuuint64_t>(s.experts);
+  if (s.kernel == codegen::MixedGemmKernel::wgmma_sm90_converter && s.weights == codegen::WeightLayout::e_k_n) {
+    const cuuint64_t dims[3] = {n / 2, k, e};
+    const cuuint64_t strides[2] = {n / 2, k * (n / 2)};
+    const cuuint32_t box[3] = {static_cast<cuuint32_t>(s.tile_n) / 2, KJIT_SM90_K_BLOCK, 1};
+    return encode_tensor_map(api, p.b_map, kBytes, p.gemm.b, 3, dims, strides, box,
+                             "B [E, K, N] (FP4 pairs of the stored [E, N, K / 2], converter)", CU_TENSOR_MAP_SWIZZLE_64B);
+  }
   if (s.kernel == codegen::MixedGemmKernel::wgmma_sm90_converter) {
     const bool fp4 = codegen::is_fp4(s.weight);
     const cuuint64_t row_bytes = fp4 ? k / 2 : k;

@@ -33,9 +33,9 @@ struct MixedWeights {
   kjit_scale_granularity granularity;
   kjit_scale_convention convention;
   int64_t experts, n, k;  // the GEMM's
-  // W4A16 (dtype KJIT_DTYPE_F4_E2M1, E_N_K): `codes` holds the pairs [E, N, K / 2], `scales` is unused, and
-  // these the format, its LINEAR scale bytes [E, N, K / group] and NVFP4's global scales [E] (`convention`
-  // says how the global applies).
+  // W4A16 (dtype KJIT_DTYPE_F4_E2M1): `codes` holds the stored pairs [E, R, C / 2] (R, C as stored_rows(),
+  // stored_cols() say), `scales` is unused, and these the format, its LINEAR scale bytes [E, R, C / group] and
+  // NVFP4's global scales [E] (`convention` says how the global applies).
   kjit_block_format format = KJIT_BLOCK_FORMAT_UNSET;
   std::span<const uint8_t> block_scales = {};
   std::span<const float> global_scales = {};
