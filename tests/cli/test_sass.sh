@@ -28,7 +28,7 @@ unset KJIT_CACHE_PATH
 # epilogue), a dequant, the routing kernels, the fp8 quantizer, the FP8
 # GEMM in both weight scalings (its rows-on-M kernel too, 128 and 256 weight
 # rows wide), the W8A16 (also fused over block scales, both gate/up layouts) and W4A16
-# GEMMs, the MX quantizer in every form, the MX dequant and scale-layout kernels, the MoE activation in every
+# GEMMs (MXFP4 read both ways), the MX quantizer in every form, the MX dequant and scale-layout kernels, the MoE activation in every
 # form, and the gathering (sorted_to_flat) bf16 and W8A16 / W4A16 GEMMs.
 cat > "$work/sass.json" <<'JSON'
 {"kjit_manifest": 1, "name": "sass check", "kernels": [
@@ -65,7 +65,7 @@ cat > "$work/sass.json" <<'JSON'
   {"op": "grouped_gemm_mixed", "out": "bf16", "n": 4096, "k": 7168, "experts": 32, "weights": "e_n_k",
    "weight": ["f8_e4m3fn", "mxfp4"], "weight_scale": "per_block", "scale_convention": "multiply",
    "offsets": "cumulative_end", "gather": true},
-  {"op": "grouped_gemm_mixed", "out": "f32", "n": 2880, "k": 2880, "experts": 128, "weights": "e_n_k",
+  {"op": "grouped_gemm_mixed", "out": "f32", "n": 2880, "k": 2880, "experts": 128, "weights": ["e_n_k", "e_k_n"],
    "weight": "mxfp4", "weight_scale": "per_block", "scale_convention": "multiply", "offsets": "cumulative_end",
    "row_scale": true},
   {"op": "mx_quantize", "format": "nvfp4", "k": 7168, "scale_layout": ["linear", "swizzled_128x4"],
@@ -203,10 +203,11 @@ done < "$work/entries.txt"
 # portable kernel per problem on sm_100a and sm_120a.
 [ "$fp8_sm90" -eq 6 ] || fail "expected 6 SM90 FP8 GEMM kernels, read $fp8_sm90"
 [ "$fp8_portable" -eq 4 ] || fail "expected 4 portable FP8 GEMM kernels, read $fp8_portable"
-# W8A16 five problems (two fused over block scales, one gathering), W4A16 three (one gathering), three sm_90a
-# buckets each (row tiles of 32 and 64; prefill the converter kernel's 256, or for [E, K, N] 128); one portable
-# kernel per problem on sm_100a and sm_120a.
-[ "$mixed_sm90" -eq 24 ] || fail "expected 24 SM90 W8A16/W4A16 GEMM kernels, read $mixed_sm90"
-[ "$mixed_portable" -eq 16 ] || fail "expected 16 portable W8A16/W4A16 GEMM kernels, read $mixed_portable"
+# W8A16 five problems (two fused over block scales, one gathering), W4A16 four (one gathering, one read
+# [E, K, N]), three sm_90a buckets each (row tiles of 32 and 64; prefill the converter kernel's 256, or for fp8
+# [E, K, N] 128; FP4 [E, K, N] the converter kernel's 64, 128, 256); one portable kernel per problem on sm_100a
+# and sm_120a.
+[ "$mixed_sm90" -eq 27 ] || fail "expected 27 SM90 W8A16/W4A16 GEMM kernels, read $mixed_sm90"
+[ "$mixed_portable" -eq 18 ] || fail "expected 18 portable W8A16/W4A16 GEMM kernels, read $mixed_portable"
 echo "$passed kernels read, $failed failures"
 [ "$failed" -eq 0 ]

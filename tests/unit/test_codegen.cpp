@@ -684,7 +684,7 @@ GroupedGemmMixedSpec mixed_problem() {
 
 }  // namespace
 
-TEST_CASE("W4A16 grouped GEMM specs: NVFP4 and MXFP4 round-trip; [E, N, K] only, K a multiple of 32, MXFP4 multiplies") {
+TEST_CASE("W4A16 grouped GEMM specs: NVFP4 and MXFP4 round-trip; the stored rows a multiple of 32, MXFP4 multiplies") {
   std::set<std::string> canonicals;
   for (auto weight : {MixedWeight::nvfp4, MixedWeight::mxfp4}) {
     auto problem = mixed_problem();
@@ -702,14 +702,36 @@ TEST_CASE("W4A16 grouped GEMM specs: NVFP4 and MXFP4 round-trip; [E, N, K] only,
   auto nvfp4 = mixed_problem();
   nvfp4.weight = MixedWeight::nvfp4;
   CHECK(canonical(KernelSpec{nvfp4}).find("1x16_e4m3fn+global") != std::string::npos);
-  auto transposed = nvfp4;
-  transposed.weights = WeightLayout::e_k_n;
-  CHECK_FALSE(validate(KernelSpec{transposed}).has_value());
   auto short_k = nvfp4;
   short_k.k = 7168 + 16;
   const auto refused_k = validate(KernelSpec{short_k});
   REQUIRE_FALSE(refused_k.has_value());
   CHECK(refused_k.error().message.find("multiple of 32") != std::string::npos);
+  // Read [E, K, N] (the stored [E, N, K / 2] for dX): the stored rows are the GEMM's N, which must hold whole
+  // 32-element units; the converter kernel serves every SM90 bucket, its wgmma reading the weights MN-major.
+  auto transposed = nvfp4;
+  transposed.weights = WeightLayout::e_k_n;
+  std::swap(transposed.n, transposed.k);
+  REQUIRE(validate(KernelSpec{transposed}).has_value());
+  const auto kn_configs = kernels_for_target(KernelSpec{transposed}, arch("sm_90a"));
+  CHECK(kn_configs.size() == 3);
+  for (const auto& config : kn_configs) {
+    const auto& c = std::get<GroupedGemmMixedSpec>(config);
+    CHECK(c.kernel == MixedGemmKernel::wgmma_sm90_converter);
+    CHECK(render(config).source.find("f32.bf16.bf16 {%0") != std::string::npos);
+    CHECK(render(config).source.find(", p, 1, 1, 1, 0;") != std::string::npos);  // A transposed (MN-major)
+  }
+  auto kn_register = std::get<GroupedGemmMixedSpec>(kn_configs[0]);
+  kn_register.kernel = MixedGemmKernel::wgmma_sm90;
+  kn_register.tile_m = 32;
+  CHECK_FALSE(validate(KernelSpec{kn_register}).has_value());
+  CHECK_FALSE(choose_grouped_gemm_mixed_config(transposed, arch("sm_90a"), 128,
+                                               {.kernel = GemmRequest::Kernel::sm90}).has_value());
+  auto short_n = transposed;
+  short_n.n = 4096 + 16;
+  const auto refused_n = validate(KernelSpec{short_n});
+  REQUIRE_FALSE(refused_n.has_value());
+  CHECK(refused_n.error().message.find("N for [E, K, N]") != std::string::npos);
   auto per_row = nvfp4;
   per_row.weight_scale = ScaleGranularity::per_row;
   CHECK_FALSE(validate(KernelSpec{per_row}).has_value());
