@@ -262,23 +262,6 @@ TEST_CASE("W4A16 read [E, K, N] (the stored [E, N, K / 2] for the backward pass'
   }
 }
 
-TEST_CASE("W4A16 read [E, K, N]: every row-tile bucket on gpt-oss's K = N = 2880 (short last k-block), row scales") {
-  for (auto format : {KJIT_BLOCK_FORMAT_NVFP4, KJIT_BLOCK_FORMAT_MXFP4})
-    for (int per_expert : {3, 48, 150}) {
-      CAPTURE(format);
-      CAPTURE(per_expert);
-      Fp4Case c;
-      c.layout = KJIT_WEIGHTS_E_K_N;
-      c.format = format;
-      c.n = 2880;
-      c.k = 2880;
-      c.counts = {per_expert, 0, per_expert + 5, per_expert / 2, 0};
-      c.extra_rows = 2;
-      c.row_scale = per_expert == 48;
-      run_fp4_gemm(c);
-    }
-}
-
 TEST_CASE("W4A16 with a gathered A (sorted_to_flat): the bytes of the GEMM on the gathered copy, every row tile, "
           "the portable kernel, gpt-oss's K = 2880 (short last k-block)") {
   for (auto format : {KJIT_BLOCK_FORMAT_NVFP4, KJIT_BLOCK_FORMAT_MXFP4}) {
@@ -295,19 +278,24 @@ TEST_CASE("W4A16 with a gathered A (sorted_to_flat): the bytes of the GEMM on th
   }
 }
 
-TEST_CASE("W4A16: every row-tile bucket, gpt-oss's K = N = 2880 (short last k-block, unaligned scale runs)") {
-  for (auto format : {KJIT_BLOCK_FORMAT_NVFP4, KJIT_BLOCK_FORMAT_MXFP4})
-    for (int per_expert : {3, 48, 150}) {
-      CAPTURE(format);
-      CAPTURE(per_expert);
-      Fp4Case c;
-      c.format = format;
-      c.n = 2880;
-      c.k = 2880;
-      c.counts = {per_expert, 0, per_expert + 5, per_expert / 2};
-      c.extra_rows = 2;
-      run_fp4_gemm(c);
-    }
+TEST_CASE("W4A16: every row-tile bucket, gpt-oss's K = N = 2880 (short last k-block, unaligned scale runs), "
+          "both readings of the stored stack, row scales") {
+  for (auto layout : {KJIT_WEIGHTS_E_N_K, KJIT_WEIGHTS_E_K_N})
+    for (auto format : {KJIT_BLOCK_FORMAT_NVFP4, KJIT_BLOCK_FORMAT_MXFP4})
+      for (int per_expert : {3, 48, 150}) {
+        CAPTURE(layout);
+        CAPTURE(format);
+        CAPTURE(per_expert);
+        Fp4Case c;
+        c.layout = layout;
+        c.format = format;
+        c.n = 2880;
+        c.k = 2880;
+        c.counts = {per_expert, 0, per_expert + 5, per_expert / 2, 0};
+        c.extra_rows = 2;
+        c.row_scale = per_expert == 48;
+        run_fp4_gemm(c);
+      }
 }
 
 TEST_CASE("W4A16: K of one k-block and of a short one (the converter kernel's consumers convert only a tile's "
@@ -356,55 +344,55 @@ TEST_CASE("W4A16 conversion is exact: unit-vector rows read every converted weig
   // Row r of A is the unit vector e_(r % K) and routes to expert r / K, so out[r, n] (fp32) = w_e(n, r % K)
   // exactly: one product by 1.0 and zeros (every weight finite).
   for (auto layout : {KJIT_WEIGHTS_E_N_K, KJIT_WEIGHTS_E_K_N})
-  for (auto format : {KJIT_BLOCK_FORMAT_NVFP4, KJIT_BLOCK_FORMAT_MXFP4})
-    for (auto convention : {KJIT_SCALE_MULTIPLY, KJIT_SCALE_DIVIDE}) {
-      if (format == KJIT_BLOCK_FORMAT_MXFP4 && convention == KJIT_SCALE_DIVIDE) continue;
-      for (const auto& path : mixed_kernel_paths(is_hopper(), layout, true)) {
-        CAPTURE(layout);
-        CAPTURE(format);
-        CAPTURE(convention);
-        CAPTURE(path.kernel);
-        CAPTURE(path.tile_m);
-        Fp4Case c;
-        c.layout = layout;
-        c.format = format;
-        c.convention = convention;
-        c.n = layout == KJIT_WEIGHTS_E_N_K ? 160 : 224;  // the stored rows 160 x 224 elements either way
-        c.k = layout == KJIT_WEIGHTS_E_N_K ? 224 : 160;
-        c.counts = {static_cast<int32_t>(c.k), static_cast<int32_t>(c.k)};
-        c.out = KJIT_DTYPE_F32;
-        auto d = fp4_inputs(c);
-        std::fill(d.a.begin(), d.a.end(), uint16_t{0});
-        for (int64_t r = 0; r < c.rows(); ++r) d.a[static_cast<size_t>(r * c.k + r % c.k)] = 0x3F80;  // 1.0
-        // Scale bytes over the whole finite range: e4m3fn 0x00 .. 0x7E (subnormals, zero, 448), UE8M0 0x00 ..
-        // 0xFC (2^-127 .. 2^125: 6 x 2^125 is still finite).
-        std::uniform_int_distribution<int> nvfp4_byte(0, 0x7E), mx_byte(0, 0xFC);
-        for (auto& s : d.block_scales) s = static_cast<uint8_t>(c.nvfp4() ? nvfp4_byte(rng()) : mx_byte(rng()));
-        d.block_scales[0] = 0x00;
-        d.block_scales[1] = c.nvfp4() ? 0x7E : 0xFC;
-        Fp4Buffers b(c, d);
-        auto g = b.desc(c);
-        g.kernel = path.kernel;
-        g.tile_m = path.tile_m;
-        const auto out = grouped_gemm_output(g, b.out);
-        int64_t mismatches = 0;
-        for (int64_t e = 0; e < c.experts(); ++e) {
-          const auto converted = accumulated_weights(c, d, e);
-          for (int64_t kk = 0; kk < c.k; ++kk)
-            for (int64_t n = 0; n < c.n; ++n) {
-              float got;
-              std::memcpy(&got, &out[static_cast<size_t>(((e * c.k + kk) * c.n + n) * 4)], 4);
-              const float want = converted[static_cast<size_t>(c.stored_index(n, kk))];
-              uint32_t got_bits, want_bits;
-              std::memcpy(&got_bits, &got, 4);
-              std::memcpy(&want_bits, &want, 4);
-              // +0 and -0 sum to +0 in the accumulator: compare values for zeros, bits otherwise.
-              if (want == 0.0f ? got != 0.0f : got_bits != want_bits) ++mismatches;
-            }
+    for (auto format : {KJIT_BLOCK_FORMAT_NVFP4, KJIT_BLOCK_FORMAT_MXFP4})
+      for (auto convention : {KJIT_SCALE_MULTIPLY, KJIT_SCALE_DIVIDE}) {
+        if (format == KJIT_BLOCK_FORMAT_MXFP4 && convention == KJIT_SCALE_DIVIDE) continue;
+        for (const auto& path : mixed_kernel_paths(is_hopper(), layout, true)) {
+          CAPTURE(layout);
+          CAPTURE(format);
+          CAPTURE(convention);
+          CAPTURE(path.kernel);
+          CAPTURE(path.tile_m);
+          Fp4Case c;
+          c.layout = layout;
+          c.format = format;
+          c.convention = convention;
+          c.n = layout == KJIT_WEIGHTS_E_N_K ? 160 : 224;  // the stored rows 160 x 224 elements either way
+          c.k = layout == KJIT_WEIGHTS_E_N_K ? 224 : 160;
+          c.counts = {static_cast<int32_t>(c.k), static_cast<int32_t>(c.k)};
+          c.out = KJIT_DTYPE_F32;
+          auto d = fp4_inputs(c);
+          std::fill(d.a.begin(), d.a.end(), uint16_t{0});
+          for (int64_t r = 0; r < c.rows(); ++r) d.a[static_cast<size_t>(r * c.k + r % c.k)] = 0x3F80;  // 1.0
+          // Scale bytes over the whole finite range: e4m3fn 0x00 .. 0x7E (subnormals, zero, 448), UE8M0 0x00 ..
+          // 0xFC (2^-127 .. 2^125: 6 x 2^125 is still finite).
+          std::uniform_int_distribution<int> nvfp4_byte(0, 0x7E), mx_byte(0, 0xFC);
+          for (auto& s : d.block_scales) s = static_cast<uint8_t>(c.nvfp4() ? nvfp4_byte(rng()) : mx_byte(rng()));
+          d.block_scales[0] = 0x00;
+          d.block_scales[1] = c.nvfp4() ? 0x7E : 0xFC;
+          Fp4Buffers b(c, d);
+          auto g = b.desc(c);
+          g.kernel = path.kernel;
+          g.tile_m = path.tile_m;
+          const auto out = grouped_gemm_output(g, b.out);
+          int64_t mismatches = 0;
+          for (int64_t e = 0; e < c.experts(); ++e) {
+            const auto converted = accumulated_weights(c, d, e);
+            for (int64_t kk = 0; kk < c.k; ++kk)
+              for (int64_t n = 0; n < c.n; ++n) {
+                float got;
+                std::memcpy(&got, &out[static_cast<size_t>(((e * c.k + kk) * c.n + n) * 4)], 4);
+                const float want = converted[static_cast<size_t>(c.stored_index(n, kk))];
+                uint32_t got_bits, want_bits;
+                std::memcpy(&got_bits, &got, 4);
+                std::memcpy(&want_bits, &want, 4);
+                // +0 and -0 sum to +0 in the accumulator: compare values for zeros, bits otherwise.
+                if (want == 0.0f ? got != 0.0f : got_bits != want_bits) ++mismatches;
+              }
+          }
+          CHECK(mismatches == 0);
         }
-        CHECK(mismatches == 0);
       }
-    }
 }
 
 TEST_CASE("W4A16 on Hopper: bit for bit the bf16 swap-AB kernel of the same row tile on the converted weights") {
@@ -413,55 +401,56 @@ TEST_CASE("W4A16 on Hopper: bit for bit the bf16 swap-AB kernel of the same row 
     return;
   }
   for (auto layout : {KJIT_WEIGHTS_E_N_K, KJIT_WEIGHTS_E_K_N})
-  for (auto format : {KJIT_BLOCK_FORMAT_NVFP4, KJIT_BLOCK_FORMAT_MXFP4})
-    for (int per_expert : {6, 100}) {
-      CAPTURE(layout);
-      CAPTURE(format);
-      CAPTURE(per_expert);
-      Fp4Case c;
-      c.layout = layout;
-      c.format = format;
-      c.n = 384;
-      c.k = 1024;
-      c.counts = {per_expert, 0, 2 * per_expert + 1, 7};
-      // NVFP4: fp32 out, so that the global's multiply can be repeated on the host bit for bit.
-      if (c.nvfp4()) c.out = KJIT_DTYPE_F32;
-      const auto d = fp4_inputs(c);
-      Fp4Buffers b(c, d);
-      // The weights the tensor cores multiply, as bf16 in the stored order (exact: e2m1 x group scale).
-      std::vector<uint16_t> bf16_weights;
-      for (int64_t e = 0; e < c.experts(); ++e)
-        for (float v : tensor_core_weights(c, d, e)) bf16_weights.push_back(kjit::reference::bf16_bits_rne(v));
-      DeviceBuffer wb(0, bf16_weights.size() * 2);
-      wb.upload(bf16_weights);
-      auto g = b.desc(c);
-      g.b_dtype = KJIT_DTYPE_BF16;
-      g.b = wb.get();
-      g.b_format = KJIT_BLOCK_FORMAT_UNSET;
-      g.b_block_scales = nullptr;
-      g.b_global_scales = nullptr;
-      g.b_scale_convention = KJIT_SCALE_CONVENTION_UNSET;
-      g.kernel = KJIT_GEMM_KERNEL_SM90_SWAP_AB;
-      g.tile_n = 128;
-      // The register-operand kernel ([E, N, K] only) at the tile its bucket picks (32 up to 32 rows per expert,
-      // 64 to 64, else 128), and the converter kernel at 64 and 256 (the bf16 kernel reading [E, K, N] like it).
-      const int64_t average = c.rows() / c.experts();
-      const int32_t bucket_tile = average <= 32 ? 32 : average <= 64 ? 64 : 128;
-      std::vector<MixedKernelPath> paths{{KJIT_GEMM_KERNEL_SM90_CONVERTER, 64}, {KJIT_GEMM_KERNEL_SM90_CONVERTER, 256}};
-      if (layout == KJIT_WEIGHTS_E_N_K) paths.push_back({KJIT_GEMM_KERNEL_SM90, bucket_tile});
-      for (const auto& path : paths) {
-        CAPTURE(path.kernel);
-        CAPTURE(path.tile_m);
-        auto f = b.desc(c);
-        f.kernel = path.kernel;
-        f.tile_m = path.tile_m;
-        const auto fp4 = grouped_gemm_output(f, b.out);
-        g.tile_m = path.tile_m;
-        auto want = grouped_gemm_output(g, b.out);
-        if (c.nvfp4()) multiply_by_globals(c, d, want);
-        CHECK(fp4 == want);
+    for (auto format : {KJIT_BLOCK_FORMAT_NVFP4, KJIT_BLOCK_FORMAT_MXFP4})
+      for (int per_expert : {6, 100}) {
+        CAPTURE(layout);
+        CAPTURE(format);
+        CAPTURE(per_expert);
+        Fp4Case c;
+        c.layout = layout;
+        c.format = format;
+        c.n = 384;
+        c.k = 1024;
+        c.counts = {per_expert, 0, 2 * per_expert + 1, 7};
+        // NVFP4: fp32 out, so that the global's multiply can be repeated on the host bit for bit.
+        if (c.nvfp4()) c.out = KJIT_DTYPE_F32;
+        const auto d = fp4_inputs(c);
+        Fp4Buffers b(c, d);
+        // The weights the tensor cores multiply, as bf16 in the stored order (exact: e2m1 x group scale).
+        std::vector<uint16_t> bf16_weights;
+        for (int64_t e = 0; e < c.experts(); ++e)
+          for (float v : tensor_core_weights(c, d, e)) bf16_weights.push_back(kjit::reference::bf16_bits_rne(v));
+        DeviceBuffer wb(0, bf16_weights.size() * 2);
+        wb.upload(bf16_weights);
+        auto g = b.desc(c);
+        g.b_dtype = KJIT_DTYPE_BF16;
+        g.b = wb.get();
+        g.b_format = KJIT_BLOCK_FORMAT_UNSET;
+        g.b_block_scales = nullptr;
+        g.b_global_scales = nullptr;
+        g.b_scale_convention = KJIT_SCALE_CONVENTION_UNSET;
+        g.kernel = KJIT_GEMM_KERNEL_SM90_SWAP_AB;
+        g.tile_n = 128;
+        // The register-operand kernel ([E, N, K] only) at the tile its bucket picks (32 up to 32 rows per expert,
+        // 64 to 64, else 128), and the converter kernel at 64 and 256 (the bf16 kernel reading [E, K, N] like it).
+        const int64_t average = c.rows() / c.experts();
+        const int32_t bucket_tile = average <= 32 ? 32 : average <= 64 ? 64 : 128;
+        std::vector<MixedKernelPath> paths{{KJIT_GEMM_KERNEL_SM90_CONVERTER, 64},
+                                           {KJIT_GEMM_KERNEL_SM90_CONVERTER, 256}};
+        if (layout == KJIT_WEIGHTS_E_N_K) paths.push_back({KJIT_GEMM_KERNEL_SM90, bucket_tile});
+        for (const auto& path : paths) {
+          CAPTURE(path.kernel);
+          CAPTURE(path.tile_m);
+          auto f = b.desc(c);
+          f.kernel = path.kernel;
+          f.tile_m = path.tile_m;
+          const auto fp4 = grouped_gemm_output(f, b.out);
+          g.tile_m = path.tile_m;
+          auto want = grouped_gemm_output(g, b.out);
+          if (c.nvfp4()) multiply_by_globals(c, d, want);
+          CHECK(fp4 == want);
+        }
       }
-    }
 }
 
 TEST_CASE("W4A16 captured in a graph replays with new routing") {

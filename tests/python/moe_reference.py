@@ -113,6 +113,19 @@ def random_fp4(fmt, experts, n, k, device, generator):
     return pairs.to(device), scale.to(device), None
 
 
+def grouped_linear_with_grad(x, dy, w, ends):
+    """y = x . W_e^T per expert segment (ends: cumulative, int) in fp32 and dX of sum(y * dy) by torch autograd:
+    the forward / backward pair a grouped GEMM reading one stack both ways must match. Returns (y, dx)."""
+    x_ref = x.float().requires_grad_()
+    segments, start = [], 0
+    for e, end in enumerate(ends.tolist()):
+        segments.append(x_ref[start:end] @ w[e].float().T)
+        start = end
+    y = torch.cat(segments)
+    (y * dy.float()).sum().backward()
+    return y.detach(), x_ref.grad
+
+
 # ---- the layer ----
 
 def reference_moe(hidden, topk_ids, topk_weights, gate_up_of, down_of, experts_local, *, layout, act, expert_base=0,

@@ -188,7 +188,8 @@ Expected<std::vector<GroupedGemmMixedSpec>> requested_configs(const GroupedGemmM
                                         "the register-operand kernel (KJIT_GEMM_KERNEL_SM90)");
   if ((request.kernel == Kernel::sm90 || request.kernel == Kernel::sm90_swap_ab) && fp4_kn)
     return fail(KJIT_ERROR_UNSUPPORTED, "FP4 weights read [E, K, N] run the converter kernel "
-                                        "(KJIT_GEMM_KERNEL_SM90_CONVERTER or the default), not the register-operand one");
+                                        "(KJIT_GEMM_KERNEL_SM90_CONVERTER or the default), not the "
+                                        "register-operand one");
   auto configs = request.kernel == Kernel::portable ? std::vector{portable_config(problem)}
                                                     : grouped_gemm_mixed_configs(problem, arch);
   // A forced SM90 kernel serves every bucket, at its own row tile for the bucket.

@@ -80,7 +80,8 @@ Expected<void> encode_weight_map(const DriverApi& api, const codegen::GroupedGem
     const cuuint64_t strides[2] = {n / 2, k * (n / 2)};
     const cuuint32_t box[3] = {static_cast<cuuint32_t>(s.tile_n) / 2, KJIT_SM90_K_BLOCK, 1};
     return encode_tensor_map(api, p.b_map, kBytes, p.gemm.b, 3, dims, strides, box,
-                             "B [E, K, N] (FP4 pairs of the stored [E, N, K / 2], converter)", CU_TENSOR_MAP_SWIZZLE_64B);
+                             "B [E, K, N] (FP4 pairs of the stored [E, N, K / 2], converter)",
+                             CU_TENSOR_MAP_SWIZZLE_64B);
   }
   if (s.kernel == codegen::MixedGemmKernel::wgmma_sm90_converter) {
     const bool fp4 = codegen::is_fp4(s.weight);
