@@ -34,6 +34,9 @@ constexpr int kSm90KBlock = KJIT_MIXED_K_BLOCK;  // k per pipeline stage (the AB
 constexpr int kSm90MaxRows = 128;   // the accumulator, tile_m / 2 registers, beside 32 of fragments: 256 spills
 constexpr int kConverterKBlock = KJIT_SM90_K_BLOCK;  // the converter kernel's stage: the bf16 swap-AB kernel's k-block
 constexpr int kConverterMaxRows = 256;               // wgmma's N (no fragments beside the accumulator)
+// The converter kernel's row tile in each bucket (decode, up to 64 rows per expert, prefill) where it serves
+// them all: forced, or for FP4 weights read [E, K, N].
+constexpr std::array kConverterRows{64, 128, kConverterMaxRows};
 constexpr int kSm90SharedLimit = 227 * 1024;
 constexpr int kSm90MaxStages = 8;
 
@@ -193,9 +196,9 @@ Expected<std::vector<GroupedGemmMixedSpec>> requested_configs(const GroupedGemmM
   auto configs = request.kernel == Kernel::portable ? std::vector{portable_config(problem)}
                                                     : grouped_gemm_mixed_configs(problem, arch);
   // A forced SM90 kernel serves every bucket, at its own row tile for the bucket.
-  constexpr std::array kRegisterRows{32, 64, kSm90MaxRows}, kConverterRows{64, 128, kConverterMaxRows};
+  constexpr std::array kRegisterRows{32, 64, kSm90MaxRows};
   for (size_t bucket = 0; bucket < configs.size() && is_sm90(configs[bucket].kernel); ++bucket) {
-    if (request.kernel == Kernel::sm90_converter || fp4_kn)
+    if (request.kernel == Kernel::sm90_converter)
       configs[bucket] = sm90_config(problem, kConverterRows[bucket], MixedGemmKernel::wgmma_sm90_converter);
     else if (request.kernel != Kernel::arch_default)
       configs[bucket] = sm90_config(problem, kRegisterRows[bucket]);
@@ -435,10 +438,12 @@ std::vector<GroupedGemmMixedSpec> grouped_gemm_mixed_configs(const GroupedGemmMi
   // kernel ([E, N, K]; its tiles are as tall as their rows, up to 256) or,
   // for fp8 [E, K, N], 128-row tiles. FP4 [E, K, N] runs the converter kernel
   // in every bucket (the register kernel has no fragment load for it).
-  if (is_fp4(problem.weight) && problem.weights == WeightLayout::e_k_n)
-    return {sm90_config(problem, 64, MixedGemmKernel::wgmma_sm90_converter),
-            sm90_config(problem, 128, MixedGemmKernel::wgmma_sm90_converter),
-            sm90_config(problem, kConverterMaxRows, MixedGemmKernel::wgmma_sm90_converter)};
+  if (is_fp4(problem.weight) && problem.weights == WeightLayout::e_k_n) {
+    std::vector<GroupedGemmMixedSpec> configs;
+    for (int rows : kConverterRows)
+      configs.push_back(sm90_config(problem, rows, MixedGemmKernel::wgmma_sm90_converter));
+    return configs;
+  }
   const auto prefill = problem.weights == WeightLayout::e_n_k
                            ? sm90_config(problem, kConverterMaxRows, MixedGemmKernel::wgmma_sm90_converter)
                            : sm90_config(problem, kSm90MaxRows);
