@@ -726,7 +726,6 @@ struct OwnRowsConversion : NoPreparation {
         global(expert_multiplier<Cfg>(params.b_global_scales, t.expert)) {
     share.start_tile(p, tile.expert, tile.n0);
   }
-  __device__ void wait(unsigned, unsigned) {}
   __device__ void start(int kb) { share.start_k_block(p, tile.expert, tile.n0, static_cast<long long>(kb) * Cfg::kBK); }
   __device__ void convert(unsigned char* stage) {
     share.convert(stage, stage + Cfg::kWeightOperandOffset);
