@@ -114,6 +114,12 @@ struct Fp8WeightTileCopy {
   }
 };
 
+__device__ __forceinline__ uint2 load_shared_v2(unsigned address) {
+  uint2 v;
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(address));
+  return v;
+}
+
 __device__ __forceinline__ uint4 load_shared_v4(unsigned address) {
   uint4 v;
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -537,29 +543,37 @@ __device__ __forceinline__ void store_shared_v4(unsigned address, unsigned a, un
   asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(address), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
 }
 
-// One converting thread's share of a stage: 16-byte units of the landing
-// tile (16 fp8 codes, or 32 FP4 elements, of one stored row), every
-// kThreads-th of its group's units from its index in the group on; a row's
-// units are consecutive, so 8 lanes read 128 contiguous bytes. The group: the
-// converter warps, over the tile's 128 rows, or (none: FP4) one consumer
-// warpgroup, over its own 64 weight rows: with [E, K, N] FP4 weights (the
-// stored [E, N, K / 2] read for dX) its own 64 output columns, the `half` of
-// each landing row (64 stored rows of 64 bytes, the GEMM's k x n) that it
-// multiplies. The scales of those units are read before the stage is waited
-// for.
+// One converting thread's share of a stage: units of the landing tile (8 or
+// 16 fp8 codes, each 8 making one 16-byte bf16 unit, or 16 bytes of 32 FP4
+// elements, of one stored row), every kThreads-th of its group's units from
+// its index in the group on; a row's units are consecutive, so a warp reads
+// contiguous bytes. The group: the converter warps, over the tile's 128 rows,
+// or (none: FP4) one consumer warpgroup, over its own 64 weight rows: with
+// [E, K, N] FP4 weights (the stored [E, N, K / 2] read for dX) its own 64
+// output columns, the `half` of each landing row (64 stored rows of 64 bytes,
+// the GEMM's k x n) that it multiplies. The scales of those units are read
+// before the stage is waited for.
 template <class Cfg>
 struct ConverterShare {
   static constexpr bool kOwnRows = Cfg::kConverterWarps == 0;
   static constexpr bool kKN = Cfg::kWeightsKN;  // FP4 pairs only (GroupedGemmMixedConverterConfig)
-  // The group's units per landing row, and its landing rows.
-  static constexpr int kUnitsPerRow = kKN ? 2 : Cfg::kFp4 ? Cfg::kBK / 32 : Cfg::kBK / 16;
-  static constexpr int kUnits = (kKN ? Cfg::kBK : kOwnRows ? 64 : Cfg::kBN) * kUnitsPerRow;  // the group's
   static constexpr int kThreads = kOwnRows ? 128 : 32 * Cfg::kConverterWarps;
-  static constexpr int kPerThread = (kUnits + kThreads - 1) / kThreads;
   // fp8: one multiplier per unit (its row's, or the tile's 128 x 128 block's);
   // FP4: a unit's scale bytes (NVFP4: two groups of 16, MXFP4: one of 32).
   static constexpr bool kPerRow =
       Cfg::kFp4 || Cfg::kScale == MixedScale::row || Cfg::kBlockScaleRows != BlockScaleRows::stored;
+  // fp8: units of 8 codes where the threads would not split units of 16 evenly (three converter warps), so
+  // that they share a stage nearly evenly: the busiest lane converts 11 of the 1024 (the stage's converted
+  // barrier waits for it), where with 512 of 16 codes one warp converted 6 and the other two 5. Not with a
+  // multiplier per row: 11 of them beside 11 units' codes spilled the converter warps' 88 registers.
+  static constexpr int kUnitBytes = Cfg::kFp4 || kPerRow || Cfg::kBN * Cfg::kBK / 16 % kThreads == 0 ? 16 : 8;
+  // The group's units per landing row, and its landing rows.
+  static constexpr int kUnitsPerRow = kKN ? 2 : Cfg::kFp4 ? Cfg::kBK / 32 : Cfg::kBK / kUnitBytes;
+  static constexpr int kUnits = (kKN ? Cfg::kBK : kOwnRows ? 64 : Cfg::kBN) * kUnitsPerRow;  // the group's
+  static constexpr int kPerThread = (kUnits + kThreads - 1) / kThreads;
+  // Units whose codes convert() loads at once (see there): all of them, or three beside a multiplier per row
+  // (all at once spilled the converter warps' 88 registers with fused activations).
+  static constexpr int kLoadBatch = kPerRow && !Cfg::kFp4 ? 3 : kPerThread;
   float multiplier[kPerRow && !Cfg::kFp4 ? kPerThread : 1];
   unsigned scale_bytes[Cfg::kFp4 ? kPerThread : 1];
   int first;            // the group's first unit in the tile
@@ -620,48 +634,83 @@ struct ConverterShare {
   __device__ void convert(const unsigned char* landing, unsigned char* out) const {
     const unsigned from = static_cast<unsigned>(__cvta_generic_to_shared(landing));
     const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(out));
+    // Units' codes are loaded kLoadBatch at a time (every unit's at once but with a multiplier per row) before
+    // the first of them is converted: each unit's shared stores are a compiler barrier (asm volatile), so loading
+    // a unit only after the one before it was stored left a shared load's latency and the conversion's dependent
+    // chain exposed per unit, in a converter warp that has its scheduler almost to itself (W8A16 prefill 0.77x ->
+    // 0.83x the bf16 kernel, H100; FP4's one unit a thread is as before).
 #pragma unroll
-    for (int i = 0; i < kPerThread; ++i) {
-      if (!has(i)) break;
-      const int row = row_of(i), part = part_of(i);
-      // [E, K, N]: 64-byte landing rows, 64-byte swizzled (unit u of row r at u ^ (r / 2 % 4)), so that the
-      // 32 lanes' units of their warpgroup's half fall on distinct banks.
-      const uint4 v = load_shared_v4(from + (kKN ? row * 64 + 16 * (part ^ (row >> 1 & 3)) : 16 * unit(i)));
-      const unsigned words[4] = {v.x, v.y, v.z, v.w};
-      const unsigned row_base = to + (kKN ? half * 64 * 128 : 0) + row * 128;
-      if constexpr (Cfg::kFp4) {
-        // 32 elements: four 16-byte bf16 units, each from one word (8 nibbles, 4 of each pair order); NVFP4's
-        // two groups of 16 take two words each. Bit operations, not Fp4Tables' lookups: with the table (and a
-        // stage less to make room) the converter ran W4A16 prefill at 0.64-0.69x bf16 against 0.79-0.97x (H100,
-        // bench_w4a16_gemm.py): the lookups share the shared-memory pipe with the wgmmas' operands.
-        unsigned group_scales[2];
-        if constexpr (Cfg::kScale == MixedScale::nvfp4)
-          nvfp4_group_scales_bf16x2(scale_bytes[i], group_scales[0], group_scales[1]);
+    for (int batch = 0; batch < kPerThread; batch += kLoadBatch) {
+      conditional_t<kUnitBytes == 16, uint4, uint2> codes[kLoadBatch];
+#pragma unroll
+      for (int j = 0; j < kLoadBatch; ++j) {
+        const int i = batch + j;
+        if (i >= kPerThread || !has(i)) break;
+        const int row = row_of(i), part = part_of(i);
+        // [E, K, N]: 64-byte landing rows, 64-byte swizzled (unit u of row r at u ^ (r / 2 % 4)), so that the
+        // 32 lanes' units of their warpgroup's half fall on distinct banks.
+        if constexpr (kUnitBytes == 16)
+          codes[j] = load_shared_v4(from + (kKN ? row * 64 + 16 * (part ^ (row >> 1 & 3)) : 16 * unit(i)));
         else
-          group_scales[0] = group_scales[1] = group_scale_bf16x2<Cfg::kScale>(scale_bytes[i]);
+          codes[j] = load_shared_v2(from + 8 * unit(i));
+      }
 #pragma unroll
-        for (int w = 0; w < 4; ++w) {
-          const unsigned scale = group_scales[w / 2];
-          unsigned b[4];
+      for (int j = 0; j < kLoadBatch; ++j) {
+        const int i = batch + j;
+        if (i >= kPerThread || !has(i)) break;
+        convert_unit(i, codes[j], to);
+      }
+    }
+  }
+
+  // Converts unit i (its codes loaded) into the bf16 tile at shared address `to`.
+  template <class Codes>
+  __device__ void convert_unit(int i, const Codes& code, unsigned to) const {
+    const int row = row_of(i), part = part_of(i);
+    const unsigned row_base = to + (kKN ? half * 64 * 128 : 0) + row * 128;
+    if constexpr (Cfg::kFp4) {
+      const unsigned words[4] = {code.x, code.y, code.z, code.w};
+      // 32 elements: four 16-byte bf16 units, each from one word (8 nibbles, 4 of each pair order); NVFP4's
+      // two groups of 16 take two words each. Bit operations, not Fp4Tables' lookups: with the table (and a
+      // stage less to make room) the converter ran W4A16 prefill at 0.64-0.69x bf16 against 0.79-0.97x (H100,
+      // bench_w4a16_gemm.py): the lookups share the shared-memory pipe with the wgmmas' operands.
+      unsigned group_scales[2];
+      if constexpr (Cfg::kScale == MixedScale::nvfp4)
+        nvfp4_group_scales_bf16x2(scale_bytes[i], group_scales[0], group_scales[1]);
+      else
+        group_scales[0] = group_scales[1] = group_scale_bf16x2<Cfg::kScale>(scale_bytes[i]);
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            unsigned first, second;
-            e2m1x4_to_bf16x2x2(words[w], h, first, second);
-            b[2 * h] = mul_bf16x2(first, scale);
-            b[2 * h + 1] = mul_bf16x2(second, scale);
-          }
-          store_shared_v4(row_base + 16 * ((4 * (part % 2) + w) ^ (row % 8)), b[0], b[1], b[2], b[3]);
+      for (int w = 0; w < 4; ++w) {
+        const unsigned scale = group_scales[w / 2];
+        unsigned b[4];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          unsigned first, second;
+          e2m1x4_to_bf16x2x2(words[w], h, first, second);
+          b[2 * h] = mul_bf16x2(first, scale);
+          b[2 * h + 1] = mul_bf16x2(second, scale);
         }
+        store_shared_v4(row_base + 16 * ((4 * (part % 2) + w) ^ (row % 8)), b[0], b[1], b[2], b[3]);
+      }
+    } else {
+      // Each 8 codes: one 16-byte bf16 unit.
+      unsigned words[kUnitBytes / 4];
+      if constexpr (kUnitBytes == 16) {
+        words[0] = code.x, words[1] = code.y, words[2] = code.z, words[3] = code.w;
       } else {
-        const float m = multiplier[kPerRow ? i : 0];
-        unsigned b[8];
+        words[0] = code.x, words[1] = code.y;
+      }
+      const float m = multiplier[kPerRow ? i : 0];
 #pragma unroll
-        for (int w = 0; w < 4; ++w) {
-          b[2 * w] = convert_weight_pair<Cfg>(static_cast<unsigned short>(words[w] & 0xFFFFu), m, m);
-          b[2 * w + 1] = convert_weight_pair<Cfg>(static_cast<unsigned short>(words[w] >> 16), m, m);
+      for (int c = 0; c < kUnitBytes / 8; ++c) {
+        unsigned b[4];
+#pragma unroll
+        for (int w = 0; w < 2; ++w) {
+          const unsigned word = words[2 * c + w];
+          b[2 * w] = convert_weight_pair<Cfg>(static_cast<unsigned short>(word & 0xFFFFu), m, m);
+          b[2 * w + 1] = convert_weight_pair<Cfg>(static_cast<unsigned short>(word >> 16), m, m);
         }
-        store_shared_v4(row_base + 16 * ((2 * part) ^ (row % 8)), b[0], b[1], b[2], b[3]);
-        store_shared_v4(row_base + 16 * ((2 * part + 1) ^ (row % 8)), b[4], b[5], b[6], b[7]);
+        store_shared_v4(row_base + 16 * ((kUnitBytes / 8 * part + c) ^ (row % 8)), b[0], b[1], b[2], b[3]);
       }
     }
   }
