@@ -571,9 +571,10 @@ struct ConverterShare {
   static constexpr int kUnitsPerRow = kKN ? 2 : Cfg::kFp4 ? Cfg::kBK / 32 : Cfg::kBK / kUnitBytes;
   static constexpr int kUnits = (kKN ? Cfg::kBK : kOwnRows ? 64 : Cfg::kBN) * kUnitsPerRow;  // the group's
   static constexpr int kPerThread = (kUnits + kThreads - 1) / kThreads;
-  // Units whose codes convert() loads at once (see there): all of them, or three beside a multiplier per row
-  // (all at once spilled the converter warps' 88 registers with fused activations).
-  static constexpr int kLoadBatch = kPerRow && !Cfg::kFp4 ? 3 : kPerThread;
+  // Units whose codes convert() loads at once (see there): all of them, but beside a multiplier per row three
+  // (all at once spilled the converter warps' 88 registers with fused activations), or one with two converter
+  // warps beside a gather loader (eight units a thread: three spilled with DeepSeek-V3's fused gate_up).
+  static constexpr int kLoadBatch = kPerRow && !Cfg::kFp4 ? (Cfg::kLoaderWarps > 0 ? 1 : 3) : kPerThread;
   float multiplier[kPerRow && !Cfg::kFp4 ? kPerThread : 1];
   unsigned scale_bytes[Cfg::kFp4 ? kPerThread : 1];
   int first;            // the group's first unit in the tile
