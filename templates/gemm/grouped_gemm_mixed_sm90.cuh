@@ -566,9 +566,9 @@ struct ConverterShare {
   // that they share a stage nearly evenly: the busiest lane converts 11 of the 1024 (the stage's converted
   // barrier waits for it), where with 512 of 16 codes one warp converted 6 and the other two 5. Not with a
   // multiplier per row: 11 of them beside 11 units' codes spilled the converter warps' 88 registers.
-  static constexpr int kUnitBytes = Cfg::kFp4 || kPerRow || Cfg::kBN * Cfg::kBK / 16 % kThreads == 0 ? 16 : 8;
-  // The group's units per landing row, and its landing rows.
-  static constexpr int kUnitsPerRow = kKN ? 2 : Cfg::kFp4 ? Cfg::kBK / 32 : Cfg::kBK / kUnitBytes;
+  static constexpr int kUnitBytes = kPerRow || Cfg::kBN * Cfg::kBK / 16 % kThreads == 0 ? 16 : 8;  // FP4: per row
+  // The group's units per landing row (a byte holds two FP4 elements), and its landing rows.
+  static constexpr int kUnitsPerRow = kKN ? 2 : Cfg::kBK / (kUnitBytes * (Cfg::kFp4 ? 2 : 1));
   static constexpr int kUnits = (kKN ? Cfg::kBK : kOwnRows ? 64 : Cfg::kBN) * kUnitsPerRow;  // the group's
   static constexpr int kPerThread = (kUnits + kThreads - 1) / kThreads;
   // Units whose codes convert() loads at once (see there): all of them, but beside a multiplier per row three
@@ -669,8 +669,8 @@ struct ConverterShare {
   __device__ void convert_unit(int i, const Codes& code, unsigned to) const {
     const int row = row_of(i), part = part_of(i);
     const unsigned row_base = to + (kKN ? half * 64 * 128 : 0) + row * 128;
+    const unsigned* words = &code.x;  // the unit's 32-bit words, in order
     if constexpr (Cfg::kFp4) {
-      const unsigned words[4] = {code.x, code.y, code.z, code.w};
       // 32 elements: four 16-byte bf16 units, each from one word (8 nibbles, 4 of each pair order); NVFP4's
       // two groups of 16 take two words each. Bit operations, not Fp4Tables' lookups: with the table (and a
       // stage less to make room) the converter ran W4A16 prefill at 0.64-0.69x bf16 against 0.79-0.97x (H100,
@@ -695,12 +695,6 @@ struct ConverterShare {
       }
     } else {
       // Each 8 codes: one 16-byte bf16 unit.
-      unsigned words[kUnitBytes / 4];
-      if constexpr (kUnitBytes == 16) {
-        words[0] = code.x, words[1] = code.y, words[2] = code.z, words[3] = code.w;
-      } else {
-        words[0] = code.x, words[1] = code.y;
-      }
       const float m = multiplier[kPerRow ? i : 0];
 #pragma unroll
       for (int c = 0; c < kUnitBytes / 8; ++c) {
