@@ -528,8 +528,6 @@ struct GroupedGemmMixedConverterConfig : MixedSwapAbShape<Problem, kBM_, kStages
   static constexpr int kConsumerRegisters = kConverterWarps > 0 ? 208 : 224;
   static_assert(!Problem::kWeightsKN || Problem::kFp4,
                 "the converter kernel reads fp8 weights [E, N, K] (the register kernel serves their [E, K, N])");
-  static_assert(kConverterWarps > 0 || kStages >= 3,
-                "converting its own rows, a warpgroup waits for the next stage before handing back the one before");
   static_assert(kWTileBytes % 1024 == 0 && kStageBytes % 1024 == 0, "every operand tile starts on a swizzle period");
 };
 
@@ -560,8 +558,13 @@ struct ConverterShare {
   static constexpr int kThreads = kOwnRows ? 128 : 32 * Cfg::kConverterWarps;
   // fp8: one multiplier per unit (its row's, or the tile's 128 x 128 block's);
   // FP4: a unit's scale bytes (NVFP4: two groups of 16, MXFP4: one of 32).
+  // Alternating gate/up rows keep one block a tile: a tile's 128 rows (n0 a
+  // multiple of 128) are the checkpoint's rows n0 .. n0 + 127 in another order
+  // (block_scale_row), one block row. (A multiplier a unit there spilled 21
+  // instructions' worth beside a gather loader: gpt-oss's gathered gate_up.)
   static constexpr bool kPerRow =
-      Cfg::kFp4 || Cfg::kScale == MixedScale::row || Cfg::kBlockScaleRows != BlockScaleRows::stored;
+      Cfg::kFp4 || Cfg::kScale == MixedScale::row || Cfg::kBlockScaleRows == BlockScaleRows::halves;
+  static_assert(KJIT_MIXED_SCALE_BLOCK == Cfg::kBN, "a tile's rows are one block row but for halves");
   // fp8: units of 8 codes where the threads would not split units of 16 evenly (three converter warps), so
   // that they share a stage nearly evenly: the busiest lane converts 11 of the 1024 (the stage's converted
   // barrier waits for it), where with 512 of 16 codes one warp converted 6 and the other two 5. Not with a

@@ -217,8 +217,10 @@ std::vector<KernelPath> activation_paths() {
 // output must be activation(h[gate], h[up]) x row scale bit for bit (the CPU reference's fp32 operations, one
 // rounding to the output type): a block scale applied to a row of the wrong block changes its product. Also
 // within kTolerance of the fp64 reference, and rows past the routed ones keep their poison.
+// With `gathered`, also the fused GEMM gathering its rows (kjit.torch.MoEExperts' gate_up) on every row tile:
+// the bytes it writes from the gathered copy.
 void run_block_scaled_activation(MixedCase c, kjit_activation activation, kjit_gate_up_layout layout, float alpha,
-                                 float limit) {
+                                 float limit, bool gathered = false) {
   REQUIRE((c.layout == KJIT_WEIGHTS_E_N_K && c.weight_scale == KJIT_SCALE_PER_BLOCK && c.n % 16 == 0));
   const int64_t out_n = c.n / 2, routed = c.routed();
   const auto d = mixed_inputs(c);
@@ -277,6 +279,14 @@ void run_block_scaled_activation(MixedCase c, kjit_activation activation, kjit_g
     const size_t row_bytes = static_cast<size_t>(out_n) * (f32 ? 4 : 2);
     CHECK(touched_bytes(out, static_cast<size_t>(routed) * row_bytes, fused.out.bytes) == 0);
   }
+  if (gathered) {
+    auto g = fused.desc(c);
+    g.activation = activation;
+    g.activation_alpha = alpha;
+    g.activation_limit = limit;
+    g.activation_gate_up_layout = layout;
+    check_gather_on_mixed_paths(g, fused.out, GatheredA(c.rows(), c.k, 4), is_hopper());
+  }
 }
 
 }  // namespace
@@ -305,7 +315,7 @@ TEST_CASE("fused activation over 128 x 128 block scales left as stored: both gat
 }
 
 TEST_CASE("fused activation over 128 x 128 block scales: a wider stack (I = 520, up rows off the block grid), "
-          "e5m2 codes, one expert owning most rows") {
+          "e5m2 codes, one expert owning most rows, the rows gathered") {
   for (auto layout : {KJIT_GATE_UP_HALVES, KJIT_GATE_UP_ALTERNATING}) {
     CAPTURE(layout);
     MixedCase c;
@@ -314,7 +324,7 @@ TEST_CASE("fused activation over 128 x 128 block scales: a wider stack (I = 520,
     c.counts = {3, 290, 0, 17};
     c.extra_rows = 2;
     c.weight = KJIT_DTYPE_F8_E5M2;
-    run_block_scaled_activation(c, KJIT_ACTIVATION_SILU_MUL, layout, 0.0f, 0.0f);
+    run_block_scaled_activation(c, KJIT_ACTIVATION_SILU_MUL, layout, 0.0f, 0.0f, true);
   }
 }
 

@@ -345,16 +345,16 @@ TEST_CASE("the grouped GEMM's fused activations compile for sm_90a, sm_100a and 
       }
     mixed.push_back(*choose_grouped_gemm_mixed_config(m, arch_of("sm_90a"), 0, {.kernel = GemmRequest::Kernel::portable}));
   }
-  // DeepSeek-V3's gate_up gathering its rows, as kjit.torch.MoEExperts runs it: the converter kernel's two
-  // converter warps beside the gather loader, with a multiplier per row (the converter's units once spilled here).
-  // (gpt-oss's alternating rows gathered spill 21 instructions' worth on sm_90a: a known gap, not checked.)
-  {
+  // The gate_up GEMMs gathering their rows, as kjit.torch.MoEExperts runs them: the converter kernel's two
+  // converter warps beside the gather loader. DeepSeek-V3's (halves: a multiplier per row; the converter's units
+  // once spilled here) and gpt-oss-sized alternating rows (a multiplier per row once spilled 21 instructions).
+  for (auto layout : {GateUpLayout::halves, GateUpLayout::alternating}) {
     GroupedGemmMixedSpec m;
-    m.activation = Activation::silu_mul;
-    m.gate_up_layout = GateUpLayout::halves;
+    m.activation = layout == GateUpLayout::halves ? Activation::silu_mul : Activation::swiglu_oai;
+    m.gate_up_layout = layout;
     m.gather = true;
-    m.n = 4096;
-    m.k = 7168;
+    m.n = layout == GateUpLayout::halves ? 4096 : 5760;
+    m.k = layout == GateUpLayout::halves ? 7168 : 2880;
     m.experts = 32;
     for (const auto& spec : kernels_for_target(m, arch_of("sm_90a"))) mixed.push_back(std::get<GroupedGemmMixedSpec>(spec));
   }
