@@ -72,6 +72,13 @@ __device__ __forceinline__ long long block_scale_row(long long row) {
   }
 }
 
+// Whether the rows of one tile of KJIT_MIXED_SCALE_BLOCK stored rows (starting
+// at a multiple of it) can find their scales in more than one block row. Only
+// halves' can (a tile's gate and up rows lie N / 2 apart in the checkpoint);
+// alternating rows are the checkpoint's rows of the same tile, reordered.
+template <class Cfg>
+inline constexpr bool kTileSpansBlockRows = Cfg::kBlockScaleRows == BlockScaleRows::halves;
+
 // The multiplier of `expert`'s stored element (row, col): its scale, or the
 // scale's reciprocal under the DIVIDE convention. Rows and columns past the
 // stored tensor's (a tile's edge) read no scale.

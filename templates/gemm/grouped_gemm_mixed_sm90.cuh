@@ -556,15 +556,13 @@ struct ConverterShare {
   static constexpr bool kOwnRows = Cfg::kConverterWarps == 0;
   static constexpr bool kKN = Cfg::kWeightsKN;  // FP4 pairs only (GroupedGemmMixedConverterConfig)
   static constexpr int kThreads = kOwnRows ? 128 : 32 * Cfg::kConverterWarps;
-  // fp8: one multiplier per unit (its row's, or the tile's 128 x 128 block's);
-  // FP4: a unit's scale bytes (NVFP4: two groups of 16, MXFP4: one of 32).
-  // Alternating gate/up rows keep one block a tile: a tile's 128 rows (n0 a
-  // multiple of 128) are the checkpoint's rows n0 .. n0 + 127 in another order
-  // (block_scale_row), one block row. (A multiplier a unit there spilled 21
-  // instructions' worth beside a gather loader: gpt-oss's gathered gate_up.)
+  // fp8: one multiplier per unit (its row's, or, where the tile's rows lie in
+  // one block row, the tile's 128 x 128 block's: alternating gate/up rows too,
+  // where a multiplier a unit spilled 21 instructions' worth beside a gather
+  // loader); FP4: a unit's scale bytes (NVFP4: two groups of 16, MXFP4: one of 32).
   static constexpr bool kPerRow =
-      Cfg::kFp4 || Cfg::kScale == MixedScale::row || Cfg::kBlockScaleRows == BlockScaleRows::halves;
-  static_assert(KJIT_MIXED_SCALE_BLOCK == Cfg::kBN, "a tile's rows are one block row but for halves");
+      Cfg::kFp4 || Cfg::kScale == MixedScale::row || kTileSpansBlockRows<Cfg>;
+  static_assert(KJIT_MIXED_SCALE_BLOCK == Cfg::kBN, "kTileSpansBlockRows's tiles are the block's rows");
   // fp8: units of 8 codes where the threads would not split units of 16 evenly (three converter warps), so
   // that they share a stage nearly evenly: the busiest lane converts 11 of the 1024 (the stage's converted
   // barrier waits for it), where with 512 of 16 codes one warp converted 6 and the other two 5. Not with a
