@@ -13,9 +13,10 @@ providers side by side on the same shapes and routing:
   FP8 as configured, and its largest difference from kjit FP8's output
   relative to that output's largest magnitude).
 Routing is uniform and random, top-k style: rows per expert drawn from a
-multinomial. TFLOP/s count real rows only (2 * sum(M) * N * K); timings
-alternate between the providers (timing.interleaved) so the clock's drift at
-the power cap stays out of the ratios. Columns "vs torch" and "vs bf16" are
+multinomial (--balanced: rows / E each, so no expert has a short last
+tile). TFLOP/s count real rows only (2 * sum(M) * N * K); timings
+alternate between the providers (timing.interleaved) so the clock's drift
+at the power cap stays out of the ratios. Columns "vs torch" and "vs bf16" are
 speed-ups of kjit FP8 (the other's time over kjit's); the geometric mean of
 "vs bf16" closes the table. "err" is each FP8 output's relative Frobenius
 error against kjit bf16's (the FP8 quantisation's, a few percent; a wrong
@@ -181,6 +182,9 @@ def main():
                         "the heuristic's")
     parser.add_argument("--cluster", type=int, default=0, help="kjit FP8 cluster size (0: the heuristic's)")
     parser.add_argument("--cluster-axis", default="m", choices=["m", "n"])
+    parser.add_argument("--balanced", action="store_true",
+                        help="every expert gets the same rows (rows / E; no expert's last tile short) instead of "
+                             "uniform random routing")
     parser.add_argument("--rows-on-m", action="store_true",
                         help="also time kjit FP8's rows-on-M SM90 kernel (kernel='sm90', tile 128x128) beside it")
     parser.add_argument("--quantize", action="store_true",
@@ -197,7 +201,7 @@ def main():
     copy_bw = copy_bandwidth() if args.quantize else None
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "kernel": args.kernel,
               "tile": args.tile, "cluster": args.cluster, "cluster_axis": args.cluster_axis,
-              "rows_on_m": args.rows_on_m,               "torch_fast_accum": args.torch_fast_accum, "rows": []}
+              "rows_on_m": args.rows_on_m, "balanced": args.balanced, "torch_fast_accum": args.torch_fast_accum, "rows": []}
     print(f"device: {result['device']}, torch {torch.__version__}" +
           (f", D2D copy {copy_bw / 1e12:.2f} TB/s" if copy_bw else ""))
     if not has_torch_fp8:
@@ -207,7 +211,7 @@ def main():
     shapes = [SHAPES[int(i)] for i in args.shapes.split(",")] if args.shapes else SHAPES
     align = args.torch_group_align
     for E, M, N, K in shapes:
-        counts = routed_counts(E, M)
+        counts = torch.full((E,), M // E, dtype=torch.int64) if args.balanced else routed_counts(E, M)
         ends = torch.cumsum(counts, 0).to(torch.int32).cuda()
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
         w = (torch.randn(E, N, K, device="cuda") / math.sqrt(K)).to(torch.bfloat16)
