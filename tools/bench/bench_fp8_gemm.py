@@ -68,6 +68,18 @@ def quantize_weight_blocks(w):
     return codes, scales
 
 
+def fp8_problem(experts, rows, n, k, balanced=False):
+    """One shape's routing and operands: rows per expert (uniform random, or rows / E each), their cumulative
+    ends, bf16 A and weights, and their FP8 forms (A through kjit.quantize_fp8, weights in 128 x 128 blocks)."""
+    counts = torch.full((experts,), rows // experts, dtype=torch.int64) if balanced else routed_counts(experts, rows)
+    ends = torch.cumsum(counts, 0).to(torch.int32).cuda()
+    x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+    w = (torch.randn(experts, n, k, device="cuda") / math.sqrt(k)).to(torch.bfloat16)
+    a_codes, a_scale = kjit.quantize_fp8(x)
+    w_codes, w_scale = quantize_weight_blocks(w)
+    return counts, ends, x, w, a_codes, a_scale, w_codes, w_scale
+
+
 def quantize_rowwise(x):
     """[..., R, C] -> e4m3 codes and fp32 scales [..., R], one scale per row (torch's rowwise recipe)."""
     scales = x.float().abs().amax(-1).clamp(min=1e-10) / 448
@@ -211,12 +223,7 @@ def main():
     shapes = [SHAPES[int(i)] for i in args.shapes.split(",")] if args.shapes else SHAPES
     align = args.torch_group_align
     for E, M, N, K in shapes:
-        counts = torch.full((E,), M // E, dtype=torch.int64) if args.balanced else routed_counts(E, M)
-        ends = torch.cumsum(counts, 0).to(torch.int32).cuda()
-        x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
-        w = (torch.randn(E, N, K, device="cuda") / math.sqrt(K)).to(torch.bfloat16)
-        a_codes, a_scale = kjit.quantize_fp8(x)
-        w_codes, w_scale = quantize_weight_blocks(w)
+        counts, ends, x, w, a_codes, a_scale, w_codes, w_scale = fp8_problem(E, M, N, K, args.balanced)
         out_fp8 = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
         out_bf16 = torch.empty_like(out_fp8)
         tile = args.tile

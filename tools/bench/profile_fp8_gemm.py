@@ -9,7 +9,6 @@ kjit.quantize_fp8, 128 x 128 weight blocks). E.g.
 SHAPE is E:K:N:rows; --kernel and --tile are kjit's `kernel` and `tile` arguments.
 """
 import argparse
-import math
 import sys
 
 import torch
@@ -17,7 +16,7 @@ import torch
 import kjit
 
 sys.path.insert(0, "tools/bench")
-from bench_fp8_gemm import parse_tile, quantize_weight_blocks, routed_counts  # noqa: E402
+from bench_fp8_gemm import fp8_problem, parse_tile  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("shape", nargs="?", default="32:7168:4096:8192", help="E:K:N:rows")
@@ -27,12 +26,7 @@ parser.add_argument("--balanced", action="store_true", help="rows / E rows per e
 args = parser.parse_args()
 E, K, N, M = (int(v) for v in args.shape.split(":"))
 torch.manual_seed(0)
-counts = torch.full((E,), M // E, dtype=torch.int64) if args.balanced else routed_counts(E, M)
-ends = torch.cumsum(counts, 0).to(torch.int32).cuda()
-x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
-w = (torch.randn(E, N, K, device="cuda") / math.sqrt(K)).to(torch.bfloat16)
-a_codes, a_scale = kjit.quantize_fp8(x)
-w_codes, w_scale = quantize_weight_blocks(w)
+_, ends, _, _, a_codes, a_scale, w_codes, w_scale = fp8_problem(E, M, N, K, args.balanced)
 out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
 for _ in range(4):
     kjit.grouped_gemm(a_codes, w_codes, ends, offsets_convention="cumulative_end", a_scale=a_scale, w_scale=w_scale,
