@@ -71,7 +71,10 @@ def quantize_weight_blocks(w):
 def fp8_problem(experts, rows, n, k, balanced=False):
     """One shape's routing and operands: rows per expert (uniform random, or rows / E each), their cumulative
     ends, bf16 A and weights, and their FP8 forms (A through kjit.quantize_fp8, weights in 128 x 128 blocks)."""
-    counts = torch.full((experts,), rows // experts, dtype=torch.int64) if balanced else routed_counts(experts, rows)
+    if balanced:  # the remainder one row each to the first experts, so the rows still add up to `rows`
+        counts = torch.full((experts,), rows // experts, dtype=torch.int64) + (torch.arange(experts) < rows % experts)
+    else:
+        counts = routed_counts(experts, rows)
     ends = torch.cumsum(counts, 0).to(torch.int32).cuda()
     x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
     w = (torch.randn(experts, n, k, device="cuda") / math.sqrt(k)).to(torch.bfloat16)
@@ -213,7 +216,8 @@ def main():
     copy_bw = copy_bandwidth() if args.quantize else None
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "kernel": args.kernel,
               "tile": args.tile, "cluster": args.cluster, "cluster_axis": args.cluster_axis,
-              "rows_on_m": args.rows_on_m, "balanced": args.balanced, "torch_fast_accum": args.torch_fast_accum, "rows": []}
+              "rows_on_m": args.rows_on_m, "balanced": args.balanced, "torch_fast_accum": args.torch_fast_accum,
+              "rows": []}
     print(f"device: {result['device']}, torch {torch.__version__}" +
           (f", D2D copy {copy_bw / 1e12:.2f} TB/s" if copy_bw else ""))
     if not has_torch_fp8:
