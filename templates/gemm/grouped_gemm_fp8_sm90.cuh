@@ -185,7 +185,7 @@ __device__ __forceinline__ void fp8_mainloop(float (&acc)[kRows / 2], float (&pa
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < Cfg::kBK / 32; ++kk)
-      Mma::run(partial, w_desc + operand_k_step<false>(kk), r_desc + operand_k_step<false>(kk), kk > 0);
+      Mma::run(partial, operand_at_k_step<false>(w_desc, kk), operand_at_k_step<false>(r_desc, kk), kk > 0);
     wgmma_commit();
     wgmma_wait<0>();
     fence_accumulators(partial);
@@ -291,7 +291,7 @@ struct Fp8RowsOnMLoop {
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < Cfg::kBK / 32; ++kk)
-      Mma::run(partial, r_desc + operand_k_step<false>(kk), w_desc + operand_k_step<false>(kk), kk > 0);
+      Mma::run(partial, operand_at_k_step<false>(r_desc, kk), operand_at_k_step<false>(w_desc, kk), kk > 0);
     wgmma_commit();
   }
 

@@ -276,17 +276,28 @@ struct Fp4Scales {
   static constexpr bool kAligned = Cfg::kGroupsPerRow % kGroups == 0;  // every k-block's bytes one aligned load
   static constexpr bool kReadAhead = true;                               // mixed_mainloop's
   unsigned bytes[2][2] = {{0u, 0u}, {0u, 0u}};  // [row half][word]: byte i of the k-block's run at word i / 4
+  const unsigned char* rows[2] = {nullptr, nullptr};  // each fragment row's scales (null past N)
 
-  __device__ void start_k_block(const kjit_grouped_gemm_mixed_sm90_params& p, int expert, long long col0,
-                                long long k0) {
+  // Once per tile: where the fragment rows' scales start (a k-block's then
+  // lie a pointer add further, not a 64-bit index computed again).
+  __device__ void start_tile(const kjit_grouped_gemm_mixed_sm90_params& p, int expert, long long col0) {
     const int warp = threadIdx.x % 128 / 32, g = threadIdx.x % 32 / 4;
-    const long long group0 = k0 / Cfg::kGroup;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const long long row = col0 + 16 * warp + g + 8 * half;
+      rows[half] = row < Cfg::kStoredRows
+                       ? p.b_block_scales + (expert * Cfg::kStoredRows + row) * Cfg::kGroupsPerRow
+                       : nullptr;
+    }
+  }
+
+  __device__ void start_k_block(const kjit_grouped_gemm_mixed_sm90_params&, int, long long, long long k0) {
+    const long long group0 = k0 / Cfg::kGroup;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
       bytes[half][0] = bytes[half][1] = 0u;
-      if (row >= Cfg::kStoredRows) continue;
-      const unsigned char* run = p.b_block_scales + (expert * Cfg::kStoredRows + row) * Cfg::kGroupsPerRow + group0;
+      if (rows[half] == nullptr) continue;
+      const unsigned char* run = rows[half] + group0;
       if (kAligned) {
         if constexpr (kGroups == 8) {
           const uint2 v = __ldg(reinterpret_cast<const uint2*>(run));
@@ -360,7 +371,10 @@ __device__ __forceinline__ void mixed_mainloop(const kjit_grouped_gemm_mixed_sm9
   Scales scales[2];
 #pragma unroll
   for (int b = 0; b < 2; ++b) {
-    if constexpr (!Cfg::kFp4) scales[b].start_tile(p.b_scales, tile.expert, col0);
+    if constexpr (Cfg::kFp4)
+      scales[b].start_tile(p, tile.expert, col0);
+    else
+      scales[b].start_tile(p.b_scales, tile.expert, col0);
   }
   auto start_scales = [&](Scales& s, int kb) {
     const long long k0 = static_cast<long long>(kb) * Cfg::kBK;
@@ -398,7 +412,7 @@ __device__ __forceinline__ void mixed_mainloop(const kjit_grouped_gemm_mixed_sm9
       // The row tile's 64-k chunks lie one after the other, kBM rows of 128 bytes each.
       const unsigned long long r_desc =
           operand_descriptor<false>(stage + Cfg::kWTileBytes + kk / 4 * Cfg::kBM * 128);
-      Mma::run(acc, f[kk], r_desc + operand_k_step<false>(kk % 4), kb > 0 || kk > 0);
+      Mma::run(acc, f[kk], operand_at_k_step<false>(r_desc, kk % 4), kb > 0 || kk > 0);
     }
     wgmma_commit();
   };

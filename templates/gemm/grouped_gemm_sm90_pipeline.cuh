@@ -57,6 +57,21 @@ template <bool kMnMajor>
 __device__ __forceinline__ unsigned long long operand_k_step(int kk) {
   return kMnMajor ? kk * (16 * 128 / 16) : kk * (32 / 16);
 }
+// `desc` advanced to k-step `kk`. Only the start address (the low word's
+// bits 0-13) moves, and adding at most 3 x 128 to a low word below 2^26 never
+// carries into the high word (stride, swizzle mode): added in 32 bits, ptxas
+// keeps the high word constant instead of a 64-bit add and two moves into
+// uniform registers per wgmma.
+template <bool kMnMajor>
+__device__ __forceinline__ unsigned long long operand_at_k_step(unsigned long long desc, int kk) {
+  // (The halves through mov.b64: written as C++ shifts and masks, NVVM turned the add back into 64 bits.)
+  unsigned low, high;
+  asm("mov.b64 {%0, %1}, %2;" : "=r"(low), "=r"(high) : "l"(desc));
+  low += static_cast<unsigned>(operand_k_step<kMnMajor>(kk));
+  unsigned long long out;
+  asm("mov.b64 %0, {%1, %2};" : "=l"(out) : "r"(low), "r"(high));
+  return out;
+}
 
 // This block's rank in its cluster (0 without clusters).
 template <class Cfg>
@@ -258,8 +273,8 @@ __device__ __forceinline__ void mainloop(float (&acc)[kRegs], unsigned char* til
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < Cfg::kBK / 16; ++kk)
-      Mma::run(acc, a_desc + operand_k_step<Cfg::kOperandAMnMajor>(kk),
-               b_desc + operand_k_step<Cfg::kOperandBMnMajor>(kk), kb > 0 || kk > 0);
+      Mma::run(acc, operand_at_k_step<Cfg::kOperandAMnMajor>(a_desc, kk),
+               operand_at_k_step<Cfg::kOperandBMnMajor>(b_desc, kk), kb > 0 || kk > 0);
     wgmma_commit();
     fence_accumulators(acc);
     if (kb > 0) {
