@@ -565,7 +565,7 @@ TEST_CASE("FP8 grouped GEMM specs round-trip through text and JSON, and K must b
     CHECK(*back == config);
     canonicals.insert(canonical(config));
   }
-  CHECK(canonicals.size() == 2);  // alone, and pairs along N (4096 holds whole pairs of 128-row tiles)
+  CHECK(canonicals.size() == 3);  // swap AB at decode (64-row tiles) and above it (128), rows on M
   auto bad = fp8_problem();
   bad.k = 7168 + 64;
   const auto invalid = validate(KernelSpec{bad});
@@ -580,7 +580,7 @@ TEST_CASE("FP8 grouped GEMM specs round-trip through text and JSON, and K must b
 }
 
 TEST_CASE("the SM90 FP8 GEMM renders one e4m3 wgmma width and asks for its shared memory; both grids bound the tiles") {
-  const auto alone = *choose_grouped_gemm_fp8_config(fp8_problem(), arch("sm_90a"), 32 * 16);
+  const auto alone = *choose_grouped_gemm_fp8_config(fp8_problem(), arch("sm_90a"), 32 * 32);
   REQUIRE(alone.kernel == Fp8GemmKernel::wgmma_sm90);
   CHECK(alone.cluster == 1);
   const auto k = render(alone);
@@ -595,11 +595,28 @@ TEST_CASE("the SM90 FP8 GEMM renders one e4m3 wgmma width and asks for its share
   CHECK((small.grid_x == (512 / 128 + 32) * (4096 / 128) && small.cluster_x == 1 && small.block_x == 384));
   const auto capped = grouped_gemm_fp8_geometry(alone, 1 << 20, 132);
   CHECK((capped.grid_x == 132 && capped.shared_bytes == static_cast<uint32_t>(k.dynamic_shared_bytes)));
-  const auto pairs = *choose_grouped_gemm_fp8_config(fp8_problem(), arch("sm_90a"), 32 * 16,
+  const auto pairs = *choose_grouped_gemm_fp8_config(fp8_problem(), arch("sm_90a"), 32 * 32,
                                                      {.kernel = GemmRequest::Kernel::sm90_swap_ab, .cluster = 2});
   CHECK(pairs.cluster == 2);
   CHECK(grouped_gemm_fp8_geometry(pairs, 1 << 20, 132).grid_x == 132);
   CHECK(grouped_gemm_fp8_geometry(pairs, 256, 4000).grid_x == 2 * (4096 / 256) * (256 / 128 + 32));
+  // Decode (up to 16 rows per expert): row tiles, and so the wgmma, of at most 64 rows; 8 stages fit.
+  for (const int64_t rows : {int64_t{32}, int64_t{32 * 16}}) {
+    CAPTURE(rows);
+    const auto decode = *choose_grouped_gemm_fp8_config(fp8_problem(), arch("sm_90a"), rows);
+    REQUIRE((decode.kernel == Fp8GemmKernel::wgmma_sm90 && decode.tile_m == 64 && decode.stages == 8));
+    const auto d = render(decode);
+    CHECK(d.source.find("wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3") != std::string::npos);
+    CHECK(d.dynamic_shared_bytes == 8 * (128 + 64) * 128 + 1024 + 16 * 8 + 2 * 4096 + 4 * 24 + 8 * 64 * 4);
+    // Forcing swap AB keeps the decode tile; a tile names its own.
+    CHECK(choose_grouped_gemm_fp8_config(fp8_problem(), arch("sm_90a"), rows,
+                                         {.kernel = GemmRequest::Kernel::sm90_swap_ab})
+              ->tile_m == 64);
+    CHECK(choose_grouped_gemm_fp8_config(fp8_problem(), arch("sm_90a"), rows,
+                                         {.kernel = GemmRequest::Kernel::sm90_swap_ab, .tile_m = 128, .tile_n = 128})
+              ->tile_m == 128);
+  }
+  CHECK(choose_grouped_gemm_fp8_config(fp8_problem(), arch("sm_90a"), 32 * 17)->tile_m == 128);
   // The portable kernel: x over the m-tile bound, y over n-tiles, 128 threads.
   const auto portable = *choose_grouped_gemm_fp8_config(fp8_problem(), arch("sm_120a"), 1000);
   CHECK(render(portable).entry_point == "kjit_grouped_gemm_fp8");

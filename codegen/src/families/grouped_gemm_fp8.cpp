@@ -29,6 +29,8 @@ constexpr int kScaleBlock = 128;      // K columns per scale of A, and B's block
 constexpr int kPortableThreads = 128;
 constexpr int kSm90TileN = 128;       // weight rows per block (swap AB: two consumer warpgroups of 64)
 constexpr int kSm90MaxRows = 128;     // the accumulator and the partial, tile_m / 2 registers each: 160 spills
+constexpr int kSm90DecodeRows = 64;   // swap AB's tallest tile up to kDecodeRowsPerExpert rows per expert
+constexpr int64_t kDecodeRowsPerExpert = 16;
 constexpr int kRowsOnMTileM = 128;    // rows on M: two consumer warpgroups of 64 rows
 constexpr int kRowsOnMWideTileN = 256;  // rows on M: or two 128-row weight halves (a quarter less L2 traffic)
 constexpr int kSm90SharedLimit = 227 * 1024;
@@ -145,7 +147,7 @@ Expected<std::vector<GroupedGemmFp8Spec>> requested_configs(const GroupedGemmFp8
                                                     : grouped_gemm_fp8_configs(problem, arch);
   if (request.kernel == Kernel::sm90_swap_ab)  // every bucket swap AB, at its own tile
     for (auto& s : configs)
-      if (is_sm90(s.kernel)) s = sm90_config(problem, kSm90MaxRows, s.cluster);
+      if (s.kernel == Fp8GemmKernel::wgmma_sm90_rows_on_m) s = sm90_config(problem, kSm90MaxRows, s.cluster);
   if (request.tile_m == 0 && request.tile_n == 0 && request.cluster == 0) return configs;
   for (auto& s : configs) {
     // A tile names a kernel's tile: the rows-on-M kernel's unless swap AB is asked for (as in the bf16 family).
@@ -327,14 +329,18 @@ LaunchGeometry grouped_gemm_fp8_geometry(const GroupedGemmFp8Spec& spec, int64_t
 std::vector<GroupedGemmFp8Spec> grouped_gemm_fp8_configs(const GroupedGemmFp8Spec& problem, const ArchInfo& arch) {
   if (!arch.wgmma_tma) return {portable_config(problem)};
   // By average rows per expert (H100, docs/benchmarks.md): up to 64, swap AB
-  // (row tiles of up to 128, near-equal heights in steps of 32; decode is
-  // memory-bound, and swap AB wastes no rows); more, rows on M (two scale
-  // products a thread per promotion instead of 32): 1.09-1.19x swap AB on the
-  // five prefill shapes, even at decode. Rows on M at 128 x 256 (a quarter
-  // less L2 traffic per product): 1.08-1.12x 128 x 128 on four of the five
-  // prefill shapes, even on the fifth; block scales only (validate says why).
+  // (row tiles of near-equal heights in steps of 32; decode is memory-bound,
+  // and swap AB wastes no rows); more, rows on M (two scale products a thread
+  // per promotion instead of 32): 1.09-1.19x swap AB on the five prefill
+  // shapes, even at decode. Swap AB's wgmma is as wide as its tallest tile:
+  // up to 16 rows per expert, tiles of up to 64 rows (32 experts, K 7168,
+  // N 4096: 4.4% faster than 128 at 4 rows an expert, 0.7% at 16, as fast as
+  // 32, and an expert with more rows gets fewer tiles); above, 128. Rows on M
+  // at 128 x 256 (a quarter less L2 traffic per product): 1.08-1.12x 128 x 128
+  // on four of the five prefill shapes, even on the fifth; block scales only
+  // (validate says why).
   const int rows_on_m_n = problem.weight_scale == Fp8WeightScale::block_128 ? kRowsOnMWideTileN : kSm90TileN;
-  return {sm90_config(problem, kSm90MaxRows, 1),
+  return {sm90_config(problem, kSm90DecodeRows, 1), sm90_config(problem, kSm90MaxRows, 1),
           sm90_config(problem, 128, 1, Fp8GemmKernel::wgmma_sm90_rows_on_m, rows_on_m_n)};
 }
 
@@ -351,7 +357,7 @@ Expected<GroupedGemmFp8Spec> choose_grouped_gemm_fp8_config(const GroupedGemmFp8
   }
   const auto configs = KJIT_TRY(requested_configs(problem, arch, request));
   const int64_t rows_per_expert = rows / std::max<int64_t>(problem.experts, 1);
-  const size_t bucket = rows_per_expert <= 64 ? 0 : 1;
+  const size_t bucket = rows_per_expert <= kDecodeRowsPerExpert ? 0 : rows_per_expert <= 64 ? 1 : 2;
   return configs[std::min(bucket, configs.size() - 1)];
 }
 
