@@ -334,8 +334,10 @@ std::vector<GroupedGemmFp8Spec> grouped_gemm_fp8_configs(const GroupedGemmFp8Spe
   // per promotion instead of 32): 1.09-1.19x swap AB on the five prefill
   // shapes, even at decode. Swap AB's wgmma is as wide as its tallest tile:
   // up to 16 rows per expert, tiles of up to 64 rows (32 experts, K 7168,
-  // N 4096: 4.4% faster than 128 at 4 rows an expert, 0.7% at 16, as fast as
-  // 32, and an expert with more rows gets fewer tiles); above, 128. Rows on M
+  // N 4096: at 4 rows an expert 4% faster than 128 run alone, under 1% inside
+  // the sustained table; a quarter faster with one expert owning every row;
+  // as fast as 32, whose tiles split an expert's rows sooner); above, 128
+  // (64 lost 5% at 64 rows an expert: two tiles read the weights). Rows on M
   // at 128 x 256 (a quarter less L2 traffic per product): 1.08-1.12x 128 x 128
   // on four of the five prefill shapes, even on the fifth; block scales only
   // (validate says why).
