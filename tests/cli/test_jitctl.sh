@@ -86,12 +86,12 @@ check "verify is clean after the concurrent precompiles" "$jitctl" verify
 check "no temp files remain" test -z "$(find "$work/shared-cache" -name '*.tmp*' -print -quit)"
 # 5 dequant kernels + 6 grouped GEMM problems (gate_up with and without the fused activation, each with and
 # without the gather; down with and without the row scale) x 3 sm_90a token-count buckets + routing + combine + 3
-# fp8 quantize kernels + 3 FP8 GEMM problems x 2 sm_90a buckets (alone, pairs along N) + 6 W8A16 GEMM problems
-# (gate_up fused over the block scales and not, each with and without the gather; down with and without the row
-# scale) x 3 sm_90a buckets (row tiles of 32, 64, 128) + 5 W4A16 (NVFP4) GEMM problems (gate_up fused and not,
-# each gathering and not; down) x 3 buckets + 4 NVFP4 quantize kernels + 2 NVFP4 dequant kernels + 2
-# moe_activation kernels (bf16 and FP8 out).
-check "one entry per kernel" grep -q "^75 entries" <("$jitctl" list)
+# fp8 quantize kernels + 3 FP8 GEMM problems x 3 sm_90a buckets (swap AB with 64- and 128-row tiles, rows on M)
+# + 6 W8A16 GEMM problems (gate_up fused over the block scales and not, each with and without the gather; down
+# with and without the row scale) x 3 sm_90a buckets (row tiles of 32, 64, 128) + 5 W4A16 (NVFP4) GEMM problems
+# (gate_up fused and not, each gathering and not; down) x 3 buckets + 4 NVFP4 quantize kernels + 2 NVFP4
+# dequant kernels + 2 moe_activation kernels (bf16 and FP8 out).
+check "one entry per kernel" grep -q "^78 entries" <("$jitctl" list)
 check "the model's routing and combine are precompiled" \
   grep -q "moe_routing experts=128 offsets=cumulative_end" <("$jitctl" list)
 

@@ -198,10 +198,10 @@ done < "$work/entries.txt"
 # each on sm_100a and sm_120a.
 [ "$gemm_sm90" -eq 12 ] || fail "expected 12 SM90 GEMM kernels, read $gemm_sm90"
 [ "$gemm_portable" -eq 8 ] || fail "expected 8 portable GEMM kernels, read $gemm_portable"
-# FP8: two problems, two sm_90a buckets each (swap AB, rows on M), and two
-# rows-on-M configurations named in full (one of them a bucket's too); one
-# portable kernel per problem on sm_100a and sm_120a.
-[ "$fp8_sm90" -eq 6 ] || fail "expected 6 SM90 FP8 GEMM kernels, read $fp8_sm90"
+# FP8: two problems, three sm_90a buckets each (swap AB with 64- and 128-row
+# tiles, rows on M), and two rows-on-M configurations named in full (one of them
+# a bucket's too); one portable kernel per problem on sm_100a and sm_120a.
+[ "$fp8_sm90" -eq 8 ] || fail "expected 8 SM90 FP8 GEMM kernels, read $fp8_sm90"
 [ "$fp8_portable" -eq 4 ] || fail "expected 4 portable FP8 GEMM kernels, read $fp8_portable"
 # W8A16 five problems (two fused over block scales, one gathering), W4A16 four (one gathering, one read
 # [E, K, N]), three sm_90a buckets each (row tiles of 32 and 64; prefill the converter kernel's 256, or for fp8
