@@ -291,7 +291,7 @@ struct Fp4Scales {
     }
   }
 
-  __device__ void start_k_block(const kjit_grouped_gemm_mixed_sm90_params&, int, long long, long long k0) {
+  __device__ void start_k_block(long long k0) {
     const long long group0 = k0 / Cfg::kGroup;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -379,7 +379,7 @@ __device__ __forceinline__ void mixed_mainloop(const kjit_grouped_gemm_mixed_sm9
   auto start_scales = [&](Scales& s, int kb) {
     const long long k0 = static_cast<long long>(kb) * Cfg::kBK;
     if constexpr (Cfg::kFp4) {
-      s.start_k_block(p, tile.expert, col0, k0);
+      s.start_k_block(k0);
     } else {
       s.start_k_block(p.b_scales, tile.expert, col0, k0);
     }

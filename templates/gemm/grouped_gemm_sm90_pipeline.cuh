@@ -50,15 +50,10 @@ template <bool kMnMajor>
 __device__ __forceinline__ unsigned long long operand_descriptor(const void* tile) {
   return kMnMajor ? wgmma_descriptor(tile, 64 * 128, 1024) : wgmma_descriptor(tile, 16, 1024);
 }
-// Descriptor advance of k-step `kk` (16 k) inside a stage, in the
+// `desc` advanced to k-step `kk` (16 k) inside a stage, by the step in the
 // descriptor's 16-byte units: 32 bytes along a K-major row, 16 rows of 128
-// bytes in an MN-major chunk.
-template <bool kMnMajor>
-__device__ __forceinline__ unsigned long long operand_k_step(int kk) {
-  return kMnMajor ? kk * (16 * 128 / 16) : kk * (32 / 16);
-}
-// `desc` advanced to k-step `kk`. Only the start address (the low word's
-// bits 0-13) moves, and adding at most 3 x 128 to a low word below 2^26 never
+// bytes in an MN-major chunk. Only the start address (the low word's bits
+// 0-13) moves, and adding at most 3 x 128 to a low word below 2^26 never
 // carries into the high word (stride, swizzle mode): added in 32 bits, ptxas
 // keeps the high word constant instead of a 64-bit add and two moves into
 // uniform registers per wgmma.
@@ -67,7 +62,7 @@ __device__ __forceinline__ unsigned long long operand_at_k_step(unsigned long lo
   // (The halves through mov.b64: written as C++ shifts and masks, NVVM turned the add back into 64 bits.)
   unsigned low, high;
   asm("mov.b64 {%0, %1}, %2;" : "=r"(low), "=r"(high) : "l"(desc));
-  low += static_cast<unsigned>(operand_k_step<kMnMajor>(kk));
+  low += static_cast<unsigned>(kMnMajor ? kk * (16 * 128 / 16) : kk * (32 / 16));
   unsigned long long out;
   asm("mov.b64 %0, {%1, %2};" : "=l"(out) : "r"(low), "r"(high));
   return out;
