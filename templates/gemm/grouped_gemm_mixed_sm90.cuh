@@ -279,15 +279,30 @@ struct Fp4Scales {
   const unsigned char* rows[2] = {nullptr, nullptr};  // each fragment row's scales (null past N)
 
   // Once per tile: where the fragment rows' scales start (a k-block's then
-  // lie a pointer add further, not a 64-bit index computed again).
+  // lie a pointer add further, not a 64-bit index computed again), and the
+  // rows' scale bytes prefetched into L2. A row's bytes span a few 128-byte
+  // lines, each first touched by one k-block's load (read one k-block ahead):
+  // from DRAM that load's latency outlasted the k-block before it (ncu,
+  // MXFP4 decode: 7% of the warps' samples waiting on its first use). With
+  // the prefetch MXFP4 decode ran 2-3% faster, NVFP4 the same (H100).
   __device__ void start_tile(const kjit_grouped_gemm_mixed_sm90_params& p, int expert, long long col0) {
-    const int warp = threadIdx.x % 128 / 32, g = threadIdx.x % 32 / 4;
+    const int warp = threadIdx.x % 128 / 32, g = threadIdx.x % 32 / 4, q = threadIdx.x % 4;
+    constexpr int kLines = (Cfg::kGroupsPerRow + 127) / 128 + 1;  // at most, a row starting off a line
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const long long row = col0 + 16 * warp + g + 8 * half;
       rows[half] = row < Cfg::kStoredRows
                        ? p.b_block_scales + (expert * Cfg::kStoredRows + row) * Cfg::kGroupsPerRow
                        : nullptr;
+      if (rows[half] == nullptr) continue;
+      // The four lanes of a row's quad take its lines in turn; only lines holding the row's bytes.
+      const unsigned long long first = reinterpret_cast<unsigned long long>(rows[half]);
+      const unsigned long long end = first + Cfg::kGroupsPerRow;
+#pragma unroll
+      for (int line = q; line < kLines; line += 4) {
+        const unsigned long long at = (first & ~127ull) + 128ull * line;
+        if (at < end) asm volatile("prefetch.global.L2 [%0];" ::"l"(at));
+      }
     }
   }
 
