@@ -12,14 +12,24 @@ calls launch without going through torch's dispatcher (its cost is host time).
 libkjit is the one bundled with the installed package (pip install), else
 $KJIT_LIBRARY, else build/runtime/libkjit.so of a build tree this file lies in,
 else libkjit.so.0 on the loader path (cmake --install).
+
+kjit's log messages go to logging.getLogger("kjit") (kjit_set_log_callback),
+unless KJIT_LOG is set: then they are kjit's own lines on stderr, as from C.
 """
 
 from __future__ import annotations
 
+import atexit
 import ctypes
+import logging
 import math
 import os
 import pathlib
+from typing import TYPE_CHECKING, Optional, Tuple, Union
+
+if TYPE_CHECKING:  # the annotations name torch's types; importing kjit does not import torch
+    import torch
+    from torch import Tensor
 
 __all__ = ["KjitError", "dequant_fp8", "prepare_dequant_fp8", "grouped_gemm", "prepare_grouped_gemm",
            "moe_routing", "prepare_moe_routing", "moe_combine", "prepare_moe_combine", "quantize_fp8",
@@ -266,7 +276,7 @@ class _ScaleLayoutDesc(ctypes.Structure):
 def _library_candidates() -> list[str]:
     """Where libkjit is looked for, in order (see the module's docstring)."""
     here = pathlib.Path(__file__).resolve().parent
-    candidates = [str(here / "lib" / _LIBRARY_NAME)]  # the wheel's (cmake/KjitInstall.cmake)
+    candidates = [str(here / "lib" / "libkjit.so")]  # the wheel's: one file, no soname links (runtime/CMakeLists.txt)
     if os.environ.get("KJIT_LIBRARY"):
         candidates.append(os.environ["KJIT_LIBRARY"])
     candidates += [str(parent / "build" / "runtime" / "libkjit.so") for parent in here.parents]
@@ -292,7 +302,9 @@ def library() -> ctypes.CDLL:
             lib = ctypes.CDLL(path)
         except OSError as e:
             raise OSError(f"libkjit could not be loaded ({e}); looked for {', '.join(_library_candidates())} and "
-                          f"{_LIBRARY_NAME} on the loader path: pip install kjit, or set KJIT_LIBRARY") from None
+                          f"{_LIBRARY_NAME} on the loader path: install kjit with `pip install .` in a kjit "
+                          f"checkout (or `pip install kjit-*.whl`, a wheel built there), or set KJIT_LIBRARY "
+                          f"to a libkjit.so") from None
         lib.kjit_version.argtypes = []
         lib.kjit_version.restype = ctypes.c_char_p
         lib.kjit_dequant_desc_init.argtypes = [ctypes.POINTER(_DequantDesc)]
@@ -340,8 +352,35 @@ def library() -> ctypes.CDLL:
         lib.kjit_last_error_message.restype = ctypes.c_char_p
         lib.kjit_status_name.argtypes = [ctypes.c_int]
         lib.kjit_status_name.restype = ctypes.c_char_p
+        _route_log(lib)
         _lib = lib
     return _lib
+
+
+_logger = logging.getLogger("kjit")
+_LOG_LEVELS = (logging.ERROR, logging.WARNING, logging.INFO, logging.DEBUG)  # by kjit_log_level
+_LogCallback = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+
+
+def _log_to_python(level: int, message: bytes, _user_data: Optional[int]) -> None:
+    python_level = _LOG_LEVELS[level] if 0 <= level < len(_LOG_LEVELS) else logging.WARNING
+    if _logger.isEnabledFor(python_level):
+        _logger.log(python_level, "%s", message.decode("utf-8", "replace"))
+
+
+_log_callback = _LogCallback(_log_to_python)  # referenced here for as long as libkjit may call it
+
+
+def _route_log(lib: ctypes.CDLL) -> None:
+    """kjit's messages to logging.getLogger("kjit"), every level (logging
+    filters them), unless KJIT_LOG asks for kjit's own stderr lines; back to
+    stderr at exit, before the interpreter that runs the callback is gone."""
+    if os.environ.get("KJIT_LOG") or not hasattr(lib, "kjit_set_log_callback"):  # (an older libkjit: none)
+        return
+    lib.kjit_set_log_callback.argtypes = [_LogCallback, ctypes.c_void_p, ctypes.c_int]
+    lib.kjit_set_log_callback.restype = None
+    lib.kjit_set_log_callback(_log_callback, None, len(_LOG_LEVELS) - 1)
+    atexit.register(lib.kjit_set_log_callback, _LogCallback(), None, 0)
 
 
 def __getattr__(name: str):
@@ -452,8 +491,9 @@ def _dequant_desc(w, scales, out, scale, block_rows, block_cols, convention, exp
     return d
 
 
-def dequant_fp8(w, scales, *, out=None, out_dtype=None, scale="block", block=(128, 128), convention,
-                expert_ids=None, stream=None):
+def dequant_fp8(w: Tensor, scales: Tensor, *, out: Optional[Tensor] = None, out_dtype: Optional[torch.dtype] = None,
+                scale: str = "block", block: Tuple[int, int] = (128, 128), convention: str,
+                expert_ids: Optional[Tensor] = None, stream: Optional[int] = None) -> Tensor:
     """Dequantises fp8 `w` ([R, C] or [E, R, C]) with fp32 `scales`.
 
     scale: 'tensor' (scales [E] or scalar), 'row' ([E, R] or [R, 1]) or 'block'
@@ -477,7 +517,9 @@ def dequant_fp8(w, scales, *, out=None, out_dtype=None, scale="block", block=(12
     return out
 
 
-def prepare_dequant_fp8(w, scales, out, *, scale="block", block=(128, 128), convention, expert_ids=None):
+def prepare_dequant_fp8(w: Tensor, scales: Tensor, out: Tensor, *, scale: str = "block",
+                        block: Tuple[int, int] = (128, 128), convention: str,
+                        expert_ids: Optional[Tensor] = None) -> None:
     """Compiles (or finds in the cache) and loads the kernel a dequant_fp8 call
     with these arguments needs, so that the call can be captured in a graph."""
     _check_dequant(w, scales, out, scale, block, convention, expert_ids)
@@ -768,11 +810,16 @@ def _gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kerne
     return d
 
 
-def grouped_gemm(a, w, offsets, *, weights="e_n_k", offsets_convention, row_scale=None, out=None,
-                 out_dtype=None, stream=None, kernel="auto", tile=None, cluster=0, cluster_axis="m", a_scale=None,
-                 w_scale=None, w_block=(_FP8_GEMM_BLOCK, _FP8_GEMM_BLOCK), w_scale_convention=None, w_format=None,
-                 w_global_scale=None, activation=None, activation_alpha=1.702, activation_limit=7.0,
-                 gate_up_layout=None, gather=None):
+def grouped_gemm(a: Tensor, w: Tensor, offsets: Tensor, *, weights: str = "e_n_k", offsets_convention: str,
+                 row_scale: Optional[Tensor] = None, out: Optional[Tensor] = None,
+                 out_dtype: Optional[torch.dtype] = None, stream: Optional[int] = None, kernel: str = "auto",
+                 tile: Optional[Tuple[int, int]] = None, cluster: int = 0, cluster_axis: str = "m",
+                 a_scale: Optional[Tensor] = None, w_scale: Optional[Tensor] = None,
+                 w_block: Tuple[int, int] = (_FP8_GEMM_BLOCK, _FP8_GEMM_BLOCK),
+                 w_scale_convention: Optional[str] = None, w_format: Optional[str] = None,
+                 w_global_scale: Optional[Tensor] = None,
+                 activation: Optional[str] = None, activation_alpha: float = 1.702, activation_limit: float = 7.0,
+                 gate_up_layout: Optional[str] = None, gather: Optional[Tuple[Tensor, int]] = None) -> Tensor:
     """MoE expert GEMM: rows of `a` ([rows, K] bf16, sorted by expert) times
     each expert's weights `w` ([E, N, K] with weights='e_n_k', as checkpoints
     store them, or [E, K, N] with 'e_k_n'). `offsets` (int32, on the device)
@@ -868,10 +915,15 @@ def grouped_gemm(a, w, offsets, *, weights="e_n_k", offsets_convention, row_scal
     return out
 
 
-def prepare_grouped_gemm(a, w, offsets, out, *, weights="e_n_k", offsets_convention, row_scale=None, kernel="auto",
-                         tile=None, a_scale=None, w_scale=None, w_block=(_FP8_GEMM_BLOCK, _FP8_GEMM_BLOCK),
-                         w_scale_convention=None, w_format=None, w_global_scale=None, activation=None,
-                         activation_alpha=1.702, activation_limit=7.0, gate_up_layout=None, gather=None):
+def prepare_grouped_gemm(a: Tensor, w: Tensor, offsets: Tensor, out: Tensor, *, weights: str = "e_n_k",
+                         offsets_convention: str, row_scale: Optional[Tensor] = None, kernel: str = "auto",
+                         tile: Optional[Tuple[int, int]] = None, a_scale: Optional[Tensor] = None,
+                         w_scale: Optional[Tensor] = None,
+                         w_block: Tuple[int, int] = (_FP8_GEMM_BLOCK, _FP8_GEMM_BLOCK),
+                         w_scale_convention: Optional[str] = None, w_format: Optional[str] = None,
+                         w_global_scale: Optional[Tensor] = None, activation: Optional[str] = None,
+                         activation_alpha: float = 1.702, activation_limit: float = 7.0,
+                         gate_up_layout: Optional[str] = None, gather: Optional[Tuple[Tensor, int]] = None) -> None:
     """Compiles (or finds) and loads every kernel grouped_gemm may pick for
     these shapes, whatever the row count, so that later calls can be captured
     in a CUDA graph. FP8 weights need their scales (and W8A16 their
@@ -887,7 +939,7 @@ def prepare_grouped_gemm(a, w, offsets, out, *, weights="e_n_k", offsets_convent
     _check(library().kjit_grouped_gemm_prepare(ctypes.byref(d), a.device.index or 0))
 
 
-def gate_up_interleaved(w, *, layout, weights="e_n_k", block_scales=False):
+def gate_up_interleaved(w: Tensor, *, layout: str, weights: str = "e_n_k", block_scales: bool = False) -> Tensor:
     """A gate_up weight stack with its 2I gate and up rows reordered for the
     grouped GEMM's fused activation (grouped_gemm(activation=...)): groups of
     8, gate rows 8g..8g+7 then up rows 8g..8g+7, for g = 0..I/8-1. layout
@@ -964,7 +1016,8 @@ def _routing_desc(topk_ids, counts, offsets, sorted_to_flat, flat_to_sorted, exp
     return d
 
 
-def moe_routing(topk_ids, experts_total, *, expert_base=0, experts_local=None, offsets_convention, stream=None):
+def moe_routing(topk_ids: Tensor, experts_total: int, *, expert_base: int = 0, experts_local: Optional[int] = None,
+                offsets_convention: str, stream: Optional[int] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """From top-k global expert ids ([tokens, top_k] int32 on the device):
     (counts, offsets, sorted_to_flat, flat_to_sorted) for the experts this rank
     owns, [expert_base, expert_base + experts_local) (all of them by default).
@@ -981,7 +1034,8 @@ def moe_routing(topk_ids, experts_total, *, expert_base=0, experts_local=None, o
     return outputs
 
 
-def prepare_moe_routing(topk_ids, experts_total, *, expert_base=0, experts_local=None, offsets_convention):
+def prepare_moe_routing(topk_ids: Tensor, experts_total: int, *, expert_base: int = 0,
+                        experts_local: Optional[int] = None, offsets_convention: str) -> None:
     """Compiles (or finds) and loads the kernels moe_routing needs for these
     arguments, so that the call can be captured in a CUDA graph."""
     experts_local = experts_total - expert_base if experts_local is None else experts_local
@@ -1017,7 +1071,8 @@ def _combine_desc(expert_out, topk_weights, flat_to_sorted, out) -> _MoeCombineD
     return d
 
 
-def moe_combine(expert_out, topk_weights, flat_to_sorted, *, out=None, out_dtype=None, stream=None):
+def moe_combine(expert_out: Tensor, topk_weights: Tensor, flat_to_sorted: Tensor, *, out: Optional[Tensor] = None,
+                out_dtype: Optional[torch.dtype] = None, stream: Optional[int] = None) -> Tensor:
     """out[t] = sum_j topk_weights[t, j] * expert_out[flat_to_sorted[t, j]],
     skipping -1; fp32 accumulation, one rounding. expert_out is bf16 [rows, H],
     topk_weights fp32 [tokens, top_k], flat_to_sorted int32 (tokens * top_k)."""
@@ -1033,7 +1088,7 @@ def moe_combine(expert_out, topk_weights, flat_to_sorted, *, out=None, out_dtype
     return out
 
 
-def prepare_moe_combine(expert_out, topk_weights, flat_to_sorted, out):
+def prepare_moe_combine(expert_out: Tensor, topk_weights: Tensor, flat_to_sorted: Tensor, out: Tensor) -> None:
     """Compiles (or finds) and loads the kernel moe_combine needs for these
     arguments, so that the call can be captured in a CUDA graph."""
     _check_combine(expert_out, topk_weights, flat_to_sorted, out)
@@ -1095,7 +1150,9 @@ def _check_gather(sorted_to_flat, top_k, device) -> None:
             raise _invalid(f"top_k must be an int >= 1, got {top_k!r}")
 
 
-def quantize_fp8(x, *, group=128, scale_format="fp32", gather=None, out=None, scales=None, stream=None):
+def quantize_fp8(x: Tensor, *, group: int = 128, scale_format: str = "fp32",
+                 gather: Optional[Tuple[Tensor, int]] = None, out: Optional[Tensor] = None,
+                 scales: Optional[Tensor] = None, stream: Optional[int] = None) -> Tuple[Tensor, Tensor]:
     """bf16 activations x [tokens, K] -> (codes e4m3fn [rows, K], scales fp32
     [rows, K / 128] row-major), DeepSeek's per-token-group recipe as kjit.h
     states it: scale = max(amax, 1e-10) / 448 per 128 columns ("ue8m0": rounded
@@ -1119,7 +1176,8 @@ def quantize_fp8(x, *, group=128, scale_format="fp32", gather=None, out=None, sc
     return out, scales
 
 
-def prepare_quantize_fp8(x, out, scales, *, group=128, scale_format="fp32", gather=None):
+def prepare_quantize_fp8(x: Tensor, out: Tensor, scales: Tensor, *, group: int = 128, scale_format: str = "fp32",
+                         gather: Optional[Tuple[Tensor, int]] = None) -> None:
     """Compiles (or finds) and loads the kernel quantize_fp8 needs for these
     arguments, so that the call can be captured in a CUDA graph."""
     sorted_to_flat, top_k = _unpack_gather(gather)
@@ -1187,8 +1245,10 @@ def _moe_activation_desc(h, out, scales, activation, layout, alpha, limit, scale
     return d
 
 
-def moe_activation(h, *, activation, layout, alpha=1.702, limit=7.0, out_dtype=None, scale_format="fp32",
-                   valid_rows=None, out=None, scales=None, stream=None):
+def moe_activation(h: Tensor, *, activation: str, layout: str, alpha: float = 1.702, limit: float = 7.0,
+                   out_dtype: Optional[torch.dtype] = None, scale_format: str = "fp32",
+                   valid_rows: Optional[Tensor] = None, out: Optional[Tensor] = None, scales: Optional[Tensor] = None,
+                   stream: Optional[int] = None) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """The activation between an MoE layer's two grouped GEMMs, in one pass:
     h [rows, 2I] bf16 (the gate_up GEMM's output; layout "halves": gate =
     h[:, :I], up = h[:, I:]; "alternating": gate = h[:, 0::2], up = h[:, 1::2])
@@ -1229,8 +1289,9 @@ def moe_activation(h, *, activation, layout, alpha=1.702, limit=7.0, out_dtype=N
     return out
 
 
-def prepare_moe_activation(h, out, scales=None, *, activation, layout, alpha=1.702, limit=7.0, scale_format="fp32",
-                           valid_rows=None):
+def prepare_moe_activation(h: Tensor, out: Tensor, scales: Optional[Tensor] = None, *, activation: str, layout: str,
+                           alpha: float = 1.702, limit: float = 7.0, scale_format: str = "fp32",
+                           valid_rows: Optional[Tensor] = None) -> None:
     """Compiles (or finds) and loads the kernel moe_activation needs for these
     arguments (out's dtype picks bf16 or FP8 output), so that the call can be
     captured in a CUDA graph."""
@@ -1336,8 +1397,10 @@ def _quantize_mx_desc(x, out, scales, global_scales, format, scale_layout, eleme
     return d
 
 
-def quantize_mx(x, *, format, scale_layout, element_dtype=None, global_scale=None, global_scale_convention=None,
-                global_scales=None, out=None, scales=None, stream=None):
+def quantize_mx(x: Tensor, *, format: str, scale_layout: str, element_dtype: Optional[torch.dtype] = None,
+                global_scale: Optional[str] = None, global_scale_convention: Optional[str] = None,
+                global_scales: Optional[Tensor] = None, out: Optional[Tensor] = None, scales: Optional[Tensor] = None,
+                stream: Optional[int] = None) -> Union[Tuple[Tensor, Tensor], Tuple[Tensor, Tensor, Tensor]]:
     """bf16 x [rows, K] or [experts, rows, K] -> block-scaled NVFP4, MXFP4 or
     MXFP8, bit-exact with kjit/reference/fp4_mx.hpp (docs/formats.md).
 
@@ -1372,8 +1435,9 @@ def quantize_mx(x, *, format, scale_layout, element_dtype=None, global_scale=Non
     return (out, scales, global_scales) if format == "nvfp4" else (out, scales)
 
 
-def prepare_quantize_mx(x, out, scales, global_scales=None, *, format, scale_layout, element_dtype=None,
-                        global_scale=None, global_scale_convention=None):
+def prepare_quantize_mx(x: Tensor, out: Tensor, scales: Tensor, global_scales: Optional[Tensor] = None, *, format: str,
+                        scale_layout: str, element_dtype: Optional[torch.dtype] = None,
+                        global_scale: Optional[str] = None, global_scale_convention: Optional[str] = None) -> None:
     """Compiles (or finds) and loads the kernel quantize_mx needs for these
     arguments, so that the call (the computed global scale included) can be
     captured in a CUDA graph."""
@@ -1487,8 +1551,10 @@ def _mx_dequant_desc(w, scales, global_scales, out, format, element, scale_layou
     return d
 
 
-def dequant_mx(w, scales, *, format, scale_layout, global_scales=None, global_scale_convention=None,
-               element_dtype=None, out=None, out_dtype=None, expert_ids=None, stream=None):
+def dequant_mx(w: Tensor, scales: Tensor, *, format: str, scale_layout: str, global_scales: Optional[Tensor] = None,
+               global_scale_convention: Optional[str] = None, element_dtype: Optional[torch.dtype] = None,
+               out: Optional[Tensor] = None, out_dtype: Optional[torch.dtype] = None,
+               expert_ids: Optional[Tensor] = None, stream: Optional[int] = None) -> Tensor:
     """Dequantises block-scaled weights w ([R, K'] or [E, R, K']) to bf16
     (default), float16 or float32, bit-exact with kjit/reference/fp4_mx.hpp.
 
@@ -1521,8 +1587,9 @@ def dequant_mx(w, scales, *, format, scale_layout, global_scales=None, global_sc
     return out
 
 
-def prepare_dequant_mx(w, scales, out, *, format, scale_layout, global_scales=None, global_scale_convention=None,
-                       element_dtype=None, expert_ids=None):
+def prepare_dequant_mx(w: Tensor, scales: Tensor, out: Tensor, *, format: str, scale_layout: str,
+                       global_scales: Optional[Tensor] = None, global_scale_convention: Optional[str] = None,
+                       element_dtype: Optional[torch.dtype] = None, expert_ids: Optional[Tensor] = None) -> None:
     """Compiles (or finds) and loads the kernel dequant_mx needs for these
     arguments, so that the call can be captured in a CUDA graph."""
     _check_choice("format", format, _BLOCK_FORMAT)
@@ -1593,8 +1660,10 @@ def _check_scale_layout(scales, out, to, experts, rows, scale_cols, offsets, pad
                            f"{'linear' if to == 'swizzled_128x4' else 'swizzled'} layout take {need}")
 
 
-def convert_scale_layout(scales, *, to, rows=None, scale_cols=None, experts=None, offsets=None,
-                         offsets_convention=None, pad=0, out=None, stream=None):
+def convert_scale_layout(scales: Tensor, *, to: str, rows: Optional[int] = None, scale_cols: Optional[int] = None,
+                         experts: Optional[int] = None, offsets: Optional[Tensor] = None,
+                         offsets_convention: Optional[str] = None, pad: int = 0, out: Optional[Tensor] = None,
+                         stream: Optional[int] = None) -> Tensor:
     """Scale bytes linear <-> swizzled 128x4 (kjit_convert_scale_layout).
 
     To 'swizzled_128x4': scales are linear [E, R, C] (E experts of R rows) or
@@ -1626,8 +1695,10 @@ def convert_scale_layout(scales, *, to, rows=None, scale_cols=None, experts=None
     return out
 
 
-def prepare_convert_scale_layout(scales, out, *, to, rows=None, scale_cols=None, experts=None, offsets=None,
-                                 offsets_convention=None, pad=0):
+def prepare_convert_scale_layout(scales: Tensor, out: Tensor, *, to: str, rows: Optional[int] = None,
+                                 scale_cols: Optional[int] = None, experts: Optional[int] = None,
+                                 offsets: Optional[Tensor] = None, offsets_convention: Optional[str] = None,
+                                 pad: int = 0) -> None:
     """Compiles (or finds) and loads the kernel convert_scale_layout needs, so
     that the call can be captured in a CUDA graph."""
     _check_choice("to", to, _SCALE_LAYOUT)
