@@ -25,8 +25,10 @@ def apply_activation(h, activation, layout, alpha=1.702, limit=7.0):
     gate, up = split_gate_up(h.float(), layout)
     if activation == "silu_mul":
         return gate / (1 + torch.exp(-gate)) * up
-    gate = gate.clamp(max=limit)
-    up = up.clamp(-limit, limit)
+    # The clamps' gradient convention stated (kjit's, and torch 2.15's clamp): it passes strictly inside the bounds
+    # and is zero at and beyond them. Written with where, so the reference does not depend on torch's version.
+    gate = torch.where(gate < limit, gate, torch.full_like(gate, limit))
+    up = torch.where((up > -limit) & (up < limit), up, up.detach().clamp(-limit, limit))
     return (up + 1) * gate * torch.sigmoid(alpha * gate)
 
 
@@ -46,8 +48,11 @@ def dequantize_groups(codes, scales):
 
 
 def fake_quantize(x):
-    """x rounded through e4m3 codes with 1x128 scales, back to fp32."""
-    return dequantize_groups(*quantize_groups(x))
+    """x rounded through e4m3 codes with 1x128 scales, back to fp32; under autograd straight-through (the
+    rounding's gradient is the identity, as kjit's W8A8 backward takes it). x + (q - x) is q exactly: the two are
+    within a factor of 2, so their difference is exact."""
+    q = dequantize_groups(*quantize_groups(x.detach()))
+    return x + (q - x).detach() if x.requires_grad else q
 
 
 def torch_moe_activation(h, *, activation, layout, alpha=1.702, limit=7.0, out_dtype, scale_format="fp32",
@@ -129,13 +134,15 @@ def grouped_linear_with_grad(x, dy, w, ends):
 # ---- the layer ----
 
 def reference_moe(hidden, topk_ids, topk_weights, gate_up_of, down_of, experts_local, *, layout, act, expert_base=0,
-                  alpha=1.702, limit=7.0, gate_up_bias=None, down_bias=None, fp8_activations=False):
+                  alpha=1.702, limit=7.0, gate_up_bias=None, down_bias=None, fp8_activations=False,
+                  gate_up_lora=None, down_lora=None):
     """The MoE layer in fp32: for each local expert e (global id expert_base +
     e), the pairs routed to it, gate_up_of(e) [2I, H] and down_of(e) [H, I]
     fp32 (dequantised weights, made one expert at a time), weighted by
     topk_weights and summed per token. fp8_activations: the rows and the
     activation's output go through e4m3 with 1x128 scales first (W8A8), the
-    gate_up output rounded to bf16 as the kernel stores it."""
+    gate_up output rounded to bf16 as the kernel stores it. gate_up_lora / down_lora(e) -> (A [r, K], B [N, r],
+    scaling): a LoRA branch s (x A^T) B^T added to the GEMM's output, on the unquantised rows."""
     x = hidden.float()
     out = torch.zeros_like(x)
     local = topk_ids.long() - expert_base
@@ -143,18 +150,24 @@ def reference_moe(hidden, topk_ids, topk_weights, gate_up_of, down_of, experts_l
         tokens, slots = torch.nonzero(local == e, as_tuple=True)
         if tokens.numel() == 0:
             continue
-        rows = x[tokens]
+        rows = unquantised = x[tokens]
         if fp8_activations:
             rows = fake_quantize(rows)
         g = rows @ gate_up_of(e).t()
+        if gate_up_lora is not None:
+            a, b, s = gate_up_lora(e)
+            g = g + s * (unquantised @ a.t()) @ b.t()
         if gate_up_bias is not None:
             g = g + gate_up_bias[e].float()
         if fp8_activations:
             g = g.to(torch.bfloat16).float()
-        h = apply_activation(g, act, layout, alpha, limit)
+        h = unquantised = apply_activation(g, act, layout, alpha, limit)
         if fp8_activations:
             h = fake_quantize(h)
         y = h @ down_of(e).t()
+        if down_lora is not None:
+            a, b, s = down_lora(e)
+            y = y + s * (unquantised @ a.t()) @ b.t()
         if down_bias is not None:
             y = y + down_bias[e].float()
         out.index_add_(0, tokens, y * topk_weights[tokens, slots].unsqueeze(-1))
@@ -235,8 +248,10 @@ def _emulated_weights(w, a, w_scale, w_scale_convention, w_format, w_global_scal
 
 def emulated_grouped_gemm(a, w, offsets, *, offsets_convention, weights="e_n_k", out_dtype=None, a_scale=None,
                           w_scale=None, w_scale_convention=None, w_format=None, w_global_scale=None, activation=None,
-                          activation_alpha=1.702, activation_limit=7.0, gate_up_layout=None, gather=None):
-    assert offsets_convention == "cumulative_end" and weights == "e_n_k"
+                          activation_alpha=1.702, activation_limit=7.0, gate_up_layout=None, gather=None,
+                          row_scale=None):
+    assert offsets_convention == "cumulative_end" and weights in ("e_n_k", "e_k_n")
+    assert weights == "e_n_k" or (activation is None and gather is None and a_scale is None)
     assert (a.dtype == torch.float8_e4m3fn) == (a_scale is not None)
     block_scaled = w.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) and \
         list(w_scale.shape) not in ([w.shape[0], w.shape[1]], [w.shape[0], w.shape[1], 1])
@@ -249,11 +264,15 @@ def emulated_grouped_gemm(a, w, offsets, *, offsets_convention, weights="e_n_k",
         a = torch.where((sorted_to_flat >= 0)[:, None], rows, 0.0)
     rows_in = dequantize_groups(a, a_scale) if a_scale is not None else a.float()
     w32 = _emulated_weights(w, a, w_scale, w_scale_convention, w_format, w_global_scale, gate_up_layout)
-    out = torch.full((a.shape[0], w.shape[1]), float("nan"))
+    if weights == "e_k_n":  # the stored [E, R, C] read as [E, K = R, N = C]: out = a . W_e
+        w32 = w32.transpose(1, 2)
+    out = torch.full((a.shape[0], w32.shape[1]), float("nan"))
     start = 0
     for e, end in enumerate(offsets.tolist()):
         out[start:end] = rows_in[start:end] @ w32[e].t()
         start = end
+    if row_scale is not None:
+        out = out * row_scale[:, None]
     if activation is not None:  # the fused epilogue: w's rows in gate/up groups of 8 (kjit.gate_up_interleaved)
         groups = out.reshape(out.shape[0], -1, 2, 8)
         halves = torch.cat((groups[:, :, 0].reshape(out.shape[0], -1), groups[:, :, 1].reshape(out.shape[0], -1)), 1)
@@ -261,7 +280,9 @@ def emulated_grouped_gemm(a, w, offsets, *, offsets_convention, weights="e_n_k",
     return out.to(out_dtype or torch.bfloat16)
 
 
-def emulated_quantize_fp8(x, *, gather):
+def emulated_quantize_fp8(x, *, gather=None):
+    if gather is None:
+        return quantize_groups(x)
     sorted_to_flat, top_k = gather
     valid = sorted_to_flat >= 0
     rows = x.float()[(sorted_to_flat.clamp(min=0) // top_k).long()]
@@ -289,6 +310,17 @@ def emulated_moe_combine(expert_out, topk_weights, flat_to_sorted, *, out=None, 
     return result.to(out_dtype or torch.bfloat16)
 
 
+def emulated_grouped_gemm_wgrad(dy, x, offsets, *, offsets_convention, out_dtype=None):
+    """kjit.grouped_gemm_wgrad's contract: out[e] = dy[rows of e]^T . x[rows of e], fp32 sums, [E, N, K]."""
+    assert offsets_convention == "cumulative_end"
+    out = torch.zeros(offsets.numel(), dy.shape[1], x.shape[1])
+    start = 0
+    for e, end in enumerate(offsets.tolist()):
+        out[e] = dy[start:end].double().t() @ x[start:end].double()
+        start = end
+    return out.to(out_dtype or torch.float32)
+
+
 EMULATED_OPS = {"moe_routing": emulated_moe_routing, "grouped_gemm": emulated_grouped_gemm,
                 "quantize_fp8": emulated_quantize_fp8, "moe_activation": emulated_moe_activation,
-                "moe_combine": emulated_moe_combine}
+                "moe_combine": emulated_moe_combine, "grouped_gemm_wgrad": emulated_grouped_gemm_wgrad}

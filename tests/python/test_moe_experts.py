@@ -459,7 +459,7 @@ def test_a_block_using_the_module_compiles_with_no_graph_break(activation_contra
         return gm.forward
 
     torch._dynamo.reset()
-    with FakeTensorMode():
+    with FakeTensorMode(), torch.no_grad():  # serving: with gradients the router's would run the training path
         block = Block(module(fmt, device="cuda", experts=4, experts_total=8, expert_base=4), 8, 2)
         out = torch.compile(block, backend=recording_backend, fullgraph=True)(
             torch.empty(tokens, 256, dtype=bf16, device="cuda"))
@@ -482,7 +482,7 @@ def test_a_dynamic_token_count_compiles_one_graph_per_kernel_set(activation_cont
         return gm.forward
 
     torch._dynamo.reset()
-    with FakeTensorMode():
+    with FakeTensorMode(), torch.no_grad():
         block = torch.compile(Block(module("fp8_block", device="cuda", experts=4, experts_total=8, expert_base=4),
                                     8, 2), backend=recording_backend, fullgraph=True, dynamic=True)
         for tokens in (8, 33, 300, 700):  # 16 rows: W8A16 gathering; 66, 600 rows: W8A16; 1400 rows: W8A8
@@ -495,8 +495,10 @@ def test_a_dynamic_token_count_compiles_one_graph_per_kernel_set(activation_cont
 
 
 def test_the_module_traces_through_aot_autograd(activation_contract):
+    """Inference (no_grad): the joint forward/backward graph of the training path needs a GPU to trace (torch's
+    autograd engine sets the CUDA device), test_moe_training.py compiles it there."""
     torch._dynamo.reset()
-    with FakeTensorMode():
+    with FakeTensorMode(), torch.no_grad():
         block = Block(module("bf16", device="cuda"), 4, 2)
         out = torch.compile(block, backend="aot_eager", fullgraph=True)(torch.empty(16, 256, dtype=bf16, device="cuda"))
         assert out.shape == (16, 256)

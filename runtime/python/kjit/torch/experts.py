@@ -24,6 +24,8 @@ import torch
 
 import kjit
 from kjit import _check_choice, _check_tensor, _invalid, _mx_codes
+from . import training
+from .training import MoELoRA
 
 FORMATS = ("bf16", "fp8_block", "fp8_channel", "nvfp4", "mxfp4")
 GATE_UP_LAYOUTS = ("halves", "alternating")  # Hugging Face: [gate | up]; gpt-oss: gate, up, gate, up, ...
@@ -144,8 +146,12 @@ class MoEExperts(torch.nn.Module):
                  gate_up_bias: Optional[torch.Tensor] = None, down_bias: Optional[torch.Tensor] = None,
                  swiglu_alpha: Optional[float] = None, swiglu_limit: Optional[float] = None,
                  experts_total: Optional[int] = None, expert_base: int = 0,
-                 w8a8_min_rows: Optional[int] = DEFAULT_W8A8_MIN_ROWS, fused_activation: Optional[bool] = None):
+                 w8a8_min_rows: Optional[int] = DEFAULT_W8A8_MIN_ROWS, fused_activation: Optional[bool] = None,
+                 trainable: bool = False):
         super().__init__()
+        if not isinstance(trainable, bool):
+            raise _invalid(f"trainable must be a bool, got {type(trainable).__name__}")
+        self.trainable = trainable
         _check_choice("format", format, FORMATS)
         _check_choice("gate_up_layout", gate_up_layout, GATE_UP_LAYOUTS)
         _check_choice("activation", activation, ACTIVATIONS)
@@ -222,8 +228,12 @@ class MoEExperts(torch.nn.Module):
             raise _invalid(f"gate_up and down must have one dtype, got {_dtype_name(gate_up)} and {_dtype_name(down)}")
         if gate_up.device != down.device:
             raise _invalid(f"gate_up is on {gate_up.device} and down on {down.device}: one device for the module")
-        self.register_buffer("gate_up_weight", gate_up)
-        self.register_buffer("down_weight", down)
+        if self.trainable and fmt == "bf16":  # full fine-tuning: the stacks themselves (no copy)
+            self.gate_up_weight = torch.nn.Parameter(gate_up)
+            self.down_weight = torch.nn.Parameter(down)
+        else:  # quantized weights are frozen buffers, whatever `trainable` says (the biases still train)
+            self.register_buffer("gate_up_weight", gate_up)
+            self.register_buffer("down_weight", down)
         scales = (("gate_up_scale", gate_up_scale, 2 * i, h), ("down_scale", down_scale, h, i))
         if fmt == "bf16" or fmt in _FP4_GROUP:
             _none("scale_convention", scale_convention, f"it is the FP8 scales'; {fmt} weights have none"
@@ -283,8 +293,11 @@ class MoEExperts(torch.nn.Module):
         if down_bias is not None:
             _expect("down_bias", down_bias, floats, [[e, h]])
             down_bias = down_bias.float()
-        self.register_buffer("gate_up_bias", gate_up_bias)
-        self.register_buffer("down_bias", down_bias)
+        for name, bias in (("gate_up_bias", gate_up_bias), ("down_bias", down_bias)):
+            if self.trainable and bias is not None:
+                setattr(self, name, torch.nn.Parameter(bias))
+            else:
+                self.register_buffer(name, bias)
 
     def _set_w8a8(self, w8a8_min_rows) -> None:
         if w8a8_min_rows is not None and (not isinstance(w8a8_min_rows, int) or w8a8_min_rows < 1):
@@ -305,8 +318,8 @@ class MoEExperts(torch.nn.Module):
     def _set_fused_activation(self, fused_activation) -> None:
         # fp8_block fuses in W8A16 only: W8A8 reads gate_up in the checkpoint's row order.
         fusable = ("bf16",) + tuple(_FP4_GROUP) + (("fp8_block",) if self.w8a8_min_rows is None else ())
-        if fused_activation is None:
-            fused_activation = self.format in fusable and self.gate_up_bias is None
+        if fused_activation is None:  # trainable: the checkpoint's row order in the parameters
+            fused_activation = self.format in fusable and self.gate_up_bias is None and not self.trainable
         if not isinstance(fused_activation, bool):
             raise _invalid(f"fused_activation must be a bool or None, got {type(fused_activation).__name__}")
         if fused_activation:
@@ -320,7 +333,9 @@ class MoEExperts(torch.nn.Module):
             if self.gate_up_bias is not None:
                 raise _invalid("fused_activation cannot add gate_up_bias before the activation: leave it False")
             # kjit's fused order of the gate_up rows; the buffer holds it from here on (state_dict included).
-            self.gate_up_weight = kjit.gate_up_interleaved(self.gate_up_weight, layout=self.gate_up_layout)
+            reordered = kjit.gate_up_interleaved(self.gate_up_weight.detach(), layout=self.gate_up_layout)
+            self.gate_up_weight = torch.nn.Parameter(reordered) if isinstance(self.gate_up_weight, torch.nn.Parameter) \
+                else reordered
             if self.format in _FP4_GROUP:  # FP4's scale bytes follow their rows
                 self.gate_up_scale = kjit.gate_up_interleaved(self.gate_up_scale, layout=self.gate_up_layout)
             # fp8_block's 128 x 128 scales stay as stored (gate_up_interleaved(block_scales=True) returns them
@@ -459,7 +474,8 @@ class MoEExperts(torch.nn.Module):
             raise _invalid(f"out_dtype must be torch.bfloat16 (default) or torch.float32, got {out_dtype}")
 
     def forward(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, *,
-                out: Optional[torch.Tensor] = None, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+                out: Optional[torch.Tensor] = None, out_dtype: Optional[torch.dtype] = None,
+                lora: Optional["MoELoRA"] = None) -> torch.Tensor:
         """hidden [T, H] bf16, topk_ids [T, k] int32 global expert ids,
         topk_weights [T, k] fp32 -> [T, H]: sum over the pairs routed to this
         module's experts of topk_weights * expert(hidden), in fp32, rounded
@@ -467,6 +483,9 @@ class MoEExperts(torch.nn.Module):
         parallelism) or into `out`. No host synchronisation, no data-dependent
         control flow; the kernels come from kernels_for(T, k)."""
         self._check_forward(hidden, topk_ids, topk_weights, out, out_dtype)
+        if lora is not None or self._wants_grad(hidden, topk_weights):
+            self._check_training(lora)
+            return training.experts_function(self, hidden, topk_ids, topk_weights, out, out_dtype, lora)
         tokens, top_k = topk_ids.shape
         _, ends, sorted_to_flat, flat_to_sorted = kjit.moe_routing(
             topk_ids, self.experts_total, expert_base=self.expert_base, experts_local=self.experts_local,
@@ -477,6 +496,53 @@ class MoEExperts(torch.nn.Module):
         else:
             y = self._experts_bf16_activations(hidden, ends, sorted_to_flat, top_k, kernels)
         return kjit.moe_combine(y, topk_weights, flat_to_sorted.view(tokens, top_k), out=out, out_dtype=out_dtype)
+
+    # ---- training (kjit/torch/training.py has the autograd formula) ----
+
+    def _wants_grad(self, hidden, topk_weights) -> bool:
+        if not torch.is_grad_enabled():
+            return False
+        return any(t is not None and t.requires_grad for t in (hidden, topk_weights, self.gate_up_weight,
+                                                               self.down_weight, self.gate_up_bias, self.down_bias))
+
+    def _check_training(self, lora) -> None:
+        """What a differentiable forward needs, refused before any launch."""
+        if self.format != "bf16":
+            for name in ("gate_up_weight", "down_weight"):
+                if getattr(self, name).requires_grad:
+                    raise _invalid(f"{name} holds {self.format} codes, which are frozen: set requires_grad=False (the "
+                                   "gradient reaches hidden, topk_weights, the biases and LoRA adapters; train "
+                                   "quantized experts with kjit.torch.MoELoRA)")
+        if self.fused_activation and self.format == "fp8_block":
+            raise _invalid("training needs the gate_up output before the activation, which the fused W8A16 epilogue "
+                           "with 128 x 128 block scales never writes: build the module with fused_activation=False")
+        if lora is not None:
+            training.check_lora(self, lora)
+
+    def _gate_up_order(self) -> str:
+        """The order of gate and up in the stored gate_up rows (and so in the GEMM's output columns)."""
+        return "groups_of_8" if self.fused_activation else self.gate_up_layout
+
+    def _stored_to_checkpoint_rows(self):
+        rows = 2 * self.intermediate_size
+        row = torch.arange(rows)
+        pair, up = row // 16 * 8 + row % 8, row % 16 >= 8  # kjit.h: row 16g + i is gate pair 8g + i, + 8 its up
+        if self.gate_up_layout == "halves":
+            return torch.where(up, rows // 2 + pair, pair)
+        return 2 * pair + up.long()
+
+    def _lora_b_stored_order(self, b):
+        """gate_up's LoRA B [E, 2I, r], rows in the checkpoint's order, in the stored rows' order."""
+        if not self.fused_activation:
+            return b
+        return b[:, self._stored_to_checkpoint_rows().to(b.device)].contiguous()
+
+    def _lora_b_checkpoint_order(self, d_b):
+        if not self.fused_activation:
+            return d_b
+        out = torch.empty_like(d_b)
+        out[:, self._stored_to_checkpoint_rows().to(d_b.device)] = d_b  # a permutation: each row written once
+        return out
 
     def _experts_bf16_activations(self, hidden, ends, sorted_to_flat, top_k: int, kernels: str):
         """bf16 activations through both GEMMs (bf16, W8A16, W4A16): up to
@@ -524,7 +590,8 @@ class MoEExperts(torch.nn.Module):
 
     # ---- before CUDA-graph capture ----
 
-    def prepare(self, max_tokens: int, *, top_k: int) -> None:
+    def prepare(self, max_tokens: int, *, top_k: int, backward: bool = False,
+                lora: Optional["MoELoRA"] = None) -> None:
         """Compiles (or finds in kjit's cache) and loads every kernel forward
         can launch for 1 to max_tokens tokens of top_k experts each, so that a
         CUDA graph captured afterwards (or torch.compile's reduce-overhead
@@ -534,7 +601,12 @@ class MoEExperts(torch.nn.Module):
         count is never part of a kernel key), the activation, and the combine
         to bf16 and to fp32. Call it once per module and device, after .to();
         it allocates small tensors and may synchronise (it is not for the hot
-        path)."""
+        path).
+
+        backward=True (training) also loads what the differentiable path
+        launches: its unfused forward GEMMs, the 'e_k_n' dX GEMMs, the
+        weight-gradient GEMMs (bf16 weights, biases) and, given `lora`, the
+        adapter's GEMMs, so that forward + backward capture in one graph."""
         if not isinstance(max_tokens, int) or max_tokens < 1 or not isinstance(top_k, int) or top_k < 1:
             raise _invalid(f"max_tokens and top_k must be positive ints, got {max_tokens!r} and {top_k!r}")
         device = self.gate_up_weight.device
@@ -548,6 +620,11 @@ class MoEExperts(torch.nn.Module):
         gathering = {rows <= GATHER_MAX_ROWS for rows in (top_k, max_tokens * top_k)}
         for kernels in sorted({self.kernels_for(1, top_k), self.kernels_for(max_tokens, top_k)}):
             self._prepare_kernels(kernels, device, top_k, gathering)
+            if backward:
+                self._prepare_training(kernels, device, top_k)
+        if lora is not None:
+            training.check_lora(self, lora)
+            training.prepare_lora(self, lora, device, top_k)
         expert_out = torch.zeros(top_k, self.hidden_size, dtype=torch.bfloat16, device=device)
         weights = torch.zeros(1, top_k, dtype=torch.float32, device=device)
         flat_to_sorted = torch.arange(top_k, dtype=torch.int32, device=device)
@@ -594,6 +671,43 @@ class MoEExperts(torch.nn.Module):
             extra = {"scale_format": "fp32"} if kernels == "w8a8" else {}
             kjit.moe_activation(gate_up, out_dtype=out_dtype, valid_rows=valid_rows, **extra,
                                 **self._activation_args())
+
+    def _prepare_training(self, kernels: str, device, top_k: int) -> None:
+        """The differentiable path's own kernels (training.py) for one kernel set."""
+        if self.fused_activation and self.format == "fp8_block":
+            self._check_training(None)
+        h, i = self.hidden_size, self.intermediate_size
+        ends = torch.full((self.experts_local,), top_k, dtype=torch.int32, device=device)
+        rows = lambda cols, dtype=torch.bfloat16: torch.zeros(top_k, cols, dtype=dtype, device=device)  # noqa: E731
+        row_scale = torch.ones(top_k, dtype=torch.float32, device=device)
+        backward = "w8a16" if kernels == "w8a8" else kernels
+        gemms = [  # (which, a, out, weights, row_scale, kernels)
+            ("gate_up", rows(h), rows(2 * i, self._gemm_out_dtype(self.gate_up_bias) or torch.bfloat16), "e_n_k",
+             None, kernels),
+            ("down", rows(i), rows(h, self._gemm_out_dtype(self.down_bias) or torch.bfloat16), "e_n_k", None,
+             kernels),
+            ("gate_up", rows(2 * i), rows(h), "e_k_n", None, backward),
+            ("down", rows(h), rows(i), "e_k_n", row_scale, backward)]
+        if kernels == "w8a8":  # the forward's FP8 operands; the quantizer without a gather (the activation's)
+            for which, cols in (("gate_up", h), ("down", i)):
+                gemms = [(w, rows(cols, torch.float8_e4m3fn) if (w, wt) == (which, "e_n_k") else a, o, wt, r, k)
+                         for w, a, o, wt, r, k in gemms]
+            kjit.prepare_quantize_fp8(rows(i), rows(i, torch.float8_e4m3fn),
+                                      torch.zeros(top_k, i // _FP8_BLOCK, dtype=torch.float32, device=device))
+        for which, a, out, weights, scale, kset in gemms:
+            w = getattr(self, f"{which}_weight")
+            args = self._weight_args(which, kset)
+            if kset == "w8a8":
+                args["a_scale"] = torch.zeros(top_k, a.shape[1] // _FP8_BLOCK, dtype=torch.float32, device=device)
+            kjit.prepare_grouped_gemm(a, w.detach(), ends, out, weights=weights, offsets_convention=_OFFSETS,
+                                      row_scale=scale, **args)
+        wgrads = []
+        if self.format == "bf16" and self.gate_up_weight.requires_grad:
+            wgrads += [(2 * i, h), (h, i)]
+        wgrads += [(n, 8) for n, bias in ((2 * i, self.gate_up_bias), (h, self.down_bias))
+                   if bias is not None and bias.requires_grad]
+        for n, k in wgrads:
+            training.prepare_wgrad(n, k, self.experts_local, device)
 
     def extra_repr(self) -> str:
         return (f"format={self.format}, experts=[{self.expert_base}, {self.expert_base + self.experts_local}) of "

@@ -1,0 +1,393 @@
+"""Training through kjit.torch.MoEExperts: its autograd formula and LoRA on the experts.
+
+MoEExperts.forward comes here when a gradient is wanted (grad mode on and any
+of hidden, topk_weights, a trainable weight or bias, or a LoRA adapter
+requires one) or when a LoRA adapter is given. One torch.autograd.Function
+(_ExpertsFunction) runs the whole experts stage and writes its backward out
+by hand, so that what is saved, what each gradient costs and its summation
+order are chosen here, not left to torch's generic formulas (index_add's
+atomics would make the backward non-deterministic):
+
+  forward   routing -> h = A W1^T [+ b1] [+ s (A A1^T) B1^T] -> act(h)
+            -> y = act W2^T [+ b2] [+ s (act A2^T) B2^T] -> out = combine(y, topk_weights)
+  backward  g = dOut gathered to expert order, w = topk_weights in expert order
+            d topk_weights = <g, y> per pair
+            dact = w . (g W2) (+ LoRA), dh = act'(h) dact, dA = dh W1 (+ LoRA)
+            dhidden = the sum of a token's dA rows (kjit.moe_combine with weights 1)
+            dW = dY^T X per expert (kjit.grouped_gemm_wgrad), for bf16 weights,
+            biases and the LoRA factors.
+
+Quantized weights (FP8, NVFP4, MXFP4) are frozen: the backward reads the
+same stored tensor as the forward through the GEMM's 'e_k_n' reading (W8A16 /
+W4A16 with bf16 dY), so no bf16 copy of a stack is ever made. A W8A8 forward
+(FP8 activations) takes its dX through W8A16; its activation quantization is
+straight-through (its gradient is taken as the identity).
+
+Saved for the backward: the routing (int32, T x k each), h [rows, 2I] bf16
+(the gate_up output, from which the activation and its derivative are
+recomputed), y [rows, H] bf16 only when topk_weights needs a gradient, and
+the LoRA intermediates u [rows, r]. hidden and topk_weights are the caller's
+tensors (no copy); the gathered rows are gathered again when a weight
+gradient needs them. No buffer scales with E x N x K but the gradients of
+trainable weights themselves.
+
+Everything stays on the device (no host sync, no data-dependent Python), so
+forward and backward capture in one CUDA graph after MoEExperts.prepare(...,
+backward=True). Two backward passes on the same inputs give the same bits:
+every sum runs in a fixed order (the GEMMs split no reduction, the combine
+and the row dot products sum in index order).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+import kjit
+from kjit import _invalid
+
+_OFFSETS = "cumulative_end"
+_ROW_DOT_CHUNK = 8192  # rows per fp32 temporary of the d topk_weights dot products
+
+
+# ---- the activation, in fp32 on the gate_up output ----
+
+def gate_up_halves(h: torch.Tensor, order: str):
+    """h [rows, 2I] -> (gate, up) views [rows, I] for the stored row order:
+    'halves' (gate then up), 'alternating' (gate, up, ...) or 'groups_of_8'
+    (kjit.gate_up_interleaved's order: 8 gate rows, then their 8 up rows)."""
+    rows, two_i = h.shape
+    if order == "halves":
+        return h[:, : two_i // 2], h[:, two_i // 2:]
+    if order == "alternating":
+        return h[:, 0::2], h[:, 1::2]
+    grouped = h.view(rows, two_i // 16, 2, 8)
+    return grouped[:, :, 0, :].reshape(rows, -1), grouped[:, :, 1, :].reshape(rows, -1)
+
+
+def gate_up_joined(d_gate: torch.Tensor, d_up: torch.Tensor, order: str) -> torch.Tensor:
+    """The inverse of gate_up_halves: [rows, I] twice -> [rows, 2I]."""
+    rows, inter = d_gate.shape
+    if order == "halves":
+        return torch.cat((d_gate, d_up), dim=1)
+    if order == "alternating":
+        return torch.stack((d_gate, d_up), dim=2).view(rows, 2 * inter)
+    return torch.stack((d_gate.view(rows, -1, 8), d_up.view(rows, -1, 8)), dim=2).view(rows, 2 * inter)
+
+
+def activation_forward(h, activation: str, order: str, alpha: float, limit: float) -> torch.Tensor:
+    """act(h) in fp32, rounded once to bf16 [rows, I] (kjit.h's SiLU-and-mul or
+    gpt-oss's clamped SwiGLU; torch's exp, so within an fp32 ulp or two of
+    kjit.moe_activation before the common bf16 rounding)."""
+    gate, up = (t.float() for t in gate_up_halves(h, order))
+    if activation == "silu_mul":
+        return (gate * torch.sigmoid(gate) * up).to(torch.bfloat16)
+    gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+    return ((up + 1) * gate * torch.sigmoid(alpha * gate)).to(torch.bfloat16)
+
+
+def activation_backward(h, d_act, activation: str, order: str, alpha: float, limit: float) -> torch.Tensor:
+    """d act(h) / dh . d_act, fp32 math, bf16 [rows, 2I] in h's order. The
+    clamps pass the gradient strictly inside their bounds and give zero at
+    and beyond them (torch.clamp's convention)."""
+    gate, up = (t.float() for t in gate_up_halves(h, order))
+    d_act = d_act.float()
+    if activation == "silu_mul":
+        sig = torch.sigmoid(gate)
+        d_up = d_act * gate * sig
+        d_gate = d_act * up * sig * (1 + gate * (1 - sig))
+    else:
+        gate_c, up_c = gate.clamp(max=limit), up.clamp(-limit, limit)
+        sig = torch.sigmoid(alpha * gate_c)
+        d_up = torch.where((up > -limit) & (up < limit), d_act * gate_c * sig, 0.0)
+        d_gate_c = d_act * (up_c + 1) * sig * (1 + alpha * gate_c * (1 - sig))
+        d_gate = torch.where(gate < limit, d_gate_c, 0.0)
+    return gate_up_joined(d_gate.to(torch.bfloat16), d_up.to(torch.bfloat16), order)
+
+
+# ---- LoRA on the experts ----
+
+class MoELoRA(torch.nn.Module):
+    """Per-expert LoRA adapters for MoEExperts' two GEMMs, applied without
+    forming W + B A: gate_up's output gains scaling * (x A1^T) B1^T, down's
+    scaling * (act A2^T) B2^T, each by kjit's grouped GEMMs.
+
+    Parameters (PEFT's names and initialisation: A Kaiming-uniform, B zero,
+    so a new adapter changes nothing): gate_up_lora_A [E, r, H],
+    gate_up_lora_B [E, 2I, r] (rows in the checkpoint's gate/up order: the
+    module's gate_up_layout), down_lora_A [E, r, I], down_lora_B [E, H, r];
+    scaling = alpha / r (or alpha / sqrt(r) with use_rslora). targets names
+    which GEMMs get one ('gate_up', 'down'). Parameters are fp32 by default
+    (dtype=) and used in bf16 by the GEMMs; their gradients are accumulated
+    in fp32 by kjit.grouped_gemm_wgrad."""
+
+    TARGETS = ("gate_up", "down")
+
+    def __init__(self, experts: "torch.nn.Module", rank: int, alpha: float, *, targets=TARGETS,
+                 use_rslora: bool = False, dtype: torch.dtype = torch.float32, device=None):
+        super().__init__()
+        if not isinstance(rank, int) or isinstance(rank, bool) or not 8 <= rank <= 1024 or rank % 8 != 0:
+            raise _invalid(f"rank must be an int multiple of 8 in [8, 1024] (the grouped GEMMs' N and K step), "
+                           f"got {rank!r}")
+        if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not math.isfinite(alpha):
+            raise _invalid(f"alpha must be a finite number, got {alpha!r}")
+        targets = tuple(targets)
+        if not targets or any(t not in self.TARGETS for t in targets) or len(set(targets)) != len(targets):
+            raise _invalid(f"targets must be a non-empty subset of {self.TARGETS}, got {targets!r}")
+        if dtype not in (torch.float32, torch.bfloat16):
+            raise _invalid(f"dtype must be torch.float32 or torch.bfloat16, got {dtype}")
+        e, h, i = experts.experts_local, experts.hidden_size, experts.intermediate_size
+        device = experts.gate_up_weight.device if device is None else device
+        self.rank, self.alpha, self.targets = rank, float(alpha), targets
+        self.scaling = self.alpha / (math.sqrt(rank) if use_rslora else rank)
+        shapes = {"gate_up": ((e, rank, h), (e, 2 * i, rank)), "down": ((e, rank, i), (e, h, rank))}
+        for target in self.TARGETS:
+            a = b = None
+            if target in targets:
+                a_shape, b_shape = shapes[target]
+                a = torch.nn.Parameter(torch.empty(a_shape, dtype=dtype, device=device))
+                b = torch.nn.Parameter(torch.zeros(b_shape, dtype=dtype, device=device))
+                for expert in range(e):  # PEFT's init of each expert's A [r, K], as nn.Linear's weight
+                    torch.nn.init.kaiming_uniform_(a.data[expert], a=math.sqrt(5))
+            self.register_parameter(f"{target}_lora_A", a)
+            self.register_parameter(f"{target}_lora_B", b)
+
+    def factors(self, target: str):
+        """(A, B) of `target` as the GEMMs take them (bf16, contiguous), or None."""
+        a, b = getattr(self, f"{target}_lora_A"), getattr(self, f"{target}_lora_B")
+        if a is None:
+            return None
+        return a.to(torch.bfloat16).contiguous(), b.to(torch.bfloat16).contiguous()
+
+    def extra_repr(self) -> str:
+        return f"rank={self.rank}, alpha={self.alpha}, scaling={self.scaling:g}, targets={self.targets}"
+
+
+class LoRAMoEExperts(torch.nn.Module):
+    """A frozen MoEExperts with MoELoRA adapters: forward(hidden, topk_ids,
+    topk_weights) = experts(..., lora=self.lora). The drop-in for a training
+    loop: only the adapters' parameters (and whatever the experts module was
+    made trainable with) require gradients."""
+
+    def __init__(self, experts: "torch.nn.Module", rank: int, alpha: float, **lora_args):
+        super().__init__()
+        self.experts = experts
+        self.lora = MoELoRA(experts, rank, alpha, **lora_args)
+
+    def forward(self, hidden, topk_ids, topk_weights, **kwargs):
+        return self.experts(hidden, topk_ids, topk_weights, lora=self.lora, **kwargs)
+
+
+def check_lora(experts, lora) -> None:
+    """A LoRA adapter that fits `experts`: shapes, device, dtype."""
+    if not isinstance(lora, MoELoRA):
+        raise _invalid(f"lora must be a kjit.torch.MoELoRA, got {type(lora).__name__}")
+    e, h, i = experts.experts_local, experts.hidden_size, experts.intermediate_size
+    device = experts.gate_up_weight.device
+    for target, (k, n) in (("gate_up", (h, 2 * i)), ("down", (i, h))):
+        a, b = getattr(lora, f"{target}_lora_A"), getattr(lora, f"{target}_lora_B")
+        if a is None:
+            continue
+        r = lora.rank
+        for name, t, want in ((f"lora.{target}_lora_A", a, [e, r, k]), (f"lora.{target}_lora_B", b, [e, n, r])):
+            if list(t.shape) != want:
+                raise _invalid(f"{name} must be {want} for these experts (E {e}, H {h}, I {i}, rank {r}), got "
+                               f"{list(t.shape)}")
+            if t.device != device:
+                raise _invalid(f"{name} is on {t.device}, the experts on {device}")
+            if t.dtype not in (torch.float32, torch.bfloat16):
+                raise _invalid(f"{name} must be float32 or bfloat16, got {t.dtype}")
+
+
+# ---- the autograd formula ----
+
+def _bf16(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.bfloat16).contiguous()
+
+
+def _row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """fp32 [rows]: the dot product of each row of a and b (bf16), in chunks so
+    the fp32 temporaries stay small; a fixed order, so the same bits each run."""
+    rows = a.shape[0]
+    out = torch.empty(rows, dtype=torch.float32, device=a.device)
+    for start in range(0, rows, _ROW_DOT_CHUNK):
+        stop = min(rows, start + _ROW_DOT_CHUNK)
+        out[start:stop] = (a[start:stop].float() * b[start:stop].float()).sum(dim=1)
+    return out
+
+
+def _segment_sum(dy: torch.Tensor, ends: torch.Tensor, row_weights: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """fp32 [E, N]: each expert's sum of its rows of dy (times row_weights),
+    through the weight-gradient GEMM against a column of ones (or the
+    weights): deterministic, fp32 accumulation, empty experts 0."""
+    column = torch.zeros(dy.shape[0], 8, dtype=torch.bfloat16, device=dy.device)
+    column[:, 0] = 1.0 if row_weights is None else row_weights
+    return kjit.grouped_gemm_wgrad(dy, column, ends, offsets_convention=_OFFSETS)[:, :, 0]
+
+
+class _Plan:
+    """What the Function needs besides its differentiable inputs."""
+
+    def __init__(self, module, topk_ids, out_dtype, lora):
+        self.module, self.topk_ids, self.out_dtype, self.lora = module, topk_ids, out_dtype, lora
+
+
+class _ExpertsFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, plan, hidden, topk_weights, gate_up_w, down_w, gate_up_bias, down_bias, gu_a, gu_b, dn_a,
+                dn_b):
+        m = plan.module
+        tokens, top_k = plan.topk_ids.shape
+        _, ends, s2f, f2s = kjit.moe_routing(plan.topk_ids, m.experts_total, expert_base=m.expert_base,
+                                             experts_local=m.experts_local, offsets_convention=_OFFSETS)
+        rows = s2f.shape[0]
+        kernels = m.kernels_for(tokens, top_k)
+        token_of_row = (s2f.clamp(min=0, max=max(rows - 1, 0)) // top_k).long()
+        row_experts = m._row_experts(ends, rows) if gate_up_bias is not None or down_bias is not None else None
+        lora_gu = (_bf16(gu_a), m._lora_b_stored_order(_bf16(gu_b))) if gu_a is not None else None
+        lora_dn = (_bf16(dn_a), _bf16(dn_b)) if dn_a is not None else None
+        scaling = plan.lora.scaling if plan.lora is not None else 0.0
+
+        a = None  # the gathered rows [rows, H] bf16, when a bf16 GEMM or a LoRA needs them
+        if kernels == "w8a8":
+            a8, a_scale = kjit.quantize_fp8(hidden, gather=(s2f, top_k))
+            h = kjit.grouped_gemm(a8, gate_up_w, ends, offsets_convention=_OFFSETS, a_scale=a_scale,
+                                  out_dtype=m._gemm_out_dtype(gate_up_bias), **m._weight_args("gate_up", "w8a8"))
+        else:
+            a = hidden[token_of_row]
+            h = kjit.grouped_gemm(a, gate_up_w, ends, offsets_convention=_OFFSETS,
+                                  out_dtype=m._gemm_out_dtype(gate_up_bias), **m._weight_args("gate_up", kernels))
+        h = m._add_bias(h, gate_up_bias, row_experts)
+        u_gu = None
+        if lora_gu is not None:
+            if a is None:
+                a = hidden[token_of_row]
+            u_gu = kjit.grouped_gemm(a, lora_gu[0], ends, offsets_convention=_OFFSETS)
+            h.add_(kjit.grouped_gemm(u_gu, lora_gu[1], ends, offsets_convention=_OFFSETS), alpha=scaling)
+
+        act = activation_forward(h, m.activation, m._gate_up_order(), m.swiglu_alpha, m.swiglu_limit)
+        if kernels == "w8a8":
+            act8, act_scale = kjit.quantize_fp8(act)
+            y = kjit.grouped_gemm(act8, down_w, ends, offsets_convention=_OFFSETS, a_scale=act_scale,
+                                  out_dtype=m._gemm_out_dtype(down_bias), **m._weight_args("down", "w8a8"))
+        else:
+            y = kjit.grouped_gemm(act, down_w, ends, offsets_convention=_OFFSETS,
+                                  out_dtype=m._gemm_out_dtype(down_bias), **m._weight_args("down", kernels))
+        y = m._add_bias(y, down_bias, row_experts)
+        u_dn = None
+        if lora_dn is not None:
+            u_dn = kjit.grouped_gemm(act, lora_dn[0], ends, offsets_convention=_OFFSETS)
+            y.add_(kjit.grouped_gemm(u_dn, lora_dn[1], ends, offsets_convention=_OFFSETS), alpha=scaling)
+        out = kjit.moe_combine(y, topk_weights, f2s.view(tokens, top_k), out_dtype=plan.out_dtype)
+
+        ctx.plan, ctx.kernels, ctx.scaling = plan, kernels, scaling
+        ctx.lora_targets = (lora_gu is not None, lora_dn is not None)
+        keep_y = ctx.needs_input_grad[2]
+        ctx.save_for_backward(hidden, topk_weights, gate_up_w, down_w, ends, s2f, f2s, h, y if keep_y else None,
+                              u_gu, u_dn, *(lora_gu or (None, None)), *(lora_dn or (None, None)))
+        ctx.param_dtypes = tuple(t.dtype if t is not None else None for t in (gu_a, gu_b, dn_a, dn_b))
+        return out
+
+    @staticmethod
+    def backward(ctx, d_out):
+        (hidden, topk_weights, gate_up_w, down_w, ends, s2f, f2s, h, y, u_gu, u_dn, gu_a, gu_b_stored, dn_a,
+         dn_b) = ctx.saved_tensors  # the LoRA factors in bf16, gate_up's B in the stored row order
+        plan, scaling = ctx.plan, ctx.scaling
+        m = plan.module
+        needs = ctx.needs_input_grad  # (plan, hidden, topk_weights, W1, W2, b1, b2, A1, B1, A2, B2)
+        tokens, top_k = plan.topk_ids.shape
+        a_dtype, b_dtype = ctx.param_dtypes[0::2], ctx.param_dtypes[1::2]  # (gate_up, down) each
+        rows = s2f.shape[0]
+        token_of_row = (s2f.clamp(min=0, max=max(rows - 1, 0)) // top_k).long()
+        g = d_out.to(torch.bfloat16)[token_of_row]  # dOut in expert order; rows past the routed ones never read
+        w = topk_weights.reshape(-1)[s2f.clamp(min=0).long()]  # each row's routing weight, fp32
+        bwd = "w8a16" if ctx.kernels == "w8a8" else ctx.kernels  # dX reads FP8 weights W8A16 (bf16 dY)
+        gemm = kjit.grouped_gemm
+        grads = [None] * 11
+
+        if needs[2]:  # d topk_weights[t, j] = <dOut[t], y[row(t, j)]>; pairs of other experts 0
+            per_row = _row_dot(g, y)
+            f2s_flat = f2s.reshape(-1)
+            grads[2] = torch.where(f2s_flat >= 0, per_row[f2s_flat.clamp(min=0).long()], 0.0).view(tokens, top_k)
+
+        # down: dY = w . g row by row, folded into the narrower operand of each product
+        act = None
+        if needs[4] or needs[9] or needs[10]:
+            act = activation_forward(h, m.activation, m._gate_up_order(), m.swiglu_alpha, m.swiglu_limit)
+        d_act = gemm(g, down_w, ends, weights="e_k_n", offsets_convention=_OFFSETS, row_scale=w,
+                     **m._weight_args("down", bwd))
+        if ctx.lora_targets[1]:
+            d_u = gemm(g, dn_b, ends, weights="e_k_n", offsets_convention=_OFFSETS, row_scale=w * scaling)
+            d_act.add_(gemm(d_u, dn_a, ends, weights="e_k_n", offsets_convention=_OFFSETS))
+            if needs[10]:
+                grads[10] = kjit.grouped_gemm_wgrad(g, (u_dn.float() * (w * scaling)[:, None]).to(torch.bfloat16),
+                                                    ends, offsets_convention=_OFFSETS).to(b_dtype[1])
+            if needs[9]:
+                grads[9] = kjit.grouped_gemm_wgrad(d_u, act, ends, offsets_convention=_OFFSETS).to(a_dtype[1])
+        if needs[4]:
+            grads[4] = kjit.grouped_gemm_wgrad(g, (act.float() * w[:, None]).to(torch.bfloat16), ends,
+                                               offsets_convention=_OFFSETS).to(down_w.dtype)
+        if needs[6]:
+            grads[6] = _segment_sum(g, ends, w)
+
+        # the activation, then gate_up
+        d_h = activation_backward(h, d_act, m.activation, m._gate_up_order(), m.swiglu_alpha, m.swiglu_limit)
+        if needs[5]:
+            grads[5] = _segment_sum(d_h, ends)
+        d_a = gemm(d_h, gate_up_w, ends, weights="e_k_n", offsets_convention=_OFFSETS,
+                   **m._weight_args("gate_up", bwd))
+        a = hidden[token_of_row] if (needs[3] or needs[7]) else None
+        if ctx.lora_targets[0]:
+            d_u = gemm(d_h, gu_b_stored, ends, weights="e_k_n", offsets_convention=_OFFSETS,
+                       row_scale=torch.full((rows,), scaling, dtype=torch.float32, device=d_h.device))
+            d_a.add_(gemm(d_u, gu_a, ends, weights="e_k_n", offsets_convention=_OFFSETS))
+            if needs[8]:
+                d_b = kjit.grouped_gemm_wgrad(d_h, (u_gu.float() * scaling).to(torch.bfloat16), ends,
+                                              offsets_convention=_OFFSETS)
+                grads[8] = m._lora_b_checkpoint_order(d_b).to(b_dtype[0])
+            if needs[7]:
+                grads[7] = kjit.grouped_gemm_wgrad(d_u, a, ends, offsets_convention=_OFFSETS).to(a_dtype[0])
+        if needs[3]:
+            grads[3] = kjit.grouped_gemm_wgrad(d_h, a, ends, offsets_convention=_OFFSETS).to(gate_up_w.dtype)
+        if needs[1]:  # a token's rows summed in order of k (kjit.moe_combine with weights 1): no atomics
+            ones = torch.ones(tokens, top_k, dtype=torch.float32, device=d_a.device)
+            grads[1] = kjit.moe_combine(d_a, ones, f2s.view(tokens, top_k), out_dtype=hidden.dtype)
+        return tuple(grads)
+
+
+def prepare_wgrad(n: int, k: int, experts: int, device) -> None:
+    """Loads kjit.grouped_gemm_wgrad's kernels for [E, n, k] gradients (fp32 out)."""
+    ends = torch.zeros(experts, dtype=torch.int32, device=device)
+    dy = torch.zeros(8, n, dtype=torch.bfloat16, device=device)
+    x = torch.zeros(8, k, dtype=torch.bfloat16, device=device)
+    out = torch.empty(experts, n, k, dtype=torch.float32, device=device)
+    kjit.prepare_grouped_gemm_wgrad(dy, x, ends, out, offsets_convention=_OFFSETS)
+
+
+def prepare_lora(experts, lora: MoELoRA, device, top_k: int) -> None:
+    """Loads the kernels the adapter's branches launch (forward and backward)."""
+    e, r = experts.experts_local, lora.rank
+    ends = torch.full((e,), top_k, dtype=torch.int32, device=device)
+    rows = lambda cols: torch.zeros(top_k, cols, dtype=torch.bfloat16, device=device)  # noqa: E731
+    row_scale = torch.ones(top_k, dtype=torch.float32, device=device)
+    for target in lora.targets:
+        a, b = lora.factors(target)
+        k, n = a.shape[2], b.shape[1]
+        for x, w, out, weights, scale in ((rows(k), a, rows(r), "e_n_k", None), (rows(r), b, rows(n), "e_n_k", None),
+                                          (rows(n), b, rows(r), "e_k_n", row_scale),
+                                          (rows(r), a, rows(k), "e_k_n", None)):
+            kjit.prepare_grouped_gemm(x, w, ends, out, weights=weights, offsets_convention=_OFFSETS, row_scale=scale)
+        prepare_wgrad(n, r, e, device)
+        prepare_wgrad(r, k, e, device)
+
+
+def experts_function(module, hidden, topk_ids, topk_weights, out, out_dtype, lora):
+    """MoEExperts.forward's differentiable path (the module checked its arguments)."""
+    factors = {t: (getattr(lora, f"{t}_lora_A"), getattr(lora, f"{t}_lora_B")) if lora is not None else (None, None)
+               for t in MoELoRA.TARGETS}
+    plan = _Plan(module, topk_ids, out.dtype if out is not None else out_dtype, lora)
+    result = _ExpertsFunction.apply(plan, hidden, topk_weights, module.gate_up_weight, module.down_weight,
+                                    module.gate_up_bias, module.down_bias, *factors["gate_up"], *factors["down"])
+    return result if out is None else out.copy_(result)
