@@ -7,6 +7,7 @@
 
 #include "kjit/kjit.h"
 #include "kjit/version.h"
+#include "kjit/base/log.hpp"
 #include "kjit/internal/ops/dequant.hpp"
 #include "kjit/internal/ops/fp8_quantize.hpp"
 #include "kjit/internal/ops/mx_quantize.hpp"
@@ -289,5 +290,9 @@ KJIT_API const char* kjit_status_name(kjit_status status) {
 }
 
 KJIT_API const char* kjit_version(void) { return KJIT_VERSION_STRING; }
+
+KJIT_API void kjit_set_log_callback(kjit_log_callback callback, void* user_data, int max_level) {
+  kjit::log::set_callback(callback, user_data, max_level);
+}
 
 }  // extern "C"

@@ -1,9 +1,12 @@
 // The header-only C++ API over the C ABI: failures become kjit::Exception
-// carrying the status and the message.
+// carrying the status and the message; the log callback of the C ABI.
 #include <doctest/doctest.h>
 
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "kjit/base/log.hpp"
 #include "kjit/kjit.hpp"
 
 TEST_CASE("the C++ API throws kjit::Exception with the status and message of a failed call") {
@@ -69,4 +72,27 @@ TEST_CASE("the MX descriptors start with their struct size and no format or layo
   CHECK(layout.from == KJIT_SCALE_LAYOUT_UNSET);
   CHECK_THROWS_AS(kjit::convert_scale_layout(layout, nullptr), kjit::Exception);
   CHECK_THROWS_AS(kjit::prepare_convert_scale_layout(layout, 0), kjit::Exception);
+}
+
+namespace {
+struct Logged {
+  std::vector<std::pair<int, std::string>> messages;
+};
+void keep(int level, const char* message, void* user_data) {
+  static_cast<Logged*>(user_data)->messages.emplace_back(level, message);
+}
+}  // namespace
+
+TEST_CASE("kjit_set_log_callback receives kjit's messages up to its level, without the prefix, until reset") {
+  Logged logged;
+  kjit_set_log_callback(keep, &logged, KJIT_LOG_INFO);
+  kjit::log::warn("a warning {}", 1);
+  kjit::log::info("an info");
+  kjit::log::debug("a debug message, past the level");
+  kjit_set_log_callback(nullptr, nullptr, KJIT_LOG_DEBUG);  // back to stderr under KJIT_LOG
+  kjit::log::warn("after the reset (on stderr)");
+  REQUIRE(logged.messages.size() == 2);
+  CHECK(logged.messages[0] == std::pair<int, std::string>(KJIT_LOG_WARN, "a warning 1"));
+  CHECK(logged.messages[1] == std::pair<int, std::string>(KJIT_LOG_INFO, "an info"));
+  CHECK(kjit::log::callback_level().load() == -1);  // KJIT_LOG decides again
 }

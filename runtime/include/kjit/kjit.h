@@ -592,6 +592,27 @@ KJIT_API kjit_status kjit_device_count(int* count);
 /* kjit's version string, e.g. "0.1.0". */
 KJIT_API const char* kjit_version(void);
 
+/* Log messages (a cache root skipped, a kernel compiled, what each cache
+ * lookup found) are lines on stderr, "kjit: warning: ...", filtered by the
+ * environment variable KJIT_LOG (error, warn, info, debug; default warn). */
+typedef enum kjit_log_level {
+  KJIT_LOG_ERROR = 0,
+  KJIT_LOG_WARN = 1,
+  KJIT_LOG_INFO = 2,
+  KJIT_LOG_DEBUG = 3
+} kjit_log_level;
+
+/* Receives one message: its level (a kjit_log_level), the text (no prefix, no
+ * newline; valid during the call only) and the user_data given with it. It may
+ * be called from any thread that calls kjit, and must not call kjit. */
+typedef void (*kjit_log_callback)(int level, const char* message, void* user_data);
+
+/* Sends every message of max_level and below (KJIT_LOG_WARN: errors and
+ * warnings) to `callback` instead of stderr; KJIT_LOG is then not consulted.
+ * NULL restores stderr under KJIT_LOG. Process-wide; the Python module points
+ * it at logging.getLogger("kjit"). */
+KJIT_API void kjit_set_log_callback(kjit_log_callback callback, void* user_data, int max_level);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,11 +1,17 @@
 // kjit's one logger: lines on stderr prefixed "kjit: <level>:", filtered by
 // KJIT_LOG (error, warn, info, debug; default warn), read once per process.
 // An unknown KJIT_LOG value is reported once and treated as the default.
+// A callback (kjit_set_log_callback, which the Python module points at
+// Python's logging) replaces stderr: it receives each message up to its own
+// level, without the prefix and the newline, and KJIT_LOG is not consulted.
 #pragma once
 
+#include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <iterator>
+#include <mutex>
 #include <string>
 #include <string_view>
 
@@ -31,15 +37,55 @@ inline Level threshold() {
   return level;
 }
 
-inline bool enabled(Level level) { return level <= threshold(); }
+// The callback and its user data; callback_level(): the most verbose level it takes (-1: none, stderr).
+using Callback = void (*)(int level, const char* message, void* user_data);
+struct Sink {
+  Callback callback = nullptr;
+  void* user_data = nullptr;
+};
+inline std::mutex& sink_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+inline Sink& sink() {
+  static Sink s;
+  return s;
+}
+inline std::atomic<int>& callback_level() {
+  static std::atomic<int> level{-1};
+  return level;
+}
+
+// Sends messages of `max_level` (clamped to error..debug) and below to `callback` (nullptr: back to
+// stderr under KJIT_LOG).
+inline void set_callback(Callback callback, void* user_data, int max_level) {
+  std::lock_guard lock(sink_mutex());
+  sink() = {callback, user_data};
+  callback_level().store(callback ? std::clamp(max_level, 0, static_cast<int>(Level::debug)) : -1);
+}
+
+inline bool enabled(Level level) {
+  const int to_callback = callback_level().load(std::memory_order_relaxed);
+  if (to_callback >= 0) return static_cast<int>(level) <= to_callback;
+  return level <= threshold();
+}
 
 template <class... Args>
 void write(Level level, fmt::format_string<Args...> format, Args&&... args) {
   if (!enabled(level)) return;
+  std::string message = fmt::format(format, std::forward<Args>(args)...);
+  Sink target;
+  {
+    std::lock_guard lock(sink_mutex());
+    target = sink();
+  }
+  if (target.callback) {  // called outside the lock: it may take its time (Python's GIL)
+    target.callback(static_cast<int>(level), message.c_str(), target.user_data);
+    return;
+  }
+  if (level > threshold()) return;  // the callback was removed since enabled()
   static constexpr const char* names[] = {"error", "warning", "info", "debug"};
-  std::string line = fmt::format("kjit: {}: ", names[static_cast<int>(level)]);
-  fmt::format_to(std::back_inserter(line), format, std::forward<Args>(args)...);
-  line += '\n';
+  std::string line = fmt::format("kjit: {}: {}\n", names[static_cast<int>(level)], message);
   std::fputs(line.c_str(), stderr);  // one call per line: lines from threads don't interleave
 }
 
