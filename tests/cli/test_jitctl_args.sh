@@ -4,7 +4,9 @@
 # errors (exit 2) for unknown options and bad values, values that must never
 # destroy a cache (durations without a unit, overflowing sizes and durations,
 # signs, 20-digit numbers), `clear` of a large cache without --yes off a
-# terminal, and `selftest` with nothing to run (exit 77, skipped, saying why).
+# terminal, and `selftest` with nothing to run (exit 77, skipped, saying why);
+# the aliases (help, version, -V), "did you mean" for commands, options, filter
+# values and manifest names, and bundled manifests found by name.
 # Usage: test_jitctl_args.sh JITCTL KJIT_VERSION
 set -euo pipefail
 jitctl=$1
@@ -55,6 +57,56 @@ usage_error "a stray argument to verify" verify now
 usage_error "a -j that is not a number" precompile --manifest x.json --arch sm_90a -j many
 usage_error "a -j of 0" precompile --manifest x.json --arch sm_90a -j 0
 usage_error "a --cubin with no value" show abc --cubin
+
+# --- aliases, "did you mean", checked filter values -------------------------------
+run "$work/out" "$work/err" help
+check "help exits 0 (got $rc)" test "$rc" -eq 0
+check "help prints the usage with every command" grep -q "^  precompile" "$work/out"
+run "$work/out" "$work/err" help list
+check "help list is list --help" grep -q "jitctl list" "$work/out"
+check "help list documents --summary" grep -q -- "--summary" "$work/out"
+for alias in version -V; do
+  run "$work/out" "$work/err" $alias
+  check "$alias exits 0 (got $rc)" test "$rc" -eq 0
+  check "$alias prints kjit's version" grep -qF "$version" "$work/out"
+done
+did_you_mean() {  # did_you_mean NAME EXPECTED ARGS...: exit 2 and the nearest name suggested on stderr
+  local name=$1 expected=$2; shift 2
+  run "$work/out" "$work/err" "$@"
+  check "$name: exit 2 (got $rc)" test "$rc" -eq 2
+  check "$name: suggests $expected" grep -qF "did you mean '$expected'?" "$work/err"
+}
+did_you_mean "jitctl lst" list lst
+did_you_mean "jitctl precompil" precompile precompil
+did_you_mean "jitctl help lsit" list help lsit
+did_you_mean "list --sumary" --summary list --sumary
+did_you_mean "list --jsn" --json list --jsn
+did_you_mean "precompile --manfest" --manifest precompile --manfest x --arch sm_90a
+did_you_mean "--verison" --version --verison
+did_you_mean "list --arch sm_90" sm_90a list --arch sm_90
+check "list --arch sm_90: says sm_90 is not a known arch" grep -qF "'sm_90' is not a known arch" "$work/err"
+did_you_mean "list --op fp8_deqant" fp8_dequant list --op fp8_deqant
+did_you_mean "clear --arch sm100a" sm_100a clear --arch sm100a --yes
+usage_error "list --arch sm_91zz (nothing near)" list --arch sm_91zz
+check "an unknown arch lists the known ones" grep -q "known: sm_80" "$work/err"
+usage_error "list --op nonsense" list --op nonsense
+check "an unknown op lists the known ones" grep -q "known: fp8_dequant" "$work/err"
+usage_error "show KEY that is not hex" show not-a-key
+check "show says what a key is" grep -q "hex" "$work/err"
+run "$work/out" "$work/err" frobnicate
+check "an unknown command far from any lists the commands" grep -q "commands: info, list" "$work/err"
+
+# --- bundled manifests by name ---------------------------------------------------
+run "$work/out" "$work/err" precompile --manifest deepseek --arch sm_90a
+check "an unknown manifest name fails (got $rc)" test "$rc" -eq 1
+check "an unknown manifest name suggests the nearest" grep -qF "did you mean 'deepseek-v3'?" "$work/err"
+check "an unknown manifest name lists the bundled ones" grep -q "bundled: deepseek-v3, default, " "$work/err"
+# A name resolves to the bundled manifest: the run gets past reading it and
+# stops at the cache root, which cannot be written (nothing is compiled).
+for name in deepseek-v3 default.json; do
+  KJIT_CACHE_DIR=/dev/null/cache run "$work/out" "$work/err" precompile --manifest "$name" --arch sm_90a
+  check "--manifest $name is read (stops at the unwritable root; got $rc)" grep -q "cannot be written" "$work/err"
+done
 
 # --- a cache of 24 entries to (not) destroy ------------------------------------
 cat > "$work/small.json" <<'JSON'

@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 #include <cstdlib>
@@ -14,6 +15,7 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "manifest.hpp"
 
@@ -75,6 +77,40 @@ TEST_CASE("every bundled manifest parses, and the default one includes them all"
                                      // entries again with the gather: DeepSeek-V3 8, GLM 4, gpt-oss 2, Mixtral 2, Qwen3-235B 4,
                                      // Qwen3-30B 6)
   CHECK(all->kernels.size() <= union_size);  // duplicates across models merged
+}
+
+TEST_CASE("the bundled manifests are compiled in, found by name, and equal to their files") {
+  std::vector<std::string> files;
+  for (const auto& file : std::filesystem::directory_iterator(kBundled))
+    if (file.path().extension() == ".json") files.push_back(file.path().stem().string());
+  std::sort(files.begin(), files.end());
+  CHECK(kjit::tools::bundled_manifest_names() == files);
+  for (const auto& name : files) {
+    auto bundled = kjit::tools::read_bundled_manifest(name);
+    REQUIRE_MESSAGE(bundled.has_value(), kjit::testing::why(bundled));
+    auto file = read_manifest((kBundled / (name + ".json")).string());
+    REQUIRE_MESSAGE(file.has_value(), kjit::testing::why(file));
+    CHECK(bundled->name == file->name);
+    CHECK(bundled->kernels.size() == file->kernels.size());  // default's includes resolve among the bundled ones
+  }
+  auto with_suffix = kjit::tools::read_bundled_manifest("deepseek-v3.json");
+  CHECK_MESSAGE(with_suffix.has_value(), kjit::testing::why(with_suffix));
+  // load_manifest: a path is a file, a bare name the bundled manifest.
+  auto by_name = kjit::tools::load_manifest("default");
+  REQUIRE_MESSAGE(by_name.has_value(), kjit::testing::why(by_name));
+  CHECK(by_name->kernels.size() == 164);
+  auto by_path = kjit::tools::load_manifest((kBundled / "mixtral-8x7b.json").string());
+  CHECK_MESSAGE(by_path.has_value(), kjit::testing::why(by_path));
+}
+
+TEST_CASE("an unknown bundled manifest name lists the bundled ones, with the nearest") {
+  for (const char* name : {"deepseek", "deepseek-v4", "nonesuch", "nonesuch.json"}) {
+    auto m = kjit::tools::load_manifest(name);
+    REQUIRE_FALSE(m.has_value());
+    CHECK_MESSAGE(m.error().message.find("bundled: deepseek-v3, default, ") != std::string::npos, m.error().message);
+  }
+  CHECK(kjit::tools::load_manifest("deepseek").error().message.find("did you mean 'deepseek-v3'?") != std::string::npos);
+  CHECK(kjit::tools::load_manifest("nonesuch").error().message.find("did you mean") == std::string::npos);
 }
 
 TEST_CASE("manifest list-valued fields expand into one spec per value") {

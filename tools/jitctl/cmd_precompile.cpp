@@ -159,10 +159,13 @@ Expected<void> probe_writable_root(cache::Store& store) {
 int cmd_precompile(const PrecompileOptions& options) {
   const unsigned threads = options.jobs > 0 ? options.jobs : std::max(1u, std::thread::hardware_concurrency());
   const auto& archs = options.archs;
-  if (options.manifest.empty()) return usage_error("precompile needs --manifest FILE", "precompile");
+  if (options.manifest.empty())
+    return usage_error(fmt::format("precompile needs --manifest FILE or a bundled manifest's name ({})",
+                                   fmt::join(bundled_manifest_names(), ", ")),
+                       "precompile");
   if (archs.empty()) return usage_error("precompile needs --arch LIST (e.g. sm_90a,sm_100a,sm_120a)", "precompile");
 
-  auto manifest = read_manifest(options.manifest);
+  auto manifest = load_manifest(options.manifest);
   if (!manifest) {
     fmt::print(stderr, "jitctl: error: {}\n", manifest.error().message);
     return kExitFailure;

@@ -3,14 +3,18 @@
 // here, before any command runs, so a value that fails to parse (a size, a
 // duration, an arch) is a usage error (exit 2) and never reaches a command
 // that removes entries.
+#include <algorithm>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include "kjit/codegen/arch.hpp"
+#include "kjit/codegen/kernel_spec.hpp"
 #include "cli.hpp"
+#include "suggest.hpp"
 #include "kjit/cache/store.hpp"
 #include "kjit/kjit.h"
 
@@ -22,6 +26,9 @@ constexpr const char* kEnvironment = R"(environment:
   KJIT_CACHE_PATH       read-only roots searched after it, colon separated
   KJIT_CACHE_MAX_BYTES  size cap of the writable root (e.g. 4G)
   KJIT_LOG              error, warn (default), info or debug
+  (every variable kjit reads: docs/environment.md)
+
+aliases: jitctl help [COMMAND] (--help), jitctl version and -V (--version)
 
 exit status: 0 success, 1 a failure (named on stderr), 2 a wrong command line,
 77 skipped (selftest with nothing to run))";
@@ -30,9 +37,97 @@ CLI::Option* add_json(CLI::App& command, bool& json) {
   return command.add_flag("--json", json, "print the result as one JSON document on stdout");
 }
 
+// The names codegen knows, as strings (for the messages and did_you_mean).
+std::vector<std::string> known_ops() {
+  std::vector<std::string> ops;
+  for (auto op : codegen::spec_ops()) ops.emplace_back(op);
+  return ops;
+}
+std::vector<std::string> known_archs() {
+  std::vector<std::string> archs;
+  for (const auto& row : codegen::capability_table()) archs.emplace_back(row.target);
+  return archs;
+}
+
+// "'sm_90' is not a known arch (did you mean 'sm_90a'?); known: sm_80, ..."
+std::string unknown_value(std::string_view what, const std::string& value, const std::vector<std::string>& known) {
+  return fmt::format("'{}' is not a known {}{}; known: {}", value, what, did_you_mean(value, known),
+                     fmt::join(known, ", "));
+}
+
+// A filter's value is checked against what kjit knows, so that a typo is an
+// error rather than an empty listing (or a clear that removes nothing).
+CLI::Validator one_of(std::string_view what, std::vector<std::string> (*known)()) {
+  return CLI::Validator(
+      [what, known](std::string& value) {
+        const auto names = known();
+        return std::find(names.begin(), names.end(), value) != names.end() ? std::string()
+                                                                           : unknown_value(what, value, names);
+      },
+      std::string(what == "op" ? "OP" : "ARCH"));
+}
+
 CLI::Option* add_filters(CLI::App& command, std::string& op, std::string& arch) {
-  command.add_option("--op", op, "only entries of this op (fp8_dequant, grouped_gemm, ...)")->type_name("OP");
-  return command.add_option("--arch", arch, "only entries built for this target (e.g. sm_90a)")->type_name("ARCH");
+  command.add_option("--op", op, "only entries of this op (fp8_dequant, grouped_gemm, ...)")
+      ->type_name("OP")
+      ->check(one_of("op", known_ops));
+  return command.add_option("--arch", arch, "only entries built for this target (e.g. sm_90a)")
+      ->type_name("ARCH")
+      ->check(one_of("arch", known_archs));
+}
+
+// The long and short names of `command`'s options ("--json", "-j").
+std::vector<std::string> option_names(const CLI::App& command) {
+  std::vector<std::string> names;
+  for (const CLI::Option* option : command.get_options()) {
+    for (const auto& name : option->get_lnames()) names.push_back("--" + name);
+    for (const auto& name : option->get_snames()) names.push_back("-" + name);
+  }
+  return names;
+}
+
+// Commands and options that do not exist, named with the nearest that does,
+// before CLI11 parses (whose messages for these are "A subcommand is required"
+// and "The following argument was not expected"). Empty when all are known.
+std::string unknown_names(const CLI::App& app, const std::vector<std::string>& args, std::string& command) {
+  const CLI::App* scope = &app;
+  for (size_t i = 1; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "--") break;
+    if (arg.size() > 1 && arg[0] == '-') {
+      if (arg[1] != '-' && arg.size() > 2) continue;  // -j4: CLI11's to judge
+      const std::string name = arg.substr(0, arg.find('='));
+      const auto names = option_names(*scope);
+      if (std::find(names.begin(), names.end(), name) == names.end())
+        return fmt::format("unknown option '{}'{}{}", name, scope == &app ? "" : fmt::format(" of '{}'", command),
+                           did_you_mean(name, names));
+    } else if (scope == &app) {
+      std::vector<std::string> commands;
+      for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; }))
+        commands.push_back(sub->get_name());
+      if (std::find(commands.begin(), commands.end(), arg) == commands.end()) {
+        const auto near = did_you_mean(arg, commands);
+        return fmt::format("unknown command '{}'{}", arg,
+                           near.empty() ? fmt::format(" (commands: {})", fmt::join(commands, ", ")) : near);
+      }
+      command = arg;
+      scope = app.get_subcommand(arg);
+    }
+    // Anything else is a positional argument or an option's value: CLI11 checks those.
+  }
+  return {};
+}
+
+// The aliases: `help [COMMAND]` is `[COMMAND] --help`, `version` is `--version`.
+std::vector<std::string> with_aliases(int argc, char** argv) {
+  std::vector<std::string> args(argv, argv + argc);
+  if (args.size() >= 2 && args[1] == "help") {
+    args.erase(args.begin() + 1);
+    args.push_back("--help");
+  } else if (args.size() == 2 && args[1] == "version") {
+    args[1] = "--version";
+  }
+  return args;
 }
 
 // Parsed by the cache library's parsers, the ones KJIT_CACHE_MAX_BYTES uses.
@@ -75,7 +170,7 @@ int usage_error(std::string_view message, std::string_view command) {
 
 int run(int argc, char** argv) {
   CLI::App app("jitctl: manage kjit's kernel cache and precompile it", "jitctl");
-  app.set_version_flag("--version", std::string("jitctl (kjit) ") + kjit_version());
+  app.set_version_flag("-V,--version", std::string("jitctl (kjit) ") + kjit_version());
   app.footer(kEnvironment);
   app.require_subcommand(1);
 
@@ -91,7 +186,16 @@ int run(int argc, char** argv) {
 
   ShowOptions show;
   auto* show_cmd = app.add_subcommand("show", "one entry: spec, source, compile log");
-  show_cmd->add_option("key", show.key, "the entry's key, or a unique prefix of one")->required()->type_name("KEY");
+  show_cmd->add_option("key", show.key, "the entry's key, or a unique prefix of one")
+      ->required()
+      ->type_name("KEY")
+      ->check(CLI::Validator(
+          [](std::string& key) {
+            return !key.empty() && key.find_first_not_of("0123456789abcdef") == std::string::npos
+                       ? std::string()
+                       : fmt::format("a key is lowercase hex digits (as `jitctl list` prints them), got '{}'", key);
+          },
+          "KEY"));
   show_cmd->add_option("--cubin", show.cubin, "also write the entry's cubin to FILE (for cuobjdump -sass)")
       ->type_name("FILE");
   add_json(*show_cmd, show.json);
@@ -118,8 +222,11 @@ int run(int argc, char** argv) {
   auto* precompile_cmd = app.add_subcommand(
       "precompile", "compile a manifest's kernels into the writable root (needs no GPU)");
   // Both required; checked by cmd_precompile, whose message says what it needs.
-  precompile_cmd->add_option("--manifest", precompile.manifest, "the manifest (tools/manifests/*.json); required")
-      ->type_name("FILE");
+  precompile_cmd
+      ->add_option("--manifest", precompile.manifest,
+                   "a manifest file, or a bundled manifest's name (default, deepseek-v3, ...: "
+                   "tools/manifests/*.json, compiled into jitctl); required")
+      ->type_name("FILE|NAME");
   precompile_cmd->add_option("--arch", precompile.archs, "targets, comma separated (e.g. sm_90a,sm_100a); required")
       ->delimiter(',')
       ->type_name("LIST")
@@ -142,8 +249,14 @@ int run(int argc, char** argv) {
     std::fputs(app.help().c_str(), stderr);
     return kExitUsage;
   }
+  std::vector<std::string> args = with_aliases(argc, argv);
+  std::string command;
+  if (const std::string unknown = unknown_names(app, args, command); !unknown.empty())
+    return usage_error(unknown, command);
+  std::vector<char*> arg_pointers;
+  for (auto& arg : args) arg_pointers.push_back(arg.data());
   try {
-    app.parse(argc, argv);
+    app.parse(static_cast<int>(arg_pointers.size()), arg_pointers.data());
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
     const auto commands = app.get_subcommands();

@@ -19,6 +19,8 @@
 
 #include <fmt/format.h>
 
+#include "suggest.hpp"
+
 namespace kjit::tools {
 namespace {
 
@@ -348,15 +350,32 @@ Expected<std::string> read_regular_file(const std::filesystem::path& path, size_
   return text;
 }
 
+const BundledManifest* find_bundled(std::string_view file) {
+  for (const auto& bundled : bundled_manifests())
+    if (bundled.file == file) return &bundled;
+  return nullptr;
+}
+
 struct Reader {
-  explicit Reader(const ManifestLimits& limits_) : limits(limits_) {}
+  Reader(const ManifestLimits& limits_, bool bundled_) : limits(limits_), bundled(bundled_) {}
   const ManifestLimits& limits;
+  bool bundled;         // the files are bundled_manifests(), their paths "bundled/NAME.json"
   size_t bytes = 0;     // read so far, includes together
   size_t expanded = 0;  // specs so far, includes together
   std::vector<std::filesystem::path> chain;  // the files including the one being read, for cycles
 
+  Expected<std::string> text_of(const std::filesystem::path& path) const {
+    if (!bundled) return read_regular_file(path, limits.max_bytes);
+    const BundledManifest* found = path.parent_path() == "bundled" ? find_bundled(path.filename().string()) : nullptr;
+    if (!found) return invalid(fmt::format("{}: no such bundled manifest", path.string()));
+    if (found->text.size() > limits.max_bytes)
+      return invalid(fmt::format("{}: {} bytes, more than the limit {}", path.string(), found->text.size(),
+                                 limits.max_bytes));
+    return std::string(found->text);
+  }
+
   Expected<Manifest> read(const std::filesystem::path& path) {
-    auto text = KJIT_TRY(read_regular_file(path, limits.max_bytes));
+    auto text = KJIT_TRY(text_of(path));
     bytes += text.size();
     if (bytes > limits.max_bytes)
       return invalid(fmt::format("{}: with the manifests read before it, {} bytes, more than the limit {}",
@@ -364,7 +383,7 @@ struct Reader {
     // Includes nest a few levels: deeper is a mistake (and each level is a stack frame).
     if (chain.size() > 8) return invalid(fmt::format("{}: includes nest more than 8 deep", path.string()));
     std::error_code ec;
-    const auto canonical = std::filesystem::canonical(path, ec);
+    const auto canonical = bundled ? path.lexically_normal() : std::filesystem::canonical(path, ec);
     if (std::find(chain.begin(), chain.end(), canonical) != chain.end())
       return invalid(fmt::format("{}: includes itself", path.string()));
     auto parsed = parse_document(text, limits, expanded);
@@ -391,7 +410,36 @@ Expected<Manifest> parse_manifest(std::string_view text, const ManifestLimits& l
 }
 
 Expected<Manifest> read_manifest(const std::string& path, const ManifestLimits& limits) {
-  return Reader(limits).read(path);
+  return Reader(limits, false).read(path);
+}
+
+std::vector<std::string> bundled_manifest_names() {
+  std::vector<std::string> names;
+  for (const auto& bundled : bundled_manifests()) {
+    std::string_view file = bundled.file;
+    file.remove_suffix(std::string_view(".json").size());
+    names.emplace_back(file);
+  }
+  return names;
+}
+
+Expected<Manifest> read_bundled_manifest(std::string_view name, const ManifestLimits& limits) {
+  std::string file(name);
+  if (!file.ends_with(".json")) file += ".json";
+  if (file.find('/') != std::string::npos || !find_bundled(file)) {
+    std::string stem = file.substr(0, file.size() - 5);
+    const auto names = bundled_manifest_names();
+    return invalid(fmt::format("no manifest file or bundled manifest named '{}'{}; bundled: {} (or give a path)",
+                               name, did_you_mean(stem, names), fmt::join(names, ", ")));
+  }
+  return Reader(limits, true).read(std::filesystem::path("bundled") / file);
+}
+
+Expected<Manifest> load_manifest(const std::string& path_or_name, const ManifestLimits& limits) {
+  std::error_code ec;
+  if (path_or_name.find('/') != std::string::npos || std::filesystem::exists(path_or_name, ec))
+    return read_manifest(path_or_name, limits);
+  return read_bundled_manifest(path_or_name, limits);
 }
 
 }  // namespace kjit::tools

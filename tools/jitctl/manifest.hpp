@@ -3,7 +3,9 @@
 #pragma once
 
 #include <cstddef>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kjit/codegen/kernel_spec.hpp"
@@ -31,5 +33,22 @@ Expected<Manifest> parse_manifest(std::string_view text, const ManifestLimits& l
 // Reads a manifest file (a regular file) and the manifests it includes (paths
 // relative to it); errors start with the file's path.
 Expected<Manifest> read_manifest(const std::string& path, const ManifestLimits& limits = {});
+
+// The manifests of tools/manifests/, compiled in (cmake/EmbedManifests.cmake):
+// file name ("deepseek-v3.json") and text, sorted by name.
+struct BundledManifest {
+  std::string_view file;
+  std::string_view text;
+};
+std::span<const BundledManifest> bundled_manifests();
+// Their names: the file names without ".json" ("deepseek-v3").
+std::vector<std::string> bundled_manifest_names();
+// A bundled manifest by name ("deepseek-v3" or "deepseek-v3.json"); the
+// manifests it includes are bundled ones. An unknown name is an error listing
+// the bundled names (and the nearest one).
+Expected<Manifest> read_bundled_manifest(std::string_view name, const ManifestLimits& limits = {});
+// What `--manifest` takes: a path (it has a '/' or names an existing file), or
+// else the name of a bundled manifest.
+Expected<Manifest> load_manifest(const std::string& path_or_name, const ManifestLimits& limits = {});
 
 }  // namespace kjit::tools
