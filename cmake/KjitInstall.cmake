@@ -1,6 +1,8 @@
 # What `cmake --install` puts under the prefix: libkjit.so, the public headers,
-# jitctl, a CMake package (find_package(kjit CONFIG) -> kjit::kjit) and a
-# pkg-config file (kjit.pc). Both package files are relocatable: the prefix may
+# jitctl, a CMake package (find_package(kjit CONFIG) -> kjit::kjit), a
+# pkg-config file (kjit.pc), the bundled manifests (share/kjit/manifests: the
+# files jitctl has compiled in and finds by name) and the licence
+# (share/doc/kjit/LICENSE). Both package files are relocatable: the prefix may
 # be moved (or be a Python wheel's folder) after installation.
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
@@ -14,6 +16,13 @@ if(SKBUILD_SCRIPTS_DIR)
   install(TARGETS jitctl RUNTIME DESTINATION ${SKBUILD_SCRIPTS_DIR})
 else()
   install(TARGETS jitctl RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+endif()
+set(KJIT_INSTALL_MANIFESTDIR ${CMAKE_INSTALL_DATADIR}/kjit/manifests CACHE STRING
+  "where the bundled manifests are installed, relative to the prefix")
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/tools/manifests/ DESTINATION ${KJIT_INSTALL_MANIFESTDIR}
+  FILES_MATCHING PATTERN "*.json" PATTERN "README.md")
+if(NOT SKBUILD)  # a wheel carries the licence in its metadata (pyproject.toml's license-files)
+  install(FILES ${PROJECT_SOURCE_DIR}/LICENSE DESTINATION ${CMAKE_INSTALL_DOCDIR})
 endif()
 install(FILES ${PROJECT_SOURCE_DIR}/runtime/include/kjit/kjit.h ${PROJECT_SOURCE_DIR}/runtime/include/kjit/kjit.hpp
   ${PROJECT_SOURCE_DIR}/base/include/kjit/status.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kjit)
