@@ -410,11 +410,15 @@ def relative(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm().clamp(min=1e-30)).item()
 
 
-def check_training_step(family, device, tokens, tolerance):
+def check_training_step(family, device, tokens, tolerance, train_experts=True):
     """One backward through the whole model (experts' bf16 weights, router, embeddings...): kjit's gradients
     against the fp32 model's at most 1.5x transformers' bf16 ones' error + `tolerance` (the yardstick of
-    check_logits: the model amplifies bf16 rounding)."""
+    check_logits: the model amplifies bf16 rounding). train_experts=False freezes the expert stacks: the
+    gradients then reach the router and everything before the experts through kjit's dX and d topk_weights."""
     reference = tiny_model(family, device).train()
+    if not train_experts:
+        for _, module in experts_of(reference):
+            module.requires_grad_(False)
     model = copy.deepcopy(reference)
     exact = copy.deepcopy(reference).float()
     use_implementation(exact, "batched_mm")
@@ -426,7 +430,10 @@ def check_training_step(family, device, tokens, tolerance):
     exact_grads = {n: p.grad for n, p in exact.named_parameters()}
     checked = 0
     for name, p in reference.named_parameters():
-        if ".experts." in name or ".mlp.gate." in name or "embed_tokens" in name:
+        if not p.requires_grad:
+            assert grads[name] is None, name
+            continue
+        if ".experts." in name or ".mlp.gate." in name or "embed_tokens" in name or "layers.0.self_attn" in name:
             assert grads[name] is not None, name
             floor, got = relative(p.grad, exact_grads[name]), relative(grads[name], exact_grads[name])
             assert got <= 1.5 * floor + tolerance, (name, got, floor)
@@ -438,6 +445,10 @@ def check_training_step(family, device, tokens, tolerance):
 
 def test_training_step_gradients_bf16(emulated):
     check_training_step("qwen3_moe", "cpu", 24, 1e-2)
+
+
+def test_training_step_gradients_frozen_experts(emulated):
+    check_training_step("deepseek_v3", "cpu", 24, 1e-2, train_experts=False)
 
 
 def lora_reference(model, adapters):
@@ -471,7 +482,11 @@ def check_lora_step(family, device, tokens, fp8, tolerance):
     leaves = lora_reference(reference, adapters)
     with torch.no_grad():
         rel, top1 = agreement(reference(ids).logits, model(ids).logits)
-    assert rel < 2e-2, rel
+    print(f"{family} LoRA{' on FP8' if fp8 else ''}: kjit's branches vs transformers on W + s B A: relative error "
+          f"{rel:.2e}, top-1 {top1:.4f}")
+    assert rel < 5e-2 and top1 >= 0.9, (rel, top1)  # W + s B A rounded to bf16 in the reference, not in kjit
+    if device == "cuda" and not HAS_WGRAD:
+        return
     loss_of(reference, ids).backward()
     loss_of(model, ids).backward()
     for lora, (gu, dn) in zip(adapters, [leaves[i:i + 2] for i in range(0, len(leaves), 2)]):
@@ -499,6 +514,10 @@ def test_add_lora_needs_enable_and_refuses_twice(emulated):
 
 # ---- the GPU: kjit's kernels against transformers' own experts ----
 
+# The weight-gradient GEMM MoEExperts' autograd calls for bf16 stacks, biases and LoRA factors: where this
+# checkout's kjit lacks it, the GPU tests of those gradients are skipped (hidden / routing-weight gradients run).
+HAS_WGRAD = hasattr(kjit, "grouped_gemm_wgrad")
+needs_wgrad = pytest.mark.skipif(not HAS_WGRAD, reason="kjit.grouped_gemm_wgrad is not in this checkout's kjit")
 GPU_TOKENS = 256  # teacher-forced positions: one forward over the sequence, every position's logits compared
 
 
@@ -529,6 +548,13 @@ def test_gpu_gpt_oss_mxfp4_logits():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3"])
+def test_gpu_training_step_gradients_frozen_experts(family):
+    check_training_step(family, "cuda", GPU_TOKENS, 1e-2, train_experts=False)
+
+
+@pytest.mark.gpu
+@needs_wgrad
 @pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3"])
 def test_gpu_training_step_gradients_bf16(family):
     check_training_step(family, "cuda", GPU_TOKENS, 1e-2)
