@@ -89,22 +89,37 @@ def fp32_logits(reference, ids):
 
 
 def check_logits(reference, model, ids, extra=0.0, label="", **enable_args):
-    """enable(model) and compare its logits with the reference's (transformers' own experts on the same, or the
-    dequantised, weights). A tiny random model amplifies bf16 rounding through its layers (its bf16 logits differ
-    from its fp32 ones by up to 7e-2 here), so the tolerance is stated against the fp32 model: kjit's relative
-    error from it at most 1.5x transformers' bf16 error + 5e-3 (+ `extra`: W8A8's activation quantization), and
-    kjit and transformers' bf16 logits agree on the top-1 token at >= 90% of the positions."""
-    exact = fp32_logits(reference, ids)
+    """enable(model) and compare it with the reference (transformers' own experts on the same, or the
+    dequantised, weights), teacher-forced over `ids`, at two levels:
+
+    - each experts module on the very inputs transformers' experts saw (captured by hooks): relative error
+      <= 1e-2 (bf16, W8A16, W4A16: bf16 roundings between the stages), + `extra` for W8A8 (e4m3 activations).
+      This is kjit's accuracy.
+    - the logits: top-1 agreement >= 0.9 and relative error <= 1e-1 + extra. End to end a tiny random model
+      amplifies any rounding: an expert's 4e-3 flips near-tied routing choices in later layers (group-limited
+      top-k most of all), which moves the logits by several 1e-2 (measured on an H100: DeepSeek-V3 FP8 with
+      modules at 4.1e-3 gave logits at 6.4e-2 or 8.0e-3 depending on which rounding tipped a tie), so the
+      logits bound is a sanity bound; the fp32 model's distance is printed beside it."""
+    captured = {}
+    hooks = [m.register_forward_hook(lambda m, args, out, n=n: captured.__setitem__(n, (args, out)))
+             for n, m in experts_of(reference)]
     with torch.no_grad():
         want = reference(ids).logits
+    for hook in hooks:
+        hook.remove()
+    exact = fp32_logits(reference, ids)
+    with torch.no_grad():
         described = kjit_hf.enable(model, **enable_args)
         got = model(ids).logits
+        modules = {n: agreement(out, model.get_submodule(n)(*args))[0] for n, (args, out) in captured.items()}
     floor, _ = agreement(exact, want)
     rel_exact, _ = agreement(exact, got)
     rel, top1 = agreement(want, got)
-    print(f"{label}: kjit vs transformers {rel:.2e} (top-1 {top1:.4f}); vs fp32: kjit {rel_exact:.2e}, "
-          f"transformers {floor:.2e}")
-    assert rel_exact <= 1.5 * floor + 5e-3 + extra and top1 >= 0.9, (label, rel, top1, rel_exact, floor)
+    worst = max(modules.values())
+    print(f"{label}: experts modules within {worst:.2e} of transformers'; logits {rel:.2e} (top-1 {top1:.4f}); "
+          f"vs fp32: kjit {rel_exact:.2e}, transformers {floor:.2e}")
+    assert len(modules) == len(experts_of(model)) and worst <= 1e-2 + extra, (label, modules)
+    assert rel <= 1e-1 + extra and top1 >= 0.9, (label, rel, top1)
     return described
 
 
@@ -535,7 +550,7 @@ def test_gpu_bf16_logits(family):
 def test_gpu_fp8_logits(family, scale_dtype, w8a8):
     model = tiny_model(family, "cuda")
     reference = to_fp8_experts(model, scale_dtype)
-    check_logits(reference, model, token_ids(GPU_TOKENS, "cuda"), extra=8e-2 if w8a8 else 0.0,
+    check_logits(reference, model, token_ids(GPU_TOKENS, "cuda"), extra=6e-2 if w8a8 else 0.0,
                  label=f"{family} FP8 {scale_dtype} {'W8A8' if w8a8 else 'W8A16'}",
                  w8a8_min_rows=1 if w8a8 else None)
 
