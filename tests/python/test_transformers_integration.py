@@ -414,6 +414,19 @@ def test_selected_through_the_registry_without_enable(emulated):
     assert rel < 5e-2 and top1 >= 0.9, (rel, top1)
 
 
+def test_prepare_loads_each_modules_kernels(monkeypatch):
+    model = tiny_model("qwen3_moe")
+    with pytest.raises(kjit.KjitError, match="enable"):
+        kjit_hf.prepare(model, 64)
+    kjit_hf.enable(model)
+    calls = []
+    monkeypatch.setattr(MoEExperts, "prepare", lambda self, n, **kw: calls.append((self, n, kw)))
+    kjit_hf.prepare(model, 64, backward=True)
+    views = [m.__dict__["_kjit_state"].view for _, m in experts_of(model)]
+    assert [c[0] for c in calls] == views
+    assert all(n == 64 and kw == {"top_k": TOP_K, "backward": True, "lora": None} for _, n, kw in calls)
+
+
 # ---- training: gradients against transformers' own experts ----
 
 def loss_of(model, ids):

@@ -404,7 +404,9 @@ def experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor
     attached."""
     state = _state(self)
     _check_quantized_frozen(state, self)
-    view = state.view_for(self)
+    # torch.compile traces fake tensors, which have no data_ptr: the view built before tracing is used as it is
+    compiling = getattr(torch, "compiler", None) is not None and torch.compiler.is_compiling()
+    view = state.view if compiling and state.view is not None else state.view_for(self)
     for which in ("gate_up", "down"):  # trainable biases held in bf16: converted per call, the gradient flows back
         attr = state.spec.biases[0 if which == "gate_up" else 1]
         bias = _tensor(self, attr) if attr else None
@@ -546,6 +548,29 @@ def enabled_modules(model: torch.nn.Module) -> List[str]:
     return [name for name, module in _experts_modules(model) if _STATE in module.__dict__]
 
 
+def prepare(model: torch.nn.Module, max_tokens: int, *, top_k: Optional[int] = None,
+            backward: bool = False) -> None:
+    """MoEExperts.prepare for every enabled experts module (on its device):
+    loads every kernel a forward of 1 to max_tokens tokens can launch (and,
+    with backward=True, the training path's, with each module's add_lora
+    adapter), so that a CUDA graph captured afterwards never compiles. top_k:
+    the routed experts per token (default: the config's num_experts_per_tok,
+    or the model config's experts_per_token)."""
+    modules = [(name, module) for name, module in _experts_modules(model) if _STATE in module.__dict__]
+    if not modules:
+        raise _invalid("prepare: no experts module of this model is enabled: call enable(model) first")
+    for name, module in modules:
+        k = top_k
+        if k is None:
+            config = getattr(module, "config", None) or getattr(model, "config", None)
+            k = next((getattr(config, a) for a in ("num_experts_per_tok", "experts_per_token")
+                      if isinstance(getattr(config, a, None), int)), None)
+            if k is None:
+                raise _invalid(f"prepare: the top_k of experts module '{name}' is not in its config: pass top_k")
+        view = module.__dict__[_STATE].view_for(module)
+        view.prepare(max_tokens, top_k=k, backward=backward, lora=getattr(module, LORA_ATTRIBUTE, None))
+
+
 # ---- LoRA through kjit ----
 
 def add_lora(model: torch.nn.Module, rank: int, alpha: float, **lora_args) -> List[torch.nn.Parameter]:
@@ -583,5 +608,5 @@ def remove_lora(model: torch.nn.Module) -> None:
             del module._modules[LORA_ATTRIBUTE]
 
 
-__all__ = ["register", "enable", "disable", "enabled_modules", "add_lora", "remove_lora", "experts_forward",
+__all__ = ["register", "enable", "disable", "enabled_modules", "prepare", "add_lora", "remove_lora", "experts_forward",
            "IMPLEMENTATION", "MIN_TRANSFORMERS", "TESTED_TRANSFORMERS"]
