@@ -64,7 +64,7 @@ set +e
 "$jitctl" precompile --manifest "$work/small.json" --arch sm_99q 2> "$work/arch.err"; rc=$?
 set -e
 check "an unknown arch is a usage error" test "$rc" -eq 2
-check "the unknown arch is named" grep -q "unknown arch 'sm_99q'" "$work/arch.err"
+check "the unknown arch is named" grep -q "'sm_99q' is not a known arch" "$work/arch.err"
 echo '{"kjit_manifest": 1, "kernels": [{"op": "fp8_dequant", "in": "f8_e4m3fn", "out": "bf16", "cols": 100, "vec": 16, "scale": "per_tensor", "convention": "multiply"}]}' > "$work/bad.json"
 set +e
 "$jitctl" precompile --manifest "$work/bad.json" --arch sm_90a 2> "$work/bad.err"; rc=$?

@@ -87,6 +87,7 @@ did_you_mean "list --arch sm_90" sm_90a list --arch sm_90
 check "list --arch sm_90: says sm_90 is not a known arch" grep -qF "'sm_90' is not a known arch" "$work/err"
 did_you_mean "list --op fp8_deqant" fp8_dequant list --op fp8_deqant
 did_you_mean "clear --arch sm100a" sm_100a clear --arch sm100a --yes
+did_you_mean "precompile --arch sm_90a,sm_100" sm_100a precompile --manifest default --arch sm_90a,sm_100
 usage_error "list --arch sm_91zz (nothing near)" list --arch sm_91zz
 check "an unknown arch lists the known ones" grep -q "known: sm_80" "$work/err"
 usage_error "list --op nonsense" list --op nonsense

@@ -230,12 +230,7 @@ int run(int argc, char** argv) {
   precompile_cmd->add_option("--arch", precompile.archs, "targets, comma separated (e.g. sm_90a,sm_100a); required")
       ->delimiter(',')
       ->type_name("LIST")
-      ->check(CLI::Validator(
-          [](std::string& target) {
-            auto row = codegen::arch_for_target(target);
-            return row ? std::string() : row.error().message;
-          },
-          "ARCH"));
+      ->check(one_of("arch", known_archs));
   precompile_cmd->add_option("-j,--jobs", precompile.jobs, "compile with N threads (default: one per core)")
       ->check(CLI::Range(1, 1024))
       ->type_name("N");
