@@ -525,6 +525,67 @@ def check_lora_step(family, device, tokens, fp8, tolerance):
     assert all(not hasattr(m, "kjit_lora") for _, m in experts_of(model))
 
 
+def biased_alternating_experts(seed=3):
+    """A transformers experts module of the gpt-oss kind but stored [E, N, K] (is_transposed=False): gate and up
+    alternating, biases, the clamped SwiGLU as its own _apply_gate, bf16 Parameters that train; in a container
+    module, with a config whose experts implementation is transformers' batched_mm."""
+    from transformers.integrations.moe import use_experts_implementation
+    config_cls = getattr(transformers, "PreTrainedConfig", None) or transformers.PretrainedConfig
+
+    @use_experts_implementation(is_concatenated=False, has_bias=True)
+    class AlternatingExperts(torch.nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            g = torch.Generator().manual_seed(seed)
+            self.num_experts, self.alpha, self.limit = E, 1.702, 7.0
+            self.gate_up_proj = torch.nn.Parameter(torch.randn(E, 2 * I, H, generator=g) / H ** 0.5)
+            self.gate_up_proj_bias = torch.nn.Parameter(torch.randn(E, 2 * I, generator=g) * 0.1)
+            self.down_proj = torch.nn.Parameter(torch.randn(E, H, I, generator=g) / I ** 0.5)
+            self.down_proj_bias = torch.nn.Parameter(torch.randn(E, H, generator=g) * 0.1)
+
+        def _apply_gate(self, gate_up):
+            gate, up = gate_up[..., 0::2].clamp(max=self.limit), gate_up[..., 1::2].clamp(-self.limit, self.limit)
+            return (up + 1) * gate * torch.sigmoid(self.alpha * gate)
+
+        def forward(self, hidden_states, top_k_index, top_k_weights):
+            raise NotImplementedError("dispatched through the experts interface")
+
+    config = config_cls()
+    config._experts_implementation = "batched_mm"
+    container = torch.nn.Module()
+    container.experts = AlternatingExperts(config)
+    return container
+
+
+def test_alternating_biased_experts_train(emulated):
+    """is_concatenated=False and has_bias on [E, N, K] weights: 'alternating', swiglu_oai found by probing the
+    module's _apply_gate (alpha, limit read from it), bf16 biases that train (converted to fp32 per call, their
+    gradient flowing back), and every gradient against transformers' batched_mm."""
+    reference = biased_alternating_experts().to(torch.bfloat16)
+    exact = copy.deepcopy(reference).float()
+    model = copy.deepcopy(reference)
+    described = kjit_hf.enable(model)
+    assert described == {"experts": "bf16, gate/up alternating, swiglu_oai, biases"}
+    g = torch.Generator().manual_seed(4)
+    hidden = torch.randn(40, H, generator=g) * 2
+    ids = torch.stack([torch.randperm(E, generator=g)[:TOP_K] for _ in range(40)])
+    weights = torch.softmax(torch.randn(40, TOP_K, generator=g), -1)
+    d_out = torch.randn(40, H, generator=g)
+    results = []
+    for m, dtype in ((reference, torch.bfloat16), (model, torch.bfloat16), (exact, torch.float32)):
+        x = hidden.to(dtype).requires_grad_()
+        w = weights.to(dtype).requires_grad_()
+        out = m.experts(x, ids, w)
+        assert out.dtype == dtype
+        (out.float() * d_out).sum().backward()
+        results.append([out, x.grad, w.grad] + [p.grad for p in m.experts.parameters()])
+    names = ["out", "hidden", "weights"] + [n for n, _ in model.experts.named_parameters()]
+    for name, want, got, fp32 in zip(names, *results):
+        floor, err = relative(want, fp32), relative(got, fp32)
+        assert err <= 1.5 * floor + 1e-2, (name, err, floor)
+    assert model.experts.__dict__["_kjit_state"].view.gate_up_weight is model.experts.gate_up_proj
+
+
 def test_lora_on_fp8_experts_gradients(emulated):
     check_lora_step("qwen3_moe", "cpu", 24, True, 3e-2)
 
