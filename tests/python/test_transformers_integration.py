@@ -317,6 +317,18 @@ def test_refusals_name_the_module_and_why():
         kjit_hf.enable(torch.nn.Linear(4, 4))
 
 
+def test_enable_twice_then_disable_restores_everything(emulated):
+    model = tiny_model("qwen3_moe")
+    to_fp8_experts(model)
+    before = snapshot(model)
+    kjit_hf.enable(model)
+    kjit_hf.enable(model, w8a8_min_rows=None)
+    assert kjit_hf.enabled_modules(model) == [n for n, _ in experts_of(model)]
+    assert all(m.__dict__["_kjit_state"].w8a8_min_rows is None for _, m in experts_of(model))
+    kjit_hf.disable(model)
+    assert snapshot(model) == before and kjit_hf.enabled_modules(model) == []
+
+
 def test_version_check_names_the_version(monkeypatch):
     model = tiny_model("qwen3_moe")  # first: loading a model's module may set transformers.__version__ again
     monkeypatch.setattr(sys.modules["transformers"], "__version__", "4.57.1")  # the module an import finds now
