@@ -12,6 +12,7 @@
 #include "kjit/internal/ops/fp8_quantize.hpp"
 #include "kjit/internal/ops/mx_quantize.hpp"
 #include "kjit/internal/ops/grouped_gemm.hpp"
+#include "kjit/internal/ops/grouped_gemm_wgrad.hpp"
 #include "kjit/internal/ops/moe_activation.hpp"
 #include "kjit/internal/ops/moe_routing.hpp"
 #include "kjit/internal/ops/mx_dequant.hpp"
@@ -185,6 +186,29 @@ KJIT_API kjit_status kjit_moe_activation_prepare(const kjit_moe_activation_desc*
   return guarded([&]() -> kjit::Expected<void> {
     KJIT_TRY(require(desc, "desc"));
     return kjit::ops::prepare_moe_activation(kjit::Runtime::global(), *desc, device);
+  });
+}
+
+KJIT_API void kjit_grouped_gemm_wgrad_desc_init(kjit_grouped_gemm_wgrad_desc* desc) {
+  if (!desc) return;
+  *desc = kjit_grouped_gemm_wgrad_desc{};
+  desc->struct_size = sizeof(kjit_grouped_gemm_wgrad_desc);
+  desc->dy_dtype = KJIT_DTYPE_BF16;
+  desc->x_dtype = KJIT_DTYPE_BF16;
+  desc->out_dtype = KJIT_DTYPE_F32;
+}
+
+KJIT_API kjit_status kjit_grouped_gemm_wgrad(const kjit_grouped_gemm_wgrad_desc* desc, kjit_stream stream) {
+  return guarded([&]() -> kjit::Expected<void> {
+    KJIT_TRY(require(desc, "desc"));
+    return kjit::ops::grouped_gemm_wgrad(kjit::Runtime::global(), *desc, reinterpret_cast<CUstream>(stream));
+  });
+}
+
+KJIT_API kjit_status kjit_grouped_gemm_wgrad_prepare(const kjit_grouped_gemm_wgrad_desc* desc, int device) {
+  return guarded([&]() -> kjit::Expected<void> {
+    KJIT_TRY(require(desc, "desc"));
+    return kjit::ops::prepare_grouped_gemm_wgrad(kjit::Runtime::global(), *desc, device);
   });
 }
 

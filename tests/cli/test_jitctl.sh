@@ -90,8 +90,9 @@ check "no temp files remain" test -z "$(find "$work/shared-cache" -name '*.tmp*'
 # + 6 W8A16 GEMM problems (gate_up fused over the block scales and not, each with and without the gather; down
 # with and without the row scale) x 3 sm_90a buckets (row tiles of 32, 64, 128) + 5 W4A16 (NVFP4) GEMM problems
 # (gate_up fused and not, each gathering and not; down) x 3 buckets + 4 NVFP4 quantize kernels + 2 NVFP4
-# dequant kernels + 2 moe_activation kernels (bf16 and FP8 out).
-check "one entry per kernel" grep -q "^78 entries" <("$jitctl" list)
+# dequant kernels + 2 moe_activation kernels (bf16 and FP8 out) + 4 grouped_gemm_wgrad kernels (gate_up and down,
+# fp32 and bf16 out; one configuration each).
+check "one entry per kernel" grep -q "^82 entries" <("$jitctl" list)
 check "the model's routing and combine are precompiled" \
   grep -q "moe_routing experts=128 offsets=cumulative_end" <("$jitctl" list)
 
@@ -107,8 +108,8 @@ check "kernels an arch cannot run do not fail the precompile" test "$rc" -eq 0
 # Skipped: 5 fp8 dequant + 3 fp8 quantize kernels + 3 FP8 and 4 W8A16 GEMM problems (one portable
 # configuration each) + 5 W4A16 GEMM problems (one portable configuration each) + 4 NVFP4 quantize kernels
 # (e4m3 scales) + 2 NVFP4 dequant kernels + the FP8-out activation; built: the 6 bf16 GEMM problems' portable
-# kernels, routing, combine and the bf16-out activation.
-check "the summary counts the skipped kernels" grep -q "9 compiled, 0 already cached, 0 failed.*; 29 skipped" "$work/a100.txt"
+# kernels, routing, combine, the bf16-out activation and the 4 wgrad kernels.
+check "the summary counts the skipped kernels" grep -q "13 compiled, 0 already cached, 0 failed.*; 29 skipped" "$work/a100.txt"
 check "each skipped kernel is named with the reason" \
   grep -q "needs FP8 tensor cores (compute capability 8.9 or newer); sm_80" "$work/a100.err"
 check "nothing of the skipped families is cached" bash -c "! '$jitctl' list | grep -q 'fp8_'"

@@ -586,3 +586,26 @@ TEST_CASE("every MX dequant and scale-layout variant compiles with NVRTC for sm_
 TEST_CASE("ptxas reports no local-memory spills in the MX kernels on sm_90a") {
   check_no_spills_on_sm90a(mx_variants());
 }
+
+// Both tiles (wide, and narrow for N <= 64), both outputs and offsets conventions, edges no multiple of a tile.
+static std::vector<GroupedGemmWgradSpec> wgrad_variants() {
+  std::vector<GroupedGemmWgradSpec> out;
+  for (int64_t n : {int64_t{16}, int64_t{1536}, int64_t{200}})
+    for (auto o : {DType::f32, DType::bf16})
+      for (auto offsets : {OffsetsConvention::cumulative_end, OffsetsConvention::with_leading_zero})
+        out.push_back(grouped_gemm_wgrad_config(
+            {.out = o, .n = n, .k = n == 200 ? 136 : 2048, .experts = 128, .offsets = offsets}));
+  return out;
+}
+
+TEST_CASE("every grouped GEMM wgrad variant compiles for sm_80, sm_90a, sm_100a and sm_120a, with no spills on sm_90a") {
+  PrivateBuilder b("kjit-nvrtc-wgrad");
+  for (const char* arch : {"sm_80", "sm_90a", "sm_100a", "sm_120a"})
+    for (const auto& spec : wgrad_variants()) {
+      CAPTURE(arch);
+      CAPTURE(canonical(spec));
+      auto cubin = b.builder.build(spec, arch_of(arch));
+      REQUIRE_MESSAGE(cubin.has_value(), kjit::testing::why(cubin));
+    }
+  check_no_spills_on_sm90a(wgrad_variants());
+}

@@ -47,6 +47,7 @@ cases=(
   "mx_dequant|mx_dequant|DeepSeek-V3 and gpt-oss shapes are bit-exact: NVFP4 K 7168 / 2048 swizzled, MXFP4 K 2880 linear"
   "mx_quantize|mx_quantize|a swizzled layout writes every padding byte 0 and each expert at its 128-row-padded base"
   "mx_scale_layout|mx_scale_layout|device offsets of both conventions, empty experts and rows past the last offset"
+  "grouped_gemm_wgrad|grouped_gemm_wgrad|tiny N (LoRA ranks 8, 16, 40, 64) on the narrow tile, and tiny K"
   "moe_activation|moe_activation|valid_rows: rows at or past it are zeros (FP8: codes 0, scale 0), read from the device, any value"
 )
 

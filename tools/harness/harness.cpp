@@ -53,6 +53,8 @@ Outcome check_spec(Runtime& runtime, DeviceState& device, const codegen::KernelS
           return counted(check_mx_scale_layout(runtime, device, s, rng), "exact");
         } else if constexpr (std::is_same_v<S, codegen::MoeActivationSpec>) {
           return counted(check_moe_activation(runtime, device, s, rng), "bit-exact");
+        } else if constexpr (std::is_same_v<S, codegen::GroupedGemmWgradSpec>) {
+          return counted(check_grouped_gemm_wgrad(runtime, device, s, rng), "within tolerance against fp64");
         } else {
           static_assert(kNoCheck<S>, "every kernel family needs a check in the harness");
         }

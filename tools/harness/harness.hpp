@@ -9,7 +9,8 @@
 // tests' tolerance, fp8 quantize bit for bit (codes and scales; kjit.h's edge
 // groups, gather with -1 rows), MX quantize bit for bit (codes, every scale byte, the
 // computed global scales), MoE activation bit for bit (bf16, or FP8 codes and scales; rows past
-// valid_rows zero). Outputs start poisoned, so unwritten elements
+// valid_rows zero), the grouped weight-gradient GEMM per expert against fp64 (fp32 out 1e-5
+// relative, bf16 one rounding; empty experts exactly zero). Outputs start poisoned, so unwritten elements
 // fail.
 #pragma once
 
@@ -56,6 +57,9 @@ Expected<int64_t> check_fp8_quantize(Runtime& runtime, DeviceState& device, cons
                                      std::mt19937_64& rng);
 Expected<int64_t> check_moe_activation(Runtime& runtime, DeviceState& device, const codegen::MoeActivationSpec& spec,
                                        std::mt19937_64& rng);
+// Returns the experts whose matrix is off (kjit.h's tolerance) or left unwritten.
+Expected<int64_t> check_grouped_gemm_wgrad(Runtime& runtime, DeviceState& device,
+                                           const codegen::GroupedGemmWgradSpec& spec, std::mt19937_64& rng);
 Expected<int64_t> check_mx_quantize(Runtime& runtime, DeviceState& device, const codegen::MxQuantizeSpec& spec,
                                     std::mt19937_64& rng);
 

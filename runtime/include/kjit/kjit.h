@@ -574,6 +574,47 @@ KJIT_API kjit_status kjit_moe_activation(const kjit_moe_activation_desc* desc, k
 /* Compiles (or finds) and loads the kernel `desc` needs on `device`; pointers unused. */
 KJIT_API kjit_status kjit_moe_activation_prepare(const kjit_moe_activation_desc* desc, int device);
 
+/* kjit_grouped_gemm_wgrad: the weight gradient of a grouped GEMM (MoE
+ * experts' dW), K-grouped: for each expert e with rows [s_e, t_e),
+ *   out[e, n, k] = sum over r in [s_e, t_e) of dy[r, n] * x[r, k]
+ * i.e. dW_e = dY_e^T . X_e, an N x K matrix (out is [E, N, K]: the layout
+ * KJIT_WEIGHTS_E_N_K reads). dy is bf16 [rows, N] and x bf16 [rows, K], both
+ * row-major, rows sorted by expert; offsets are the grouped GEMM's, in either
+ * convention, read on the device (no host synchronisation): offsets that
+ * decrease or leave [0, rows] make the launch write nothing and are reported
+ * by kjit_device_errors. Products are exact in fp32 and summed in fp32, each
+ * output element by one thread block over its expert's rows in ascending
+ * order, so runs are bit-identical; out is fp32, or bf16 rounded once (to
+ * nearest even) from the fp32 sum. Every element of out is written: an empty
+ * expert's matrix is zeros (rows = 0 included). Rows past the last offset are
+ * never read. N and K must be multiples of 8; dy, x and out 16-byte aligned.
+ * Capturable in a CUDA graph. Callers: MoE training's expert dW (gate_up:
+ * dy = dH [rows, 2I], x = the gathered hidden states [rows, H]; down: dy
+ * [rows, H], x the activation [rows, I]) and LoRA adapters' dA / dB. */
+typedef struct kjit_grouped_gemm_wgrad_desc {
+  uint32_t struct_size;   /* sizeof(kjit_grouped_gemm_wgrad_desc) */
+  kjit_dtype dy_dtype;    /* KJIT_DTYPE_BF16 (set by _desc_init) */
+  kjit_dtype x_dtype;     /* KJIT_DTYPE_BF16 (set by _desc_init) */
+  kjit_dtype out_dtype;   /* KJIT_DTYPE_F32 (set by _desc_init) or KJIT_DTYPE_BF16 */
+  int64_t rows;           /* rows of dy and x (never part of a kernel key); 0 writes zeros */
+  int64_t n;              /* columns of dy: rows of each out[e] */
+  int64_t k;              /* columns of x: columns of each out[e] */
+  int64_t experts;        /* E: 1 to 4096 */
+  kjit_expert_offsets offsets_convention; /* CUMULATIVE_END (E entries) or WITH_LEADING_ZERO (E + 1); no default */
+  const void* dy;         /* device [rows, N] bf16; may be NULL when rows is 0 */
+  const void* x;          /* device [rows, K] bf16; may be NULL when rows is 0 */
+  void* out;              /* device [E, N, K] fp32 or bf16 */
+  const int32_t* offsets; /* device int32, 4-byte aligned */
+  kjit_gemm_kernel kernel; /* KJIT_GEMM_KERNEL_AUTO (after _desc_init) or _PORTABLE: today both run the portable
+                              mma.sync kernel (sm_80 and newer); the others are refused */
+} kjit_grouped_gemm_wgrad_desc;
+
+KJIT_API void kjit_grouped_gemm_wgrad_desc_init(kjit_grouped_gemm_wgrad_desc* desc);
+/* Runs on `stream` (no compile while capturing). */
+KJIT_API kjit_status kjit_grouped_gemm_wgrad(const kjit_grouped_gemm_wgrad_desc* desc, kjit_stream stream);
+/* Compiles (or finds) and loads the kernel `desc` needs on `device`; pointers unused. */
+KJIT_API kjit_status kjit_grouped_gemm_wgrad_prepare(const kjit_grouped_gemm_wgrad_desc* desc, int device);
+
 /* Reads and clears the errors kernels have recorded on `device` (for example
  * an expert id out of range). Synchronises that device. Returns KJIT_OK when
  * none were recorded, else KJIT_ERROR_DEVICE_REPORTED with the message. */

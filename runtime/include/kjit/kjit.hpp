@@ -103,6 +103,17 @@ inline void prepare_convert_scale_layout(const ScaleLayoutDesc& desc, int device
   throw_if_failed(kjit_convert_scale_layout_prepare(&desc, device));
 }
 
+// The grouped GEMM's weight gradient: out[e] = dy[rows of e]^T . x[rows of e] (MoE experts' dW).
+struct GroupedGemmWgradDesc : kjit_grouped_gemm_wgrad_desc {
+  GroupedGemmWgradDesc() : kjit_grouped_gemm_wgrad_desc() { kjit_grouped_gemm_wgrad_desc_init(this); }
+};
+inline void grouped_gemm_wgrad(const GroupedGemmWgradDesc& desc, kjit_stream stream) {
+  throw_if_failed(kjit_grouped_gemm_wgrad(&desc, stream));
+}
+inline void prepare_grouped_gemm_wgrad(const GroupedGemmWgradDesc& desc, int device) {
+  throw_if_failed(kjit_grouped_gemm_wgrad_prepare(&desc, device));
+}
+
 // The MoE activation between the grouped GEMMs (SiLU-and-mul, gpt-oss SwiGLU; bf16 or FP8 out).
 struct MoeActivationDesc : kjit_moe_activation_desc {
   MoeActivationDesc() : kjit_moe_activation_desc() { kjit_moe_activation_desc_init(this); }

@@ -26,6 +26,7 @@
 #include "kjit/codegen/families/grouped_gemm.hpp"
 #include "kjit/codegen/families/grouped_gemm_fp8.hpp"
 #include "kjit/codegen/families/grouped_gemm_mixed.hpp"
+#include "kjit/codegen/families/grouped_gemm_wgrad.hpp"
 #include "kjit/codegen/families/moe_activation.hpp"
 #include "kjit/codegen/families/moe_combine.hpp"
 #include "kjit/codegen/families/moe_routing.hpp"
@@ -40,7 +41,8 @@ namespace kjit::codegen {
 
 using KernelSpec =
     std::variant<DequantSpec, GroupedGemmSpec, MoeRoutingSpec, MoeCombineSpec, Fp8QuantizeSpec, GroupedGemmFp8Spec,
-                 GroupedGemmMixedSpec, MxQuantizeSpec, MxDequantSpec, MxScaleLayoutSpec, MoeActivationSpec>;
+                 GroupedGemmMixedSpec, MxQuantizeSpec, MxDequantSpec, MxScaleLayoutSpec, MoeActivationSpec,
+                 GroupedGemmWgradSpec>;
 
 // The family name, e.g. "fp8_dequant" (JSON "op").
 std::string_view op_name(const KernelSpec& spec);

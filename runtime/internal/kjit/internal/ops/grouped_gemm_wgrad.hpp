@@ -1,0 +1,29 @@
+// The grouped weight-gradient GEMM op: argument checks (one checker for the C
+// ABI, the C++ API and Python), the spec and parameter block they produce,
+// and the launch.
+#pragma once
+
+#include "grouped_gemm_wgrad_params.h"
+#include "kjit/codegen/kernel_spec.hpp"
+#include "kjit/internal/runtime.hpp"
+#include "kjit/kjit.h"
+
+namespace kjit::ops {
+
+struct GroupedGemmWgradPlan {
+  codegen::GroupedGemmWgradSpec spec;  // configured (the tile depends on N only)
+  kjit_grouped_gemm_wgrad_params params{};
+  codegen::LaunchGeometry geometry;
+};
+
+// Checks everything that can be checked without the driver: dtypes, the
+// offsets convention, the kernel, sizes, pointer presence and alignment. With
+// `for_prepare`, pointers are not required.
+Expected<GroupedGemmWgradPlan> plan_grouped_gemm_wgrad(const kjit_grouped_gemm_wgrad_desc& desc, bool for_prepare);
+
+// plan_grouped_gemm_wgrad, then the launch on the device owning the pointers
+// (also with rows = 0: out is written with zeros).
+Expected<void> grouped_gemm_wgrad(Runtime& runtime, const kjit_grouped_gemm_wgrad_desc& desc, CUstream stream);
+Expected<void> prepare_grouped_gemm_wgrad(Runtime& runtime, const kjit_grouped_gemm_wgrad_desc& desc, int device);
+
+}  // namespace kjit::ops
