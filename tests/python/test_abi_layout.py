@@ -55,7 +55,8 @@ def test_every_descriptor_init_sets_struct_size_to_the_ctypes_size():
     for name, desc in (("grouped_gemm", kjit._GroupedGemmDesc), ("moe_routing", kjit._MoeRoutingDesc),
                        ("moe_combine", kjit._MoeCombineDesc), ("fp8_quantize", kjit._Fp8QuantizeDesc),
                        ("mx_quantize", kjit._MxQuantizeDesc), ("mx_dequant", kjit._MxDequantDesc),
-                       ("scale_layout", kjit._ScaleLayoutDesc), ("moe_activation", kjit._MoeActivationDesc)):
+                       ("scale_layout", kjit._ScaleLayoutDesc), ("moe_activation", kjit._MoeActivationDesc),
+                       ("grouped_gemm_wgrad", kjit._GroupedGemmWgradDesc)):
         x = desc()
         getattr(lib, f"kjit_{name}_desc_init")(ctypes.byref(x))
         assert x.struct_size == ctypes.sizeof(desc), name
@@ -86,7 +87,8 @@ def test_every_ctypes_field_lies_at_the_offset_of_its_c_field(tmp_path):
                "kjit_moe_routing_desc": kjit._MoeRoutingDesc, "kjit_moe_combine_desc": kjit._MoeCombineDesc,
                "kjit_fp8_quantize_desc": kjit._Fp8QuantizeDesc, "kjit_mx_quantize_desc": kjit._MxQuantizeDesc,
                "kjit_mx_dequant_desc": kjit._MxDequantDesc, "kjit_scale_layout_desc": kjit._ScaleLayoutDesc,
-               "kjit_moe_activation_desc": kjit._MoeActivationDesc}
+               "kjit_moe_activation_desc": kjit._MoeActivationDesc,
+               "kjit_grouped_gemm_wgrad_desc": kjit._GroupedGemmWgradDesc}
     c_name = {"input": "in", "from_layout": "from"}  # C's `in` and `from` are keywords in Python
     prints = [f'printf("{c} {f} %zu\\n", offsetof({c}, {c_name.get(f, f)}));'
               for c, desc in structs.items() for f, _ in desc._fields_]

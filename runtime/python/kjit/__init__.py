@@ -35,7 +35,8 @@ __all__ = ["KjitError", "dequant_fp8", "prepare_dequant_fp8", "grouped_gemm", "p
            "moe_routing", "prepare_moe_routing", "moe_combine", "prepare_moe_combine", "quantize_fp8",
            "prepare_quantize_fp8", "quantize_mx", "prepare_quantize_mx", "MxArgumentError", "dequant_mx",
            "prepare_dequant_mx", "convert_scale_layout", "prepare_convert_scale_layout", "swizzled_scale_bytes",
-           "moe_activation", "prepare_moe_activation", "check_device_errors",
+           "moe_activation", "prepare_moe_activation", "grouped_gemm_wgrad", "prepare_grouped_gemm_wgrad",
+           "check_device_errors",
            "library", "__version__"]
 
 _OK = 0
@@ -202,6 +203,25 @@ class _MoeActivationDesc(ctypes.Structure):
     ]
 
 
+class _GroupedGemmWgradDesc(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("dy_dtype", ctypes.c_int),
+        ("x_dtype", ctypes.c_int),
+        ("out_dtype", ctypes.c_int),
+        ("rows", ctypes.c_int64),
+        ("n", ctypes.c_int64),
+        ("k", ctypes.c_int64),
+        ("experts", ctypes.c_int64),
+        ("offsets_convention", ctypes.c_int),
+        ("dy", ctypes.c_void_p),
+        ("x", ctypes.c_void_p),
+        ("out", ctypes.c_void_p),
+        ("offsets", ctypes.c_void_p),
+        ("kernel", ctypes.c_int),
+    ]
+
+
 class _MxQuantizeDesc(ctypes.Structure):
     _fields_ = [
         ("struct_size", ctypes.c_uint32),
@@ -320,7 +340,8 @@ def library() -> ctypes.CDLL:
         lib.kjit_grouped_gemm_prepare.argtypes = [ctypes.POINTER(_GroupedGemmDesc), ctypes.c_int]
         lib.kjit_grouped_gemm_prepare.restype = ctypes.c_int
         for name, desc in (("moe_routing", _MoeRoutingDesc), ("moe_combine", _MoeCombineDesc),
-                           ("fp8_quantize", _Fp8QuantizeDesc), ("moe_activation", _MoeActivationDesc)):
+                           ("fp8_quantize", _Fp8QuantizeDesc), ("moe_activation", _MoeActivationDesc),
+                           ("grouped_gemm_wgrad", _GroupedGemmWgradDesc)):
             getattr(lib, f"kjit_{name}_desc_init").argtypes = [ctypes.POINTER(desc)]
             getattr(lib, f"kjit_{name}_desc_init").restype = None
             getattr(lib, f"kjit_{name}").argtypes = [ctypes.POINTER(desc), ctypes.c_void_p]
@@ -1298,6 +1319,97 @@ def prepare_moe_activation(h: Tensor, out: Tensor, scales: Optional[Tensor] = No
     _check_moe_activation(h, out, scales, activation, layout, alpha, limit, scale_format, valid_rows)
     d = _moe_activation_desc(h, out, scales, activation, layout, float(alpha), float(limit), scale_format, valid_rows)
     _check(library().kjit_moe_activation_prepare(ctypes.byref(d), h.device.index or 0))
+
+
+def _check_grouped_gemm_wgrad(dy, x, offsets, out, offsets_convention, kernel) -> int:
+    """Returns the expert count (from offsets and the convention)."""
+    _check_tensor("dy", dy, ("bfloat16",))
+    _check_tensor("x", x, ("bfloat16",), device=dy.device)
+    _check_tensor("offsets", offsets, ("int32",), device=dy.device)
+    _check_tensor("out", out, ("float32", "bfloat16"), device=dy.device)
+    _check_choice("offsets_convention", offsets_convention, _OFFSETS)
+    _check_choice("kernel", kernel, ("auto", "portable"))
+    if dy.dim() != 2:
+        raise _invalid(f"dy must be [rows, N], got {list(dy.shape)}")
+    rows, n = dy.shape
+    if x.dim() != 2 or x.shape[0] != rows:
+        raise _invalid(f"x must be [{rows}, K] (dy's rows), got {list(x.shape)}")
+    k = x.shape[1]
+    if n == 0 or n % 8 != 0:
+        raise _invalid(f"N = dy.shape[1] must be a positive multiple of 8, got {n}")
+    if k == 0 or k % 8 != 0:
+        raise _invalid(f"K = x.shape[1] must be a positive multiple of 8, got {k}")
+    leading = offsets_convention == "with_leading_zero"
+    if offsets.dim() != 1 or offsets.shape[0] < 1 + leading:
+        raise _invalid(f"offsets must be [E{' + 1' if leading else ''}] with E >= 1 ({offsets_convention}), got "
+                       f"{list(offsets.shape)}")
+    experts = offsets.shape[0] - leading
+    if list(out.shape) != [experts, n, k]:
+        raise _invalid(f"out must be [{experts}, {n}, {k}] (experts, N, K), got {list(out.shape)}")
+    return experts
+
+
+def _grouped_gemm_wgrad_desc(dy, x, offsets, out, offsets_convention, kernel) -> _GroupedGemmWgradDesc:
+    d = _GroupedGemmWgradDesc()
+    library().kjit_grouped_gemm_wgrad_desc_init(ctypes.byref(d))
+    d.out_dtype = _dtype_code(out.dtype)
+    d.rows, d.n = dy.shape
+    d.k = x.shape[1]
+    d.experts = out.shape[0]
+    d.offsets_convention = _OFFSETS[offsets_convention]
+    # No rows: nothing of dy and x is read (the C ABI takes NULL then).
+    d.dy, d.x = (dy.data_ptr(), x.data_ptr()) if d.rows > 0 else (None, None)
+    d.out, d.offsets = out.data_ptr(), offsets.data_ptr()
+    d.kernel = _GEMM_KERNEL[kernel]
+    return d
+
+
+def grouped_gemm_wgrad(dy: Tensor, x: Tensor, offsets: Tensor, *, offsets_convention: str,
+                       out: Optional[Tensor] = None, out_dtype: Optional[torch.dtype] = None,
+                       stream: Optional[int] = None, kernel: str = "auto") -> Tensor:
+    """The grouped GEMM's weight gradient (MoE experts' dW), K-grouped: for
+    each expert e with rows [s_e, t_e) given by `offsets`,
+        out[e] = dy[s_e:t_e].T @ x[s_e:t_e]     (an N x K matrix)
+    dy bf16 [rows, N] and x bf16 [rows, K], contiguous, rows sorted by expert;
+    offsets int32 on the device, 'cumulative_end' (E ends, as torch._grouped_mm)
+    or 'with_leading_zero' (E + 1 entries), read on the device (no sync). N
+    and K multiples of 8, rows any (0 included). Returns out [E, N, K] (the
+    'e_n_k' layout grouped_gemm reads), E = len(offsets) (minus one with a
+    leading zero); fp32 (out_dtype default) or torch.bfloat16, rounded once
+    from fp32 sums. Every element is written (empty experts: zeros), rows
+    past the last offset are never read, runs are bit-identical. Bad offsets
+    write nothing and are reported by check_device_errors. kernel: 'auto' or
+    'portable' (the same mma.sync kernel today)."""
+    import torch
+
+    if out is None:
+        _check_tensor("dy", dy, ("bfloat16",))
+        _check_tensor("x", x, ("bfloat16",), device=dy.device)
+        _check_tensor("offsets", offsets, ("int32",), device=dy.device)
+        _check_choice("offsets_convention", offsets_convention, _OFFSETS)
+        if out_dtype not in (None, torch.float32, torch.bfloat16):
+            raise _invalid(f"out_dtype must be torch.float32 or torch.bfloat16, got {out_dtype}")
+        if dy.dim() != 2 or x.dim() != 2 or offsets.dim() != 1:
+            raise _invalid(f"dy must be [rows, N], x [rows, K] and offsets 1-D, got {list(dy.shape)}, "
+                           f"{list(x.shape)} and {list(offsets.shape)}")
+        experts = offsets.shape[0] - (offsets_convention == "with_leading_zero")
+        out = torch.empty(max(experts, 0), dy.shape[1], x.shape[1], dtype=out_dtype or torch.float32,
+                          device=dy.device)
+    elif out_dtype is not None and out.dtype != out_dtype:
+        raise _invalid(f"out must be {out_dtype}, got {out.dtype}")
+    _check_grouped_gemm_wgrad(dy, x, offsets, out, offsets_convention, kernel)
+    _torch_ops.grouped_gemm_wgrad_(dy, x, offsets, out, offsets_convention, kernel, stream)
+    return out
+
+
+def prepare_grouped_gemm_wgrad(dy: Tensor, x: Tensor, offsets: Tensor, out: Tensor, *, offsets_convention: str,
+                               kernel: str = "auto") -> None:
+    """Compiles (or finds) and loads the kernel grouped_gemm_wgrad needs for
+    these shapes (out's dtype picks fp32 or bf16 output; the row count is not
+    part of it), so that the call can be captured in a CUDA graph."""
+    _check_grouped_gemm_wgrad(dy, x, offsets, out, offsets_convention, kernel)
+    d = _grouped_gemm_wgrad_desc(dy, x, offsets, out, offsets_convention, kernel)
+    _check(library().kjit_grouped_gemm_wgrad_prepare(ctypes.byref(d), dy.device.index or 0))
 
 
 class MxArgumentError(KjitError, ValueError):

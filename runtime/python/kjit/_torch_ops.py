@@ -27,8 +27,8 @@ import torch
 from torch.autograd.graph import increment_version
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from . import (_check, _combine_desc, _dequant_desc, _gemm_desc, _moe_activation_desc, _mx_dequant_desc, _quantize_desc,
-               _quantize_mx_desc, _routing_desc, _scale_layout_desc, library)
+from . import (_check, _combine_desc, _dequant_desc, _gemm_desc, _grouped_gemm_wgrad_desc, _moe_activation_desc,
+               _mx_dequant_desc, _quantize_desc, _quantize_mx_desc, _routing_desc, _scale_layout_desc, library)
 
 # Argument types an eager call may take directly; anything else (FakeTensor,
 # FunctionalTensor, other tensor subclasses) goes through the op.
@@ -229,3 +229,9 @@ def moe_activation_fp8_(h: torch.Tensor, codes: torch.Tensor, scales: torch.Tens
     d = _moe_activation_desc(h, codes, scales, activation, layout, alpha, limit, scale_format, valid_rows)
     _check(library().kjit_moe_activation(ctypes.byref(d), _stream(h.device, stream)))
 
+
+@_op("grouped_gemm_wgrad_", ("out",))
+def grouped_gemm_wgrad_(dy: torch.Tensor, x: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor,
+                        offsets_convention: str, kernel: str, stream: Optional[int]) -> None:
+    d = _grouped_gemm_wgrad_desc(dy, x, offsets, out, offsets_convention, kernel)
+    _check(library().kjit_grouped_gemm_wgrad(ctypes.byref(d), _stream(dy.device, stream)))
