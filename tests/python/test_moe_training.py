@@ -161,7 +161,8 @@ def compare(m, weights32, hidden, ids, tw, lora, tolerance, fp8_activations=Fals
     # terms' scale |dOut[t]| |y(t, j)|, not by its value (one pair's relative error is meaningless)
     scale = want.pop("topk_weights_scale")
     tw_err = ((got["topk_weights"] - want["topk_weights"]).abs() / scale.clamp(min=1e-30)).max().item()
-    assert tw_err <= tolerance / 4, ("topk_weights", tw_err)
+    # bf16 activations: a quarter of the tolerance; W8A8's e4m3 rows move each y(t, j) by up to its tolerance
+    assert tw_err <= (tolerance if fp8_activations else tolerance / 4), ("topk_weights", tw_err)
     assert set(got) == set(want), (sorted(got), sorted(want))
     for name in want:
         if name == "topk_weights":

@@ -703,11 +703,11 @@ class MoEExperts(torch.nn.Module):
                                       row_scale=scale, **args)
         wgrads = []
         if self.format == "bf16" and self.gate_up_weight.requires_grad:
-            wgrads += [(2 * i, h), (h, i)]
-        wgrads += [(n, 8) for n, bias in ((2 * i, self.gate_up_bias), (h, self.down_bias))
+            wgrads += [(2 * i, h, self.gate_up_weight.dtype), (h, i, self.down_weight.dtype)]
+        wgrads += [(n, 8, torch.float32) for n, bias in ((2 * i, self.gate_up_bias), (h, self.down_bias))
                    if bias is not None and bias.requires_grad]
-        for n, k in wgrads:
-            training.prepare_wgrad(n, k, self.experts_local, device)
+        for n, k, dtype in wgrads:
+            training.prepare_wgrad(n, k, self.experts_local, device, dtype)
 
     def extra_repr(self) -> str:
         return (f"format={self.format}, experts=[{self.expert_base}, {self.expert_base + self.experts_local}) of "

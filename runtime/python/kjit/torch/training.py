@@ -218,6 +218,13 @@ def _row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _wgrad(dy, x, ends, dtype):
+    """dW = dy^T x per expert in `dtype`: bf16 straight from the kernel (its fp32 sums rounded once, no fp32
+    [E, N, K] copy), fp32 otherwise."""
+    out_dtype = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
+    return kjit.grouped_gemm_wgrad(dy, x, ends, offsets_convention=_OFFSETS, out_dtype=out_dtype).to(dtype)
+
+
 def _segment_sum(dy: torch.Tensor, ends: torch.Tensor, row_weights: Optional[torch.Tensor] = None) -> torch.Tensor:
     """fp32 [E, N]: each expert's sum of its rows of dy (times row_weights),
     through the weight-gradient GEMM against a column of ones (or the
@@ -322,13 +329,11 @@ class _ExpertsFunction(torch.autograd.Function):
             d_u = gemm(g, dn_b, ends, weights="e_k_n", offsets_convention=_OFFSETS, row_scale=w * scaling)
             d_act.add_(gemm(d_u, dn_a, ends, weights="e_k_n", offsets_convention=_OFFSETS))
             if needs[10]:
-                grads[10] = kjit.grouped_gemm_wgrad(g, (u_dn.float() * (w * scaling)[:, None]).to(torch.bfloat16),
-                                                    ends, offsets_convention=_OFFSETS).to(b_dtype[1])
+                grads[10] = _wgrad(g, (u_dn.float() * (w * scaling)[:, None]).to(torch.bfloat16), ends, b_dtype[1])
             if needs[9]:
-                grads[9] = kjit.grouped_gemm_wgrad(d_u, act, ends, offsets_convention=_OFFSETS).to(a_dtype[1])
+                grads[9] = _wgrad(d_u, act, ends, a_dtype[1])
         if needs[4]:
-            grads[4] = kjit.grouped_gemm_wgrad(g, (act.float() * w[:, None]).to(torch.bfloat16), ends,
-                                               offsets_convention=_OFFSETS).to(down_w.dtype)
+            grads[4] = _wgrad(g, (act.float() * w[:, None]).to(torch.bfloat16), ends, down_w.dtype)
         if needs[6]:
             grads[6] = _segment_sum(g, ends, w)
 
@@ -344,25 +349,25 @@ class _ExpertsFunction(torch.autograd.Function):
                        row_scale=torch.full((rows,), scaling, dtype=torch.float32, device=d_h.device))
             d_a.add_(gemm(d_u, gu_a, ends, weights="e_k_n", offsets_convention=_OFFSETS))
             if needs[8]:
-                d_b = kjit.grouped_gemm_wgrad(d_h, (u_gu.float() * scaling).to(torch.bfloat16), ends,
-                                              offsets_convention=_OFFSETS)
-                grads[8] = m._lora_b_checkpoint_order(d_b).to(b_dtype[0])
+                d_b = _wgrad(d_h, (u_gu.float() * scaling).to(torch.bfloat16), ends, b_dtype[0])
+                grads[8] = m._lora_b_checkpoint_order(d_b)
             if needs[7]:
-                grads[7] = kjit.grouped_gemm_wgrad(d_u, a, ends, offsets_convention=_OFFSETS).to(a_dtype[0])
+                grads[7] = _wgrad(d_u, a, ends, a_dtype[0])
         if needs[3]:
-            grads[3] = kjit.grouped_gemm_wgrad(d_h, a, ends, offsets_convention=_OFFSETS).to(gate_up_w.dtype)
+            grads[3] = _wgrad(d_h, a, ends, gate_up_w.dtype)
         if needs[1]:  # a token's rows summed in order of k (kjit.moe_combine with weights 1): no atomics
             ones = torch.ones(tokens, top_k, dtype=torch.float32, device=d_a.device)
             grads[1] = kjit.moe_combine(d_a, ones, f2s.view(tokens, top_k), out_dtype=hidden.dtype)
         return tuple(grads)
 
 
-def prepare_wgrad(n: int, k: int, experts: int, device) -> None:
-    """Loads kjit.grouped_gemm_wgrad's kernels for [E, n, k] gradients (fp32 out)."""
+def prepare_wgrad(n: int, k: int, experts: int, device, dtype=torch.float32) -> None:
+    """Loads kjit.grouped_gemm_wgrad's kernel for [E, n, k] gradients of a `dtype` parameter (_wgrad)."""
     ends = torch.zeros(experts, dtype=torch.int32, device=device)
     dy = torch.zeros(8, n, dtype=torch.bfloat16, device=device)
     x = torch.zeros(8, k, dtype=torch.bfloat16, device=device)
-    out = torch.empty(experts, n, k, dtype=torch.float32, device=device)
+    out = torch.empty(experts, n, k, dtype=torch.bfloat16 if dtype == torch.bfloat16 else torch.float32,
+                      device=device)
     kjit.prepare_grouped_gemm_wgrad(dy, x, ends, out, offsets_convention=_OFFSETS)
 
 
@@ -379,8 +384,8 @@ def prepare_lora(experts, lora: MoELoRA, device, top_k: int) -> None:
                                           (rows(n), b, rows(r), "e_k_n", row_scale),
                                           (rows(r), a, rows(k), "e_k_n", None)):
             kjit.prepare_grouped_gemm(x, w, ends, out, weights=weights, offsets_convention=_OFFSETS, row_scale=scale)
-        prepare_wgrad(n, r, e, device)
-        prepare_wgrad(r, k, e, device)
+        prepare_wgrad(n, r, e, device, getattr(lora, f"{target}_lora_B").dtype)
+        prepare_wgrad(r, k, e, device, getattr(lora, f"{target}_lora_A").dtype)
 
 
 def experts_function(module, hidden, topk_ids, topk_weights, out, out_dtype, lora):
