@@ -621,7 +621,7 @@ class MoEExperts(torch.nn.Module):
         for kernels in sorted({self.kernels_for(1, top_k), self.kernels_for(max_tokens, top_k)}):
             self._prepare_kernels(kernels, device, top_k, gathering)
             if backward:
-                self._prepare_training(kernels, device, top_k)
+                self._prepare_training(kernels, device, top_k, lora)
         if lora is not None:
             training.check_lora(self, lora)
             training.prepare_lora(self, lora, device, top_k)
@@ -672,7 +672,7 @@ class MoEExperts(torch.nn.Module):
             kjit.moe_activation(gate_up, out_dtype=out_dtype, valid_rows=valid_rows, **extra,
                                 **self._activation_args())
 
-    def _prepare_training(self, kernels: str, device, top_k: int) -> None:
+    def _prepare_training(self, kernels: str, device, top_k: int, lora=None) -> None:
         """The differentiable path's own kernels (training.py) for one kernel set."""
         if self.fused_activation and self.format == "fp8_block":
             self._check_training(None)
@@ -681,11 +681,13 @@ class MoEExperts(torch.nn.Module):
         rows = lambda cols, dtype=torch.bfloat16: torch.zeros(top_k, cols, dtype=dtype, device=device)  # noqa: E731
         row_scale = torch.ones(top_k, dtype=torch.float32, device=device)
         backward = "w8a16" if kernels == "w8a8" else kernels
+        targets = lora.targets if lora is not None else ()
+        # fp32 out where a bias or a LoRA branch is added before the rounding (training.py)
+        out_dtype = {which: torch.float32 if bias is not None or which in targets else torch.bfloat16
+                     for which, bias in (("gate_up", self.gate_up_bias), ("down", self.down_bias))}
         gemms = [  # (which, a, out, weights, row_scale, kernels)
-            ("gate_up", rows(h), rows(2 * i, self._gemm_out_dtype(self.gate_up_bias) or torch.bfloat16), "e_n_k",
-             None, kernels),
-            ("down", rows(i), rows(h, self._gemm_out_dtype(self.down_bias) or torch.bfloat16), "e_n_k", None,
-             kernels),
+            ("gate_up", rows(h), rows(2 * i, out_dtype["gate_up"]), "e_n_k", None, kernels),
+            ("down", rows(i), rows(h, out_dtype["down"]), "e_n_k", None, kernels),
             ("gate_up", rows(2 * i), rows(h), "e_k_n", None, backward),
             ("down", rows(h), rows(i), "e_k_n", row_scale, backward)]
         if kernels == "w8a8":  # the forward's FP8 operands; the quantizer without a gather (the activation's)
@@ -701,6 +703,11 @@ class MoEExperts(torch.nn.Module):
                 args["a_scale"] = torch.zeros(top_k, a.shape[1] // _FP8_BLOCK, dtype=torch.float32, device=device)
             kjit.prepare_grouped_gemm(a, w.detach(), ends, out, weights=weights, offsets_convention=_OFFSETS,
                                       row_scale=scale, **args)
+        # the fused activation and its derivative (training.activation / activation_grad) compile at their first
+        # CUDA call: make it here, not under a capture (16 rows: torch.compile specialises sizes 0 and 1)
+        h16 = torch.zeros(16, 2 * i, dtype=torch.bfloat16, device=device)
+        args = (self.activation, self._gate_up_order(), self.swiglu_alpha, self.swiglu_limit)
+        training.activation_grad(h16, training.activation(h16, *args), *args)
         wgrads = []
         if self.format == "bf16" and self.gate_up_weight.requires_grad:
             wgrads += [(2 * i, h, self.gate_up_weight.dtype), (h, i, self.down_weight.dtype)]

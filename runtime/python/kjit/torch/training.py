@@ -107,6 +107,35 @@ def activation_backward(h, d_act, activation: str, order: str, alpha: float, lim
     return gate_up_joined(d_gate.to(torch.bfloat16), d_up.to(torch.bfloat16), order)
 
 
+_FUSED = {}
+
+
+def _fused(fn):
+    """fn compiled by torch.compile into one or two fused elementwise kernels on CUDA tensors where Triton is
+    installed (the fp32 math of the activation and its derivative otherwise costs a dozen passes over [rows, I]
+    through memory, half of a LoRA step's GPU time at 4096 tokens); fn itself elsewhere. The same operations in
+    the same order per element, so the same gradients within fp32 rounding."""
+    if fn not in _FUSED:
+        try:
+            import triton  # noqa: F401  (inductor's GPU backend)
+            _FUSED[fn] = torch.compile(fn, dynamic=True, fullgraph=True)
+        except Exception:  # no Triton, or no inductor: the plain torch ops
+            _FUSED[fn] = fn
+    return _FUSED[fn]
+
+
+def activation(h, activation: str, order: str, alpha: float, limit: float) -> torch.Tensor:
+    """activation_forward, fused on the GPU."""
+    fn = _fused(activation_forward) if h.is_cuda and not torch.compiler.is_compiling() else activation_forward
+    return fn(h, activation, order, alpha, limit)
+
+
+def activation_grad(h, d_act, activation: str, order: str, alpha: float, limit: float) -> torch.Tensor:
+    """activation_backward, fused on the GPU."""
+    fn = _fused(activation_backward) if h.is_cuda and not torch.compiler.is_compiling() else activation_backward
+    return fn(h, d_act, activation, order, alpha, limit)
+
+
 # ---- LoRA on the experts ----
 
 class MoELoRA(torch.nn.Module):
@@ -225,6 +254,13 @@ def _wgrad(dy, x, ends, dtype):
     return kjit.grouped_gemm_wgrad(dy, x, ends, offsets_convention=_OFFSETS, out_dtype=out_dtype).to(dtype)
 
 
+def _round_with_bias(y, bias, row_experts, m):
+    """The GEMM's output (+ LoRA) plus the bias in fp32, rounded once to bf16."""
+    if bias is not None:
+        return m._add_bias(y, bias, row_experts)
+    return y.to(torch.bfloat16)
+
+
 def _segment_sum(dy: torch.Tensor, ends: torch.Tensor, row_weights: Optional[torch.Tensor] = None) -> torch.Tensor:
     """fp32 [E, N]: each expert's sum of its rows of dy (times row_weights),
     through the weight-gradient GEMM against a column of ones (or the
@@ -258,35 +294,39 @@ class _ExpertsFunction(torch.autograd.Function):
         scaling = plan.lora.scaling if plan.lora is not None else 0.0
 
         a = None  # the gathered rows [rows, H] bf16, when a bf16 GEMM or a LoRA needs them
+        out_gu = torch.float32 if gate_up_bias is not None or lora_gu is not None else None
+        out_dn = torch.float32 if down_bias is not None or lora_dn is not None else None
         if kernels == "w8a8":
             a8, a_scale = kjit.quantize_fp8(hidden, gather=(s2f, top_k))
             h = kjit.grouped_gemm(a8, gate_up_w, ends, offsets_convention=_OFFSETS, a_scale=a_scale,
-                                  out_dtype=m._gemm_out_dtype(gate_up_bias), **m._weight_args("gate_up", "w8a8"))
+                                  out_dtype=out_gu, **m._weight_args("gate_up", "w8a8"))
         else:
             a = hidden[token_of_row]
             h = kjit.grouped_gemm(a, gate_up_w, ends, offsets_convention=_OFFSETS,
-                                  out_dtype=m._gemm_out_dtype(gate_up_bias), **m._weight_args("gate_up", kernels))
-        h = m._add_bias(h, gate_up_bias, row_experts)
+                                  out_dtype=out_gu, **m._weight_args("gate_up", kernels))
         u_gu = None
-        if lora_gu is not None:
+        if lora_gu is not None:  # the branch's fp32 product added to the base's fp32 output, rounded once
             if a is None:
                 a = hidden[token_of_row]
             u_gu = kjit.grouped_gemm(a, lora_gu[0], ends, offsets_convention=_OFFSETS)
-            h.add_(kjit.grouped_gemm(u_gu, lora_gu[1], ends, offsets_convention=_OFFSETS), alpha=scaling)
+            h.add_(kjit.grouped_gemm(u_gu, lora_gu[1], ends, offsets_convention=_OFFSETS, out_dtype=torch.float32),
+                   alpha=scaling)
+        h = _round_with_bias(h, gate_up_bias, row_experts, m)
 
-        act = activation_forward(h, m.activation, m._gate_up_order(), m.swiglu_alpha, m.swiglu_limit)
+        act = activation(h, m.activation, m._gate_up_order(), m.swiglu_alpha, m.swiglu_limit)
         if kernels == "w8a8":
             act8, act_scale = kjit.quantize_fp8(act)
             y = kjit.grouped_gemm(act8, down_w, ends, offsets_convention=_OFFSETS, a_scale=act_scale,
-                                  out_dtype=m._gemm_out_dtype(down_bias), **m._weight_args("down", "w8a8"))
+                                  out_dtype=out_dn, **m._weight_args("down", "w8a8"))
         else:
             y = kjit.grouped_gemm(act, down_w, ends, offsets_convention=_OFFSETS,
-                                  out_dtype=m._gemm_out_dtype(down_bias), **m._weight_args("down", kernels))
-        y = m._add_bias(y, down_bias, row_experts)
+                                  out_dtype=out_dn, **m._weight_args("down", kernels))
         u_dn = None
         if lora_dn is not None:
             u_dn = kjit.grouped_gemm(act, lora_dn[0], ends, offsets_convention=_OFFSETS)
-            y.add_(kjit.grouped_gemm(u_dn, lora_dn[1], ends, offsets_convention=_OFFSETS), alpha=scaling)
+            y.add_(kjit.grouped_gemm(u_dn, lora_dn[1], ends, offsets_convention=_OFFSETS, out_dtype=torch.float32),
+                   alpha=scaling)
+        y = _round_with_bias(y, down_bias, row_experts, m)
         out = kjit.moe_combine(y, topk_weights, f2s.view(tokens, top_k), out_dtype=plan.out_dtype)
 
         ctx.plan, ctx.kernels, ctx.scaling = plan, kernels, scaling
@@ -322,7 +362,7 @@ class _ExpertsFunction(torch.autograd.Function):
         # down: dY = w . g row by row, folded into the narrower operand of each product
         act = None
         if needs[4] or needs[9] or needs[10]:
-            act = activation_forward(h, m.activation, m._gate_up_order(), m.swiglu_alpha, m.swiglu_limit)
+            act = activation(h, m.activation, m._gate_up_order(), m.swiglu_alpha, m.swiglu_limit)
         d_act = gemm(g, down_w, ends, weights="e_k_n", offsets_convention=_OFFSETS, row_scale=w,
                      **m._weight_args("down", bwd))
         if ctx.lora_targets[1]:
@@ -338,7 +378,7 @@ class _ExpertsFunction(torch.autograd.Function):
             grads[6] = _segment_sum(g, ends, w)
 
         # the activation, then gate_up
-        d_h = activation_backward(h, d_act, m.activation, m._gate_up_order(), m.swiglu_alpha, m.swiglu_limit)
+        d_h = activation_grad(h, d_act, m.activation, m._gate_up_order(), m.swiglu_alpha, m.swiglu_limit)
         if needs[5]:
             grads[5] = _segment_sum(d_h, ends)
         d_a = gemm(d_h, gate_up_w, ends, weights="e_k_n", offsets_convention=_OFFSETS,
@@ -375,12 +415,13 @@ def prepare_lora(experts, lora: MoELoRA, device, top_k: int) -> None:
     """Loads the kernels the adapter's branches launch (forward and backward)."""
     e, r = experts.experts_local, lora.rank
     ends = torch.full((e,), top_k, dtype=torch.int32, device=device)
-    rows = lambda cols: torch.zeros(top_k, cols, dtype=torch.bfloat16, device=device)  # noqa: E731
+    rows = lambda cols, dtype=torch.bfloat16: torch.zeros(top_k, cols, dtype=dtype, device=device)  # noqa: E731
     row_scale = torch.ones(top_k, dtype=torch.float32, device=device)
     for target in lora.targets:
         a, b = lora.factors(target)
         k, n = a.shape[2], b.shape[1]
-        for x, w, out, weights, scale in ((rows(k), a, rows(r), "e_n_k", None), (rows(r), b, rows(n), "e_n_k", None),
+        for x, w, out, weights, scale in ((rows(k), a, rows(r), "e_n_k", None),
+                                          (rows(r), b, rows(n, torch.float32), "e_n_k", None),
                                           (rows(n), b, rows(r), "e_k_n", row_scale),
                                           (rows(r), a, rows(k), "e_k_n", None)):
             kjit.prepare_grouped_gemm(x, w, ends, out, weights=weights, offsets_convention=_OFFSETS, row_scale=scale)
