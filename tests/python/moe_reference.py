@@ -118,6 +118,32 @@ def random_fp4(fmt, experts, n, k, device, generator):
     return pairs.to(device), scale.to(device), None
 
 
+def random_experts(fmt, experts, hidden, inter, convention, generator):
+    """Checkpoint-like CPU stacks of one layer in `fmt` ('bf16', 'fp8_block', 'fp8_channel', 'nvfp4', 'mxfp4'):
+    (gate_up, down, the scale keywords MoEExperts takes for them, (gate_up, down) dequantised to fp32). FP8
+    'divide' scales are the multipliers' reciprocals, so the fp32 weights are the same either way."""
+    e, h, i = experts, hidden, inter
+    gate_up = torch.randn(e, 2 * i, h, generator=generator) / h ** 0.5
+    down = torch.randn(e, h, i, generator=generator) / i ** 0.5
+    if fmt == "bf16":
+        gate_up, down = gate_up.to(torch.bfloat16), down.to(torch.bfloat16)
+        return gate_up, down, {}, (gate_up.float(), down.float())
+    if fmt in ("fp8_block", "fp8_channel"):
+        quantize = fp8_block_quantize if fmt == "fp8_block" else fp8_channel_quantize
+        (gate_up, gs), (down, ds) = quantize(gate_up), quantize(down)
+        expand = fp8_block_dequantize if fmt == "fp8_block" else (lambda w, s: w.float() * s.unsqueeze(-1))
+        weights32 = (expand(gate_up, gs), expand(down, ds))
+        if convention == "divide":
+            gs, ds = 1.0 / gs, 1.0 / ds
+        return gate_up, down, dict(gate_up_scale=gs, down_scale=ds, scale_convention=convention), weights32
+    (gate_up, gs, ggs), (down, ds, dgs) = (random_fp4(fmt, e, n, k, "cpu", generator) for n, k in ((2 * i, h), (h, i)))
+    weights32 = (fp4_dequantize(gate_up, gs, fmt, ggs, convention), fp4_dequantize(down, ds, fmt, dgs, convention))
+    args = dict(gate_up_scale=gs, down_scale=ds)
+    if fmt == "nvfp4":
+        args.update(gate_up_global_scale=ggs, down_global_scale=dgs, global_scale_convention=convention)
+    return gate_up, down, args, weights32
+
+
 def grouped_linear_with_grad(x, dy, w, ends):
     """y = x . W_e^T per expert segment (ends: cumulative, int) in fp32 and dX of sum(y * dy) by torch autograd:
     the forward / backward pair a grouped GEMM reading one stack both ways must match. Returns (y, dx)."""

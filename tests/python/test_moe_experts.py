@@ -510,30 +510,9 @@ def cpu_case(fmt, layout, act, convention, biases, seed, w8a8_min_rows=64):
     """A small module in `fmt` (experts [4, 8) of 8, H 256, I 128) on the CPU, and its fp32 expert weights."""
     g = torch.Generator().manual_seed(seed)
     e, h, i = 4, 256, 128
-    gate_up = torch.randn(e, 2 * i, h, generator=g) / h ** 0.5
-    down = torch.randn(e, h, i, generator=g) / i ** 0.5
-    args = {}
-    if fmt == "bf16":
-        gate_up, down = gate_up.to(bf16), down.to(bf16)
-        experts = (gate_up.float(), down.float())
-    elif fmt in ("fp8_block", "fp8_channel"):
-        quantize = ref.fp8_block_quantize if fmt == "fp8_block" else ref.fp8_channel_quantize
-        (gate_up, gs), (down, ds) = quantize(gate_up), quantize(down)
-        expand = (lambda w, s: ref.fp8_block_dequantize(w, s)) if fmt == "fp8_block" else \
-            (lambda w, s: w.float() * s.unsqueeze(-1))
-        experts = (expand(gate_up, gs), expand(down, ds))
-        if convention == "divide":
-            gs, ds = 1.0 / gs, 1.0 / ds
-        args = dict(gate_up_scale=gs, down_scale=ds, scale_convention=convention)
-    else:
-        (gate_up, gs, ggs), (down, ds, dgs) = (ref.random_fp4(fmt, e, n, k, "cpu", g) for n, k in ((2 * i, h), (h, i)))
-        experts = (ref.fp4_dequantize(gate_up, gs, fmt, ggs, convention),
-                   ref.fp4_dequantize(down, ds, fmt, dgs, convention))
-        args = dict(gate_up_scale=gs, down_scale=ds)
-        if fmt == "nvfp4":
-            args.update(gate_up_global_scale=ggs, down_global_scale=dgs, global_scale_convention=convention)
-        else:
-            gate_up = gate_up.view(e, 2 * i, h // 32, 16)  # gpt-oss's blocks
+    gate_up, down, args, experts = ref.random_experts(fmt, e, h, i, convention, g)
+    if fmt == "mxfp4":
+        gate_up = gate_up.view(e, 2 * i, h // 32, 16)  # gpt-oss's blocks
     if biases:
         args.update(gate_up_bias=torch.randn(e, 2 * i, generator=g).to(bf16),
                     down_bias=torch.randn(e, h, generator=g).to(bf16))

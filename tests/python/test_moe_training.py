@@ -46,27 +46,7 @@ def build(fmt, layout, act, *, convention="multiply", biases=False, seed=0, expe
     """A module in `fmt` and its fp32 weights in the checkpoint's row order (dequantised)."""
     g = torch.Generator().manual_seed(seed)
     e, h, i = experts, hidden, inter
-    gate_up = torch.randn(e, 2 * i, h, generator=g) / h ** 0.5
-    down = torch.randn(e, h, i, generator=g) / i ** 0.5
-    args = {}
-    if fmt == "bf16":
-        gate_up, down = gate_up.to(bf16), down.to(bf16)
-        weights32 = (gate_up.float(), down.float())
-    elif fmt in ("fp8_block", "fp8_channel"):
-        quantize = ref.fp8_block_quantize if fmt == "fp8_block" else ref.fp8_channel_quantize
-        (gate_up, gs), (down, ds) = quantize(gate_up), quantize(down)
-        expand = ref.fp8_block_dequantize if fmt == "fp8_block" else (lambda w, s: w.float() * s.unsqueeze(-1))
-        weights32 = (expand(gate_up, gs), expand(down, ds))
-        if convention == "divide":
-            gs, ds = 1.0 / gs, 1.0 / ds
-        args = dict(gate_up_scale=gs, down_scale=ds, scale_convention=convention)
-    else:
-        (gate_up, gs, ggs), (down, ds, dgs) = (ref.random_fp4(fmt, e, n, k, "cpu", g) for n, k in ((2 * i, h), (h, i)))
-        weights32 = (ref.fp4_dequantize(gate_up, gs, fmt, ggs, convention),
-                     ref.fp4_dequantize(down, ds, fmt, dgs, convention))
-        args = dict(gate_up_scale=gs, down_scale=ds)
-        if fmt == "nvfp4":
-            args.update(gate_up_global_scale=ggs, down_global_scale=dgs, global_scale_convention=convention)
+    gate_up, down, args, weights32 = ref.random_experts(fmt, e, h, i, convention, g)
     if biases:
         args.update(gate_up_bias=torch.randn(e, 2 * i, generator=g) * 0.1, down_bias=torch.randn(e, h, generator=g) * 0.1)
     move = (lambda t: t.to(device) if isinstance(t, torch.Tensor) else t)
