@@ -124,13 +124,13 @@ def _fused(fn):
     return _FUSED[fn]
 
 
-def activation(h, activation: str, order: str, alpha: float, limit: float) -> torch.Tensor:
+def compiled_activation(h, activation: str, order: str, alpha: float, limit: float) -> torch.Tensor:
     """activation_forward, fused on the GPU."""
     fn = _fused(activation_forward) if h.is_cuda and not torch.compiler.is_compiling() else activation_forward
     return fn(h, activation, order, alpha, limit)
 
 
-def activation_grad(h, d_act, activation: str, order: str, alpha: float, limit: float) -> torch.Tensor:
+def compiled_activation_grad(h, d_act, activation: str, order: str, alpha: float, limit: float) -> torch.Tensor:
     """activation_backward, fused on the GPU."""
     fn = _fused(activation_backward) if h.is_cuda and not torch.compiler.is_compiling() else activation_backward
     return fn(h, d_act, activation, order, alpha, limit)
@@ -313,7 +313,7 @@ class _ExpertsFunction(torch.autograd.Function):
                    alpha=scaling)
         h = _round_with_bias(h, gate_up_bias, row_experts, m)
 
-        act = activation(h, m.activation, m._gate_up_order(), m.swiglu_alpha, m.swiglu_limit)
+        act = compiled_activation(h, m.activation, m._gate_up_order(), m.swiglu_alpha, m.swiglu_limit)
         if kernels == "w8a8":
             act8, act_scale = kjit.quantize_fp8(act)
             y = kjit.grouped_gemm(act8, down_w, ends, offsets_convention=_OFFSETS, a_scale=act_scale,
@@ -362,7 +362,7 @@ class _ExpertsFunction(torch.autograd.Function):
         # down: dY = w . g row by row, folded into the narrower operand of each product
         act = None
         if needs[4] or needs[9] or needs[10]:
-            act = activation(h, m.activation, m._gate_up_order(), m.swiglu_alpha, m.swiglu_limit)
+            act = compiled_activation(h, m.activation, m._gate_up_order(), m.swiglu_alpha, m.swiglu_limit)
         d_act = gemm(g, down_w, ends, weights="e_k_n", offsets_convention=_OFFSETS, row_scale=w,
                      **m._weight_args("down", bwd))
         if ctx.lora_targets[1]:
@@ -378,7 +378,7 @@ class _ExpertsFunction(torch.autograd.Function):
             grads[6] = _segment_sum(g, ends, w)
 
         # the activation, then gate_up
-        d_h = activation_grad(h, d_act, m.activation, m._gate_up_order(), m.swiglu_alpha, m.swiglu_limit)
+        d_h = compiled_activation_grad(h, d_act, m.activation, m._gate_up_order(), m.swiglu_alpha, m.swiglu_limit)
         if needs[5]:
             grads[5] = _segment_sum(d_h, ends)
         d_a = gemm(d_h, gate_up_w, ends, weights="e_k_n", offsets_convention=_OFFSETS,
