@@ -48,7 +48,8 @@ def build(fmt, layout, act, *, convention="multiply", biases=False, seed=0, expe
     e, h, i = experts, hidden, inter
     gate_up, down, args, weights32 = ref.random_experts(fmt, e, h, i, convention, g)
     if biases:
-        args.update(gate_up_bias=torch.randn(e, 2 * i, generator=g) * 0.1, down_bias=torch.randn(e, h, generator=g) * 0.1)
+        args.update(gate_up_bias=torch.randn(e, 2 * i, generator=g) * 0.1,
+                    down_bias=torch.randn(e, h, generator=g) * 0.1)
     move = (lambda t: t.to(device) if isinstance(t, torch.Tensor) else t)
     m = MoEExperts(move(gate_up), move(down), format=fmt, gate_up_layout=layout, activation=act,
                    experts_total=experts_total, expert_base=expert_base, **{k: move(v) for k, v in args.items()},
@@ -80,7 +81,7 @@ def reference_grads(m, weights32, hidden, ids, topk_weights, d_out, lora, fp8_ac
             a, b = getattr(lora, f"{t}_lora_A"), getattr(lora, f"{t}_lora_B")
             if a is not None:
                 # the GEMMs use the factors rounded to bf16
-                factors[t] = (a.detach().to(bf16).float().requires_grad_(), b.detach().to(bf16).float().requires_grad_())
+                factors[t] = tuple(f.detach().to(bf16).float().requires_grad_() for f in (a, b))
     s = lora.scaling if lora is not None else 0.0
 
     def of(which, w32):
