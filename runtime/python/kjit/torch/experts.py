@@ -524,12 +524,9 @@ class MoEExperts(torch.nn.Module):
         return "groups_of_8" if self.fused_activation else self.gate_up_layout
 
     def _stored_to_checkpoint_rows(self):
-        rows = 2 * self.intermediate_size
-        row = torch.arange(rows)
-        pair, up = row // 16 * 8 + row % 8, row % 16 >= 8  # kjit.h: row 16g + i is gate pair 8g + i, + 8 its up
-        if self.gate_up_layout == "halves":
-            return torch.where(up, rows // 2 + pair, pair)
-        return 2 * pair + up.long()
+        """The checkpoint row of each stored gate_up row: gate_up_interleaved's order, applied to row numbers."""
+        rows = torch.arange(2 * self.intermediate_size).view(1, -1)
+        return kjit.gate_up_interleaved(rows, layout=self.gate_up_layout)[0]
 
     def _lora_b_stored_order(self, b):
         """gate_up's LoRA B [E, 2I, r], rows in the checkpoint's order, in the stored rows' order."""
@@ -556,7 +553,7 @@ class MoEExperts(torch.nn.Module):
         if rows <= GATHER_MAX_ROWS:
             a, gather = hidden.contiguous(), (sorted_to_flat, top_k)  # the gather reads rows K apart
         else:
-            a, gather = hidden[(sorted_to_flat.clamp(min=0, max=rows - 1) // top_k).long()], None
+            a, gather = hidden[training.token_of_row(sorted_to_flat, top_k)], None
         row_experts = self._row_experts(ends, rows) if self.gate_up_bias is not None or self.down_bias is not None \
             else None
         if self.fused_activation:
@@ -674,8 +671,7 @@ class MoEExperts(torch.nn.Module):
 
     def _prepare_training(self, kernels: str, device, top_k: int, lora=None) -> None:
         """The differentiable path's own kernels (training.py) for one kernel set."""
-        if self.fused_activation and self.format == "fp8_block":
-            self._check_training(None)
+        self._check_training(None)
         h, i = self.hidden_size, self.intermediate_size
         ends = torch.full((self.experts_local,), top_k, dtype=torch.int32, device=device)
         rows = lambda cols, dtype=torch.bfloat16: torch.zeros(top_k, cols, dtype=dtype, device=device)  # noqa: E731
@@ -685,15 +681,13 @@ class MoEExperts(torch.nn.Module):
         # fp32 out where a bias or a LoRA branch is added before the rounding (training.py)
         out_dtype = {which: torch.float32 if bias is not None or which in targets else torch.bfloat16
                      for which, bias in (("gate_up", self.gate_up_bias), ("down", self.down_bias))}
+        forward_a = torch.float8_e4m3fn if kernels == "w8a8" else torch.bfloat16  # W8A8: FP8 rows
         gemms = [  # (which, a, out, weights, row_scale, kernels)
-            ("gate_up", rows(h), rows(2 * i, out_dtype["gate_up"]), "e_n_k", None, kernels),
-            ("down", rows(i), rows(h, out_dtype["down"]), "e_n_k", None, kernels),
+            ("gate_up", rows(h, forward_a), rows(2 * i, out_dtype["gate_up"]), "e_n_k", None, kernels),
+            ("down", rows(i, forward_a), rows(h, out_dtype["down"]), "e_n_k", None, kernels),
             ("gate_up", rows(2 * i), rows(h), "e_k_n", None, backward),
             ("down", rows(h), rows(i), "e_k_n", row_scale, backward)]
-        if kernels == "w8a8":  # the forward's FP8 operands; the quantizer without a gather (the activation's)
-            for which, cols in (("gate_up", h), ("down", i)):
-                gemms = [(w, rows(cols, torch.float8_e4m3fn) if (w, wt) == (which, "e_n_k") else a, o, wt, r, k)
-                         for w, a, o, wt, r, k in gemms]
+        if kernels == "w8a8":  # the quantizer without a gather (the activation's)
             kjit.prepare_quantize_fp8(rows(i), rows(i, torch.float8_e4m3fn),
                                       torch.zeros(top_k, i // _FP8_BLOCK, dtype=torch.float32, device=device))
         for which, a, out, weights, scale, kset in gemms:

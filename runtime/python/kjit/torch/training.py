@@ -232,6 +232,12 @@ def check_lora(experts, lora) -> None:
 
 # ---- the autograd formula ----
 
+def token_of_row(sorted_to_flat: torch.Tensor, top_k: int) -> torch.Tensor:
+    """The token of each expert-sorted row (int64, for indexing; MoEExperts' gathers too), rows routing left
+    at -1 mapped to token 0: they are never computed or read, and the index never leaves the tokens."""
+    return (sorted_to_flat.clamp(min=0) // top_k).long()
+
+
 def _bf16(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.bfloat16).contiguous()
 
@@ -287,7 +293,7 @@ class _ExpertsFunction(torch.autograd.Function):
                                              experts_local=m.experts_local, offsets_convention=_OFFSETS)
         rows = s2f.shape[0]
         kernels = m.kernels_for(tokens, top_k)
-        token_of_row = (s2f.clamp(min=0, max=max(rows - 1, 0)) // top_k).long()
+        rows_token = token_of_row(s2f, top_k)
         row_experts = m._row_experts(ends, rows) if gate_up_bias is not None or down_bias is not None else None
         lora_gu = (_bf16(gu_a), m._lora_b_stored_order(_bf16(gu_b))) if gu_a is not None else None
         lora_dn = (_bf16(dn_a), _bf16(dn_b)) if dn_a is not None else None
@@ -301,13 +307,13 @@ class _ExpertsFunction(torch.autograd.Function):
             h = kjit.grouped_gemm(a8, gate_up_w, ends, offsets_convention=_OFFSETS, a_scale=a_scale,
                                   out_dtype=out_gu, **m._weight_args("gate_up", "w8a8"))
         else:
-            a = hidden[token_of_row]
+            a = hidden[rows_token]
             h = kjit.grouped_gemm(a, gate_up_w, ends, offsets_convention=_OFFSETS,
                                   out_dtype=out_gu, **m._weight_args("gate_up", kernels))
         u_gu = None
         if lora_gu is not None:  # the branch's fp32 product added to the base's fp32 output, rounded once
             if a is None:
-                a = hidden[token_of_row]
+                a = hidden[rows_token]
             u_gu = kjit.grouped_gemm(a, lora_gu[0], ends, offsets_convention=_OFFSETS)
             h.add_(kjit.grouped_gemm(u_gu, lora_gu[1], ends, offsets_convention=_OFFSETS, out_dtype=torch.float32),
                    alpha=scaling)
@@ -347,8 +353,8 @@ class _ExpertsFunction(torch.autograd.Function):
         tokens, top_k = plan.topk_ids.shape
         a_dtype, b_dtype = ctx.param_dtypes[0::2], ctx.param_dtypes[1::2]  # (gate_up, down) each
         rows = s2f.shape[0]
-        token_of_row = (s2f.clamp(min=0, max=max(rows - 1, 0)) // top_k).long()
-        g = d_out.to(torch.bfloat16)[token_of_row]  # dOut in expert order; rows past the routed ones never read
+        rows_token = token_of_row(s2f, top_k)
+        g = d_out.to(torch.bfloat16)[rows_token]  # dOut in expert order; rows past the routed ones never read
         w = topk_weights.reshape(-1)[s2f.clamp(min=0).long()]  # each row's routing weight, fp32
         bwd = "w8a16" if ctx.kernels == "w8a8" else ctx.kernels  # dX reads FP8 weights W8A16 (bf16 dY)
         gemm = kjit.grouped_gemm
@@ -383,7 +389,7 @@ class _ExpertsFunction(torch.autograd.Function):
             grads[5] = _segment_sum(d_h, ends)
         d_a = gemm(d_h, gate_up_w, ends, weights="e_k_n", offsets_convention=_OFFSETS,
                    **m._weight_args("gate_up", bwd))
-        a = hidden[token_of_row] if (needs[3] or needs[7]) else None
+        a = hidden[rows_token] if (needs[3] or needs[7]) else None
         if ctx.lora_targets[0]:
             d_u = gemm(d_h, gu_b_stored, ends, weights="e_k_n", offsets_convention=_OFFSETS,
                        row_scale=torch.full((rows,), scaling, dtype=torch.float32, device=d_h.device))
