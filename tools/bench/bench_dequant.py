@@ -12,7 +12,6 @@ Every provider's output is checked bit for bit against kjit's first.
 """
 
 import argparse
-import json
 import math
 
 import torch
@@ -21,6 +20,8 @@ import triton
 import kjit
 from timing import bench_graph, bench_sets, copy_bandwidth
 from triton_dequant import triton_dequant
+import result_rows
+import results
 
 
 def torch_dequant(x, s, y):
@@ -100,8 +101,8 @@ def main():
         del sets
         torch.cuda.empty_cache()
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+        rows, limits = result_rows.dequant(result)  # the store's schema: tools/bench/results.py
+        results.write(rows, args.json, "fp8_dequant", limits=limits)
 
 
 if __name__ == "__main__":

@@ -27,13 +27,14 @@ scale shows as ~1).
 """
 
 import argparse
-import json
 import math
 
 import torch
 
 import kjit
 from timing import bench_graph, bench_sets, copy_bandwidth, interleaved
+import result_rows
+import results
 
 BLOCK = 128
 SHAPES = [  # (E, rows, N, K): rows in all, E * rows per expert for the prefill shapes
@@ -313,8 +314,8 @@ def main():
             result[f"geomean_rows_on_m_vs_{key}"] = geomean(ratios)
             print(f"geometric mean of rows on M / {label} speed: {geomean(ratios):.3f}x")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+        rows, limits = result_rows.fp8_gemm(result)  # the store's schema: tools/bench/results.py
+        results.write(rows, args.json, "grouped_gemm_fp8", limits=limits)
 
 
 if __name__ == "__main__":

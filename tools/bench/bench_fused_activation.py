@@ -17,7 +17,6 @@ random logits, rows sorted by expert.
 """
 
 import argparse
-import json
 import sys
 
 import torch
@@ -25,6 +24,8 @@ import torch.nn.functional as F
 
 import kjit
 from timing import calibrated_timer, interleaved
+import result_rows
+import results
 
 MODELS = {  # experts, hidden, intermediate, top_k
     "qwen3-30b-a3b": (128, 2048, 768, 8),
@@ -108,8 +109,8 @@ def main():
         del w, fused_w
         torch.cuda.empty_cache()
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+        rows, limits = result_rows.fused_activation(result)  # the store's schema: tools/bench/results.py
+        results.write(rows, args.json, "fused_activation", limits=limits)
     sys.exit(1 if failed else 0)
 
 

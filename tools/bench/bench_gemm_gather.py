@@ -15,13 +15,14 @@ events around back-to-back calls, the paths alternating over rounds
 """
 
 import argparse
-import json
 import sys
 
 import torch
 
 import kjit
 from timing import calibrated_timer, interleaved
+import result_rows
+import results
 
 MODELS = {  # experts, hidden, intermediate, top_k
     "qwen3-30b-a3b": (128, 2048, 768, 8),
@@ -93,8 +94,8 @@ def main():
         del w
         torch.cuda.empty_cache()
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+        rows, limits = result_rows.gemm_gather(result)  # the store's schema: tools/bench/results.py
+        results.write(rows, args.json, "gemm_gather", limits=limits)
     sys.exit(1 if failed else 0)
 
 

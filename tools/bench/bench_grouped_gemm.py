@@ -9,7 +9,6 @@ heuristic (the "auto" column is what kjit picks).
 """
 
 import argparse
-import json
 import math
 
 import torch
@@ -17,6 +16,8 @@ import torch
 import kjit
 from gemm_problem import grouped_gemm_problem
 from timing import paired
+import result_rows
+import results
 
 SHAPES = [  # (E, K, N, rows)
     (32, 7168, 4096, 8192),
@@ -119,8 +120,8 @@ def main():
         print(f"{layout}: geometric mean of kjit/torch over the first four shapes: {geo:.3f}x")
         result[f"geomean_first_four_{layout}"] = geo
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+        rows, limits = result_rows.grouped_gemm(result)  # the store's schema: tools/bench/results.py
+        results.write(rows, args.json, "grouped_gemm", limits=limits)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ forward.
 import argparse
 import cProfile
 import ctypes
-import json
 import pstats
 import statistics
 import time
@@ -26,6 +25,8 @@ import torch
 
 import kjit
 from bench_moe_layer import BLOCK, MODELS, Layer
+import result_rows
+import results
 
 
 def host_us(fn, burst, bursts):
@@ -110,8 +111,8 @@ def main():
         torch.cuda.synchronize()
         pstats.Stats(profiler).sort_stats("cumulative").print_stats(40)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+        rows, limits = result_rows.host_overhead(result)  # the store's schema: tools/bench/results.py
+        results.write(rows, args.json, "host_overhead", limits=limits)
 
 
 if __name__ == "__main__":

@@ -14,13 +14,14 @@ captured in one CUDA graph, rotating over enough buffer sets to exceed L2);
 """
 
 import argparse
-import json
 
 import torch
 import torch.nn.functional as F
 
 import kjit
 from timing import bench_graph, copy_bandwidth
+import result_rows
+import results
 
 SHAPES = [  # (model, I, layout, activation)
     ("Qwen3-30B-A3B", 768, "halves", "silu_mul"),
@@ -80,8 +81,8 @@ def main():
                 del sets
                 torch.cuda.empty_cache()
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+        rows, limits = result_rows.moe_activation(result)  # the store's schema: tools/bench/results.py
+        results.write(rows, args.json, "moe_activation", limits=limits)
 
 
 if __name__ == "__main__":

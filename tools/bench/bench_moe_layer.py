@@ -34,7 +34,6 @@ either it is reported as skipped.
 """
 
 import argparse
-import json
 import sys
 
 import torch
@@ -44,6 +43,8 @@ import kjit
 from kjit.torch import MoEExperts
 from gemm_problem import FP8_BLOCK, fp8_block_weights
 from timing import calibrated_timer, interleaved
+import result_rows
+import results
 
 MODELS = {  # experts (local, all routed over), hidden, intermediate, top_k
     "qwen3-30b-a3b": (128, 2048, 768, 8),
@@ -292,8 +293,8 @@ def main():
                    else "(a) skipped"))
             row["targets_met"] = {"vs_dequant_bf16": met_b, "vs_seed": met_a if vs_a is not None else None}
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+        rows, limits = result_rows.moe_layer(result)  # the store's schema: tools/bench/results.py
+        results.write(rows, args.json, "moe_layer", limits=limits)
     if disagreed:
         print("some outputs disagreed: see above")
         sys.exit(1)

@@ -14,7 +14,6 @@ rounds (medians); outputs are checked against an eager call of (c) first
 """
 
 import argparse
-import json
 import sys
 
 import torch
@@ -22,6 +21,8 @@ import torch
 import kjit
 from bench_moe_layer import MODELS, TARGET_TOKENS, TARGET_VS_DEQUANT, TARGET_VS_SEED, TOLERANCE, Layer, relative_error, seed_peer
 from timing import event_time, interleaved
+import result_rows
+import results
 
 
 def captured(fn):
@@ -101,8 +102,8 @@ def main():
         del layer, modules
         torch.cuda.empty_cache()
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+        rows, limits = result_rows.moe_layer_graph(result)  # the store's schema: tools/bench/results.py
+        results.write(rows, args.json, "moe_layer_graph", limits=limits)
     sys.exit(1 if failed else 0)
 
 

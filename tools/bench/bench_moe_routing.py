@@ -14,12 +14,13 @@ included, alternating the two providers (three rounds).
 """
 
 import argparse
-import json
 
 import torch
 
 import kjit
 from timing import paired
+import result_rows
+import results
 
 # (tokens, top_k, experts, hidden): decode and prefill batches of the bundled models' shapes.
 SHAPES = [(64, 8, 256, 7168), (512, 8, 256, 7168), (4096, 8, 256, 7168), (16384, 8, 256, 7168),
@@ -78,8 +79,8 @@ def main():
                                "routing_exact": routing_exact, "combine_kjit_us": t_comb * 1e6,
                                "combine_torch_us": t_comb_torch * 1e6, "combine_relative_error": combine_err})
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+        rows, limits = result_rows.moe_routing(result)  # the store's schema: tools/bench/results.py
+        results.write(rows, args.json, "moe_routing", limits=limits)
 
 
 if __name__ == "__main__":

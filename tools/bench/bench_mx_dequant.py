@@ -12,13 +12,14 @@ reference of the format (exact products, one rounding to bf16).
 """
 
 import argparse
-import json
 import math
 
 import torch
 
 import kjit
 from timing import bench_graph, bench_sets, copy_bandwidth
+import result_rows
+import results
 
 _E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
 
@@ -92,8 +93,8 @@ def main():
         del sets
         torch.cuda.empty_cache()
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+        rows, limits = result_rows.mx_dequant(result)  # the store's schema: tools/bench/results.py
+        results.write(rows, args.json, "mx_dequant", limits=limits)
 
 
 if __name__ == "__main__":

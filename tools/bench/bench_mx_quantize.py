@@ -10,12 +10,13 @@ same calls captured in a CUDA graph. The issue's goal: >= 85% of copy bandwidth.
 """
 
 import argparse
-import json
 
 import torch
 
 import kjit
 from timing import bench_graph, bench_sets, copy_bandwidth
+import result_rows
+import results
 
 FORMS = [  # (label, kwargs of quantize_mx, code bytes per element, elements per scale byte, input reads)
     ("nvfp4 given", dict(format="nvfp4", global_scale="given", global_scale_convention="multiply"), 0.5, 16, 1),
@@ -64,8 +65,8 @@ def main():
                 del sets
                 torch.cuda.empty_cache()
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+        rows, limits = result_rows.mx_quantize(result)  # the store's schema: tools/bench/results.py
+        results.write(rows, args.json, "mx_quantize", limits=limits)
 
 
 if __name__ == "__main__":

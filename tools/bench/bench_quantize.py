@@ -10,7 +10,6 @@ scales equal kjit's bit for bit (their division and rounding may differ).
 """
 
 import argparse
-import json
 
 import torch
 import triton
@@ -18,6 +17,8 @@ import triton.language as tl
 
 import kjit
 from timing import bench_graph, bench_sets, copy_bandwidth
+import result_rows
+import results
 
 
 @triton.jit
@@ -81,8 +82,8 @@ def main():
         del sets
         torch.cuda.empty_cache()
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+        rows, limits = result_rows.quantize(result)  # the store's schema: tools/bench/results.py
+        results.write(rows, args.json, "fp8_quantize", limits=limits)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ With --weights e_k_n every provider reads its stored stack [E, K, N / 2]
 """
 
 import argparse
-import json
 import math
 
 import torch
@@ -31,6 +30,8 @@ import torch
 import kjit
 from gemm_problem import FP8_BLOCK, fp8_block_weights, uniform_ends
 from timing import copy_bandwidth, interleaved
+import result_rows
+import results
 
 SHAPES = [  # (E, K, N, rows)
     (32, 7168, 4096, 128),
@@ -169,8 +170,8 @@ def main():
                 print(f"{label}: geometric mean of {key}: {g:.3f}x")
                 result[f"geomean_{label}_{key}"] = g
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+        rows, limits = result_rows.w4a16_gemm(result)  # the store's schema: tools/bench/results.py
+        results.write(rows, args.json, "grouped_gemm_w4a16", limits=limits)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ relative Frobenius error against kjit bf16 on the dequantised weights, and
 """
 
 import argparse
-import json
 import math
 
 import torch
@@ -31,6 +30,8 @@ import kjit
 from bench_grouped_gemm import SHAPES
 from gemm_problem import FP8_BLOCK, fp8_block_weights, uniform_ends
 from timing import copy_bandwidth, interleaved
+import result_rows
+import results
 
 DECODE_ROWS = 1024  # shapes with fewer rows are the decode ones (the issue's 128 and 512)
 
@@ -138,8 +139,8 @@ def main():
                 print(f"{label}: geometric mean of W8A16 / {name} speed: {g:.3f}x")
                 result[f"geomean_{label}_{key}"] = g
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+        rows, limits = result_rows.w8a16_gemm(result)  # the store's schema: tools/bench/results.py
+        results.write(rows, args.json, "grouped_gemm_w8a16", limits=limits)
 
 
 if __name__ == "__main__":
