@@ -70,11 +70,11 @@ __device__ __forceinline__ long long a_source_row(const kjit_grouped_gemm_params
 // Why bands: a persistent grid runs about an SM count of consecutive tiles at
 // once, and a tile finds its operands in L2 only if tiles near it in the walk
 // read them. With the row tiles fastest over all of an expert's rows, every
-// column of tiles reads all of the expert's A again: at 4 experts of 8192 rows,
-// N 4096, K 7168 (59 MB of e4m3 A an expert, more than L2) the FP8 kernel read
-// its operands ~13 times over from DRAM (ncu on an H100: DRAM 68% busy, L2 95%,
-// L2 hit rate 64%). A band of 16 tiles of 128 rows holds 15 MB of that A, and
-// the weight tiles in flight beside it another ~15 MB: both stay in L2.
+// column of tiles reads all of the expert's A again, and a tall expert's A
+// (59 MB of e4m3 at 8192 rows, K 7168) is more than L2 holds: its operands
+// then come from DRAM many times over (docs/decisions/0009). A band of 16
+// tiles of 128 rows holds 15 MB of that A, and the weight tiles in flight
+// beside it another ~15 MB: both stay in L2.
 inline constexpr long long kRasterBand = 16;
 __device__ __forceinline__ void raster(long long local, long long m_tiles, long long n_tiles, long long& m,
                                        long long& n) {

@@ -337,10 +337,7 @@ struct Fp8RowsOnMLoop {
 // work on this warpgroup's second block while it promotes the first. Why:
 // with one partial (issue, wait, promote) the promotion, the stage wait and
 // the descriptors ran with no wgmma of this warpgroup in flight, and the two
-// warpgroups did not cover each other: ncu on an H100 at 4 experts x 8192
-// rows, N 4096, K 7168 found the tensor pipe active 52% of the time, the
-// consumers' samples 30% on the wgmma wait and the rest on the promotion,
-// the barrier and the addresses; pairs ran 3-10% faster. Why pairs, not
+// warpgroups did not cover each other (docs/decisions/0007). Why pairs, not
 // every block's wgmmas issued before the previous one's promotion: a wgmma
 // group in flight across the loop's back edge makes ptxas serialise every
 // wgmma (C7514: it cannot tell the partial read is not the one in flight);

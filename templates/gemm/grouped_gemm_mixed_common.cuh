@@ -191,9 +191,9 @@ __device__ __forceinline__ unsigned byte_alone(unsigned word, unsigned j) { retu
 // - scales: group_scale_bf16x2 of every scale byte (a warp looks up at most
 //   8 rows' bytes: few conflicts).
 // Why: a pair took ~9 ALU-pipe instructions (prmt tables, signs, interleave),
-// which bounded the W4A16 register kernel at decode (ncu: the ALU pipe 75%
-// busy, DRAM 35%); a lookup is a prmt and a load. (Rows of 128 bytes, half the
-// table, need a multiply-add per lookup: 1-3% slower at decode, H100.)
+// which bounded the W4A16 register kernel at decode (the ALU pipe busy, DRAM
+// not); a lookup is a prmt and a load. (Rows of 128 bytes, half the table,
+// need a multiply-add per lookup: slower at decode. docs/decisions/0012.)
 struct Fp4Tables {
   static constexpr int kPairBytes = 256 * 256, kScaleBytes = 256 * 4, kBytes = kPairBytes + kScaleBytes;
   unsigned pair_base = 0;    // the pairs

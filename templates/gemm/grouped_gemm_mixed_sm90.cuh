@@ -67,8 +67,8 @@ struct MixedSwapAbShape : Problem {
 // The register kernel: kBM is the row tile (wgmma's N), every tile runs this
 // wide. A k-block of 128: one 128-byte swizzle row of codes per weight row
 // (and one scale block); the row tile is two 64-k chunks (kRowChunks).
-// k-blocks of 64 (64-byte rows of codes) ran 10-12% slower at decode and
-// prefill (H100).
+// k-blocks of 64 (64-byte rows of codes) are slower at decode and prefill
+// (docs/decisions/0010).
 template <class Problem, int kBM_, int kStages_, class Mma_>
 struct GroupedGemmMixedSm90Config : MixedSwapAbShape<Problem, kBM_, kStages_, KJIT_MIXED_K_BLOCK> {
   using Shape = MixedSwapAbShape<Problem, kBM_, kStages_, KJIT_MIXED_K_BLOCK>;
@@ -246,8 +246,8 @@ __device__ __forceinline__ void load_codes(const unsigned char* w_tile, unsigned
 
 // The thread's A fragments of one k-block, converted. (A conversion in
 // integer and fp32 instructions alone, placing each code's bits in an fp32
-// and multiplying by scale x 2^120, ran 15-40% slower than the hardware's
-// cvt on an H100: it needs every code in registers before converting.)
+// and multiplying by scale x 2^120, is slower than the hardware's cvt: it
+// needs every code in registers before converting; docs/decisions/0011.)
 template <class Cfg>
 __device__ __forceinline__ void convert_fragments(const unsigned char* w_tile, const MixedScales<Cfg>& scales,
                                                   unsigned (&f)[Cfg::kBK / 16][4]) {
@@ -282,9 +282,8 @@ struct Fp4Scales {
   // lie a pointer add further, not a 64-bit index computed again), and the
   // rows' scale bytes prefetched into L2. A row's bytes span a few 128-byte
   // lines, each first touched by one k-block's load (read one k-block ahead):
-  // from DRAM that load's latency outlasted the k-block before it (ncu,
-  // MXFP4 decode: 7% of the warps' samples waiting on its first use). With
-  // the prefetch MXFP4 decode ran 2-3% faster, NVFP4 the same (H100).
+  // from DRAM that load's latency outlasted the k-block before it, so the
+  // lines are fetched into L2 when the tile starts (docs/decisions/0012).
   __device__ void start_tile(const kjit_grouped_gemm_mixed_sm90_params& p, int expert, long long col0) {
     const int warp = threadIdx.x % 128 / 32, g = threadIdx.x % 32 / 4, q = threadIdx.x % 4;
     constexpr int kLines = (Cfg::kGroupsPerRow + 127) / 128 + 1;  // at most, a row starting off a line
@@ -497,28 +496,22 @@ __device__ __forceinline__ void mixed_consumer(const kjit_grouped_gemm_mixed_sm9
 // into a bf16 tile in shared memory; the consumers are the bf16 swap-AB
 // kernel's.
 //
-// Why: at prefill it runs faster than the register kernel (H100, against the
-// bf16 kernel, the four W8A16 prefill shapes: 0.78/0.78/0.81/0.71x against
-// the register kernel's 0.77/0.77/0.79/0.68x at row tiles of 128, with its
-// next k-block converted beside this one's wgmmas; MXFP4 on gpt-oss shapes
-// 0.79-0.97x against 0.68-0.89x; NVFP4 0.72-0.81x against 0.48-0.61x).
-// Written to shared memory, the converted weights are no wgmma's registers:
+// Why: at prefill it runs faster than the register kernel for every weight
+// type (docs/decisions/0011, 0012). Written to shared memory, the converted weights are no wgmma's registers:
 // the conversion of stage s + 1 runs beside the wgmmas of stage s, the same
 // conversion to the same bits (ConverterShare), into the layout TMA gives the
 // bf16 kernel, whose k-loop and epilogue run unchanged, with row tiles up to
 // 256 (no A fragments to hold). Who converts depends on the weights, each
-// where it ran faster (H100, against the bf16 kernel on the gpt-oss and Qwen
-// prefill shapes of tools/bench/bench_w8a16_gemm.py and bench_w4a16_gemm.py):
+// where it ran faster (docs/decisions/0011 for fp8, 0012 for FP4):
 // - fp8: the producer warpgroup's spare warps (kConverterWarps, 3, or 2 beside
 //   a gather loader) convert each stage as it lands and arrive on its
 //   `converted` barrier (after the tile queue), which the consumers wait for
-//   after the full barrier: 0.70-0.81x, where the consumers converting their
-//   own rows ran 0.61-0.67x.
+//   after the full barrier (the consumers converting their own rows were
+//   slower: their cvts delay their wgmma issue).
 // - FP4 (NVFP4, MXFP4): each consumer warpgroup converts its own 64 weight
 //   rows of stage s + 1 while its wgmmas of stage s run (OwnRowsConversion,
-//   mainloop's Prepare): NVFP4 0.72/0.70/0.82/0.80x, MXFP4 0.76/0.77/0.95/0.93x,
-//   where converter warps ran 0.66/0.63/0.71/0.70x and 0.73/0.72/0.87/0.87x.
-//   Why the two differ was not measured; FP4's conversion does more work per
+//   mainloop's Prepare), faster here than converter warps. Why the two
+//   weight types differ was not measured; FP4's conversion does more work per
 //   landing byte (two elements, and a scale per group of 16 or 32), which a
 //   warp a scheduler (the converter warps) hides less well than two (the
 //   consumers).
@@ -668,8 +661,8 @@ struct ConverterShare {
     // Units' codes are loaded kLoadBatch at a time (every unit's at once but with a multiplier per row) before
     // the first of them is converted: each unit's shared stores are a compiler barrier (asm volatile), so loading
     // a unit only after the one before it was stored left a shared load's latency and the conversion's dependent
-    // chain exposed per unit, in a converter warp that has its scheduler almost to itself (W8A16 prefill 0.77x ->
-    // 0.83x the bf16 kernel, H100; FP4's one unit a thread is as before).
+    // chain exposed per unit, in a converter warp that has its scheduler almost to itself (docs/decisions/0011;
+    // FP4's one unit a thread is as before).
 #pragma unroll
     for (int batch = 0; batch < kPerThread; batch += kLoadBatch) {
       conditional_t<kUnitBytes == 16, uint4, uint2> codes[kLoadBatch];
@@ -703,8 +696,8 @@ struct ConverterShare {
     if constexpr (Cfg::kFp4) {
       // 32 elements: four 16-byte bf16 units, each from one word (8 nibbles, 4 of each pair order); NVFP4's
       // two groups of 16 take two words each. Bit operations, not Fp4Tables' lookups: with the table (and a
-      // stage less to make room) the converter ran W4A16 prefill at 0.64-0.69x bf16 against 0.79-0.97x (H100,
-      // bench_w4a16_gemm.py): the lookups share the shared-memory pipe with the wgmmas' operands.
+      // stage less to make room) the converter ran slower, the lookups sharing the shared-memory pipe with the
+      // wgmmas' operands (docs/decisions/0012).
       unsigned group_scales[2];
       if constexpr (Cfg::kScale == MixedScale::nvfp4)
         nvfp4_group_scales_bf16x2(scale_bytes[i], group_scales[0], group_scales[1]);

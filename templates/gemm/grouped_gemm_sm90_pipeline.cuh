@@ -237,8 +237,7 @@ __device__ __forceinline__ void consumer_warpgroup_sync() {
 // for both warpgroups to hand it back after their wgmmas had read it. The
 // warpgroup hands back kb - 1 before it waits for kb + 1, so that the refill
 // of kb - 1's stage need not wait for kb + 1 to land (one load more in
-// flight; H100, W4A16 prefill on bench_w4a16_gemm.py's gpt-oss shapes: 0 to
-// +2% against the other order, about the run-to-run spread).
+// flight; never slower than the other order: docs/decisions/0012).
 template <class Cfg, class Mma, int kRegs, class Prepare = NoPreparation>
 __device__ __forceinline__ void mainloop(float (&acc)[kRegs], unsigned char* tiles, unsigned long long* full,
                                          unsigned long long* empty, unsigned a_offset, unsigned b_offset,
@@ -294,10 +293,9 @@ __device__ __forceinline__ void mainloop(float (&acc)[kRegs], unsigned char* til
 // along N). Its producer still loads its share for the peer; its consumers
 // hand each stage back unread. The SM's time is spent either way, but idle
 // tensor cores draw less power, and under the power cap every SM's clock
-// gains (H100, separate runs: 128 x 256 pairs along M 1268 -> 1144 us on
-// (32, 7168, 4096, 8192)). Whole blocks only: letting a lone consumer drain a
-// short tile cost 128 x 192 20% on that shape (probably because it then runs
-// a ring's depth ahead of the other and waits on every load).
+// gains (docs/decisions/0004). Whole blocks only: a lone consumer draining a
+// short tile made 128 x 192 slower (probably because it then runs a ring's
+// depth ahead of the other and waits on every load; docs/decisions/0005).
 template <class Cfg>
 __device__ __forceinline__ void drain(unsigned long long* full, unsigned long long* empty, unsigned& it) {
   const int lane = threadIdx.x % 32;

@@ -20,7 +20,7 @@
 //   own instantiation of the k-loop, picked by a switch per tile (wgmma's N
 //   is an immediate); one epilogue serves them all. The producer copies only the tile's rows, in
 //   boxes of kWideRows rows then of kRowStep (fewer copies per stage: 8
-//   boxes of 32 rows for 256 rows measured 2-4% slower than 4 of 64).
+//   boxes of 32 rows for 256 rows are slower than 4 of 64; docs/decisions/0003).
 // - Clusters of 2 lie along N: the pair takes adjacent n-tiles of one row tile
 //   (same height), each block issuing every other copy of rows and
 //   multicasting it into both.
@@ -382,8 +382,8 @@ __device__ __forceinline__ void swap_ab_store(const kjit_grouped_gemm_params& p,
     // columns, 128 bytes a row): each warp writes its 16 columns with two
     // stmatrix.x4.trans, then each thread copies two 16-byte pieces out, so
     // that a warp's store covers 4 whole 128-byte row segments. (Each warp
-    // storing its own 32-byte row pieces cost this kernel ~20% at K = 2048 on
-    // an H100.) The 16-byte units of a row are XOR-swizzled by the row's low
+    // storing its own 32-byte row pieces was much slower at K = 2048:
+    // docs/decisions/0003.) The 16-byte units of a row are XOR-swizzled by the row's low
     // 3 bits, which keeps both sides free of bank conflicts.
     const EpilogueScratch shared(scratch);
 #pragma unroll

@@ -104,11 +104,10 @@ __device__ __forceinline__ void finalize_global_scale(const kjit_mx_quantize_par
 // gets here). The codes are summed at their nibbles, 2^23 + code shifted left
 // by 4e for element e: the 0x4B000000 of elements e >= 2 leaves 32 bits, that
 // of elements 0 and 1 (0x4B000000 + 0xB0000000, mod 2^32) is subtracted.
-// No branch per element: an earlier fast path that fell back to __fdiv_rn
-// for the chunk whenever an approximate quotient lay near an e2m1 rounding
-// boundary fell back on ~4% of real chunks (bf16 x over d built from e4m3 and
-// a bf16-derived global scale often divides to a boundary or 1 ulp from it),
-// and its branch made most warps run both paths. The block falls back only
+// No branch per element: a fallback to __fdiv_rn near e2m1 rounding
+// boundaries is taken often on real data (e4m3 divisors have short
+// significands) and makes warps run both paths (docs/decisions/0016). The
+// block falls back only
 // where the correction's range (see quotient_from_reciprocal) is not met: r
 // outside [2^-126, 2^96] or amax r above 2^100, i.e. global scales that are
 // extreme for the data (the same for both lanes of a block).
@@ -271,7 +270,7 @@ __device__ __forceinline__ void mx_quantize_linear(const kjit_mx_quantize_params
 
 // Swizzled 128x4 scales: one thread block per tile, the 128 rows (padding
 // included) x 4 scale columns of one expert whose 512 scale bytes are
-// contiguous in the layout (FORMATS.md: offset (m % 32) * 16 + (m / 32 % 4) *
+// contiguous in the layout (docs/formats.md: offset (m % 32) * 16 + (m / 32 % 4) *
 // 4 + k % 4 inside the tile; the tiles of an expert row-major, band by band,
 // from the expert's 128-row-padded base), so the grid's x is the expert's
 // tile index and the block writes its tile whole with 16-byte stores, padding

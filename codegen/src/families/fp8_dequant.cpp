@@ -12,11 +12,11 @@
 namespace kjit::codegen {
 namespace {
 
-// Tile choices (memory-bound on every arch), measured on an H200
-// (docs/benchmarks.md): 256 threads with 4 accesses each in flight, at least
-// 4 blocks per SM, which caps registers at 64 (no spills; without the cap the
-// compiler takes ~120 and large tensors run 30% slower). Best of 9
-// block/unroll/width shapes on large tensors, within 1% on small ones.
+// Tile choices (memory-bound on every arch; docs/decisions/0001): 256
+// threads with 4 accesses each in flight, at least 4 blocks per SM, which
+// caps registers at 64 (no spills; without the cap the compiler takes ~120
+// and large tensors run slower). The best of the block/unroll/width shapes
+// measured on large tensors, level with the others on small ones.
 constexpr int kDequantThreads = 256;
 constexpr int kDequantUnroll = 4;
 constexpr int kDequantMinBlocksPerSM = 4;

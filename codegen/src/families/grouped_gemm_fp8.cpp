@@ -74,8 +74,8 @@ Expected<void> validate_configuration(const GroupedGemmFp8Spec& s) {
   const bool stages_ok = s.stages >= 2 && s.stages <= grouped_gemm_fp8_max_stages(s.kernel, s.tile_m, s.tile_n);
   const bool cluster_ok = s.cluster == 1 || (s.cluster == 2 && s.n % (2 * s.tile_n) == 0);
   if (s.kernel == Fp8GemmKernel::wgmma_sm90_rows_on_m) {
-    // Cluster 1 only: pairs along N sharing the row tile ran 0.91-0.98x single blocks on an H100 once the
-    // k-blocks ran in pairs, and the pairs' extra state spilled beside the two partials.
+    // Cluster 1 only: pairs along N sharing the row tile ran slower than single blocks once the k-blocks ran
+    // in pairs, and the pairs' extra state spilled beside the two partials (docs/decisions/0007).
     const bool tile_ok = s.tile_m == kRowsOnMTileM && (s.tile_n == kSm90TileN || s.tile_n == kRowsOnMWideTileN);
     if (!tile_ok || !stages_ok || s.cluster != 1)
       return invalid(fmt::format("grouped_gemm_fp8 {} is not supported (wgmma_sm90_rows_on_m: tile {}x{} or {}x{}, 2 "
@@ -328,19 +328,17 @@ LaunchGeometry grouped_gemm_fp8_geometry(const GroupedGemmFp8Spec& spec, int64_t
 
 std::vector<GroupedGemmFp8Spec> grouped_gemm_fp8_configs(const GroupedGemmFp8Spec& problem, const ArchInfo& arch) {
   if (!arch.wgmma_tma) return {portable_config(problem)};
-  // By average rows per expert (H100, docs/benchmarks.md): up to 64, swap AB
+  // By average rows per expert (docs/decisions/0007): up to 64, swap AB
   // (row tiles of near-equal heights in steps of 32; decode is memory-bound,
   // and swap AB wastes no rows); more, rows on M (two scale products a thread
-  // per promotion instead of 32): 1.09-1.19x swap AB on the five prefill
-  // shapes, even at decode. Swap AB's wgmma is as wide as its tallest tile:
-  // up to 16 rows per expert, tiles of up to 64 rows (32 experts, K 7168,
-  // N 4096: at 4 rows an expert 4% faster than 128 run alone, under 1% inside
-  // the sustained table; a quarter faster with one expert owning every row;
-  // as fast as 32, whose tiles split an expert's rows sooner); above, 128
-  // (64 lost 5% at 64 rows an expert: two tiles read the weights). Rows on M
-  // at 128 x 256 (a quarter less L2 traffic per product): 1.08-1.12x 128 x 128
-  // on four of the five prefill shapes, even on the fifth; block scales only
-  // (validate says why).
+  // per promotion instead of 32), faster than swap AB on every prefill shape.
+  // Swap AB's wgmma is as wide as its tallest tile: up to 16 rows per expert,
+  // tiles of up to 64 rows (never slower than 128 there, much faster when one
+  // expert owns most rows; as fast as 32, whose tiles split an expert's rows
+  // sooner); above, 128 (at 64 rows an expert, 64-row tiles read the weights
+  // twice). Rows on M at 128 x 256 (a quarter less L2 traffic per product),
+  // faster than 128 x 128 on four of the five prefill shapes and level on the
+  // fifth; block scales only (validate says why).
   const int rows_on_m_n = problem.weight_scale == Fp8WeightScale::block_128 ? kRowsOnMWideTileN : kSm90TileN;
   return {sm90_config(problem, kSm90DecodeRows, 1), sm90_config(problem, kSm90MaxRows, 1),
           sm90_config(problem, 128, 1, Fp8GemmKernel::wgmma_sm90_rows_on_m, rows_on_m_n)};

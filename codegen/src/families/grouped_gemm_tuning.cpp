@@ -1,6 +1,6 @@
 // The grouped GEMM tuning policy: which configuration serves which arch and
-// token count (docs/architecture.md "Grouped GEMM tiles"; every number here
-// was measured, docs/benchmarks.md). Asks the arch's traits, never its name.
+// token count (docs/architecture.md "Grouped GEMM tiles"; why each choice:
+// docs/decisions/0002). Asks the arch's traits, never its name.
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -90,8 +90,8 @@ int sm90_max_stages(GemmKernel kernel, int tile_m, int tile_n) {
 
 std::vector<GroupedGemmSpec> grouped_gemm_configs(const GroupedGemmSpec& problem, const ArchInfo& arch) {
   if (!arch.wgmma_tma) return {portable_config(problem)};
-  // Measured on an H100 against every tile (docs/benchmarks.md, the sweeps),
-  // by average rows per expert:
+  // Measured on an H100 against every tile (docs/decisions/0002), by average
+  // rows per expert:
   // - <= 64 (decode): one consumer warpgroup on 64 x 256 tiles, 5 stages;
   //   memory-bound on the weights.
   // - <= 512: swap AB, row tiles of up to 256 x 128 columns: an expert's
@@ -100,8 +100,8 @@ std::vector<GroupedGemmSpec> grouped_gemm_configs(const GroupedGemmSpec& problem
   //   (a fifth of the work at ~256 rows per expert).
   // - more: swap AB in clusters of two blocks along N that share the row
   //   tile by TMA multicast (a third less L2 traffic, so less power and
-  //   higher clocks under the power cap; 7% faster than alone at 1024 rows
-  //   per expert, 2% slower at 256). Where N holds no whole pairs of
+  //   higher clocks under the power cap: faster than alone at ~1024 rows per
+  //   expert, slower at ~256). Where N holds no whole pairs of
   //   128-column tiles: 128 x 256 tiles in pairs along M sharing B.
   const GroupedGemmSpec swap_ab = swap_ab_config(problem);
   const GroupedGemmSpec many = problem.n % (2 * swap_ab.tile_n) == 0

@@ -16,12 +16,10 @@ namespace {
 constexpr std::array kFormatNames{"nvfp4", "mxfp4", "mxfp8"};
 constexpr std::array kLayoutNames{"linear", "swizzled_128x4"};
 
-// Memory-bound like fp8_dequant, whose measurements (docs/benchmarks.md) found
-// one 16-byte store per thread, consecutive across lanes, the fastest: every
-// warp store then fills whole 32-byte sectors. An earlier tile (32 FP4
-// elements a thread: one 16-byte load, four 16-byte stores at a 64-byte lane
-// stride, so each store instruction half-filled its sectors) ran at 56% of a
-// copy on an H100. So a vector is 16 bytes of OUTPUT (8 bf16/f16 or 4 f32;
+// Memory-bound like fp8_dequant: one 16-byte store per thread, consecutive
+// across lanes, is the fastest, since every warp store then fills whole
+// 32-byte sectors (four 16-byte stores at a 64-byte lane stride half-fill
+// theirs; docs/decisions/0015). So a vector is 16 bytes of OUTPUT (8 bf16/f16 or 4 f32;
 // 4 or 2 bytes of FP4 in), and each thread takes kUnroll vectors, loading
 // up to 16 input bytes (at most 4 vectors) before converting any: 1024
 // threads x 16 bytes = 16 KB of reads per SM, about 4 us of latency at the

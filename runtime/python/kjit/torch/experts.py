@@ -34,14 +34,15 @@ SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = 1.702, 7.0  # gpt-oss's
 # Routed rows (tokens * top_k) from which FP8 weights run W8A8 (activations
 # quantized to FP8 by kjit.quantize_fp8) instead of W8A16: W8A16 reads the
 # weights once at decode sizes, W8A8's tensor cores win at prefill. A first
-# guess from docs/benchmarks.md (W8A16 is 0.69-0.80x the bf16 GEMM at prefill,
-# W8A8 1.3x); to be measured per GPU (tools/bench/bench_moe_layer.py).
+# guess from the two GEMMs' ratios to the bf16 one at prefill (W8A16 below
+# it, W8A8 above; docs/decisions/0020); to be measured per GPU
+# (tools/bench/bench_moe_layer.py).
 DEFAULT_W8A8_MIN_ROWS = 1024
 # Routed rows up to which the gate_up GEMM gathers the tokens' rows in its own
 # loads (kjit.grouped_gemm(gather=...)) instead of reading a gathered copy:
-# measured on an H100 (docs/benchmarks.md, bench_gemm_gather.py) the gather
-# gains 1.0-1.8x at 1 to 16 tokens and loses from 512 (its one loader warp
-# issues the rows' copies more slowly than the tensor cores consume them).
+# the gather wins at 1 to 16 tokens and loses from 512 (its one loader warp
+# issues the rows' copies more slowly than the tensor cores consume them;
+# docs/decisions/0018).
 GATHER_MAX_ROWS = 64
 
 _FP8 = ("float8_e4m3fn", "float8_e5m2")
@@ -124,8 +125,8 @@ class MoEExperts(torch.nn.Module):
     w8a8_min_rows=None turns it off. FP4 weights run W4A16.
     fused_activation (bf16, NVFP4 and MXFP4 weights, and fp8_block weights
     that run W8A16 only; no gate_up bias) runs the activation in the gate_up
-    GEMM's epilogue (no [rows, 2I] intermediate, one launch fewer: 1.0-1.5x on
-    the gate_up step, docs/benchmarks.md), the gate_up rows (and FP4's scale
+    GEMM's epilogue (no [rows, 2I] intermediate, one launch fewer;
+    docs/decisions/0017), the gate_up rows (and FP4's scale
     rows) reordered once by kjit.gate_up_interleaved into new buffers (which
     state_dict then holds); fp8_block's 128 x 128 scales stay as stored (the
     kernel finds each row's block through gate_up_layout). W8A8 needs the

@@ -51,7 +51,7 @@ struct Family<DequantSpec> {
 
 // The access width a dequant to `out` uses: the widest whose output is one
 // 16-byte store (8 columns for bf16/f16, 4 for f32): full-width coalesced
-// stores measured faster than wider accesses split into two stores. Used by
+// stores beat wider accesses split into two stores (docs/decisions/0001). Used by
 // ops and manifests alike, so a manifest precompiles what a launch picks.
 int dequant_vector(DType out, int64_t cols, std::initializer_list<int64_t> alignments = {});
 

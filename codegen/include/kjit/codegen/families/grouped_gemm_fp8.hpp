@@ -37,7 +37,7 @@ std::string_view name(Fp8WeightScale s);
 //   one consumer warpgroup per 64 of them); the heuristic's;
 // - wgmma_sm90_rows_on_m: the rows on wgmma's M (tile 128 x 128, one
 //   consumer warpgroup per 64 rows, two scale products per thread per
-//   k-block); picked only on request, for comparison, until measured.
+//   k-block); the heuristic's above 64 rows per expert (docs/decisions/0007).
 enum class Fp8GemmKernel : uint8_t { mma_sync, wgmma_sm90, wgmma_sm90_rows_on_m };
 std::string_view name(Fp8GemmKernel k);
 
