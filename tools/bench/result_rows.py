@@ -246,3 +246,17 @@ def moe_training(result):
         rows.append(_row(kjit, r["shape"], "peak memory", r["kjit_peak_bytes"] / 2**30, "GiB", seed))
         rows.append(_row(seed, r["shape"], "peak memory", r["seed_peak_bytes"] / 2**30, "GiB"))
     return rows, []
+
+
+def wgrad(result):
+    """bench_wgrad.py: kjit.grouped_gemm_wgrad (bf16 and fp32 out) beside torch._grouped_mm's K-grouped form.
+    `result` is the script's list of rows (or {"rows": [...]})."""
+    rows = []
+    for r in result["rows"] if isinstance(result, dict) else result:
+        shape = f"{r['projection']}, E {r['experts']}, rows {r['rows']}, N {r['n']}, K {r['k']}"
+        peer = "torch._grouped_mm" if r.get("torch_ms") else None
+        rows.append(_row("kjit bf16 out", shape, "time", r["kjit_bf16_ms"], "ms", peer, r["model"]))
+        rows.append(_row("kjit fp32 out", shape, "time", r["kjit_f32_ms"], "ms", peer, r["model"]))
+        if peer:
+            rows.append(_row(peer, shape, "time", r["torch_ms"], "ms", model=r["model"]))
+    return rows, []
