@@ -41,7 +41,7 @@ def main():
         try:
             runs[name] = results.load(os.path.join(store, name))
         except ValueError as e:  # json.JSONDecodeError is one
-            failures.append(f"docs/results/{name}: {e}")
+            failures.append(str(e).replace(ROOT + os.sep, ""))
 
     linked = set()
     for page in pages():
