@@ -327,7 +327,8 @@ __device__ __forceinline__ unsigned char* shared_after_barriers() {
 // with what TMA cannot copy, every lane arriving on the stage's full barrier;
 // the converter warps after it run `load` too), the others consume. Cfg
 // provides kStages, kStageBytes, kConsumers, kCluster, kLoaderWarps,
-// kConverterWarps (0 but in the converter kernel) and the register split.
+// kConverterWarps (0 but in the converter kernel) and the register split
+// (none where the producer is a single warp: kThreads = 128 kConsumers + 32).
 // The consumers also get where the barriers end (a kernel's own shared memory
 // after them), and `init` (run by thread 0 before the cluster-wide sync)
 // initialises whatever barriers live there.
@@ -365,14 +366,17 @@ __device__ __forceinline__ void warp_specialized_gemm(const Params& p, Init init
   };
   sync_cluster();
 
+  // setmaxnreg moves registers between whole warpgroups: only a block whose
+  // producer is a warpgroup (kThreads a multiple of 128) splits them.
+  constexpr bool kSplitRegisters = Cfg::kConsumers > 1 && Cfg::kThreads % 128 == 0;
   if (threadIdx.x / 128 == Cfg::kConsumers) {
-    if constexpr (Cfg::kConsumers > 1) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(Cfg::kProducerRegisters));
+    if constexpr (kSplitRegisters) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(Cfg::kProducerRegisters));
     if (threadIdx.x % 128 == 0)
       produce(tiles, full, empty, after_barriers);
     else if (const int warp = threadIdx.x % 128 / 32; warp >= 1 && warp <= Cfg::kLoaderWarps + Cfg::kConverterWarps)
       load(tiles, full, empty, after_barriers);
   } else {
-    if constexpr (Cfg::kConsumers > 1) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Cfg::kConsumerRegisters));
+    if constexpr (kSplitRegisters) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Cfg::kConsumerRegisters));
     consume(tiles, full, empty, after_barriers);
   }
   if constexpr (Cfg::kCluster > 1) sync_cluster();

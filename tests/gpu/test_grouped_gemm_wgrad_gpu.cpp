@@ -7,6 +7,8 @@
 // of the tile, tiny N (8, 16: LoRA ranks), fp32 and bf16 out, both offsets
 // conventions, zero rows; bad offsets are reported and write nothing; two
 // runs give the same bits; a captured CUDA graph replays the eager bits.
+// Each case runs the portable kernel and, on Hopper, the wgmma kernel (asked
+// for, at any N and K) and the arch's default pick.
 // Tolerance, per expert against fp64: fp32 out, relative Frobenius error
 // <= 1e-5 (fp32 sums of exact bf16 products); bf16 out, each element within
 // one bf16 rounding of the fp64 value (2^-8 relative, since the fp32 sum it
@@ -25,6 +27,7 @@
 #include "kjit/internal/runtime.hpp"
 #include "kjit/kjit.h"
 #include "kjit/reference/grouped_gemm_wgrad.hpp"
+#include "why.hpp"
 
 using namespace kjit::testing;
 namespace reference = kjit::reference;
@@ -39,7 +42,14 @@ struct Problem {
   kjit_expert_offsets convention = KJIT_OFFSETS_CUMULATIVE_END;
   kjit_dtype out = KJIT_DTYPE_F32;
   int64_t rows_past = 5;  // rows after the last offset (NaN)
+  kjit_gemm_kernel kernel = KJIT_GEMM_KERNEL_AUTO;
 };
+
+// The kernels a case runs: the portable one everywhere; on Hopper the wgmma one and the default pick too.
+std::vector<kjit_gemm_kernel> kernels_to_check() {
+  if (!is_hopper()) return {KJIT_GEMM_KERNEL_PORTABLE, KJIT_GEMM_KERNEL_AUTO};
+  return {KJIT_GEMM_KERNEL_PORTABLE, KJIT_GEMM_KERNEL_SM90, KJIT_GEMM_KERNEL_AUTO};
+}
 
 struct Data {
   Problem p;
@@ -85,6 +95,7 @@ struct Data {
     d.x = x_buffer.get();
     d.out = out_buffer.get();
     d.offsets = static_cast<const int32_t*>(offsets_buffer.get());
+    d.kernel = p.kernel;
     return d;
   }
 
@@ -145,7 +156,12 @@ void check_against_reference(const Problem& p) {
   CAPTURE(p.k);
   CAPTURE(static_cast<int>(p.out));
   CAPTURE(static_cast<int>(p.convention));
-  CHECK(wrong_experts(data, data.run()) == 0);
+  for (auto kernel : kernels_to_check()) {
+    CAPTURE(static_cast<int>(kernel));
+    auto d = data.desc();
+    d.kernel = kernel;
+    CHECK(wrong_experts(data, data.run(d)) == 0);
+  }
 }
 
 }  // namespace
@@ -176,24 +192,61 @@ TEST_CASE("one expert holds every row (thousands), the others are empty") {
 }
 
 TEST_CASE("zero rows write zeros over all of out, with NULL dy and x") {
-  Data data({.n = 64, .k = 128, .counts = {0, 0, 0}, .rows_past = 0});
-  auto d = data.desc();
-  d.dy = nullptr;
-  d.x = nullptr;
-  const auto out = data.run(d);
-  int64_t nonzero = 0;
-  for (int64_t i = 0; i < 3 * 64 * 128; ++i) nonzero += value(out, KJIT_DTYPE_F32, i) != 0.0;
-  CHECK(nonzero == 0);
+  Data data({.n = 128, .k = 128, .counts = {0, 0, 0}, .rows_past = 0});
+  for (auto kernel : kernels_to_check()) {
+    CAPTURE(static_cast<int>(kernel));
+    auto d = data.desc();
+    d.dy = nullptr;
+    d.x = nullptr;
+    d.kernel = kernel;
+    const auto out = data.run(d);
+    int64_t nonzero = 0;
+    for (int64_t i = 0; i < 3 * 128 * 128; ++i) nonzero += value(out, KJIT_DTYPE_F32, i) != 0.0;
+    CHECK(nonzero == 0);
+  }
 }
 
-TEST_CASE("two runs give the same bits, and the portable kernel asked for is the same kernel") {
+TEST_CASE("rows of the next expert that hold inf never reach an expert's sum (the chunk crossing its end)") {
+  Data data({.n = 256, .k = 256, .counts = {70, 3, 200}});
+  // Expert 1's three rows: inf in x and dy. Experts 0 and 2 must stay finite and match; expert 1 is inf/NaN.
+  const uint16_t inf = 0x7F80;
+  for (int64_t r = 70; r < 73; ++r) {
+    for (int64_t c = 0; c < 256; ++c) data.x[static_cast<size_t>(r * 256 + c)] = inf;
+    for (int64_t c = 0; c < 256; ++c) data.dy[static_cast<size_t>(r * 256 + c)] = inf;
+  }
+  data.x_buffer.upload(data.x);
+  data.dy_buffer.upload(data.dy);
+  for (auto kernel : kernels_to_check()) {
+    CAPTURE(static_cast<int>(kernel));
+    auto d = data.desc();
+    d.kernel = kernel;
+    const auto out = data.run(d);
+    int64_t bad = 0;
+    for (int64_t e : {0, 2})
+      for (int64_t i = 0; i < 256 * 256; ++i) bad += !std::isfinite(value(out, KJIT_DTYPE_F32, e * 256 * 256 + i));
+    CHECK(bad == 0);
+  }
+}
+
+TEST_CASE("two runs give the same bits with each kernel") {
   Data data({.n = 384, .k = 512, .counts = {700, 0, 129, 1000}});
-  const auto first = data.run();
-  CHECK(wrong_experts(data, first) == 0);
-  CHECK(data.run() == first);
-  auto portable = data.desc();
-  portable.kernel = KJIT_GEMM_KERNEL_PORTABLE;
-  CHECK(data.run(portable) == first);
+  for (auto kernel : kernels_to_check()) {
+    CAPTURE(static_cast<int>(kernel));
+    auto d = data.desc();
+    d.kernel = kernel;
+    const auto first = data.run(d);
+    CHECK(wrong_experts(data, first) == 0);
+    CHECK(data.run(d) == first);
+  }
+}
+
+TEST_CASE("off Hopper the SM90 kernel asked for is refused, naming the arch") {
+  if (is_hopper()) return;
+  Data data({.n = 128, .k = 128, .counts = {10}});
+  auto d = data.desc();
+  d.kernel = KJIT_GEMM_KERNEL_SM90;
+  CHECK(kjit_grouped_gemm_wgrad(&d, nullptr) == KJIT_ERROR_UNSUPPORTED);
+  CHECK(std::string(kjit_last_error_message()).find("sm_90a") != std::string::npos);
 }
 
 TEST_CASE("bad offsets (decreasing, past rows, a leading entry not 0) are reported and write nothing") {
@@ -247,9 +300,10 @@ TEST_CASE("the shared harness (jitctl selftest) finds the manifests' shapes with
                               codegen::GroupedGemmWgradSpec{.out = DType::bf16, .n = 7168, .k = 2048, .experts = 32},
                               codegen::GroupedGemmWgradSpec{.out = DType::bf16, .n = 16, .k = 2048, .experts = 128,
                                                             .offsets = OffsetsConvention::with_leading_zero}}) {
-    const auto spec = codegen::grouped_gemm_wgrad_config(problem);
-    CAPTURE(codegen::canonical(spec));
-    const auto outcome = kjit::harness::check_spec(runtime, **device, spec, rng());
+    const auto spec = codegen::grouped_gemm_wgrad_config(problem, *(*device)->arch);
+    REQUIRE_MESSAGE(spec.has_value(), kjit::testing::why(spec));
+    CAPTURE(codegen::canonical(*spec));
+    const auto outcome = kjit::harness::check_spec(runtime, **device, *spec, rng());
     CHECK_MESSAGE(outcome.ok, outcome.text);
   }
 }

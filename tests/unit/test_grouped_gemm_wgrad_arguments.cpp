@@ -44,44 +44,62 @@ struct WgradFixture : FakeRuntimeFixture {
 
 }  // namespace
 
-TEST_CASE_FIXTURE(WgradFixture, "a valid call launches once: 128 x 128 tiles over N x K, one grid row per expert") {
+TEST_CASE_FIXTURE(WgradFixture, "on sm_90 a valid call launches the wgmma kernel once, with its two TMA maps") {
   auto plan = kjit::ops::plan_grouped_gemm_wgrad(desc, false);
   REQUIRE_MESSAGE(plan.has_value(), kjit::testing::why(plan));
-  CHECK(plan->spec == GroupedGemmWgradSpec{.out = DType::f32, .n = 256, .k = 384, .experts = 4,
-                                           .offsets = OffsetsConvention::cumulative_end, .tile_m = 128,
-                                           .tile_n = 128, .tile_k = 32});
-  CHECK(plan->geometry.grid_x == 2 * 3);
-  CHECK(plan->geometry.grid_y == 4);
-  CHECK(plan->geometry.block_x == 256);
-  CHECK(plan->geometry.shared_bytes == 3 * 32 * (136 + 136) * 2);
+  CHECK(plan->problem == GroupedGemmWgradSpec{.out = DType::f32, .n = 256, .k = 384, .experts = 4});
   CHECK(plan->params.total_rows == 100);
   auto r = run();
   REQUIRE_MESSAGE(r.has_value(), kjit::testing::why(r));
   CHECK(machine.launches == 1);
-  CHECK(machine.grid[0] == 6);
-  CHECK(machine.grid[1] == 4);
-  CHECK(machine.shared_bytes == 3 * 32 * (136 + 136) * 2);
-  CHECK(machine.shared_opt_in == 3 * 32 * (136 + 136) * 2);  // over 48 KB: opted in
+  CHECK(machine.grid[0] == 2 * 3);  // 128 x 128 tiles over N x K
+  CHECK(machine.grid[1] == 4);      // one grid row per expert
+  CHECK(machine.block_x == 288);    // two consumer warpgroups and the producer warp
+  constexpr unsigned kShared = 3 * 64 * (128 + 128) * 2 + 1024 + 16 * 3;
+  CHECK(machine.shared_bytes == kShared);
+  // dy as [rows, N] and x as [rows, K], boxes of 64 columns x 64 rows.
+  REQUIRE(machine.tensor_map_dims.size() == 2);
+  CHECK(machine.tensor_map_dims[0] == std::vector<cuuint64_t>{256, 100});
+  CHECK(machine.tensor_map_dims[1] == std::vector<cuuint64_t>{384, 100});
+  CHECK(machine.tensor_map_boxes[0] == std::vector<cuuint64_t>{64, 64});
   CHECK(runtime.store().list().size() == 1);
   REQUIRE(run().has_value());  // a registry hit
   CHECK(machine.launches == 2);
   CHECK(runtime.store().list().size() == 1);
 }
 
-TEST_CASE_FIXTURE(WgradFixture, "N up to 64 (LoRA ranks) takes 32-row tiles of 4 warps; bf16 out and leading zero keyed") {
-  desc.n = 16;
-  desc.out_dtype = KJIT_DTYPE_BF16;
-  desc.offsets_convention = KJIT_OFFSETS_WITH_LEADING_ZERO;
-  auto plan = kjit::ops::plan_grouped_gemm_wgrad(desc, false);
-  REQUIRE_MESSAGE(plan.has_value(), kjit::testing::why(plan));
-  CHECK(plan->spec == GroupedGemmWgradSpec{.out = DType::bf16, .n = 16, .k = 384, .experts = 4,
-                                           .offsets = OffsetsConvention::with_leading_zero, .tile_m = 32,
-                                           .tile_n = 128, .tile_k = 32});
-  CHECK(plan->geometry.grid_x == 3);
-  CHECK(plan->geometry.block_x == 128);
-  auto r = run();
-  REQUIRE_MESSAGE(r.has_value(), kjit::testing::why(r));
-  CHECK(machine.launches == 1);
+TEST_CASE_FIXTURE(WgradFixture, "the portable kernel: asked for, below 128 columns on sm_90, and on sm_80") {
+  const auto portable_launch = [&](unsigned block, unsigned grid_x) {
+    const int launches = machine.launches;
+    auto r = run();
+    REQUIRE_MESSAGE(r.has_value(), kjit::testing::why(r));
+    CHECK(machine.launches == launches + 1);
+    CHECK(machine.block_x == block);
+    CHECK(machine.grid[0] == grid_x);
+    CHECK(machine.tensor_map_dims.empty());
+  };
+  SUBCASE("asked for") {
+    desc.kernel = KJIT_GEMM_KERNEL_PORTABLE;
+    portable_launch(256, 2 * 3);
+    CHECK(machine.shared_bytes == 3 * 32 * (136 + 136) * 2);
+    CHECK(machine.shared_opt_in == 3 * 32 * (136 + 136) * 2);  // over 48 KB: opted in
+  }
+  SUBCASE("N up to 64 (LoRA ranks): 32-row tiles of 4 warps; bf16 out and leading zero") {
+    desc.n = 16;
+    desc.out_dtype = KJIT_DTYPE_BF16;
+    desc.offsets_convention = KJIT_OFFSETS_WITH_LEADING_ZERO;
+    portable_launch(128, 3);
+  }
+  SUBCASE("K below 128 on sm_90") {
+    desc.k = 64;
+    portable_launch(256, 2);
+  }
+  SUBCASE("sm_80: the wgmma kernel asked for is refused, naming the arch") {
+    machine.compute_major = 8;
+    portable_launch(256, 2 * 3);
+    desc.kernel = KJIT_GEMM_KERNEL_SM90;
+    check_rejected(run(), KJIT_ERROR_UNSUPPORTED, "sm_90a");
+  }
 }
 
 TEST_CASE_FIXTURE(WgradFixture, "dtypes: dy and x bf16, out fp32 or bf16; _desc_init sets fp32 out") {
@@ -194,8 +212,18 @@ TEST_CASE("the wgrad spec round-trips through JSON, and a problem expands into i
   REQUIRE(kernels.size() == 1);
   CHECK(canonical(kernels[0]) ==
         "grouped_gemm_wgrad dy=bf16 x=bf16 out=bf16 n=1536 k=2048 experts=128 offsets=cumulative_end layout=e_n_k "
-        "kernel=mma_sync tile=128x128x32 stages=3");
+        "kernel=wgmma_sm90 tile=128x128x64 stages=3");
   CHECK(*spec_from_json(to_json(kernels[0])) == kernels[0]);
+  const auto portable = kernels_for_target(KernelSpec{problem}, **arch_for_target("sm_100a"));
+  REQUIRE(portable.size() == 1);
+  CHECK(canonical(portable[0]) ==
+        "grouped_gemm_wgrad dy=bf16 x=bf16 out=bf16 n=1536 k=2048 experts=128 offsets=cumulative_end layout=e_n_k "
+        "kernel=mma_sync tile=128x128x32 stages=3");
+  CHECK(*spec_from_json(to_json(portable[0])) == portable[0]);
+  // A configuration's fields need 'kernel' beside them.
+  auto bare = to_json(portable[0]);
+  bare.erase("kernel");
+  CHECK_FALSE(spec_from_json(bare).has_value());
   CHECK_FALSE(validate_for_target(KernelSpec{problem}, arch).has_value());  // a problem is no kernel
   auto odd = std::get<GroupedGemmWgradSpec>(kernels[0]);
   odd.tile_m = 64;

@@ -587,25 +587,44 @@ TEST_CASE("ptxas reports no local-memory spills in the MX kernels on sm_90a") {
   check_no_spills_on_sm90a(mx_variants());
 }
 
-// Both tiles (wide, and narrow for N <= 64), both outputs and offsets conventions, edges no multiple of a tile.
-static std::vector<GroupedGemmWgradSpec> wgrad_variants() {
+// Both kernels; the portable one's tiles (wide, and narrow for N <= 64); both outputs and offsets conventions;
+// edges no multiple of a tile.
+static std::vector<GroupedGemmWgradSpec> wgrad_variants(GemmRequest::Kernel kernel) {
   std::vector<GroupedGemmWgradSpec> out;
   for (int64_t n : {int64_t{16}, int64_t{1536}, int64_t{200}})
     for (auto o : {DType::f32, DType::bf16})
-      for (auto offsets : {OffsetsConvention::cumulative_end, OffsetsConvention::with_leading_zero})
-        out.push_back(grouped_gemm_wgrad_config(
-            {.out = o, .n = n, .k = n == 200 ? 136 : 2048, .experts = 128, .offsets = offsets}));
+      for (auto offsets : {OffsetsConvention::cumulative_end, OffsetsConvention::with_leading_zero}) {
+        auto config = grouped_gemm_wgrad_config(
+            {.out = o, .n = n, .k = n == 200 ? 136 : 2048, .experts = 128, .offsets = offsets}, arch_of("sm_90a"),
+            kernel);
+        REQUIRE_MESSAGE(config.has_value(), kjit::testing::why(config));
+        out.push_back(*config);
+      }
   return out;
 }
 
 TEST_CASE("every grouped GEMM wgrad variant compiles for sm_80, sm_90a, sm_100a and sm_120a, with no spills on sm_90a") {
   PrivateBuilder b("kjit-nvrtc-wgrad");
+  const auto portable = wgrad_variants(GemmRequest::Kernel::portable);
+  const auto sm90 = wgrad_variants(GemmRequest::Kernel::sm90);
   for (const char* arch : {"sm_80", "sm_90a", "sm_100a", "sm_120a"})
-    for (const auto& spec : wgrad_variants()) {
+    for (const auto& spec : portable) {
       CAPTURE(arch);
       CAPTURE(canonical(spec));
       auto cubin = b.builder.build(spec, arch_of(arch));
       REQUIRE_MESSAGE(cubin.has_value(), kjit::testing::why(cubin));
     }
-  check_no_spills_on_sm90a(wgrad_variants());
+  for (const auto& spec : sm90) {
+    CAPTURE(canonical(spec));
+    CHECK(spec.kernel == GemmKernel::wgmma_sm90);
+    CHECK_FALSE(validate_for_target(KernelSpec{spec}, arch_of("sm_100a")).has_value());
+  }
+  // The arch's pick: wgmma on sm_90a once N and K reach 128, the portable kernel below and elsewhere.
+  const GroupedGemmWgradSpec lora{.n = 16, .k = 2048, .experts = 128}, wide{.n = 1536, .k = 2048, .experts = 128};
+  CHECK(grouped_gemm_wgrad_config(lora, arch_of("sm_90a"))->kernel == GemmKernel::mma_sync);
+  CHECK(grouped_gemm_wgrad_config(wide, arch_of("sm_90a"))->kernel == GemmKernel::wgmma_sm90);
+  CHECK(grouped_gemm_wgrad_config(wide, arch_of("sm_100a"))->kernel == GemmKernel::mma_sync);
+  auto all = portable;
+  all.insert(all.end(), sm90.begin(), sm90.end());
+  check_no_spills_on_sm90a(all);
 }

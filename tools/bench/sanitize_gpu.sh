@@ -48,6 +48,7 @@ cases=(
   "mx_quantize|mx_quantize|a swizzled layout writes every padding byte 0 and each expert at its 128-row-padded base"
   "mx_scale_layout|mx_scale_layout|device offsets of both conventions, empty experts and rows past the last offset"
   "grouped_gemm_wgrad|grouped_gemm_wgrad|tiny N (LoRA ranks 8, 16, 40, 64) on the narrow tile, and tiny K"
+  "grouped_gemm_wgrad_uneven|grouped_gemm_wgrad|uneven experts (empty ones, odd row counts) match fp64 in fp32 and bf16 out, both conventions"
   "moe_activation|moe_activation|valid_rows: rows at or past it are zeros (FP8: codes 0, scale 0), read from the device, any value"
 )
 

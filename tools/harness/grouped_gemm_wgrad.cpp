@@ -86,8 +86,10 @@ Expected<int64_t> check_grouped_gemm_wgrad(Runtime& runtime, DeviceState& device
   d.x = reinterpret_cast<const void*>(*dx);
   d.out = reinterpret_cast<void*>(*dout);
   d.offsets = reinterpret_cast<const int32_t*>(*doffsets);
+  d.kernel = spec.kernel == codegen::GemmKernel::wgmma_sm90 ? KJIT_GEMM_KERNEL_SM90 : KJIT_GEMM_KERNEL_PORTABLE;
   const auto plan = KJIT_TRY(ops::plan_grouped_gemm_wgrad(d, false));
-  if (!(plan.spec == spec)) return fail(KJIT_ERROR_INTERNAL, "the descriptor does not select the spec under check");
+  const auto chosen = KJIT_TRY(codegen::grouped_gemm_wgrad_config(plan.problem, *device.arch, plan.request));
+  if (!(chosen == spec)) return fail(KJIT_ERROR_INTERNAL, "the descriptor does not select the spec under check");
   KJIT_TRY(ops::grouped_gemm_wgrad(runtime, d, nullptr));
   KJIT_TRY(runtime.take_device_errors(device.ordinal));
   // Manifest shapes reach gigabytes of out: experts 0, 1, 4 (empty) and the

@@ -1,11 +1,19 @@
 // The JSON fields every grouped GEMM problem has, read the same way by the
-// bf16 and FP8 families (grouped_gemm.cpp, grouped_gemm_fp8.cpp).
+// bf16 and FP8 families (grouped_gemm.cpp, grouped_gemm_fp8.cpp), and the
+// GEMM enums' sizes for SpecReader (the weight-gradient family reads
+// GemmKernel too).
 #pragma once
 
 #include "../spec_reader.hpp"
+#include "kjit/codegen/families/grouped_gemm.hpp"
 #include "kjit/codegen/types.hpp"
 
 namespace kjit::codegen {
+
+template <>
+inline constexpr int kEnumCount<GemmKernel> = 3;
+template <>
+inline constexpr int kEnumCount<ClusterAxis> = 2;
 
 template <class Spec>
 Expected<void> read_gemm_problem(SpecReader& reader, Spec& s) {

@@ -14,11 +14,6 @@
 
 namespace kjit::codegen {
 
-template <>
-inline constexpr int kEnumCount<GemmKernel> = 3;
-template <>
-inline constexpr int kEnumCount<ClusterAxis> = 2;
-
 namespace {
 
 constexpr std::array kGemmKernelNames{"mma_sync", "wgmma_sm90", "wgmma_sm90_swap_ab"};

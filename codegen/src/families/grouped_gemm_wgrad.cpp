@@ -4,8 +4,12 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+
 #include "../recipe.hpp"
 #include "../spec_reader.hpp"
+#include "gemm_problem_fields.hpp"
+#include "wgmma_instructions.hpp"
 
 namespace kjit::codegen {
 namespace {
@@ -19,8 +23,16 @@ constexpr int kTileK = 32;
 constexpr int kStages = 3;
 constexpr int kWideTileM = 128, kNarrowTileM = 32, kTileN = 128;
 constexpr int64_t kNarrowMaxN = 64;
+// The wgmma kernel's (GroupedGemmWgradSm90Config): 128 output rows (two
+// consumer warpgroups) x 128 columns, 64 rows per stage, 3 stages (two blocks
+// an SM), or x 256 with 4 (one block); two consumer warpgroups and a producer warp.
+constexpr int kSm90TileM = 128, kSm90TileK = 64, kSm90Threads = 288;
+constexpr int kSm90MinDimension = 128;  // below it the 128-wide tile idles: the portable kernel
+int sm90_stages(int tile_n) { return tile_n == 128 ? 3 : 4; }
+int sm90_blocks_per_sm(int tile_n) { return tile_n == 128 ? 2 : 1; }
 
 int wgrad_threads(const GroupedGemmWgradSpec& s) {
+  if (s.kernel == GemmKernel::wgmma_sm90) return kSm90Threads;
   const int warp_m = s.tile_m >= 64 ? 64 : s.tile_m;
   return 32 * (s.tile_m / warp_m) * (s.tile_n / 32);
 }
@@ -30,15 +42,19 @@ int wgrad_threads(const GroupedGemmWgradSpec& s) {
 std::string Family<GroupedGemmWgradSpec>::canonical(const GroupedGemmWgradSpec& s) {
   return fmt::format("grouped_gemm_wgrad dy=bf16 x=bf16 out={} n={} k={} experts={} offsets={} layout=e_n_k{}",
                      name(s.out), s.n, s.k, s.experts, name(s.offsets),
-                     s.configured() ? fmt::format(" kernel=mma_sync tile={}x{}x{} stages={}", s.tile_m, s.tile_n,
-                                                  s.tile_k, kStages)
+                     s.configured() ? fmt::format(" kernel={} tile={}x{}x{} stages={}", name(s.kernel), s.tile_m,
+                                                  s.tile_n, s.tile_k, s.stages)
                                     : std::string(" config=per-arch"));
 }
 
 nlohmann::json Family<GroupedGemmWgradSpec>::to_json(const GroupedGemmWgradSpec& s) {
   nlohmann::json j{{"op", op},     {"out", name(s.out)},         {"n", s.n},
                    {"k", s.k},     {"experts", s.experts},       {"offsets", name(s.offsets)}};
-  if (s.configured()) j["tile"] = {s.tile_m, s.tile_n, s.tile_k};
+  if (s.configured()) {
+    j["kernel"] = name(s.kernel);
+    j["tile"] = {s.tile_m, s.tile_n, s.tile_k};
+    j["stages"] = s.stages;
+  }
   return j;
 }
 
@@ -49,12 +65,18 @@ Expected<GroupedGemmWgradSpec> Family<GroupedGemmWgradSpec>::from_json(SpecReade
   s.k = KJIT_TRY(reader.integer("k"));
   s.experts = KJIT_TRY(reader.integer("experts"));
   s.offsets = KJIT_TRY(reader.enumeration<OffsetsConvention>("offsets"));
-  if (reader.has("tile")) {
-    const auto tile = KJIT_TRY(reader.small_integers("tile", 3, "[tile_m, tile_n, tile_k]"));
-    s.tile_m = tile[0];
-    s.tile_n = tile[1];
-    s.tile_k = tile[2];
+  // A configuration (cache metadata) names its kernel, tile and stages; a problem (manifests) none of them.
+  if (!reader.has("kernel")) {
+    if (reader.has("tile") || reader.has("stages"))
+      return invalid("grouped_gemm_wgrad spec fields 'tile' and 'stages' need 'kernel' beside them");
+    return s;
   }
+  s.kernel = KJIT_TRY(reader.enumeration<GemmKernel>("kernel"));
+  const auto tile = KJIT_TRY(reader.small_integers("tile", 3, "[tile_m, tile_n, tile_k] with 'kernel'"));
+  s.tile_m = tile[0];
+  s.tile_n = tile[1];
+  s.tile_k = tile[2];
+  s.stages = static_cast<int>(std::clamp<int64_t>(KJIT_TRY(reader.integer_or("stages", 0)), -1, 64));
   return s;
 }
 
@@ -62,7 +84,9 @@ const std::vector<FieldRule>& Family<GroupedGemmWgradSpec>::schema() {
   static const std::vector<FieldRule> rules{
       text_field("out", {"f32", "bf16"}), integer_field("n", 8, kMaxDimension), integer_field("k", 8, kMaxDimension),
       integer_field("experts", 1, kMaxExperts), text_field("offsets", {"cumulative_end", "with_leading_zero"}),
-      integers_field("tile", "[m, n, k]", 3, 1, 256)};
+      // A configuration's fields (cache metadata; rare in manifests); validate says which are supported.
+      text_field("kernel", {"mma_sync", "wgmma_sm90"}, false), integers_field("tile", "[m, n, k]", 3, 1, 256),
+      integer_field("stages", 0, 16, false)};
   return rules;
 }
 
@@ -73,6 +97,7 @@ void Family<GroupedGemmWgradSpec>::hash(const GroupedGemmWgradSpec& s, HashMixer
         static_cast<uint64_t>(s.offsets));
   h.mix(static_cast<uint64_t>(s.tile_m) << 32 | static_cast<uint64_t>(s.tile_n) << 16 |
         static_cast<uint64_t>(s.tile_k));
+  h.mix(static_cast<uint64_t>(s.kernel) << 8 | static_cast<uint64_t>(s.stages));
 }
 
 Expected<void> Family<GroupedGemmWgradSpec>::validate(const GroupedGemmWgradSpec& s) {
@@ -88,55 +113,111 @@ Expected<void> Family<GroupedGemmWgradSpec>::validate(const GroupedGemmWgradSpec
   if (s.experts < 1 || s.experts > kMaxExperts)
     return invalid(fmt::format("grouped_gemm_wgrad needs 1 to {} experts, got {}", kMaxExperts, s.experts));
   if (!s.configured()) {
-    if (s.tile_n != 0 || s.tile_k != 0)
+    if (s.tile_n != 0 || s.tile_k != 0 || s.stages != 0 || s.kernel != GemmKernel::mma_sync)
       return invalid(fmt::format("grouped_gemm_wgrad tile {}x{}x{} is neither a configuration nor a problem (all zero)",
                                  s.tile_m, s.tile_n, s.tile_k));
     return {};
   }
-  if ((s.tile_m != kWideTileM && s.tile_m != kNarrowTileM) || s.tile_n != kTileN || s.tile_k != kTileK)
-    return invalid(fmt::format("grouped_gemm_wgrad tile {}x{}x{} is not supported (128x128x32 or 32x128x32)",
-                               s.tile_m, s.tile_n, s.tile_k));
+  if (s.kernel == GemmKernel::mma_sync) {
+    if ((s.tile_m != kWideTileM && s.tile_m != kNarrowTileM) || s.tile_n != kTileN || s.tile_k != kTileK ||
+        s.stages != kStages)
+      return invalid(fmt::format("grouped_gemm_wgrad: the mma_sync kernel's tile {}x{}x{} with {} stages is not "
+                                 "supported (128x128x32 or 32x128x32, {} stages)",
+                                 s.tile_m, s.tile_n, s.tile_k, s.stages, kStages));
+    return {};
+  }
+  if (s.kernel != GemmKernel::wgmma_sm90 || s.tile_m != kSm90TileM || (s.tile_n != 128 && s.tile_n != 256) ||
+      s.tile_k != kSm90TileK || s.stages != sm90_stages(s.tile_n))
+    return invalid(fmt::format("grouped_gemm_wgrad: kernel {} tile {}x{}x{} with {} stages is not supported "
+                               "(mma_sync; or wgmma_sm90 128x128x64 with 3 stages, 128x256x64 with 4)",
+                               name(s.kernel), s.tile_m, s.tile_n, s.tile_k, s.stages));
   return {};
 }
 
-Expected<void> Family<GroupedGemmWgradSpec>::supported_on(const GroupedGemmWgradSpec& s, const ArchInfo&) {
+Expected<void> Family<GroupedGemmWgradSpec>::supported_on(const GroupedGemmWgradSpec& s, const ArchInfo& arch) {
   if (!s.configured())
     return invalid(fmt::format("{} names no configuration: expand it for an arch first (kernels_for_target)",
                                canonical(s)));
+  if (s.kernel == GemmKernel::wgmma_sm90 && !arch.wgmma_tma)
+    return fail(KJIT_ERROR_UNSUPPORTED,
+                fmt::format("{} is Hopper's kernel (wgmma, TMA) and builds only for sm_90a, not {}", canonical(s),
+                            arch.target));
   return {};  // mma.sync bf16, cp.async and ldmatrix: every arch in the table (sm_80 and newer)
 }
 
 RenderedKernel Family<GroupedGemmWgradSpec>::render(const GroupedGemmWgradSpec& s) {
+  if (s.kernel == GemmKernel::wgmma_sm90)
+    return assemble(
+        canonical(s),
+        {.entry_point = "kjit_grouped_gemm_wgrad_sm90",
+         .threads = kSm90Threads,
+         .min_blocks = sm90_blocks_per_sm(s.tile_n),
+         .templates = {"gemm/grouped_gemm_wgrad_sm90.cuh"},
+         .config = fmt::format("kjit::GroupedGemmWgradSm90Config<{}LL, {}LL, {}, {}, {}, {}, {}, KjitWgmmaWgrad>", s.n,
+                               s.k, s.experts, s.offsets == OffsetsConvention::with_leading_zero, s.out == DType::f32,
+                               s.tile_n, s.stages),
+         .params_type = "kjit_grouped_gemm_wgrad_sm90_params",
+         .body = "kjit::grouped_gemm_wgrad_sm90",
+         // dy^T and x: both operands MN-major (the rows, their reduction axis, are the slow one).
+         .prelude = wgmma_wrapper("struct KjitWgmmaWgrad", {.n = s.tile_n,
+                                                            .operands = WgmmaOperands::bf16,
+                                                            .transpose_a = true,
+                                                            .transpose_b = true}),
+         .dynamic_shared_bytes = grouped_gemm_wgrad_shared_bytes(s)});
   return assemble(canonical(s),
                   {.entry_point = "kjit_grouped_gemm_wgrad",
                    .threads = wgrad_threads(s),
                    .templates = {"gemm/grouped_gemm_wgrad_mma.cuh"},
                    .config = fmt::format("kjit::GroupedGemmWgradConfig<{}LL, {}LL, {}, {}, {}, {}, {}, {}, {}>", s.n,
                                          s.k, s.experts, s.offsets == OffsetsConvention::with_leading_zero,
-                                         s.out == DType::f32, s.tile_m, s.tile_n, s.tile_k, kStages),
+                                         s.out == DType::f32, s.tile_m, s.tile_n, s.tile_k, s.stages),
                    .params_type = "kjit_grouped_gemm_wgrad_params",
                    .body = "kjit::grouped_gemm_wgrad_mma",
                    .dynamic_shared_bytes = grouped_gemm_wgrad_shared_bytes(s)});
 }
 
 std::vector<GroupedGemmWgradSpec> Family<GroupedGemmWgradSpec>::kernels_for_target(const GroupedGemmWgradSpec& s,
-                                                                                   const ArchInfo&) {
-  return {s.configured() ? s : grouped_gemm_wgrad_config(s)};
+                                                                                   const ArchInfo& arch) {
+  if (s.configured()) return {s};
+  auto config = grouped_gemm_wgrad_config(s, arch);
+  return config ? std::vector{*config} : std::vector<GroupedGemmWgradSpec>{};
 }
 
-GroupedGemmWgradSpec grouped_gemm_wgrad_config(const GroupedGemmWgradSpec& problem) {
+Expected<GroupedGemmWgradSpec> grouped_gemm_wgrad_config(const GroupedGemmWgradSpec& problem, const ArchInfo& arch,
+                                                         GemmRequest::Kernel request) {
+  using Kernel = GemmRequest::Kernel;
+  if (request != Kernel::arch_default && request != Kernel::portable && request != Kernel::sm90)
+    return invalid("grouped_gemm_wgrad runs the portable kernel or the SM90 (wgmma) kernel only");
+  if (request == Kernel::sm90 && !arch.wgmma_tma)
+    return fail(KJIT_ERROR_UNSUPPORTED,
+                fmt::format("grouped_gemm_wgrad's SM90 kernel (wgmma, TMA) runs only on sm_90a, not {}", arch.target));
   auto s = problem;
+  const bool sm90 = request == Kernel::sm90 || (request == Kernel::arch_default && arch.wgmma_tma &&
+                                                problem.n >= kSm90MinDimension && problem.k >= kSm90MinDimension);
+  if (sm90) {
+    s.kernel = GemmKernel::wgmma_sm90;
+    s.tile_m = kSm90TileM;
+    s.tile_n = 128;
+    s.tile_k = kSm90TileK;
+    s.stages = sm90_stages(s.tile_n);
+    return s;
+  }
+  s.kernel = GemmKernel::mma_sync;
   s.tile_m = problem.n <= kNarrowMaxN ? kNarrowTileM : kWideTileM;
   s.tile_n = kTileN;
   s.tile_k = kTileK;
+  s.stages = kStages;
   return s;
 }
 
 int grouped_gemm_wgrad_shared_bytes(const GroupedGemmWgradSpec& s) {
-  // GroupedGemmWgradConfig::kSharedBytes (the generated code asserts they
-  // agree): per stage, tile_k rows of dy (tile_m columns) and of x (tile_n),
-  // each row padded by 16 bytes.
-  return kStages * s.tile_k * ((s.tile_m + 8) + (s.tile_n + 8)) * 2;
+  // The generated code asserts these equal its Config's kSharedBytes.
+  // wgmma (GroupedGemmWgradSm90Config): per stage tile_k rows of dy (tile_m
+  // columns) and of x (tile_n), 1 KB of slack to align the stages to the
+  // swizzle's 1 KB, two mbarriers per stage. Portable
+  // (GroupedGemmWgradConfig): the same rows, each padded by 16 bytes.
+  if (s.kernel == GemmKernel::wgmma_sm90) return s.stages * s.tile_k * (s.tile_m + s.tile_n) * 2 + 1024 + 16 * s.stages;
+  return s.stages * s.tile_k * ((s.tile_m + 8) + (s.tile_n + 8)) * 2;
 }
 
 LaunchGeometry grouped_gemm_wgrad_geometry(const GroupedGemmWgradSpec& s) {

@@ -605,8 +605,10 @@ typedef struct kjit_grouped_gemm_wgrad_desc {
   const void* x;          /* device [rows, K] bf16; may be NULL when rows is 0 */
   void* out;              /* device [E, N, K] fp32 or bf16 */
   const int32_t* offsets; /* device int32, 4-byte aligned */
-  kjit_gemm_kernel kernel; /* KJIT_GEMM_KERNEL_AUTO (after _desc_init) or _PORTABLE: today both run the portable
-                              mma.sync kernel (sm_80 and newer); the others are refused */
+  kjit_gemm_kernel kernel; /* KJIT_GEMM_KERNEL_AUTO (after _desc_init): on sm_90 the wgmma kernel when N and K are
+                              both >= 128, else the portable mma.sync kernel (sm_80 and newer); _PORTABLE: that one
+                              anywhere; _SM90: the wgmma kernel at any N and K (KJIT_ERROR_UNSUPPORTED off sm_90).
+                              The two sum in different orders: each is bit-stable, they differ in the last bits */
 } kjit_grouped_gemm_wgrad_desc;
 
 KJIT_API void kjit_grouped_gemm_wgrad_desc_init(kjit_grouped_gemm_wgrad_desc* desc);

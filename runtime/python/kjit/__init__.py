@@ -1328,7 +1328,7 @@ def _check_grouped_gemm_wgrad(dy, x, offsets, out, offsets_convention, kernel) -
     _check_tensor("offsets", offsets, ("int32",), device=dy.device)
     _check_tensor("out", out, ("float32", "bfloat16"), device=dy.device)
     _check_choice("offsets_convention", offsets_convention, _OFFSETS)
-    _check_choice("kernel", kernel, ("auto", "portable"))
+    _check_choice("kernel", kernel, ("auto", "portable", "sm90"))
     if dy.dim() != 2:
         raise _invalid(f"dy must be [rows, N], got {list(dy.shape)}")
     rows, n = dy.shape
@@ -1378,8 +1378,10 @@ def grouped_gemm_wgrad(dy: Tensor, x: Tensor, offsets: Tensor, *, offsets_conven
     leading zero); fp32 (out_dtype default) or torch.bfloat16, rounded once
     from fp32 sums. Every element is written (empty experts: zeros), rows
     past the last offset are never read, runs are bit-identical. Bad offsets
-    write nothing and are reported by check_device_errors. kernel: 'auto' or
-    'portable' (the same mma.sync kernel today)."""
+    write nothing and are reported by check_device_errors. kernel: 'auto' (on
+    Hopper the wgmma kernel when N and K are both >= 128, else the portable
+    mma.sync kernel), 'portable', or 'sm90' (the wgmma kernel at any N and K;
+    Hopper only)."""
     import torch
 
     if out is None:

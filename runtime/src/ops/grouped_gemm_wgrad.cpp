@@ -3,6 +3,7 @@
 
 #include "launch.hpp"
 
+#include <climits>
 #include <cstdint>
 
 #include <fmt/format.h>
@@ -40,18 +41,24 @@ Expected<GroupedGemmWgradPlan> plan_grouped_gemm_wgrad(const kjit_grouped_gemm_w
     return invalid(fmt::format("offsets_convention must be KJIT_OFFSETS_CUMULATIVE_END (E ends) or "
                                "KJIT_OFFSETS_WITH_LEADING_ZERO (E + 1 entries), got {}; there is no default",
                                static_cast<int>(d.offsets_convention)));
-  if (d.kernel != KJIT_GEMM_KERNEL_AUTO && d.kernel != KJIT_GEMM_KERNEL_PORTABLE)
-    return invalid(fmt::format("grouped_gemm_wgrad kernel must be KJIT_GEMM_KERNEL_AUTO or _PORTABLE (the mma.sync "
-                               "kernel; there is no other yet), got {}",
+  using Kernel = codegen::GemmRequest::Kernel;
+  if (d.kernel == KJIT_GEMM_KERNEL_AUTO) plan.request = Kernel::arch_default;
+  else if (d.kernel == KJIT_GEMM_KERNEL_PORTABLE) plan.request = Kernel::portable;
+  else if (d.kernel == KJIT_GEMM_KERNEL_SM90) plan.request = Kernel::sm90;
+  else
+    return invalid(fmt::format("grouped_gemm_wgrad kernel must be KJIT_GEMM_KERNEL_AUTO, _PORTABLE (the mma.sync "
+                               "kernel) or _SM90 (the wgmma kernel), got {}",
                                static_cast<int>(d.kernel)));
   problem.n = d.n;
   problem.k = d.k;
   problem.experts = d.experts;
   // The spec's invariants (N, K multiples of 8, the expert count) are codegen's to check.
   KJIT_TRY(codegen::validate(codegen::KernelSpec{problem}));
-  plan.spec = codegen::grouped_gemm_wgrad_config(problem);
+  plan.problem = problem;
 
   if (d.rows < 0) return invalid(fmt::format("rows must be >= 0, got {}", d.rows));
+  // The wgmma kernel's TMA coordinates are int32 rows.
+  if (d.rows > INT32_MAX) return invalid(fmt::format("rows must be at most {}, got {}", INT32_MAX, d.rows));
   if (!for_prepare) {
     KJIT_TRY(require_non_null({{d.out, "out"}, {d.offsets, "offsets"}}));
     // With no rows dy and x are never read.
@@ -69,21 +76,59 @@ Expected<GroupedGemmWgradPlan> plan_grouped_gemm_wgrad(const kjit_grouped_gemm_w
   p.out = d.out;
   p.offsets = d.offsets;
   p.total_rows = d.rows;
-  plan.geometry = codegen::grouped_gemm_wgrad_geometry(plan.spec);
   return plan;
 }
 
-Expected<void> grouped_gemm_wgrad(Runtime& runtime, const kjit_grouped_gemm_wgrad_desc& d, CUstream stream) {
-  auto plan = KJIT_TRY(plan_grouped_gemm_wgrad(d, false));
-  // NULL dy and x (rows = 0) are skipped by the device check.
-  return launch_on_owning_device(runtime, plan.spec,
-                                 {{d.dy, "dy"}, {d.x, "x"}, {d.out, "out"}, {d.offsets, "offsets"}},
-                                 plan.params.device_error, plan.geometry, &plan.params, stream);
+namespace {
+
+// dy and x as 2-D row-major views of all rows, boxes of 64 columns x 64 rows.
+// With no rows nothing is read (every expert is empty), but a map needs an
+// address and a row: out's first row stands in.
+Expected<void> encode_wgrad_maps(const DriverApi& api, const codegen::GroupedGemmWgradSpec& s,
+                                 kjit_grouped_gemm_wgrad_sm90_params& p) {
+  const auto rows = static_cast<cuuint64_t>(p.wgrad.total_rows > 0 ? p.wgrad.total_rows : 1);
+  const cuuint32_t box[2] = {KJIT_SM90_K_BLOCK, KJIT_SM90_K_BLOCK};
+  const auto encode = [&](kjit_tensor_map& map, const void* base, int64_t columns, const char* what) {
+    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(columns), rows};
+    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(columns) * 2};
+    return encode_tensor_map(api, map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                             p.wgrad.total_rows > 0 ? base : p.wgrad.out, 2, dims, strides, box, what);
+  };
+  KJIT_TRY(encode(p.dy_map, p.wgrad.dy, s.n, "dy"));
+  return encode(p.x_map, p.wgrad.x, s.k, "x");
 }
 
-Expected<void> prepare_grouped_gemm_wgrad(Runtime& runtime, const kjit_grouped_gemm_wgrad_desc& d, int device) {
+}  // namespace
+
+Expected<void> grouped_gemm_wgrad(Runtime& runtime, const kjit_grouped_gemm_wgrad_desc& d, CUstream stream) {
+  auto plan = KJIT_TRY(plan_grouped_gemm_wgrad(d, false));
+  auto& p = plan.params;
+  // NULL dy and x (rows = 0) are skipped by the device check.
+  DeviceState* device =
+      KJIT_TRY(owning_device_for(runtime, {{d.dy, "dy"}, {d.x, "x"}, {d.out, "out"}, {d.offsets, "offsets"}}));
+  const auto spec = KJIT_TRY(codegen::grouped_gemm_wgrad_config(plan.problem, *device->arch, plan.request));
+  const LoadedKernel* kernel = KJIT_TRY(launchable_kernel(runtime, *device, spec, stream));
+  const auto geometry = codegen::grouped_gemm_wgrad_geometry(spec);
+  if (spec.kernel != codegen::GemmKernel::wgmma_sm90)
+    return launch_kernel(runtime, *device, *kernel, p.device_error, geometry, &p, stream);
+
+  kjit_grouped_gemm_wgrad_sm90_params sm90{};
+  sm90.wgrad = p;
+  {
+    // Encoding needs a current context (a bare thread, as in jitctl, has none).
+    const DriverApi& api = **runtime.driver();
+    ScopedContext scope(api, device->context);
+    KJIT_TRY(scope.status());
+    KJIT_TRY(encode_wgrad_maps(api, spec, sm90));
+  }
+  return launch_kernel(runtime, *device, *kernel, sm90.wgrad.device_error, geometry, &sm90, stream);
+}
+
+Expected<void> prepare_grouped_gemm_wgrad(Runtime& runtime, const kjit_grouped_gemm_wgrad_desc& d, int ordinal) {
   const auto plan = KJIT_TRY(plan_grouped_gemm_wgrad(d, true));
-  return prepare_on_device(runtime, plan.spec, device);
+  DeviceState* device = KJIT_TRY(runtime.device(ordinal));
+  const auto spec = KJIT_TRY(codegen::grouped_gemm_wgrad_config(plan.problem, *device->arch, plan.request));
+  return prepare_on_device(runtime, spec, ordinal);
 }
 
 }  // namespace kjit::ops

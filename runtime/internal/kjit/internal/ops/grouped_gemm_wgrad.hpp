@@ -11,9 +11,9 @@
 namespace kjit::ops {
 
 struct GroupedGemmWgradPlan {
-  codegen::GroupedGemmWgradSpec spec;  // configured (the tile depends on N only)
+  codegen::GroupedGemmWgradSpec problem;  // unconfigured: the configuration depends on the device's arch
+  codegen::GemmRequest::Kernel request = codegen::GemmRequest::Kernel::arch_default;
   kjit_grouped_gemm_wgrad_params params{};
-  codegen::LaunchGeometry geometry;
 };
 
 // Checks everything that can be checked without the driver: dtypes, the
