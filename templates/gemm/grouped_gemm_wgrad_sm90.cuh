@@ -4,12 +4,12 @@
 // (rounded once).
 //
 // Shape of the kernel:
-// - One block per (output tile, expert), like the portable kernel: grid x
-//   over the kBM x kBN tiles of N x K, y over experts. A block sums its tile
-//   over its expert's rows in ascending chunks of 64 rows, so every output
+// - Persistent: the blocks walk the output tiles (expert, kBM x kBN tile of
+//   N x K), tile t, t + gridDim.x, ...; the producer runs ahead into the next
+//   tile while the consumers store this one. A tile is summed over its
+//   expert's rows in ascending chunks of 64 rows by one block, so every output
 //   element is one fixed sequence of fp32 additions (the same bits on every
-//   run) and no block reads another's output. An empty expert's blocks store
-//   zeros and load nothing.
+//   run). An empty expert's tiles are stored as zeros, nothing loaded.
 // - Warp-specialised (warp_specialized_gemm's frame): one thread of the
 //   producer warp issues TMA copies of each chunk's dy and x rows into a ring
 //   of kStages stages; two consumer warpgroups take 64 output rows each,
@@ -17,7 +17,7 @@
 // - Sized for two blocks per SM with 128-column tiles (kBlocksPerSm): an
 //   expert's row count is short against N x K (Qwen3-30B-A3B at 4096 tokens:
 //   ~256 rows an expert, 4 chunks), so a block spends about as long storing
-//   its tile as summing it; the second block's k-loop runs meanwhile.
+//   its tile as summing it; the other block's k-loop runs meanwhile.
 //
 // Shared-memory layouts (TMA writes them, wgmma reads them, 128-byte swizzle,
 // 1 KB aligned): each operand tile is kCols / 64 chunks of 64 rows (the
@@ -62,7 +62,8 @@ struct GroupedGemmWgradSm90Config {
   // What store_block reads: out[e] is a row-major N x K matrix.
   static constexpr long long kOutN = kK;
   static constexpr bool kRowScale = false, kColumnsMasked = kK % kBN != 0;
-  static constexpr long long kTilesM = (kN + kBM - 1) / kBM;
+  static constexpr long long kTilesM = (kN + kBM - 1) / kBM, kTilesN = (kK + kBN - 1) / kBN;
+  static constexpr long long kTiles = kTilesM * kTilesN;  // output tiles of one expert's N x K
   static_assert(kN % 8 == 0 && kK % 8 == 0, "the host admits only N and K divisible by 8 (16-byte rows)");
   static_assert(kBN == 128 || kBN == 256, "two or four 64-column chunks of x");
   static_assert(kBlocksPerSm * (kSharedBytes + 1024) <= 228 * 1024, "the blocks an SM holds");
@@ -75,6 +76,29 @@ __device__ __forceinline__ void zero_chunk_rows(unsigned char* chunk, int from) 
   for (int u = from * 8 + lane; u < 64 * 8; u += 128) *reinterpret_cast<uint4*>(chunk + u * 16) = make_uint4(0, 0, 0, 0);
 }
 
+// One output tile of the persistent walk: tiles t = expert * kTiles + the
+// tile's index within the expert (kTilesM output-row tiles fastest), so
+// blocks running side by side read the same expert's rows (L2).
+template <class Cfg>
+struct WgradTile {
+  int expert, m0, n0;  // out rows [m0, m0 + kBM) (dy's columns), out columns [n0, n0 + kBN) (x's columns)
+  long long start;     // the expert's first row
+  int chunks;          // chunks of 64 rows: 0 for an empty expert
+  int last_rows;       // rows of the last chunk (1..64)
+
+  __device__ WgradTile(const kjit_grouped_gemm_params& segments, long long t) {
+    expert = static_cast<int>(t / Cfg::kTiles);
+    const int local = static_cast<int>(t % Cfg::kTiles);
+    m0 = (local % static_cast<int>(Cfg::kTilesM)) * Cfg::kBM;
+    n0 = (local / static_cast<int>(Cfg::kTilesM)) * Cfg::kBN;
+    long long end;
+    expert_rows<Cfg>(segments, expert, start, end);
+    // An expert's chunk count fits int: total_rows <= INT32_MAX (the host checks).
+    chunks = end > start ? static_cast<int>((end - start + Cfg::kBK - 1) / Cfg::kBK) : 0;
+    last_rows = static_cast<int>(end - start - static_cast<long long>(chunks - 1) * Cfg::kBK);
+  }
+};
+
 template <class Cfg>
 __device__ __forceinline__ void grouped_gemm_wgrad_sm90(const kjit_grouped_gemm_wgrad_sm90_params& p) {
   // The grouped GEMM's segments and offsets check over a view of the block.
@@ -84,96 +108,94 @@ __device__ __forceinline__ void grouped_gemm_wgrad_sm90(const kjit_grouped_gemm_
   view.gemm.offsets = p.wgrad.offsets;
   view.gemm.total_rows = p.wgrad.total_rows;
   view.gemm.device_error = p.wgrad.device_error;
-
-  const int expert = blockIdx.y;
-  long long start, end;
-  expert_rows<Cfg>(view.gemm, expert, start, end);  // read before the check; used only after it
-  const int m0 = static_cast<int>(blockIdx.x % Cfg::kTilesM) * Cfg::kBM;  // out rows: dy's columns
-  const int n0 = static_cast<int>(blockIdx.x / Cfg::kTilesM) * Cfg::kBN;  // out columns: x's columns
-  // Chunks of 64 rows; an expert's count fits int (rows <= total_rows < 2^31 chunks of 64 and more).
-  const int chunks = end > start ? static_cast<int>((end - start + Cfg::kBK - 1) / Cfg::kBK) : 0;
-  const int last_rows = static_cast<int>(end - start - static_cast<long long>(chunks - 1) * Cfg::kBK);
+  const long long tiles = static_cast<long long>(Cfg::kExperts) * Cfg::kTiles;
 
   warp_specialized_gemm<Cfg>(
       view, [](unsigned char*) {},
-      [&](unsigned char* tiles, unsigned long long* full, unsigned long long* empty, unsigned char*) {
+      [&](unsigned char* tiles_smem, unsigned long long* full, unsigned long long* empty, unsigned char*) {
         namespace ptx = cuda::ptx;
-        if (chunks == 0) return;
         asm volatile("prefetch.tensormap [%0];" ::"l"(&p.dy_map) : "memory");
         asm volatile("prefetch.tensormap [%0];" ::"l"(&p.x_map) : "memory");
-        for (int c = 0; c < chunks; ++c) {
-          const unsigned s = c % Cfg::kStages;
-          mbarrier_wait(&empty[s], ((c / Cfg::kStages) & 1) ^ 1);
-          ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &full[s],
-                                         Cfg::kStageBytes);
-          unsigned char* a_tile = tiles + s * Cfg::kStageBytes;
-          unsigned char* b_tile = a_tile + Cfg::kATileBytes;
-          const int r0 = static_cast<int>(start) + c * Cfg::kBK;  // TMA coordinates are int32 (the host checks rows)
+        unsigned it = 0;  // chunks loaded so far, over all tiles: selects stage and phase
+        for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {
+          const WgradTile<Cfg> tile(view.gemm, t);
+          for (int c = 0; c < tile.chunks; ++c, ++it) {
+            const unsigned s = it % Cfg::kStages;
+            mbarrier_wait(&empty[s], ((it / Cfg::kStages) & 1) ^ 1);
+            ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &full[s],
+                                           Cfg::kStageBytes);
+            unsigned char* a_tile = tiles_smem + s * Cfg::kStageBytes;
+            unsigned char* b_tile = a_tile + Cfg::kATileBytes;
+            const int r0 = static_cast<int>(tile.start) + c * Cfg::kBK;  // TMA coordinates are int32
 #pragma unroll
-          for (int i = 0; i < Cfg::kBM / 64; ++i) {
-            const int coords[2] = {m0 + 64 * i, r0};
-            ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, a_tile + i * 8192, &p.dy_map, coords,
-                                      &full[s]);
-          }
+            for (int i = 0; i < Cfg::kBM / 64; ++i) {
+              const int coords[2] = {tile.m0 + 64 * i, r0};
+              ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, a_tile + i * 8192, &p.dy_map, coords,
+                                        &full[s]);
+            }
 #pragma unroll
-          for (int j = 0; j < Cfg::kBN / 64; ++j) {
-            const int coords[2] = {n0 + 64 * j, r0};
-            ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, b_tile + j * 8192, &p.x_map, coords,
-                                      &full[s]);
+            for (int j = 0; j < Cfg::kBN / 64; ++j) {
+              const int coords[2] = {tile.n0 + 64 * j, r0};
+              ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, b_tile + j * 8192, &p.x_map, coords,
+                                        &full[s]);
+            }
           }
         }
       },
       [](unsigned char*, unsigned long long*, unsigned long long*, unsigned char*) {},
-      [&](unsigned char* tiles, unsigned long long* full, unsigned long long* empty, unsigned char*) {
+      [&](unsigned char* tiles_smem, unsigned long long* full, unsigned long long* empty, unsigned char*) {
         const int consumer = threadIdx.x / 128, lane = threadIdx.x % 32;
         float acc[Cfg::kBN / 2];
+        unsigned it = 0;
+        for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {
+          const WgradTile<Cfg> tile(view.gemm, t);
 #pragma unroll
-        for (int i = 0; i < Cfg::kBN / 2; ++i) acc[i] = 0.0f;  // an empty expert stores these
-        unsigned previous = 0;
-        for (int c = 0; c < chunks; ++c) {
-          const unsigned s = c % Cfg::kStages;
-          mbarrier_wait(&full[s], (c / Cfg::kStages) & 1);
-          unsigned char* stage = tiles + s * Cfg::kStageBytes;
-          if (c == chunks - 1 && last_rows < Cfg::kBK) {
-            // The chunk crosses the expert's end: zero the rows past it in this
-            // consumer's dy chunk and its share of x's chunks, then make the
-            // writes visible to wgmma (async proxy) and to the other consumer.
-            zero_chunk_rows(stage + consumer * 8192, last_rows);
+          for (int i = 0; i < Cfg::kBN / 2; ++i) acc[i] = 0.0f;  // an empty expert stores these
+          for (int c = 0; c < tile.chunks; ++c, ++it) {
+            const unsigned s = it % Cfg::kStages;
+            mbarrier_wait(&full[s], (it / Cfg::kStages) & 1);
+            unsigned char* stage = tiles_smem + s * Cfg::kStageBytes;
+            if (c == tile.chunks - 1 && tile.last_rows < Cfg::kBK) {
+              // The chunk crosses the expert's end: zero the rows past it in this
+              // consumer's dy chunk and its share of x's chunks, then make the
+              // writes visible to wgmma (async proxy) and to the other consumer.
+              zero_chunk_rows(stage + consumer * 8192, tile.last_rows);
 #pragma unroll
-            for (int j = consumer; j < Cfg::kBN / 64; j += Cfg::kConsumers)
-              zero_chunk_rows(stage + Cfg::kATileBytes + j * 8192, last_rows);
-            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-            asm volatile("bar.sync 4, %0;" ::"n"(128 * Cfg::kConsumers) : "memory");
+              for (int j = consumer; j < Cfg::kBN / 64; j += Cfg::kConsumers)
+                zero_chunk_rows(stage + Cfg::kATileBytes + j * 8192, tile.last_rows);
+              asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+              asm volatile("bar.sync 4, %0;" ::"n"(128 * Cfg::kConsumers) : "memory");
+            }
+            const unsigned long long a_desc = operand_descriptor<true>(stage + consumer * 8192);
+            const unsigned long long b_desc = operand_descriptor<true>(stage + Cfg::kATileBytes);
+            fence_accumulators(acc);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < Cfg::kBK / 16; ++kk)
+              Cfg::Mma::run(acc, operand_at_k_step<true>(a_desc, kk), operand_at_k_step<true>(b_desc, kk),
+                            c > 0 || kk > 0);
+            wgmma_commit();
+            fence_accumulators(acc);
+            if (c > 0) {
+              // The previous chunk's group is done reading its stage: hand it back.
+              wgmma_wait<1>();
+              if (lane == 0) (void)cuda::ptx::mbarrier_arrive(&empty[(it - 1) % Cfg::kStages]);
+            }
           }
-          const unsigned long long a_desc = operand_descriptor<true>(stage + consumer * 8192);
-          const unsigned long long b_desc = operand_descriptor<true>(stage + Cfg::kATileBytes);
+          wgmma_wait<0>();
           fence_accumulators(acc);
-          wgmma_fence();
-#pragma unroll
-          for (int kk = 0; kk < Cfg::kBK / 16; ++kk)
-            Cfg::Mma::run(acc, operand_at_k_step<true>(a_desc, kk), operand_at_k_step<true>(b_desc, kk),
-                          c > 0 || kk > 0);
-          wgmma_commit();
-          fence_accumulators(acc);
-          if (c > 0) {
-            // The previous chunk's group is done reading its stage: hand it back.
-            wgmma_wait<1>();
-            if (lane == 0) (void)cuda::ptx::mbarrier_arrive(&empty[previous]);
-          }
-          previous = s;
-        }
-        wgmma_wait<0>();
-        fence_accumulators(acc);
-        // The last stage is not handed back: nothing more is loaded.
+          if (tile.chunks > 0 && lane == 0) (void)cuda::ptx::mbarrier_arrive(&empty[(it - 1) % Cfg::kStages]);
 
-        kjit_grouped_gemm_params out{};
-        if constexpr (Cfg::kOutF32)
-          out.out = static_cast<float*>(p.wgrad.out) + static_cast<long long>(expert) * Cfg::kN * Cfg::kK;
-        else
-          out.out = static_cast<unsigned short*>(p.wgrad.out) + static_cast<long long>(expert) * Cfg::kN * Cfg::kK;
-        const long long rows_left = Cfg::kN - m0;
-        store_block<Cfg, Cfg::kBN>(out, acc, consumer * 64, static_cast<int>(rows_left < Cfg::kBM ? rows_left : Cfg::kBM),
-                                   m0, n0);
+          kjit_grouped_gemm_params out{};
+          const long long matrix = static_cast<long long>(tile.expert) * Cfg::kN * Cfg::kK;
+          if constexpr (Cfg::kOutF32)
+            out.out = static_cast<float*>(p.wgrad.out) + matrix;
+          else
+            out.out = static_cast<unsigned short*>(p.wgrad.out) + matrix;
+          const long long rows_left = Cfg::kN - tile.m0;
+          store_block<Cfg, Cfg::kBN>(out, acc, consumer * 64,
+                                     static_cast<int>(rows_left < Cfg::kBM ? rows_left : Cfg::kBM), tile.m0, tile.n0);
+        }
       });
 }
 

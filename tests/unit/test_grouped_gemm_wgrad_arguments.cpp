@@ -52,8 +52,8 @@ TEST_CASE_FIXTURE(WgradFixture, "on sm_90 a valid call launches the wgmma kernel
   auto r = run();
   REQUIRE_MESSAGE(r.has_value(), kjit::testing::why(r));
   CHECK(machine.launches == 1);
-  CHECK(machine.grid[0] == 2 * 3);  // 128 x 128 tiles over N x K
-  CHECK(machine.grid[1] == 4);      // one grid row per expert
+  CHECK(machine.grid[0] == 2 * 3 * 4);  // persistent: 128 x 128 tiles over N x K for each expert, under 2 an SM
+  CHECK(machine.grid[1] == 1);
   CHECK(machine.block_x == 288);    // two consumer warpgroups and the producer warp
   constexpr unsigned kShared = 3 * 64 * (128 + 128) * 2 + 1024 + 16 * 3;
   CHECK(machine.shared_bytes == kShared);
@@ -66,6 +66,15 @@ TEST_CASE_FIXTURE(WgradFixture, "on sm_90 a valid call launches the wgmma kernel
   REQUIRE(run().has_value());  // a registry hit
   CHECK(machine.launches == 2);
   CHECK(runtime.store().list().size() == 1);
+}
+
+TEST_CASE_FIXTURE(WgradFixture, "the wgmma kernel's persistent grid holds two blocks an SM at most") {
+  desc.n = 4096;
+  desc.k = 7168;
+  desc.experts = 32;  // (the fake launch writes nothing: out stays the fixture's small buffer)
+  auto r = run();
+  REQUIRE_MESSAGE(r.has_value(), kjit::testing::why(r));
+  CHECK(machine.grid[0] == 2 * 132);
 }
 
 TEST_CASE_FIXTURE(WgradFixture, "the portable kernel: asked for, below 128 columns on sm_90, and on sm_80") {

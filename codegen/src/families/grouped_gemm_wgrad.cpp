@@ -220,10 +220,14 @@ int grouped_gemm_wgrad_shared_bytes(const GroupedGemmWgradSpec& s) {
   return s.stages * s.tile_k * ((s.tile_m + 8) + (s.tile_n + 8)) * 2;
 }
 
-LaunchGeometry grouped_gemm_wgrad_geometry(const GroupedGemmWgradSpec& s) {
+LaunchGeometry grouped_gemm_wgrad_geometry(const GroupedGemmWgradSpec& s, int resident_blocks) {
+  const int64_t tiles = ((s.n + s.tile_m - 1) / s.tile_m) * ((s.k + s.tile_n - 1) / s.tile_n);
+  if (s.kernel == GemmKernel::wgmma_sm90)
+    return persistent_gemm_grid(tiles * s.experts, 1, resident_blocks * sm90_blocks_per_sm(s.tile_n), kSm90Threads,
+                                grouped_gemm_wgrad_shared_bytes(s));
   LaunchGeometry g;
   g.block_x = static_cast<uint32_t>(wgrad_threads(s));
-  g.grid_x = static_cast<uint32_t>(((s.n + s.tile_m - 1) / s.tile_m) * ((s.k + s.tile_n - 1) / s.tile_n));
+  g.grid_x = static_cast<uint32_t>(tiles);
   g.grid_y = static_cast<uint32_t>(s.experts);
   g.shared_bytes = static_cast<uint32_t>(grouped_gemm_wgrad_shared_bytes(s));
   return g;

@@ -108,7 +108,7 @@ Expected<void> grouped_gemm_wgrad(Runtime& runtime, const kjit_grouped_gemm_wgra
       KJIT_TRY(owning_device_for(runtime, {{d.dy, "dy"}, {d.x, "x"}, {d.out, "out"}, {d.offsets, "offsets"}}));
   const auto spec = KJIT_TRY(codegen::grouped_gemm_wgrad_config(plan.problem, *device->arch, plan.request));
   const LoadedKernel* kernel = KJIT_TRY(launchable_kernel(runtime, *device, spec, stream));
-  const auto geometry = codegen::grouped_gemm_wgrad_geometry(spec);
+  const auto geometry = codegen::grouped_gemm_wgrad_geometry(spec, kernel->resident_blocks);
   if (spec.kernel != codegen::GemmKernel::wgmma_sm90)
     return launch_kernel(runtime, *device, *kernel, p.device_error, geometry, &p, stream);
 

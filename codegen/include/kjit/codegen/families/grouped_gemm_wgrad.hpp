@@ -69,7 +69,10 @@ Expected<GroupedGemmWgradSpec> grouped_gemm_wgrad_config(const GroupedGemmWgradS
 // The dynamic shared memory of a configuration's kernel (its stages; the wgmma kernel's barriers and alignment slack).
 int grouped_gemm_wgrad_shared_bytes(const GroupedGemmWgradSpec& spec);
 
-// One block per (output tile, expert): x over the tiles of N x K, y over experts.
-LaunchGeometry grouped_gemm_wgrad_geometry(const GroupedGemmWgradSpec& spec);
+// The portable kernel: one block per (output tile, expert), x over the tiles
+// of N x K, y over experts. The wgmma kernel is persistent: as many blocks as
+// fit at once (`resident_blocks` a block an SM, times the blocks its
+// configuration fits on an SM), at most one per tile.
+LaunchGeometry grouped_gemm_wgrad_geometry(const GroupedGemmWgradSpec& spec, int resident_blocks);
 
 }  // namespace kjit::codegen
