@@ -22,7 +22,6 @@ what the layer's weights and inputs hold, over one step (torch.cuda.max_memory_a
 """
 
 import argparse
-import json
 import math
 import os
 import statistics
@@ -249,8 +248,12 @@ def main():
                   f"{row['seed_peak_bytes'] / 2**30:.2f} | {row['memory_ratio']:.2f} |", flush=True)
             torch.cuda.empty_cache()
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": device, "torch": torch.__version__, "rank": RANK, "rows": rows}, f, indent=1)
+        import result_rows
+        import results
+
+        store_rows, limits = result_rows.moe_training({"rows": rows})
+        results.write(store_rows, args.json, "moe_training", limits=limits,
+                      notes=f"torch {torch.__version__}, LoRA r {RANK}")
     sys.exit(1 if failed else 0)
 
 

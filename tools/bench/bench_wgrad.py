@@ -6,14 +6,15 @@ torch's autograd runs for the weight gradient of _grouped_mm(x, w^T, offs).
 Routing is uniform random top-k (rows per expert vary around the mean).
 Times are CUDA-event medians of single calls (after warm-up), with TFLOP/s
 over 2 * rows * N * K; "ratio" is torch's time over kjit's (bf16 out, as
-torch's). kjit's fp32-out time is listed too. The results of both are compared
+torch's, the kernel kjit picks: on Hopper the wgmma one once N and K reach
+128). kjit's fp32-out time and its portable (mma.sync) kernel's bf16 time are
+listed too. The results of both are compared
 (relative Frobenius difference).
 
     KJIT_LIBRARY=... PYTHONPATH=runtime/python python3 tools/bench/bench_wgrad.py [--json out.json] [--reps 30]
 """
 
 import argparse
-import json
 import statistics
 
 import torch
@@ -61,11 +62,11 @@ def main():
     parser.add_argument("--reps", type=int, default=30)
     args = parser.parse_args()
     torch.manual_seed(0)
-    results = []
+    measured = []
     device = torch.cuda.get_device_name()
     print(f"{device}, torch {torch.__version__}")
     print(f"{'model':20} {'proj':11} {'E':>4} {'rows':>7} {'N':>5} {'K':>5} {'kjit bf16 ms':>12} {'TFLOP/s':>8} "
-          f"{'kjit f32 ms':>11} {'torch ms':>9} {'TFLOP/s':>8} {'ratio':>6} {'diff':>8}")
+          f"{'kjit f32 ms':>11} {'portable':>8} {'torch ms':>9} {'TFLOP/s':>8} {'ratio':>6} {'diff':>8}")
     for model, proj, experts, tokens, top_k, n, k in SHAPES:
         offsets, rows = routed_offsets(experts, tokens, top_k)
         dy = torch.randn(rows, n, device="cuda").to(torch.bfloat16)
@@ -77,10 +78,12 @@ def main():
                               args.reps)
         kjit_f32 = median_ms(lambda: kjit.grouped_gemm_wgrad(dy, x, offsets, offsets_convention=ce, out=out_f32),
                              args.reps)
+        portable = median_ms(lambda: kjit.grouped_gemm_wgrad(dy, x, offsets, offsets_convention=ce, out=out_bf16,
+                                                             kernel="portable"), args.reps)
         kjit.check_device_errors(dy.device.index)
         flops = 2.0 * rows * n * k
         row = {"model": model, "projection": proj, "experts": experts, "rows": rows, "n": n, "k": k,
-               "kjit_bf16_ms": kjit_bf16, "kjit_f32_ms": kjit_f32, "kjit_bf16_tflops": flops / kjit_bf16 * 1e-9,
+               "kjit_bf16_ms": kjit_bf16, "kjit_f32_ms": kjit_f32, "kjit_portable_bf16_ms": portable, "kjit_bf16_tflops": flops / kjit_bf16 * 1e-9,
                "device": device, "torch": torch.__version__}
         try:
             torch_out = torch._grouped_mm(dy.t(), x, offs=offsets)
@@ -91,17 +94,20 @@ def main():
             del torch_out
         except Exception as e:  # noqa: BLE001 - recorded: torch builds without the K-grouped form
             row["torch_error"] = f"{type(e).__name__}: {e}"[:200]
-        results.append(row)
+        measured.append(row)
         t = row.get("torch_ms")
         print(f"{model:20} {proj:11} {experts:4} {rows:7} {n:5} {k:5} {kjit_bf16:12.3f} "
-              f"{row['kjit_bf16_tflops']:8.1f} {kjit_f32:11.3f} "
+              f"{row['kjit_bf16_tflops']:8.1f} {kjit_f32:11.3f} {portable:8.3f} "
               + (f"{t:9.3f} {row['torch_tflops']:8.1f} {row['ratio']:6.2f} {row['relative_difference']:8.1e}"
                  if t else f"  torch: {row['torch_error']}"), flush=True)
         del dy, x, out_bf16, out_f32
         torch.cuda.empty_cache()
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+        import result_rows
+        import results
+
+        store_rows, limits = result_rows.wgrad(measured)
+        results.write(store_rows, args.json, "grouped_gemm_wgrad", limits=limits, notes=f"torch {torch.__version__}")
 
 
 if __name__ == "__main__":

@@ -257,6 +257,9 @@ def wgrad(result):
         peer = "torch._grouped_mm" if r.get("torch_ms") else None
         rows.append(_row("kjit bf16 out", shape, "time", r["kjit_bf16_ms"], "ms", peer, r["model"]))
         rows.append(_row("kjit fp32 out", shape, "time", r["kjit_f32_ms"], "ms", peer, r["model"]))
+        if "kjit_portable_bf16_ms" in r:
+            rows.append(_row("kjit portable bf16 out", shape, "time", r["kjit_portable_bf16_ms"], "ms", peer,
+                             r["model"]))
         if peer:
             rows.append(_row(peer, shape, "time", r["torch_ms"], "ms", model=r["model"]))
     return rows, []

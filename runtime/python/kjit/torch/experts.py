@@ -703,6 +703,7 @@ class MoEExperts(torch.nn.Module):
         h16 = torch.zeros(16, 2 * i, dtype=torch.bfloat16, device=device)
         args = (self.activation, self._gate_up_order(), self.swiglu_alpha, self.swiglu_limit)
         training.compiled_activation_grad(h16, training.compiled_activation(h16, *args), *args)
+        training.warm_fused(device, h, 2 * i)
         wgrads = []
         if self.format == "bf16" and self.gate_up_weight.requires_grad:
             wgrads += [(2 * i, h, self.gate_up_weight.dtype), (h, i, self.down_weight.dtype)]

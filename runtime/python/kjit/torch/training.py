@@ -111,10 +111,10 @@ _FUSED = {}
 
 
 def _fused(fn):
-    """fn compiled by torch.compile into one or two fused elementwise kernels on CUDA tensors where Triton is
-    installed (the fp32 math of the activation and its derivative otherwise costs a dozen passes over [rows, I]
-    through memory, half of a LoRA step's GPU time at 4096 tokens); fn itself elsewhere. The same operations in
-    the same order per element, so the same gradients within fp32 rounding."""
+    """fn compiled by torch.compile into one or two fused kernels on CUDA tensors where Triton is installed (the
+    fp32 math of the activation and its derivative, the LoRA sums and the row dot products otherwise cost a
+    dozen passes through memory: half of a LoRA step's GPU time at 4096 tokens); fn itself elsewhere. The same
+    operations per element, so the same gradients within fp32 rounding; a reduction runs in a fixed order."""
     if fn not in _FUSED:
         try:
             import triton  # noqa: F401  (inductor's GPU backend)
@@ -242,15 +242,38 @@ def _bf16(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.bfloat16).contiguous()
 
 
+def _row_dot_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return (a.float() * b.float()).sum(dim=1)
+
+
 def _row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """fp32 [rows]: the dot product of each row of a and b (bf16), in chunks so
-    the fp32 temporaries stay small; a fixed order, so the same bits each run."""
+    """fp32 [rows]: the dot product of each row of a and b (bf16). On the GPU
+    one fused reduction (no fp32 copy of either operand); elsewhere in chunks
+    so the fp32 temporaries stay small. Each row's sum runs in a fixed order:
+    the same bits each run."""
+    if a.is_cuda and not torch.compiler.is_compiling():
+        return _fused(_row_dot_fp32)(a, b)
     rows = a.shape[0]
     out = torch.empty(rows, dtype=torch.float32, device=a.device)
     for start in range(0, rows, _ROW_DOT_CHUNK):
         stop = min(rows, start + _ROW_DOT_CHUNK)
-        out[start:stop] = (a[start:stop].float() * b[start:stop].float()).sum(dim=1)
+        out[start:stop] = _row_dot_fp32(a[start:stop], b[start:stop])
     return out
+
+
+def _add_round(base: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    return (base + other).to(torch.bfloat16)
+
+
+def warm_fused(device, rows_h: int, rows_n: int) -> None:
+    """Compiles the fused row dot and LoRA sum (torch.compile compiles at a first CUDA call: here, not under a
+    capture). 16 rows: torch.compile specialises sizes 0 and 1."""
+    if torch.device(device).type != "cuda":
+        return
+    a = torch.zeros(16, rows_h, dtype=torch.bfloat16, device=device)
+    _row_dot(a, a)
+    f = torch.zeros(16, rows_n, dtype=torch.float32, device=device)
+    _round_with_bias(f, None, None, None, f)
 
 
 def _wgrad(dy, x, ends, dtype):
@@ -260,8 +283,15 @@ def _wgrad(dy, x, ends, dtype):
     return kjit.grouped_gemm_wgrad(dy, x, ends, offsets_convention=_OFFSETS, out_dtype=out_dtype).to(dtype)
 
 
-def _round_with_bias(y, bias, row_experts, m):
-    """The GEMM's output (+ LoRA) plus the bias in fp32, rounded once to bf16."""
+def _round_with_bias(y, bias, row_experts, m, lora=None):
+    """The GEMM's fp32 output plus the LoRA branch's (already scaled) plus the
+    bias, in fp32, rounded once to bf16; without a bias on the GPU the sum and
+    the rounding are one fused pass."""
+    if lora is not None:
+        if bias is None:
+            fused = y.is_cuda and not torch.compiler.is_compiling()
+            return (_fused(_add_round) if fused else _add_round)(y, lora)
+        y.add_(lora)
     if bias is not None:
         return m._add_bias(y, bias, row_experts)
     return y.to(torch.bfloat16)
@@ -300,6 +330,10 @@ class _ExpertsFunction(torch.autograd.Function):
         scaling = plan.lora.scaling if plan.lora is not None else 0.0
 
         a = None  # the gathered rows [rows, H] bf16, when a bf16 GEMM or a LoRA needs them
+        u_gu = u_dn = lora_h = lora_y = None
+        # The branches' products leave their GEMM scaled (the epilogue's row scale): base + scaling (u B^T).
+        lora_scale = (torch.full((rows,), scaling, dtype=torch.float32, device=hidden.device)
+                      if lora_gu is not None or lora_dn is not None else None)
         out_gu = torch.float32 if gate_up_bias is not None or lora_gu is not None else None
         out_dn = torch.float32 if down_bias is not None or lora_dn is not None else None
         if kernels == "w8a8":
@@ -310,14 +344,13 @@ class _ExpertsFunction(torch.autograd.Function):
             a = hidden[rows_token]
             h = kjit.grouped_gemm(a, gate_up_w, ends, offsets_convention=_OFFSETS,
                                   out_dtype=out_gu, **m._weight_args("gate_up", kernels))
-        u_gu = None
         if lora_gu is not None:  # the branch's fp32 product added to the base's fp32 output, rounded once
             if a is None:
                 a = hidden[rows_token]
             u_gu = kjit.grouped_gemm(a, lora_gu[0], ends, offsets_convention=_OFFSETS)
-            h.add_(kjit.grouped_gemm(u_gu, lora_gu[1], ends, offsets_convention=_OFFSETS, out_dtype=torch.float32),
-                   alpha=scaling)
-        h = _round_with_bias(h, gate_up_bias, row_experts, m)
+            lora_h = kjit.grouped_gemm(u_gu, lora_gu[1], ends, offsets_convention=_OFFSETS, out_dtype=torch.float32,
+                                       row_scale=lora_scale)
+        h = _round_with_bias(h, gate_up_bias, row_experts, m, lora_h)
 
         act = compiled_activation(h, m.activation, m._gate_up_order(), m.swiglu_alpha, m.swiglu_limit)
         if kernels == "w8a8":
@@ -327,12 +360,11 @@ class _ExpertsFunction(torch.autograd.Function):
         else:
             y = kjit.grouped_gemm(act, down_w, ends, offsets_convention=_OFFSETS,
                                   out_dtype=out_dn, **m._weight_args("down", kernels))
-        u_dn = None
         if lora_dn is not None:
             u_dn = kjit.grouped_gemm(act, lora_dn[0], ends, offsets_convention=_OFFSETS)
-            y.add_(kjit.grouped_gemm(u_dn, lora_dn[1], ends, offsets_convention=_OFFSETS, out_dtype=torch.float32),
-                   alpha=scaling)
-        y = _round_with_bias(y, down_bias, row_experts, m)
+            lora_y = kjit.grouped_gemm(u_dn, lora_dn[1], ends, offsets_convention=_OFFSETS, out_dtype=torch.float32,
+                                       row_scale=lora_scale)
+        y = _round_with_bias(y, down_bias, row_experts, m, lora_y)
         out = kjit.moe_combine(y, topk_weights, f2s.view(tokens, top_k), out_dtype=plan.out_dtype)
 
         ctx.plan, ctx.kernels, ctx.scaling = plan, kernels, scaling
@@ -427,7 +459,7 @@ def prepare_lora(experts, lora: MoELoRA, device, top_k: int) -> None:
         a, b = lora.factors(target)
         k, n = a.shape[2], b.shape[1]
         for x, w, out, weights, scale in ((rows(k), a, rows(r), "e_n_k", None),
-                                          (rows(r), b, rows(n, torch.float32), "e_n_k", None),
+                                          (rows(r), b, rows(n, torch.float32), "e_n_k", row_scale),
                                           (rows(n), b, rows(r), "e_k_n", row_scale),
                                           (rows(r), a, rows(k), "e_k_n", None)):
             kjit.prepare_grouped_gemm(x, w, ends, out, weights=weights, offsets_convention=_OFFSETS, row_scale=scale)
