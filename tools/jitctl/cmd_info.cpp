@@ -3,6 +3,7 @@
 
 #include "kjit/codegen/arch.hpp"
 #include "cli.hpp"
+#include "output.hpp"
 #include "kjit/kjit.h"
 #include "kjit/builder/nvrtc.hpp"
 #include "kjit/internal/runtime.hpp"
@@ -64,47 +65,47 @@ nlohmann::json gather() {
 int cmd_info(const InfoOptions& options) {
   const nlohmann::json info = gather();
   if (options.json) {
-    fmt::print("{}\n", info.dump(2));
+    print_json(info);
     return kExitOk;
   }
   const auto& cache = info["cache"];
-  fmt::print("kjit {}\n", info["version"].get<std::string>());
+  out("kjit {}\n", info["version"].get<std::string>());
   const auto writable = cache["writable_root"].get<std::string>();
-  fmt::print("cache:\n  writable root: {}\n", writable.empty() ? "(none: memory only)" : writable);
-  for (const auto& root : cache["read_only_roots"]) fmt::print("  read-only root: {}\n", root.get<std::string>());
-  fmt::print("  size cap: {} bytes\n", cache["max_bytes"].get<uint64_t>());
+  out("cache:\n  writable root: {}\n", writable.empty() ? "(none: memory only)" : writable);
+  for (const auto& root : cache["read_only_roots"]) out("  read-only root: {}\n", root.get<std::string>());
+  out("  size cap: {} bytes\n", cache["max_bytes"].get<uint64_t>());
 
   const auto& nvrtc = info["nvrtc"];
   if (nvrtc.contains("error")) {
-    fmt::print("nvrtc: not available (kjit serves cached kernels only)\n  {}\n", nvrtc["error"].get<std::string>());
+    out("nvrtc: not available (kjit serves cached kernels only)\n  {}\n", nvrtc["error"].get<std::string>());
   } else {
     std::string targets;
     for (const auto& target : nvrtc["targets"]) targets += fmt::format(" {}", target.get<std::string>());
-    fmt::print("nvrtc: {} ({})\n  can build:{}\n", nvrtc["version"].get<std::string>(),
+    out("nvrtc: {} ({})\n  can build:{}\n", nvrtc["version"].get<std::string>(),
                nvrtc["library"].get<std::string>(), targets);
   }
   const auto include = info["cuda_headers"].get<std::string>();
-  fmt::print("cuda headers: {}\n", include.empty() ? "not found" : include);
+  out("cuda headers: {}\n", include.empty() ? "not found" : include);
 
   const auto& driver = info["driver"];
   if (driver.contains("error")) {
-    fmt::print("driver: not available\n  {}\ndevices: no GPU\n", driver["error"].get<std::string>());
+    out("driver: not available\n  {}\ndevices: no GPU\n", driver["error"].get<std::string>());
     return kExitOk;
   }
-  fmt::print("driver: CUDA {}\n", driver["cuda"].get<std::string>());
+  out("driver: CUDA {}\n", driver["cuda"].get<std::string>());
   if (info["devices"].empty()) {
-    fmt::print("devices: no GPU\n");
+    out("devices: no GPU\n");
     return kExitOk;
   }
-  fmt::print("devices:\n");
+  out("devices:\n");
   for (const auto& d : info["devices"]) {
     const auto head = fmt::format("  {}: {} (compute capability {})", d["ordinal"].get<int>(),
                                   d["name"].get<std::string>(), d["compute_capability"].get<std::string>());
     if (!d.contains("target")) {
-      fmt::print("{}: unsupported\n", head);
+      out("{}: unsupported\n", head);
       continue;
     }
-    fmt::print("{}, target {}, fp8 dequant: {}, grouped GEMM: {}\n", head, d["target"].get<std::string>(),
+    out("{}, target {}, fp8 dequant: {}, grouped GEMM: {}\n", head, d["target"].get<std::string>(),
                d["fp8_dequant"].get<bool>() ? "yes" : "no", d["grouped_gemm"].get<std::string>());
   }
   return kExitOk;

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "cli.hpp"
+#include "output.hpp"
 #include "harness.hpp"
 #include "kjit/internal/runtime.hpp"
 
@@ -23,7 +24,7 @@ int cmd_selftest() {
   auto count = runtime.device_count();
   if (!count || *count == 0) {
     // Nothing checked is not a pass: 77 says "skipped" to ctest and main-job.
-    fmt::print("selftest: skipped: no GPU ({})\n", count ? "the driver reports no device" : count.error().message);
+    out("selftest: skipped: no GPU ({})\n", count ? "the driver reports no device" : count.error().message);
     return kExitSkipped;
   }
   std::mt19937_64 rng(std::random_device{}());
@@ -32,7 +33,7 @@ int cmd_selftest() {
   for (int ordinal = 0; ordinal < *count; ++ordinal) {
     auto device = runtime.device(ordinal);
     if (!device) {
-      fmt::print("device {}: skipped: {}\n", ordinal, device.error().message);
+      out("device {}: skipped: {}\n", ordinal, device.error().message);
       continue;
     }
     const std::string target((*device)->arch->target);
@@ -44,26 +45,26 @@ int cmd_selftest() {
       auto spec = codegen::spec_from_json(entry.meta.value("spec", nlohmann::json()));
       if (!spec) {  // a kind (or form) this jitctl does not know: nothing to launch it with
         const auto canonical = entry.meta.find("canonical");
-        fmt::print("device {} {} {}: not checked by selftest: {}\n", ordinal, target,
+        out("device {} {} {}: not checked by selftest: {}\n", ordinal, target,
                    canonical != entry.meta.end() && canonical->is_string() ? canonical->get<std::string>() : entry.key,
                    spec.error().message);
         continue;
       }
       const harness::Outcome outcome = harness::check_spec(runtime, **device, *spec, rng);
       (outcome.ok ? passed : failed)++;
-      fmt::print("device {} {} {}: {}\n", ordinal, target, codegen::canonical(*spec), outcome.text);
+      out("device {} {} {}: {}\n", ordinal, target, codegen::canonical(*spec), outcome.text);
     }
   }
   if (tested_targets.empty()) {
-    fmt::print("selftest: skipped: no usable GPU (see the device lines above)\n");
+    out("selftest: skipped: no usable GPU (see the device lines above)\n");
     return kExitSkipped;
   }
   if (passed + failed == 0) {
-    fmt::print("selftest: skipped: no cached kernel for the present devices ({}); run jitctl precompile --arch {}\n",
+    out("selftest: skipped: no cached kernel for the present devices ({}); run jitctl precompile --arch {}\n",
                fmt::join(tested_targets, ", "), fmt::join(tested_targets, ","));
     return kExitSkipped;
   }
-  fmt::print("selftest: {} passed, {} failed\n", passed, failed);
+  out("selftest: {} passed, {} failed\n", passed, failed);
   return failed == 0 ? kExitOk : kExitFailure;
 }
 

@@ -4,7 +4,9 @@
 // duration, an arch) is a usage error (exit 2) and never reaches a command
 // that removes entries.
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -14,6 +16,7 @@
 #include "kjit/codegen/arch.hpp"
 #include "kjit/codegen/kernel_spec.hpp"
 #include "cli.hpp"
+#include "output.hpp"
 #include "suggest.hpp"
 #include "kjit/cache/store.hpp"
 #include "kjit/kjit.h"
@@ -164,7 +167,7 @@ CLI::Option* add_duration(CLI::App& command, const std::string& name, std::optio
 }  // namespace
 
 int usage_error(std::string_view message, std::string_view command) {
-  fmt::print(stderr, "jitctl: error: {}\n(see jitctl {}{}--help)\n", message, command, command.empty() ? "" : " ");
+  err("jitctl: error: {}\n(see jitctl {}{}--help)\n", message, command, command.empty() ? "" : " ");
   return kExitUsage;
 }
 
@@ -270,4 +273,17 @@ int run(int argc, char** argv) {
 
 }  // namespace kjit::tools
 
-int main(int argc, char** argv) { return kjit::tools::run(argc, argv); }
+int main(int argc, char** argv) {
+  // Under a file-size limit (ulimit -f) a write past it must fail with EFBIG,
+  // which the cache reports as an error naming the file, not kill jitctl.
+  std::signal(SIGXFSZ, SIG_IGN);
+  // Whatever escapes a command (out of memory, say) is an error with a message, not an abort.
+  try {
+    return kjit::tools::run(argc, argv);
+  } catch (const std::bad_alloc&) {
+    kjit::tools::err("jitctl: error: out of memory\n");
+  } catch (const std::exception& e) {
+    kjit::tools::err("jitctl: error: {}\n", e.what());
+  }
+  return kjit::tools::kExitFailure;
+}

@@ -17,6 +17,8 @@
 
 #include <fmt/format.h>
 
+#include "kjit/base/text.hpp"
+
 namespace kjit::log {
 
 enum class Level { error = 0, warn = 1, info = 2, debug = 3 };
@@ -73,7 +75,8 @@ inline bool enabled(Level level) {
 template <class... Args>
 void write(Level level, fmt::format_string<Args...> format, Args&&... args) {
   if (!enabled(level)) return;
-  std::string message = fmt::format(format, std::forward<Args>(args)...);
+  // Paths and entry text may hold any bytes: escaped here, for every sink.
+  std::string message = text::printable(fmt::format(format, std::forward<Args>(args)...), true);
   Sink target;
   {
     std::lock_guard lock(sink_mutex());
