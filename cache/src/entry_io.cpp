@@ -159,7 +159,8 @@ SysExpected<bool> unlink_if_same(int dir_fd, const std::string& name, const std:
   return remove_at(dir_fd, name, path);
 }
 
-void for_each_shard(int root_fd, const std::string& root_path, RootRole role, const ShardVisitor& visit) {
+void for_each_shard(int root_fd, const std::string& root_path, RootRole role, const ShardVisitor& visit,
+                    std::vector<Failure>* unopened) {
   std::vector<std::string> shards = directory_names(root_fd);
   std::sort(shards.begin(), shards.end());
   for (const std::string& shard : shards) {
@@ -167,6 +168,8 @@ void for_each_shard(int root_fd, const std::string& root_path, RootRole role, co
     auto shard_fd = open_shard(root_fd, root_path, shard, role, false);
     if (!shard_fd) {
       if (shard_fd.error().err == 0) warn_once("untrusted:" + join_path(root_path, shard), shard_fd.error().message);
+      if (unopened && shard_fd.error().err != ENOENT)  // ENOENT: removed since the listing
+        unopened->push_back({join_path(root_path, shard), shard_fd.error().message});
       continue;
     }
     std::vector<std::string> names = directory_names(shard_fd->get());

@@ -257,7 +257,8 @@ Removed Store::Impl::evict_lru(int root_fd, std::vector<Candidate>& candidates, 
 // ---------------------------------------------------------------- list, verify
 
 std::vector<EntryInfo> Store::Impl::list_root(const RootRef& root, detail::ReadDepth depth,
-                                              std::string_view key_prefix, const detail::EntryVisitor& visit) const {
+                                              std::string_view key_prefix, const detail::EntryVisitor& visit,
+                                              std::vector<Failure>* unopened) const {
   std::vector<EntryInfo> infos;
   auto root_fd = detail::open_root(root.path, root.role);
   if (!root_fd) {
@@ -277,7 +278,7 @@ std::vector<EntryInfo> Store::Impl::list_root(const RootRef& root, detail::ReadD
       infos.push_back(std::move(info));
     }
   };
-  detail::for_each_shard(root_fd->get(), root.path, root.role, visit_shard);
+  detail::for_each_shard(root_fd->get(), root.path, root.role, visit_shard, unopened);
   return infos;
 }
 
@@ -310,7 +311,7 @@ VerifyReport Store::Impl::verify(bool fix) {
       if (auto gone = remove_unheld_lock(shard_fd, shard_path, file.parsed.key); !gone)
         report.failures.push_back({join_path(shard_path, detail::lock_name(file.parsed.key)), gone.error().message});
     };
-    for (EntryInfo& info : list_root(root, detail::ReadDepth::whole, {}, fix_entry)) {
+    for (EntryInfo& info : list_root(root, detail::ReadDepth::whole, {}, fix_entry, &report.unreadable_shards)) {
       ++report.checked;
       if (info.state == EntryState::corrupt || info.state == EntryState::unreadable)
         report.bad.push_back(std::move(info));

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "kjit/base/log.hpp"
+#include "kjit/base/text.hpp"
 #include "store_impl.hpp"
 
 namespace kjit::cache {
@@ -31,12 +33,18 @@ constexpr int kRenameAttempts = 5;
 constexpr int kTempNameAttempts = 3;
 constexpr auto kLockPollCeiling = std::chrono::milliseconds(50);
 
-// Test-only fault hook (see store.hpp): read on every publish, so that a test
-// can set it in a forked child.
+// Test-only fault hook (see store.hpp), compiled into test builds alone
+// (kjit_cache_testing): a release library never reads KJIT_TEST_FAULT, so a
+// process that inherits it cannot kill itself. Read on every publish, so that
+// a test can set it in a forked child.
+#ifdef KJIT_TEST_HOOKS
 bool fault_requested(std::string_view fault) {
   const char* value = std::getenv("KJIT_TEST_FAULT");
   return value != nullptr && fault == value;
 }
+#else
+constexpr bool fault_requested(std::string_view) { return false; }
+#endif
 
 std::string strip_trailing_slashes(std::string path) {
   while (path.size() > 1 && path.back() == '/') path.pop_back();
@@ -81,25 +89,7 @@ std::string printable_key(std::string_view key) {
 
 }  // namespace
 
-std::string printable(std::string_view text, bool keep_newlines) {
-  std::string out;
-  out.reserve(text.size());
-  for (std::size_t i = 0; i < text.size(); ++i) {
-    auto byte = static_cast<unsigned char>(text[i]);
-    if ((byte == '\n' || byte == '\t') && keep_newlines) {
-      out += text[i];
-    } else if (byte < 0x20 || byte == 0x7F) {
-      out += fmt::format("\\x{:02x}", byte);
-    } else if (byte == 0xC2 && i + 1 < text.size() && static_cast<unsigned char>(text[i + 1]) >= 0x80 &&
-               static_cast<unsigned char>(text[i + 1]) <= 0x9F) {
-      // U+0080..U+009F in UTF-8: C1 controls, CSI (U+009B) among them.
-      out += fmt::format("\\u{:04x}", static_cast<unsigned char>(text[++i]));
-    } else {
-      out += text[i];
-    }
-  }
-  return out;
-}
+std::string printable(std::string_view text, bool keep_newlines) { return text::printable(text, keep_newlines); }
 
 namespace {
 
@@ -263,15 +253,25 @@ void Store::Impl::note_use(int shard_fd, const std::string& shard_path, std::str
   }
   if (!first) return;
   std::string name = detail::used_name(key);
-  int raw = ::openat(shard_fd, name.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK,
-                     0600);
-  if (raw < 0) {
-    log::debug("could not stamp the last use of {}: {}", join_path(shard_path, name), detail::errno_text(errno));
+  std::string path = join_path(shard_path, name);
+  // Only the stamp's mtime is used, so it is set with futimens and nothing is
+  // written. And only on a stamp kjit made: a file of ours with one link. A
+  // hard link planted at the name would otherwise make a load touch a file
+  // outside the root; it (or a FIFO, a link) is removed and a new stamp made.
+  if (Fd fd(::openat(shard_fd, name.c_str(), O_WRONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK)); fd) {
+    struct stat st {};
+    if (::fstat(fd.get(), &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink == 1 && st.st_uid == ::geteuid()) {
+      if (::futimens(fd.get(), nullptr) != 0)
+        log::debug("could not stamp the last use of {}: {}", path, detail::errno_text(errno));
+      return;
+    }
+  }
+  if (::unlinkat(shard_fd, name.c_str(), 0) != 0 && errno != ENOENT) {
+    log::debug("could not replace the last-use stamp {}: {}", path, detail::errno_text(errno));
     return;
   }
-  Fd fd(raw);
-  std::string stamp = fmt::format("{}\n", detail::now_unix_seconds());
-  (void)detail::write_all(fd.get(), stamp, join_path(shard_path, name));
+  Fd fd(::openat(shard_fd, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (!fd) log::debug("could not stamp the last use of {}: {}", path, detail::errno_text(errno));
 }
 
 // ---------------------------------------------------------------- publish
@@ -453,6 +453,19 @@ Expected<void> Store::remove(std::string_view key) { return impl_->remove(key); 
 
 KeyLock Store::try_lock(std::string_view key, std::chrono::milliseconds max_wait) {
   return impl_->try_lock(key, max_wait);
+}
+
+bool Store::holds(std::string_view key) const {
+  const std::string& root_path = impl_->config.writable_root;
+  if (!is_valid_key(key) || root_path.empty()) return false;
+  auto root = detail::open_root(root_path, RootRole::writable);
+  if (!root) return false;
+  auto shard = detail::open_shard(root->get(), root_path, detail::shard_of(key), RootRole::writable, false);
+  if (!shard) return false;
+  std::string name = detail::entry_name(key);
+  return detail::inspect_entry(shard->get(), name, join_path(shard_path_of(root_path, key), name), key,
+                               detail::ReadDepth::whole)
+             .status == detail::ReadStatus::ok;
 }
 
 std::string Store::entry_path(std::string_view key) const {

@@ -80,10 +80,13 @@ struct ScannedFile {
 
 // Calls `visit` once per shard directory of an open root (those that pass the
 // trust rules of `role`; symlinks skipped), with the shard's files sorted by
-// name. One shard is open at a time.
+// name. One shard is open at a time. A shard name that cannot be opened as a
+// trusted directory (a link, a file, no permission, not ours) is skipped and,
+// when `unopened` is given, reported there: no load can read its entries.
 using ShardVisitor =
     std::function<void(int shard_fd, const std::string& shard_path, const std::vector<ScannedFile>& files)>;
-void for_each_shard(int root_fd, const std::string& root_path, RootRole role, const ShardVisitor& visit);
+void for_each_shard(int root_fd, const std::string& root_path, RootRole role, const ShardVisitor& visit,
+                    std::vector<Failure>* unopened = nullptr);
 
 // An entry that eviction may remove.
 struct Candidate {
@@ -140,7 +143,8 @@ struct Store::Impl {
   detail::Removed evict_lru(int root_fd, std::vector<detail::Candidate>& candidates, uint64_t total, uint64_t target,
                             std::string_view keep, std::vector<Failure>* failures = nullptr);
   std::vector<EntryInfo> list_root(const detail::RootRef& root, detail::ReadDepth depth, std::string_view key_prefix,
-                                   const detail::EntryVisitor& visit = {}) const;
+                                   const detail::EntryVisitor& visit = {},
+                                   std::vector<Failure>* unopened = nullptr) const;
   std::vector<EntryInfo> list(const ListOptions& options) const;
   VerifyReport verify(bool fix);
   Expected<PruneReport> prune(uint64_t target_bytes);

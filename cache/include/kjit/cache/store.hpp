@@ -14,7 +14,10 @@
 //   <root>/<key[0:2]>/<key>.kjit     the entry (layout: kjit/cache/entry_format.hpp)
 //   <root>/<key[0:2]>/<key>.used     last-used stamp, its mtime set on load (at
 //                                    most once per Store and key); LRU order is
-//                                    max(mtime of .kjit, mtime of .used)
+//                                    max(mtime of .kjit, mtime of .used). Only a
+//                                    stamp kjit made (a file of ours with one
+//                                    link) is touched; anything else there is
+//                                    replaced by a new one, never written through
 //   <root>/<key[0:2]>/<key>.lock     advisory lock of try_lock(); never required;
 //                                    removed with its entry when nobody holds it
 //   <root>/<key[0:2]>/<key>.tmp-<host>-<pid>-<tid>-<random>   a publish in flight
@@ -27,10 +30,11 @@
 // the read-only roots. A read-only root writable by others is skipped likewise.
 // Symlinks inside a root are never followed (O_NOFOLLOW, openat on the root).
 //
-// Test-only fault hook: with KJIT_TEST_FAULT=kill-during-publish in the
-// environment, publish() raises SIGKILL after writing half of its temp file,
-// before the rename, to test recovery from writers that die. Never set it in
-// production.
+// Test-only fault hook, in test builds only (the kjit_cache_testing library,
+// compiled with KJIT_TEST_HOOKS; libkjit and jitctl ignore the variable): with
+// KJIT_TEST_FAULT=kill-during-publish in the environment, publish() raises
+// SIGKILL after writing half of its temp file, before the rename, to test
+// recovery from writers that die.
 #pragma once
 
 #include <chrono>
@@ -65,10 +69,8 @@ std::optional<uint64_t> parse_byte_size(std::string_view text);
 // a sign, or a value past what std::chrono::seconds holds.
 std::optional<std::chrono::seconds> parse_duration(std::string_view text);
 
-// `text` safe to print on a terminal: ASCII control bytes, DEL and the C1
-// controls (U+0080..U+009F) escaped as \xNN or \u00NN, so that nothing read
-// from an entry can send escape sequences. With `keep_newlines`, '\n' and '\t'
-// stay (for sources and logs printed as blocks).
+// kjit::text::printable (kjit/base/text.hpp): `text` safe to print on a
+// terminal (invalid UTF-8, control bytes and C1 controls escaped).
 std::string printable(std::string_view text, bool keep_newlines = false);
 
 struct StoreConfig {
@@ -153,6 +155,8 @@ struct VerifyReport {
   std::vector<EntryInfo> bad;         // corrupt or unreadable, all roots
   uint64_t removed = 0;               // bad ones removed (fix only)
   std::vector<Failure> failures;      // bad ones in the writable root that fix could not remove
+  std::vector<Failure> unreadable_shards;  // shard names no load can read (a link, a file, not ours,
+                                           // no permission), all roots: their entries are lost to loads
 };
 
 struct ListOptions {
@@ -216,7 +220,8 @@ class Store {
   std::vector<EntryInfo> list(const ListOptions& options = {}) const;
 
   // Reads and hashes every entry of every usable root; reports the corrupt and
-  // unreadable ones. With `fix`, removes the corrupt ones in the writable root
+  // unreadable ones, and the shard names that cannot be opened as trusted
+  // directories (never removed: what is there may not be kjit's). With `fix`, removes the corrupt ones in the writable root
   // (a directory or other non-file included; read-only roots are never
   // modified) with their stamps and unheld locks, and reports those it could
   // not remove. Other-format entries are not reported: prune removes them.
@@ -246,6 +251,11 @@ class Store {
   // never blocks in the kernel). Not held when the wait ran out or the
   // writable root is unusable.
   KeyLock try_lock(std::string_view key, std::chrono::milliseconds max_wait);
+
+  // Whether the writable root holds a valid entry for `key` (read whole and
+  // hashed, under the trust rules loads apply), without loading it: no stamp,
+  // no pin. False for an invalid key or without a usable writable root.
+  bool holds(std::string_view key) const;
 
   // Where `key`'s entry lives (or would live) in the writable root; empty for
   // an invalid key or when there is no writable root.
