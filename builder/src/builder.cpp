@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "kjit/base/log.hpp"
+#include "kjit/base/text.hpp"
 #include "kjit/builder/nvrtc.hpp"
 #include "kjit/codegen/cache_key.hpp"
 #include "kjit/version.h"
@@ -20,8 +21,11 @@ Expected<BuiltKernel> Builder::build(const codegen::KernelSpec& spec, const code
   out.rendered = codegen::render(spec);
   counters_.renders.fetch_add(1, std::memory_order_relaxed);
   const auto options = compile_options(target);
+  // The headers' content is in the key: other headers (KJIT_CUDA_INCLUDE, an
+  // edited toolkit) make other keys, never a cubin served for these.
+  const std::string& headers = cuda_headers_digest();
   auto lookup = [&](const std::string& nvrtc_version) {
-    out.key = codegen::cache_key({out.rendered.source, target, options, nvrtc_version, kEntryFormatVersion});
+    out.key = codegen::cache_key({out.rendered.source, target, options, nvrtc_version, kEntryFormatVersion, headers});
     auto entry = store_.load(out.key);
     if (!entry) return false;
     out.cubin = std::move(entry->payload);
@@ -30,8 +34,8 @@ Expected<BuiltKernel> Builder::build(const codegen::KernelSpec& spec, const code
     return true;
   };
   // Keys name the NVRTC that compiles. The common case is the toolkit kjit
-  // was built with, so that key is tried first without loading NVRTC (a
-  // disk hit then costs no dlopen of libnvrtc, and works where there is none).
+  // was built with, so that key is tried first without compiling (a disk hit
+  // works where there is no NVRTC).
   std::string nvrtc_version = built_with_cuda_version();
   if (lookup(nvrtc_version)) return out;
   const auto nvrtc = Nvrtc::load();
@@ -65,12 +69,13 @@ Expected<BuiltKernel> Builder::build(const codegen::KernelSpec& spec, const code
                                {"op", codegen::op_name(spec)},
                                {"arch", target},
                                {"nvrtc", nvrtc_version},
+                               {"cuda_headers", headers},
                                {"kjit", KJIT_VERSION_STRING},
                                {"options", options},
                                {"entry_point", out.rendered.entry_point},
                                {"compile_seconds", compiled->seconds},
                                {"source", out.rendered.source},
-                               {"log", compiled->log}};
+                               {"log", text::valid_utf8(compiled->log)}};
   // A cache that cannot be written is not fatal here: the store has warned
   // once, the kernel is served from memory, and `stored` says so.
   if (auto published = store_.publish(out.key, meta, compiled->cubin); published) {

@@ -5,11 +5,18 @@
 #include <dlfcn.h>
 #include <link.h>
 
+#include <algorithm>
+#include <array>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 
 #include <fmt/format.h>
+#include <llvm/ADT/StringExtras.h>
+#include <llvm/Support/SHA256.h>
 
 namespace kjit {
 
@@ -180,6 +187,45 @@ std::string cuda_include_dir() {
     if (fs::exists(dir / "cuda_fp16.h", ec)) return dir.string();
   }
   return "";
+}
+
+std::string headers_digest_of(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::recursive_directory_iterator it(dir, fs::directory_options::skip_permission_denied, ec), end;
+  if (ec) return "";
+  std::vector<std::string> files;
+  for (; it != end; it.increment(ec)) {
+    if (ec) return "";
+    std::error_code type_ec;
+    if (it->is_regular_file(type_ec)) files.push_back(it->path().lexically_relative(dir).string());
+  }
+  std::sort(files.begin(), files.end());
+  auto hex = [](const std::array<uint8_t, 32>& digest) {
+    std::string out;
+    for (uint8_t byte : digest) out += fmt::format("{:02x}", byte);
+    return out;
+  };
+  llvm::SHA256 lines;
+  for (const auto& file : files) {
+    std::ifstream in(fs::path(dir) / file, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    // An unreadable file still counts, as itself: the set differs from a readable one.
+    const std::string digest = in.bad() || !in.is_open() ? "unreadable" : hex(llvm::SHA256::hash(llvm::arrayRefFromStringRef(bytes)));
+    lines.update(fmt::format("{} {}\n", file, digest));
+  }
+  return hex(lines.final());
+}
+
+std::string built_with_cuda_headers() { return KJIT_CUDA_HEADERS_DIGEST; }
+
+const std::string& cuda_headers_digest() {
+  static const std::string digest = [] {
+    const std::string dir = cuda_include_dir();
+    std::string local = dir.empty() ? std::string() : headers_digest_of(dir);
+    return local.empty() ? built_with_cuda_headers() : local;
+  }();
+  return digest;
 }
 
 std::vector<std::string> compile_flags(const std::string& arch) {

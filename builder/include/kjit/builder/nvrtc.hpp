@@ -54,8 +54,27 @@ std::vector<std::string> compile_options(const std::string& arch);
 std::string cuda_include_dir();
 
 // compile_options plus the toolkit's include directories (CCCL's <cuda/ptx>
-// for the SM90 kernels). The headers come with the NVRTC version that is in
-// every key, so the paths stay out of the key.
+// for the SM90 kernels). The paths stay out of the key; the headers' content
+// is in it (cuda_headers_digest).
 std::vector<std::string> compile_flags(const std::string& arch);
+
+// A content hash of a header set: SHA-256 of the lines "<path> <SHA-256 of its
+// bytes>\n", one per regular file under `dir` (links to files followed, paths
+// relative to `dir`, sorted bytewise). builder/CMakeLists.txt computes the
+// build's the same way. Empty when `dir` cannot be listed.
+std::string headers_digest_of(const std::string& dir);
+
+// The content hash of the CUDA headers NVRTC compiles against (those under
+// cuda_include_dir(), KJIT_CUDA_INCLUDE or the toolkit's), computed once per
+// process: part of every cache key, so that other headers (an edited copy,
+// another toolkit's) never share a key with these. Without a header directory
+// (a serving machine without the toolkit, which cannot compile) it is
+// built_with_cuda_headers(): such a machine finds what the build's toolkit
+// compiled, as it does with the NVRTC version.
+const std::string& cuda_headers_digest();
+
+// headers_digest_of the include directory of the toolkit kjit was built with,
+// computed at configure time.
+std::string built_with_cuda_headers();
 
 }  // namespace kjit
