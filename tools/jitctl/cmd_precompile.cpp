@@ -14,16 +14,18 @@
 #include <charconv>
 #include <chrono>
 #include <cstdlib>
+#include <functional>
+#include <new>
+#include <system_error>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <fmt/format.h>
-#include <llvm/Support/ThreadPool.h>
-#include <llvm/Support/Threading.h>
 
 #include "cli.hpp"
+#include "output.hpp"
 #include "kjit/builder/builder.hpp"
 #include "kjit/builder/nvrtc.hpp"
 #include "kjit/cache/store.hpp"
@@ -81,16 +83,17 @@ class Progress {
     else ++compiled_;
     const std::string what = fmt::format("{} {}", job.arch->target, codegen::canonical(job.spec));
     if (redraw_) {
-      if (!result) fmt::print(stderr, "\r\033[Kfailed: {}\n", what);
-      fmt::print(stderr, "\r\033[K{}", fitted(terminal_columns() - 1));
-      if (finished_ == total_) fmt::print(stderr, "\n");
+      // The redraw's own control sequences, around text made printable.
+      if (!result) std::fputs(fmt::format("\r\033[Kfailed: {}\n", shown(what)).c_str(), stderr);
+      std::fputs(fmt::format("\r\033[K{}", fitted(terminal_columns() - 1)).c_str(), stderr);
+      if (finished_ == total_) std::fputs("\n", stderr);
       return;
     }
-    if (!result) fmt::print(stderr, "failed: {}\n", what);
+    if (!result) err("failed: {}\n", what);
     const size_t tenth = finished_ * 10 / total_;
     if (tenth > printed_tenth_ || finished_ == total_) {
       printed_tenth_ = tenth;
-      fmt::print(stderr, "{}\n", status());
+      err("{}\n", status());
     }
   }
   size_t compiled() const { return compiled_; }
@@ -138,11 +141,38 @@ nlohmann::json with(nlohmann::json object, const char* field, const std::string&
   return object;
 }
 
-// Whether the writable root holds `key`'s entry (a regular file at its name).
-bool stored(const cache::Store& store, const std::string& key) {
-  const std::string path = store.entry_path(key);
-  struct stat st {};
-  return !path.empty() && ::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+// Runs `work(i)` for i in [0, count) on up to `threads` threads. A thread the
+// system refuses (ulimit -u) is one fewer; with none, the calling thread does
+// all of it. `work` must not throw.
+void run_parallel(size_t count, unsigned threads, const std::function<void(size_t)>& work) {
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t i = next++; i < count; i = next++) work(i);
+  };
+  std::vector<std::thread> pool;
+  for (unsigned t = 0; t < threads && t < count; ++t) {
+    try {
+      pool.emplace_back(worker);
+    } catch (const std::system_error& e) {
+      err("jitctl: warning: compiling with {} thread{}: another could not be started ({})\n", pool.size(),
+          pool.size() == 1 ? "" : "s", e.what());
+      break;
+    }
+  }
+  if (pool.empty()) worker();
+  for (auto& thread : pool) thread.join();
+}
+
+// One job, whatever happens in it: an exception (out of memory, say) is a
+// failed build with its message, never a job dropped from the counts.
+Expected<BuiltKernel> build_job(Builder& builder, const Job& job) {
+  try {
+    return builder.build(job.spec, *job.arch);
+  } catch (const std::bad_alloc&) {
+    return fail(KJIT_ERROR_INTERNAL, "out of memory while building it");
+  } catch (const std::exception& e) {
+    return fail(KJIT_ERROR_INTERNAL, fmt::format("unexpected error while building it: {}", e.what()));
+  }
 }
 
 // Whether the store can write its writable root at all, tried the store's own
@@ -158,7 +188,10 @@ Expected<void> probe_writable_root(cache::Store& store) {
 
 int cmd_precompile(const PrecompileOptions& options) {
   const unsigned threads = options.jobs > 0 ? options.jobs : std::max(1u, std::thread::hardware_concurrency());
-  const auto& archs = options.archs;
+  // Each target once, in the order given: a repeated --arch value is the same work.
+  std::vector<std::string> archs;
+  for (const auto& arch : options.archs)
+    if (std::find(archs.begin(), archs.end(), arch) == archs.end()) archs.push_back(arch);
   if (options.manifest.empty())
     return usage_error(fmt::format("precompile needs --manifest FILE or a bundled manifest's name ({})",
                                    fmt::join(bundled_manifest_names(), ", ")),
@@ -167,18 +200,17 @@ int cmd_precompile(const PrecompileOptions& options) {
 
   auto manifest = load_manifest(options.manifest);
   if (!manifest) {
-    fmt::print(stderr, "jitctl: error: {}\n", manifest.error().message);
+    err("jitctl: error: {}\n", manifest.error().message);
     return kExitFailure;
   }
   auto nvrtc = Nvrtc::load();
   if (!nvrtc) {
-    fmt::print(stderr, "jitctl: error: {}\n", nvrtc.error().message);
+    err("jitctl: error: {}\n", nvrtc.error().message);
     return kExitFailure;
   }
   const std::string built_with = built_with_cuda_version();
   if ((*nvrtc)->version() != built_with)
-    fmt::print(stderr,
-               "jitctl: warning: compiling with NVRTC {} but kjit was built with CUDA {}: a serving machine without "
+    err("jitctl: warning: compiling with NVRTC {} but kjit was built with CUDA {}: a serving machine without "
                "NVRTC will look for CUDA {} entries and not find these\n",
                (*nvrtc)->version(), built_with, built_with);
 
@@ -187,17 +219,30 @@ int cmd_precompile(const PrecompileOptions& options) {
   Builder builder(store);
   const std::string& root = store.config().writable_root;
   if (auto writable = probe_writable_root(store); !writable) {
-    fmt::print(stderr, "jitctl: error: nothing would be kept: the writable cache root {} cannot be written: {}\n",
+    err("jitctl: error: nothing would be kept: the writable cache root {} cannot be written: {}\n",
                root.empty() ? "(none)" : root, writable.error().message);
     return kExitFailure;
   }
 
+  // The manifest's limit on specs bounds the expanded work too: specs x archs,
+  // and what each spec expands into (a grouped GEMM's configurations).
+  const size_t max_jobs = ManifestLimits{}.max_kernels;
+  if (manifest->kernels.size() > max_jobs / archs.size()) {
+    err("jitctl: error: {} specs for {} archs is more than {} kernels to build\n", manifest->kernels.size(),
+        archs.size(), max_jobs);
+    return kExitFailure;
+  }
   std::vector<Job> jobs;
   std::vector<std::pair<Job, std::string>> skipped;  // with why the arch cannot run it
   for (const auto& target : archs) {
     const codegen::ArchInfo* arch = *codegen::arch_for_target(target);  // validated with the arguments
     for (const auto& spec : manifest->kernels)
       for (auto& kernel : codegen::kernels_for_target(spec, *arch)) {
+        if (jobs.size() + skipped.size() >= max_jobs) {
+          err("jitctl: error: the manifest expands to more than {} kernels to build for {}\n", max_jobs,
+              fmt::join(archs, ","));
+          return kExitFailure;
+        }
         // Any other invalid spec is the Builder's to report, as a failure.
         if (auto fits = codegen::validate_for_target(kernel, *arch); !fits && fits.error().code == KJIT_ERROR_UNSUPPORTED)
           skipped.push_back({{std::move(kernel), arch}, fits.error().message});
@@ -205,34 +250,36 @@ int cmd_precompile(const PrecompileOptions& options) {
           jobs.push_back({std::move(kernel), arch});
       }
   }
-  fmt::print(stderr, "precompiling {} kernel{} ({} spec{} for {} arch{}) with {} thread{}\n", jobs.size(),
+  err("precompiling {} kernel{} ({} spec{} for {} arch{}) with {} thread{}\n", jobs.size(),
              jobs.size() == 1 ? "" : "s", manifest->kernels.size(), manifest->kernels.size() == 1 ? "" : "s",
              archs.size(), archs.size() == 1 ? "" : "s", threads, threads == 1 ? "" : "s");
 
   Progress progress(jobs.size());
   std::vector<std::string> failures(jobs.size());
-  std::vector<std::string> not_stored(jobs.size());  // keys built but absent from the writable root
+  std::vector<std::string> keys(jobs.size());  // of the kernels built
   const auto start = std::chrono::steady_clock::now();
-  {
-    llvm::DefaultThreadPool pool(llvm::hardware_concurrency(threads));
-    for (size_t i = 0; i < jobs.size(); ++i)
-      pool.async([&, i] {
-        auto result = builder.build(jobs[i].spec, *jobs[i].arch);
-        if (!result) failures[i] = result.error().message;
-        else if (!stored(store, result->key)) not_stored[i] = result->key;
-        progress.done(jobs[i], result);
-      });
-    pool.wait();
-  }
+  run_parallel(jobs.size(), threads, [&](size_t i) {
+    auto result = build_job(builder, jobs[i]);
+    if (!result) failures[i] = result.error().message;
+    else keys[i] = result->key;
+    progress.done(jobs[i], result);
+  });
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // Checked at the end, not as each job finishes: a later publish may have
+  // evicted an earlier kernel to keep the root under KJIT_CACHE_MAX_BYTES.
+  std::vector<std::string> not_stored(jobs.size());  // keys built but absent from the writable root now
+  for (size_t i = 0; i < jobs.size(); ++i)
+    if (!keys[i].empty() && !store.holds(keys[i])) not_stored[i] = keys[i];
   const auto missing = static_cast<size_t>(std::count_if(not_stored.begin(), not_stored.end(),
                                                          [](const std::string& key) { return !key.empty(); }));
+  const uint64_t evicted = store.counters().evicted;
   const bool ok = progress.failed() == 0 && missing == 0;
   if (options.json) {
     nlohmann::json out = {{"kernels", jobs.size()},      {"compiled", progress.compiled()},
                           {"cached", progress.cached()}, {"failed", progress.failed()},
                           {"skipped", skipped.size()},   {"seconds", seconds},
-                          {"root", root},                {"failures", nlohmann::json::array()},
+                          {"root", root},                {"evicted", evicted},
+                          {"failures", nlohmann::json::array()},
                           {"not_stored", nlohmann::json::array()}, {"skips", nlohmann::json::array()}};
     for (const auto& [job, why] : skipped)
       out["skips"].push_back({{"arch", std::string(job.arch->target)}, {"spec", codegen::canonical(job.spec)},
@@ -242,21 +289,25 @@ int cmd_precompile(const PrecompileOptions& options) {
       if (!failures[i].empty()) out["failures"].push_back(with(kernel, "error", failures[i]));
       if (!not_stored[i].empty()) out["not_stored"].push_back(with(kernel, "key", not_stored[i]));
     }
-    fmt::print("{}\n", out.dump(2));
+    print_json(out);
   } else {
-    fmt::print("precompile: {} compiled, {} already cached, {} failed, {} not stored in {:.1f} s{}\n",
-               progress.compiled(), progress.cached(), progress.failed(), missing, seconds,
+    out("precompile: {} compiled, {} already cached, {} failed, {} not stored, {} evicted in {:.1f} s{}\n",
+               progress.compiled(), progress.cached(), progress.failed(), missing, evicted, seconds,
                skipped.empty() ? "" : fmt::format("; {} skipped (not supported on their arch)", skipped.size()));
   }
   for (const auto& [job, why] : skipped)
-    fmt::print(stderr, "skipped: {} {}\n  {}\n", job.arch->target, codegen::canonical(job.spec), why);
+    err("skipped: {} {}\n  {}\n", job.arch->target, codegen::canonical(job.spec), why);
   for (size_t i = 0; i < jobs.size(); ++i) {
     if (!failures[i].empty())
-      fmt::print(stderr, "failed: {} {}\n  {}\n", jobs[i].arch->target, codegen::canonical(jobs[i].spec), failures[i]);
+      err("failed: {} {}\n  {}\n", jobs[i].arch->target, codegen::canonical(jobs[i].spec), failures[i]);
     if (!not_stored[i].empty())
-      fmt::print(stderr, "not stored in {}: {} {} (key {})\n", root, jobs[i].arch->target, codegen::canonical(jobs[i].spec),
+      err("not stored in {}: {} {} (key {})\n", root, jobs[i].arch->target, codegen::canonical(jobs[i].spec),
                  not_stored[i]);
   }
+  if (missing > 0 && evicted > 0)
+    err("jitctl: error: {} entr{} evicted to keep {} under its size cap of {} bytes (KJIT_CACHE_MAX_BYTES): "
+        "raise the cap to hold the manifest\n",
+        evicted, evicted == 1 ? "y was" : "ies were", root, store.config().max_bytes);
   return ok ? kExitOk : kExitFailure;
 }
 
