@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 targets=(kjit_cache_tests kjit_cache_fault_tests kjit_manifest_tests)
-regex='^(cache\.|manifest: )'
+regex='^(cache\.|manifest:)'
 if [ $# -gt 0 ]; then
   targets=()
   while [ $# -gt 0 ] && [ "$1" != "--" ]; do targets+=("$1"); shift; done

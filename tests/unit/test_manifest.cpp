@@ -12,6 +12,7 @@
 #include <ctime>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <random>
 #include <string>
@@ -421,6 +422,105 @@ TEST_CASE("the manifest parser survives a seeded mutation fuzz of the bundled ma
   const double processor = static_cast<double>(std::clock() - start_processor) / CLOCKS_PER_SEC;
   MESSAGE(iterations << " mutated manifests in " << seconds << " s (" << processor << " s of processor time), "
                      << accepted << " accepted");
+}
+
+namespace {
+
+// One value for `rule`: mostly in its range or list, sometimes just outside it.
+json value_for(const kjit::codegen::FieldRule& rule, std::mt19937_64& rng) {
+  using Kind = kjit::codegen::FieldRule::Kind;
+  auto integer = [&] {
+    switch (rng() % 8) {
+      case 0: return rule.min;
+      case 1: return rule.max;
+      case 2: return rule.min - 1;
+      case 3: return rule.max + 1;
+      case 4: {
+        const int64_t span = std::max<int64_t>(1, std::min<int64_t>(rule.max - rule.min, 1 << 16));
+        return rule.min + static_cast<int64_t>(rng() % static_cast<uint64_t>(span)) / 16 * 16;
+      }
+      default: {  // a size models use, where the range allows one
+        static const int64_t common[] = {1, 2, 8, 16, 32, 64, 128, 256, 1024, 2048, 4096, 7168};
+        const int64_t value = common[rng() % std::size(common)];
+        return value >= rule.min && value <= rule.max ? value : rule.min;
+      }
+    }
+  };
+  switch (rule.kind) {
+    case Kind::text:
+      if (rule.values.empty() || rng() % 10 == 0) return "unknown\u00ff";
+      return std::string(rule.values[rng() % rule.values.size()]);
+    case Kind::integer: return integer();
+    case Kind::boolean: return rng() % 2 == 0;
+    case Kind::integers: {
+      json list = json::array();
+      const size_t count = rule.count > 0 ? rule.count : 1 + rng() % 3;
+      for (size_t i = 0; i < count; ++i) list.push_back(integer());
+      return list;
+    }
+  }
+  return nullptr;
+}
+
+// A kernel entry of `op` from its family's schema: required fields always, optional ones half the time, a list
+// of values for some (the manifest's expansion), now and then a field of another family.
+// Half the time it starts from one of the bundled manifests' entries of `op` (`seeds`) and changes a field or two.
+json random_entry(std::string_view op, const std::vector<json>& seeds, std::mt19937_64& rng) {
+  const auto& rules = *kjit::codegen::spec_schema(op);
+  if (!seeds.empty() && rng() % 2 == 0) {
+    json entry = seeds[rng() % seeds.size()];
+    for (int edits = static_cast<int>(rng() % 3); edits > 0; --edits) {
+      const auto& rule = rules[rng() % rules.size()];
+      entry[std::string(rule.name)] = value_for(rule, rng);
+    }
+    return entry;
+  }
+  json entry = {{"op", std::string(op)}};
+  for (const auto& rule : rules) {
+    if (!rule.required && rng() % 4 != 0) continue;
+    if (rule.kind != kjit::codegen::FieldRule::Kind::integers && rng() % 4 == 0)
+      entry[std::string(rule.name)] = json::array({value_for(rule, rng), value_for(rule, rng)});
+    else
+      entry[std::string(rule.name)] = value_for(rule, rng);
+  }
+  if (rng() % 20 == 0) entry[random_key(rng)] = random_scalar(rng);
+  return entry;
+}
+
+}  // namespace
+
+TEST_CASE("the manifest parser survives a seeded schema-driven fuzz of every family, non-UTF-8 bytes included") {
+  const auto ops = kjit::codegen::spec_ops();
+  REQUIRE(ops.size() >= 12);
+  const char* override_count = std::getenv("KJIT_MANIFEST_FUZZ_ITERATIONS");
+  const long iterations = override_count ? std::atol(override_count) / 4 : 4'000;
+  const ManifestLimits limits{.max_kernels = 256};
+  std::map<std::string, std::vector<json>, std::less<>> bundled;  // kernel entries by op
+  for (const auto& file : std::filesystem::directory_iterator(kBundled))
+    if (file.path().extension() == ".json")
+      for (const auto& entry : json::parse(std::ifstream(file.path())).value("kernels", json::array()))
+        bundled[entry.value("op", "")].push_back(entry);
+  std::mt19937_64 rng(20260141);
+  std::vector<long> accepted(ops.size(), 0);
+  for (long i = 0; i < iterations; ++i) {
+    const size_t family = static_cast<size_t>(i) % ops.size();
+    json doc = {{"kjit_manifest", 1}, {"name", "fuzz"}, {"kernels", json::array()}};
+    for (int k = 0; k < 1 + static_cast<int>(rng() % 3); ++k) doc["kernels"].push_back(random_entry(ops[family], bundled[std::string(ops[family])], rng));
+    if (rng() % 3 == 0) mutate(doc, rng);
+    std::string text = doc.dump();
+    if (rng() % 8 == 0) text.insert(rng() % text.size(), rng() % 2 ? "\xff\xfe" : "\xc3");  // not UTF-8
+    auto m = parse_manifest(text, limits);
+    if (m) {
+      ++accepted[family];
+      CHECK(m->kernels.size() <= limits.max_kernels);
+      for (const auto& spec : m->kernels) CHECK(kjit::codegen::validate(spec).has_value());
+    } else {
+      CHECK_FALSE(m.error().message.empty());
+      CHECK(m.error().message.size() < 2000);
+    }
+  }
+  for (size_t f = 0; f < ops.size(); ++f)
+    CHECK_MESSAGE(accepted[f] > 0, "no valid manifest of " << ops[f] << " was generated: the fuzz misses its parser");
 }
 
 TEST_CASE("an fp8_quantize entry expands over scale formats and gather, and its fields are checked") {

@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <unistd.h>
 
@@ -627,4 +628,30 @@ TEST_CASE("every grouped GEMM wgrad variant compiles for sm_80, sm_90a, sm_100a 
   auto all = portable;
   all.insert(all.end(), sm90.begin(), sm90.end());
   check_no_spills_on_sm90a(all);
+}
+
+TEST_CASE("the CUDA headers' digest covers their content: altered, added or renamed files change it") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("kjit-headers-" + std::to_string(::getpid()));
+  fs::create_directories(dir / "sub");
+  auto write = [](const fs::path& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; };
+  write(dir / "cuda_fp16.h", "#pragma once\n");
+  write(dir / "sub" / "inner.h", "int x;\n");
+  const std::string digest = kjit::headers_digest_of(dir.string());
+  CHECK(digest.size() == 64);
+  CHECK(kjit::headers_digest_of(dir.string()) == digest);
+  write(dir / "cuda_fp16.h", "#pragma once\n// altered\n");
+  const std::string altered = kjit::headers_digest_of(dir.string());
+  CHECK(altered != digest);
+  write(dir / "sub" / "extra.h", "");
+  CHECK(kjit::headers_digest_of(dir.string()) != altered);
+  fs::rename(dir / "sub" / "extra.h", dir / "sub" / "renamed.h");
+  CHECK(kjit::headers_digest_of(dir.string()) != altered);
+  CHECK(kjit::headers_digest_of((dir / "absent").string()).empty());
+  fs::remove_all(dir);
+}
+
+TEST_CASE("the build's header digest (CMake) is the one the library computes for the same headers") {
+  // Both recipes must agree, or a machine without headers would key differently from one with them.
+  CHECK(kjit::headers_digest_of(KJIT_CUDA_INCLUDE_DIR) == kjit::built_with_cuda_headers());
 }

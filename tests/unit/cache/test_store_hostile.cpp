@@ -11,6 +11,7 @@
 #include <map>
 
 #include "cache_test_support.hpp"
+#include "kjit/base/text.hpp"
 #include "kjit/cache/entry_format.hpp"
 
 namespace kjit::cache::test {
@@ -359,6 +360,48 @@ TEST_CASE("printable escapes control bytes and C1 controls and keeps the rest") 
   CHECK(printable("a\nb\tc\x7f") == "a\\x0ab\\x09c\\x7f");
   CHECK(printable("a\nb\tc\r", true) == "a\nb\tc\\x0d");
   CHECK(printable("csi \xc2\x9b" "31m") == "csi \\u009b31m");
+}
+
+TEST_CASE("printable and valid_utf8 escape bytes that are not UTF-8 and keep well-formed sequences") {
+  CHECK(printable("root\xff\xfe") == "root\\xff\\xfe");
+  CHECK(printable("overlong \xc0\xaf, surrogate \xed\xa0\x80") == "overlong \\xc0\\xaf, surrogate \\xed\\xa0\\x80");
+  CHECK(printable("cut \xe2\x82") == "cut \\xe2\\x82");
+  CHECK(printable("euro \xe2\x82\xac, emoji \xf0\x9f\x98\x80") == "euro \xe2\x82\xac, emoji \xf0\x9f\x98\x80");
+  CHECK(text::valid_utf8("a\xff\x1b\n") == "a\\xff\x1b\n");  // controls stay: JSON escapes them itself
+  CHECK_NOTHROW((void)nlohmann::json(text::valid_utf8("\xff\xc3")).dump());
+}
+
+TEST_CASE("a load never writes through a hard link planted at its .used stamp") {
+  TempDir dir;
+  Store store(config_at(dir.sub("root")));
+  REQUIRE(store.publish(key_of(130), kMeta, payload_of(130, 10)).has_value());
+  const std::string outside = dir.sub("outside");
+  write_file(outside, std::vector<char>{'k', 'e', 'e', 'p'});
+  REQUIRE(::link(outside.c_str(), used_path(store, key_of(130)).c_str()) == 0);
+  set_mtime(outside, 1000);
+  REQUIRE(store.load(key_of(130)).has_value());
+  CHECK(read_file(outside) == std::vector<char>{'k', 'e', 'e', 'p'});
+  struct stat st {};
+  REQUIRE(::stat(outside.c_str(), &st) == 0);
+  CHECK_MESSAGE(st.st_mtime == 1000, "the load touched the linked file");
+  CHECK(st.st_nlink == 1);  // the planted link was replaced by a stamp of the store's own
+  CHECK(fs::exists(used_path(store, key_of(130))));
+}
+
+TEST_CASE("verify reports shard names that cannot be opened: a file, a link") {
+  TempDir dir;
+  Store store(config_at(dir.sub("root")));
+  REQUIRE(store.publish(key_of(140), kMeta, payload_of(140, 10)).has_value());
+  write_file(dir.sub("root") + "/ab", std::vector<char>{'x'});
+  fs::create_directory(dir.sub("elsewhere"));
+  fs::create_directory_symlink(dir.sub("elsewhere"), dir.sub("root") + "/cd");
+  const VerifyReport report = store.verify(true);
+  REQUIRE(report.unreadable_shards.size() == 2);
+  CHECK(report.unreadable_shards[0].path == dir.sub("root") + "/ab");
+  CHECK(report.unreadable_shards[1].path == dir.sub("root") + "/cd");
+  CHECK(fs::exists(dir.sub("root") + "/ab"));  // never removed: it may not be kjit's
+  CHECK(store.holds(key_of(140)));
+  CHECK_FALSE(store.holds(key_of(141)));
 }
 
 TEST_CASE("at debug level each lookup logs the key, the root and hit, miss or corrupt with the reason") {
