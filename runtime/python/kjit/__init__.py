@@ -28,7 +28,7 @@ import pathlib
 from typing import TYPE_CHECKING, Optional, Tuple, Union
 
 if TYPE_CHECKING:  # the annotations name torch's types; importing kjit does not import torch
-    import torch
+    torch = _require_torch()
     from torch import Tensor
 
 __all__ = ["KjitError", "dequant_fp8", "prepare_dequant_fp8", "grouped_gemm", "prepare_grouped_gemm",
@@ -437,6 +437,29 @@ def _dtype_code(dtype) -> int:
     return _DTYPE[_dtype_name(dtype)]
 
 
+_TORCH = None
+
+
+def _require_torch():
+    """torch, imported on first use (importing kjit does not import it); an op
+    called where torch is not installed gets an error that says what to install
+    instead of a bare ModuleNotFoundError."""
+    global _TORCH
+    if _TORCH is None:
+        try:
+            import torch
+        except ModuleNotFoundError as e:
+            if e.name != "torch":  # torch is there but broken: its own error says more
+                raise
+            raise ModuleNotFoundError(
+                "kjit's ops take torch tensors and need PyTorch, which is not installed: install the torch "
+                "build for your CUDA set-up (https://pytorch.org/get-started/locally/), e.g. `pip install torch` "
+                "(in a kjit checkout, `pip install '.[torch]'` installs both). kjit.library() and the ctypes "
+                "descriptors (kjit.h's C ABI) work without torch.", name="torch") from None
+        _TORCH = torch
+    return _TORCH
+
+
 def _check_choice(name: str, value, choices) -> None:
     if value not in choices:
         raise _invalid(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
@@ -446,7 +469,7 @@ def _check_tensor(name: str, t, dtypes, *, device=None, contiguous=True, optiona
     """A tensor argument: a torch tensor on a CUDA device (`device` when given:
     the first tensor's), of one of `dtypes` (torch dtype names), contiguous
     unless told otherwise. Raises KjitError naming the argument."""
-    import torch
+    torch = _require_torch()
 
     if t is None and optional:
         return
@@ -524,7 +547,7 @@ def dequant_fp8(w: Tensor, scales: Tensor, *, out: Optional[Tensor] = None, out_
     selects experts into a compact output. Returns `out`. `stream` (a CUstream
     as an int) defaults to torch's current stream.
     """
-    import torch
+    torch = _require_torch()
 
     if out is None:
         _check_tensor("w", w, _FP8, contiguous=False)
@@ -902,7 +925,7 @@ def grouped_gemm(a: Tensor, w: Tensor, offsets: Tensor, *, weights: str = "e_n_k
     GEMM's A is a[sorted_to_flat[r] // top_k] (rows of -1 read zeros), and
     rows = sorted_to_flat.numel() (out, row_scale): no gathered copy of the
     activations is made."""
-    import torch
+    torch = _require_torch()
 
     sorted_to_flat, top_k = _unpack_gather(gather)
     if out is None:
@@ -979,7 +1002,7 @@ def gate_up_interleaved(w: Tensor, *, layout: str, weights: str = "e_n_k", block
     gate_up_layout names the checkpoint order through which the kernel finds
     each reordered row's block. Callers may then treat every gate_up tensor
     alike."""
-    import torch
+    torch = _require_torch()
 
     _check_choice("layout", layout, _GATE_UP)
     _check_choice("weights", weights, _WEIGHTS)
@@ -1017,7 +1040,7 @@ def _check_routing(topk_ids, experts_total, expert_base, experts_local, offsets_
 
 
 def _routing_outputs(topk_ids, experts_local, offsets_convention):
-    import torch
+    torch = _require_torch()
 
     n, dev = topk_ids.numel(), topk_ids.device
     return (torch.empty(experts_local, dtype=torch.int32, device=dev),
@@ -1045,7 +1068,7 @@ def moe_routing(topk_ids: Tensor, experts_total: int, *, expert_base: int = 0, e
     Rows of other ranks map to -1 in flat_to_sorted. Large batches route over
     many blocks in a workspace allocated from torch's allocator (so the call
     can be captured in a CUDA graph). See kjit.h."""
-    import torch
+    torch = _require_torch()
 
     experts_local = experts_total - expert_base if experts_local is None else experts_local
     _check_routing(topk_ids, experts_total, expert_base, experts_local, offsets_convention)
@@ -1097,7 +1120,7 @@ def moe_combine(expert_out: Tensor, topk_weights: Tensor, flat_to_sorted: Tensor
     """out[t] = sum_j topk_weights[t, j] * expert_out[flat_to_sorted[t, j]],
     skipping -1; fp32 accumulation, one rounding. expert_out is bf16 [rows, H],
     topk_weights fp32 [tokens, top_k], flat_to_sorted int32 (tokens * top_k)."""
-    import torch
+    torch = _require_torch()
 
     if out is None:
         _check_tensor("expert_out", expert_out, ("bfloat16",))
@@ -1181,7 +1204,7 @@ def quantize_fp8(x: Tensor, *, group: int = 128, scale_format: str = "fp32",
     gather=(sorted_to_flat, top_k) (kjit.moe_routing's permutation), output row
     r is input row sorted_to_flat[r] // top_k, and rows of -1 come out zero
     (codes 0, scale 0); rows = sorted_to_flat.numel()."""
-    import torch
+    torch = _require_torch()
 
     sorted_to_flat, top_k = _unpack_gather(gather)
     _check_tensor("x", x, ("bfloat16",), contiguous=False)
@@ -1212,7 +1235,7 @@ def prepare_quantize_fp8(x: Tensor, out: Tensor, scales: Tensor, *, group: int =
 def _check_moe_activation(h, out, scales, activation, layout, alpha, limit, scale_format, valid_rows) -> None:
     import math
 
-    import torch
+    torch = _require_torch()
 
     _check_tensor("h", h, ("bfloat16",), contiguous=False)
     if h.dim() != 2 or h.stride(-1) != 1 or h.shape[1] % 2 != 0:
@@ -1283,7 +1306,7 @@ def moe_activation(h: Tensor, *, activation: str, layout: str, alpha: float = 1.
     valid_rows: an int32 CUDA tensor of one element (e.g. the routing's
     offsets[-1:]); rows at or past its value are written as zeros (codes 0,
     scale 0) and never read. Bit-exact with kjit/reference/moe_activation.hpp."""
-    import torch
+    torch = _require_torch()
 
     _check_tensor("h", h, ("bfloat16",), contiguous=False)
     if h.dim() != 2:
@@ -1382,7 +1405,7 @@ def grouped_gemm_wgrad(dy: Tensor, x: Tensor, offsets: Tensor, *, offsets_conven
     Hopper the wgmma kernel when N and K are both >= 128, else the portable
     mma.sync kernel), 'portable', or 'sm90' (the wgmma kernel at any N and K;
     Hopper only)."""
-    import torch
+    torch = _require_torch()
 
     if out is None:
         _check_tensor("dy", dy, ("bfloat16",))
@@ -1531,7 +1554,7 @@ def quantize_mx(x: Tensor, *, format: str, scale_layout: str, element_dtype: Opt
     Returns (out, scales) for MX, (out, scales, global_scales) for NVFP4; out is
     uint8 [..., K / 2] packed pairs (element 2i in the low nibble) or fp8
     [..., K] codes. Wrong arguments raise MxArgumentError (a ValueError)."""
-    import torch
+    torch = _require_torch()
 
     if isinstance(x, torch.Tensor) and x.dim() in (2, 3) and format in _BLOCK_FORMAT and scale_layout in _SCALE_LAYOUT:
         _, _, _, _, out_shape, scale_shape = _mx_shapes(x, format, scale_layout)
@@ -1682,7 +1705,7 @@ def dequant_mx(w: Tensor, scales: Tensor, *, format: str, scale_layout: str, glo
     (each expert's block padded to 128 rows x 4 columns). expert_ids (int32,
     on the device) selects experts into a compact output. Returns `out`.
     """
-    import torch
+    torch = _require_torch()
 
     _check_choice("format", format, _BLOCK_FORMAT)
     _check_tensor("w", w, _MX_CODES[format], contiguous=False)
@@ -1789,7 +1812,7 @@ def convert_scale_layout(scales: Tensor, *, to: str, rows: Optional[int] = None,
     scale_cols and, without offsets, experts; returns [E, R, C] or [R, C].
     No host synchronisation: offsets are read on the device.
     """
-    import torch
+    torch = _require_torch()
 
     _check_choice("to", to, _SCALE_LAYOUT)
     _check_tensor("scales", scales, _SCALE_BYTES)
