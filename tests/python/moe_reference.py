@@ -188,7 +188,8 @@ def reference_moe(hidden, topk_ids, topk_weights, gate_up_of, down_of, experts_l
         if fp8_activations:
             g = g.to(torch.bfloat16).float()
         h = unquantised = apply_activation(g, act, layout, alpha, limit)
-        if fp8_activations:
+        if fp8_activations:  # the activation as the kernel stores it (bf16), then its e4m3 rows
+            h = unquantised = h.to(torch.bfloat16).float()
             h = fake_quantize(h)
         y = h @ down_of(e).t()
         if down_lora is not None:

@@ -23,6 +23,8 @@ weight gradients' bf16 operands); W8A8 forwards 8e-2 (e4m3 activations with
 tolerance; their gradient is straight-through).
 """
 
+import math
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -58,13 +60,17 @@ def build(fmt, layout, act, *, convention="multiply", biases=False, seed=0, expe
 
 
 def random_lora(m, rank=16, alpha=32.0, seed=1, targets=MoELoRA.TARGETS):
-    """An adapter with B random too (a fresh one's B is zero, which would leave A's gradient zero)."""
+    """An adapter with B random too (a fresh one's B is zero, which would leave A's gradient zero), both factors
+    from `seed` (A as PEFT's uniform init draws it, in scale), so a case is the same case on every run."""
     lora = MoELoRA(m, rank, alpha, targets=targets)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in lora.named_parameters():
             if name.endswith("lora_B"):
                 p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+            else:
+                bound = 1.0 / math.sqrt(p.shape[-1])
+                p.copy_((torch.rand(p.shape, generator=g) * 2 - 1) * bound)
     return lora
 
 
