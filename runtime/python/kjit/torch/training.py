@@ -340,6 +340,7 @@ class _ExpertsFunction(torch.autograd.Function):
             a8, a_scale = kjit.quantize_fp8(hidden, gather=(s2f, top_k))
             h = kjit.grouped_gemm(a8, gate_up_w, ends, offsets_convention=_OFFSETS, a_scale=a_scale,
                                   out_dtype=out_gu, **m._weight_args("gate_up", "w8a8"))
+            a8 = a_scale = None
         else:
             a = hidden[rows_token]
             h = kjit.grouped_gemm(a, gate_up_w, ends, offsets_convention=_OFFSETS,
@@ -351,12 +352,16 @@ class _ExpertsFunction(torch.autograd.Function):
             lora_h = kjit.grouped_gemm(u_gu, lora_gu[1], ends, offsets_convention=_OFFSETS, out_dtype=torch.float32,
                                        row_scale=lora_scale)
         h = _round_with_bias(h, gate_up_bias, row_experts, m, lora_h)
+        # Dropped as soon as they are used (the forward's peak): the fp32 [rows, 2I] product and the gathered rows
+        # must not live on through the down projection.
+        a = lora_h = None
 
         act = compiled_activation(h, m.activation, m._gate_up_order(), m.swiglu_alpha, m.swiglu_limit)
         if kernels == "w8a8":
             act8, act_scale = kjit.quantize_fp8(act)
             y = kjit.grouped_gemm(act8, down_w, ends, offsets_convention=_OFFSETS, a_scale=act_scale,
                                   out_dtype=out_dn, **m._weight_args("down", "w8a8"))
+            act8 = act_scale = None
         else:
             y = kjit.grouped_gemm(act, down_w, ends, offsets_convention=_OFFSETS,
                                   out_dtype=out_dn, **m._weight_args("down", kernels))
@@ -365,6 +370,7 @@ class _ExpertsFunction(torch.autograd.Function):
             lora_y = kjit.grouped_gemm(u_dn, lora_dn[1], ends, offsets_convention=_OFFSETS, out_dtype=torch.float32,
                                        row_scale=lora_scale)
         y = _round_with_bias(y, down_bias, row_experts, m, lora_y)
+        act = lora_y = None
         out = kjit.moe_combine(y, topk_weights, f2s.view(tokens, top_k), out_dtype=plan.out_dtype)
 
         ctx.plan, ctx.kernels, ctx.scaling = plan, kernels, scaling
