@@ -251,8 +251,8 @@ def _row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     one fused reduction (no fp32 copy of either operand); elsewhere in chunks
     so the fp32 temporaries stay small. Each row's sum runs in a fixed order:
     the same bits each run."""
-    if a.is_cuda and not torch.compiler.is_compiling():
-        return _fused(_row_dot_fp32)(a, b)
+    if a.is_cuda:  # under torch.compile the same expression, traced into the caller's graph
+        return _row_dot_fp32(a, b) if torch.compiler.is_compiling() else _fused(_row_dot_fp32)(a, b)
     rows = a.shape[0]
     out = torch.empty(rows, dtype=torch.float32, device=a.device)
     for start in range(0, rows, _ROW_DOT_CHUNK):
