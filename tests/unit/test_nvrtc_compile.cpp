@@ -5,6 +5,7 @@
 
 #include "why.hpp"
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -654,4 +655,23 @@ TEST_CASE("the CUDA headers' digest covers their content: altered, added or rena
 TEST_CASE("the build's header digest (CMake) is the one the library computes for the same headers") {
   // Both recipes must agree, or a machine without headers would key differently from one with them.
   CHECK(kjit::headers_digest_of(KJIT_CUDA_INCLUDE_DIR) == kjit::built_with_cuda_headers());
+  // And the fingerprints, or every process would read and hash every header (the digest's shortcut).
+  CHECK(kjit::headers_fingerprint_of(KJIT_CUDA_INCLUDE_DIR) == kjit::built_with_cuda_headers_fingerprint());
+}
+
+TEST_CASE("the header fingerprint follows sizes, times and names") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("kjit-fingerprint-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "cuda_fp16.h", std::ios::binary) << "#pragma once\n";
+  const std::string first = kjit::headers_fingerprint_of(dir.string());
+  CHECK(first.size() == 64);
+  CHECK(kjit::headers_fingerprint_of(dir.string()) == first);
+  fs::last_write_time(dir / "cuda_fp16.h", fs::last_write_time(dir / "cuda_fp16.h") - std::chrono::hours(1));
+  const std::string touched = kjit::headers_fingerprint_of(dir.string());
+  CHECK(touched != first);
+  std::ofstream(dir / "more.h", std::ios::binary) << "";
+  CHECK(kjit::headers_fingerprint_of(dir.string()) != touched);
+  CHECK(kjit::headers_fingerprint_of((dir / "absent").string()).empty());
+  fs::remove_all(dir);
 }

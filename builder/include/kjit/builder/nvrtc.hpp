@@ -64,9 +64,15 @@ std::vector<std::string> compile_flags(const std::string& arch);
 // build's the same way. Empty when `dir` cannot be listed.
 std::string headers_digest_of(const std::string& dir);
 
+// A cheap stand-in for the digest: SHA-256 of the lines "<path> <size>
+// <modification time, s>\n" over headers_digest_of's files (builder/CMakeLists.txt
+// computes the build's the same way). Empty when `dir` cannot be listed.
+std::string headers_fingerprint_of(const std::string& dir);
+
 // The content hash of the CUDA headers NVRTC compiles against (those under
 // cuda_include_dir(), KJIT_CUDA_INCLUDE or the toolkit's), computed once per
-// process: part of every cache key, so that other headers (an edited copy,
+// process (where the headers show the build's fingerprint, the build's digest:
+// no header is read): part of every cache key, so that other headers (an edited copy,
 // another toolkit's) never share a key with these. Without a header directory
 // (a serving machine without the toolkit, which cannot compile) it is
 // built_with_cuda_headers(): such a machine finds what the build's toolkit
@@ -76,5 +82,7 @@ const std::string& cuda_headers_digest();
 // headers_digest_of the include directory of the toolkit kjit was built with,
 // computed at configure time.
 std::string built_with_cuda_headers();
+// headers_fingerprint_of the same directory, at configure time.
+std::string built_with_cuda_headers_fingerprint();
 
 }  // namespace kjit
