@@ -115,6 +115,23 @@ check "on a pipe progress is about one line per 10% (got $lines for 24 kernels)"
 check "on a pipe the last progress line is complete" grep -q '^\[24/24\]' "$work/pipe.err"
 check "progress lines show a rate" grep -q '/s' "$work/pipe.err"
 
+# --- the default thread count: the CPUs the process may use, not the machine's --
+# (std::thread::hardware_concurrency() ignores the affinity mask and cgroup quotas)
+precompile "$work/progress" "$work/out" "$work/default.err" --arch sm_90a
+threads=$(sed -n 's/.* with \([0-9]*\) threads\{0,1\}$/\1/p' "$work/default.err")
+affinity=$(python3 -c 'import os; print(len(os.sched_getaffinity(0)))')
+check "by default at most one thread per CPU of the affinity mask ($affinity, got '$threads')" \
+  test -n "$threads" -a "${threads:-0}" -ge 1 -a "${threads:-0}" -le "$affinity"
+if command -v taskset > /dev/null && taskset -c 0 true 2> /dev/null; then
+  set +e
+  KJIT_CACHE_DIR=$work/progress taskset -c 0 "$jitctl" precompile --manifest "$work/small.json" --arch sm_90a \
+    > /dev/null 2> "$work/taskset.err" < /dev/null
+  set -e
+  check "pinned to one CPU (taskset -c 0), precompile uses 1 thread" grep -q ' with 1 thread$' "$work/taskset.err"
+else
+  echo "note: taskset not usable; the affinity case was not run"
+fi
+
 if command -v script > /dev/null; then
   # script(1) gives jitctl a terminal; with no window size it must fall back to COLUMNS.
   KJIT_CACHE_DIR=$work/progress COLUMNS=50 TERM=xterm script -qec \

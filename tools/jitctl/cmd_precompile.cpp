@@ -5,16 +5,21 @@
 // root afterwards, naming each. A kernel an arch cannot run (an FP8 family on
 // sm_80, Hopper's kernels elsewhere) is skipped, named with the reason, and
 // does not fail the run: a fleet manifest lists kernels for several archs.
+#include <sched.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
+#include <optional>
 #include <new>
 #include <system_error>
 #include <mutex>
@@ -136,6 +141,91 @@ class Progress {
   std::chrono::steady_clock::time_point start_;
 };
 
+// The CPUs a cgroup CPU quota (docker --cpus, a Kubernetes CPU limit) lets
+// this process use, rounded up; nullopt where no quota applies. cgroup v2:
+// cpu.max ("QUOTA PERIOD" or "max PERIOD") of the process's group and every
+// group above it; v1: cpu.cfs_quota_us / cpu.cfs_period_us (-1: none). The
+// group's own files where the hierarchy is mounted with the process's path,
+// else the mount's root (a container's view). The smallest quota wins.
+std::optional<unsigned> cgroup_cpu_limit() {
+  std::optional<unsigned> limit;
+  auto consider = [&](double quota, double period) {
+    if (quota <= 0 || period <= 0) return;
+    const auto cpus = static_cast<unsigned>(std::max(1.0, std::ceil(quota / period)));
+    if (!limit || cpus < *limit) limit = cpus;
+  };
+  auto read_v2 = [&](const std::string& dir) {
+    std::ifstream file(dir + "/cpu.max");
+    std::string quota;
+    double period = 0;
+    if (file >> quota >> period && quota != "max") consider(std::atof(quota.c_str()), period);
+  };
+  auto read_v1 = [&](const std::string& dir) {
+    std::ifstream quota_file(dir + "/cpu.cfs_quota_us"), period_file(dir + "/cpu.cfs_period_us");
+    double quota = 0, period = 0;
+    if (quota_file >> quota && period_file >> period) consider(quota, period);
+  };
+  std::ifstream groups("/proc/self/cgroup");
+  std::string line;
+  while (std::getline(groups, line)) {
+    // "ID:CONTROLLERS:PATH": v2's one line is "0::PATH", v1's has "cpu" among its controllers.
+    const size_t first = line.find(':'), second = line.find(':', first + 1);
+    if (first == std::string::npos || second == std::string::npos) continue;
+    const std::string controllers = line.substr(first + 1, second - first - 1);
+    std::string path = line.substr(second + 1);
+    std::string base;
+    bool v2 = false;
+    if (controllers.empty()) {
+      base = "/sys/fs/cgroup";
+      v2 = true;
+    } else {
+      bool cpu = false;
+      size_t start = 0;
+      while (start <= controllers.size()) {
+        const size_t end = std::min(controllers.find(',', start), controllers.size());
+        if (controllers.compare(start, end - start, "cpu") == 0) cpu = true;
+        start = end + 1;
+      }
+      if (!cpu) continue;
+      for (const char* mount : {"/sys/fs/cgroup/cpu,cpuacct", "/sys/fs/cgroup/cpu"}) {
+        struct stat st {};
+        if (::stat(mount, &st) == 0 && S_ISDIR(st.st_mode)) {
+          base = mount;
+          break;
+        }
+      }
+      if (base.empty()) continue;
+    }
+    // The group and each one above it, then the mount's root.
+    while (path.size() > 1 && path.front() == '/') {
+      v2 ? read_v2(base + path) : read_v1(base + path);
+      path.resize(path.rfind('/'));
+    }
+    v2 ? read_v2(base) : read_v1(base);
+  }
+  return limit;
+}
+
+// The CPUs this process can run on: its affinity mask (taskset, a cpuset),
+// capped by a cgroup CPU quota. std::thread::hardware_concurrency() counts the
+// machine's CPUs whatever the process may use: a container limited to 2 of
+// 32 would run 32 compiles on 2 CPUs' worth of time.
+unsigned available_cpus() {
+  unsigned cpus = std::max(1u, std::thread::hardware_concurrency());
+  for (int size = 1024; size <= (1 << 16); size *= 2) {  // masks past 1024 CPUs need a bigger set
+    cpu_set_t* set = CPU_ALLOC(size);
+    if (!set) break;
+    const size_t bytes = CPU_ALLOC_SIZE(size);
+    const int got = sched_getaffinity(0, bytes, set);
+    const int error = errno;
+    if (got == 0) cpus = static_cast<unsigned>(std::max(1, CPU_COUNT_S(bytes, set)));
+    CPU_FREE(set);
+    if (got == 0 || error != EINVAL) break;
+  }
+  if (const auto quota = cgroup_cpu_limit()) cpus = std::min(cpus, *quota);
+  return std::max(1u, cpus);
+}
+
 nlohmann::json with(nlohmann::json object, const char* field, const std::string& value) {
   object[field] = value;
   return object;
@@ -187,7 +277,7 @@ Expected<void> probe_writable_root(cache::Store& store) {
 }  // namespace
 
 int cmd_precompile(const PrecompileOptions& options) {
-  const unsigned threads = options.jobs > 0 ? options.jobs : std::max(1u, std::thread::hardware_concurrency());
+  const unsigned threads = options.jobs > 0 ? options.jobs : available_cpus();
   // Each target once, in the order given: a repeated --arch value is the same work.
   std::vector<std::string> archs;
   for (const auto& arch : options.archs)

@@ -234,7 +234,9 @@ int run(int argc, char** argv) {
       ->delimiter(',')
       ->type_name("LIST")
       ->check(one_of("arch", known_archs));
-  precompile_cmd->add_option("-j,--jobs", precompile.jobs, "compile with N threads (default: one per core)")
+  precompile_cmd->add_option("-j,--jobs", precompile.jobs,
+                             "compile with N threads (default: one per CPU this process may use: its affinity "
+                             "mask, capped by a cgroup CPU quota)")
       ->check(CLI::Range(1, 1024))
       ->type_name("N");
   add_json(*precompile_cmd, precompile.json);
