@@ -50,8 +50,8 @@ def test_grouped_gemm_wgrad_arguments_are_named():
                                     out=cuda(3, 64, 128, dtype=f32))
         with raises_naming("out must be float32 or bfloat16, got float16"):
             kjit.grouped_gemm_wgrad(dy, x, offsets, offsets_convention=ce, out=cuda(3, 64, 128, dtype=torch.float16))
-        with raises_naming("kernel must be one of 'auto', 'portable', got 'sm90'"):
-            kjit.grouped_gemm_wgrad(dy, x, offsets, offsets_convention=ce, kernel="sm90")
+        with raises_naming("kernel must be one of 'auto', 'portable', 'sm90', got 'sm90_swap_ab'"):
+            kjit.grouped_gemm_wgrad(dy, x, offsets, offsets_convention=ce, kernel="sm90_swap_ab")
         with raises_naming("dy must be contiguous"):
             kjit.grouped_gemm_wgrad(cuda(64, 40, dtype=bf16).t(), x, offsets, offsets_convention=ce)
 
