@@ -42,7 +42,7 @@
 #include "grouped_gemm_sm90_pipeline.cuh"
 #include "grouped_gemm_sm90_swap_ab.cuh"
 
-#include <cuda/ptx>
+#include "../common/ptx.cuh"
 
 namespace kjit {
 
@@ -155,7 +155,7 @@ __device__ __forceinline__ void fp8_scale_loader(const kjit_grouped_gemm_fp8_sm9
       for (int h = 0; h < Cfg::kHalves; ++h)
 #pragma unroll
         for (int j = 0; j < Cfg::kBM / 32; ++j) slot[h * Cfg::kBM + Cfg::scale_position(lane + 32 * j)] = a[j] * b[h];
-      (void)cuda::ptx::mbarrier_arrive(&full[s]);  // release: the slot is visible to whoever waits
+      (void)ptx::mbarrier_arrive(&full[s]);  // release: the slot is visible to whoever waits
     }
   }
 }

@@ -32,7 +32,7 @@
 #include "grouped_gemm_sm90_pipeline.cuh"
 #include "grouped_gemm_sm90_swap_ab.cuh"
 
-#include <cuda/ptx>
+#include "../common/ptx.cuh"
 
 namespace kjit {
 
@@ -106,7 +106,6 @@ struct Fp8WeightTileCopy {
   template <class Cfg>
   static __device__ __forceinline__ void copy(const kjit_grouped_gemm_sm90_params& p, unsigned char* tile, int n0,
                                               int k0, int expert, unsigned long long* bar) {
-    namespace ptx = cuda::ptx;
     // The stored row's coordinate (bytes: a code, or a pair of FP4 elements) and the stored row's.
     const int along = Cfg::kWeightsKN ? n0 : k0, row = Cfg::kWeightsKN ? k0 : n0;
     const int coords[3] = {Cfg::kFp4 ? along / 2 : along, row, expert};
@@ -758,7 +757,7 @@ __device__ __forceinline__ void weight_converter(const kjit_grouped_gemm_mixed_s
       unsigned char* stage = tiles + s * Cfg::kStageBytes;
       share.convert(stage, stage + Cfg::kWeightOperandOffset);
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      (void)cuda::ptx::mbarrier_arrive(&converted[s]);
+      (void)ptx::mbarrier_arrive(&converted[s]);
     }
   }
 }
@@ -812,7 +811,7 @@ __device__ __forceinline__ void grouped_gemm_mixed_sm90_converter(const kjit_gro
         TileQueue<Cfg>(after_barriers).init();
         if constexpr (Cfg::kConverterWarps > 0)
           for (int s = 0; s < Cfg::kStages; ++s)
-            cuda::ptx::mbarrier_init(&converted_barriers<Cfg>(after_barriers)[s], 32 * Cfg::kConverterWarps);
+            ptx::mbarrier_init(&converted_barriers<Cfg>(after_barriers)[s], 32 * Cfg::kConverterWarps);
       },
       [&](unsigned char* tiles, unsigned long long* full, unsigned long long* empty, unsigned char* after_barriers) {
         swap_ab_producer<Cfg, Fp8WeightTileCopy>(p.sm90, tiles, full, empty, after_barriers);

@@ -41,7 +41,7 @@
 #include "grouped_gemm_common.cuh"
 #include "grouped_gemm_sm90_pipeline.cuh"
 
-#include <cuda/ptx>
+#include "../common/ptx.cuh"
 
 namespace kjit {
 
@@ -141,7 +141,6 @@ struct TileWalker {
 template <class Cfg>
 __device__ __forceinline__ void grouped_gemm_producer(const kjit_grouped_gemm_sm90_params& p, unsigned char* tiles,
                                                       unsigned long long* full, unsigned long long* empty) {
-  namespace ptx = cuda::ptx;
   if constexpr (!Cfg::kGather) asm volatile("prefetch.tensormap [%0];" ::"l"(&p.a_map) : "memory");
   asm volatile("prefetch.tensormap [%0];" ::"l"(&p.b_map) : "memory");
   const int rank = cluster_rank<Cfg>();

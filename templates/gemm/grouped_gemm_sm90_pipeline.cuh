@@ -8,12 +8,12 @@
 #include "../common/traits.cuh"
 #include "grouped_gemm_common.cuh"
 
-#include <cuda/ptx>
+#include "../common/ptx.cuh"
 
 namespace kjit {
 
 __device__ __forceinline__ void mbarrier_wait(unsigned long long* bar, unsigned phase) {
-  while (!cuda::ptx::mbarrier_try_wait_parity(bar, phase)) {
+  while (!ptx::mbarrier_try_wait_parity(bar, phase)) {
   }
 }
 
@@ -101,7 +101,7 @@ __device__ __forceinline__ void arrive_in_rank(unsigned long long* bar, int rank
 template <class Cfg>
 __device__ __forceinline__ void arrive_cluster_wide(unsigned long long* bar) {
   if constexpr (Cfg::kCluster == 1) {
-    (void)cuda::ptx::mbarrier_arrive(bar);
+    (void)ptx::mbarrier_arrive(bar);
   } else {
 #pragma unroll
     for (int r = 0; r < Cfg::kCluster; ++r) arrive_in_rank(bar, r);
@@ -117,7 +117,6 @@ template <class Cfg, int kCols>
 __device__ __forceinline__ void copy_weight_columns(const kjit_grouped_gemm_sm90_params& p, unsigned char* tile,
                                                     int n0, int first, int k0, int expert, unsigned long long* bar,
                                                     unsigned short multicast = 0) {
-  namespace ptx = cuda::ptx;
   auto copy = [&](unsigned char* destination, const int (&coords)[3]) {
     if (multicast != 0)
       ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, destination, &p.b_map, coords, bar, multicast);
@@ -346,20 +345,20 @@ __device__ __forceinline__ void warp_specialized_gemm(const Params& p, Init init
   if (threadIdx.x == 0) {
     for (int s = 0; s < Cfg::kStages; ++s) {
       // The producer's arrive.expect_tx, and every lane of a loader warp.
-      cuda::ptx::mbarrier_init(&full[s], 1 + 32 * Cfg::kLoaderWarps);
+      ptx::mbarrier_init(&full[s], 1 + 32 * Cfg::kLoaderWarps);
       // One arrival per consumer warp of every block in the cluster: a
       // producer writes into its peers' stages too.
-      cuda::ptx::mbarrier_init(&empty[s], Cfg::kConsumers * 4 * Cfg::kCluster);
+      ptx::mbarrier_init(&empty[s], Cfg::kConsumers * 4 * Cfg::kCluster);
     }
     init(after_barriers);
-    cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
+    ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
   }
   // Peers arrive on and copy into this block's barriers and stages: all of
   // them must be initialised before anyone starts, and stay until all finish.
   auto sync_cluster = [] {
     if constexpr (Cfg::kCluster > 1) {
-      cuda::ptx::barrier_cluster_arrive(cuda::ptx::sem_release);
-      cuda::ptx::barrier_cluster_wait(cuda::ptx::sem_acquire);
+      ptx::barrier_cluster_arrive(ptx::sem_release);
+      ptx::barrier_cluster_wait(ptx::sem_acquire);
     } else {
       __syncthreads();
     }

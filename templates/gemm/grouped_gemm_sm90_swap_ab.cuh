@@ -38,7 +38,7 @@
 #include "grouped_gemm_common.cuh"
 #include "grouped_gemm_sm90_pipeline.cuh"
 
-#include <cuda/ptx>
+#include "../common/ptx.cuh"
 
 namespace kjit {
 
@@ -154,8 +154,8 @@ struct TileQueue {
 
   __device__ void init() const {
     for (int s = 0; s < Cfg::kQueueSlots; ++s) {
-      cuda::ptx::mbarrier_init(&full[s], 1);
-      cuda::ptx::mbarrier_init(&empty[s], kReadersPerBlock * Cfg::kCluster);
+      ptx::mbarrier_init(&full[s], 1);
+      ptx::mbarrier_init(&empty[s], kReadersPerBlock * Cfg::kCluster);
     }
   }
 
@@ -165,7 +165,7 @@ struct TileQueue {
     mbarrier_wait(&empty[s], ((i / Cfg::kQueueSlots) & 1) ^ 1);
     if constexpr (Cfg::kCluster == 1) {
       *reinterpret_cast<volatile unsigned long long*>(&index[s]) = tile;
-      (void)cuda::ptx::mbarrier_arrive(&full[s]);  // release: the index is visible to whoever waits
+      (void)ptx::mbarrier_arrive(&full[s]);  // release: the index is visible to whoever waits
     } else {
 #pragma unroll
       for (int r = 0; r < Cfg::kCluster; ++r) {
@@ -186,7 +186,7 @@ struct TileQueue {
     if constexpr (Cfg::kCluster == 1) {
       mbarrier_wait(&full[s], phase);
     } else {
-      while (!cuda::ptx::mbarrier_try_wait_parity(cuda::ptx::sem_acquire, cuda::ptx::scope_cluster, &full[s], phase)) {
+      while (!ptx::mbarrier_try_wait_parity(ptx::sem_acquire, ptx::scope_cluster, &full[s], phase)) {
       }
     }
     return *reinterpret_cast<volatile unsigned long long*>(&index[s]);
@@ -195,7 +195,7 @@ struct TileQueue {
   __device__ void release(unsigned i) const {
     unsigned long long* bar = &empty[i % Cfg::kQueueSlots];
     if constexpr (Cfg::kCluster == 1)
-      (void)cuda::ptx::mbarrier_arrive(bar);
+      (void)ptx::mbarrier_arrive(bar);
     else
       arrive_in_rank(bar, 0);  // rank 0's barrier
   }
@@ -228,7 +228,6 @@ template <class Cfg, class WeightCopy = WeightColumnsCopy>
 __device__ __forceinline__ void swap_ab_producer(const kjit_grouped_gemm_sm90_params& p, unsigned char* tiles,
                                                  unsigned long long* full, unsigned long long* empty,
                                                  unsigned char* after_barriers) {
-  namespace ptx = cuda::ptx;
   asm volatile("prefetch.tensormap [%0];" ::"l"(&p.b_map) : "memory");
   if constexpr (!Cfg::kGather) {
     asm volatile("prefetch.tensormap [%0];" ::"l"(&p.a_map) : "memory");
