@@ -10,7 +10,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 targets=(kjit_cache_tests kjit_cache_fault_tests kjit_manifest_tests)
 regex='^(cache\.|manifest:)'
+# Run by the release ctest, not here: under ASan the mutation fuzz of the
+# bundled manifests takes ~280 s and the kernel-limit expansion ~60 s, more than
+# CI's time allows; the schema-driven fuzz of every family covers the parser.
+exclude='mutation fuzz of the bundled manifests|manifest at the kernel limit'
 if [ $# -gt 0 ]; then
+  exclude='^$'
+
   targets=()
   while [ $# -gt 0 ] && [ "$1" != "--" ]; do targets+=("$1"); shift; done
   [ "${1:-}" = "--" ] && regex="$2"
@@ -23,5 +29,5 @@ cmake --build --preset debug --target "${targets[@]}"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
 export ASAN_OPTIONS="halt_on_error=1:detect_stack_use_after_return=1:strict_string_checks=1"
 started=$(date +%s)
-ctest --preset debug -R "$regex" -j "$(nproc)"
+ctest --preset debug -R "$regex" -E "$exclude" -j "$(nproc)"
 echo "sanitizer tests: $(( $(date +%s) - started )) s"
