@@ -156,10 +156,3 @@ __device__ static inline void cp_async_bulk_tensor(space_cluster_t, space_global
 
 }  // namespace ptx
 }  // namespace kjit
-
-// Transitional: a template not yet moved to kjit::ptx (grouped_gemm_wgrad_sm90.cuh)
-// still names cuda::ptx; this alias serves it these wrappers. Remove it once none does
-// (a template that also included <cuda/ptx> would fail to compile, not mix the two).
-namespace cuda {
-namespace ptx = ::kjit::ptx;
-}

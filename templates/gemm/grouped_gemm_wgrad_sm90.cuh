@@ -113,7 +113,7 @@ __device__ __forceinline__ void grouped_gemm_wgrad_sm90(const kjit_grouped_gemm_
   warp_specialized_gemm<Cfg>(
       view, [](unsigned char*) {},
       [&](unsigned char* tiles_smem, unsigned long long* full, unsigned long long* empty, unsigned char*) {
-        namespace ptx = cuda::ptx;
+        namespace ptx = kjit::ptx;
         asm volatile("prefetch.tensormap [%0];" ::"l"(&p.dy_map) : "memory");
         asm volatile("prefetch.tensormap [%0];" ::"l"(&p.x_map) : "memory");
         unsigned it = 0;  // chunks loaded so far, over all tiles: selects stage and phase
@@ -179,12 +179,12 @@ __device__ __forceinline__ void grouped_gemm_wgrad_sm90(const kjit_grouped_gemm_
             if (c > 0) {
               // The previous chunk's group is done reading its stage: hand it back.
               wgmma_wait<1>();
-              if (lane == 0) (void)cuda::ptx::mbarrier_arrive(&empty[(it - 1) % Cfg::kStages]);
+              if (lane == 0) (void)ptx::mbarrier_arrive(&empty[(it - 1) % Cfg::kStages]);
             }
           }
           wgmma_wait<0>();
           fence_accumulators(acc);
-          if (tile.chunks > 0 && lane == 0) (void)cuda::ptx::mbarrier_arrive(&empty[(it - 1) % Cfg::kStages]);
+          if (tile.chunks > 0 && lane == 0) (void)ptx::mbarrier_arrive(&empty[(it - 1) % Cfg::kStages]);
 
           kjit_grouped_gemm_params out{};
           const long long matrix = static_cast<long long>(tile.expert) * Cfg::kN * Cfg::kK;
