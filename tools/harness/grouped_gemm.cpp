@@ -68,6 +68,7 @@ Expected<double> check_grouped_gemm(Runtime& runtime, DeviceState& device, const
   // Run this cached configuration, whatever the heuristic would pick for these rows.
   g.kernel = spec.kernel == codegen::GemmKernel::wgmma_sm90           ? KJIT_GEMM_KERNEL_SM90
              : spec.kernel == codegen::GemmKernel::wgmma_sm90_swap_ab ? KJIT_GEMM_KERNEL_SM90_SWAP_AB
+             : spec.kernel == codegen::GemmKernel::mma_decode         ? KJIT_GEMM_KERNEL_DECODE
                                                                       : KJIT_GEMM_KERNEL_PORTABLE;
   g.workspace = reinterpret_cast<void*>(*dworkspace);
   g.workspace_bytes = kjit_grouped_gemm_workspace_bytes();

@@ -24,6 +24,7 @@ codegen::GemmRequest pinning_request(const codegen::GroupedGemmMixedSpec& spec) 
   using Kernel = codegen::GemmRequest::Kernel;
   return {.kernel = spec.kernel == codegen::MixedGemmKernel::wgmma_sm90             ? Kernel::sm90
                     : spec.kernel == codegen::MixedGemmKernel::wgmma_sm90_converter ? Kernel::sm90_converter
+                    : spec.kernel == codegen::MixedGemmKernel::mma_decode           ? Kernel::decode
                                                                                     : Kernel::portable,
           .tile_m = spec.tile_m,
           .tile_n = spec.tile_n};
@@ -196,6 +197,7 @@ Expected<double> check_grouped_gemm_mixed(Runtime& runtime, DeviceState& device,
   if (spec.configured()) {
     g.kernel = spec.kernel == codegen::MixedGemmKernel::wgmma_sm90             ? KJIT_GEMM_KERNEL_SM90
                : spec.kernel == codegen::MixedGemmKernel::wgmma_sm90_converter ? KJIT_GEMM_KERNEL_SM90_CONVERTER
+               : spec.kernel == codegen::MixedGemmKernel::mma_decode           ? KJIT_GEMM_KERNEL_DECODE
                                                                                : KJIT_GEMM_KERNEL_PORTABLE;
     g.tile_m = spec.tile_m;
     g.tile_n = spec.tile_n;

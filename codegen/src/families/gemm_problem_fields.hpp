@@ -11,7 +11,7 @@
 namespace kjit::codegen {
 
 template <>
-inline constexpr int kEnumCount<GemmKernel> = 3;
+inline constexpr int kEnumCount<GemmKernel> = 4;
 template <>
 inline constexpr int kEnumCount<ClusterAxis> = 2;
 

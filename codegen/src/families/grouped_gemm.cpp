@@ -16,7 +16,7 @@ namespace kjit::codegen {
 
 namespace {
 
-constexpr std::array kGemmKernelNames{"mma_sync", "wgmma_sm90", "wgmma_sm90_swap_ab"};
+constexpr std::array kGemmKernelNames{"mma_sync", "wgmma_sm90", "wgmma_sm90_swap_ab", "mma_decode"};
 constexpr std::array kClusterAxisNames{"m", "n"};
 
 // Invariants of the problem (what every configuration shares). The bounds are
@@ -39,6 +39,22 @@ Expected<void> validate_problem(const GroupedGemmSpec& s) {
   return {};
 }
 
+// The decode kernel (GroupedGemmDecodeConfig): tile_m rows of an expert per block (8, 16 or 32: token tiles of
+// 8), tile_n weight rows (16 to 128: whole warps of 16 rows), k-chunks of 128; [E, N, K] weights only.
+Expected<void> validate_decode_configuration(const GroupedGemmSpec& s) {
+  const bool ok = (s.tile_m == 8 || s.tile_m == 16 || s.tile_m == 32) &&
+                  (s.tile_n == 16 || s.tile_n == 32 || s.tile_n == 64 || s.tile_n == 128) && s.tile_k == 128 &&
+                  s.stages == 0 && s.cluster == 1;
+  if (!ok)
+    return fail(KJIT_ERROR_INVALID_ARGUMENT,
+                fmt::format("grouped_gemm mma_decode tile {}x{}x{} with {} stages, cluster {} is not supported "
+                            "(tile_m 8, 16 or 32, tile_n 16, 32, 64 or 128, tile_k 128, no stages, cluster 1)",
+                            s.tile_m, s.tile_n, s.tile_k, s.stages, s.cluster));
+  if (s.weights != WeightLayout::e_n_k)
+    return fail(KJIT_ERROR_INVALID_ARGUMENT, "grouped_gemm mma_decode reads [E, N, K] weights only");
+  return {};
+}
+
 Expected<void> validate_configuration(const GroupedGemmSpec& s) {
   auto invalid = [](std::string message) { return fail(KJIT_ERROR_INVALID_ARGUMENT, std::move(message)); };
   const auto tile = fmt::format("{} tile {}x{}x{} with {} stages, cluster {} along {}", name(s.kernel), s.tile_m,
@@ -51,6 +67,7 @@ Expected<void> validate_configuration(const GroupedGemmSpec& s) {
       return invalid(fmt::format("grouped_gemm {} is neither a configuration nor a problem (all zero)", tile));
     return {};
   }
+  if (s.kernel == GemmKernel::mma_decode) return validate_decode_configuration(s);
   if (s.kernel == GemmKernel::mma_sync) {
     const bool ok = s.tile_m > 0 && s.tile_m % 32 == 0 && s.tile_m <= 128 && s.tile_n > 0 && s.tile_n % 16 == 0 &&
                     s.tile_n <= 128 && s.tile_k > 0 && s.tile_k % 16 == 0 && s.tile_k <= 64 && s.stages == 0 &&
@@ -87,6 +104,7 @@ Expected<void> validate_configuration(const GroupedGemmSpec& s) {
 }
 
 constexpr int kPortableThreads = 128;
+constexpr int kDecodeThreads = 256;  // GroupedGemmDecodeConfig::kThreads
 
 // Threads of an SM90 configuration: a producer warpgroup and a consumer
 // warpgroup per 64 rows (or, swap AB, per 64 columns) of the tile.
@@ -174,7 +192,7 @@ const std::vector<FieldRule>& Family<GroupedGemmSpec>::schema() {
       text_field("activation", {"none", "silu_mul", "swiglu_oai"}, false), boolean_field("gather"),
       // A configuration's fields (cache metadata; rare in manifests). Bounded so they stay in int;
       // validate says which are supported.
-      text_field("kernel", {"mma_sync", "wgmma_sm90", "wgmma_sm90_swap_ab"}, false),
+      text_field("kernel", {"mma_sync", "wgmma_sm90", "wgmma_sm90_swap_ab", "mma_decode"}, false),
       integers_field("tile", "[m, n, k]", 3, 1, 256), integer_field("stages", 0, 16, false),
       integer_field("cluster", 1, 16, false), text_field("cluster_axis", {"m", "n"}, false)};
   return rules;
@@ -241,6 +259,15 @@ RenderedKernel Family<GroupedGemmSpec>::render(const GroupedGemmSpec& s) {
          .dynamic_shared_bytes = grouped_gemm_shared_bytes(s),
          .cluster_x = s.cluster});
   }
+  if (s.kernel == GemmKernel::mma_decode)
+    return assemble(canonical(s), {.entry_point = "kjit_grouped_gemm_decode",
+                                   .threads = kDecodeThreads,
+                                   .min_blocks = 1,  // ptxas spilled under the 128-register cap of 2 (tile 16 rows and up)
+                                   .templates = {"gemm/grouped_gemm_decode.cuh"},
+                                   .config = fmt::format("kjit::GroupedGemmDecodeConfig<{}, false, {}, {}>", problem,
+                                                         s.tile_m, s.tile_n),
+                                   .params_type = "kjit_grouped_gemm_params",
+                                   .body = "kjit::grouped_gemm_decode"});
   return assemble(canonical(s),
                   {.entry_point = "kjit_grouped_gemm",
                    .threads = kPortableThreads,
@@ -254,7 +281,7 @@ RenderedKernel Family<GroupedGemmSpec>::render(const GroupedGemmSpec& s) {
 std::vector<GroupedGemmSpec> Family<GroupedGemmSpec>::kernels_for_target(const GroupedGemmSpec& s,
                                                                          const ArchInfo& arch) {
   if (s.configured()) return {s};
-  return grouped_gemm_configs(s, arch);
+  return distinct_configs(grouped_gemm_configs(s, arch));
 }
 
 int grouped_gemm_shared_bytes(const GroupedGemmSpec& s) {
@@ -285,7 +312,18 @@ LaunchGeometry grouped_gemm_geometry(const GroupedGemmSpec& spec, int64_t total_
     return persistent_gemm_grid(cluster_tiles, spec.cluster, resident_blocks, sm90_threads(spec),
                                 grouped_gemm_shared_bytes(spec));
   }
+  if (spec.kernel == GemmKernel::mma_decode) return decode_gemm_grid(total_rows, spec.experts, spec.tile_m, n_tiles);
   return portable_gemm_grid(m_tiles, n_tiles, kPortableThreads);
+}
+
+LaunchGeometry decode_gemm_grid(int64_t total_rows, int64_t experts, int tile_m, int64_t n_tiles) {
+  // Each non-empty expert (at most min(E, rows) of them) adds at most one partial chunk of tile_m rows.
+  const int64_t slots = (total_rows + std::min(experts, total_rows) * (tile_m - 1)) / tile_m;
+  LaunchGeometry g;
+  g.block_x = kDecodeThreads;
+  g.grid_x = static_cast<uint32_t>(std::clamp<int64_t>(slots, 1, 0x7fffffff));  // blocks walk the slots past it
+  g.grid_y = static_cast<uint32_t>(n_tiles);
+  return g;
 }
 
 LaunchGeometry persistent_gemm_grid(int64_t cluster_tiles, int cluster, int resident_blocks, int threads,

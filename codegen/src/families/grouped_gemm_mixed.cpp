@@ -17,13 +17,13 @@
 namespace kjit::codegen {
 
 template <>
-inline constexpr int kEnumCount<MixedGemmKernel> = 3;
+inline constexpr int kEnumCount<MixedGemmKernel> = 4;
 template <>
 inline constexpr int kEnumCount<MixedWeight> = 4;
 
 namespace {
 
-constexpr std::array kKernelNames{"mma_sync", "wgmma_sm90", "wgmma_sm90_converter"};
+constexpr std::array kKernelNames{"mma_sync", "wgmma_sm90", "wgmma_sm90_converter", "mma_decode"};
 constexpr std::array kWeightNames{"f8_e4m3fn", "f8_e5m2", "nvfp4", "mxfp4"};
 
 constexpr int kScaleBlock = 128;  // the block of PER_BLOCK weight scales (both edges)
@@ -34,9 +34,11 @@ constexpr int kSm90KBlock = KJIT_MIXED_K_BLOCK;  // k per pipeline stage (the AB
 constexpr int kSm90MaxRows = 128;   // the accumulator, tile_m / 2 registers, beside 32 of fragments: 256 spills
 constexpr int kConverterKBlock = KJIT_SM90_K_BLOCK;  // the converter kernel's stage: the bf16 swap-AB kernel's k-block
 constexpr int kConverterMaxRows = 256;               // wgmma's N (no fragments beside the accumulator)
-// The converter kernel's row tile in each bucket (decode, up to 64 rows per expert, prefill) where it serves
-// them all: forced, or for FP4 weights read [E, K, N].
-constexpr std::array kConverterRows{64, 128, kConverterMaxRows};
+// The converter kernel's row tile in each bucket (few routed rows: decode_bucket, up to 32 and up to 64 rows
+// per expert, prefill) where it serves them all: forced, or for FP4 weights read [E, K, N].
+constexpr std::array kConverterRows{64, 64, 128, kConverterMaxRows};
+constexpr int kDecodeThreads = 256;  // GroupedGemmDecodeConfig::kThreads
+constexpr int kDecodeChunk = 128;    // its k per loop step
 constexpr int kSm90SharedLimit = 227 * 1024;
 constexpr int kSm90MaxStages = 8;
 
@@ -98,6 +100,18 @@ Expected<void> validate_configuration(const GroupedGemmMixedSpec& s) {
   if (!s.configured()) {
     if (s.tile_n != 0 || s.stages != 0 || s.kernel != MixedGemmKernel::mma_sync)
       return invalid(fmt::format("grouped_gemm_mixed {} is neither a configuration nor a problem (all zero)", tile));
+    return {};
+  }
+  if (s.kernel == MixedGemmKernel::mma_decode) {
+    const bool ok = (s.tile_m == 8 || s.tile_m == 16 || s.tile_m == 32) &&
+                    (s.tile_n == 16 || s.tile_n == 32 || s.tile_n == 64 || s.tile_n == 128) && s.stages == 0;
+    if (!ok)
+      return invalid(fmt::format("grouped_gemm_mixed {} is not supported (mma_decode: tile_m 8, 16 or 32, tile_n 16, "
+                                 "32, 64 or 128, no stages)",
+                                 tile));
+    if (is_fp4(s.weight) || s.weights != WeightLayout::e_n_k)
+      return invalid(fmt::format("grouped_gemm_mixed {} reads fp8 weights [E, N, K] only, not {} {}", tile,
+                                 name(s.weight), name(s.weights)));
     return {};
   }
   if (s.kernel == MixedGemmKernel::mma_sync) {
@@ -163,6 +177,21 @@ GroupedGemmMixedSpec portable_config(const GroupedGemmMixedSpec& problem) {
   return s;
 }
 
+// The decode kernel's configuration (the bf16 family's tiles: kDecodeTileRows rows, decode_tile_n weight rows).
+GroupedGemmMixedSpec decode_config(const GroupedGemmMixedSpec& problem) {
+  GroupedGemmMixedSpec s = problem;
+  s.kernel = MixedGemmKernel::mma_decode;
+  s.tile_m = kDecodeTileRows;
+  s.tile_n = decode_tile_n(problem.n);
+  s.stages = 0;
+  return s;
+}
+
+// Whether the decode kernel can read these weights: fp8 codes, [E, N, K].
+bool decode_reads(const GroupedGemmMixedSpec& problem) {
+  return !is_fp4(problem.weight) && problem.weights == WeightLayout::e_n_k;
+}
+
 GroupedGemmMixedSpec sm90_config(const GroupedGemmMixedSpec& problem, int tile_m,
                                  MixedGemmKernel kernel = MixedGemmKernel::wgmma_sm90) {
   GroupedGemmMixedSpec s = problem;
@@ -193,10 +222,26 @@ Expected<std::vector<GroupedGemmMixedSpec>> requested_configs(const GroupedGemmM
     return fail(KJIT_ERROR_UNSUPPORTED, "FP4 weights read [E, K, N] run the converter kernel "
                                         "(KJIT_GEMM_KERNEL_SM90_CONVERTER or the default), not the "
                                         "register-operand one");
+  if (request.kernel == Kernel::decode) {
+    if (!decode_reads(problem))
+      return fail(KJIT_ERROR_UNSUPPORTED, "the decode grouped GEMM kernel reads fp8 weights [E, N, K] only");
+    if (!arch.fp8_conversion)
+      return fail(KJIT_ERROR_UNSUPPORTED, fmt::format("the W8A16 decode kernel converts fp8 codes with sm_89's "
+                                                      "instructions; this device compiles for {}",
+                                                      arch.target));
+    GroupedGemmMixedSpec s = decode_config(problem);
+    if (request.tile_m != 0) s.tile_m = request.tile_m;
+    if (request.tile_n != 0) s.tile_n = request.tile_n;
+    KJIT_TRY(Family<GroupedGemmMixedSpec>::validate(s));
+    return std::vector{s};
+  }
   auto configs = request.kernel == Kernel::portable ? std::vector{portable_config(problem)}
                                                     : grouped_gemm_mixed_configs(problem, arch);
+  // The decode bucket runs the decode kernel only when nothing else is asked for.
+  if (configs.size() > 1 && (request.kernel != Kernel::arch_default || request.tile_m != 0 || request.tile_n != 0))
+    configs[0] = configs[1];
   // A forced SM90 kernel serves every bucket, at its own row tile for the bucket.
-  constexpr std::array kRegisterRows{32, 64, kSm90MaxRows};
+  constexpr std::array kRegisterRows{32, 32, 64, kSm90MaxRows};
   for (size_t bucket = 0; bucket < configs.size() && is_sm90(configs[bucket].kernel); ++bucket) {
     if (request.kernel == Kernel::sm90_converter)
       configs[bucket] = sm90_config(problem, kConverterRows[bucket], MixedGemmKernel::wgmma_sm90_converter);
@@ -233,6 +278,7 @@ std::string Family<GroupedGemmMixedSpec>::canonical(const GroupedGemmMixedSpec& 
       g.configured() ? fmt::format(" kernel={} tile={}x{}x{} stages={}", name(g.kernel), g.tile_m, g.tile_n,
                                    g.kernel == MixedGemmKernel::wgmma_sm90             ? kSm90KBlock
                                    : g.kernel == MixedGemmKernel::wgmma_sm90_converter ? kConverterKBlock
+                                   : g.kernel == MixedGemmKernel::mma_decode           ? kDecodeChunk
                                                                                        : kPortableTileK,
                                    g.stages)
                      : std::string(" config=per-arch"));
@@ -296,7 +342,7 @@ const std::vector<FieldRule>& Family<GroupedGemmMixedSpec>::schema() {
       text_field("activation", {"none", "silu_mul", "swiglu_oai"}, false),
       text_field("gate_up_layout", {"halves", "alternating"}, false), boolean_field("gather"),
       // A configuration's fields (cache metadata; rare in manifests).
-      text_field("kernel", {"mma_sync", "wgmma_sm90", "wgmma_sm90_converter"}, false),
+      text_field("kernel", {"mma_sync", "wgmma_sm90", "wgmma_sm90_converter", "mma_decode"}, false),
       integers_field("tile", "[m, n]", 2, 1, 256),
       integer_field("stages", 0, 16, false)};
   return rules;
@@ -367,6 +413,15 @@ RenderedKernel Family<GroupedGemmMixedSpec>::render(const GroupedGemmMixedSpec& 
                      .prelude = sm90_wgmma_wrappers(s),
                      .dynamic_shared_bytes = grouped_gemm_mixed_shared_bytes(s)});
   }
+  if (s.kernel == MixedGemmKernel::mma_decode)
+    return assemble(canonical(s), {.entry_point = "kjit_grouped_gemm_mixed_decode",
+                                   .threads = kDecodeThreads,
+                                   .min_blocks = 1,  // ptxas spilled under the 128-register cap of 2 (tile 16 rows and up)
+                                   .templates = {"gemm/grouped_gemm_decode.cuh"},
+                                   .config = fmt::format("kjit::GroupedGemmDecodeConfig<{}, true, {}, {}>", problem,
+                                                         s.tile_m, s.tile_n),
+                                   .params_type = "kjit_grouped_gemm_mixed_params",
+                                   .body = "kjit::grouped_gemm_mixed_decode"});
   return assemble(canonical(s),
                   {.entry_point = "kjit_grouped_gemm_mixed",
                    .threads = kPortableThreads,
@@ -380,7 +435,7 @@ RenderedKernel Family<GroupedGemmMixedSpec>::render(const GroupedGemmMixedSpec& 
 std::vector<GroupedGemmMixedSpec> Family<GroupedGemmMixedSpec>::kernels_for_target(const GroupedGemmMixedSpec& s,
                                                                                    const ArchInfo& arch) {
   if (s.configured()) return {s};
-  return grouped_gemm_mixed_configs(s, arch);  // off sm_89+, supported_on says why the portable one cannot build
+  return distinct_configs(grouped_gemm_mixed_configs(s, arch));  // off sm_89+, supported_on says why the portable one cannot build
 }
 
 int grouped_gemm_mixed_shared_bytes(const GroupedGemmMixedSpec& s) {
@@ -426,6 +481,8 @@ LaunchGeometry grouped_gemm_mixed_geometry(const GroupedGemmMixedSpec& spec, int
   if (is_sm90(spec.kernel))
     return persistent_gemm_grid(m_tiles * n_tiles, 1, resident_blocks, sm90_threads(spec),
                                 grouped_gemm_mixed_shared_bytes(spec));
+  if (spec.kernel == MixedGemmKernel::mma_decode)
+    return decode_gemm_grid(total_rows, spec.experts, spec.tile_m, n_tiles);
   return portable_gemm_grid(m_tiles, n_tiles, kPortableThreads);
 }
 
@@ -447,7 +504,10 @@ std::vector<GroupedGemmMixedSpec> grouped_gemm_mixed_configs(const GroupedGemmMi
   const auto prefill = problem.weights == WeightLayout::e_n_k
                            ? sm90_config(problem, kConverterMaxRows, MixedGemmKernel::wgmma_sm90_converter)
                            : sm90_config(problem, kSm90MaxRows);
-  return {sm90_config(problem, 32), sm90_config(problem, 64), prefill};
+  // Before them, the decode bucket (decode_bucket: few routed rows): the decode kernel where it reads the
+  // weights, else the first bucket's.
+  const auto few = sm90_config(problem, 32);
+  return {decode_reads(problem) ? decode_config(problem) : few, few, sm90_config(problem, 64), prefill};
 }
 
 Expected<GroupedGemmMixedSpec> choose_grouped_gemm_mixed_config(const GroupedGemmMixedSpec& problem,
@@ -465,7 +525,10 @@ Expected<GroupedGemmMixedSpec> choose_grouped_gemm_mixed_config(const GroupedGem
   }
   const auto configs = KJIT_TRY(requested_configs(problem, arch, request));
   const int64_t rows_per_expert = rows / std::max<int64_t>(problem.experts, 1);
-  const size_t bucket = rows_per_expert <= 32 ? 0 : rows_per_expert <= 64 ? 1 : 2;
+  const size_t bucket = decode_bucket(rows, problem.experts) ? 0
+                        : rows_per_expert <= 32              ? 1
+                        : rows_per_expert <= 64              ? 2
+                                                             : 3;
   return configs[std::min(bucket, configs.size() - 1)];
 }
 

@@ -42,6 +42,19 @@ GroupedGemmSpec sm90_config(const GroupedGemmSpec& problem, GemmKernel kernel, i
   return s;
 }
 
+// The decode kernel's configuration: chunks of kDecodeTileRows rows, decode_tile_n weight rows per block.
+GroupedGemmSpec decode_config(const GroupedGemmSpec& problem) {
+  GroupedGemmSpec s = problem;
+  s.kernel = GemmKernel::mma_decode;
+  s.tile_m = kDecodeTileRows;
+  s.tile_n = decode_tile_n(problem.n);
+  s.tile_k = 128;
+  s.stages = 0;
+  s.cluster = 1;
+  s.cluster_axis = ClusterAxis::m;
+  return s;
+}
+
 // Swap AB's configuration: up to 256 rows per tile, 128 columns per block (two consumer warpgroups).
 GroupedGemmSpec swap_ab_config(const GroupedGemmSpec& problem) {
   return sm90_config(problem, GemmKernel::wgmma_sm90_swap_ab, 256, 128);
@@ -56,11 +69,25 @@ Expected<std::vector<GroupedGemmSpec>> requested_configs(const GroupedGemmSpec& 
     return fail(KJIT_ERROR_UNSUPPORTED,
                 fmt::format("the SM90 grouped GEMM kernels run only on sm_90a (Hopper); this device compiles for {}",
                             arch.target));
+  const bool tile_given = request.tile_m != 0 || request.tile_n != 0 || request.cluster != 0;
+  if (request.kernel == Kernel::decode) {
+    if (problem.weights != WeightLayout::e_n_k)
+      return fail(KJIT_ERROR_UNSUPPORTED, "the decode grouped GEMM kernel reads [E, N, K] weights only");
+    GroupedGemmSpec s = decode_config(problem);
+    if (request.tile_m != 0) s.tile_m = request.tile_m;
+    if (request.tile_n != 0) s.tile_n = request.tile_n;
+    if (request.cluster > 1)
+      return fail(KJIT_ERROR_INVALID_ARGUMENT, "the decode grouped GEMM kernel runs without clusters");
+    KJIT_TRY(Family<GroupedGemmSpec>::validate(s));
+    return std::vector{s};
+  }
   auto configs = request.kernel == Kernel::portable ? std::vector{portable_config(problem)}
                                                     : grouped_gemm_configs(problem, arch);
+  // The decode bucket runs the decode kernel only when nothing else is asked for.
+  if (configs.size() > 1 && (request.kernel != Kernel::arch_default || tile_given)) configs[0] = configs[1];
   if (request.kernel == Kernel::sm90_swap_ab)
     for (auto& s : configs) s = swap_ab_config(problem);
-  if (request.tile_m == 0 && request.tile_n == 0 && request.cluster == 0) return configs;
+  if (!tile_given) return configs;
   for (auto& s : configs) {
     // A tile names a kernel's tile: the rows-on-M kernel's unless swap AB is asked for.
     if (is_sm90(s.kernel))
@@ -76,6 +103,12 @@ Expected<std::vector<GroupedGemmSpec>> requested_configs(const GroupedGemmSpec& 
 }
 
 }  // namespace
+
+int decode_tile_n(int64_t n) {
+  for (int tile_n : {128, 64, 32})
+    if (n / tile_n >= 32) return tile_n;
+  return 16;
+}
 
 int sm90_max_stages(GemmKernel kernel, int tile_m, int tile_n) {
   GroupedGemmSpec s;
@@ -108,7 +141,10 @@ std::vector<GroupedGemmSpec> grouped_gemm_configs(const GroupedGemmSpec& problem
                                    ? sm90_config(problem, swap_ab.kernel, swap_ab.tile_m, swap_ab.tile_n, 2,
                                                  ClusterAxis::n)
                                    : sm90_config(problem, GemmKernel::wgmma_sm90, 128, 256, 2);
-  return {sm90_config(problem, GemmKernel::wgmma_sm90, 64, 256), swap_ab, many};
+  // Before them, the decode bucket (decode_bucket: few routed rows): the decode kernel, where it reads the
+  // weights ([E, N, K]); else the first bucket's kernel.
+  const GroupedGemmSpec few = sm90_config(problem, GemmKernel::wgmma_sm90, 64, 256);
+  return {problem.weights == WeightLayout::e_n_k ? decode_config(problem) : few, few, swap_ab, many};
 }
 
 Expected<GroupedGemmSpec> choose_grouped_gemm_config(const GroupedGemmSpec& problem, const ArchInfo& arch,
@@ -125,7 +161,10 @@ Expected<GroupedGemmSpec> choose_grouped_gemm_config(const GroupedGemmSpec& prob
   // The bucket: average rows per expert, the quantity that decides how full
   // an m-tile is (decode: a few rows per expert; prefill: hundreds).
   const int64_t rows_per_expert = rows / std::max<int64_t>(problem.experts, 1);
-  const size_t bucket = rows_per_expert <= 64 ? 0 : rows_per_expert <= 512 ? 1 : 2;
+  const size_t bucket = decode_bucket(rows, problem.experts) ? 0
+                        : rows_per_expert <= 64              ? 1
+                        : rows_per_expert <= 512             ? 2
+                                                             : 3;
   return configs[std::min(bucket, configs.size() - 1)];
 }
 

@@ -161,8 +161,11 @@ typedef enum kjit_gemm_kernel {
   KJIT_GEMM_KERNEL_PORTABLE = 1, /* the mma.sync kernel on any arch (comparisons, debugging) */
   KJIT_GEMM_KERNEL_SM90 = 2,     /* the arch's wgmma kernels; KJIT_ERROR_UNSUPPORTED off Hopper */
   KJIT_GEMM_KERNEL_SM90_SWAP_AB = 3, /* the wgmma kernel with rows on wgmma's N in every bucket; off Hopper as _SM90 */
-  KJIT_GEMM_KERNEL_SM90_CONVERTER = 4 /* W8A16 / W4A16 only: the wgmma kernel whose converter warps write bf16 weight
-                                         tiles into shared memory, in every bucket; off Hopper as _SM90 */
+  KJIT_GEMM_KERNEL_SM90_CONVERTER = 4, /* W8A16 / W4A16 only: the wgmma kernel whose converter warps write bf16 weight
+                                          tiles into shared memory, in every bucket; off Hopper as _SM90 */
+  KJIT_GEMM_KERNEL_DECODE = 5 /* bf16 and fp8 W8A16 weights read [E, N, K] only: the decode kernel (blocks only for
+                                 non-empty experts, weights streamed into registers) in every bucket, sm_80 and
+                                 newer (fp8: sm_89); AUTO picks it on Hopper for at most 512 routed rows */
 } kjit_gemm_kernel;
 
 /* Which way a grouped GEMM cluster's blocks lie over the output tiles. */

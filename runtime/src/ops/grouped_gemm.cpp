@@ -25,10 +25,13 @@ Expected<GemmCommonPlan> plan_gemm_common(const kjit_grouped_gemm_desc& d, bool 
                    "KJIT_OFFSETS_WITH_LEADING_ZERO (E + 1 entries); there is no default");
 
   if (d.kernel != KJIT_GEMM_KERNEL_AUTO && d.kernel != KJIT_GEMM_KERNEL_PORTABLE && d.kernel != KJIT_GEMM_KERNEL_SM90 &&
-      d.kernel != KJIT_GEMM_KERNEL_SM90_SWAP_AB && d.kernel != KJIT_GEMM_KERNEL_SM90_CONVERTER)
-    return invalid(fmt::format("kernel must be KJIT_GEMM_KERNEL_AUTO, _PORTABLE, _SM90, _SM90_SWAP_AB or "
-                               "_SM90_CONVERTER, got {}",
+      d.kernel != KJIT_GEMM_KERNEL_SM90_SWAP_AB && d.kernel != KJIT_GEMM_KERNEL_SM90_CONVERTER &&
+      d.kernel != KJIT_GEMM_KERNEL_DECODE)
+    return invalid(fmt::format("kernel must be KJIT_GEMM_KERNEL_AUTO, _PORTABLE, _SM90, _SM90_SWAP_AB, "
+                               "_SM90_CONVERTER or _DECODE, got {}",
                                static_cast<int>(d.kernel)));
+  if (d.kernel == KJIT_GEMM_KERNEL_DECODE && is_fp8_gemm(d) && !is_mixed_gemm(d))
+    return invalid("KJIT_GEMM_KERNEL_DECODE is the bf16 and W8A16 decode kernel (bf16 activations); W8A8 has none");
   if (d.kernel == KJIT_GEMM_KERNEL_SM90_CONVERTER && !is_mixed_gemm(d))
     return invalid("KJIT_GEMM_KERNEL_SM90_CONVERTER is the W8A16 / W4A16 kernel (fp8 or FP4 weights, bf16 "
                    "activations): its converter warps turn the weights into bf16; bf16 and W8A8 GEMMs have none");
@@ -93,6 +96,7 @@ Expected<GemmCommonPlan> plan_gemm_common(const kjit_grouped_gemm_desc& d, bool 
                             : d.kernel == KJIT_GEMM_KERNEL_SM90         ? Kernel::sm90
                             : d.kernel == KJIT_GEMM_KERNEL_SM90_SWAP_AB ? Kernel::sm90_swap_ab
                             : d.kernel == KJIT_GEMM_KERNEL_SM90_CONVERTER ? Kernel::sm90_converter
+                            : d.kernel == KJIT_GEMM_KERNEL_DECODE         ? Kernel::decode
                                                                           : Kernel::arch_default,
                   .tile_m = d.tile_m,
                   .tile_n = d.tile_n,

@@ -22,8 +22,12 @@ namespace kjit::codegen {
 // Which grouped GEMM kernel a configuration uses: the portable mma.sync one
 // (sm_80 and newer) or one of Hopper's wgmma/TMA ones (sm_90a only): rows on
 // wgmma's M (tiles of 64 or 128 rows), or "swap AB", rows on wgmma's N (tiles
-// of any multiple of 32 rows up to tile_m; tile_n columns per block).
-enum class GemmKernel : uint8_t { mma_sync, wgmma_sm90, wgmma_sm90_swap_ab };
+// of any multiple of 32 rows up to tile_m; tile_n columns per block); or the
+// decode kernel (templates/gemm/grouped_gemm_decode.cuh, mma.sync, sm_80 and
+// newer; Hopper's heuristic picks it for few routed rows): blocks only for
+// non-empty (expert, chunk of tile_m rows) pairs, tile_n weight rows each,
+// the weights streamed from global memory into registers.
+enum class GemmKernel : uint8_t { mma_sync, wgmma_sm90, wgmma_sm90_swap_ab, mma_decode };
 std::string_view name(GemmKernel k);
 constexpr bool is_sm90(GemmKernel k) { return k == GemmKernel::wgmma_sm90 || k == GemmKernel::wgmma_sm90_swap_ab; }
 // Which way a cluster's blocks lie over the output tiles: along m they share
@@ -93,21 +97,36 @@ LaunchGeometry grouped_gemm_geometry(const GroupedGemmSpec& spec, int64_t total_
 LaunchGeometry persistent_gemm_grid(int64_t cluster_tiles, int cluster, int resident_blocks, int threads,
                                     int shared_bytes);
 LaunchGeometry portable_gemm_grid(int64_t m_tiles, int64_t n_tiles, int threads);
+// - decode: x over an upper bound of the non-empty (expert, chunk of tile_m rows) pairs, y over n-tiles.
+LaunchGeometry decode_gemm_grid(int64_t total_rows, int64_t experts, int tile_m, int64_t n_tiles);
 
 // ---- Tuning policy (grouped_gemm_tuning.cpp; docs/architecture.md "Grouped GEMM tiles") ----
 
 // The configurations `arch` may pick, one per token-count bucket, in bucket order (what precompile builds).
 std::vector<GroupedGemmSpec> grouped_gemm_configs(const GroupedGemmSpec& problem, const ArchInfo& arch);
 
+// The decode bucket (every family that has the decode kernel): at most this many routed rows, and at most
+// 64 rows per expert on average. A first guess (docs/decisions/0023): the GPU run settles it.
+inline constexpr int64_t kDecodeMaxRows = 512;
+inline bool decode_bucket(int64_t rows, int64_t experts) {
+  return rows <= kDecodeMaxRows && rows <= 64 * std::max<int64_t>(experts, 1);
+}
+// The decode kernel's weight rows per block for N weight rows: the widest of 128, 64, 32 and 16 that still
+// gives 32 blocks per expert (one token's 8 experts then keep ~2 blocks per SM of an H100/H200 streaming).
+int decode_tile_n(int64_t n);
+// The decode kernel's rows per block (tokens on mma's N, 8 per tile).
+inline constexpr int kDecodeTileRows = 16;
+
 // The deepest SM90 pipeline of `kernel` with this tile that fits a Hopper block's shared memory.
 int sm90_max_stages(GemmKernel kernel, int tile_m, int tile_n);
 
 // What a caller may ask of the configuration choice.
 struct GemmRequest {
-  enum class Kernel : uint8_t { arch_default, portable, sm90, sm90_swap_ab, sm90_converter };
-  // portable: tests, comparisons; sm90 (the arch's SM90 buckets), sm90_swap_ab (every bucket swap AB) and
-  // sm90_converter (the mixed-input family's converter kernel in every bucket; the op refuses it for the
-  // others): an error off Hopper
+  enum class Kernel : uint8_t { arch_default, portable, sm90, sm90_swap_ab, sm90_converter, decode };
+  // portable: tests, comparisons; sm90 (the arch's SM90 buckets, the decode bucket left out), sm90_swap_ab
+  // (every bucket swap AB) and sm90_converter (the mixed-input family's converter kernel in every bucket; the
+  // op refuses it for the others): an error off Hopper; decode: the decode kernel in every bucket (bf16 and
+  // fp8 W8A16 weights read [E, N, K])
   Kernel kernel = Kernel::arch_default;
   int tile_m = 0, tile_n = 0;  // 0: the heuristic's
   int cluster = 0;             // 0: the heuristic's (1 whenever a tile is given)

@@ -35,9 +35,13 @@ namespace kjit::codegen {
 // have the time); wgmma_sm90_converter has the producer warpgroup's spare
 // warps convert each tile into a bf16 one in shared memory, which the bf16
 // swap-AB consumers read (prefill: conversion beside the tensor cores, row
-// tiles up to 256; [E, N, K] weights only).
-enum class MixedGemmKernel : uint8_t { mma_sync, wgmma_sm90, wgmma_sm90_converter };
-constexpr bool is_sm90(MixedGemmKernel k) { return k != MixedGemmKernel::mma_sync; }
+// tiles up to 256; [E, N, K] weights only). mma_decode is the bf16 family's
+// decode kernel on fp8 weights converted in registers (GemmKernel::mma_decode;
+// fp8 [E, N, K] only; sm_89 and newer).
+enum class MixedGemmKernel : uint8_t { mma_sync, wgmma_sm90, wgmma_sm90_converter, mma_decode };
+constexpr bool is_sm90(MixedGemmKernel k) {
+  return k == MixedGemmKernel::wgmma_sm90 || k == MixedGemmKernel::wgmma_sm90_converter;
+}
 std::string_view name(MixedGemmKernel k);
 
 // The stored weights: fp8 codes (fp32 scales as weight_scale says), or e2m1
