@@ -264,12 +264,17 @@ struct MixedKernelPath {
 // The mixed-input kernels a test runs on this GPU: the default and the
 // portable one forced, and on Hopper (`hopper`) with [E, N, K] weights (and
 // `fp4` weights read [E, K, N]) the converter kernel forced, at its prefill
-// row tile (256) and at 64.
+// row tile (256) and at 64; with fp8 [E, N, K] weights the decode kernel
+// forced, in chunks of its 16 rows and of 8.
 inline std::vector<MixedKernelPath> mixed_kernel_paths(bool hopper, kjit_weight_layout layout, bool fp4 = false) {
   std::vector<MixedKernelPath> paths{{KJIT_GEMM_KERNEL_AUTO, 0}, {KJIT_GEMM_KERNEL_PORTABLE, 0}};
   if (hopper && (layout == KJIT_WEIGHTS_E_N_K || fp4)) {  // the converter kernel reads FP4 [E, K, N] too
     paths.push_back({KJIT_GEMM_KERNEL_SM90_CONVERTER, 256});
     paths.push_back({KJIT_GEMM_KERNEL_SM90_CONVERTER, 64});
+  }
+  if (layout == KJIT_WEIGHTS_E_N_K && !fp4) {
+    paths.push_back({KJIT_GEMM_KERNEL_DECODE, 0});
+    paths.push_back({KJIT_GEMM_KERNEL_DECODE, 8});
   }
   return paths;
 }
@@ -284,8 +289,8 @@ inline void check_gather_on_mixed_paths(kjit_grouped_gemm_desc g, DeviceBuffer& 
     if (hopper || tile_m == 0) paths.push_back({KJIT_GEMM_KERNEL_AUTO, tile_m});
     paths.push_back({KJIT_GEMM_KERNEL_PORTABLE, tile_m});
   }
-  for (const auto& path : mixed_kernel_paths(hopper, KJIT_WEIGHTS_E_N_K))
-    if (path.kernel == KJIT_GEMM_KERNEL_SM90_CONVERTER) paths.push_back(path);
+  for (const auto& path : mixed_kernel_paths(hopper, KJIT_WEIGHTS_E_N_K, g.b_dtype == KJIT_DTYPE_F4_E2M1))
+    if (path.kernel == KJIT_GEMM_KERNEL_SM90_CONVERTER || path.kernel == KJIT_GEMM_KERNEL_DECODE) paths.push_back(path);
   for (const auto& path : paths) {
     CAPTURE(path.kernel);
     CAPTURE(path.tile_m);

@@ -45,6 +45,7 @@ struct KernelPath {
   kjit_gemm_cluster_axis cluster_axis = KJIT_GEMM_CLUSTER_ALONG_M;
   int64_t n_multiple = 8;  // the path runs only where N is a multiple of this (swap AB pairs never pass N)
   bool workspace = true;   // swap AB: tiles on demand from the workspace's counter, or a static round robin
+  bool e_n_k_only = false; // the decode kernel reads [E, N, K] weights only
 };
 
 std::vector<KernelPath> kernel_paths() {
@@ -63,6 +64,10 @@ std::vector<KernelPath> kernel_paths() {
           {"sm90 swap AB, rows up to 96 x 64 columns (one consumer)", KJIT_GEMM_KERNEL_SM90_SWAP_AB, 96, 64, 1},
           {"sm90 swap AB 256 x 128, clusters of 2 along N sharing the rows", KJIT_GEMM_KERNEL_SM90_SWAP_AB, 256, 128, 2,
            KJIT_GEMM_CLUSTER_ALONG_N, 256},
+          {"decode, chunks of 16 rows, the heuristic's weight tile", KJIT_GEMM_KERNEL_DECODE, 0, 0, 0, {}, 8, true, true},
+          {"decode, chunks of 8 rows x 16 weight rows (8 k-warps)", KJIT_GEMM_KERNEL_DECODE, 8, 16, 0, {}, 8, true, true},
+          {"decode, chunks of 32 rows x 128 weight rows (1 k-warp)", KJIT_GEMM_KERNEL_DECODE, 32, 128, 0, {}, 8, true,
+           true},
           {"portable", KJIT_GEMM_KERNEL_PORTABLE, 0, 0, 0}};
 }
 
@@ -163,7 +168,7 @@ void run_gemm(const GemmCase& c) {
   const auto ref = reference(c, d);
   GemmBuffers b(c, rows, d);
   for (const auto& path : kernel_paths()) {
-    if (c.n % path.n_multiple != 0) continue;
+    if (c.n % path.n_multiple != 0 || (path.e_n_k_only && c.weights != KJIT_WEIGHTS_E_N_K)) continue;
     const std::string path_name = path.name;
     CAPTURE(path_name);
     const auto g = on_path(b.desc(c, rows), path);
@@ -205,7 +210,7 @@ void run_activation(GemmCase c, kjit_activation activation, float alpha, float l
   const bool f32 = c.out == KJIT_DTYPE_F32;
   DeviceBuffer h(0, static_cast<size_t>(std::max<int64_t>(16, rows * c.n * 4)));
   for (const auto& path : kernel_paths()) {
-    if (c.n % path.n_multiple != 0) continue;
+    if (c.n % path.n_multiple != 0 || (path.e_n_k_only && c.weights != KJIT_WEIGHTS_E_N_K)) continue;
     const std::string path_name = path.name;
     CAPTURE(path_name);
     auto g = on_path(b.desc(c, rows), path);
@@ -372,7 +377,7 @@ TEST_CASE("a gathered A (sorted_to_flat) gives the bytes of the GEMM on the gath
   GemmBuffers b(c, rows, d);
   const GatheredA a(rows, c.k, 4);
   for (const auto& path : kernel_paths()) {
-    if (c.n % path.n_multiple != 0) continue;
+    if (c.n % path.n_multiple != 0 || (path.e_n_k_only && c.weights != KJIT_WEIGHTS_E_N_K)) continue;
     const std::string path_name = path.name;
     CAPTURE(path_name);
     check_gather_equals_copy(on_path(b.desc(c, rows), path), b.out, a);
@@ -424,6 +429,7 @@ TEST_CASE("a captured grouped GEMM replays with per-expert counts changing betwe
   // zeroed by a memset node captured before the kernel.
   std::vector<kjit_gemm_kernel> kernels{KJIT_GEMM_KERNEL_AUTO};
   if (is_hopper()) kernels.push_back(KJIT_GEMM_KERNEL_SM90_SWAP_AB);
+  kernels.push_back(KJIT_GEMM_KERNEL_DECODE);  // the grid bounds the pairs by the captured row count
   for (const auto kernel : kernels) {
     CAPTURE(kernel);
     GemmCase c;

@@ -208,6 +208,8 @@ std::vector<KernelPath> activation_paths() {
           {"sm90 row tiles of 128", KJIT_GEMM_KERNEL_SM90, 128},
           {"sm90 converter, row tiles of 64", KJIT_GEMM_KERNEL_SM90_CONVERTER, 64},
           {"sm90 converter, row tiles of 256", KJIT_GEMM_KERNEL_SM90_CONVERTER, 256},
+          {"decode, chunks of 16 rows", KJIT_GEMM_KERNEL_DECODE, 0},
+          {"decode, chunks of 8 rows", KJIT_GEMM_KERNEL_DECODE, 8},
           {"portable forced", KJIT_GEMM_KERNEL_PORTABLE, 0}};
 }
 
@@ -631,6 +633,175 @@ TEST_CASE("on Hopper the SM90 kernels' output equals dequant + the bf16 swap-AB 
         for (size_t i = 0; i < routed_bytes; ++i) differing += mixed[i] != reference_out[i];
         CHECK_MESSAGE(differing == 0, differing, " bytes differ of ", routed_bytes);
       }
+}
+
+TEST_SUITE_END();
+
+// ------------------------------------------------ the decode kernel (issue 39)
+
+namespace {
+
+// The stored fp8 tensor of `b` dequantised to bf16 by kjit_dequant_fp8 (same layout, per-block / row / tensor
+// scales, either convention): the weights the decode kernel's conversion must reproduce bit for bit.
+DeviceBuffer dequantised_weights(const MixedCase& c, const MixedBuffers& b) {
+  DeviceBuffer bf16_w(0, static_cast<size_t>(c.experts() * c.n * c.k) * 2);
+  kjit_dequant_desc q;
+  kjit_dequant_desc_init(&q);
+  q.in_dtype = c.weight;
+  q.out_dtype = KJIT_DTYPE_BF16;
+  q.experts = c.experts();
+  q.rows = c.n;
+  q.cols = c.k;
+  q.scale_granularity = c.weight_scale;
+  q.block_rows = q.block_cols = c.weight_scale == KJIT_SCALE_PER_BLOCK ? 128 : 0;
+  q.scale_rows = c.weight_scale == KJIT_SCALE_PER_BLOCK ? (c.n + 127) / 128 : c.weight_scale == KJIT_SCALE_PER_ROW ? c.n : 1;
+  q.scale_cols = c.weight_scale == KJIT_SCALE_PER_BLOCK ? (c.k + 127) / 128 : 1;
+  q.scale_convention = c.convention;
+  q.in = b.w.get();
+  q.scales = static_cast<const float*>(b.scales.get());
+  q.out = bf16_w.get();
+  REQUIRE_MESSAGE(kjit_dequant_fp8(&q, nullptr) == KJIT_OK, std::string(kjit_last_error_message()));
+  return bf16_w;
+}
+
+struct DecodeTile {
+  int32_t rows, weight_rows;  // 0: the heuristic's
+};
+
+// One decode case, [E, N, K] fp8 weights: on every decode tile (the heuristic's 16-row chunks, 8 rows x 16
+// weight rows: 8 k-warps, 32 rows x 128 weight rows: one k-warp) and the default kernel, the W8A16 output
+// within kTolerance of the fp64 reference with rows past the routed ones still poisoned, the same bytes on a
+// second run, and the bytes of the bf16 decode kernel on the weights kjit_dequant_fp8 writes.
+void run_decode(const MixedCase& c) {
+  const auto d = mixed_inputs(c);
+  const auto ref = reference(c, d);
+  MixedBuffers b(c, d);
+  DeviceBuffer bf16_w = dequantised_weights(c, b);
+  const auto row_bytes = static_cast<size_t>(c.n * c.out_bytes());
+  for (auto [rows, weight_rows] : {DecodeTile{0, 0}, DecodeTile{8, 16}, DecodeTile{32, 128}, DecodeTile{16, 32}}) {
+    CAPTURE(rows);
+    CAPTURE(weight_rows);
+    auto g = b.desc(c);
+    g.kernel = KJIT_GEMM_KERNEL_DECODE;
+    g.tile_m = rows;
+    g.tile_n = weight_rows;
+    const auto out = grouped_gemm_output(g, b.out);
+    const double err = relative_error(c.out, c.n, ref, out, c.routed());
+    CHECK_MESSAGE(err <= kTolerance, "relative error ", err);
+    CHECK(touched_bytes(out, static_cast<size_t>(c.routed()) * row_bytes, static_cast<size_t>(c.rows()) * row_bytes) == 0);
+    CHECK_MESSAGE(grouped_gemm_output(g, b.out) == out, "a second run gave other bytes");
+    auto bf16 = g;
+    bf16.b_dtype = KJIT_DTYPE_BF16;
+    bf16.b = bf16_w.get();
+    bf16.b_scales = nullptr;
+    bf16.b_scale_granularity = KJIT_SCALE_INVALID;
+    bf16.b_block_rows = bf16.b_block_cols = 0;
+    bf16.b_scale_convention = KJIT_SCALE_CONVENTION_UNSET;
+    const auto bf16_out = grouped_gemm_output(bf16, b.out);
+    const size_t routed_bytes = static_cast<size_t>(c.routed()) * row_bytes;
+    int64_t differing = 0;
+    for (size_t i = 0; i < routed_bytes; ++i) differing += out[i] != bf16_out[i];
+    CHECK_MESSAGE(differing == 0, differing, " bytes of ", routed_bytes, " differ from the bf16 decode kernel on the "
+                  "dequantised weights");
+  }
+  auto g = b.desc(c);
+  const auto out = grouped_gemm_output(g, b.out);  // the default: the decode bucket on Hopper
+  const double err = relative_error(c.out, c.n, ref, out, c.routed());
+  CHECK_MESSAGE(err <= kTolerance, "default kernel: relative error ", err);
+  CHECK(kjit_device_errors(0) == KJIT_OK);
+}
+
+}  // namespace
+
+TEST_SUITE_BEGIN("grouped_gemm_decode");
+
+TEST_CASE("one token, top 8 over 128 experts: its 8 experts all distinct, and all equal (8 rows of one expert)") {
+  for (bool distinct : {true, false}) {
+    CAPTURE(distinct);
+    MixedCase c;
+    c.n = 400;   // no multiple of 32 or of the 128-row scale block
+    c.k = 1040;  // 8 chunks of 128 and one of 16
+    c.counts.assign(128, 0);
+    if (distinct)
+      for (int e : {3, 17, 18, 40, 77, 100, 126, 127}) c.counts[static_cast<size_t>(e)] = 1;
+    else
+      c.counts[77] = 8;
+    c.extra_rows = 3;
+    c.row_scale = true;
+    run_decode(c);
+  }
+}
+
+TEST_CASE("256 experts with one routed pair, both conventions, e5m2 codes, fp32 output") {
+  for (auto convention : {KJIT_SCALE_MULTIPLY, KJIT_SCALE_DIVIDE}) {
+    CAPTURE(convention);
+    MixedCase c;
+    c.n = 512;
+    c.k = 256;  // two chunks: most k-warps of the narrow tiles have none
+    c.counts.assign(256, 0);
+    c.counts[255] = 1;
+    c.extra_rows = 1;
+    c.weight = KJIT_DTYPE_F8_E5M2;
+    c.convention = convention;
+    c.out = KJIT_DTYPE_F32;
+    c.offsets = KJIT_OFFSETS_WITH_LEADING_ZERO;
+    run_decode(c);
+  }
+}
+
+TEST_CASE("64 tokens routed over 32 experts: rows no multiple of any chunk, empty experts, per-row and per-tensor "
+          "scales") {
+  for (auto weight_scale : {KJIT_SCALE_PER_BLOCK, KJIT_SCALE_PER_ROW, KJIT_SCALE_PER_TENSOR}) {
+    CAPTURE(weight_scale);
+    MixedCase c;
+    c.n = 256;
+    c.k = 2048;
+    std::uniform_int_distribution<int> expert(0, 27);  // experts 28-31 stay empty
+    c.counts.assign(32, 0);
+    for (int pair = 0; pair < 64 * 8 - 40; ++pair) ++c.counts[static_cast<size_t>(expert(rng()))];
+    c.counts[5] += 33;  // two chunks of 16 and one row: three blocks of one expert
+    c.counts[6] += 7;
+    c.extra_rows = 5;
+    c.weight_scale = weight_scale;
+    c.row_scale = weight_scale == KJIT_SCALE_PER_BLOCK;
+    run_decode(c);
+  }
+}
+
+TEST_CASE("a captured decode GEMM replays with new routing each step: the grid bounds the pairs by the row count") {
+  MixedCase c;
+  c.n = 384;
+  c.k = 512;
+  c.counts.assign(64, 0);
+  c.counts[0] = 8;
+  c.row_scale = true;
+  auto d = mixed_inputs(c);
+  MixedBuffers b(c, d);
+  auto g = b.desc(c);
+  g.kernel = KJIT_GEMM_KERNEL_DECODE;
+  REQUIRE_MESSAGE(kjit_grouped_gemm_prepare(&g, 0) == KJIT_OK, std::string(kjit_last_error_message()));
+  GraphCapture capture;
+  const kjit_status captured = kjit_grouped_gemm(&g, capture.stream());
+  capture.end();
+  REQUIRE_MESSAGE(captured == KJIT_OK, std::string(kjit_last_error_message()));
+  capture.instantiate();
+  std::uniform_int_distribution<int> expert(0, 63);
+  for (int step = 0; step < 4; ++step) {
+    CAPTURE(step);
+    c.counts.assign(64, 0);
+    const int pairs = step == 3 ? 8 : 1 + step * 3;  // the last step: all 8 on one expert
+    for (int pair = 0; pair < pairs; ++pair) ++c.counts[static_cast<size_t>(step == 3 ? 9 : expert(rng()))];
+    c.extra_rows = 8 - c.routed();
+    d = mixed_inputs(c);
+    b.upload(c, d);
+    capture.replay();
+    const auto out = b.out.download<uint8_t>(0, b.out.bytes);
+    const double err = relative_error(c.out, c.n, reference(c, d), out, c.routed());
+    CHECK_MESSAGE(err <= kTolerance, "relative error ", err);
+    const auto row_bytes = static_cast<size_t>(c.n * c.out_bytes());
+    CHECK(touched_bytes(out, static_cast<size_t>(c.routed()) * row_bytes, 8 * row_bytes) == 0);
+  }
+  CHECK(kjit_device_errors(0) == KJIT_OK);
 }
 
 TEST_SUITE_END();

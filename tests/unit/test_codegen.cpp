@@ -168,9 +168,6 @@ TEST_CASE("the cache key changes when and only when a compile input changes") {
   changed = base;
   changed.entry_format_version = 2;
   CHECK(cache_key(changed) != key);
-  changed = base;
-  changed.cuda_headers = "another header set";  // KJIT_CUDA_INCLUDE, an edited toolkit
-  CHECK(cache_key(changed) != key);
   const std::vector<std::string> other_options{"--gpu-architecture=sm_90a", "--std=c++20"};
   changed = base;
   changed.options = other_options;
@@ -226,7 +223,7 @@ TEST_CASE("grouped GEMM configurations: buckets by rows per expert on sm_90a, th
   };
   // 32 experts: 64 rows each -> bucket 0; 65 -> 1; 512 -> 1; 513 -> 2.
   CHECK(pick(64 * 32, "sm_90a").tile_m == 64);
-  CHECK(pick(0, "sm_90a").tile_n == 256);
+  CHECK(pick(64 * 32, "sm_90a").tile_n == 256);
   const auto middle = pick(65 * 32, "sm_90a");
   CHECK((middle.kernel == GemmKernel::wgmma_sm90_swap_ab && middle.tile_m == 256 && middle.tile_n == 128 &&
          middle.cluster == 1 && middle.stages == 4));
@@ -251,8 +248,8 @@ TEST_CASE("grouped GEMM configurations: buckets by rows per expert on sm_90a, th
   // Every configuration a launch may pick is what precompile builds and prepare loads.
   auto all = grouped_gemm_candidates(problem, arch("sm_90a"));
   REQUIRE(all.has_value());
-  CHECK(all->size() == 3);
-  CHECK(kernels_for_target(problem, arch("sm_90a")).size() == 3);
+  CHECK(all->size() == 4);  // the decode bucket's kernel first
+  CHECK(kernels_for_target(problem, arch("sm_90a")).size() == 4);
   // Elsewhere, or when asked, the portable kernel; past 2^31 rows too (TMA coordinates are 32-bit).
   for (const char* target : {"sm_100a", "sm_120a", "sm_80"}) CHECK(pick(1 << 20, target).kernel == GemmKernel::mma_sync);
   CHECK(pick(1 << 20, "sm_90a", {.kernel = GemmRequest::Kernel::portable}).kernel == GemmKernel::mma_sync);
@@ -274,6 +271,89 @@ TEST_CASE("grouped GEMM configurations: buckets by rows per expert on sm_90a, th
   lone.cluster = 1;
   REQUIRE_FALSE(validate(KernelSpec{lone}).has_value());
   CHECK(validate(KernelSpec{lone}).error().message.find("a cluster of 1 has no axis") != std::string::npos);
+}
+
+TEST_CASE("the decode bucket: at most 512 routed rows on sm_90a run the decode kernel, bf16 and fp8 [E, N, K] weights") {
+  using Kernel = GemmRequest::Kernel;
+  const auto hopper = arch("sm_90a");
+  // Qwen3-30B-A3B's gate_up (E 128, N 1536, K 2048) at 1 and 64 tokens of top 8; one past the bucket.
+  GroupedGemmSpec bf16{.n = 1536, .k = 2048, .experts = 128};
+  for (int64_t rows : {int64_t{1}, int64_t{8}, int64_t{512}}) {
+    const auto s = *choose_grouped_gemm_config(bf16, hopper, rows);
+    CHECK((s.kernel == GemmKernel::mma_decode && s.tile_m == kDecodeTileRows && s.tile_n == 32 && s.tile_k == 128));
+  }
+  CHECK(choose_grouped_gemm_config(bf16, hopper, 513)->kernel == GemmKernel::wgmma_sm90);
+  // Few experts: no more than 64 rows per expert on average.
+  GroupedGemmSpec one_expert = bf16;
+  one_expert.experts = 1;
+  CHECK(choose_grouped_gemm_config(one_expert, hopper, 64)->kernel == GemmKernel::mma_decode);
+  CHECK(choose_grouped_gemm_config(one_expert, hopper, 65)->kernel != GemmKernel::mma_decode);
+  // The weight tile: 32 blocks per expert at the widest (N 7168: 128; 2048: 64; 1536: 32; 512: 16).
+  CHECK((decode_tile_n(7168) == 128 && decode_tile_n(2048) == 64 && decode_tile_n(1536) == 32 &&
+         decode_tile_n(512) == 16 && decode_tile_n(16) == 16));
+  // Asking for another kernel or tile leaves the decode bucket to the kernel asked for; sm90 is the old path.
+  CHECK(choose_grouped_gemm_config(bf16, hopper, 8, {.kernel = Kernel::sm90})->kernel == GemmKernel::wgmma_sm90);
+  CHECK(choose_grouped_gemm_config(bf16, hopper, 8, {.tile_m = 128, .tile_n = 128})->kernel == GemmKernel::wgmma_sm90);
+  CHECK(choose_grouped_gemm_config(bf16, hopper, 8, {.kernel = Kernel::sm90_swap_ab})->kernel ==
+        GemmKernel::wgmma_sm90_swap_ab);
+  // Forced, it serves every row count and any arch of mma.sync, with the tile asked for.
+  const auto forced = *choose_grouped_gemm_config(bf16, arch("sm_80"), 1 << 20, {.kernel = Kernel::decode, .tile_m = 8,
+                                                                                    .tile_n = 128});
+  CHECK((forced.kernel == GemmKernel::mma_decode && forced.tile_m == 8 && forced.tile_n == 128));
+  CHECK_FALSE(choose_grouped_gemm_config(bf16, hopper, 8, {.kernel = Kernel::decode, .tile_m = 64}).has_value());
+  CHECK_FALSE(choose_grouped_gemm_config(bf16, hopper, 8, {.kernel = Kernel::decode, .cluster = 2}).has_value());
+  // [E, K, N] weights (dX) have no decode kernel: the first bucket's, and an error when forced.
+  GroupedGemmSpec kn = bf16;
+  kn.weights = WeightLayout::e_k_n;
+  CHECK(choose_grouped_gemm_config(kn, hopper, 8)->kernel == GemmKernel::wgmma_sm90);
+  CHECK(kernels_for_target(kn, hopper).size() == 3);
+  CHECK(choose_grouped_gemm_config(kn, hopper, 8, {.kernel = Kernel::decode}).error().code == KJIT_ERROR_UNSUPPORTED);
+  // Off Hopper the heuristic keeps the portable kernel.
+  CHECK(choose_grouped_gemm_config(bf16, arch("sm_100a"), 8)->kernel == GemmKernel::mma_sync);
+
+  // W8A16: the same bucket and tiles; FP4 and [E, K, N] keep their kernels.
+  GroupedGemmMixedSpec fp8{.n = 512, .k = 7168, .experts = 256, .weights = WeightLayout::e_n_k,
+                           .weight = MixedWeight::f8_e4m3fn};
+  const auto m = *choose_grouped_gemm_mixed_config(fp8, hopper, 8);
+  CHECK((m.kernel == MixedGemmKernel::mma_decode && m.tile_m == 16 && m.tile_n == 16 && m.stages == 0));
+  CHECK(choose_grouped_gemm_mixed_config(fp8, hopper, 8, {.kernel = Kernel::sm90})->kernel ==
+        MixedGemmKernel::wgmma_sm90);
+  CHECK(choose_grouped_gemm_mixed_config(fp8, hopper, 600)->kernel == MixedGemmKernel::wgmma_sm90);
+  CHECK(grouped_gemm_mixed_candidates(fp8, hopper)->size() == 4);
+  auto fp4 = fp8;
+  fp4.weight = MixedWeight::mxfp4;
+  CHECK(choose_grouped_gemm_mixed_config(fp4, hopper, 8)->kernel == MixedGemmKernel::wgmma_sm90);
+  CHECK(choose_grouped_gemm_mixed_config(fp4, hopper, 8, {.kernel = Kernel::decode}).error().code ==
+        KJIT_ERROR_UNSUPPORTED);
+  auto fp8_kn = fp8;
+  fp8_kn.weights = WeightLayout::e_k_n;
+  CHECK(choose_grouped_gemm_mixed_config(fp8_kn, hopper, 8)->kernel == MixedGemmKernel::wgmma_sm90);
+  CHECK_FALSE(choose_grouped_gemm_mixed_config(fp8, arch("sm_80"), 8, {.kernel = Kernel::decode}).has_value());
+
+  // Rendering: its own template and entry, 256 threads, static shared memory only; the grid bounds the
+  // (expert, chunk) pairs by the rows and covers N.
+  const auto k = render(KernelSpec{m});
+  CHECK(k.entry_point == "kjit_grouped_gemm_mixed_decode");
+  CHECK(k.threads_per_block == 256);
+  CHECK(k.dynamic_shared_bytes == 0);
+  CHECK(k.source.find("kjit::GroupedGemmDecodeConfig<") != std::string::npos);
+  CHECK(render(KernelSpec{*choose_grouped_gemm_config(bf16, hopper, 8)}).entry_point == "kjit_grouped_gemm_decode");
+  const auto one_token = grouped_gemm_mixed_geometry(m, 8, 132);
+  CHECK((one_token.grid_x == 8 && one_token.grid_y == 512 / 16 && one_token.block_x == 256));
+  // 64 tokens of top 8 over 128 experts, chunks of 16: (512 + 128 x 15) / 16 slots.
+  const auto many = grouped_gemm_geometry(*choose_grouped_gemm_config(bf16, hopper, 512), 512, 132);
+  CHECK((many.grid_x == (512 + 128 * 15) / 16 && many.grid_y == 1536 / 32));
+  // Specs round-trip and keep their own canonical text; other kernels' text is as before.
+  for (const KernelSpec& s : {KernelSpec{m}, KernelSpec{forced}}) {
+    const auto back = spec_from_json(to_json(s));
+    REQUIRE(back.has_value());
+    CHECK(*back == s);
+    CHECK(canonical(s).find("kernel=mma_decode") != std::string::npos);
+  }
+  CHECK(canonical(KernelSpec{m}).ends_with("kernel=mma_decode tile=16x16x128 stages=0"));
+  auto bad = m;
+  bad.tile_n = 48;
+  CHECK_FALSE(validate(KernelSpec{bad}).has_value());
 }
 
 TEST_CASE("grouped GEMM specs: a problem and each configuration round-trip through canonical text and JSON") {
@@ -871,7 +951,7 @@ TEST_CASE("W8A16 block scales under a fused activation: gate_up_layout is in the
 TEST_CASE("the SM90 W8A16 GEMM renders a register-A bf16 wgmma per decode bucket and asks for its shared memory") {
   // Buckets by rows per expert: <= 32, <= 64 (this kernel), more (the converter kernel, or this one when forced).
   for (auto [rows, tile_m, stages, request] :
-       {std::tuple{32 * 4, 32, 8, GemmRequest{}}, {32 * 64, 64, 6, GemmRequest{}},
+       {std::tuple{32 * 4, 32, 8, GemmRequest{.kernel = GemmRequest::Kernel::sm90}}, {32 * 64, 64, 6, GemmRequest{}},
         {32 * 256, 128, 4, GemmRequest{.kernel = GemmRequest::Kernel::sm90}}}) {
     CAPTURE(rows);
     const auto s = *choose_grouped_gemm_mixed_config(mixed_problem(), arch("sm_90a"), rows, request);
