@@ -168,6 +168,9 @@ TEST_CASE("the cache key changes when and only when a compile input changes") {
   changed = base;
   changed.entry_format_version = 2;
   CHECK(cache_key(changed) != key);
+  changed = base;
+  changed.cuda_headers = "another header set";  // KJIT_CUDA_INCLUDE, an edited toolkit
+  CHECK(cache_key(changed) != key);
   const std::vector<std::string> other_options{"--gpu-architecture=sm_90a", "--std=c++20"};
   changed = base;
   changed.options = other_options;
