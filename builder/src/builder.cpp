@@ -21,11 +21,8 @@ Expected<BuiltKernel> Builder::build(const codegen::KernelSpec& spec, const code
   out.rendered = codegen::render(spec);
   counters_.renders.fetch_add(1, std::memory_order_relaxed);
   const auto options = compile_options(target);
-  // The headers' content is in the key: other headers (KJIT_CUDA_INCLUDE, an
-  // edited toolkit) make other keys, never a cubin served for these.
-  const std::string& headers = cuda_headers_digest();
   auto lookup = [&](const std::string& nvrtc_version) {
-    out.key = codegen::cache_key({out.rendered.source, target, options, nvrtc_version, kEntryFormatVersion, headers});
+    out.key = codegen::cache_key({out.rendered.source, target, options, nvrtc_version, kEntryFormatVersion});
     auto entry = store_.load(out.key);
     if (!entry) return false;
     out.cubin = std::move(entry->payload);
@@ -57,7 +54,7 @@ Expected<BuiltKernel> Builder::build(const codegen::KernelSpec& spec, const code
   // The program name lies under the absolute source root, as the #line names
   // do: no file name is relative, so the cubin does not depend on the working directory.
   const auto program_name = fmt::format("{}/{}.cu", codegen::kSourceRoot, codegen::op_name(spec));
-  auto compiled = (*nvrtc)->compile(out.rendered.source, program_name, target, compile_flags(target));
+  auto compiled = (*nvrtc)->compile(out.rendered.source, program_name, target, options);
   if (!compiled)
     return fail(compiled.error().code,
                 fmt::format("compiling {}: {}", codegen::canonical(spec), compiled.error().message));
@@ -69,7 +66,6 @@ Expected<BuiltKernel> Builder::build(const codegen::KernelSpec& spec, const code
                                {"op", codegen::op_name(spec)},
                                {"arch", target},
                                {"nvrtc", nvrtc_version},
-                               {"cuda_headers", headers},
                                {"kjit", KJIT_VERSION_STRING},
                                {"options", options},
                                {"entry_point", out.rendered.entry_point},

@@ -4,21 +4,12 @@
 #include <cuda.h>
 #include <dlfcn.h>
 #include <link.h>
-#include <sys/stat.h>
 
-#include <algorithm>
-#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
-#include <iterator>
-#include <optional>
 
 #include <fmt/format.h>
-#include <llvm/ADT/StringExtras.h>
-#include <llvm/Support/SHA256.h>
 
 namespace kjit {
 
@@ -170,109 +161,6 @@ std::string built_with_cuda_version() {
 std::vector<std::string> compile_options(const std::string& arch) {
   // -lineinfo keeps profilers' source correlation; it does not change the code.
   return {"--gpu-architecture=" + arch, "--std=c++17", "-lineinfo"};
-}
-
-std::string cuda_include_dir() {
-  namespace fs = std::filesystem;
-  std::vector<fs::path> candidates;
-  if (const char* env = std::getenv("KJIT_CUDA_INCLUDE"); env && *env) candidates.emplace_back(env);
-  for (const char* var : {"CUDA_HOME", "CUDA_PATH"})
-    if (const char* root = std::getenv(var); root && *root) candidates.push_back(fs::path(root) / "include");
-  if (auto nvrtc = Nvrtc::load(); nvrtc && !(*nvrtc)->library_path().empty()) {
-    std::error_code ec;
-    const auto lib = fs::canonical((*nvrtc)->library_path(), ec);
-    if (!ec) candidates.push_back(lib.parent_path().parent_path() / "include");
-  }
-  candidates.emplace_back("/usr/local/cuda/include");
-  for (const auto& dir : candidates) {
-    std::error_code ec;
-    if (fs::exists(dir / "cuda_fp16.h", ec)) return dir.string();
-  }
-  return "";
-}
-
-namespace {
-
-// The regular files under `dir` (links to files followed), relative to it, sorted bytewise; nullopt when `dir`
-// cannot be listed.
-std::optional<std::vector<std::string>> header_files(const std::string& dir) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  fs::recursive_directory_iterator it(dir, fs::directory_options::skip_permission_denied, ec), end;
-  if (ec) return std::nullopt;
-  std::vector<std::string> files;
-  for (; it != end; it.increment(ec)) {
-    if (ec) return std::nullopt;
-    std::error_code type_ec;
-    if (it->is_regular_file(type_ec)) files.push_back(it->path().lexically_relative(dir).string());
-  }
-  std::sort(files.begin(), files.end());
-  return files;
-}
-
-std::string hex(const std::array<uint8_t, 32>& digest) {
-  std::string out;
-  for (uint8_t byte : digest) out += fmt::format("{:02x}", byte);
-  return out;
-}
-
-}  // namespace
-
-std::string headers_fingerprint_of(const std::string& dir) {
-  const auto files = header_files(dir);
-  if (!files) return "";
-  llvm::SHA256 lines;
-  for (const auto& file : *files) {
-    struct stat st{};
-    // A file that cannot be stat'ed counts as itself: the fingerprint then matches no build's.
-    const bool ok = ::stat((dir + "/" + file).c_str(), &st) == 0;
-    lines.update(ok ? fmt::format("{} {} {}\n", file, static_cast<long long>(st.st_size),
-                                  static_cast<long long>(st.st_mtim.tv_sec))
-                    : fmt::format("{} unreadable\n", file));
-  }
-  return hex(lines.final());
-}
-
-std::string headers_digest_of(const std::string& dir) {
-  namespace fs = std::filesystem;
-  const auto listed = header_files(dir);
-  if (!listed) return "";
-  const auto& files = *listed;
-  llvm::SHA256 lines;
-  for (const auto& file : files) {
-    std::ifstream in(fs::path(dir) / file, std::ios::binary);
-    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    // An unreadable file still counts, as itself: the set differs from a readable one.
-    const std::string digest = in.bad() || !in.is_open() ? "unreadable" : hex(llvm::SHA256::hash(llvm::arrayRefFromStringRef(bytes)));
-    lines.update(fmt::format("{} {}\n", file, digest));
-  }
-  return hex(lines.final());
-}
-
-std::string built_with_cuda_headers() { return KJIT_CUDA_HEADERS_DIGEST; }
-
-const std::string& cuda_headers_digest() {
-  static const std::string digest = [] {
-    const std::string dir = cuda_include_dir();
-    if (dir.empty()) return built_with_cuda_headers();
-    // The build's headers, untouched since (the same files, sizes and times): the build's digest, without
-    // reading them all.
-    if (headers_fingerprint_of(dir) == KJIT_CUDA_HEADERS_FINGERPRINT) return built_with_cuda_headers();
-    std::string local = headers_digest_of(dir);
-    return local.empty() ? built_with_cuda_headers() : local;
-  }();
-  return digest;
-}
-
-std::string built_with_cuda_headers_fingerprint() { return KJIT_CUDA_HEADERS_FINGERPRINT; }
-
-std::vector<std::string> compile_flags(const std::string& arch) {
-  auto flags = compile_options(arch);
-  if (const auto include = cuda_include_dir(); !include.empty()) {
-    flags.push_back("-I" + include + "/cccl");
-    flags.push_back("-I" + include);
-  }
-  return flags;
 }
 
 }  // namespace kjit

@@ -22,7 +22,6 @@ std::string cache_key(const CompileInputs& inputs) {
   add_field(hasher, "kjit-cache-key");
   add_field(hasher, std::to_string(inputs.entry_format_version));
   add_field(hasher, inputs.nvrtc_version);
-  add_field(hasher, inputs.cuda_headers);
   add_field(hasher, inputs.arch);
   add_field(hasher, std::to_string(inputs.options.size()));
   for (const auto& option : inputs.options) add_field(hasher, option);

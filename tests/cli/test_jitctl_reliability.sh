@@ -4,7 +4,7 @@
 #    entry text never reaches the terminal as escape sequences (list --summary included);
 # 2. precompile counts every outcome: its own kernels evicted under KJIT_CACHE_MAX_BYTES and unreadable shards
 #    are failures (exit 1, named); verify reports unreadable shards;
-# 3. the CUDA headers are in the key: altered headers (KJIT_CUDA_INCLUDE) compile anew;
+# 3. no file outside the rendered source enters a compile: planted toolkit headers change no key or cubin;
 # 4. repeated --arch values are one arch;
 # 5. no write where none was asked: show --cubin refuses the cache's own files, a hard link at a .used stamp is
 #    never written through, clear --older-than 0s asks as clear does;
@@ -116,14 +116,16 @@ check "and one kernel each" grep -q "0 compiled, 2 already cached" "$work/p"
 KJIT_TEST_FAULT=kill-during-publish run "$work/p" precompile --manifest "$work/three.json" --arch sm_90a
 check "a release jitctl ignores KJIT_TEST_FAULT" test "$rc" -eq 0
 
-# 3. Altered headers: other keys.
-include=$(sed -n 's/^cuda headers: //p' <("$jitctl" info))
-cp -r "$include" "$work/include"
-echo "// altered" >> "$work/include/cuda_fp16.h"
-KJIT_CUDA_INCLUDE=$work/include run "$work/p" precompile --manifest "$work/three.json" --arch sm_90a
-check "altered headers compile anew (other keys)" grep -q "2 compiled, 0 already cached" "$work/p"
-run "$work/p" precompile --manifest "$work/three.json" --arch sm_90a
-check "the toolkit's headers still find their own entries" grep -q "0 compiled, 2 already cached" "$work/p"
+# 3. No file outside the rendered source enters a compile (NVRTC gets no include path): headers planted where
+# a toolkit is looked for change no key, and the kernels are served from their entries.
+mkdir -p "$work/cuda/include/cuda"
+printf '#error planted\n' | tee "$work/cuda/include/cuda_fp16.h" "$work/cuda/include/cuda/ptx" > /dev/null
+CUDA_HOME=$work/cuda CUDA_PATH=$work/cuda KJIT_CUDA_INCLUDE=$work/cuda/include \
+  run "$work/p" precompile --manifest "$work/three.json" --arch sm_90a
+check "planted headers change no key" grep -q "0 compiled, 2 already cached" "$work/p"
+KJIT_CACHE_DIR=$work/c5 CUDA_HOME=$work/cuda KJIT_CUDA_INCLUDE=$work/cuda/include \
+  run "$work/p" precompile --manifest "$work/three.json" --arch sm_90a
+check "and compiling beside them never reads them" grep -q "2 compiled, 0 already cached" "$work/p"
 
 # 2. Eviction of the manifest's own kernels: exit 1, named.
 KJIT_CACHE_DIR=$work/c4 KJIT_CACHE_MAX_BYTES=1 run "$work/p" precompile --manifest "$work/three.json" --arch sm_90a -j 1

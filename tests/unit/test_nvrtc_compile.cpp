@@ -224,7 +224,7 @@ TEST_CASE("every grouped GEMM variant compiles with NVRTC for sm_90a, sm_100a an
 TEST_CASE("ptxas reports no local-memory spills in the grouped GEMM and dequant kernels on sm_90a") {
   auto nvrtc = kjit::Nvrtc::load();
   REQUIRE(nvrtc.has_value());
-  auto options = kjit::compile_flags("sm_90a");
+  auto options = kjit::compile_options("sm_90a");
   options.push_back("--ptxas-options=-v");
   std::vector<KernelSpec> specs;
   // Every SM90 flag combination in both buckets (register pressure differs
@@ -272,7 +272,7 @@ template <class Specs>
 void check_no_spills_on_sm90a(const Specs& specs) {
   auto nvrtc = kjit::Nvrtc::load();
   REQUIRE(nvrtc.has_value());
-  auto options = kjit::compile_flags("sm_90a");
+  auto options = kjit::compile_options("sm_90a");
   options.push_back("--ptxas-options=-v");
   for (const auto& spec : specs) {
     auto r = (*nvrtc)->compile(render(spec).source, "spill_check.cu", "sm_90a", options);
@@ -672,47 +672,22 @@ TEST_CASE("every grouped GEMM wgrad variant compiles for sm_80, sm_90a, sm_100a 
   check_no_spills_on_sm90a(all);
 }
 
-TEST_CASE("the CUDA headers' digest covers their content: altered, added or renamed files change it") {
-  namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / ("kjit-headers-" + std::to_string(::getpid()));
-  fs::create_directories(dir / "sub");
-  auto write = [](const fs::path& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; };
-  write(dir / "cuda_fp16.h", "#pragma once\n");
-  write(dir / "sub" / "inner.h", "int x;\n");
-  const std::string digest = kjit::headers_digest_of(dir.string());
-  CHECK(digest.size() == 64);
-  CHECK(kjit::headers_digest_of(dir.string()) == digest);
-  write(dir / "cuda_fp16.h", "#pragma once\n// altered\n");
-  const std::string altered = kjit::headers_digest_of(dir.string());
-  CHECK(altered != digest);
-  write(dir / "sub" / "extra.h", "");
-  CHECK(kjit::headers_digest_of(dir.string()) != altered);
-  fs::rename(dir / "sub" / "extra.h", dir / "sub" / "renamed.h");
-  CHECK(kjit::headers_digest_of(dir.string()) != altered);
-  CHECK(kjit::headers_digest_of((dir / "absent").string()).empty());
-  fs::remove_all(dir);
-}
-
-TEST_CASE("the build's header digest (CMake) is the one the library computes for the same headers") {
-  // Both recipes must agree, or a machine without headers would key differently from one with them.
-  CHECK(kjit::headers_digest_of(KJIT_CUDA_INCLUDE_DIR) == kjit::built_with_cuda_headers());
-  // And the fingerprints, or every process would read and hash every header (the digest's shortcut).
-  CHECK(kjit::headers_fingerprint_of(KJIT_CUDA_INCLUDE_DIR) == kjit::built_with_cuda_headers_fingerprint());
-}
-
-TEST_CASE("the header fingerprint follows sizes, times and names") {
-  namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / ("kjit-fingerprint-" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  std::ofstream(dir / "cuda_fp16.h", std::ios::binary) << "#pragma once\n";
-  const std::string first = kjit::headers_fingerprint_of(dir.string());
-  CHECK(first.size() == 64);
-  CHECK(kjit::headers_fingerprint_of(dir.string()) == first);
-  fs::last_write_time(dir / "cuda_fp16.h", fs::last_write_time(dir / "cuda_fp16.h") - std::chrono::hours(1));
-  const std::string touched = kjit::headers_fingerprint_of(dir.string());
-  CHECK(touched != first);
-  std::ofstream(dir / "more.h", std::ios::binary) << "";
-  CHECK(kjit::headers_fingerprint_of(dir.string()) != touched);
-  CHECK(kjit::headers_fingerprint_of((dir / "absent").string()).empty());
-  fs::remove_all(dir);
+TEST_CASE("NVRTC compiles kjit's sources with no include path: a toolkit header cannot reach a cubin") {
+  // The key holds no header digest because no header outside the rendered source is read: a template that
+  // included one (here CCCL's, which the SM90 kernels once used) must fail to compile, not pick up whatever
+  // toolkit the machine has.
+  auto nvrtc = kjit::Nvrtc::load();
+  REQUIRE(nvrtc.has_value());
+  const auto options = kjit::compile_options("sm_90a");
+  for (const auto& option : options) CHECK(option.rfind("-I", 0) != 0);
+  const std::string kernel = "extern \"C\" __global__ void k(int* p) { *p = 1; }\n";
+  CHECK((*nvrtc)->compile(kernel, "plain.cu", "sm_90a", options).has_value());
+  for (const std::string header : {"<cuda/ptx>", "<cuda_runtime.h>"}) {
+    INFO(header);
+    const auto refused = (*nvrtc)->compile(std::string("#include ") + header + "\n" + kernel, "inc.cu", "sm_90a",
+                                           options);
+    REQUIRE_FALSE(refused.has_value());
+    INFO(refused.error().message);
+    CHECK(refused.error().message.find("could not open source file") != std::string::npos);
+  }
 }

@@ -47,15 +47,6 @@ NVRTC = load_nvrtc()
 NVRTC.nvrtcGetErrorString.restype = ctypes.c_char_p
 
 
-def include_dir():
-    for d in [os.environ.get("KJIT_CUDA_INCLUDE", ""),
-              os.path.join(os.environ.get("CUDA_HOME", ""), "include") if os.environ.get("CUDA_HOME") else "",
-              "/usr/local/cuda/include"]:
-        if d and os.path.exists(os.path.join(d, "cuda_fp16.h")):
-            return d
-    return ""
-
-
 def thread_cpu():
     return time.clock_gettime(time.CLOCK_THREAD_CPUTIME_ID)
 
@@ -118,13 +109,6 @@ def sources_from_cache(cache, match, limit):
     return found[:limit] if limit else found
 
 
-def base_options(meta_options, include):
-    opts = list(meta_options)
-    if include:
-        opts += ["-I" + include + "/cccl", "-I" + include]
-    return opts
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cache", help="a kjit cache root whose entries' sources are compiled")
@@ -139,7 +123,6 @@ def main():
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args()
 
-    include = include_dir()
     items = []
     if args.cache:
         for m in sources_from_cache(args.cache, args.match, args.limit):
@@ -156,7 +139,7 @@ def main():
     print(f"{'syntax':>7} {'ptx':>7} {'cubin':>7}  (CPU s)  kernel")
     for label, source, op, options in items:
         arch = next(o.split("=", 1)[1] for o in options if o.startswith("--gpu-architecture="))
-        opts = base_options(options, include) + extra
+        opts = list(options) + extra  # kjit's options as the entry records them (no include path)
         name = f"/kjit/{op}.cu"
         row = {"kernel": label}
         for mode in modes:

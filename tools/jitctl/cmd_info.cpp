@@ -29,7 +29,6 @@ nlohmann::json gather() {
   } else {
     out["nvrtc"] = {{"error", nvrtc.error().message}};
   }
-  out["cuda_headers"] = cuda_include_dir();
   out["devices"] = nlohmann::json::array();
   auto driver = runtime.driver();
   if (!driver) {
@@ -84,8 +83,6 @@ int cmd_info(const InfoOptions& options) {
     out("nvrtc: {} ({})\n  can build:{}\n", nvrtc["version"].get<std::string>(),
                nvrtc["library"].get<std::string>(), targets);
   }
-  const auto include = info["cuda_headers"].get<std::string>();
-  out("cuda headers: {}\n", include.empty() ? "not found" : include);
 
   const auto& driver = info["driver"];
   if (driver.contains("error")) {
