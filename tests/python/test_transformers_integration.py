@@ -491,21 +491,26 @@ def test_training_step_gradients_frozen_experts(emulated):
     check_training_step("deepseek_v3", "cpu", 24, 1e-2, train_experts=False)
 
 
-def lora_reference(model, adapters):
-    """transformers' experts on W + s B A (bf16 weights), A and B leaves: the gradients kjit's LoRA must give."""
+def lora_reference(model, adapters, dtype=torch.bfloat16):
+    """transformers' experts on W + s B A (weights in `dtype`), A and B leaves: the gradients kjit's LoRA must
+    give."""
     leaves = []
     for (name, module), lora in zip(experts_of(model), adapters):
         for target, proj in (("gate_up", "gate_up_proj"), ("down", "down_proj")):
-            a = getattr(lora, f"{target}_lora_A").detach().clone().requires_grad_()
-            b = getattr(lora, f"{target}_lora_B").detach().clone().requires_grad_()
+            a = getattr(lora, f"{target}_lora_A").detach().float().clone().requires_grad_()
+            b = getattr(lora, f"{target}_lora_B").detach().float().clone().requires_grad_()
             leaves.append((a, b))
             base = getattr(module, proj).detach()
             delattr(module, proj)
-            setattr(module, proj, (base.float() + lora.scaling * b @ a).to(torch.bfloat16))
+            setattr(module, proj, (base.float() + lora.scaling * b @ a).to(dtype))
     return leaves
 
 
 def check_lora_step(family, device, tokens, fp8, tolerance):
+    """kjit's LoRA branches beside the (FP8) experts against transformers on the merged W + s B A: the forward
+    against the bf16 merge, the adapters' gradients against an fp32 model's within 1.5x the bf16 merge's own
+    error + `tolerance` (check_training_step's yardstick; merging s B A into bf16 weights rounds it away where
+    it is small against W, which kjit's fp32 branch does not)."""
     model = tiny_model(family, device)
     reference = to_fp8_experts(model) if fp8 else copy.deepcopy(model)
     model.requires_grad_(False)
@@ -519,7 +524,10 @@ def check_lora_step(family, device, tokens, fp8, tolerance):
             lora.down_lora_B.normal_(0, 0.05)
     ids = token_ids(tokens, device)
     reference.requires_grad_(False)
+    exact = copy.deepcopy(reference).float()
+    use_implementation(exact, "batched_mm")
     leaves = lora_reference(reference, adapters)
+    exact_leaves = lora_reference(exact, adapters, torch.float32)
     with torch.no_grad():
         rel, top1 = agreement(reference(ids).logits, model(ids).logits)
     print(f"{family} LoRA{' on FP8' if fp8 else ''}: kjit's branches vs transformers on W + s B A: relative error "
@@ -527,12 +535,19 @@ def check_lora_step(family, device, tokens, fp8, tolerance):
     assert rel < 5e-2 and top1 >= 0.9, (rel, top1)  # W + s B A rounded to bf16 in the reference, not in kjit
     if device == "cuda" and not HAS_WGRAD:
         return
-    loss_of(reference, ids).backward()
-    loss_of(model, ids).backward()
-    for lora, (gu, dn) in zip(adapters, [leaves[i:i + 2] for i in range(0, len(leaves), 2)]):
-        for (a, b), target in ((gu, "gate_up"), (dn, "down")):
-            assert relative(getattr(lora, f"{target}_lora_A").grad, a.grad) < tolerance, target
-            assert relative(getattr(lora, f"{target}_lora_B").grad, b.grad) < tolerance, target
+    for m in (reference, model, exact):
+        loss_of(m, ids).backward()
+    pairs = lambda flat: [flat[i:i + 2] for i in range(0, len(flat), 2)]  # noqa: E731
+    worst = worst_floor = 0.0
+    for lora, bf16_pair, exact_pair in zip(adapters, pairs(leaves), pairs(exact_leaves)):
+        for (a, b), (a32, b32), target in zip(bf16_pair, exact_pair, ("gate_up", "down")):
+            for factor, merged, fp32 in (("A", a, a32), ("B", b, b32)):
+                got = relative(getattr(lora, f"{target}_lora_{factor}").grad, fp32.grad)
+                floor = relative(merged.grad, fp32.grad)
+                assert got <= 1.5 * floor + tolerance, (target, factor, got, floor)
+                worst, worst_floor = max(worst, got), max(worst_floor, floor)
+    print(f"{family} LoRA gradients against the fp32 model: worst relative error {worst:.2e} (the bf16 merge's "
+          f"{worst_floor:.2e})")
     kjit_hf.remove_lora(model)
     assert all(not hasattr(m, "kjit_lora") for _, m in experts_of(model))
 
@@ -599,7 +614,7 @@ def test_alternating_biased_experts_train(emulated):
 
 
 def test_lora_on_fp8_experts_gradients(emulated):
-    check_lora_step("qwen3_moe", "cpu", 24, True, 3e-2)
+    check_lora_step("qwen3_moe", "cpu", 24, True, 1e-2)
 
 
 def test_add_lora_needs_enable_and_refuses_twice(emulated):
@@ -663,6 +678,4 @@ def test_gpu_training_step_gradients_bf16(family):
 
 @pytest.mark.gpu
 def test_gpu_lora_on_fp8_experts_gradients():
-    # 6e-2: the reference merges W + s B A into bf16 weights, kjit adds the branch in fp32 (down_lora_B measured
-    # 5.1e-2 on an H100, 2026-11-28)
-    check_lora_step("qwen3_moe", "cuda", GPU_TOKENS, True, 6e-2)
+    check_lora_step("qwen3_moe", "cuda", GPU_TOKENS, True, 1e-2)
