@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import re
-import resource
 import shutil
 import subprocess
 import sys
@@ -124,14 +123,18 @@ def precompile(jitctl, manifest, arch, threads, cache):
     argv = [jitctl, "precompile", "--manifest", manifest, "--arch", arch, "--json"]
     if threads:
         argv += ["-j", str(threads)]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     throttled_before = throttling()
     start = time.perf_counter()
-    run = subprocess.run(argv, capture_output=True, text=True, env=env)
-    wall = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        child = subprocess.Popen(argv, stdout=out, stderr=err, text=True, env=env)
+        # this child's own rusage (all its threads), not RUSAGE_CHILDREN's running total
+        _, status, usage = os.wait4(child.pid, 0)
+        wall = time.perf_counter() - start
+        child.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0), err.seek(0)
+        run = subprocess.CompletedProcess(argv, child.returncode, out.read(), err.read())
     throttled_after = throttling()
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    cpu = usage.ru_utime + usage.ru_stime
     try:
         result = json.loads(run.stdout)
     except ValueError:

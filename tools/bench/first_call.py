@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""A new process's first kjit call, cold (empty KJIT_CACHE_DIR: render,
+NVRTC, publish, load) and warm (a second new process on the same cache: disk
+lookup, verify, load), for issue 40's targets (<= 300 ms cold for a grouped
+GEMM, <= 2 ms per kernel loaded warm). Needs a GPU and torch.
+
+  tools/bench/first_call.py [--json FILE]
+
+Each case runs in its own interpreter; torch's import and CUDA context
+creation happen before the clock starts (a tiny torch op), so the figure is
+kjit's alone: the wall time of the first call up to a synchronize, then the
+second call's for comparison. Kernels loaded = cache entries after the cold run.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+CASES = {
+    "bf16 grouped GEMM (E 8, N 1024, K 1024, 256 rows)": """
+a = torch.randn(256, 1024, device=dev).bfloat16()
+w = torch.randn(8, 1024, 1024, device=dev).bfloat16()
+offsets = torch.arange(1, 9, device=dev, dtype=torch.int32) * 32
+call = lambda: kjit.grouped_gemm(a, w, offsets, offsets_convention="cumulative_end")
+""",
+    "FP8 W8A16 grouped GEMM (E 8, N 1024, K 1024, 256 rows)": """
+a = torch.randn(256, 1024, device=dev).bfloat16()
+w = torch.randn(8, 1024, 1024, device=dev).to(torch.float8_e4m3fn)
+s = torch.rand(8, 8, 8, device=dev) + 0.5
+offsets = torch.arange(1, 9, device=dev, dtype=torch.int32) * 32
+call = lambda: kjit.grouped_gemm(a, w, offsets, offsets_convention="cumulative_end", w_scale=s,
+                                 w_scale_convention="multiply")
+""",
+    "MoEExperts FP8 block forward (E 32, H 1024, I 512, top 4, 64 tokens)": """
+from kjit.torch import MoEExperts
+E, H, I = 32, 1024, 512
+gu = torch.randn(E, 2 * I, H, device=dev).to(torch.float8_e4m3fn)
+dn = torch.randn(E, H, I, device=dev).to(torch.float8_e4m3fn)
+m = MoEExperts(gu, dn, format="fp8_block", gate_up_layout="halves", activation="silu_mul",
+               gate_up_scale=torch.rand(E, 2 * I // 128, H // 128, device=dev) + 0.5,
+               down_scale=torch.rand(E, H // 128, I // 128, device=dev) + 0.5, scale_convention="multiply")
+x = torch.randn(64, H, device=dev).bfloat16()
+ids = torch.randint(0, E, (64, 4), device=dev, dtype=torch.int32)
+wts = torch.rand(64, 4, device=dev)
+call = lambda: m(x, ids, wts)
+""",
+}
+
+RUNNER = """
+import time, torch, kjit
+dev = "cuda"
+torch.zeros(1, device=dev).add_(1); torch.cuda.synchronize()
+{setup}
+torch.cuda.synchronize()
+t = time.perf_counter(); call(); torch.cuda.synchronize(); first = time.perf_counter() - t
+t = time.perf_counter(); call(); torch.cuda.synchronize(); second = time.perf_counter() - t
+print(first * 1e3, second * 1e3)
+"""
+
+
+def run_case(setup, cache):
+    env = dict(os.environ, KJIT_CACHE_DIR=cache)
+    out = subprocess.run([sys.executable, "-c", RUNNER.format(setup=setup)], env=env, check=True,
+                         capture_output=True, text=True).stdout.split()
+    return float(out[-2]), float(out[-1])
+
+
+def entries(cache):
+    return sum(name.endswith(".kjit") for _, _, files in os.walk(cache) for name in files)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    rows = []
+    for name, setup in CASES.items():
+        with tempfile.TemporaryDirectory() as cache:
+            cold, cold_second = run_case(setup, cache)
+            kernels = entries(cache)
+            warm, warm_second = run_case(setup, cache)
+        row = {"case": name, "kernels": kernels, "cold_ms": round(cold, 2), "warm_ms": round(warm, 3),
+               "warm_ms_per_kernel": round(warm / max(kernels, 1), 3), "second_call_ms": round(warm_second, 3)}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
