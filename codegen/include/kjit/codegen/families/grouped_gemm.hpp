@@ -106,8 +106,10 @@ LaunchGeometry decode_gemm_grid(int64_t total_rows, int64_t experts, int tile_m,
 std::vector<GroupedGemmSpec> grouped_gemm_configs(const GroupedGemmSpec& problem, const ArchInfo& arch);
 
 // The decode bucket (every family that has the decode kernel): at most this many routed rows, and at most
-// 64 rows per expert on average. A first guess (docs/decisions/0023): the GPU run settles it.
-inline constexpr int64_t kDecodeMaxRows = 512;
+// 64 rows per expert on average. Measured on an H200 (docs/decisions/0023): the decode kernel is 1.65-2.85x
+// the SM90 kernels at 8 routed rows (one token of top 8) and 0.52-0.75x at 128 and 512; 32 is where the
+// two meet, interpolated.
+inline constexpr int64_t kDecodeMaxRows = 32;
 inline bool decode_bucket(int64_t rows, int64_t experts) {
   return rows <= kDecodeMaxRows && rows <= 64 * std::max<int64_t>(experts, 1);
 }
