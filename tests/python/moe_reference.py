@@ -37,8 +37,11 @@ def quantize_groups(x):
     x [rows, K] -> (codes e4m3fn, scales fp32 [rows, K / 128])."""
     rows, k = x.shape
     groups = x.float().reshape(rows, k // FP8_BLOCK, FP8_BLOCK)
-    scales = groups.abs().amax(dim=-1).clamp(min=1e-10) / E4M3_MAX
-    codes = (groups / scales.unsqueeze(-1)).to(torch.float8_e4m3fn)
+    # IEEE division in fp32, as the kernel divides, on any device: the quotient of two floats in fp64 rounded to
+    # fp32 is the correctly rounded fp32 quotient (torch on CUDA divides by a scalar as a multiply by its
+    # reciprocal, an ulp off at times, which moved scales and flipped codes against kjit's)
+    scales = (groups.abs().amax(dim=-1).clamp(min=1e-10).double() / E4M3_MAX).float()
+    codes = (groups.double() / scales.unsqueeze(-1).double()).float().to(torch.float8_e4m3fn)
     return codes.reshape(rows, k), scales
 
 
