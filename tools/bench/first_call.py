@@ -10,6 +10,7 @@ Each case runs in its own interpreter; torch's import and CUDA context
 creation happen before the clock starts (a tiny torch op), so the figure is
 kjit's alone: the wall time of the first call up to a synchronize, then the
 second call's for comparison. Kernels loaded = cache entries after the cold run.
+--profile prints cProfile's view of each warm first call on stderr (where the milliseconds go).
 """
 import argparse
 import json
@@ -49,21 +50,30 @@ call = lambda: m(x, ids, wts)
 }
 
 RUNNER = """
-import time, torch, kjit
+import cProfile, pstats, sys, time, torch, kjit
 dev = "cuda"
 torch.zeros(1, device=dev).add_(1); torch.cuda.synchronize()
 {setup}
 torch.cuda.synchronize()
+profile = cProfile.Profile() if {profile} else None
+if profile: profile.enable()
 t = time.perf_counter(); call(); torch.cuda.synchronize(); first = time.perf_counter() - t
+if profile:
+    profile.disable()
+    pstats.Stats(profile, stream=sys.stderr).sort_stats("cumulative").print_stats(25)
 t = time.perf_counter(); call(); torch.cuda.synchronize(); second = time.perf_counter() - t
 print(first * 1e3, second * 1e3)
 """
 
 
-def run_case(setup, cache):
+def run_case(setup, cache, profile=False):
+    """(first call ms, second call ms); with profile, cProfile's view of the first call on stderr."""
     env = dict(os.environ, KJIT_CACHE_DIR=cache)
-    out = subprocess.run([sys.executable, "-c", RUNNER.format(setup=setup)], env=env, check=True,
-                         capture_output=True, text=True).stdout.split()
+    run = subprocess.run([sys.executable, "-c", RUNNER.format(setup=setup, profile=profile)], env=env, check=True,
+                         capture_output=True, text=True)
+    if profile:
+        print(run.stderr, file=sys.stderr)
+    out = run.stdout.split()
     return float(out[-2]), float(out[-1])
 
 
@@ -74,13 +84,14 @@ def entries(cache):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json")
+    parser.add_argument("--profile", action="store_true", help="cProfile each warm first call (stderr)")
     args = parser.parse_args()
     rows = []
     for name, setup in CASES.items():
         with tempfile.TemporaryDirectory() as cache:
             cold, cold_second = run_case(setup, cache)
             kernels = entries(cache)
-            warm, warm_second = run_case(setup, cache)
+            warm, warm_second = run_case(setup, cache, args.profile)
         row = {"case": name, "kernels": kernels, "cold_ms": round(cold, 2), "warm_ms": round(warm, 3),
                "warm_ms_per_kernel": round(warm / max(kernels, 1), 3), "second_call_ms": round(warm_second, 3)}
         rows.append(row)
