@@ -263,3 +263,24 @@ def wgrad(result):
         if peer:
             rows.append(_row(peer, shape, "time", r["torch_ms"], "ms", model=r["model"]))
     return rows, []
+
+
+def moe_peers(result):
+    """bench_moe_peers.py: one MoE layer under CUDA graphs, kjit beside vLLM's Triton fused_moe path and
+    finegrained-fp8; bandwidth = the touched experts' bytes over the time (shown as a share of the copy's)."""
+    rows = []
+    for r in result["rows"]:
+        shape = f"{r['format']}, {r['tokens']} token{'s' if r['tokens'] != 1 else ''}"
+        model = (f"{r.get('name', r['model'])} (E {r['experts']}, H {r['hidden']}, I {r['inter']}, "
+                 f"top {r['top_k']})")
+        timed = r.get("us", {})
+        kjit = next((p for p in timed if p == "kjit MoEExperts"), None)
+        for provider, us in timed.items():
+            peer = [p for p in timed if p != provider] if provider == kjit else None
+            config = r.get("configs", {}).get(provider)
+            rows.append(_row(provider, shape, "graph time", us, "us", peer, model, config))
+            rows.append(_row(provider, shape, "graph bandwidth", r["bytes_touched"] / (us * 1e-6) / 1e12, "TB/s",
+                             model=model))
+    copy = result.get("copy_bytes_per_s")
+    return rows, ([{"name": "D2D copy (read + write)", "value": round(copy / 1e12, 3), "unit": "TB/s"}]
+                  if copy else [])

@@ -56,6 +56,8 @@ FAMILIES = {
     "fused_activation": ("gate_up GEMM with the activation fused", "the same GEMM followed by torch's or kjit's activation"),
     "moe_layer": ("One MoE layer (eager)", "the seed path: Triton dequant + torch routing + torch._grouped_mm + index_add_"),
     "moe_layer_graph": ("One MoE layer under CUDA graphs", "the seed path and kjit's hand-assembled recipe, replayed"),
+    "moe_peers": ("One MoE layer against vLLM and transformers' kernels (CUDA graphs)",
+                  "vLLM's Triton fused_moe path and Hugging Face's finegrained-fp8 Triton kernels, same process"),
     "moe_training": ("Training through the experts", "the seed path's forward + backward (torch._grouped_mm autograd)"),
     "grouped_gemm_wgrad": ("Weight-gradient grouped GEMM", "torch._grouped_mm's K-grouped form"),
     "host_overhead": ("Host time per call", "a torch in-place add and a raw C call, same process"),
