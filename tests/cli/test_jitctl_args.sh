@@ -37,8 +37,7 @@ for cmd in info list show clear prune verify precompile selftest; do
   run "$work/out" "$work/err" "$cmd" --help
   check "$cmd --help exits 0" test "$rc" -eq 0
   check "$cmd --help prints its own usage" grep -q "jitctl $cmd" "$work/out"
-  check "$cmd --help documents --json or has nothing to report" \
-    bash -c "[ $cmd = selftest ] || grep -q -- '--json' '$work/out'"
+  check "$cmd --help documents --json" grep -q -- '--json' "$work/out"
 done
 run "$work/out" "$work/err"
 check "no command is a usage error (exit 2)" test "$rc" -eq 2
@@ -187,5 +186,17 @@ check "clear --yes removes a large cache off a terminal" test "$rc" -eq 0 -a "$(
 run "$work/out" "$work/err" selftest
 check "selftest with nothing to run exits 77 (got $rc)" test "$rc" -eq 77
 check "selftest says it skipped and why" grep -Eq "skipped: (no GPU|no cached kernel)" "$work/out"
+run "$work/out" "$work/err" selftest --json --exhaustive --filter 'grouped_gemm.*bf16' -j 3
+check "selftest --json with nothing to run exits 77 (got $rc)" test "$rc" -eq 77
+check "selftest --json prints one skipped document, saying why" python3 -c "
+import json; j=json.load(open('$work/out'))
+assert j['skipped'] is True and j['passed'] == 0 and j['failed'] == 0 and j['kernels'] == [], j
+assert j['reason'].startswith(('no GPU', 'no cached kernel')) and j['depth'] == 'exhaustive' and j['jobs'] == 3, j"
+run "$work/out" "$work/err" selftest --json
+check "selftest --json is quick by default" python3 -c "
+import json; j=json.load(open('$work/out')); assert j['depth'] == 'quick' and j['filter'] is None, j"
+usage_error "a selftest --filter that is no regular expression" selftest --filter '(['
+usage_error "a selftest -j of 0" selftest -j 0
+usage_error "a selftest --filter with no value" selftest --filter
 
 finish

@@ -28,7 +28,7 @@ pick() { local -n pool=$1; picked=${pool[RANDOM % ${#pool[@]}]}; }
 commands=(info list list show show clear prune verify verify precompile selftest help version bogus none)
 # Each command's own options (values drawn from the pools below) and, now and then, anything at all.
 declare -A own=([info]="" [list]="--summary --op --arch" [show]="KEY --cubin" [clear]="--yes --op --arch --older-than"
-                [prune]="--max-bytes" [verify]="--fix" [precompile]="--manifest --arch -j" [selftest]="" [help]=""
+                [prune]="--max-bytes" [verify]="--fix" [precompile]="--manifest --arch -j" [selftest]="--json --exhaustive" [help]=""
                 [version]="" [bogus]="" [none]="")
 ops=(fp8_dequant grouped_gemm $'\xff' $'op\x1b[2J' "")
 archs=(sm_90a sm_90a,sm_90a,sm_90a sm_100a,sm_90a $'sm_\x1b[2J' sm_90 "")

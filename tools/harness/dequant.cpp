@@ -49,7 +49,7 @@ Expected<int64_t> check_dequant(Runtime& runtime, DeviceState& device, const cod
   const int64_t slots = spec.selected_experts ? 2 : d.experts;
 
   std::vector<uint8_t> codes(static_cast<size_t>(d.experts * d.rows * d.cols));
-  for (auto& c : codes) c = static_cast<uint8_t>(rng());
+  fill_random(codes, rng, [](std::mt19937_64& r) { return static_cast<uint8_t>(r()); });
   std::vector<float> scales(static_cast<size_t>(d.experts * d.scale_rows * d.scale_cols));
   std::uniform_real_distribution<float> dist(0.01f, 8.0f);
   for (auto& s : scales) s = dist(rng);
@@ -75,8 +75,7 @@ Expected<int64_t> check_dequant(Runtime& runtime, DeviceState& device, const cod
   // Run exactly the cached kind: a narrower access than the buffers allow is valid.
   plan->spec.vec = spec.vec;
   plan->geometry = codegen::dequant_geometry(plan->spec, d.rows, slots);
-  KJIT_TRY(ops::launch_dequant(runtime, *plan, nullptr));
-  KJIT_TRY(runtime.take_device_errors(device.ordinal));
+  KJIT_TRY(launch_and_take_errors(runtime, device, [&] { return ops::launch_dequant(runtime, *plan, nullptr); }));
 
   std::vector<uint8_t> result(out_size);
   KJIT_TRY(buffers.download(result.data(), *out, out_size));

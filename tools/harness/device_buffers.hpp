@@ -3,9 +3,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <vector>
 
 #include "kjit/internal/driver.hpp"
+#include "kjit/internal/runtime.hpp"
 #include "kjit/base/expected.hpp"
 
 namespace kjit::harness {
@@ -47,5 +49,20 @@ class Buffers {
   CUcontext ctx_;
   std::vector<CUdeviceptr> owned_;
 };
+
+// Runs `launch` (an op on the default stream) and then takes the device's
+// error words (Runtime::take_device_errors), holding one lock of the process
+// from the one to the other: checks on several threads (jitctl selftest) each
+// read the errors of their own kernel, not another check's.
+inline std::mutex& launch_mutex() {
+  static std::mutex mutex;  // one in the process: an inline function's
+  return mutex;
+}
+template <class Launch>
+Expected<void> launch_and_take_errors(Runtime& runtime, const DeviceState& device, Launch&& launch) {
+  std::lock_guard lock(launch_mutex());
+  KJIT_TRY(launch());
+  return runtime.take_device_errors(device.ordinal);
+}
 
 }  // namespace kjit::harness

@@ -89,8 +89,7 @@ Expected<int64_t> check_fp8_quantize(Runtime& runtime, DeviceState& device, cons
   }
   const auto plan = KJIT_TRY(ops::plan_fp8_quantize(d, false));
   if (!(plan.spec == spec)) return fail(KJIT_ERROR_INTERNAL, "the descriptor does not select the spec under check");
-  KJIT_TRY(ops::fp8_quantize(runtime, d, nullptr));
-  KJIT_TRY(runtime.take_device_errors(device.ordinal));
+  KJIT_TRY(launch_and_take_errors(runtime, device, [&] { return ops::fp8_quantize(runtime, d, nullptr); }));
 
   std::vector<uint8_t> codes(want_codes.size());
   std::vector<uint32_t> scales(want_scales.size());

@@ -19,29 +19,30 @@ uint16_t bf16_bits(float f) { return reference::bf16_bits_rne(f); }
 
 // Runs a grouped GEMM kind once on random routing (empty experts included,
 // rows past the last offset) and returns the relative error of 6 sampled
-// rows against a float64 reference (with its fused activation, and with its
+// rows (quick: their sampled columns, ColumnPlan) against a float64 reference (with its fused activation, and with its
 // rows gathered through sorted_to_flat when the kind has them). Output starts as 0xA5 bytes (-2.9e-16 in
 // bf16 and f32), so an unwritten row shows as a ~100% error; the rows past
 // the last offset must keep those bytes.
 Expected<double> check_grouped_gemm(Runtime& runtime, DeviceState& device, const codegen::GroupedGemmSpec& spec,
-                                    std::mt19937_64& rng) {
+                                    std::mt19937_64& rng, Depth depth) {
   const DriverApi& api = **runtime.driver();
   const int64_t experts = spec.experts, n = spec.n, k = spec.k;
   std::vector<int32_t> counts(static_cast<size_t>(experts));
   std::uniform_int_distribution<int> count(1, 6);
-  const std::vector<int64_t> active = routed_experts(experts);
+  const std::vector<int64_t> active = routed_experts(experts, depth);
   for (int64_t e : active) counts[static_cast<size_t>(e)] = count(rng);
   const Routing routing(counts, spec.offsets);
   const int64_t routed = routing.routed(), rows = routed + 3;  // three rows belong to no expert
 
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<uint16_t> a(static_cast<size_t>(rows * k));
-  for (auto& v : a) v = bf16_bits(normal(rng));
+  fill_random(a, rng, [&](std::mt19937_64& r) { return bf16_bits(normal(r)); });
   const size_t expert_elements = static_cast<size_t>(n * k);
   std::vector<std::vector<uint16_t>> w(static_cast<size_t>(experts));  // filled for active experts only
   for (int64_t e : active) {
     w[static_cast<size_t>(e)].resize(expert_elements);
-    for (auto& v : w[static_cast<size_t>(e)]) v = bf16_bits(normal(rng) / std::sqrt(static_cast<float>(k)));
+    fill_random(w[static_cast<size_t>(e)], rng,
+                [&](std::mt19937_64& r) { return bf16_bits(normal(r) / std::sqrt(static_cast<float>(k))); });
   }
   std::vector<float> scale(static_cast<size_t>(rows));
   for (auto& v : scale) v = 0.5f + 0.5f * std::abs(normal(rng));
@@ -78,17 +79,17 @@ Expected<double> check_grouped_gemm(Runtime& runtime, DeviceState& device, const
   g.cluster_axis = spec.cluster_axis == codegen::ClusterAxis::n ? KJIT_GEMM_CLUSTER_ALONG_N : KJIT_GEMM_CLUSTER_ALONG_M;
   set_activation(g, spec);
   if (spec.gather) gathered.apply(g, *da, *dindex);
-  KJIT_TRY(ops::grouped_gemm(runtime, g, nullptr));
-  KJIT_TRY(runtime.take_device_errors(device.ordinal));
+  KJIT_TRY(launch_and_take_errors(runtime, device, [&] { return ops::grouped_gemm(runtime, g, nullptr); }));
   std::vector<uint8_t> out(out_size);
   KJIT_TRY(buffers.download(out.data(), *dout, out_size));
   KJIT_TRY(rows_past_routed_untouched(out, static_cast<size_t>(routed * out_cols * out_bytes)));
   RelativeError error;
-  std::vector<double> want(static_cast<size_t>(n));
+  const ColumnPlan columns(n, spec.activation, spec.tile_n, depth);
+  std::vector<double> product(static_cast<size_t>(n));
   std::uniform_int_distribution<int64_t> pick(0, std::max<int64_t>(routed - 1, 0));
   for (int sample = 0; sample < 6 && routed > 0; ++sample) {
     const int64_t row = pick(rng), e = routing.expert_of[static_cast<size_t>(row)];
-    for (int64_t col = 0; col < n; ++col) {
+    for (int64_t col : columns.product) {
       double ref = 0;
       for (int64_t kk = 0; kk < k; ++kk) {
         const size_t wi = spec.weights == codegen::WeightLayout::e_n_k ? static_cast<size_t>(col * k + kk)
@@ -96,15 +97,10 @@ Expected<double> check_grouped_gemm(Runtime& runtime, DeviceState& device, const
         ref += double(reference::bf16_to_float(a[static_cast<size_t>(row * k + kk)])) *
                double(reference::bf16_to_float(w[static_cast<size_t>(e)][wi]));
       }
-      want[static_cast<size_t>(col)] = ref;
+      product[static_cast<size_t>(col)] = ref;
     }
     const double row_scale = spec.row_scale ? double(scale[static_cast<size_t>(row)]) : 1.0;
-    if (fused) {
-      error.add_row(out, out_bytes, row, activated_row(want, spec.activation, row_scale, g));
-    } else {
-      for (auto& v : want) v *= row_scale;
-      error.add_row(out, out_bytes, row, want);
-    }
+    error.add_row(out, out_bytes, out_cols, row, columns, product, spec.activation, row_scale, g);
   }
   return error.value();
 }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "device_buffers.hpp"
+#include "sampling.hpp"
 #include "kjit/codegen/types.hpp"
 #include "kjit/kjit.h"
 #include "kjit/reference/fp8.hpp"
@@ -22,15 +23,19 @@
 namespace kjit::harness {
 
 // The experts a check routes rows to: the second, the middle and the last
-// (fewer where they coincide). The others stay empty, so only these experts'
-// weights need filling: a DeepSeek spec holds 256 x 4096 x 7168 weights, too
-// many to generate on the host.
-inline std::vector<int64_t> routed_experts(int64_t experts) {
+// (quick: the second and the last; fewer where they coincide). The others stay
+// empty, so only these experts' weights need filling: a DeepSeek spec holds
+// 256 x 4096 x 7168 weights, too many to generate on the host.
+inline std::vector<int64_t> routed_experts(int64_t experts, Depth depth = Depth::exhaustive) {
+  std::vector<int64_t> candidates = {std::min<int64_t>(1, experts - 1), experts - 1};
+  if (depth == Depth::exhaustive) candidates.insert(candidates.begin() + 1, experts / 2);
   std::vector<int64_t> routed;
-  for (int64_t e : {std::min<int64_t>(1, experts - 1), experts / 2, experts - 1})
+  for (int64_t e : candidates)
     if (std::find(routed.begin(), routed.end(), e) == routed.end()) routed.push_back(e);
   return routed;
 }
+// The routed expert given many rows (several row tiles): the middle one, quick the last.
+inline int64_t busy_expert(int64_t experts, Depth depth) { return depth == Depth::quick ? experts - 1 : experts / 2; }
 
 // `counts` rows per expert as the op's offsets in `convention`, and the expert of each routed row.
 struct Routing {
@@ -135,26 +140,49 @@ inline int64_t gate_up_source_row(int64_t n, int64_t rows, codegen::GateUpLayout
   return layout == codegen::GateUpLayout::halves ? (up ? rows / 2 + j : j) : 2 * j + (up ? 1 : 0);
 }
 
-// The fused activation's reference row, in float64: the product row `h` (N
-// columns in gate/up groups of 8, no row scale) -> N / 2 columns
-// act(h[16g + i], h[16g + 8 + i]) * scale, kjit.h's formulas.
-inline std::vector<double> activated_row(std::span<const double> h, codegen::Activation activation, double scale,
-                                         const kjit_grouped_gemm_desc& g) {
-  std::vector<double> out(h.size() / 2);
-  for (size_t j = 0; j < out.size(); ++j) {
-    const double gate = h[j / 8 * 16 + j % 8], up = h[j / 8 * 16 + 8 + j % 8];
-    double v;
-    if (activation == codegen::Activation::silu_mul) {
-      v = gate / (1.0 + std::exp(-gate)) * up;
-    } else {
-      const double gc = std::min(gate, double(g.activation_limit));
-      const double uc = std::clamp(up, -double(g.activation_limit), double(g.activation_limit));
-      v = (uc + 1.0) * gc / (1.0 + std::exp(-double(g.activation_alpha) * gc));
-    }
-    out[j] = v * scale;
+// The product column of output column j's gate under a fused activation
+// (gate/up groups of 8); its up is 8 further.
+inline int64_t gate_column(int64_t j) { return j / 8 * 16 + j % 8; }
+
+// The fused activation's reference value, in float64: act(gate, up) * scale
+// of a gate and an up product (no row scale), kjit.h's formulas.
+inline double activated(double gate, double up, codegen::Activation activation, double scale,
+                        const kjit_grouped_gemm_desc& g) {
+  double v;
+  if (activation == codegen::Activation::silu_mul) {
+    v = gate / (1.0 + std::exp(-gate)) * up;
+  } else {
+    const double gc = std::min(gate, double(g.activation_limit));
+    const double uc = std::clamp(up, -double(g.activation_limit), double(g.activation_limit));
+    v = (uc + 1.0) * gc / (1.0 + std::exp(-double(g.activation_alpha) * gc));
   }
-  return out;
+  return v * scale;
 }
+
+// The columns a check compares of each sampled row: `out`, of the output's
+// columns (N, or N / 2 with a fused activation), and `product`, the columns of
+// the N-column product they read (output column j of a fused activation reads
+// its gate_column and the up 8 further). Exhaustive: every column;
+// quick: sampled_columns over the output's tiles (tile_n product columns; 128
+// where the spec has no tile), 64 more spread evenly.
+struct ColumnPlan {
+  std::vector<int64_t> out, product;
+
+  ColumnPlan(int64_t n, codegen::Activation activation, int tile_n, Depth depth) {
+    const bool fused = activation != codegen::Activation::none;
+    const int64_t cols = fused ? n / 2 : n, tile = (tile_n > 0 ? tile_n : 128) / (fused ? 2 : 1);
+    out = sampled_columns(cols, tile, depth == Depth::exhaustive ? cols : 64);
+    for (int64_t j : out) {
+      if (!fused) {
+        product.push_back(j);
+      } else {
+        product.push_back(gate_column(j));
+        product.push_back(gate_column(j) + 8);
+      }
+    }
+    std::sort(product.begin(), product.end());
+  }
+};
 
 // Fails when a byte of `out` from `routed_bytes` on (the rows past the last offset) lost the poison.
 inline Expected<void> rows_past_routed_untouched(const std::vector<uint8_t>& out, size_t routed_bytes) {
@@ -163,28 +191,44 @@ inline Expected<void> rows_past_routed_untouched(const std::vector<uint8_t>& out
   return {};
 }
 
-// ||got - want|| / ||want|| over the rows added.
+// Element `index` of a downloaded output of `out_bytes`-byte elements (f32 or bf16), in fp64.
+inline double output_value(const std::vector<uint8_t>& out, int out_bytes, size_t index) {
+  if (out_bytes == 4) {
+    float f;
+    std::memcpy(&f, &out[index * 4], 4);
+    return f;
+  }
+  uint16_t b;
+  std::memcpy(&b, &out[index * 2], 2);
+  return reference::bf16_to_float(b);
+}
+
+// ||got - want|| / ||want|| over the elements added.
 class RelativeError {
  public:
+  void add(double got, double want) {
+    diff_ += (got - want) * (got - want);
+    norm_ += want * want;
+  }
   // Row `row` of the downloaded output `out` (N = want.size() elements of
   // `out_bytes`: f32 or bf16) against `want`.
   void add_row(const std::vector<uint8_t>& out, int out_bytes, int64_t row, std::span<const double> want) {
     const int64_t n = static_cast<int64_t>(want.size());
-    for (int64_t col = 0; col < n; ++col) {
-      const size_t at = static_cast<size_t>((row * n + col) * out_bytes);
-      double got;
-      if (out_bytes == 4) {
-        float f;
-        std::memcpy(&f, &out[at], 4);
-        got = f;
-      } else {
-        uint16_t b;
-        std::memcpy(&b, &out[at], 2);
-        got = reference::bf16_to_float(b);
-      }
-      const double ref = want[static_cast<size_t>(col)];
-      diff_ += (got - ref) * (got - ref);
-      norm_ += ref * ref;
+    for (int64_t col = 0; col < n; ++col)
+      add(output_value(out, out_bytes, static_cast<size_t>(row * n + col)), want[static_cast<size_t>(col)]);
+  }
+  // Row `row` of a grouped GEMM's output `out` (`out_cols` columns) at
+  // `plan.out`, against `product` (the row's N product columns, no row scale;
+  // those of `plan.product` filled) through `activation` and times `scale`.
+  void add_row(const std::vector<uint8_t>& out, int out_bytes, int64_t out_cols, int64_t row, const ColumnPlan& plan,
+               std::span<const double> product, codegen::Activation activation, double scale,
+               const kjit_grouped_gemm_desc& g) {
+    for (int64_t j : plan.out) {
+      const auto at = [&](int64_t c) { return product[static_cast<size_t>(c)]; };
+      const double want = activation == codegen::Activation::none
+                              ? at(j) * scale
+                              : activated(at(gate_column(j)), at(gate_column(j) + 8), activation, scale, g);
+      add(output_value(out, out_bytes, static_cast<size_t>(row * out_cols + j)), want);
     }
   }
   double value() const { return std::sqrt(diff_ / std::max(norm_, 1e-30)); }

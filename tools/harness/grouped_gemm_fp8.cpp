@@ -44,23 +44,24 @@ codegen::GemmRequest pinning_request(const codegen::GroupedGemmFp8Spec& spec) {
 
 // Runs an FP8 grouped GEMM kind once and returns the relative error of
 // sampled rows (the first and last of each routed expert, two more at
-// random) against the fp64 reference. Rows go to three experts, the middle
-// one up to 300 rows (several row tiles); the others stay empty, and only
+// random; quick: their sampled columns, ColumnPlan) against the fp64
+// reference. Rows go to three experts, the middle one up to 300 rows (several
+// row tiles; quick: two experts, the last one the busy one); the others stay empty, and only
 // the routed experts' weights are filled (a DeepSeek spec's 256 experts hold
 // 7.5 GB). A is every finite e4m3fn code at random (subnormals, -0 and 448
 // included), the weights quantized normals, every scale random and positive.
 // Output starts as 0xA5 bytes, so an unwritten row shows as a ~100% error;
 // the three rows past the last offset must keep those bytes.
 Expected<double> check_grouped_gemm_fp8(Runtime& runtime, DeviceState& device, const codegen::GroupedGemmFp8Spec& spec,
-                                        std::mt19937_64& rng) {
+                                        std::mt19937_64& rng, Depth depth) {
   const DriverApi& api = **runtime.driver();
   const int64_t experts = spec.experts, n = spec.n, k = spec.k, k_blocks = k / 128;
   const bool block_scaled = spec.weight_scale == codegen::Fp8WeightScale::block_128;
 
   std::vector<int32_t> counts(static_cast<size_t>(experts));
-  const std::vector<int64_t> active = routed_experts(experts);
+  const std::vector<int64_t> active = routed_experts(experts, depth);
   std::uniform_int_distribution<int> few(1, 6), many(1, 300);
-  for (int64_t e : active) counts[static_cast<size_t>(e)] = e == experts / 2 ? many(rng) : few(rng);
+  for (int64_t e : active) counts[static_cast<size_t>(e)] = e == busy_expert(experts, depth) ? many(rng) : few(rng);
   const Routing routing(counts, spec.offsets);
   const int64_t routed = routing.routed(), rows = routed + 3;  // three rows belong to no expert
 
@@ -80,16 +81,17 @@ Expected<double> check_grouped_gemm_fp8(Runtime& runtime, DeviceState& device, c
 
   std::uniform_int_distribution<int> finite_code(0, 253);  // 254 codes: all but the NaNs 0x7F and 0xFF
   std::vector<uint8_t> a(static_cast<size_t>(rows * k));
-  for (auto& c : a) {
-    const int code = finite_code(rng);
-    c = static_cast<uint8_t>(code >= 0x7F ? code + 1 : code);
-  }
+  fill_random(a, rng, [&](std::mt19937_64& r) {
+    const int code = finite_code(r);
+    return static_cast<uint8_t>(code >= 0x7F ? code + 1 : code);
+  });
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const size_t expert_codes = static_cast<size_t>(n * k);
   std::vector<std::vector<uint8_t>> w(static_cast<size_t>(experts));  // filled for routed experts only
   for (int64_t e : active) {
     w[static_cast<size_t>(e)].resize(expert_codes);
-    for (auto& c : w[static_cast<size_t>(e)]) c = reference::encode_e4m3fn_satfinite(normal(rng) * 64.0f);
+    fill_random(w[static_cast<size_t>(e)], rng,
+                [&](std::mt19937_64& r) { return reference::encode_e4m3fn_satfinite(normal(r) * 64.0f); });
   }
   // Scales from 1/4 to 4: a wrong scale index shows, and no block drowns the others in the error.
   std::uniform_real_distribution<float> log2_scale(-2.0f, 2.0f);
@@ -128,8 +130,7 @@ Expected<double> check_grouped_gemm_fp8(Runtime& runtime, DeviceState& device, c
     // The FP8 kernel's pairs lie along N (sharing the row tile); a lone block has no axis.
     g.cluster_axis = spec.cluster > 1 ? KJIT_GEMM_CLUSTER_ALONG_N : KJIT_GEMM_CLUSTER_ALONG_M;
   }
-  KJIT_TRY(ops::grouped_gemm(runtime, g, nullptr));
-  KJIT_TRY(runtime.take_device_errors(device.ordinal));
+  KJIT_TRY(launch_and_take_errors(runtime, device, [&] { return ops::grouped_gemm(runtime, g, nullptr); }));
   std::vector<uint8_t> out(out_size);
   KJIT_TRY(buffers.download(out.data(), *dout, out_size));
   KJIT_TRY(rows_past_routed_untouched(out, static_cast<size_t>(routed * n * out_bytes)));
@@ -140,16 +141,20 @@ Expected<double> check_grouped_gemm_fp8(Runtime& runtime, DeviceState& device, c
   std::uniform_int_distribution<int64_t> pick(0, routed - 1);
   sampled.insert(sampled.end(), {pick(rng), pick(rng)});
   RelativeError error;
-  std::vector<double> want(static_cast<size_t>(n));
+  const ColumnPlan columns(n, codegen::Activation::none, spec.tile_n, depth);
+  std::vector<double> product(static_cast<size_t>(n));
   for (int64_t row : sampled) {
     const int64_t e = routing.expert_of[static_cast<size_t>(row)];
     const std::span<const float> scales_of_e(b_scales.data() + e * b_scales_per_expert,
                                              static_cast<size_t>(b_scales_per_expert));
-    reference::fp8_gemm_row(std::span(a).subspan(static_cast<size_t>(row * k), static_cast<size_t>(k)),
-                            std::span(a_scales).subspan(static_cast<size_t>(row * k_blocks), static_cast<size_t>(k_blocks)),
-                            {w[static_cast<size_t>(e)], scales_of_e, g.b_scale_granularity}, n, k,
-                            spec.row_scale ? double(row_scale[static_cast<size_t>(row)]) : 1.0, want);
-    error.add_row(out, out_bytes, row, want);
+    const reference::Fp8ExpertWeights weights{w[static_cast<size_t>(e)], scales_of_e, g.b_scale_granularity};
+    const auto a_row = std::span(a).subspan(static_cast<size_t>(row * k), static_cast<size_t>(k));
+    const auto a_row_scales =
+        std::span(a_scales).subspan(static_cast<size_t>(row * k_blocks), static_cast<size_t>(k_blocks));
+    for (int64_t col : columns.product)
+      product[static_cast<size_t>(col)] = reference::fp8_gemm_value(a_row, a_row_scales, weights, k, col);
+    error.add_row(out, out_bytes, n, row, columns, product, codegen::Activation::none,
+                  spec.row_scale ? double(row_scale[static_cast<size_t>(row)]) : 1.0, g);
   }
   return error.value();
 }

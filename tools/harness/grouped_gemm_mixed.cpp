@@ -61,22 +61,24 @@ uint8_t random_fp4_scale(bool nvfp4, std::mt19937_64& rng) {
 
 // Runs a W8A16 or W4A16 grouped GEMM kind once and returns the relative error of
 // sampled rows (the first and last of each routed expert, two more at
-// random) against the fp64 reference of the dequantised weights. Rows go to
-// three experts, the middle one up to 300 rows (several row tiles); the
+// random; quick: their sampled columns, ColumnPlan) against the fp64
+// reference of the dequantised weights. Rows go to three experts, the middle
+// one up to 300 rows (several row tiles; quick: two, the last the busy one); the
 // others stay empty, and only the routed experts' weights are filled (a
 // DeepSeek spec's 256 experts hold 7.5 GB). A is bf16 normals (no zeros), the
 // fp8 weights random codes of magnitude 1/4 to 4 (FP4: every e2m1 code), every
 // scale random, positive, from 1/4 to 4 (FP4: 1/8 to 8). Output starts as 0xA5 bytes, so an unwritten row shows as a
 // ~100% error; the three rows past the last offset must keep those bytes.
 Expected<double> check_grouped_gemm_mixed(Runtime& runtime, DeviceState& device,
-                                          const codegen::GroupedGemmMixedSpec& spec, std::mt19937_64& rng) {
+                                          const codegen::GroupedGemmMixedSpec& spec, std::mt19937_64& rng,
+                                          Depth depth) {
   const DriverApi& api = **runtime.driver();
   const int64_t experts = spec.experts, n = spec.n, k = spec.k;
 
   std::vector<int32_t> counts(static_cast<size_t>(experts));
-  const std::vector<int64_t> active = routed_experts(experts);
+  const std::vector<int64_t> active = routed_experts(experts, depth);
   std::uniform_int_distribution<int> few(1, 6), many(1, 300);
-  for (int64_t e : active) counts[static_cast<size_t>(e)] = e == experts / 2 ? many(rng) : few(rng);
+  for (int64_t e : active) counts[static_cast<size_t>(e)] = e == busy_expert(experts, depth) ? many(rng) : few(rng);
   const Routing routing(counts, spec.offsets);
   const int64_t routed = routing.routed(), rows = routed + 3;  // three rows belong to no expert
 
@@ -121,16 +123,18 @@ Expected<double> check_grouped_gemm_mixed(Runtime& runtime, DeviceState& device,
 
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<uint16_t> a(static_cast<size_t>(rows * k));
-  for (auto& v : a) {
-    const float x = normal(rng);
-    v = reference::bf16_bits_rne(x == 0.0f ? 1.0f : x);
-  }
+  fill_random(a, rng, [&](std::mt19937_64& r) {
+    const float x = normal(r);
+    return reference::bf16_bits_rne(x == 0.0f ? 1.0f : x);
+  });
   const size_t expert_codes = static_cast<size_t>(fp4 ? n * k / 2 : n * k);  // bytes
   std::vector<std::vector<uint8_t>> w(static_cast<size_t>(experts));  // filled for routed experts only
   std::uniform_int_distribution<int> any_byte(0, 255);
   for (int64_t e : active) {
     w[static_cast<size_t>(e)].resize(expert_codes);
-    for (auto& c : w[static_cast<size_t>(e)]) c = fp4 ? static_cast<uint8_t>(any_byte(rng)) : random_code(weight, rng);
+    fill_random(w[static_cast<size_t>(e)], rng, [&](std::mt19937_64& r) {
+      return fp4 ? static_cast<uint8_t>(any_byte(r)) : random_code(weight, r);
+    });
   }
   std::uniform_real_distribution<float> log2_scale(-2.0f, 2.0f);
   std::vector<float> scales(fp4 ? 0 : static_cast<size_t>(experts * scales_per_expert));
@@ -204,8 +208,7 @@ Expected<double> check_grouped_gemm_mixed(Runtime& runtime, DeviceState& device,
   }
   set_activation(g, spec);
   if (spec.gather) gathered.apply(g, *da, *dindex);
-  KJIT_TRY(ops::grouped_gemm(runtime, g, nullptr));
-  KJIT_TRY(runtime.take_device_errors(device.ordinal));
+  KJIT_TRY(launch_and_take_errors(runtime, device, [&] { return ops::grouped_gemm(runtime, g, nullptr); }));
   std::vector<uint8_t> out(out_size);
   KJIT_TRY(buffers.download(out.data(), *dout, out_size));
   KJIT_TRY(rows_past_routed_untouched(out, static_cast<size_t>(routed * out_cols * out_bytes)));
@@ -217,34 +220,44 @@ Expected<double> check_grouped_gemm_mixed(Runtime& runtime, DeviceState& device,
   sampled.insert(sampled.end(), {pick(rng), pick(rng)});
   std::ranges::sort(sampled, {}, [&](int64_t row) { return routing.expert_of[static_cast<size_t>(row)]; });
   RelativeError error;
-  std::vector<double> want(static_cast<size_t>(n));
-  std::vector<float> converted;  // the dequantised weights of expert `converted_of` (one at a time: 117 MB for DeepSeek)
+  const ColumnPlan columns(n, spec.activation, spec.tile_n, depth);
+  std::vector<double> product(static_cast<size_t>(n));
+  // Expert `converted_of`'s weights dequantised at the product columns the
+  // check reads, K each, one expert at a time (all of them: 117 MB for
+  // DeepSeek). Column c as the kernel reads it: with reordered rows, the
+  // checkpoint's row gate_up_source_row(c).
+  std::vector<std::vector<float>> converted(columns.product.size());
   int64_t converted_of = -1;
   for (int64_t row : sampled) {
     const int64_t e = routing.expert_of[static_cast<size_t>(row)];
-    const auto per_expert = [&](const auto& all, int64_t count) {
-      return all.empty() ? std::span<const typename std::decay_t<decltype(all)>::value_type>()
-                         : std::span(all).subspan(static_cast<size_t>(e * count), static_cast<size_t>(count));
-    };
-    const auto weights_of_e = expert_weights(w[static_cast<size_t>(e)], per_expert(scales, scales_per_expert),
-                                             per_expert(block_scales, scales_per_expert), per_expert(global_scales, 1));
     if (e != converted_of) {
-      converted = reference::dequantize_mixed_expert(weights_of_e, 0);
+      const auto per_expert = [&](const auto& all, int64_t count) {
+        return all.empty() ? std::span<const typename std::decay_t<decltype(all)>::value_type>()
+                           : std::span(all).subspan(static_cast<size_t>(e * count), static_cast<size_t>(count));
+      };
+      const auto weights_of_e =
+          expert_weights(w[static_cast<size_t>(e)], per_expert(scales, scales_per_expert),
+                         per_expert(block_scales, scales_per_expert), per_expert(global_scales, 1));
+      for (size_t i = 0; i < columns.product.size(); ++i) {
+        const int64_t c = columns.product[i];
+        const int64_t source = fused && layout_of_rows ? gate_up_source_row(c, n, *layout_of_rows) : c;
+        converted[i].resize(static_cast<size_t>(k));
+        for (int64_t kk = 0; kk < k; ++kk)
+          converted[i][static_cast<size_t>(kk)] = layout == KJIT_WEIGHTS_E_N_K
+                                                      ? reference::mixed_weight_at(weights_of_e, 0, source, kk)
+                                                      : reference::mixed_weight_at(weights_of_e, 0, kk, source);
+      }
       converted_of = e;
     }
-    const double scale = spec.row_scale ? double(row_scale[static_cast<size_t>(row)]) : 1.0;
-    reference::mixed_gemm_row(std::span(a).subspan(static_cast<size_t>(row * k), static_cast<size_t>(k)), converted,
-                              weights_of_e, fused ? 1.0 : scale, want);
-    if (fused && layout_of_rows) {
-      std::vector<double> in_kernel_order(want.size());
-      for (int64_t col = 0; col < n; ++col)
-        in_kernel_order[static_cast<size_t>(col)] = want[static_cast<size_t>(gate_up_source_row(col, n, *layout_of_rows))];
-      error.add_row(out, out_bytes, row, activated_row(in_kernel_order, spec.activation, scale, g));
-    } else if (fused) {
-      error.add_row(out, out_bytes, row, activated_row(want, spec.activation, scale, g));
-    } else {
-      error.add_row(out, out_bytes, row, want);
+    for (size_t i = 0; i < columns.product.size(); ++i) {
+      double sum = 0;
+      for (int64_t kk = 0; kk < k; ++kk)
+        sum += double(reference::bf16_to_float(a[static_cast<size_t>(row * k + kk)])) *
+               double(converted[i][static_cast<size_t>(kk)]);
+      product[static_cast<size_t>(columns.product[i])] = sum;
     }
+    error.add_row(out, out_bytes, out_cols, row, columns, product, spec.activation,
+                  spec.row_scale ? double(row_scale[static_cast<size_t>(row)]) : 1.0, g);
   }
   return error.value();
 }

@@ -1,4 +1,5 @@
 // check_spec: each spec to its family's check (harness.hpp).
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -27,18 +28,19 @@ constexpr bool kNoCheck = false;
 
 }  // namespace
 
-Outcome check_spec(Runtime& runtime, DeviceState& device, const codegen::KernelSpec& spec, std::mt19937_64& rng) {
+Outcome check_spec(Runtime& runtime, DeviceState& device, const codegen::KernelSpec& spec, std::mt19937_64& rng,
+                   Depth depth) {
   return std::visit(
       [&](const auto& s) -> Outcome {
         using S = std::decay_t<decltype(s)>;
         if constexpr (std::is_same_v<S, codegen::DequantSpec>) {
           return counted(check_dequant(runtime, device, s, rng), "bit-exact");
         } else if constexpr (std::is_same_v<S, codegen::GroupedGemmSpec>) {
-          return relative(check_grouped_gemm(runtime, device, s, rng));
+          return relative(check_grouped_gemm(runtime, device, s, rng, depth));
         } else if constexpr (std::is_same_v<S, codegen::GroupedGemmFp8Spec>) {
-          return relative(check_grouped_gemm_fp8(runtime, device, s, rng));
+          return relative(check_grouped_gemm_fp8(runtime, device, s, rng, depth));
         } else if constexpr (std::is_same_v<S, codegen::GroupedGemmMixedSpec>) {
-          return relative(check_grouped_gemm_mixed(runtime, device, s, rng));
+          return relative(check_grouped_gemm_mixed(runtime, device, s, rng, depth));
         } else if constexpr (std::is_same_v<S, codegen::MoeRoutingSpec>) {
           return counted(check_moe_routing(runtime, device, s, rng), "exact");
         } else if constexpr (std::is_same_v<S, codegen::MoeCombineSpec>) {
@@ -54,10 +56,23 @@ Outcome check_spec(Runtime& runtime, DeviceState& device, const codegen::KernelS
         } else if constexpr (std::is_same_v<S, codegen::MoeActivationSpec>) {
           return counted(check_moe_activation(runtime, device, s, rng), "bit-exact");
         } else if constexpr (std::is_same_v<S, codegen::GroupedGemmWgradSpec>) {
-          return counted(check_grouped_gemm_wgrad(runtime, device, s, rng), "within tolerance against fp64");
+          return counted(check_grouped_gemm_wgrad(runtime, device, s, rng, depth), "within tolerance against fp64");
         } else {
           static_assert(kNoCheck<S>, "every kernel family needs a check in the harness");
         }
+      },
+      spec);
+}
+
+uint64_t device_bytes(const codegen::KernelSpec& spec) {
+  constexpr uint64_t kSmall = uint64_t{256} << 20;  // every other buffer of any check, with room to spare
+  return std::visit(
+      [](const auto& s) -> uint64_t {
+        // Weights (at most 2 bytes each) or a weight-gradient output (at most 4) of every expert.
+        if constexpr (requires { s.experts + s.n + s.k; })
+          return kSmall + 4 * static_cast<uint64_t>(s.experts) * static_cast<uint64_t>(s.n) *
+                              static_cast<uint64_t>(s.k);
+        return kSmall;
       },
       spec);
 }

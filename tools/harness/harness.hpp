@@ -11,7 +11,9 @@
 // computed global scales), MoE activation bit for bit (bf16, or FP8 codes and scales; rows past
 // valid_rows zero), the grouped weight-gradient GEMM per expert against fp64 (fp32 out 1e-5
 // relative, bf16 one rounding; empty experts exactly zero). Outputs start poisoned, so unwritten elements
-// fail.
+// fail. Depth::quick (jitctl selftest's default) makes the GEMM checks' host work small: two routed experts,
+// sampled columns of the sampled rows (sampling.hpp); exhaustive (the default here, and the GPU tests') is the
+// full check.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +23,7 @@
 #include "kjit/codegen/families/grouped_gemm_fp8.hpp"
 #include "kjit/codegen/kernel_spec.hpp"
 #include "kjit/internal/runtime.hpp"
+#include "sampling.hpp"
 
 namespace kjit::harness {
 
@@ -32,19 +35,27 @@ struct Outcome {
 };
 
 // Launches exactly `spec` on `device` over a random problem of its shape and
-// compares every output with the reference.
-Outcome check_spec(Runtime& runtime, DeviceState& device, const codegen::KernelSpec& spec, std::mt19937_64& rng);
+// compares every output with the reference. Safe to run on several threads
+// at once (their launches take turns: device_buffers.hpp).
+Outcome check_spec(Runtime& runtime, DeviceState& device, const codegen::KernelSpec& spec, std::mt19937_64& rng,
+                   Depth depth = Depth::exhaustive);
+
+// An upper bound of the device memory check_spec allocates for `spec` (its
+// weight stacks or weight-gradient output dominate): how jitctl selftest keeps
+// its parallel checks within the device's memory.
+uint64_t device_bytes(const codegen::KernelSpec& spec);
 
 // The families' checks check_spec runs: the number of wrong elements, or the
 // grouped GEMM's relative error.
 Expected<int64_t> check_dequant(Runtime& runtime, DeviceState& device, const codegen::DequantSpec& spec,
                                 std::mt19937_64& rng);
 Expected<double> check_grouped_gemm(Runtime& runtime, DeviceState& device, const codegen::GroupedGemmSpec& spec,
-                                    std::mt19937_64& rng);
+                                    std::mt19937_64& rng, Depth depth = Depth::exhaustive);
 Expected<double> check_grouped_gemm_fp8(Runtime& runtime, DeviceState& device, const codegen::GroupedGemmFp8Spec& spec,
-                                        std::mt19937_64& rng);
+                                        std::mt19937_64& rng, Depth depth = Depth::exhaustive);
 Expected<double> check_grouped_gemm_mixed(Runtime& runtime, DeviceState& device,
-                                          const codegen::GroupedGemmMixedSpec& spec, std::mt19937_64& rng);
+                                          const codegen::GroupedGemmMixedSpec& spec, std::mt19937_64& rng,
+                                          Depth depth = Depth::exhaustive);
 Expected<int64_t> check_moe_routing(Runtime& runtime, DeviceState& device, const codegen::MoeRoutingSpec& spec,
                                     std::mt19937_64& rng);
 Expected<int64_t> check_moe_combine(Runtime& runtime, DeviceState& device, const codegen::MoeCombineSpec& spec,
@@ -59,7 +70,8 @@ Expected<int64_t> check_moe_activation(Runtime& runtime, DeviceState& device, co
                                        std::mt19937_64& rng);
 // Returns the experts whose matrix is off (kjit.h's tolerance) or left unwritten.
 Expected<int64_t> check_grouped_gemm_wgrad(Runtime& runtime, DeviceState& device,
-                                           const codegen::GroupedGemmWgradSpec& spec, std::mt19937_64& rng);
+                                           const codegen::GroupedGemmWgradSpec& spec, std::mt19937_64& rng,
+                                           Depth depth = Depth::exhaustive);
 Expected<int64_t> check_mx_quantize(Runtime& runtime, DeviceState& device, const codegen::MxQuantizeSpec& spec,
                                     std::mt19937_64& rng);
 

@@ -86,8 +86,7 @@ Expected<int64_t> check_moe_activation(Runtime& runtime, DeviceState& device, co
   }
   const auto plan = KJIT_TRY(ops::plan_moe_activation(d, false));
   if (!(plan.spec == spec)) return fail(KJIT_ERROR_INTERNAL, "the descriptor does not select the spec under check");
-  KJIT_TRY(ops::moe_activation(runtime, d, nullptr));
-  KJIT_TRY(runtime.take_device_errors(device.ordinal));
+  KJIT_TRY(launch_and_take_errors(runtime, device, [&] { return ops::moe_activation(runtime, d, nullptr); }));
 
   int64_t wrong = 0;
   if (fp8) {

@@ -70,8 +70,7 @@ Expected<int64_t> check_moe_routing_once(Runtime& runtime, DeviceState& device,
   d.offsets = reinterpret_cast<int32_t*>(*doffsets);
   d.sorted_to_flat = reinterpret_cast<int32_t*>(*dsorted);
   d.flat_to_sorted = reinterpret_cast<int32_t*>(*dinverse);
-  KJIT_TRY(ops::moe_routing(runtime, d, nullptr));
-  KJIT_TRY(runtime.take_device_errors(device.ordinal));
+  KJIT_TRY(launch_and_take_errors(runtime, device, [&] { return ops::moe_routing(runtime, d, nullptr); }));
 
   int64_t wrong = 0;
   const std::pair<CUdeviceptr, const std::vector<int32_t>*> outputs[] = {
@@ -121,7 +120,7 @@ Expected<int64_t> check_moe_combine(Runtime& runtime, DeviceState& device, const
 
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<uint16_t> x(static_cast<size_t>(rows * hidden));
-  for (auto& v : x) v = bf16_bits(normal(rng));
+  fill_random(x, rng, [&](std::mt19937_64& r) { return bf16_bits(normal(r)); });
   std::vector<float> weights(ids.size());
   std::uniform_real_distribution<float> weight(0.1f, 1.0f);
   for (auto& w : weights) w = weight(rng);
@@ -148,8 +147,7 @@ Expected<int64_t> check_moe_combine(Runtime& runtime, DeviceState& device, const
   d.topk_weights = reinterpret_cast<const float*>(*dw);
   d.flat_to_sorted = reinterpret_cast<const int32_t*>(*dmap);
   d.out = reinterpret_cast<void*>(*dout);
-  KJIT_TRY(ops::moe_combine(runtime, d, nullptr));
-  KJIT_TRY(runtime.take_device_errors(device.ordinal));
+  KJIT_TRY(launch_and_take_errors(runtime, device, [&] { return ops::moe_combine(runtime, d, nullptr); }));
   std::vector<uint8_t> out(out_size);
   KJIT_TRY(buffers.download(out.data(), *dout, out_size));
 

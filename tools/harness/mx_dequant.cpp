@@ -69,7 +69,7 @@ Expected<int64_t> check_mx_dequant(Runtime& runtime, DeviceState& device, const 
   const int64_t slots = spec.selected_experts ? 2 : experts;
 
   std::vector<uint8_t> codes(static_cast<size_t>(experts * rows * row_bytes));
-  for (auto& c : codes) c = static_cast<uint8_t>(rng());
+  fill_random(codes, rng, [](std::mt19937_64& r) { return static_cast<uint8_t>(r()); });
   std::vector<uint8_t> linear(static_cast<size_t>(experts * rows * scale_cols));
   for (auto& s : linear) s = random_scale(spec.format, rng);
   std::vector<uint8_t> scales = linear;
@@ -105,8 +105,7 @@ Expected<int64_t> check_mx_dequant(Runtime& runtime, DeviceState& device, const 
   // Run exactly the cached kind: a narrower access than the buffers allow is valid.
   plan->spec.vec = spec.vec;
   plan->geometry = codegen::mx_dequant_geometry(plan->spec, rows, slots);
-  KJIT_TRY(ops::launch_mx_dequant(runtime, *plan, nullptr));
-  KJIT_TRY(runtime.take_device_errors(device.ordinal));
+  KJIT_TRY(launch_and_take_errors(runtime, device, [&] { return ops::launch_mx_dequant(runtime, *plan, nullptr); }));
 
   std::vector<uint8_t> result(out_size);
   KJIT_TRY(buffers.download(result.data(), *out, out_size));
@@ -200,8 +199,7 @@ Expected<int64_t> check_mx_scale_layout(Runtime& runtime, DeviceState& device, c
   auto plan = ops::plan_mx_scale_layout(d, false);
   if (!plan) return std::unexpected(plan.error());
   if (!(plan->spec == spec)) return fail(KJIT_ERROR_INTERNAL, "the harness's descriptor does not give its spec");
-  KJIT_TRY(ops::convert_scale_layout(runtime, d, nullptr));
-  KJIT_TRY(runtime.take_device_errors(device.ordinal));
+  KJIT_TRY(launch_and_take_errors(runtime, device, [&] { return ops::convert_scale_layout(runtime, d, nullptr); }));
 
   std::vector<uint8_t> result(out_size);
   KJIT_TRY(buffers.download(result.data(), *out, out_size));

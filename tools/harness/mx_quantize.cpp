@@ -89,8 +89,7 @@ Expected<int64_t> check_mx_quantize(Runtime& runtime, DeviceState& device, const
   d.global_scale_convention = convention;
   const auto plan = KJIT_TRY(ops::plan_mx_quantize(d, false));
   if (!(plan.spec == spec)) return fail(KJIT_ERROR_INTERNAL, "the descriptor does not select the spec under check");
-  KJIT_TRY(ops::mx_quantize(runtime, d, nullptr));
-  KJIT_TRY(runtime.take_device_errors(device.ordinal));
+  KJIT_TRY(launch_and_take_errors(runtime, device, [&] { return ops::mx_quantize(runtime, d, nullptr); }));
 
   std::vector<uint8_t> out(want.out.size()), scales(want.scales.size());
   std::vector<float> global(given.size());

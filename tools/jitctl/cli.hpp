@@ -56,6 +56,13 @@ struct PrecompileOptions {
   bool json = false;
 };
 
+struct SelftestOptions {
+  bool json = false;
+  bool exhaustive = false;  // the full checks (harness::Depth::exhaustive) instead of the quick ones
+  std::string filter;       // an ECMAScript regex searched in each kernel's canonical text; empty: all
+  unsigned jobs = 0;        // checks at once; 0: one per CPU, at most 16
+};
+
 int cmd_info(const InfoOptions& options);
 int cmd_list(const ListOptions& options);
 int cmd_show(const ShowOptions& options);
@@ -63,7 +70,7 @@ int cmd_clear(const ClearOptions& options);
 int cmd_prune(const PruneOptions& options);
 int cmd_verify(const VerifyOptions& options);
 int cmd_precompile(const PrecompileOptions& options);
-int cmd_selftest();
+int cmd_selftest(const SelftestOptions& options);
 
 // Prints "jitctl: error: ..." to stderr, pointing at `jitctl [command] --help`,
 // and returns kExitUsage.

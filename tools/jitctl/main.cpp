@@ -7,6 +7,7 @@
 #include <csignal>
 #include <cstdio>
 #include <new>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -241,9 +242,29 @@ int run(int argc, char** argv) {
       ->type_name("N");
   add_json(*precompile_cmd, precompile.json);
 
+  SelftestOptions selftest;
   auto* selftest_cmd = app.add_subcommand(
       "selftest",
       "launch each cached kernel kind once per GPU arch and check it against the CPU (77: nothing to run)");
+  selftest_cmd->add_flag("--exhaustive", selftest.exhaustive,
+                         "the full checks: every column of the sampled rows, three routed experts (the GPU tests')");
+  selftest_cmd
+      ->add_option("--filter", selftest.filter, "only kernels whose canonical text matches REGEX (ECMAScript, searched)")
+      ->type_name("REGEX")
+      ->check(CLI::Validator(
+          [](std::string& pattern) {
+            try {
+              std::regex compiled(pattern);
+              return std::string();
+            } catch (const std::regex_error& e) {
+              return fmt::format("'{}' is not a valid regular expression ({})", pattern, e.what());
+            }
+          },
+          ""));
+  selftest_cmd->add_option("-j,--jobs", selftest.jobs, "run N checks at once (default: one per CPU, at most 16)")
+      ->check(CLI::Range(1, 1024))
+      ->type_name("N");
+  add_json(*selftest_cmd, selftest.json);
 
   if (argc <= 1) {
     std::fputs(app.help().c_str(), stderr);
@@ -269,7 +290,7 @@ int run(int argc, char** argv) {
   if (*prune_cmd) return cmd_prune(prune);
   if (*verify_cmd) return cmd_verify(verify);
   if (*precompile_cmd) return cmd_precompile(precompile);
-  if (*selftest_cmd) return cmd_selftest();
+  if (*selftest_cmd) return cmd_selftest(selftest);
   return usage_error("no command given");
 }
 

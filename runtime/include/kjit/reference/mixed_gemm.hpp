@@ -89,29 +89,28 @@ inline float fp4_weight_value(kjit_block_format format, uint8_t e2m1, uint8_t sc
   return bf16_to_float(bf16_bits_rne(value));
 }
 
+// Stored element (r, c) of expert e converted: the value of W_e at GEMM
+// element (n, k) = (r, c) for E_N_K and (c, r) for E_K_N.
+inline float mixed_weight_at(const MixedWeights& w, int64_t e, int64_t r, int64_t c) {
+  const int64_t rows = w.stored_rows(), cols = w.stored_cols();
+  if (w.dtype == KJIT_DTYPE_F4_E2M1) {
+    const bool nvfp4 = w.format == KJIT_BLOCK_FORMAT_NVFP4;
+    const int64_t group = nvfp4 ? kNvfp4Block : kMxBlock;
+    const auto row = w.codes.subspan(static_cast<size_t>((e * rows + r) * (cols / 2)), static_cast<size_t>(cols / 2));
+    const uint8_t scale = w.block_scales[static_cast<size_t>((e * rows + r) * (cols / group) + c / group)];
+    const float global = nvfp4 ? w.global_scales[static_cast<size_t>(e)] : 1.0f;
+    return fp4_weight_value(w.format, e2m1_code_at(row, c), scale, global, w.convention);
+  }
+  return mixed_weight_value(w.dtype, w.codes[static_cast<size_t>((e * rows + r) * cols + c)], w.scale_of(e, r, c),
+                            w.convention);
+}
+
 // Expert e's weights converted, in the stored order [R, C].
 inline std::vector<float> dequantize_mixed_expert(const MixedWeights& w, int64_t e) {
   const int64_t rows = w.stored_rows(), cols = w.stored_cols();
   std::vector<float> out(static_cast<size_t>(rows * cols));
-  if (w.dtype == KJIT_DTYPE_F4_E2M1) {
-    const int64_t group = w.format == KJIT_BLOCK_FORMAT_NVFP4 ? kNvfp4Block : kMxBlock;
-    const float global = w.format == KJIT_BLOCK_FORMAT_NVFP4 ? w.global_scales[static_cast<size_t>(e)] : 1.0f;
-    for (int64_t r = 0; r < rows; ++r) {
-      const auto row = w.codes.subspan(static_cast<size_t>((e * rows + r) * (cols / 2)), static_cast<size_t>(cols / 2));
-      for (int64_t c = 0; c < cols; ++c) {
-        const uint8_t scale = w.block_scales[static_cast<size_t>((e * rows + r) * (cols / group) + c / group)];
-        out[static_cast<size_t>(r * cols + c)] =
-            fp4_weight_value(w.format, e2m1_code_at(row, c), scale, global, w.convention);
-      }
-    }
-    return out;
-  }
-  const size_t base = static_cast<size_t>(e * rows * cols);
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) {
-      const size_t at = static_cast<size_t>(r * cols + c);
-      out[at] = mixed_weight_value(w.dtype, w.codes[base + at], w.scale_of(e, r, c), w.convention);
-    }
+    for (int64_t c = 0; c < cols; ++c) out[static_cast<size_t>(r * cols + c)] = mixed_weight_at(w, e, r, c);
   return out;
 }
 
