@@ -58,6 +58,7 @@ NAMES = {"qwen3-30b-a3b": "Qwen3-30B-A3B", "deepseek-v3-tp8": "DeepSeek-V3 TP8",
 BLOCK = 128
 KJIT, KJIT_OLD, VLLM, VLLM_DEFAULT, HF = ("kjit MoEExperts", "kjit MoEExperts (old kernels)", "vLLM Triton",
                                           "vLLM Triton (default config)", "finegrained-fp8")
+KJIT_W8A8 = "kjit MoEExperts (W8A8)"
 KJIT_OLD_TOLERANCE = 2e-2
 
 
@@ -71,6 +72,8 @@ def parse_args(argv=None):
     parser.add_argument("--formats", default="bf16,fp8_block")
     parser.add_argument("--tokens", default="1,16,64")
     parser.add_argument("--old", action="store_true", help="also kjit forced onto the kernels before the decode one")
+    parser.add_argument("--w8a8", action="store_true",
+                        help="fp8_block: also kjit with W8A8 at every size (w8a8_min_rows=1), the peers' recipe")
     parser.add_argument("--vllm-configs", choices=["auto", "default", "both"], default="both",
                         help="auto: vLLM's choice (tuned table if shipped, else defaults); both: also its "
                              "defaults where a table exists")
@@ -146,14 +149,14 @@ def expert_bytes(fmt, hidden, inter):
     return elements + 4 * (-(-2 * inter // BLOCK) * -(-hidden // BLOCK) + -(-hidden // BLOCK) * -(-inter // BLOCK))
 
 
-def kjit_module(fmt, w, max_tokens, top_k):
+def kjit_module(fmt, w, max_tokens, top_k, **kwargs):
     from kjit.torch import MoEExperts
 
     if fmt == "bf16":
         m = MoEExperts(w["w1"], w["w2"], format="bf16", gate_up_layout="halves", activation="silu_mul")
     else:
         m = MoEExperts(w["w1"], w["w2"], format="fp8_block", gate_up_scale=w["w1_scale"], down_scale=w["w2_scale"],
-                       scale_convention="multiply", gate_up_layout="halves", activation="silu_mul")
+                       scale_convention="multiply", gate_up_layout="halves", activation="silu_mul", **kwargs)
     m.prepare(max_tokens=max_tokens, top_k=top_k)
     return m
 
@@ -347,6 +350,7 @@ def main():
         for fmt in args.formats.split(","):
             w = weights(fmt, experts, hidden, inter)
             m = kjit_module(fmt, w, max_tokens, top_k)
+            m8 = kjit_module(fmt, w, max_tokens, top_k, w8a8_min_rows=1) if args.w8a8 and fmt == "fp8_block" else None
             vllm = {VLLM: peers_mod.VllmMoE(peers, w["w1"], w["w2"], top_k, fmt, w["w1_scale"], w["w2_scale"],
                                             "auto" if args.vllm_configs != "default" else "default")}
             if args.vllm_configs == "both" and vllm[VLLM].table():
@@ -354,10 +358,10 @@ def main():
                                                        w["w2_scale"], "default")
             for tokens in args.tokens_list:
                 row = measure(args, peers, model, fmt, tokens, w, m, vllm, copy_bw, kjit, old_kernels,
-                              calibrated_timer, interleaved)
+                              calibrated_timer, interleaved, m8)
                 failed |= row.pop("failed")
                 result["rows"].append(row)
-            del m, w, vllm
+            del m, m8, w, vllm
             torch.cuda.empty_cache()
     print(f"total {time.time() - t_start:.0f} s")
     if args.json:
@@ -384,7 +388,7 @@ def _version(module):
 
 
 def measure(args, peers, model, fmt, tokens, w, m, vllm, copy_bw, kjit, old_kernels, calibrated_timer,
-            interleaved):
+            interleaved, m8=None):
     """One shape: capture, check, time. Returns its row (with 'failed')."""
     import torch
 
@@ -393,6 +397,8 @@ def measure(args, peers, model, fmt, tokens, w, m, vllm, copy_bw, kjit, old_kern
     touched = sum(ids.unique().numel() for _, ids, _ in sets) / args.sets
     bytes_touched = touched * expert_bytes(fmt, hidden, inter)
     calls, configs = {KJIT: lambda i: m(*sets[i])}, {KJIT: m.kernels_for(tokens, top_k)}
+    if m8 is not None:
+        calls[KJIT_W8A8], configs[KJIT_W8A8] = (lambda i: m8(*sets[i])), m8.kernels_for(tokens, top_k)
     for name, layer in vllm.items():
         config, source = layer.config(tokens)
         prepared = [layer.prepare(ids, config) for _, ids, _ in sets]  # vLLM's alignment, outside the graph
@@ -436,7 +442,8 @@ def measure(args, peers, model, fmt, tokens, w, m, vllm, copy_bw, kjit, old_kern
     # W8A8 reference of the same recipe (fp32 GEMMs on the quantized activations) within the tolerance.
     w8a8_ref = reference(fmt, w, *sets[0], w8a8=True) if fmt == "fp8_block" else None
     w8a8_errors = {n: relative_error(outs[n][0], w8a8_ref) for n in outs} if w8a8_ref is not None else {}
-    w8a8_peers = [n for n in outs if n.startswith(VLLM) or n.startswith(HF)] if fmt == "fp8_block" else []
+    w8a8_peers = ([n for n in outs if n.startswith(VLLM) or n.startswith(HF) or n == KJIT_W8A8]
+                  if fmt == "fp8_block" else [])
     flagged = [n for n, e in errors.items()
                if e > (KJIT_OLD_TOLERANCE if n == KJIT_OLD else args.tolerance)
                and not (n in w8a8_peers and w8a8_errors[n] <= args.tolerance)]
