@@ -176,6 +176,13 @@ Expected<LoadedKernel> Runtime::load(const DeviceState& device, const BuiltKerne
                    api.cuFuncSetAttribute(kernel.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                           rendered.dynamic_shared_bytes),
                    "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)"));
+  // All of the unified L1/shared array as shared memory: the carveout is a hint the driver may otherwise set
+  // below what two blocks of a kernel that fits two (the decode GEMM: 72-96 KB each) need at once.
+  if (rendered.dynamic_shared_bytes > 48 * 1024)
+    KJIT_TRY(check(api,
+                   api.cuFuncSetAttribute(kernel.function, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                                          CU_SHAREDMEM_CARVEOUT_MAX_SHARED),
+                   "cuFuncSetAttribute(PREFERRED_SHARED_MEMORY_CARVEOUT)"));
   // How many blocks fit at once: one per SM for the big-shared-memory
   // kernels, fewer when clusters must land on SMs of one GPC.
   kernel.resident_blocks = device.multiprocessors;

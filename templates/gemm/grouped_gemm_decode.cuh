@@ -14,15 +14,24 @@
 //   along K (k-warps take chunks kw, kw + kKWarps, ...), and the k-warps'
 //   fp32 partials are summed in shared memory in k-warp order: no atomics,
 //   no workspace, the same bits every run.
-// - Each thread loads 16-byte pieces of its two weight rows straight from
-//   global memory into registers, one chunk of 128 k ahead of the one it
-//   multiplies (fp8: 2 loads a row, bf16: 4), and its tokens' activations
-//   the same way (bf16: 4 loads a token). A thread's fragments hold its own
-//   32 of each 128 k, not mma's layout: element j of quad t's set is
-//   k = 64 (j / 16) + 16 t + j % 16, and step s of a chunk multiplies
-//   elements 4s .. 4s + 3 as mma's (2t, 2t + 1, 2t + 8, 2t + 9). The weights
-//   and the activations use the same map, so each product is a true
-//   W[n][k] A[r][k], summed in another order than the wgmma kernels.
+// - Each thread streams 16-byte pieces of its two weight rows (fp8: 2 a row
+//   and chunk of 128 k, bf16: 4) with cp.async into its own ring of kStages
+//   chunks in shared memory (fp8: with the chunk's two scales), kStages - 1
+//   chunks ahead of the one it multiplies, so the loads in flight cost no
+//   registers; it reads back only what it copied itself, so the ring needs
+//   no barrier, only its own cp.async.wait_group. Its tokens' activations (L2
+//   hits; bf16: 4 loads a token) come into registers one chunk ahead. A
+//   thread's fragments hold its own 32 of each 128 k, not mma's layout:
+//   element j of quad t's set is k = 64 (j / 16) + 16 t + j % 16, and step s
+//   of a chunk multiplies elements 4s .. 4s + 3 as mma's (2t, 2t + 1, 2t + 8,
+//   2t + 9). The weights and the activations use the same map, so each
+//   product is a true W[n][k] A[r][k], summed in another order than the
+//   wgmma kernels.
+// - In flight (Little's law: an H200's ~4.3 TB/s over ~1 us of latency is
+//   ~4.5 MB, ~33 KB per SM): a block keeps up to 256 threads x (kStages - 1)
+//   chunks x 64 bytes (fp8, 48 KB) or 128 bytes (bf16, 64 KB) of weights in
+//   flight, and at 8 rows (the decode bucket's tile) two blocks fit an SM,
+//   one streaming while the other finds its pair or sums its partials.
 // - fp8: each code is converted with its 128 x 128 block's multiplier exactly
 //   as kjit's dequant does (grouped_gemm_mixed_common.cuh), so this kernel on
 //   fp8 weights gives the bits of this kernel on the dequantised bf16 weights.
@@ -30,6 +39,7 @@
 #pragma once
 
 #include "../abi/grouped_gemm_mixed_params.h"
+#include "../common/cp_async.cuh"
 #include "grouped_gemm_mixed_common.cuh"
 #include "grouped_gemm_mma.cuh"
 
@@ -49,6 +59,12 @@ struct GroupedGemmDecodeConfig : Problem {
   // 16-byte loads per row and chunk: 32 elements a thread.
   static constexpr int kWeightLoads = kFp8Weights ? 2 : 4;
   static constexpr int kTileOutN = Problem::kFusedActivation ? kTileN / 2 : kTileN;
+  // The ring (dynamic shared memory): kStages chunks of each thread's 2 x kWeightLoads 16-byte pieces,
+  // [stage][piece][thread], then (fp8) its two rows' scales, [stage][row][thread].
+  static constexpr int kStages = kFp8Weights ? 4 : 3;
+  static constexpr int kPieces = 2 * kWeightLoads;
+  static constexpr int kPieceBytes = kStages * kPieces * kThreads * 16;
+  static constexpr int kSharedBytes = kPieceBytes + (kFp8Weights ? kStages * 2 * kThreads * 4 : 0);
   static_assert(kRows == 8 || kRows == 16 || kRows == 32, "token tiles of 8");
   static_assert(kTileN == 16 || kTileN == 32 || kTileN == 64 || kTileN == 128, "whole warps over the tile");
   static_assert(!Problem::kWeightsKN, "the decode kernel reads [E, N, K] weights");
@@ -102,11 +118,6 @@ __device__ __forceinline__ bool find_decode_pair(const kjit_grouped_gemm_params&
   return true;
 }
 
-// One warp's chunk of weights as loaded: two rows (quad group g and g + 8).
-template <class Cfg>
-struct DecodeWeightChunk {
-  uint4 piece[2][Cfg::kWeightLoads];
-};
 // Its tokens' activations: one token per quad group and token tile.
 template <class Cfg>
 struct DecodeActivationChunk {
@@ -142,12 +153,23 @@ __device__ __forceinline__ uint4 decode_load(const void* base, bool in_range) {
   return __ldg(static_cast<const uint4*>(base));
 }
 
+// This thread's slots of the ring (GroupedGemmDecodeConfig::kSharedBytes's layout).
+template <class Cfg>
+__device__ __forceinline__ uint4* decode_ring_piece(unsigned char* ring, int stage, int piece) {
+  return reinterpret_cast<uint4*>(ring) + (stage * Cfg::kPieces + piece) * Cfg::kThreads + threadIdx.x;
+}
+template <class Cfg>
+__device__ __forceinline__ float* decode_ring_scale(unsigned char* ring, int stage, int row) {
+  return reinterpret_cast<float*>(ring + Cfg::kPieceBytes) + (stage * 2 + row) * Cfg::kThreads + threadIdx.x;
+}
+
 template <class Cfg>
 __device__ void grouped_gemm_decode_body(const kjit_grouped_gemm_params& p, const float* b_scales) {
   if (!offsets_valid<Cfg>(p)) return;
   __shared__ long long warp_totals[Cfg::kWarps];
   __shared__ long long found[3];
   __shared__ float partials[Cfg::kKWarps][Cfg::kRows][Cfg::kTileN + 1];
+  extern __shared__ __align__(16) unsigned char decode_ring[];
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int group = lane / 4, quad = lane % 4;
@@ -155,38 +177,60 @@ __device__ void grouped_gemm_decode_body(const kjit_grouped_gemm_params& p, cons
   const long long n0 = static_cast<long long>(blockIdx.y) * Cfg::kTileN;
   const long long weight_row[2] = {n0 + row_warp * 16 + group, n0 + row_warp * 16 + group + 8};
   const unsigned short* a = static_cast<const unsigned short*>(p.a);
+  // This warp's chunks: k_warp, k_warp + kKWarps, ...; local chunk i is chunk k_warp + i kKWarps.
+  const int chunks = Cfg::kChunks > k_warp ? static_cast<int>((Cfg::kChunks - k_warp + Cfg::kKWarps - 1) / Cfg::kKWarps) : 0;
 
   for (long long slot = blockIdx.x;; slot += gridDim.x) {
     int expert = 0, rows = 0;
     long long row0 = 0;
     if (!find_decode_pair<Cfg>(p, slot, warp_totals, found, expert, row0, rows)) return;
 
-    // This thread's weight rows and token rows (-1: zeros).
     const unsigned char* weights = static_cast<const unsigned char*>(p.b) +
                                    static_cast<long long>(expert) * Cfg::kN * Cfg::kK * (Cfg::kFp8Weights ? 1 : 2);
+    const unsigned char* row_weights[2] = {weights + weight_row[0] * Cfg::kK * (Cfg::kFp8Weights ? 1 : 2),
+                                           weights + weight_row[1] * Cfg::kK * (Cfg::kFp8Weights ? 1 : 2)};
+    // Local chunk i's weights (and fp8 scales) into stage i % kStages, as one group; past the warp's
+    // chunks an empty group, so that wait_group's count holds.
+    auto issue_chunk = [&](int i) {
+      if (i < chunks) {
+        const long long k0 = (k_warp + static_cast<long long>(i) * Cfg::kKWarps) * Cfg::kChunk;
+        const int stage = i % Cfg::kStages;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+#pragma unroll
+          for (int l = 0; l < Cfg::kWeightLoads; ++l) {
+            const long long k = k0 + decode_load_k<Cfg::kWeightLoads>(l, quad);
+            const bool in = weight_row[r] < Cfg::kN && k < Cfg::kK;
+            cp_async_cg_16(decode_ring_piece<Cfg>(decode_ring, stage, r * Cfg::kWeightLoads + l),
+                           in ? row_weights[r] + k * (Cfg::kFp8Weights ? 1 : 2) : weights, in);
+          }
+          if constexpr (Cfg::kFp8Weights) {
+            const float* source = weight_scale_source<Cfg>(b_scales, expert, weight_row[r], k0);
+            cp_async_ca_4(decode_ring_scale<Cfg>(decode_ring, stage, r), source != nullptr ? source : b_scales,
+                          source != nullptr);
+          }
+        }
+      }
+      cp_async_commit_group();
+    };
+    // The weights first: they do not wait for the token rows.
+#pragma unroll
+    for (int i = 0; i < Cfg::kStages - 1; ++i) issue_chunk(i);
+
+    // This thread's token rows (-1: zeros).
     long long source[Cfg::kTokenTiles];
 #pragma unroll
     for (int t = 0; t < Cfg::kTokenTiles; ++t)
       source[t] = t * 8 + group < rows ? a_source_row<Cfg>(p, row0 + t * 8 + group) : -1;
 
-    auto load_chunk = [&](long long chunk, DecodeWeightChunk<Cfg>& w, DecodeActivationChunk<Cfg>& x) {
-      const long long k0 = chunk * Cfg::kChunk;
-      const bool chunk_in = chunk < Cfg::kChunks;
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-#pragma unroll
-        for (int l = 0; l < Cfg::kWeightLoads; ++l) {
-          const long long k = k0 + decode_load_k<Cfg::kWeightLoads>(l, quad);
-          const bool in = chunk_in && weight_row[r] < Cfg::kN && k < Cfg::kK;
-          const long long element = weight_row[r] * Cfg::kK + k;
-          w.piece[r][l] = decode_load<Cfg>(weights + element * (Cfg::kFp8Weights ? 1 : 2), in);
-        }
+    auto load_activations = [&](int i, DecodeActivationChunk<Cfg>& x) {
+      const long long k0 = (k_warp + static_cast<long long>(i) * Cfg::kKWarps) * Cfg::kChunk;
 #pragma unroll
       for (int t = 0; t < Cfg::kTokenTiles; ++t)
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
           const long long k = k0 + decode_load_k<4>(l, quad);
-          x.piece[t][l] = decode_load<Cfg>(a + source[t] * Cfg::kK + k, chunk_in && source[t] >= 0 && k < Cfg::kK);
+          x.piece[t][l] = decode_load<Cfg>(a + source[t] * Cfg::kK + k, source[t] >= 0 && k < Cfg::kK);
         }
     };
 
@@ -196,23 +240,33 @@ __device__ void grouped_gemm_decode_body(const kjit_grouped_gemm_params& p, cons
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[t][c] = 0.0f;
 
-    auto multiply_chunk = [&](long long chunk, const DecodeWeightChunk<Cfg>& w, const DecodeActivationChunk<Cfg>& x) {
-      // The thread's 32 weights of each row as 16 bf16 pairs.
-      unsigned pairs[2][16];
+    // Local chunk i from its stage: mma step s takes the thread's weight pairs 2s and 2s + 1 of each row
+    // (converted from fp8 there, so only the raw codes stay in registers) and its tokens' activations.
+    auto multiply_chunk = [&](int i, const DecodeActivationChunk<Cfg>& x) {
+      const int stage = i % Cfg::kStages;
+      uint4 w[2][Cfg::kWeightLoads];
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        if constexpr (Cfg::kFp8Weights) {
-          const float s = weight_multiplier<Cfg>(b_scales, expert, weight_row[r], chunk * Cfg::kChunk);
+      for (int r = 0; r < 2; ++r)
 #pragma unroll
-          for (int i = 0; i < 16; ++i) pairs[r][i] = convert_weight_pair<Cfg>(decode_fp8_pair(w.piece[r], i), s, s);
-        } else {
+        for (int l = 0; l < Cfg::kWeightLoads; ++l)
+          w[r][l] = *decode_ring_piece<Cfg>(decode_ring, stage, r * Cfg::kWeightLoads + l);
+      float scale[2] = {0.0f, 0.0f};
+      if constexpr (Cfg::kFp8Weights) {
+        // weight_multiplier's value: the copied scale's multiplier, 0 where weight_scale_source has no scale,
+        // which for [E, N, K] weights and a chunk's first k (always < K) is a row past N.
 #pragma unroll
-          for (int i = 0; i < 16; ++i) pairs[r][i] = decode_bf16_word(w.piece[r], i);
-        }
+        for (int r = 0; r < 2; ++r)
+          scale[r] = weight_row[r] < Cfg::kN ? multiplier_of_scale<Cfg>(*decode_ring_scale<Cfg>(decode_ring, stage, r))
+                                             : 0.0f;
       }
+      // Pair j (elements 2j, 2j + 1 of the thread's set) of row r as bf16.
+      auto pair = [&](int r, int j) {
+        if constexpr (Cfg::kFp8Weights) return convert_weight_pair<Cfg>(decode_fp8_pair(w[r], j), scale[r], scale[r]);
+        else return decode_bf16_word(w[r], j);
+      };
 #pragma unroll
       for (int s = 0; s < 8; ++s) {
-        const unsigned af[4] = {pairs[0][2 * s], pairs[1][2 * s], pairs[0][2 * s + 1], pairs[1][2 * s + 1]};
+        const unsigned af[4] = {pair(0, 2 * s), pair(1, 2 * s), pair(0, 2 * s + 1), pair(1, 2 * s + 1)};
 #pragma unroll
         for (int t = 0; t < Cfg::kTokenTiles; ++t) {
           const unsigned bf[2] = {decode_bf16_word(x.piece[t], 2 * s), decode_bf16_word(x.piece[t], 2 * s + 1)};
@@ -221,17 +275,17 @@ __device__ void grouped_gemm_decode_body(const kjit_grouped_gemm_params& p, cons
       }
     };
 
-    // Two chunks in flight: chunk c + kKWarps loads while chunk c multiplies.
-    DecodeWeightChunk<Cfg> w0, w1;
-    DecodeActivationChunk<Cfg> x0, x1;
-    load_chunk(k_warp, w0, x0);
-    for (long long c = k_warp; c < Cfg::kChunks; c += 2 * Cfg::kKWarps) {
-      load_chunk(c + Cfg::kKWarps, w1, x1);
-      multiply_chunk(c, w0, x0);
-      if (c + Cfg::kKWarps >= Cfg::kChunks) break;
-      load_chunk(c + 2 * Cfg::kKWarps, w0, x0);
-      multiply_chunk(c + Cfg::kKWarps, w1, x1);
+    // Chunk i multiplies while chunks i + 1 .. i + kStages - 1 stream in (and i + 1's activations).
+    DecodeActivationChunk<Cfg> next;
+    if (chunks > 0) load_activations(0, next);
+    for (int i = 0; i < chunks; ++i) {
+      cp_async_wait_group<Cfg::kStages - 2>();  // chunk i's group is complete
+      issue_chunk(i + Cfg::kStages - 1);         // into the stage chunk i - 1 left (read before this point)
+      const DecodeActivationChunk<Cfg> x = next;
+      if (i + 1 < chunks) load_activations(i + 1, next);
+      multiply_chunk(i, x);
     }
+    cp_async_wait_group<0>();  // nothing of this pair's still lands in the ring
 
     // The k-warps' partials, then their sum in k-warp order.
 #pragma unroll

@@ -79,24 +79,36 @@ __device__ __forceinline__ long long block_scale_row(long long row) {
 template <class Cfg>
 inline constexpr bool kTileSpansBlockRows = Cfg::kBlockScaleRows == BlockScaleRows::halves;
 
-// The multiplier of `expert`'s stored element (row, col): its scale, or the
-// scale's reciprocal under the DIVIDE convention. Rows and columns past the
-// stored tensor's (a tile's edge) read no scale.
+// Where `expert`'s stored element (row, col) finds its scale (nullptr: rows
+// and columns past the stored tensor's, a tile's edge, read none).
 template <class Cfg>
-__device__ __forceinline__ float weight_multiplier(const float* scales, int expert, long long row, long long col) {
-  float s;
+__device__ __forceinline__ const float* weight_scale_source(const float* scales, int expert, long long row,
+                                                            long long col) {
   if constexpr (Cfg::kScale == MixedScale::block) {
-    if (row >= Cfg::kStoredRows || col >= Cfg::kStoredCols) return 0.0f;
-    s = scales[(expert * Cfg::kScaleRows + block_scale_row<Cfg>(row) / KJIT_MIXED_SCALE_BLOCK) * Cfg::kScaleCols +
-               col / KJIT_MIXED_SCALE_BLOCK];
+    if (row >= Cfg::kStoredRows || col >= Cfg::kStoredCols) return nullptr;
+    return scales + (expert * Cfg::kScaleRows + block_scale_row<Cfg>(row) / KJIT_MIXED_SCALE_BLOCK) * Cfg::kScaleCols +
+           col / KJIT_MIXED_SCALE_BLOCK;
   } else if constexpr (Cfg::kScale == MixedScale::row) {
-    if (row >= Cfg::kStoredRows) return 0.0f;
-    s = scales[expert * Cfg::kStoredRows + row];
+    if (row >= Cfg::kStoredRows) return nullptr;
+    return scales + expert * Cfg::kStoredRows + row;
   } else {
-    s = scales[expert];
+    return scales + expert;
   }
+}
+
+// The multiplier a stored scale gives: itself, or its reciprocal under the DIVIDE convention.
+template <class Cfg>
+__device__ __forceinline__ float multiplier_of_scale(float s) {
   if constexpr (Cfg::kDivide) s = __frcp_rn(s);
   return s;
+}
+
+// The multiplier of `expert`'s stored element (row, col): its scale, or the
+// scale's reciprocal under the DIVIDE convention; 0 where weight_scale_source has none.
+template <class Cfg>
+__device__ __forceinline__ float weight_multiplier(const float* scales, int expert, long long row, long long col) {
+  const float* source = weight_scale_source<Cfg>(scales, expert, row, col);
+  return source != nullptr ? multiplier_of_scale<Cfg>(*source) : 0.0f;
 }
 
 // Two codes (low byte first) times their multipliers, as a bf16 pair (first in the low half).

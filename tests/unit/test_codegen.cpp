@@ -273,21 +273,21 @@ TEST_CASE("grouped GEMM configurations: buckets by rows per expert on sm_90a, th
   CHECK(validate(KernelSpec{lone}).error().message.find("a cluster of 1 has no axis") != std::string::npos);
 }
 
-TEST_CASE("the decode bucket: at most 512 routed rows on sm_90a run the decode kernel, bf16 and fp8 [E, N, K] weights") {
+TEST_CASE("the decode bucket: at most 32 routed rows on sm_90a run the decode kernel, bf16 and fp8 [E, N, K] weights") {
   using Kernel = GemmRequest::Kernel;
   const auto hopper = arch("sm_90a");
   // Qwen3-30B-A3B's gate_up (E 128, N 1536, K 2048) at 1 and 64 tokens of top 8; one past the bucket.
   GroupedGemmSpec bf16{.n = 1536, .k = 2048, .experts = 128};
-  for (int64_t rows : {int64_t{1}, int64_t{8}, int64_t{512}}) {
+  for (int64_t rows : {int64_t{1}, int64_t{8}, kDecodeMaxRows}) {
     const auto s = *choose_grouped_gemm_config(bf16, hopper, rows);
-    CHECK((s.kernel == GemmKernel::mma_decode && s.tile_m == kDecodeTileRows && s.tile_n == 32 && s.tile_k == 128));
+    CHECK((s.kernel == GemmKernel::mma_decode && s.tile_m == 8 && s.tile_n == 32 && s.tile_k == 128));
   }
-  CHECK(choose_grouped_gemm_config(bf16, hopper, 513)->kernel == GemmKernel::wgmma_sm90);
-  // Few experts: no more than 64 rows per expert on average.
+  CHECK(choose_grouped_gemm_config(bf16, hopper, kDecodeMaxRows + 1)->kernel == GemmKernel::wgmma_sm90);
+  // One expert: the same bound.
   GroupedGemmSpec one_expert = bf16;
   one_expert.experts = 1;
-  CHECK(choose_grouped_gemm_config(one_expert, hopper, 64)->kernel == GemmKernel::mma_decode);
-  CHECK(choose_grouped_gemm_config(one_expert, hopper, 65)->kernel != GemmKernel::mma_decode);
+  CHECK(choose_grouped_gemm_config(one_expert, hopper, kDecodeMaxRows)->kernel == GemmKernel::mma_decode);
+  CHECK(choose_grouped_gemm_config(one_expert, hopper, kDecodeMaxRows + 1)->kernel != GemmKernel::mma_decode);
   // The weight tile: 32 blocks per expert at the widest (N 7168: 128; 2048: 64; 1536: 32; 512: 16).
   CHECK((decode_tile_n(7168) == 128 && decode_tile_n(2048) == 64 && decode_tile_n(1536) == 32 &&
          decode_tile_n(512) == 16 && decode_tile_n(16) == 16));
@@ -315,7 +315,7 @@ TEST_CASE("the decode bucket: at most 512 routed rows on sm_90a run the decode k
   GroupedGemmMixedSpec fp8{.n = 512, .k = 7168, .experts = 256, .weights = WeightLayout::e_n_k,
                            .weight = MixedWeight::f8_e4m3fn};
   const auto m = *choose_grouped_gemm_mixed_config(fp8, hopper, 8);
-  CHECK((m.kernel == MixedGemmKernel::mma_decode && m.tile_m == 16 && m.tile_n == 16 && m.stages == 0));
+  CHECK((m.kernel == MixedGemmKernel::mma_decode && m.tile_m == 8 && m.tile_n == 16 && m.stages == 0));
   CHECK(choose_grouped_gemm_mixed_config(fp8, hopper, 8, {.kernel = Kernel::sm90})->kernel ==
         MixedGemmKernel::wgmma_sm90);
   CHECK(choose_grouped_gemm_mixed_config(fp8, hopper, 600)->kernel == MixedGemmKernel::wgmma_sm90);
@@ -330,19 +330,29 @@ TEST_CASE("the decode bucket: at most 512 routed rows on sm_90a run the decode k
   CHECK(choose_grouped_gemm_mixed_config(fp8_kn, hopper, 8)->kernel == MixedGemmKernel::wgmma_sm90);
   CHECK_FALSE(choose_grouped_gemm_mixed_config(fp8, arch("sm_80"), 8, {.kernel = Kernel::decode}).has_value());
 
-  // Rendering: its own template and entry, 256 threads, static shared memory only; the grid bounds the
-  // (expert, chunk) pairs by the rows and covers N.
+  // Rendering: its own template and entry, 256 threads, each thread's ring of weight chunks in dynamic shared
+  // memory (fp8: 4 chunks of 2 rows x 32 codes and 2 scales; bf16: 3 chunks of 2 rows x 32 bf16), two blocks
+  // per SM at 8 rows, one at 16 and 32; the grid bounds the (expert, chunk) pairs by the rows and covers N.
   const auto k = render(KernelSpec{m});
   CHECK(k.entry_point == "kjit_grouped_gemm_mixed_decode");
   CHECK(k.threads_per_block == 256);
-  CHECK(k.dynamic_shared_bytes == 0);
+  CHECK(k.dynamic_shared_bytes == 4 * 256 * (2 * 32 + 2 * 4));
   CHECK(k.source.find("kjit::GroupedGemmDecodeConfig<") != std::string::npos);
-  CHECK(render(KernelSpec{*choose_grouped_gemm_config(bf16, hopper, 8)}).entry_point == "kjit_grouped_gemm_decode");
+  CHECK(k.source.find("__launch_bounds__(256, 2)") != std::string::npos);
+  const auto bf16_decode = render(KernelSpec{*choose_grouped_gemm_config(bf16, hopper, 8)});
+  CHECK(bf16_decode.entry_point == "kjit_grouped_gemm_decode");
+  CHECK(bf16_decode.dynamic_shared_bytes == 3 * 256 * 2 * 32 * 2);
+  CHECK(render(KernelSpec{forced}).source.find("__launch_bounds__(256, 2)") != std::string::npos);
+  auto sixteen = forced;
+  sixteen.tile_m = 16;
+  CHECK(render(KernelSpec{sixteen}).source.find("__launch_bounds__(256, 1)") != std::string::npos);
   const auto one_token = grouped_gemm_mixed_geometry(m, 8, 132);
-  CHECK((one_token.grid_x == 8 && one_token.grid_y == 512 / 16 && one_token.block_x == 256));
-  // 64 tokens of top 8 over 128 experts, chunks of 16: (512 + 128 x 15) / 16 slots.
-  const auto many = grouped_gemm_geometry(*choose_grouped_gemm_config(bf16, hopper, 512), 512, 132);
-  CHECK((many.grid_x == (512 + 128 * 15) / 16 && many.grid_y == 1536 / 32));
+  CHECK((one_token.grid_x == 8 && one_token.grid_y == 512 / 16 && one_token.block_x == 256 &&
+         one_token.shared_bytes == 4 * 256 * (2 * 32 + 2 * 4)));
+  // 4 tokens of top 8 over 128 experts, chunks of 8: (32 + 32 x 7) / 8 slots.
+  const auto four_tokens = grouped_gemm_geometry(*choose_grouped_gemm_config(bf16, hopper, 32), 32, 132);
+  CHECK((four_tokens.grid_x == (32 + 32 * 7) / 8 && four_tokens.grid_y == 1536 / 32 &&
+         four_tokens.shared_bytes == 3 * 256 * 2 * 32 * 2));
   // Specs round-trip and keep their own canonical text; other kernels' text is as before.
   for (const KernelSpec& s : {KernelSpec{m}, KernelSpec{forced}}) {
     const auto back = spec_from_json(to_json(s));
@@ -350,7 +360,7 @@ TEST_CASE("the decode bucket: at most 512 routed rows on sm_90a run the decode k
     CHECK(*back == s);
     CHECK(canonical(s).find("kernel=mma_decode") != std::string::npos);
   }
-  CHECK(canonical(KernelSpec{m}).ends_with("kernel=mma_decode tile=16x16x128 stages=0"));
+  CHECK(canonical(KernelSpec{m}).ends_with("kernel=mma_decode tile=8x16x128 stages=0"));
   auto bad = m;
   bad.tile_n = 48;
   CHECK_FALSE(validate(KernelSpec{bad}).has_value());
@@ -373,10 +383,12 @@ TEST_CASE("grouped GEMM specs: a problem and each configuration round-trip throu
   }
   CHECK(names.size() == specs.size());
   CHECK(canonical(specs[0]).ends_with("config=per-arch"));
-  CHECK(canonical(specs[2]).find("kernel=wgmma_sm90_swap_ab tile=256x128x64 stages=4 cluster=1") != std::string::npos);
-  CHECK(canonical(specs[3]).find("kernel=wgmma_sm90_swap_ab tile=256x128x64 stages=4 cluster=2 along n") !=
+  // sm_90a's configurations (specs[1..4]) begin with the decode bucket's decode kernel.
+  CHECK(canonical(specs[1]).find("kernel=mma_decode tile=8x128x128") != std::string::npos);
+  CHECK(canonical(specs[3]).find("kernel=wgmma_sm90_swap_ab tile=256x128x64 stages=4 cluster=1") != std::string::npos);
+  CHECK(canonical(specs[4]).find("kernel=wgmma_sm90_swap_ab tile=256x128x64 stages=4 cluster=2 along n") !=
         std::string::npos);
-  CHECK(canonical(specs[5]).find("kernel=wgmma_sm90 tile=128x256x64 stages=4 cluster=2 along m") != std::string::npos);
+  CHECK(canonical(specs[6]).find("kernel=wgmma_sm90 tile=128x256x64 stages=4 cluster=2 along m") != std::string::npos);
   // A tile without a kernel is neither a problem nor a configuration.
   auto j = to_json(specs[1]);
   j.erase("kernel");
@@ -409,7 +421,7 @@ TEST_CASE("the SM90 grouped GEMM renders its wgmma wrappers and asks for its sha
 }
 
 TEST_CASE("swap AB renders one wgmma per tile height, weights as operand A, and asks for its scratch and queue") {
-  auto swap = std::get<GroupedGemmSpec>(kernels_for_target(gemm_problem(), arch("sm_90a"))[1]);
+  auto swap = std::get<GroupedGemmSpec>(kernels_for_target(gemm_problem(), arch("sm_90a"))[2]);  // after decode, 64 x 256
   REQUIRE(swap.kernel == GemmKernel::wgmma_sm90_swap_ab);
   swap.weights = WeightLayout::e_k_n;
   const auto k = render(swap);
@@ -862,7 +874,7 @@ TEST_CASE("W8A16 grouped GEMM specs round-trip through text and JSON; N and K mu
       CHECK(*back == config);
       canonicals.insert(canonical(config));
     }
-  CHECK(canonicals.size() == 6);  // three row-tile buckets per problem
+  CHECK(canonicals.size() == 7);  // three row-tile buckets per problem, and [E, N, K]'s decode kernel
   for (auto [n, k] : {std::pair<int64_t, int64_t>{4096, 7168 + 8}, {4096 + 8, 7168}}) {
     auto bad = mixed_problem();
     bad.n = n;
@@ -903,8 +915,8 @@ TEST_CASE("W8A16 block scales under a fused activation: gate_up_layout is in the
         CHECK(render(config).source.find(fmt::format("kjit::BlockScaleRows::{}", name(layout))) != std::string::npos);
       }
   }
-  CHECK(canonicals.size() == 8);  // three SM90 buckets and one portable kernel per layout
-  CHECK(hashes.size() == 8);
+  CHECK(canonicals.size() == 10);  // the decode kernel, three SM90 buckets and one portable kernel per layout
+  CHECK(hashes.size() == 10);
   for (const auto& c : canonicals) CHECK(c.find(" gate_up_layout=") != std::string::npos);
   // Without the activation's layout nothing keys the rows' blocks: no gate_up_layout in the other specs' text.
   CHECK(canonical(KernelSpec{mixed_problem()}).find("gate_up_layout") == std::string::npos);

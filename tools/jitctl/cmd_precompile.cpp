@@ -5,6 +5,8 @@
 // root afterwards, naming each. A kernel an arch cannot run (an FP8 family on
 // sm_80, Hopper's kernels elsewhere) is skipped, named with the reason, and
 // does not fail the run: a fleet manifest lists kernels for several archs.
+// Each compile runs in a compile process (compile_process.hpp): one that dies
+// (NVRTC's LLVM aborts when out of memory) fails its kernel, not jitctl.
 #include <sched.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
@@ -20,7 +22,6 @@
 #include <fstream>
 #include <functional>
 #include <optional>
-#include <new>
 #include <system_error>
 #include <mutex>
 #include <string>
@@ -30,6 +31,7 @@
 #include <fmt/format.h>
 
 #include "cli.hpp"
+#include "compile_process.hpp"
 #include "output.hpp"
 #include "kjit/builder/builder.hpp"
 #include "kjit/builder/nvrtc.hpp"
@@ -80,21 +82,22 @@ class Progress {
   explicit Progress(size_t total)
       : total_(total), redraw_(stderr_redraws()), start_(std::chrono::steady_clock::now()) {}
 
-  void done(const Job& job, const Expected<BuiltKernel>& result) {
+  void done(const Job& job, const JobOutcome& outcome) {
     std::lock_guard lock(mutex_);
     ++finished_;
-    if (!result) ++failed_;
-    else if (result->origin == CubinOrigin::disk_cache) ++cached_;
+    const bool failed = outcome.kind == JobOutcome::Kind::failed;
+    if (failed) ++failed_;
+    else if (outcome.kind == JobOutcome::Kind::cached) ++cached_;
     else ++compiled_;
     const std::string what = fmt::format("{} {}", job.arch->target, codegen::canonical(job.spec));
     if (redraw_) {
       // The redraw's own control sequences, around text made printable.
-      if (!result) std::fputs(fmt::format("\r\033[Kfailed: {}\n", shown(what)).c_str(), stderr);
+      if (failed) std::fputs(fmt::format("\r\033[Kfailed: {}\n", shown(what)).c_str(), stderr);
       std::fputs(fmt::format("\r\033[K{}", fitted(terminal_columns() - 1)).c_str(), stderr);
       if (finished_ == total_) std::fputs("\n", stderr);
       return;
     }
-    if (!result) err("failed: {}\n", what);
+    if (failed) err("failed: {}\n", what);
     const size_t tenth = finished_ * 10 / total_;
     if (tenth > printed_tenth_ || finished_ == total_) {
       printed_tenth_ = tenth;
@@ -231,16 +234,12 @@ nlohmann::json with(nlohmann::json object, const char* field, const std::string&
   return object;
 }
 
-// Runs `work(i)` for i in [0, count) on up to `threads` threads. A thread the
-// system refuses (ulimit -u) is one fewer; with none, the calling thread does
-// all of it. `work` must not throw.
-void run_parallel(size_t count, unsigned threads, const std::function<void(size_t)>& work) {
-  std::atomic<size_t> next{0};
-  auto worker = [&] {
-    for (size_t i = next++; i < count; i = next++) work(i);
-  };
+// Runs `worker` on up to `threads` threads, each taking jobs until none are
+// left. A thread the system refuses (ulimit -u) is one fewer; with none, the
+// calling thread runs it. `worker` must not throw.
+void run_parallel(unsigned threads, const std::function<void()>& worker) {
   std::vector<std::thread> pool;
-  for (unsigned t = 0; t < threads && t < count; ++t) {
+  for (unsigned t = 0; t < threads; ++t) {
     try {
       pool.emplace_back(worker);
     } catch (const std::system_error& e) {
@@ -253,17 +252,35 @@ void run_parallel(size_t count, unsigned threads, const std::function<void(size_
   for (auto& thread : pool) thread.join();
 }
 
-// One job, whatever happens in it: an exception (out of memory, say) is a
-// failed build with its message, never a job dropped from the counts.
-Expected<BuiltKernel> build_job(Builder& builder, const Job& job) {
-  try {
-    return builder.build(job.spec, *job.arch);
-  } catch (const std::bad_alloc&) {
-    return fail(KJIT_ERROR_INTERNAL, "out of memory while building it");
-  } catch (const std::exception& e) {
-    return fail(KJIT_ERROR_INTERNAL, fmt::format("unexpected error while building it: {}", e.what()));
+// One compile thread's builds: in a compile process of its own, started at its
+// first job and again after one dies; in jitctl's process only where none can
+// be started (no processes left under ulimit -u), with a warning once.
+class JobRunner {
+ public:
+  JobRunner(Builder& builder, std::atomic<bool>& warned) : builder_(builder), warned_(warned) {}
+
+  JobOutcome build(const Job& job) {
+    if (!here_ && !(process_ && process_->alive())) {
+      process_.reset();
+      if (auto started = CompileProcess::start()) {
+        process_.emplace(std::move(*started));
+      } else {
+        here_ = true;
+        if (!warned_.exchange(true))
+          err("jitctl: warning: compiling in jitctl's own process ({}): a compile that runs out of memory there "
+              "ends jitctl\n",
+              started.error().message);
+      }
+    }
+    return here_ ? build_here(builder_, job.spec, *job.arch) : process_->build(job.spec, *job.arch);
   }
-}
+
+ private:
+  Builder& builder_;
+  std::atomic<bool>& warned_;
+  std::optional<CompileProcess> process_;
+  bool here_ = false;
+};
 
 // Whether the store can write its writable root at all, tried the store's own
 // way (a probe entry published and removed), so that nothing is compiled for
@@ -347,12 +364,19 @@ int cmd_precompile(const PrecompileOptions& options) {
   Progress progress(jobs.size());
   std::vector<std::string> failures(jobs.size());
   std::vector<std::string> keys(jobs.size());  // of the kernels built
+  std::atomic<size_t> next{0};
+  std::atomic<bool> warned{false};
+  std::atomic<uint64_t> evicted_by_workers{0};  // by the compile processes' stores
   const auto start = std::chrono::steady_clock::now();
-  run_parallel(jobs.size(), threads, [&](size_t i) {
-    auto result = build_job(builder, jobs[i]);
-    if (!result) failures[i] = result.error().message;
-    else keys[i] = result->key;
-    progress.done(jobs[i], result);
+  run_parallel(static_cast<unsigned>(std::min<size_t>(threads, jobs.size())), [&] {
+    JobRunner runner(builder, warned);
+    for (size_t i = next++; i < jobs.size(); i = next++) {
+      const JobOutcome outcome = runner.build(jobs[i]);
+      if (outcome.kind == JobOutcome::Kind::failed) failures[i] = outcome.error;
+      else keys[i] = outcome.key;
+      evicted_by_workers += outcome.evicted;
+      progress.done(jobs[i], outcome);
+    }
   });
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   // Checked at the end, not as each job finishes: a later publish may have
@@ -362,7 +386,7 @@ int cmd_precompile(const PrecompileOptions& options) {
     if (!keys[i].empty() && !store.holds(keys[i])) not_stored[i] = keys[i];
   const auto missing = static_cast<size_t>(std::count_if(not_stored.begin(), not_stored.end(),
                                                          [](const std::string& key) { return !key.empty(); }));
-  const uint64_t evicted = store.counters().evicted;
+  const uint64_t evicted = store.counters().evicted + evicted_by_workers;
   const bool ok = progress.failed() == 0 && missing == 0;
   if (options.json) {
     nlohmann::json out = {{"kernels", jobs.size()},      {"compiled", progress.compiled()},

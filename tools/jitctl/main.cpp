@@ -17,6 +17,7 @@
 #include "kjit/codegen/arch.hpp"
 #include "kjit/codegen/kernel_spec.hpp"
 #include "cli.hpp"
+#include "compile_process.hpp"
 #include "output.hpp"
 #include "suggest.hpp"
 #include "kjit/cache/store.hpp"
@@ -302,6 +303,9 @@ int main(int argc, char** argv) {
   std::signal(SIGXFSZ, SIG_IGN);
   // Whatever escapes a command (out of memory, say) is an error with a message, not an abort.
   try {
+    // A compile process of `jitctl precompile` (compile_process.hpp), never a command typed.
+    if (argc == 2 && std::string_view(argv[1]) == kjit::tools::kCompileWorkerCommand)
+      return kjit::tools::compile_worker_main();
     return kjit::tools::run(argc, argv);
   } catch (const std::bad_alloc&) {
     kjit::tools::err("jitctl: error: out of memory\n");

@@ -262,12 +262,13 @@ RenderedKernel Family<GroupedGemmSpec>::render(const GroupedGemmSpec& s) {
   if (s.kernel == GemmKernel::mma_decode)
     return assemble(canonical(s), {.entry_point = "kjit_grouped_gemm_decode",
                                    .threads = kDecodeThreads,
-                                   .min_blocks = 1,  // ptxas spilled under the 128-register cap of 2 (tile 16 rows and up)
+                                   .min_blocks = decode_min_blocks(s.tile_m),
                                    .templates = {"gemm/grouped_gemm_decode.cuh"},
                                    .config = fmt::format("kjit::GroupedGemmDecodeConfig<{}, false, {}, {}>", problem,
                                                          s.tile_m, s.tile_n),
                                    .params_type = "kjit_grouped_gemm_params",
-                                   .body = "kjit::grouped_gemm_decode"});
+                                   .body = "kjit::grouped_gemm_decode",
+                                   .dynamic_shared_bytes = grouped_gemm_shared_bytes(s)});
   return assemble(canonical(s),
                   {.entry_point = "kjit_grouped_gemm",
                    .threads = kPortableThreads,
@@ -284,7 +285,15 @@ std::vector<GroupedGemmSpec> Family<GroupedGemmSpec>::kernels_for_target(const G
   return distinct_configs(grouped_gemm_configs(s, arch));
 }
 
+int decode_shared_bytes(bool fp8_weights) {
+  constexpr int kChunk = 128;
+  const int stages = fp8_weights ? 4 : 3;
+  const int row_bytes = fp8_weights ? kChunk / 4 : kChunk / 4 * 2;  // a thread's 32 k of a weight row
+  return stages * kDecodeThreads * (2 * row_bytes + (fp8_weights ? 2 * 4 : 0));
+}
+
 int grouped_gemm_shared_bytes(const GroupedGemmSpec& s) {
+  if (s.kernel == GemmKernel::mma_decode) return decode_shared_bytes(false);
   if (!is_sm90(s.kernel)) return 0;  // the portable kernel's tiles are static
   // GroupedGemmSm90Config::kSharedBytes and GroupedGemmSwapAbConfig's (the
   // generated code asserts they agree): the stages, 1 KB of slack to align
@@ -312,17 +321,19 @@ LaunchGeometry grouped_gemm_geometry(const GroupedGemmSpec& spec, int64_t total_
     return persistent_gemm_grid(cluster_tiles, spec.cluster, resident_blocks, sm90_threads(spec),
                                 grouped_gemm_shared_bytes(spec));
   }
-  if (spec.kernel == GemmKernel::mma_decode) return decode_gemm_grid(total_rows, spec.experts, spec.tile_m, n_tiles);
+  if (spec.kernel == GemmKernel::mma_decode)
+    return decode_gemm_grid(total_rows, spec.experts, spec.tile_m, n_tiles, grouped_gemm_shared_bytes(spec));
   return portable_gemm_grid(m_tiles, n_tiles, kPortableThreads);
 }
 
-LaunchGeometry decode_gemm_grid(int64_t total_rows, int64_t experts, int tile_m, int64_t n_tiles) {
+LaunchGeometry decode_gemm_grid(int64_t total_rows, int64_t experts, int tile_m, int64_t n_tiles, int shared_bytes) {
   // Each non-empty expert (at most min(E, rows) of them) adds at most one partial chunk of tile_m rows.
   const int64_t slots = (total_rows + std::min(experts, total_rows) * (tile_m - 1)) / tile_m;
   LaunchGeometry g;
   g.block_x = kDecodeThreads;
   g.grid_x = static_cast<uint32_t>(std::clamp<int64_t>(slots, 1, 0x7fffffff));  // blocks walk the slots past it
   g.grid_y = static_cast<uint32_t>(n_tiles);
+  g.shared_bytes = static_cast<uint32_t>(shared_bytes);
   return g;
 }
 

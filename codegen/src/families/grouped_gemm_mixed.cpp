@@ -416,12 +416,13 @@ RenderedKernel Family<GroupedGemmMixedSpec>::render(const GroupedGemmMixedSpec& 
   if (s.kernel == MixedGemmKernel::mma_decode)
     return assemble(canonical(s), {.entry_point = "kjit_grouped_gemm_mixed_decode",
                                    .threads = kDecodeThreads,
-                                   .min_blocks = 1,  // ptxas spilled under the 128-register cap of 2 (tile 16 rows and up)
+                                   .min_blocks = decode_min_blocks(s.tile_m),
                                    .templates = {"gemm/grouped_gemm_decode.cuh"},
                                    .config = fmt::format("kjit::GroupedGemmDecodeConfig<{}, true, {}, {}>", problem,
                                                          s.tile_m, s.tile_n),
                                    .params_type = "kjit_grouped_gemm_mixed_params",
-                                   .body = "kjit::grouped_gemm_mixed_decode"});
+                                   .body = "kjit::grouped_gemm_mixed_decode",
+                                   .dynamic_shared_bytes = grouped_gemm_mixed_shared_bytes(s)});
   return assemble(canonical(s),
                   {.entry_point = "kjit_grouped_gemm_mixed",
                    .threads = kPortableThreads,
@@ -439,6 +440,7 @@ std::vector<GroupedGemmMixedSpec> Family<GroupedGemmMixedSpec>::kernels_for_targ
 }
 
 int grouped_gemm_mixed_shared_bytes(const GroupedGemmMixedSpec& s) {
+  if (s.kernel == MixedGemmKernel::mma_decode) return decode_shared_bytes(true);
   if (!is_sm90(s.kernel)) return 0;  // the portable kernel's tiles are static
   const int consumers = s.tile_n / 64;
   if (s.kernel == MixedGemmKernel::wgmma_sm90_converter) {
@@ -482,7 +484,7 @@ LaunchGeometry grouped_gemm_mixed_geometry(const GroupedGemmMixedSpec& spec, int
     return persistent_gemm_grid(m_tiles * n_tiles, 1, resident_blocks, sm90_threads(spec),
                                 grouped_gemm_mixed_shared_bytes(spec));
   if (spec.kernel == MixedGemmKernel::mma_decode)
-    return decode_gemm_grid(total_rows, spec.experts, spec.tile_m, n_tiles);
+    return decode_gemm_grid(total_rows, spec.experts, spec.tile_m, n_tiles, grouped_gemm_mixed_shared_bytes(spec));
   return portable_gemm_grid(m_tiles, n_tiles, kPortableThreads);
 }
 

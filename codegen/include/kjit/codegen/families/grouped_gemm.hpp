@@ -97,8 +97,9 @@ LaunchGeometry grouped_gemm_geometry(const GroupedGemmSpec& spec, int64_t total_
 LaunchGeometry persistent_gemm_grid(int64_t cluster_tiles, int cluster, int resident_blocks, int threads,
                                     int shared_bytes);
 LaunchGeometry portable_gemm_grid(int64_t m_tiles, int64_t n_tiles, int threads);
-// - decode: x over an upper bound of the non-empty (expert, chunk of tile_m rows) pairs, y over n-tiles.
-LaunchGeometry decode_gemm_grid(int64_t total_rows, int64_t experts, int tile_m, int64_t n_tiles);
+// - decode: x over an upper bound of the non-empty (expert, chunk of tile_m rows) pairs, y over n-tiles,
+//   with the kernel's ring (decode_shared_bytes).
+LaunchGeometry decode_gemm_grid(int64_t total_rows, int64_t experts, int tile_m, int64_t n_tiles, int shared_bytes);
 
 // ---- Tuning policy (grouped_gemm_tuning.cpp; docs/architecture.md "Grouped GEMM tiles") ----
 
@@ -116,8 +117,17 @@ inline bool decode_bucket(int64_t rows, int64_t experts) {
 // The decode kernel's weight rows per block for N weight rows: the widest of 128, 64, 32 and 16 that still
 // gives 32 blocks per expert (one token's 8 experts then keep ~2 blocks per SM of an H100/H200 streaming).
 int decode_tile_n(int64_t n);
-// The decode kernel's rows per block (tokens on mma's N, 8 per tile).
-inline constexpr int kDecodeTileRows = 16;
+// The decode kernel's rows per block (tokens on mma's N, 8 per tile). 8: the bucket's experts get 1-4 rows at
+// top 8 (at most 32 rows, distinct experts per token), and one token tile of activations in registers is what
+// lets two blocks share an SM without spills (decode_min_blocks).
+inline constexpr int kDecodeTileRows = 8;
+// The decode kernel's dynamic shared memory (GroupedGemmDecodeConfig::kSharedBytes; the generated code asserts
+// they agree): each of its 256 threads' ring of chunks of two weight rows' 128 k, fp8 4 chunks of 64 bytes and
+// two 4-byte scales (72 KB), bf16 3 chunks of 128 bytes (96 KB): two blocks fit an SM's 228 KB.
+int decode_shared_bytes(bool fp8_weights);
+// The blocks per SM the decode kernel's launch bounds ask for: 2 at 8 rows (a 128-register cap), 1 at 16 and 32
+// (two or four token tiles of activations in registers spill under that cap).
+inline int decode_min_blocks(int tile_m) { return tile_m == 8 ? 2 : 1; }
 
 // The deepest SM90 pipeline of `kernel` with this tile that fits a Hopper block's shared memory.
 int sm90_max_stages(GemmKernel kernel, int tile_m, int tile_n);
