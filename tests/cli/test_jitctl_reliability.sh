@@ -2,13 +2,14 @@
 # Issue 41's classes, end to end through jitctl (each check failed before its fix):
 # 1. text that is not UTF-8 (a root, a --cubin path, an entry's bytes) never aborts a --json report, and
 #    entry text never reaches the terminal as escape sequences (list --summary included);
-# 2. precompile counts every outcome: its own kernels evicted under KJIT_CACHE_MAX_BYTES and unreadable shards
-#    are failures (exit 1, named); verify reports unreadable shards;
+# 2. precompile counts every outcome: its own kernels evicted under KJIT_CACHE_MAX_BYTES, unreadable shards and
+#    an entry too large to read under ulimit -v are failures (exit 1, named); verify reports unreadable shards;
 # 3. no file outside the rendered source enters a compile: planted toolkit headers change no key or cubin;
 # 4. repeated --arch values are one arch;
 # 5. no write where none was asked: show --cubin refuses the cache's own files, a hard link at a .used stamp is
 #    never written through, clear --older-than 0s asks as clear does;
-# 6. a file-size limit is an error with a message, not SIGXFSZ; KJIT_TEST_FAULT does nothing in a release jitctl.
+# 6. a file-size limit is an error with a message, not SIGXFSZ; a compile that dies (NVRTC aborts when out of
+#    memory under ulimit -v) fails its kernel, never jitctl; KJIT_TEST_FAULT does nothing in a release jitctl.
 # Usage: test_jitctl_reliability.sh JITCTL KJIT_MAKE_ENTRY
 set -euo pipefail
 jitctl=$1
@@ -126,6 +127,76 @@ check "planted headers change no key" grep -q "0 compiled, 2 already cached" "$w
 KJIT_CACHE_DIR=$work/c5 CUDA_HOME=$work/cuda KJIT_CUDA_INCLUDE=$work/cuda/include \
   run "$work/p" precompile --manifest "$work/three.json" --arch sm_90a
 check "and compiling beside them never reads them" grep -q "2 compiled, 0 already cached" "$work/p"
+
+# 2. An entry claiming a 2 GiB payload (a sparse file of that size) under ulimit -v 1G: reading it runs out of
+#    memory; the kernel is a failure, named, never a job dropped with exit 0.
+export KJIT_CACHE_DIR=$work/c2g
+cat > "$work/one.json" <<'JSON'
+{"kjit_manifest": 1, "name": "one", "kernels": [
+  {"op": "fp8_dequant", "in": "f8_e4m3fn", "out": "bf16", "cols": [512], "scale": "per_tensor", "convention": "multiply"}]}
+JSON
+run "$work/p" precompile --manifest "$work/one.json" --arch sm_90a -j 1
+big=$(find "$KJIT_CACHE_DIR" -name '*.kjit')
+python3 - "$big" <<'PY'
+import os, struct, sys
+path = sys.argv[1]
+data = bytearray(open(path, 'rb').read())
+meta = struct.unpack_from('<Q', data, 16)[0]
+struct.pack_into('<Q', data, 24, 2**31)  # payload bytes: 2 GiB
+open(path, 'wb').write(data[:64 + meta])
+os.truncate(path, 64 + meta + 2**31)    # sparse: the sizes agree, the hash is checked after the read
+PY
+set +e
+(ulimit -v 1000000; exec "$jitctl" precompile --manifest "$work/one.json" --arch sm_90a -j 1 > "$work/p" 2> "$work/p.err" < /dev/null)
+rc=$?
+set -e
+check "a 2 GiB entry under ulimit -v 1G fails the precompile (exit 1, no signal)" test "$rc" -eq 1
+check "and counts the kernel failed" grep -q "0 compiled, 0 already cached, 1 failed" "$work/p"
+check "and names it, out of memory" bash -c "grep -q '^failed: sm_90a fp8_dequant' '$work/p.err' && grep -q 'out of memory' '$work/p.err'"
+rm -rf "$KJIT_CACHE_DIR"
+
+# 6. NVRTC aborts (SIGABRT or a fault in its LLVM) when an allocation fails: under ulimit -v 150 MB two threads'
+#    grouped GEMM compiles did, and took jitctl with them (exit 134 or 139). Each compile runs in a compile
+#    process: one that dies fails its kernel, named with the signal; jitctl exits 1.
+cat > "$work/gemm.json" <<'JSON'
+{"kjit_manifest": 1, "name": "gemm", "kernels": [
+  {"op": "grouped_gemm", "out": "bf16", "weights": "e_n_k", "offsets": "cumulative_end", "experts": 32,
+   "n": 4096, "k": 7168}]}
+JSON
+export KJIT_CACHE_DIR=$work/c6v
+set +e
+(ulimit -v 150000; exec "$jitctl" precompile --manifest "$work/gemm.json" --arch sm_90a -j 2 > "$work/p" 2> "$work/p.err" < /dev/null)
+rc=$?
+set -e
+check "precompile under ulimit -v 150000 ends without a signal" test "$rc" -lt 128
+check "and fails (exit 1): these kernels do not fit" test "$rc" -eq 1
+check "and names the failed kernels" grep -q "^failed: sm_90a grouped_gemm" "$work/p.err"
+# A compile process killed mid-run (SIGABRT, as NVRTC's abort): its kernel fails with the signal named, the
+# others are built by a new one.
+rm -rf "$KJIT_CACHE_DIR"
+cat > "$work/nine.json" <<'JSON'
+{"kjit_manifest": 1, "name": "nine", "kernels": [
+  {"op": "fp8_dequant", "in": "f8_e4m3fn", "out": "bf16", "cols": [512, 1024, 2048], "scale": "per_tensor",
+   "convention": "multiply"}]}
+JSON
+"$jitctl" precompile --manifest "$work/nine.json" --arch sm_90a,sm_100a,sm_120a -j 1 > "$work/p" 2> "$work/p.err" < /dev/null &
+parent=$!
+worker=""
+for _ in $(seq 1 500); do
+  worker=$(pgrep -P "$parent" || true)
+  [ -n "$worker" ] && break
+  sleep 0.01
+done
+[ -n "$worker" ] && kill -ABRT "$worker"
+set +e
+wait "$parent"
+rc=$?
+set -e
+check "a compile process was started" test -n "$worker"
+check "its death fails the precompile (exit 1, no signal)" test "$rc" -eq 1
+check "one kernel failed, the others were built" grep -q "8 compiled, 0 already cached, 1 failed" "$work/p"
+check "the failure names the signal" grep -q "died with SIGABRT" "$work/p.err"
+rm -rf "$KJIT_CACHE_DIR"
 
 # 2. Eviction of the manifest's own kernels: exit 1, named.
 KJIT_CACHE_DIR=$work/c4 KJIT_CACHE_MAX_BYTES=1 run "$work/p" precompile --manifest "$work/three.json" --arch sm_90a -j 1
