@@ -64,8 +64,8 @@ std::vector<KernelPath> kernel_paths() {
           {"sm90 swap AB, rows up to 96 x 64 columns (one consumer)", KJIT_GEMM_KERNEL_SM90_SWAP_AB, 96, 64, 1},
           {"sm90 swap AB 256 x 128, clusters of 2 along N sharing the rows", KJIT_GEMM_KERNEL_SM90_SWAP_AB, 256, 128, 2,
            KJIT_GEMM_CLUSTER_ALONG_N, 256},
-          {"decode, chunks of 16 rows, the heuristic's weight tile", KJIT_GEMM_KERNEL_DECODE, 0, 0, 0, {}, 8, true, true},
-          {"decode, chunks of 8 rows x 16 weight rows (8 k-warps)", KJIT_GEMM_KERNEL_DECODE, 8, 16, 0, {}, 8, true, true},
+          {"decode, the heuristic's chunks (8 rows) and weight tile", KJIT_GEMM_KERNEL_DECODE, 0, 0, 0, {}, 8, true, true},
+          {"decode, chunks of 16 rows x 16 weight rows (8 k-warps)", KJIT_GEMM_KERNEL_DECODE, 16, 16, 0, {}, 8, true, true},
           {"decode, chunks of 32 rows x 128 weight rows (1 k-warp)", KJIT_GEMM_KERNEL_DECODE, 32, 128, 0, {}, 8, true,
            true},
           {"portable", KJIT_GEMM_KERNEL_PORTABLE, 0, 0, 0}};

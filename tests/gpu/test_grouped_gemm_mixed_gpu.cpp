@@ -208,8 +208,8 @@ std::vector<KernelPath> activation_paths() {
           {"sm90 row tiles of 128", KJIT_GEMM_KERNEL_SM90, 128},
           {"sm90 converter, row tiles of 64", KJIT_GEMM_KERNEL_SM90_CONVERTER, 64},
           {"sm90 converter, row tiles of 256", KJIT_GEMM_KERNEL_SM90_CONVERTER, 256},
-          {"decode, chunks of 16 rows", KJIT_GEMM_KERNEL_DECODE, 0},
-          {"decode, chunks of 8 rows", KJIT_GEMM_KERNEL_DECODE, 8},
+          {"decode, the heuristic's chunks of 8 rows (two blocks per SM)", KJIT_GEMM_KERNEL_DECODE, 0},
+          {"decode, chunks of 16 rows (one block per SM)", KJIT_GEMM_KERNEL_DECODE, 16},
           {"portable forced", KJIT_GEMM_KERNEL_PORTABLE, 0}};
 }
 

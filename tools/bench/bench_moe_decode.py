@@ -1,7 +1,8 @@
 """The MoE layer at decode (issue 39): kjit.torch.MoEExperts at 1, 16 and 64
-tokens with its grouped GEMMs on the decode kernel (the default now: at most
-512 routed rows) against the same module forced onto the kernels it ran before
-(kernel='sm90' injected into its kjit.grouped_gemm calls), bf16 and fp8_block
+tokens with its grouped GEMMs as kjit chooses (the decode kernel up to 32
+routed rows), or on the decode kernel at every size (--decode decode), against
+the same module forced onto the kernels it ran before (kernel='sm90' injected
+into its kjit.grouped_gemm calls), bf16 and fp8_block
 (W8A16) weights, under CUDA graphs. Each graph holds SETS calls with their own
 random routing (distinct experts per token), so a replay reads weights from
 DRAM, not from L2, as a decode step of a real model does; the time per call is
@@ -13,7 +14,7 @@ paths' outputs must agree to 2e-2 (relative Frobenius) before they are timed.
 
     PYTHONPATH=runtime/python:tools/bench python3 tools/bench/bench_moe_decode.py [--json FILE]
         [--models qwen3-30b-a3b,deepseek-v3-tp8,deepseek-v3-ep8] [--formats bf16,fp8_block]
-        [--tokens 1,16,64] [--sets 8] [--rounds 5]
+        [--tokens 1,16,64] [--sets 8] [--rounds 5] [--decode auto|decode]
 """
 
 import argparse
@@ -37,13 +38,14 @@ BLOCK = 128
 
 
 @contextlib.contextmanager
-def old_kernels():
-    """kjit.grouped_gemm forced onto the kernels of the buckets before the decode one ('sm90')."""
+def kernels(kernel):
+    """kjit.grouped_gemm forced onto `kernel`: 'sm90' (the kernels of the buckets before the decode one),
+    'decode' (the decode kernel at every row count) or 'auto' (as it is)."""
     original = kjit.grouped_gemm
 
     def forced(*args, **kwargs):
         if kwargs.get("kernel", "auto") == "auto":
-            kwargs["kernel"] = "sm90"
+            kwargs["kernel"] = kernel
         return original(*args, **kwargs)
 
     kjit.grouped_gemm = forced
@@ -119,11 +121,14 @@ def main():
     parser.add_argument("--sets", type=int, default=8, help="calls per graph, each with its own routing")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--iters", type=int, default=50, help="replays per timing")
+    parser.add_argument("--decode", choices=("auto", "decode"), default="auto",
+                        help="the 'decode' column: kjit's choice (the decode kernel up to 32 routed rows) or the "
+                             "decode kernel forced at every size")
     args = parser.parse_args()
     torch.manual_seed(0)
     copy_bw = copy_bandwidth()
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "copy_bytes_per_s": copy_bw,
-              "sets": args.sets, "rows": []}
+              "sets": args.sets, "decode": args.decode, "rows": []}
     print(f"device: {result['device']}, torch {torch.__version__}; copy bandwidth {copy_bw / 1e12:.2f} TB/s "
           f"(read + write); CUDA-graph replays of {args.sets} calls with their own routing, us per call")
     print(f"{'model':>16} {'format':>9} {'tokens':>6} | {'old us':>8} {'decode us':>9} {'speedup':>7} | "
@@ -139,8 +144,9 @@ def main():
                 routes = routings(tokens, experts, top_k, args.sets)
                 touched = sum(ids.unique().numel() for ids, _ in routes) / args.sets
                 bytes_touched = touched * expert_bytes(fmt, hidden, inter)
-                new_replay, new_out = captured(m, xs, routes)
-                with old_kernels():
+                with kernels(args.decode):
+                    new_replay, new_out = captured(m, xs, routes)
+                with kernels("sm90"):
                     old_replay, old_out = captured(m, xs, routes)
                 new_replay()
                 old_replay()
