@@ -273,21 +273,20 @@ TEST_CASE("grouped GEMM configurations: buckets by rows per expert on sm_90a, th
   CHECK(validate(KernelSpec{lone}).error().message.find("a cluster of 1 has no axis") != std::string::npos);
 }
 
-TEST_CASE("the decode bucket: at most 32 routed rows on sm_90a run the decode kernel, bf16 and fp8 [E, N, K] weights") {
+TEST_CASE("the decode buckets on sm_90a: bf16 up to 8 routed rows over 64+ experts, fp8 [E, N, K] up to 64 rows") {
   using Kernel = GemmRequest::Kernel;
   const auto hopper = arch("sm_90a");
   // Qwen3-30B-A3B's gate_up (E 128, N 1536, K 2048) at 1 and 64 tokens of top 8; one past the bucket.
   GroupedGemmSpec bf16{.n = 1536, .k = 2048, .experts = 128};
-  for (int64_t rows : {int64_t{1}, int64_t{8}, kDecodeMaxRows}) {
+  for (int64_t rows : {int64_t{1}, kDecodeMaxRowsBf16}) {
     const auto s = *choose_grouped_gemm_config(bf16, hopper, rows);
     CHECK((s.kernel == GemmKernel::mma_decode && s.tile_m == 8 && s.tile_n == 32 && s.tile_k == 128));
   }
-  CHECK(choose_grouped_gemm_config(bf16, hopper, kDecodeMaxRows + 1)->kernel == GemmKernel::wgmma_sm90);
-  // One expert: the same bound.
-  GroupedGemmSpec one_expert = bf16;
-  one_expert.experts = 1;
-  CHECK(choose_grouped_gemm_config(one_expert, hopper, kDecodeMaxRows)->kernel == GemmKernel::mma_decode);
-  CHECK(choose_grouped_gemm_config(one_expert, hopper, kDecodeMaxRows + 1)->kernel != GemmKernel::mma_decode);
+  CHECK(choose_grouped_gemm_config(bf16, hopper, kDecodeMaxRowsBf16 + 1)->kernel == GemmKernel::wgmma_sm90);
+  // Few experts (an expert-parallel rank's 32): the SM90 kernels, whose tiles already fill the GPU.
+  GroupedGemmSpec few_experts = bf16;
+  few_experts.experts = kDecodeMinExpertsBf16 - 1;
+  CHECK(choose_grouped_gemm_config(few_experts, hopper, 1)->kernel == GemmKernel::wgmma_sm90);
   // The weight tile: 32 blocks per expert at the widest (N 7168: 128; 2048: 64; 1536: 32; 512: 16).
   CHECK((decode_tile_n(7168) == 128 && decode_tile_n(2048) == 64 && decode_tile_n(1536) == 32 &&
          decode_tile_n(512) == 16 && decode_tile_n(16) == 16));
@@ -311,14 +310,19 @@ TEST_CASE("the decode bucket: at most 32 routed rows on sm_90a run the decode ke
   // Off Hopper the heuristic keeps the portable kernel.
   CHECK(choose_grouped_gemm_config(bf16, arch("sm_100a"), 8)->kernel == GemmKernel::mma_sync);
 
-  // W8A16: the same bucket and tiles; FP4 and [E, K, N] keep their kernels.
+  // W8A16: up to kDecodeMaxRowsW8A16 rows whatever the expert count; FP4 and [E, K, N] keep their kernels.
   GroupedGemmMixedSpec fp8{.n = 512, .k = 7168, .experts = 256, .weights = WeightLayout::e_n_k,
                            .weight = MixedWeight::f8_e4m3fn};
   const auto m = *choose_grouped_gemm_mixed_config(fp8, hopper, 8);
   CHECK((m.kernel == MixedGemmKernel::mma_decode && m.tile_m == 8 && m.tile_n == 16 && m.stages == 0));
   CHECK(choose_grouped_gemm_mixed_config(fp8, hopper, 8, {.kernel = Kernel::sm90})->kernel ==
         MixedGemmKernel::wgmma_sm90);
-  CHECK(choose_grouped_gemm_mixed_config(fp8, hopper, 600)->kernel == MixedGemmKernel::wgmma_sm90);
+  CHECK(choose_grouped_gemm_mixed_config(fp8, hopper, kDecodeMaxRowsW8A16)->kernel == MixedGemmKernel::mma_decode);
+  auto fp8_ep = fp8;
+  fp8_ep.experts = 32;
+  CHECK(choose_grouped_gemm_mixed_config(fp8_ep, hopper, 8)->kernel == MixedGemmKernel::mma_decode);
+  CHECK(choose_grouped_gemm_mixed_config(fp8, hopper, kDecodeMaxRowsW8A16 + 1)->kernel ==
+        MixedGemmKernel::wgmma_sm90);
   CHECK(grouped_gemm_mixed_candidates(fp8, hopper)->size() == 4);
   auto fp4 = fp8;
   fp4.weight = MixedWeight::mxfp4;
@@ -350,7 +354,7 @@ TEST_CASE("the decode bucket: at most 32 routed rows on sm_90a run the decode ke
   CHECK((one_token.grid_x == 8 && one_token.grid_y == 512 / 16 && one_token.block_x == 256 &&
          one_token.shared_bytes == 4 * 256 * (2 * 32 + 2 * 4)));
   // 4 tokens of top 8 over 128 experts, chunks of 8: (32 + 32 x 7) / 8 slots.
-  const auto four_tokens = grouped_gemm_geometry(*choose_grouped_gemm_config(bf16, hopper, 32), 32, 132);
+  const auto four_tokens = grouped_gemm_geometry(*choose_grouped_gemm_config(bf16, hopper, 32, {.kernel = Kernel::decode}), 32, 132);
   CHECK((four_tokens.grid_x == (32 + 32 * 7) / 8 && four_tokens.grid_y == 1536 / 32 &&
          four_tokens.shared_bytes == 3 * 256 * 2 * 32 * 2));
   // Specs round-trip and keep their own canonical text; other kernels' text is as before.

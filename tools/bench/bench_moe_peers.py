@@ -329,7 +329,10 @@ def main():
     import kjit
     import result_rows
     import results
-    from bench_moe_decode import old_kernels
+    from bench_moe_decode import kernels
+
+    def old_kernels():
+        return kernels("sm90")
     from timing import calibrated_timer, copy_bandwidth, interleaved
 
     peers = peers_mod.load(peers_dir)

@@ -34,7 +34,7 @@ constexpr int kSm90KBlock = KJIT_MIXED_K_BLOCK;  // k per pipeline stage (the AB
 constexpr int kSm90MaxRows = 128;   // the accumulator, tile_m / 2 registers, beside 32 of fragments: 256 spills
 constexpr int kConverterKBlock = KJIT_SM90_K_BLOCK;  // the converter kernel's stage: the bf16 swap-AB kernel's k-block
 constexpr int kConverterMaxRows = 256;               // wgmma's N (no fragments beside the accumulator)
-// The converter kernel's row tile in each bucket (few routed rows: decode_bucket, up to 32 and up to 64 rows
+// The converter kernel's row tile in each bucket (few routed rows: w8a16_decode_bucket, up to 32 and up to 64 rows
 // per expert, prefill) where it serves them all: forced, or for FP4 weights read [E, K, N].
 constexpr std::array kConverterRows{64, 64, 128, kConverterMaxRows};
 constexpr int kDecodeThreads = 256;  // GroupedGemmDecodeConfig::kThreads
@@ -506,7 +506,7 @@ std::vector<GroupedGemmMixedSpec> grouped_gemm_mixed_configs(const GroupedGemmMi
   const auto prefill = problem.weights == WeightLayout::e_n_k
                            ? sm90_config(problem, kConverterMaxRows, MixedGemmKernel::wgmma_sm90_converter)
                            : sm90_config(problem, kSm90MaxRows);
-  // Before them, the decode bucket (decode_bucket: few routed rows): the decode kernel where it reads the
+  // Before them, the decode bucket (w8a16_decode_bucket: few routed rows): the decode kernel where it reads the
   // weights, else the first bucket's.
   const auto few = sm90_config(problem, 32);
   return {decode_reads(problem) ? decode_config(problem) : few, few, sm90_config(problem, 64), prefill};
@@ -527,7 +527,7 @@ Expected<GroupedGemmMixedSpec> choose_grouped_gemm_mixed_config(const GroupedGem
   }
   const auto configs = KJIT_TRY(requested_configs(problem, arch, request));
   const int64_t rows_per_expert = rows / std::max<int64_t>(problem.experts, 1);
-  const size_t bucket = decode_bucket(rows, problem.experts) ? 0
+  const size_t bucket = w8a16_decode_bucket(rows) ? 0
                         : rows_per_expert <= 32              ? 1
                         : rows_per_expert <= 64              ? 2
                                                              : 3;

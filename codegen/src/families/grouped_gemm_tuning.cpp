@@ -141,7 +141,7 @@ std::vector<GroupedGemmSpec> grouped_gemm_configs(const GroupedGemmSpec& problem
                                    ? sm90_config(problem, swap_ab.kernel, swap_ab.tile_m, swap_ab.tile_n, 2,
                                                  ClusterAxis::n)
                                    : sm90_config(problem, GemmKernel::wgmma_sm90, 128, 256, 2);
-  // Before them, the decode bucket (decode_bucket: few routed rows): the decode kernel, where it reads the
+  // Before them, the decode bucket (bf16_decode_bucket: few routed rows): the decode kernel, where it reads the
   // weights ([E, N, K]); else the first bucket's kernel.
   const GroupedGemmSpec few = sm90_config(problem, GemmKernel::wgmma_sm90, 64, 256);
   return {problem.weights == WeightLayout::e_n_k ? decode_config(problem) : few, few, swap_ab, many};
@@ -161,7 +161,7 @@ Expected<GroupedGemmSpec> choose_grouped_gemm_config(const GroupedGemmSpec& prob
   // The bucket: average rows per expert, the quantity that decides how full
   // an m-tile is (decode: a few rows per expert; prefill: hundreds).
   const int64_t rows_per_expert = rows / std::max<int64_t>(problem.experts, 1);
-  const size_t bucket = decode_bucket(rows, problem.experts) ? 0
+  const size_t bucket = bf16_decode_bucket(rows, problem.experts) ? 0
                         : rows_per_expert <= 64              ? 1
                         : rows_per_expert <= 512             ? 2
                                                              : 3;

@@ -106,14 +106,20 @@ LaunchGeometry decode_gemm_grid(int64_t total_rows, int64_t experts, int tile_m,
 // The configurations `arch` may pick, one per token-count bucket, in bucket order (what precompile builds).
 std::vector<GroupedGemmSpec> grouped_gemm_configs(const GroupedGemmSpec& problem, const ArchInfo& arch);
 
-// The decode bucket (every family that has the decode kernel): at most this many routed rows, and at most
-// 64 rows per expert on average. Measured on an H200 (docs/decisions/0023): the decode kernel is 1.65-2.85x
-// the SM90 kernels at 8 routed rows (one token of top 8) and 0.52-0.75x at 128 and 512; 32 is where the
-// two meet, interpolated.
-inline constexpr int64_t kDecodeMaxRows = 32;
-inline bool decode_bucket(int64_t rows, int64_t experts) {
-  return rows <= kDecodeMaxRows && rows <= 64 * std::max<int64_t>(experts, 1);
+// The decode buckets: when the decode kernel runs instead of the SM90 kernels. Measured on an H200 with the
+// cp.async-ring kernel (docs/decisions/0023; whole MoE layers, graph replays, Qwen3-30B-A3B, DeepSeek-V3 TP8
+// and EP8 shapes):
+// - FP8 weights (W8A16): 1.18-3.44x the SM90 kernels up to 64 routed rows (8 tokens of top 8) in all three
+//   shapes, 0.88-1.04x at 128;
+// - bf16 weights: 1.25x and 2.11x at 8 rows with 128 and 256 experts, but 0.53x with 32 experts (whose SM90
+//   tiles already stream at ~82% of copy bandwidth), and 0.87x at 16 rows with 128 experts.
+inline constexpr int64_t kDecodeMaxRowsW8A16 = 64;
+inline constexpr int64_t kDecodeMaxRowsBf16 = 8;
+inline constexpr int64_t kDecodeMinExpertsBf16 = 64;
+inline bool bf16_decode_bucket(int64_t rows, int64_t experts) {
+  return rows <= kDecodeMaxRowsBf16 && experts >= kDecodeMinExpertsBf16;
 }
+inline bool w8a16_decode_bucket(int64_t rows) { return rows <= kDecodeMaxRowsW8A16; }
 // The decode kernel's weight rows per block for N weight rows: the widest of 128, 64, 32 and 16 that still
 // gives 32 blocks per expert (one token's 8 experts then keep ~2 blocks per SM of an H100/H200 streaming).
 int decode_tile_n(int64_t n);
