@@ -72,7 +72,9 @@ for i in $(seq 1 "$iterations"); do
   what="$(printf '%q ' "${env[@]}" "${cmd[@]}")"
   if [ "$rc" -ge 124 ]; then signals=$((signals + 1)); echo "signal or timeout ($rc): $what"; cat "$work/err";
   elif [[ ! " 0 1 2 77 " =~ " $rc " ]]; then bad_exit=$((bad_exit + 1)); echo "exit $rc: $what"; fi
-  if [[ " ${cmd[*]} " == *" --json "* ]] && [ "$rc" -le 1 ] && [ -s "$work/out" ] &&
+  # --help wins over --json (CLI11's and every CLI's convention): its text is not a report
+  if [[ " ${cmd[*]} " == *" --json "* ]] && [[ " ${cmd[*]} " != *" --help "* ]] && [ "$rc" -le 1 ] &&
+     [ -s "$work/out" ] &&
      ! python3 -c 'import json,sys; json.load(sys.stdin)' < "$work/out" 2> /dev/null; then
     bad_json=$((bad_json + 1)); echo "not JSON: $what"
   fi
