@@ -108,6 +108,8 @@ gemm_sm90=0
 gemm_portable=0
 fp8_sm90=0
 fp8_portable=0
+gemm_decode=0
+mixed_decode=0
 mixed_sm90=0
 mixed_portable=0
 while read -r key arch op kernel canonical; do
@@ -132,6 +134,11 @@ while read -r key arch op kernel canonical; do
         gemm_portable=$((gemm_portable + 1))
         [ "$hmma" -gt 0 ] || fail "$arch $canonical has no HMMA"
         [ "$hgmma" -eq 0 ] || fail "$arch $canonical has HGMMA" ;;
+      mma_decode)
+        # The decode kernel (docs/decisions/0023): mma.sync on sm_90a, weights through a cp.async ring.
+        gemm_decode=$((gemm_decode + 1))
+        [ "$hmma" -gt 0 ] || fail "$arch $canonical has no mma.sync (HMMA)"
+        [ "$hgmma" -eq 0 ] || fail "$arch $canonical has wgmma" ;;
       *) fail "$canonical: unknown kernel $kernel" ;;
     esac
   fi
@@ -187,6 +194,11 @@ while read -r key arch op kernel canonical; do
         mixed_portable=$((mixed_portable + 1))
         [ "$hmma" -gt 0 ] || fail "$arch $canonical has no mma.sync (HMMA)"
         [ "$hgmma" -eq 0 ] || fail "$arch $canonical has wgmma" ;;
+      mma_decode)
+        # The decode kernel (docs/decisions/0023): mma.sync on sm_90a, weights through a cp.async ring.
+        mixed_decode=$((mixed_decode + 1))
+        [ "$hmma" -gt 0 ] || fail "$arch $canonical has no mma.sync (HMMA)"
+        [ "$hgmma" -eq 0 ] || fail "$arch $canonical has wgmma" ;;
       *) fail "$canonical: unknown kernel $kernel" ;;
     esac
   fi
@@ -198,6 +210,8 @@ done < "$work/entries.txt"
 # each on sm_100a and sm_120a.
 [ "$gemm_sm90" -eq 12 ] || fail "expected 12 SM90 GEMM kernels, read $gemm_sm90"
 [ "$gemm_portable" -eq 8 ] || fail "expected 8 portable GEMM kernels, read $gemm_portable"
+# The decode bucket's kernel for the three problems that read [E, N, K] on sm_90a; for W8A16 the four fp8 ones.
+[ "$gemm_decode" -eq 3 ] || fail "expected 3 decode GEMM kernels, read $gemm_decode"
 # FP8: two problems, three sm_90a buckets each (swap AB with 64- and 128-row
 # tiles, rows on M), and two rows-on-M configurations named in full (one of them
 # a bucket's too); one portable kernel per problem on sm_100a and sm_120a.
@@ -209,5 +223,6 @@ done < "$work/entries.txt"
 # and sm_120a.
 [ "$mixed_sm90" -eq 27 ] || fail "expected 27 SM90 W8A16/W4A16 GEMM kernels, read $mixed_sm90"
 [ "$mixed_portable" -eq 18 ] || fail "expected 18 portable W8A16/W4A16 GEMM kernels, read $mixed_portable"
+[ "$mixed_decode" -eq 4 ] || fail "expected 4 decode W8A16 GEMM kernels, read $mixed_decode"
 echo "$passed kernels read, $failed failures"
 [ "$failed" -eq 0 ]

@@ -186,9 +186,9 @@ TEST_CASE_FIXTURE(GemmFixture, "kernel and tile requests are checked against the
   g.tile_n = 512;
   expect_gemm_rejected("is not supported");
   g.tile_n = 0;
-  const int unknown_kernel = 5;  // what a C caller may pass; C++ cannot name it as the enum
+  const int unknown_kernel = 6;  // what a C caller may pass; C++ cannot name it as the enum
   std::memcpy(&g.kernel, &unknown_kernel, sizeof unknown_kernel);
-  expect_gemm_rejected("kernel must be KJIT_GEMM_KERNEL_AUTO, _PORTABLE, _SM90, _SM90_SWAP_AB or _SM90_CONVERTER, got 5");
+  expect_gemm_rejected("_SM90_CONVERTER or _DECODE, got 6");
   g.kernel = KJIT_GEMM_KERNEL_SM90_CONVERTER;  // the W8A16 / W4A16 kernel: bf16 weights have nothing to convert
   expect_gemm_rejected("KJIT_GEMM_KERNEL_SM90_CONVERTER is the W8A16 / W4A16 kernel");
   g.kernel = KJIT_GEMM_KERNEL_SM90;
