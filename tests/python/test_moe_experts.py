@@ -181,7 +181,7 @@ def test_per_expert_linears_stack_into_halves_with_their_block_scales():
     ("bf16", dict(experts_total=8, expert_base=6), r"experts \[6, 10\) must lie"),
     ("bf16", dict(expert_base=1.0), "expert_base must be an int"),
     ("bf16", dict(w8a8_min_rows=0), "w8a8_min_rows must be a positive int or None"),
-    ("fp8_block", dict(fused_activation=True), r"W8A8 \(on from w8a8_min_rows=1024 routed rows\) reads gate_up in "
+    ("fp8_block", dict(fused_activation=True), r"W8A8 \(on from w8a8_min_rows=64 routed rows\) reads gate_up in "
                                                "the checkpoint's row order: pass w8a8_min_rows=None"),
     ("fp8_channel", dict(fused_activation=True, w8a8_min_rows=None), "fused_activation is the bf16, W4A16 and "
                                                                      "block-scaled W8A16 grouped GEMMs' epilogue"),
@@ -226,8 +226,8 @@ def test_kernels_per_format_and_batch_size():
     assert module("bf16").kernels_for(4096, 8) == "bf16"
     assert module("nvfp4").kernels_for(1, 8) == module("mxfp4").kernels_for(4096, 8) == "w4a16"
     fp8 = module("fp8_block")
-    assert fp8.w8a8_min_rows == kjit.torch.experts.DEFAULT_W8A8_MIN_ROWS == 1024
-    assert [fp8.kernels_for(t, 8) for t in (1, 16, 127, 128, 4096)] == ["w8a16"] * 3 + ["w8a8"] * 2
+    assert fp8.w8a8_min_rows == kjit.torch.experts.DEFAULT_W8A8_MIN_ROWS == 64
+    assert [fp8.kernels_for(t, 8) for t in (1, 4, 7, 8, 4096)] == ["w8a16"] * 3 + ["w8a8"] * 2
     assert module("fp8_channel", w8a8_min_rows=64).kernels_for(8, 8) == "w8a8"
     assert module("fp8_block", w8a8_min_rows=None).kernels_for(1 << 20, 8) == "w8a16"
 
@@ -398,7 +398,8 @@ def test_forward_output_errors_and_weights_left_on_the_cpu(activation_contract):
 # ---- prepare ----
 
 @pytest.mark.parametrize("fmt,max_tokens,gemm_sets", [
-    ("fp8_block", 16, {"w8a16"}), ("fp8_block", 4096, {"w8a16", "w8a8"}), ("bf16", 4096, {"bf16"}),
+    ("fp8_block", 7, {"w8a16"}), ("fp8_block", 8, {"w8a16", "w8a8"}), ("fp8_block", 4096, {"w8a16", "w8a8"}),
+    ("bf16", 4096, {"bf16"}),
     ("nvfp4", 64, {"w4a16"}),
 ])
 def test_prepare_loads_every_kernel_forward_can_pick_up_to_max_tokens(monkeypatch, activation_contract, fmt,
@@ -415,10 +416,12 @@ def test_prepare_loads_every_kernel_forward_can_pick_up_to_max_tokens(monkeypatc
     gemms = calls.named("prepare_grouped_gemm")
     sets = {("w8a8" if a[0].dtype == e4m3 else "w4a16" if a[1].dtype == u8 else
              "w8a16" if a[1].dtype == e4m3 else "bf16") for a, _ in gemms}
-    # gate_up and down of each set; the bf16-activation sets' gate_up also gathering (batches of at most
-    # GATHER_MAX_ROWS rows: one token here) beside reading a copy (the larger batches).
+    # gate_up and down of each set; the bf16-activation sets' gate_up gathering (batches of at most
+    # GATHER_MAX_ROWS rows: one token here), and reading a copy where such a set runs larger batches (bf16 and
+    # W4A16; FP8 runs W8A8 from 64 rows).
     bf16_activation_sets = gemm_sets - {"w8a8"}
-    assert sets == gemm_sets and len(gemms) == 2 * len(gemm_sets) + len(bf16_activation_sets)
+    copies = max_tokens * 8 > kjit.torch.experts.GATHER_MAX_ROWS and fmt != "fp8_block"
+    assert sets == gemm_sets and len(gemms) == 2 * len(gemm_sets) + (len(bf16_activation_sets) if copies else 0)
     assert len([k for _, k in gemms if k.get("gather") is not None]) == len(bf16_activation_sets)
     assert len(calls.named("prepare_quantize_fp8")) == ("w8a8" in gemm_sets)
     assert {a[3].dtype for a, _ in calls.named("prepare_moe_combine")} == {bf16, f32}
@@ -466,7 +469,8 @@ def test_a_block_using_the_module_compiles_with_no_graph_break(activation_contra
         assert (out.shape, out.dtype) == ((tokens, 256), bf16)
     assert len(graphs) == 1
     called = " ".join(str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function")
-    gemm = {"fp8_block": "grouped_gemm_fp8_" if tokens * 2 >= 1024 else "grouped_gemm_w8a16_",
+    w8a8 = tokens * 2 >= kjit.torch.experts.DEFAULT_W8A8_MIN_ROWS
+    gemm = {"fp8_block": "grouped_gemm_fp8_" if w8a8 else "grouped_gemm_w8a16_",
             "mxfp4": "grouped_gemm_w4a16_"}[fmt]
     for op in ("kjit.moe_routing_", f"kjit.{gemm}", "kjit.moe_combine_"):
         assert op in called, f"{op} is not in the graph: {called}"
@@ -485,13 +489,13 @@ def test_a_dynamic_token_count_compiles_one_graph_per_kernel_set(activation_cont
     with FakeTensorMode(), torch.no_grad():
         block = torch.compile(Block(module("fp8_block", device="cuda", experts=4, experts_total=8, expert_base=4),
                                     8, 2), backend=recording_backend, fullgraph=True, dynamic=True)
-        for tokens in (8, 33, 300, 700):  # 16 rows: W8A16 gathering; 66, 600 rows: W8A16; 1400 rows: W8A8
+        for tokens in (8, 20, 300, 700):  # 16, 40 rows: W8A16 gathering; 600, 1400 rows: W8A8
             assert block(torch.empty(tokens, 256, dtype=bf16, device="cuda")).shape == (tokens, 256)
-    assert len(graphs) == 3
+    assert len(graphs) == 2
     # The ops called (dynamic=True also lifts grouped_gemm's float keyword defaults into graph inputs).
     gemms = [{str(n.target) for n in g.graph.nodes if n.op == "call_function" and "grouped_gemm" in str(n.target)}
              for g in graphs]
-    assert gemms == [{"kjit.grouped_gemm_w8a16_"}, {"kjit.grouped_gemm_w8a16_"}, {"kjit.grouped_gemm_fp8_"}]
+    assert gemms == [{"kjit.grouped_gemm_w8a16_"}, {"kjit.grouped_gemm_fp8_"}]
 
 
 def test_the_module_traces_through_aot_autograd(activation_contract):
@@ -705,7 +709,8 @@ def test_the_module_matches_a_plain_torch_moe_on_dequantised_weights(model, fmt,
     out = c.module(hidden, ids, weights, out_dtype=f32)
     kjit.check_device_errors(hidden.device.index or 0)
     kernels = c.module.kernels_for(tokens, c.top_k)
-    w8a8 = tokens * c.top_k >= 1024 and model != "gpt-oss-20b"  # gpt-oss: H = 2880 is no multiple of 128
+    # gpt-oss: H = 2880 is no multiple of 128
+    w8a8 = tokens * c.top_k >= kjit.torch.experts.DEFAULT_W8A8_MIN_ROWS and model != "gpt-oss-20b"
     expected = {"bf16": "bf16", "fp8_block": "w8a8" if w8a8 else "w8a16", "fp8_channel": "w8a8" if w8a8 else "w8a16",
                 "nvfp4": "w4a16", "mxfp4": "w4a16"}[fmt]
     assert kernels == expected

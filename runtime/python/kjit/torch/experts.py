@@ -32,12 +32,11 @@ GATE_UP_LAYOUTS = ("halves", "alternating")  # Hugging Face: [gate | up]; gpt-os
 ACTIVATIONS = ("silu_mul", "swiglu_oai")
 SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = 1.702, 7.0  # gpt-oss's
 # Routed rows (tokens * top_k) from which FP8 weights run W8A8 (activations
-# quantized to FP8 by kjit.quantize_fp8) instead of W8A16: W8A16 reads the
-# weights once at decode sizes, W8A8's tensor cores win at prefill. A first
-# guess from the two GEMMs' ratios to the bf16 one at prefill (W8A16 below
-# it, W8A8 above; docs/decisions/0020); to be measured per GPU
-# (tools/bench/bench_moe_layer.py).
-DEFAULT_W8A8_MIN_ROWS = 1024
+# quantized to FP8 by kjit.quantize_fp8) instead of W8A16. Below it the
+# W8A16 decode kernel reads each touched expert's weights once and skips the
+# quantize launch; from it W8A8's FP8 tensor cores and half-width activations
+# win (measured on an H200 across three model shapes: docs/decisions/0020).
+DEFAULT_W8A8_MIN_ROWS = 64
 # Routed rows up to which the gate_up GEMM gathers the tokens' rows in its own
 # loads (kjit.grouped_gemm(gather=...)) instead of reading a gathered copy:
 # the gather wins at 1 to 16 tokens and loses from 512 (its one loader warp
@@ -614,9 +613,14 @@ class MoEExperts(torch.nn.Module):
         kjit.prepare_moe_routing(ids, self.experts_total, expert_base=self.expert_base,
                                  experts_local=self.experts_local, offsets_convention=_OFFSETS)
         # kernels_for is monotone in the row count: the smallest and the largest batch name every kernel set.
-        # The gate_up GEMM gathers up to GATHER_MAX_ROWS routed rows and reads a gathered copy above.
-        gathering = {rows <= GATHER_MAX_ROWS for rows in (top_k, max_tokens * top_k)}
+        # The gate_up GEMM gathers up to GATHER_MAX_ROWS routed rows and reads a gathered copy above; a set
+        # loads the variants of the rows it can run (W8A16 only below the W8A8 switch).
         for kernels in sorted({self.kernels_for(1, top_k), self.kernels_for(max_tokens, top_k)}):
+            lo, hi = top_k, max_tokens * top_k
+            switch = self.w8a8_min_rows
+            if switch is not None:
+                lo, hi = (max(lo, switch), hi) if kernels == "w8a8" else (lo, min(hi, switch - 1))
+            gathering = {rows <= GATHER_MAX_ROWS for rows in (lo, hi)}
             self._prepare_kernels(kernels, device, top_k, gathering)
             if backward:
                 self._prepare_training(kernels, device, top_k, lora)
