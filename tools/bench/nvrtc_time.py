@@ -13,7 +13,7 @@ cubin - ptx, NVVM's is ptx - syntax.
 Sources come from a cache kjit wrote (`jitctl precompile` into KJIT_CACHE_DIR):
 
   tools/bench/nvrtc_time.py --cache DIR [--match REGEX] [--limit N] [--repeat R]
-      [--options '...extra NVRTC options...'] [--modes syntax,ptx,cubin] [--json FILE]
+      [--options '...extra NVRTC options...'] [--drop OPTION] [--modes syntax,ptx,cubin] [--json FILE]
 
 or from files: tools/bench/nvrtc_time.py --source a.cu --arch sm_90a.
 CPU seconds (this thread's, not wall) so that a busy machine does not inflate them.
@@ -119,6 +119,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=1, help="compiles per mode; the minimum is reported")
     ap.add_argument("--modes", default="syntax,ptx,cubin")
     ap.add_argument("--options", default="", help="extra NVRTC options, space separated, added to every compile")
+    ap.add_argument("--drop", action="append", default=[], help="an option of kjit's to leave out (e.g. -lineinfo)")
     ap.add_argument("--phases", action="store_true", help="NVRTC's --time table for the cubin compile")
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args()
@@ -139,7 +140,7 @@ def main():
     print(f"{'syntax':>7} {'ptx':>7} {'cubin':>7}  (CPU s)  kernel")
     for label, source, op, options in items:
         arch = next(o.split("=", 1)[1] for o in options if o.startswith("--gpu-architecture="))
-        opts = list(options) + extra  # kjit's options as the entry records them (no include path)
+        opts = [o for o in options if o not in args.drop] + extra  # kjit's options as recorded (no include path)
         name = f"/kjit/{op}.cu"
         row = {"kernel": label}
         for mode in modes:
