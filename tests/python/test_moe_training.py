@@ -324,25 +324,24 @@ def test_lora_construction_errors(kwargs, message):
 
 # ---- on a GPU: kjit's kernels ----
 
-DEFAULT = object()  # a GPU case's w8a8_min_rows left to MoEExperts
-GPU_CASES = [  # format, layout, activation, convention, biases, trainable, w8a8_min_rows (DEFAULT: the module's)
-    ("bf16", "halves", "silu_mul", None, False, True, DEFAULT),
-    ("fp8_block", "halves", "silu_mul", "multiply", False, False, None),     # W8A16 forward
-    ("fp8_block", "halves", "silu_mul", "multiply", False, False, 1),        # W8A8 forward, W8A16 dX
-    ("fp8_block", "halves", "silu_mul", "multiply", False, False, DEFAULT),  # the default switch point
-    ("fp8_channel", "alternating", "silu_mul", "divide", False, False, DEFAULT),
-    ("nvfp4", "halves", "silu_mul", "multiply", False, False, DEFAULT),
-    ("mxfp4", "alternating", "swiglu_oai", "multiply", True, True, DEFAULT),  # gpt-oss, trainable biases
+GPU_CASES = [  # format, layout, activation, convention, biases, trainable, MoEExperts' other arguments
+    ("bf16", "halves", "silu_mul", None, False, True, {}),
+    ("fp8_block", "halves", "silu_mul", "multiply", False, False,
+     dict(w8a8_min_rows=None, fused_activation=False)),                      # W8A16 forward
+    ("fp8_block", "halves", "silu_mul", "multiply", False, False, dict(w8a8_min_rows=1)),  # W8A8 forward, W8A16 dX
+    ("fp8_block", "halves", "silu_mul", "multiply", False, False, {}),       # the default switch point
+    ("fp8_channel", "alternating", "silu_mul", "divide", False, False, {}),
+    ("nvfp4", "halves", "silu_mul", "multiply", False, False, {}),
+    ("mxfp4", "alternating", "swiglu_oai", "multiply", True, True, {}),      # gpt-oss, trainable biases
 ]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fmt,layout,act,convention,biases,trainable,w8a8_min_rows", GPU_CASES)
+@pytest.mark.parametrize("fmt,layout,act,convention,biases,trainable,kwargs", GPU_CASES)
 @pytest.mark.parametrize("with_lora", [False, True])
 @pytest.mark.parametrize("tokens", [1, 37, 300])
-def test_gpu_gradients_match_torch_autograd(fmt, layout, act, convention, biases, trainable, w8a8_min_rows,
-                                            with_lora, tokens):
-    kwargs = {} if w8a8_min_rows is DEFAULT else dict(w8a8_min_rows=w8a8_min_rows)
+def test_gpu_gradients_match_torch_autograd(fmt, layout, act, convention, biases, trainable, kwargs, with_lora,
+                                            tokens):
     m, weights32 = build(fmt, layout, act, convention=convention or "multiply", biases=biases, seed=tokens,
                          trainable=trainable, experts=8, experts_total=16, expert_base=8, device="cuda", **kwargs)
     lora = random_lora(m).cuda() if with_lora else None

@@ -533,7 +533,11 @@ def check_lora_step(family, device, tokens, fp8, tolerance):
         rel, top1 = agreement(reference(ids).logits, model(ids).logits)
     print(f"{family} LoRA{' on FP8' if fp8 else ''}: kjit's branches vs transformers on W + s B A: relative error "
           f"{rel:.2e}, top-1 {top1:.4f}")
-    assert rel < 5e-2 and top1 >= 0.9, (rel, top1)  # W + s B A rounded to bf16 in the reference, not in kjit
+    # W + s B A rounded to bf16 in the reference, not in kjit; W8A8 (FP8 from 64 routed rows) adds its e4m3
+    # activations, as check_logits' `extra`.
+    view = experts_of(model)[0][1].__dict__["_kjit_state"].view
+    extra = 6e-2 if view.kernels_for(tokens, model.config.num_experts_per_tok) == "w8a8" else 0.0
+    assert rel < 5e-2 + extra and top1 >= 0.9, (rel, top1)
     if device == "cuda" and not HAS_WGRAD:
         return
     for m in (reference, model, exact):
