@@ -280,16 +280,16 @@ TEST_CASE("the decode buckets on sm_90a: bf16 up to 8 routed rows over 64+ exper
   GroupedGemmSpec bf16{.n = 1536, .k = 2048, .experts = 128};
   for (int64_t rows : {int64_t{1}, kDecodeMaxRowsBf16}) {
     const auto s = *choose_grouped_gemm_config(bf16, hopper, rows);
-    CHECK((s.kernel == GemmKernel::mma_decode && s.tile_m == 8 && s.tile_n == 32 && s.tile_k == 128));
+    CHECK((s.kernel == GemmKernel::mma_decode && s.tile_m == 8 && s.tile_n == 64 && s.tile_k == 128));
   }
   CHECK(choose_grouped_gemm_config(bf16, hopper, kDecodeMaxRowsBf16 + 1)->kernel == GemmKernel::wgmma_sm90);
   // Few experts (an expert-parallel rank's 32): the SM90 kernels, whose tiles already fill the GPU.
   GroupedGemmSpec few_experts = bf16;
   few_experts.experts = kDecodeMinExpertsBf16 - 1;
   CHECK(choose_grouped_gemm_config(few_experts, hopper, 1)->kernel == GemmKernel::wgmma_sm90);
-  // The weight tile: 32 blocks per expert at the widest (N 7168: 128; 2048: 64; 1536: 32; 512: 16).
-  CHECK((decode_tile_n(7168) == 128 && decode_tile_n(2048) == 64 && decode_tile_n(1536) == 32 &&
-         decode_tile_n(512) == 16 && decode_tile_n(16) == 16));
+  // The weight tile: 16 blocks per expert at the widest (N 7168 and 2048: 128; 1536: 64; 512: 32).
+  CHECK((decode_tile_n(7168) == 128 && decode_tile_n(2048) == 128 && decode_tile_n(1536) == 64 &&
+         decode_tile_n(512) == 32 && decode_tile_n(256) == 16 && decode_tile_n(16) == 16));
   // Asking for another kernel or tile leaves the decode bucket to the kernel asked for; sm90 is the old path.
   CHECK(choose_grouped_gemm_config(bf16, hopper, 8, {.kernel = Kernel::sm90})->kernel == GemmKernel::wgmma_sm90);
   CHECK(choose_grouped_gemm_config(bf16, hopper, 8, {.tile_m = 128, .tile_n = 128})->kernel == GemmKernel::wgmma_sm90);
@@ -314,7 +314,7 @@ TEST_CASE("the decode buckets on sm_90a: bf16 up to 8 routed rows over 64+ exper
   GroupedGemmMixedSpec fp8{.n = 512, .k = 7168, .experts = 256, .weights = WeightLayout::e_n_k,
                            .weight = MixedWeight::f8_e4m3fn};
   const auto m = *choose_grouped_gemm_mixed_config(fp8, hopper, 8);
-  CHECK((m.kernel == MixedGemmKernel::mma_decode && m.tile_m == 8 && m.tile_n == 16 && m.stages == 0));
+  CHECK((m.kernel == MixedGemmKernel::mma_decode && m.tile_m == 8 && m.tile_n == 32 && m.stages == 0));
   CHECK(choose_grouped_gemm_mixed_config(fp8, hopper, 8, {.kernel = Kernel::sm90})->kernel ==
         MixedGemmKernel::wgmma_sm90);
   CHECK(choose_grouped_gemm_mixed_config(fp8, hopper, kDecodeMaxRowsW8A16)->kernel == MixedGemmKernel::mma_decode);
@@ -351,11 +351,11 @@ TEST_CASE("the decode buckets on sm_90a: bf16 up to 8 routed rows over 64+ exper
   sixteen.tile_m = 16;
   CHECK(render(KernelSpec{sixteen}).source.find("__launch_bounds__(256, 1)") != std::string::npos);
   const auto one_token = grouped_gemm_mixed_geometry(m, 8, 132);
-  CHECK((one_token.grid_x == 8 && one_token.grid_y == 512 / 16 && one_token.block_x == 256 &&
+  CHECK((one_token.grid_x == 8 && one_token.grid_y == 512 / 32 && one_token.block_x == 256 &&
          one_token.shared_bytes == 4 * 256 * (2 * 32 + 2 * 4)));
   // 4 tokens of top 8 over 128 experts, chunks of 8: (32 + 32 x 7) / 8 slots.
   const auto four_tokens = grouped_gemm_geometry(*choose_grouped_gemm_config(bf16, hopper, 32, {.kernel = Kernel::decode}), 32, 132);
-  CHECK((four_tokens.grid_x == (32 + 32 * 7) / 8 && four_tokens.grid_y == 1536 / 32 &&
+  CHECK((four_tokens.grid_x == (32 + 32 * 7) / 8 && four_tokens.grid_y == 1536 / 64 &&
          four_tokens.shared_bytes == 3 * 256 * 2 * 32 * 2));
   // Specs round-trip and keep their own canonical text; other kernels' text is as before.
   for (const KernelSpec& s : {KernelSpec{m}, KernelSpec{forced}}) {
@@ -364,7 +364,7 @@ TEST_CASE("the decode buckets on sm_90a: bf16 up to 8 routed rows over 64+ exper
     CHECK(*back == s);
     CHECK(canonical(s).find("kernel=mma_decode") != std::string::npos);
   }
-  CHECK(canonical(KernelSpec{m}).ends_with("kernel=mma_decode tile=8x16x128 stages=0"));
+  CHECK(canonical(KernelSpec{m}).ends_with("kernel=mma_decode tile=8x32x128 stages=0"));
   auto bad = m;
   bad.tile_n = 48;
   CHECK_FALSE(validate(KernelSpec{bad}).has_value());

@@ -106,7 +106,7 @@ Expected<std::vector<GroupedGemmSpec>> requested_configs(const GroupedGemmSpec& 
 
 int decode_tile_n(int64_t n) {
   for (int tile_n : {128, 64, 32})
-    if (n / tile_n >= 32) return tile_n;
+    if (n / tile_n >= 16) return tile_n;
   return 16;
 }
 

@@ -121,7 +121,9 @@ inline bool bf16_decode_bucket(int64_t rows, int64_t experts) {
 }
 inline bool w8a16_decode_bucket(int64_t rows) { return rows <= kDecodeMaxRowsW8A16; }
 // The decode kernel's weight rows per block for N weight rows: the widest of 128, 64, 32 and 16 that still
-// gives 32 blocks per expert (one token's 8 experts then keep ~2 blocks per SM of an H100/H200 streaming).
+// gives 16 blocks per expert. One token's 8 experts then give ~128-256 blocks, one wave at two blocks per SM
+// of an H100/H200; at 32 blocks per expert (the first rule) a 1536-row gate_up took 1.45 waves, and at 4
+// tokens the wider tiles streamed 10-30% faster (tools/bench/probe_decode_tiles.py, decision 0023).
 int decode_tile_n(int64_t n);
 // The decode kernel's rows per block (tokens on mma's N, 8 per tile). 8: the bucket's experts get 1-4 rows at
 // top 8 (at most 32 rows, distinct experts per token), and one token tile of activations in registers is what
