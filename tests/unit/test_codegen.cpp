@@ -487,7 +487,7 @@ TEST_CASE("fp8 quantize launch geometry gives every 128-column group of every ro
   CHECK(fp8_quantize_max_rows(s) * 56 / 32 <= 0x7fffffff);
 }
 
-TEST_CASE("moe activation specs round-trip through canonical text and JSON; invariants name what is wrong") {
+TEST_CASE("moe activation specs round-trip through canonical text and JSON, invariants name what is wrong") {
   std::set<std::string> canonicals;
   for (auto activation : {Activation::silu_mul, Activation::swiglu_oai})
     for (auto layout : {GateUpLayout::halves, GateUpLayout::alternating})
@@ -558,7 +558,7 @@ TEST_CASE("moe activation launch geometry: one thread per 8 bf16 or 16 FP8 outpu
                       "kjit::Activation::swiglu_oai, false, false, 256>") != std::string::npos);
 }
 
-TEST_CASE("mx quantize specs round-trip through canonical text and JSON; invariants name the field") {
+TEST_CASE("mx quantize specs round-trip through canonical text and JSON, invariants name the field") {
   std::set<std::string> canonicals;
   std::vector<MxQuantizeSpec> specs;
   for (auto layout : {MxScaleLayout::linear, MxScaleLayout::swizzled_128x4}) {
@@ -678,7 +678,7 @@ TEST_CASE("FP8 grouped GEMM specs round-trip through text and JSON, and K must b
   CHECK(refused.error().code == KJIT_ERROR_UNSUPPORTED);
 }
 
-TEST_CASE("the SM90 FP8 GEMM renders one e4m3 wgmma width and asks for its shared memory; both grids bound the tiles") {
+TEST_CASE("the SM90 FP8 GEMM renders one e4m3 wgmma width and asks for its shared memory, both grids bound the tiles") {
   const auto alone = *choose_grouped_gemm_fp8_config(fp8_problem(), arch("sm_90a"), 32 * 32);
   REQUIRE(alone.kernel == Fp8GemmKernel::wgmma_sm90);
   CHECK(alone.cluster == 1);
@@ -800,7 +800,7 @@ GroupedGemmMixedSpec mixed_problem() {
 
 }  // namespace
 
-TEST_CASE("W4A16 grouped GEMM specs: NVFP4 and MXFP4 round-trip; the stored rows a multiple of 32, MXFP4 multiplies") {
+TEST_CASE("W4A16 grouped GEMM specs: NVFP4 and MXFP4 round-trip, the stored rows a multiple of 32, MXFP4 multiplies") {
   std::set<std::string> canonicals;
   for (auto weight : {MixedWeight::nvfp4, MixedWeight::mxfp4}) {
     auto problem = mixed_problem();
@@ -864,7 +864,7 @@ TEST_CASE("W4A16 grouped GEMM specs: NVFP4 and MXFP4 round-trip; the stored rows
     CHECK(grouped_gemm_mixed_max_stages(wgmma_sm90, 32, weight) == grouped_gemm_mixed_max_stages(wgmma_sm90, 32));
 }
 
-TEST_CASE("W8A16 grouped GEMM specs round-trip through text and JSON; N and K must be multiples of 16, codes fp8") {
+TEST_CASE("W8A16 grouped GEMM specs round-trip through text and JSON, N and K must be multiples of 16, codes fp8") {
   std::set<std::string> canonicals;
   auto backward = mixed_problem();
   backward.weights = WeightLayout::e_k_n;
@@ -1077,7 +1077,7 @@ TEST_CASE("the W8A16 converter kernel serves prefill: bf16 wgmma from shared mem
         MixedGemmKernel::mma_sync);
 }
 
-TEST_CASE("MX dequant specs round-trip through text and JSON; fields a format has no use for are refused") {
+TEST_CASE("MX dequant specs round-trip through text and JSON, fields a format has no use for are refused") {
   std::set<std::string> canonicals;
   std::vector<MxDequantSpec> specs;
   for (auto layout : {MxScaleLayout::linear, MxScaleLayout::swizzled_128x4})

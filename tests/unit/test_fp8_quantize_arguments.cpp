@@ -157,7 +157,7 @@ TEST_CASE_FIXTURE(QuantizeFixture, "zero rows launch nothing, and negative rows 
   expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "rows must be >= 0, got -1");
 }
 
-TEST_CASE_FIXTURE(QuantizeFixture, "a launch that would compile while the stream captures a graph fails; after prepare it runs") {
+TEST_CASE_FIXTURE(QuantizeFixture, "a launch that would compile while the stream captures a graph fails, after prepare it runs") {
   machine.capturing = true;
   expect_rejected(KJIT_ERROR_CAPTURING, "prepare");
   CHECK(runtime.store().list().empty());

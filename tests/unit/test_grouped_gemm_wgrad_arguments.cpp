@@ -112,7 +112,7 @@ TEST_CASE_FIXTURE(WgradFixture, "the portable kernel: asked for, below 128 colum
   }
 }
 
-TEST_CASE_FIXTURE(WgradFixture, "dtypes: dy and x bf16, out fp32 or bf16; _desc_init sets fp32 out") {
+TEST_CASE_FIXTURE(WgradFixture, "dtypes: dy and x bf16, out fp32 or bf16, _desc_init sets fp32 out") {
   CHECK(desc.out_dtype == KJIT_DTYPE_F32);
   desc.out_dtype = KJIT_DTYPE_F16;
   expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "out_dtype must be KJIT_DTYPE_F32 or KJIT_DTYPE_BF16");
@@ -124,7 +124,7 @@ TEST_CASE_FIXTURE(WgradFixture, "dtypes: dy and x bf16, out fp32 or bf16; _desc_
   expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "x_dtype must be KJIT_DTYPE_BF16");
 }
 
-TEST_CASE_FIXTURE(WgradFixture, "N and K must be positive multiples of 8; experts 1 to 4096") {
+TEST_CASE_FIXTURE(WgradFixture, "N and K must be positive multiples of 8, experts 1 to 4096") {
   desc.n = 12;
   expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "N must be a positive multiple of 8");
   desc.n = 0;
@@ -139,12 +139,12 @@ TEST_CASE_FIXTURE(WgradFixture, "N and K must be positive multiples of 8; expert
   expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "needs 1 to 4096 experts, got 4097");
 }
 
-TEST_CASE_FIXTURE(WgradFixture, "the offsets convention has no default; only the portable kernel exists") {
+TEST_CASE_FIXTURE(WgradFixture, "the offsets convention has no default, and the kernel is auto, portable or SM90") {
   desc.offsets_convention = KJIT_OFFSETS_UNSET;
   expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "offsets_convention must be KJIT_OFFSETS_CUMULATIVE_END");
   desc.offsets_convention = KJIT_OFFSETS_CUMULATIVE_END;
   desc.kernel = KJIT_GEMM_KERNEL_SM90_SWAP_AB;
-  expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "kernel must be KJIT_GEMM_KERNEL_AUTO or _PORTABLE");
+  expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "grouped_gemm_wgrad kernel must be KJIT_GEMM_KERNEL_AUTO, _PORTABLE");
   desc.kernel = KJIT_GEMM_KERNEL_PORTABLE;
   REQUIRE(run().has_value());
 }
@@ -182,7 +182,7 @@ TEST_CASE_FIXTURE(WgradFixture, "null, misaligned, host and foreign-device point
   expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "not CUDA memory");
 }
 
-TEST_CASE_FIXTURE(WgradFixture, "zero rows still launch (out is written with zeros) and need no dy or x; negative rows fail") {
+TEST_CASE_FIXTURE(WgradFixture, "zero rows still launch (out is written with zeros) and need no dy or x, negative rows fail") {
   desc.rows = 0;
   desc.dy = nullptr;
   desc.x = nullptr;
@@ -194,7 +194,7 @@ TEST_CASE_FIXTURE(WgradFixture, "zero rows still launch (out is written with zer
   expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "rows must be >= 0, got -1");
 }
 
-TEST_CASE_FIXTURE(WgradFixture, "a launch that would compile while the stream captures fails; after prepare it runs") {
+TEST_CASE_FIXTURE(WgradFixture, "a launch that would compile while the stream captures fails, after prepare it runs") {
   machine.capturing = true;
   expect_rejected(KJIT_ERROR_CAPTURING, "prepare");
   CHECK(runtime.store().list().empty());

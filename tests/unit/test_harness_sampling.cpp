@@ -49,14 +49,14 @@ TEST_CASE("sampled_columns: offsets within the tiles move, from the first tile's
   CHECK(offsets.size() > 16);
 }
 
-TEST_CASE("sampled_columns: every column when the spread reaches them all; none of nothing") {
+TEST_CASE("sampled_columns: every column when the spread reaches them all, none of nothing") {
   const auto all = kjit::harness::sampled_columns(100, 16, 100);
   REQUIRE(all.size() == 100);
   for (int64_t c = 0; c < 100; ++c) CHECK(all[static_cast<size_t>(c)] == c);
   CHECK(kjit::harness::sampled_columns(0, 16, 64).empty());
 }
 
-TEST_CASE("ColumnPlan: quick covers every output tile; a fused activation reads both gate and up") {
+TEST_CASE("ColumnPlan: quick covers every output tile, a fused activation reads both gate and up") {
   using kjit::codegen::Activation;
   const kjit::harness::ColumnPlan plain(4096, Activation::none, 128, Depth::quick);
   check_covers(plain.out, 4096, 128);

@@ -89,7 +89,7 @@ TEST_CASE_FIXTURE(ActivationFixture, "FP8 output: 8 threads per 128-column group
   CHECK(machine.launches == 1);
 }
 
-TEST_CASE_FIXTURE(ActivationFixture, "activation, layout and (FP8) scale format have no default; dtypes are checked") {
+TEST_CASE_FIXTURE(ActivationFixture, "activation, layout and (FP8) scale format have no default, dtypes are checked") {
   desc.activation = KJIT_ACTIVATION_NONE;
   expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "activation must be KJIT_ACTIVATION_SILU_MUL or");
   desc.activation = KJIT_ACTIVATION_SILU_MUL;
@@ -126,7 +126,7 @@ TEST_CASE_FIXTURE(ActivationFixture, "I must be a multiple of 8 (bf16 out) or 12
   expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "a positive multiple of 128 up to 1048576 with f8_e4m3fn output");
 }
 
-TEST_CASE_FIXTURE(ActivationFixture, "swiglu_oai needs a finite alpha and a positive limit; silu_mul ignores them") {
+TEST_CASE_FIXTURE(ActivationFixture, "swiglu_oai needs a finite alpha and a positive limit, silu_mul ignores them") {
   desc.alpha = std::numeric_limits<float>::quiet_NaN();
   desc.limit = -1.0f;
   REQUIRE(kjit::ops::plan_moe_activation(desc, false).has_value());  // silu_mul
@@ -184,7 +184,7 @@ TEST_CASE_FIXTURE(ActivationFixture, "zero rows launch nothing, and negative row
   expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "rows must be >= 0, got -1");
 }
 
-TEST_CASE_FIXTURE(ActivationFixture, "a launch that would compile while the stream captures fails; after prepare it runs") {
+TEST_CASE_FIXTURE(ActivationFixture, "a launch that would compile while the stream captures fails, after prepare it runs") {
   machine.capturing = true;
   expect_rejected(KJIT_ERROR_CAPTURING, "prepare");
   CHECK(runtime.store().list().empty());
@@ -210,7 +210,7 @@ TEST_CASE_FIXTURE(ActivationFixture, "an Ampere GPU runs bf16 output and is told
   expect_rejected(KJIT_ERROR_UNSUPPORTED, "moe_activation with fp8 output needs compute capability 8.9 or newer; sm_80");
 }
 
-TEST_CASE("the moe activation C ABI rejects a NULL descriptor and one without struct_size; _desc_init's defaults") {
+TEST_CASE("the moe activation C ABI rejects a NULL descriptor and one without struct_size, _desc_init's defaults") {
   CHECK(kjit_moe_activation(nullptr, nullptr) == KJIT_ERROR_INVALID_ARGUMENT);
   CHECK(std::string(kjit_last_error_message()) == "desc is NULL");
   CHECK(kjit_moe_activation_prepare(nullptr, 0) == KJIT_ERROR_INVALID_ARGUMENT);

@@ -103,7 +103,7 @@ TEST_CASE("silu_mul at the edges: exact for large gates, -0 where e^-g overflows
   CHECK(activation_bf16_bits(std::nanf("")) == 0x7FFF);
 }
 
-TEST_CASE("halves and alternating layouts of the same gate and up give the same output; valid_rows zeroes the rest") {
+TEST_CASE("halves and alternating layouts of the same gate and up give the same output, valid_rows zeroes the rest") {
   const int64_t rows = 5, i_cols = 16, stride = 40;
   std::mt19937_64 rng(11);
   std::normal_distribution<float> normal(0.0f, 3.0f);

@@ -181,7 +181,7 @@ TEST_CASE_FIXTURE(MxDequantFixture, "misaligned pointers are rejected, a misalig
   CHECK(plan->spec.vec == 2);  // one byte at a time
 }
 
-TEST_CASE_FIXTURE(MxDequantFixture, "NVFP4 needs its global scales; the MX formats take none and no convention") {
+TEST_CASE_FIXTURE(MxDequantFixture, "NVFP4 needs its global scales, the MX formats take none and no convention") {
   desc.global_scales = nullptr;
   expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "'global_scales' is NULL: NVFP4 needs one fp32 global scale per expert");
   as_mxfp4();
@@ -244,7 +244,7 @@ TEST_CASE_FIXTURE(MxDequantFixture, "shapes and expert ids: bad counts are rejec
   CHECK(machine.launches == 0);
 }
 
-TEST_CASE_FIXTURE(MxDequantFixture, "a launch that would compile while the stream captures fails; after prepare it runs") {
+TEST_CASE_FIXTURE(MxDequantFixture, "a launch that would compile while the stream captures fails, after prepare it runs") {
   machine.capturing = true;
   expect_rejected(KJIT_ERROR_CAPTURING, "prepare");
   CHECK(runtime.store().list().empty());
@@ -262,7 +262,7 @@ TEST_CASE_FIXTURE(MxDequantFixture, "an Ampere GPU is told MX dequant needs 8.9"
   expect_rejected(KJIT_ERROR_UNSUPPORTED, "needs compute capability 8.9 or newer; sm_80 is 8.0");
 }
 
-TEST_CASE("the MX dequant C ABI rejects a NULL descriptor and one without struct_size; init sets one expert") {
+TEST_CASE("the MX dequant C ABI rejects a NULL descriptor and one without struct_size, init sets one expert") {
   CHECK(kjit_dequant_mx(nullptr, nullptr) == KJIT_ERROR_INVALID_ARGUMENT);
   CHECK(std::string(kjit_last_error_message()) == "desc is NULL");
   kjit_mx_dequant_desc desc{};

@@ -220,7 +220,7 @@ TEST_CASE_FIXTURE(MxQuantizeFixture, "zero rows launch nothing, not even the glo
   CHECK(machine.async_memsets.empty());
 }
 
-TEST_CASE_FIXTURE(MxQuantizeFixture, "capturing an unprepared quantize fails; after prepare all three passes are captured") {
+TEST_CASE_FIXTURE(MxQuantizeFixture, "capturing an unprepared quantize fails, after prepare all three passes are captured") {
   desc.global_scale_mode = KJIT_GLOBAL_SCALE_COMPUTE;
   machine.capturing = true;
   expect_rejected(KJIT_ERROR_CAPTURING, "prepare");
@@ -240,7 +240,7 @@ TEST_CASE_FIXTURE(MxQuantizeFixture, "capturing an unprepared quantize fails; af
   CHECK(machine.async_memsets.size() == 1);
 }
 
-TEST_CASE_FIXTURE(MxQuantizeFixture, "an Ampere GPU is told NVFP4 needs 8.9; MXFP4 runs there") {
+TEST_CASE_FIXTURE(MxQuantizeFixture, "an Ampere GPU is told NVFP4 needs 8.9, MXFP4 runs there") {
   machine.compute_major = 8;
   machine.compute_minor = 0;
   expect_rejected(KJIT_ERROR_UNSUPPORTED, "nvfp4 quantize needs compute capability 8.9 or newer");
@@ -252,7 +252,7 @@ TEST_CASE_FIXTURE(MxQuantizeFixture, "an Ampere GPU is told NVFP4 needs 8.9; MXF
   CHECK_MESSAGE(r.has_value(), kjit::testing::why(r));
 }
 
-TEST_CASE("the MX quantize C ABI rejects a NULL descriptor and one without struct_size; init sets bf16 and 1 expert") {
+TEST_CASE("the MX quantize C ABI rejects a NULL descriptor and one without struct_size, init sets bf16 and 1 expert") {
   CHECK(kjit_quantize_mx(nullptr, nullptr) == KJIT_ERROR_INVALID_ARGUMENT);
   CHECK(std::string(kjit_last_error_message()) == "desc is NULL");
   CHECK(kjit_quantize_mx_prepare(nullptr, 0) == KJIT_ERROR_INVALID_ARGUMENT);

@@ -104,7 +104,7 @@ TEST_CASE("kjit_swizzled_scale_bytes bounds every split of the rows among the ex
   }
 }
 
-TEST_CASE_FIXTURE(ScaleLayoutFixture, "offsets and their convention go together; there is no default convention") {
+TEST_CASE_FIXTURE(ScaleLayoutFixture, "offsets and their convention go together, there is no default convention") {
   desc.offsets_convention = KJIT_OFFSETS_CUMULATIVE_END;
   expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "offsets_convention is set but 'offsets' is NULL");
   desc.offsets_convention = KJIT_OFFSETS_UNSET;
@@ -165,7 +165,7 @@ TEST_CASE_FIXTURE(ScaleLayoutFixture, "pointers: null, misaligned on the swizzle
   expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "'out' is on device 1");
 }
 
-TEST_CASE_FIXTURE(ScaleLayoutFixture, "uniform rows of none launch nothing; offsets launch even for no rows (they are checked)") {
+TEST_CASE_FIXTURE(ScaleLayoutFixture, "uniform rows of none launch nothing, offsets launch even for no rows (they are checked)") {
   desc.rows = 0;
   desc.out_bytes = 0;
   REQUIRE(run().has_value());
@@ -178,7 +178,7 @@ TEST_CASE_FIXTURE(ScaleLayoutFixture, "uniform rows of none launch nothing; offs
   CHECK(machine.launches == 1);
 }
 
-TEST_CASE_FIXTURE(ScaleLayoutFixture, "a conversion that would compile while the stream captures fails; after prepare it runs") {
+TEST_CASE_FIXTURE(ScaleLayoutFixture, "a conversion that would compile while the stream captures fails, after prepare it runs") {
   machine.capturing = true;
   expect_rejected(KJIT_ERROR_CAPTURING, "prepare");
   machine.capturing = false;

@@ -523,7 +523,7 @@ static std::vector<MoeActivationSpec> moe_activation_variants() {
   return out;
 }
 
-TEST_CASE("every moe activation variant compiles with NVRTC for sm_90a, sm_100a, sm_120a; on sm_80 only bf16 out") {
+TEST_CASE("every moe activation variant compiles with NVRTC for sm_90a, sm_100a, sm_120a, on sm_80 only bf16 out") {
   PrivateBuilder b("kjit-nvrtc-moe-activation");
   for (const char* arch : {"sm_90a", "sm_100a", "sm_120a", "sm_80"})
     for (const auto& spec : moe_activation_variants()) {
@@ -561,7 +561,7 @@ static std::vector<MxQuantizeSpec> mx_quantize_variants() {
   return out;
 }
 
-TEST_CASE("every mx quantize form compiles with NVRTC for sm_90a, sm_100a and sm_120a; on sm_80 only MXFP4") {
+TEST_CASE("every mx quantize form compiles with NVRTC for sm_90a, sm_100a and sm_120a, on sm_80 only MXFP4") {
   PrivateBuilder b("kjit-nvrtc-mx-quantize");
   for (const char* arch : {"sm_90a", "sm_100a", "sm_120a", "sm_80"})
     for (const auto& spec : mx_quantize_variants()) {
