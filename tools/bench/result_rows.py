@@ -284,3 +284,18 @@ def moe_peers(result):
     copy = result.get("copy_bytes_per_s")
     return rows, ([{"name": "D2D copy (read + write)", "value": round(copy / 1e12, 3), "unit": "TB/s"}]
                   if copy else [])
+
+
+def transformers_moe(result, model):
+    """bench_transformers.py: a transformers MoE model with and without kjit, eager; the experts module alone
+    (kjit against transformers' grouped_mm for bf16, finegrained-fp8 for FP8) and the whole forward."""
+    rows = []
+    for r in result["rows"]:
+        shape = f"{r['format']}, {r['tokens']} token{'s' if r['tokens'] != 1 else ''}"
+        for what in ("experts", "forward"):
+            timed = {p[:-len(what) - 1]: us for p, us in r["us"].items() if p.endswith(" " + what)}
+            peers = [p for p in timed if p != "kjit"]
+            for provider, us in timed.items():
+                rows.append(_row(provider, shape, f"{what} time", us, "us", peers if provider == "kjit" else None,
+                                 model))
+    return rows

@@ -58,6 +58,8 @@ FAMILIES = {
     "moe_layer_graph": ("One MoE layer under CUDA graphs", "the seed path and kjit's hand-assembled recipe, replayed"),
     "moe_peers": ("One MoE layer against vLLM and transformers' kernels (CUDA graphs)",
                   "vLLM's Triton fused_moe path and Hugging Face's finegrained-fp8 Triton kernels, same process"),
+    "transformers_moe": ("A transformers MoE model with and without kjit (eager)",
+                         "transformers' own experts (grouped_mm) for bf16, finegrained-fp8's Triton kernels for FP8"),
     "moe_training": ("Training through the experts", "the seed path's forward + backward (torch._grouped_mm autograd)"),
     "grouped_gemm_wgrad": ("Weight-gradient grouped GEMM", "torch._grouped_mm's K-grouped form"),
     "host_overhead": ("Host time per call", "a torch in-place add and a raw C call, same process"),
