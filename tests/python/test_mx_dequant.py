@@ -8,12 +8,13 @@ import ctypes
 import pytest
 
 import kjit
+from kjit import _abi
 
 
 def test_mx_descriptor_inits_set_struct_size_to_the_ctypes_size_and_one_expert():
     lib = kjit.library()
-    for init, desc in (("kjit_mx_dequant_desc_init", kjit._MxDequantDesc),
-                       ("kjit_scale_layout_desc_init", kjit._ScaleLayoutDesc)):
+    for init, desc in (("kjit_mx_dequant_desc_init", _abi.MxDequantDesc),
+                       ("kjit_scale_layout_desc_init", _abi.ScaleLayoutDesc)):
         d = desc()
         ctypes.memset(ctypes.byref(d), 0x5A, ctypes.sizeof(d))
         getattr(lib, init)(ctypes.byref(d))
@@ -23,7 +24,7 @@ def test_mx_descriptor_inits_set_struct_size_to_the_ctypes_size_and_one_expert()
 
 def test_a_wrong_last_mx_dequant_field_is_named_so_the_fields_before_it_landed_where_c_reads_them():
     lib = kjit.library()
-    d = kjit._MxDequantDesc()
+    d = _abi.MxDequantDesc()
     lib.kjit_mx_dequant_desc_init(ctypes.byref(d))
     d.format, d.out_dtype, d.scale_layout, d.global_scale_convention = 1, 3, 2, 2
     d.rows, d.k = 128, 64
@@ -40,7 +41,7 @@ def test_a_wrong_last_mx_dequant_field_is_named_so_the_fields_before_it_landed_w
 
 def test_the_last_scale_layout_field_lands_where_c_reads_it():
     lib = kjit.library()
-    d = kjit._ScaleLayoutDesc()
+    d = _abi.ScaleLayoutDesc()
     lib.kjit_scale_layout_desc_init(ctypes.byref(d))
     d.from_layout, d.to, d.experts, d.rows, d.scale_cols = 1, 2, 2, 129, 90
     d.input, d.out, d.out_bytes = 16, 4096, 3

@@ -12,7 +12,7 @@ _SCRIPT = textwrap.dedent("""
     sys.modules["torch"] = None  # `import torch` now fails as where torch is not installed
     import kjit
     kjit.swizzled_scale_bytes(256, 8, 2)  # pure Python, no torch
-    assert kjit._DequantDesc is not None  # the ctypes descriptors
+    assert kjit._abi.DequantDesc is not None  # the ctypes descriptors
     calls = {
         "dequant_fp8": lambda: kjit.dequant_fp8(None, None, convention="multiply"),
         "grouped_gemm": lambda: kjit.grouped_gemm(None, None, None, offsets_convention="cumulative_end"),

@@ -67,8 +67,8 @@ def main():
     out = kjit.grouped_gemm(h, layer.down, ends, **gemm_args)
     gate_up = torch.randn(a.shape[0], 2 * inter, device="cuda", dtype=torch.bfloat16)
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-    desc = kjit._gemm_desc(h, layer.down, ends, out, "e_n_k", "cumulative_end", None, "auto", 0, 0, 0, "m",
-                           None, layer.down_scale, "block", "multiply")
+    desc = kjit.gemm._gemm_desc(h, layer.down, ends, out, "e_n_k", "cumulative_end", None, "auto", 0, 0, 0, "m",
+                                None, layer.down_scale, "block", "multiply")
     workspace = torch.empty(kjit.library().kjit_grouped_gemm_workspace_bytes(), dtype=torch.uint8, device="cuda")
     desc.workspace, desc.workspace_bytes = workspace.data_ptr(), workspace.numel()
     lib = kjit.library()
@@ -77,7 +77,7 @@ def main():
         "torch: x.add_(1)": lambda: x.add_(1),
         "torch: // top_k, .long(), index (the gather)": lambda: x[(sorted_to_flat // top_k).long()],
         "torch: empty (the GEMM's out)": lambda: torch.empty(out.shape, dtype=out.dtype, device="cuda"),
-        "python: the GEMM's checks (kjit._check_gemm)": lambda: kjit._check_gemm(
+        "python: the GEMM's checks (kjit._check_gemm)": lambda: kjit.gemm._check_gemm(
             h, layer.down, ends, out, "e_n_k", "cumulative_end", None, "auto", "m", w_scale=layer.down_scale,
             w_block=BLOCK, w_scale_convention="multiply"),
         "C: kjit_grouped_gemm (W8A16 down, ctypes)": lambda: lib.kjit_grouped_gemm(ctypes.byref(desc), stream),

@@ -40,7 +40,8 @@ from typing import Dict, List, Optional
 
 import torch
 
-from kjit import KjitError, _invalid
+from kjit import KjitError
+from kjit._library import invalid as _invalid
 from kjit.torch import MoEExperts, MoELoRA
 from kjit.torch.experts import DEFAULT_W8A8_MIN_ROWS
 

@@ -23,7 +23,8 @@ from typing import Optional
 import torch
 
 import kjit
-from kjit import _check_choice, _check_tensor, _invalid, _mx_codes
+from kjit._args import check_choice as _check_choice, check_tensor as _check_tensor, mx_codes as _mx_codes
+from kjit._library import invalid as _invalid
 from . import training
 from .training import MoELoRA
 

@@ -46,7 +46,7 @@ from typing import Optional
 import torch
 
 import kjit
-from kjit import _invalid
+from kjit._library import invalid as _invalid
 
 _OFFSETS = "cumulative_end"
 _ROW_DOT_CHUNK = 8192  # rows per fp32 temporary of the d topk_weights dot products
