@@ -41,6 +41,16 @@ echo "jitctl --version: $jitctl_version"
 [[ $jitctl_version == *"$version"* ]] || { echo "jitctl --version does not name kjit $version" >&2; exit 1; }
 # The subpackage kjit.torch (MoEExperts) ships with the package (wheel.packages copies the tree).
 "$venv/python" -c "from kjit.torch import MoEExperts; print('kjit.torch.MoEExperts from', MoEExperts.__module__)"
+# Every module of the source package (kjit/_abi.py, the areas, the subpackages) is in the installed one.
+"$venv/python" - "$work/kjit/runtime/python/kjit" <<'PY'
+import pathlib, sys
+import kjit
+source, installed = pathlib.Path(sys.argv[1]), pathlib.Path(kjit.__file__).parent
+missing = sorted(str(p.relative_to(source)) for p in source.rglob("*.py")
+                 if not (installed / p.relative_to(source)).is_file())
+assert not missing, f"modules of runtime/python/kjit missing from the installed package: {missing}"
+print(f"every module of runtime/python/kjit is installed ({len(list(source.rglob('*.py')))} files)")
+PY
 "$venv/python" - <<'PY'
 import importlib.metadata as m, pathlib
 import kjit
