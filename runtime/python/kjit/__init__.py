@@ -38,7 +38,7 @@ __all__ = ["KjitError", "ArgumentError", "dequant_fp8", "prepare_dequant_fp8", "
            "prepare_quantize_fp8", "quantize_mx", "prepare_quantize_mx", "MxArgumentError", "dequant_mx",
            "prepare_dequant_mx", "convert_scale_layout", "prepare_convert_scale_layout", "swizzled_scale_bytes",
            "moe_activation", "prepare_moe_activation", "grouped_gemm_wgrad", "prepare_grouped_gemm_wgrad",
-           "check_device_errors",
+           "gate_up_interleaved", "check_device_errors",
            "library", "__version__"]
 
 

@@ -9,6 +9,8 @@ from . import _abi
 from ._library import invalid, require_torch
 
 FP8 = ("float8_e4m3fn", "float8_e5m2")
+# gpt-oss's clamped SwiGLU ('swiglu_oai'): the defaults of every alpha and limit (kjit.h's desc_init sets the same).
+SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0
 FLOAT_OUT = ("bfloat16", "float16", "float32")
 
 MX_BLOCK = {"nvfp4": 16, "mxfp4": 32, "mxfp8": 32}

@@ -11,7 +11,8 @@ import math
 from typing import TYPE_CHECKING, Optional, Tuple
 
 from . import _abi
-from ._args import (FP8, MX_SCALES, check_choice, check_gather, check_tensor, dtype_code, dtype_name, unpack_gather)
+from ._args import (FP8, MX_SCALES, SWIGLU_ALPHA, SWIGLU_LIMIT, check_choice, check_gather, check_tensor, dtype_code,
+                    dtype_name, unpack_gather)
 from ._library import check, invalid, library, require_torch
 from ._ops import cuda_stream, op, torch  # torch: None where it is not installed (the ops' annotations name it)
 
@@ -26,6 +27,7 @@ _GEMM_W = ("bfloat16",) + FP8 + ("uint8",)  # uint8: FP4 pairs (W4A16)
 
 
 _FP8_GEMM_BLOCK = 128  # the FP8 GEMMs' scale block (W8A8: activations and weights; W8A16: weights)
+_W_BLOCK = (_FP8_GEMM_BLOCK, _FP8_GEMM_BLOCK)  # w_block's only value
 
 
 _W8A16_MULTIPLE = 16  # N and K of the W8A16 GEMM
@@ -196,8 +198,8 @@ def _gemm_dims(w, weights, fp4):
 
 
 def _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, cluster_axis, a_scale=None,
-                w_scale=None, w_block=(_FP8_GEMM_BLOCK, _FP8_GEMM_BLOCK), w_scale_convention=None, w_format=None,
-                w_global_scale=None, activation=None, activation_alpha=1.702, activation_limit=7.0,
+                w_scale=None, w_block=_W_BLOCK, w_scale_convention=None, w_format=None,
+                w_global_scale=None, activation=None, activation_alpha=SWIGLU_ALPHA, activation_limit=SWIGLU_LIMIT,
                 gate_up_layout=None, gather=None):
     """Returns (operands, granularity): operands as _check_gemm_operands
     says, granularity None for bf16, else the weight scales' ('block', 'row'
@@ -264,9 +266,9 @@ def _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kern
 
 
 def _gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n, cluster,
-               cluster_axis, a_scale=None, w_scale=None, w_scale_granularity=None,
-               w_scale_convention=None, w_global_scale=None, activation=None, activation_alpha=1.702,
-               activation_limit=7.0, gate_up_layout=None, sorted_to_flat=None, top_k=0) -> _abi.GroupedGemmDesc:
+               cluster_axis, a_scale=None, w_scale=None, w_scale_granularity=None, w_scale_convention=None,
+               w_global_scale=None, activation=None, activation_alpha=SWIGLU_ALPHA, activation_limit=SWIGLU_LIMIT,
+               gate_up_layout=None, sorted_to_flat=None, top_k=0) -> _abi.GroupedGemmDesc:
     experts = w.shape[0]
     w4a16 = w_scale_granularity in _abi.BLOCK_FORMAT  # uint8 w: FP4 pairs
     n, k = _gemm_dims(w, weights, w4a16)
@@ -282,7 +284,7 @@ def _gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kerne
     d.tile_m, d.tile_n = tile_m, tile_n
     d.cluster = cluster
     d.cluster_axis = _abi.CLUSTER_AXIS[cluster_axis]
-    if activation is not None:
+    if activation not in (None, "none"):  # "none": what the ops pass (their str argument cannot be None)
         d.activation = _abi.ACTIVATION[activation]
         d.activation_alpha, d.activation_limit = activation_alpha, activation_limit
     if gate_up_layout is not None:
@@ -327,9 +329,9 @@ def grouped_gemm_(a: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: 
                   cluster: int, cluster_axis: str, activation: str, activation_alpha: float, activation_limit: float,
                   sorted_to_flat: Optional[torch.Tensor], top_k: int, stream: Optional[int]) -> None:
     _launch_gemm(_gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n,
-                            cluster, cluster_axis, activation=None if activation == "none" else activation,
-                            activation_alpha=activation_alpha, activation_limit=activation_limit,
-                            sorted_to_flat=sorted_to_flat, top_k=top_k), a.device, stream)
+                            cluster, cluster_axis, activation=activation, activation_alpha=activation_alpha,
+                            activation_limit=activation_limit, sorted_to_flat=sorted_to_flat, top_k=top_k),
+                 a.device, stream)
 
 
 # The W8A8 grouped GEMM: the same C entry point, with the scales (weights are
@@ -356,9 +358,9 @@ def grouped_gemm_w8a16_(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
                         sorted_to_flat: Optional[torch.Tensor], top_k: int, stream: Optional[int]) -> None:
     _launch_gemm(_gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n,
                             cluster, cluster_axis, None, w_scale, w_scale_granularity, w_scale_convention,
-                            activation=None if activation == "none" else activation,
-                            activation_alpha=activation_alpha, activation_limit=activation_limit,
-                            gate_up_layout=gate_up_layout, sorted_to_flat=sorted_to_flat, top_k=top_k),
+                            activation=activation, activation_alpha=activation_alpha,
+                            activation_limit=activation_limit, gate_up_layout=gate_up_layout,
+                            sorted_to_flat=sorted_to_flat, top_k=top_k),
                  a.device, stream)
 
 
@@ -374,8 +376,7 @@ def grouped_gemm_w4a16_(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
                         stream: Optional[int]) -> None:
     _launch_gemm(_gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n, 0,
                             "m", None, w_scale, w_format, w_scale_convention, w_global_scale,
-                            activation=None if activation == "none" else activation,
-                            activation_alpha=activation_alpha, activation_limit=activation_limit,
+                            activation=activation, activation_alpha=activation_alpha, activation_limit=activation_limit,
                             sorted_to_flat=sorted_to_flat, top_k=top_k),
                  a.device, stream)
 
@@ -385,10 +386,10 @@ def grouped_gemm(a: Tensor, w: Tensor, offsets: Tensor, *, weights: str = "e_n_k
                  out_dtype: Optional[torch.dtype] = None, stream: Optional[int] = None, kernel: str = "auto",
                  tile: Optional[Tuple[int, int]] = None, cluster: int = 0, cluster_axis: str = "m",
                  a_scale: Optional[Tensor] = None, w_scale: Optional[Tensor] = None,
-                 w_block: Tuple[int, int] = (_FP8_GEMM_BLOCK, _FP8_GEMM_BLOCK),
+                 w_block: Tuple[int, int] = _W_BLOCK,
                  w_scale_convention: Optional[str] = None, w_format: Optional[str] = None,
-                 w_global_scale: Optional[Tensor] = None,
-                 activation: Optional[str] = None, activation_alpha: float = 1.702, activation_limit: float = 7.0,
+                 w_global_scale: Optional[Tensor] = None, activation: Optional[str] = None,
+                 activation_alpha: float = SWIGLU_ALPHA, activation_limit: float = SWIGLU_LIMIT,
                  gate_up_layout: Optional[str] = None, gather: Optional[Tuple[Tensor, int]] = None) -> Tensor:
     """MoE expert GEMM: rows of `a` ([rows, K] bf16, sorted by expert) times
     each expert's weights `w` ([E, N, K] with weights='e_n_k', as checkpoints
@@ -489,10 +490,10 @@ def prepare_grouped_gemm(a: Tensor, w: Tensor, offsets: Tensor, out: Tensor, *, 
                          offsets_convention: str, row_scale: Optional[Tensor] = None, kernel: str = "auto",
                          tile: Optional[Tuple[int, int]] = None, a_scale: Optional[Tensor] = None,
                          w_scale: Optional[Tensor] = None,
-                         w_block: Tuple[int, int] = (_FP8_GEMM_BLOCK, _FP8_GEMM_BLOCK),
+                         w_block: Tuple[int, int] = _W_BLOCK,
                          w_scale_convention: Optional[str] = None, w_format: Optional[str] = None,
                          w_global_scale: Optional[Tensor] = None, activation: Optional[str] = None,
-                         activation_alpha: float = 1.702, activation_limit: float = 7.0,
+                         activation_alpha: float = SWIGLU_ALPHA, activation_limit: float = SWIGLU_LIMIT,
                          gate_up_layout: Optional[str] = None, gather: Optional[Tuple[Tensor, int]] = None) -> None:
     """Compiles (or finds) and loads every kernel grouped_gemm may pick for
     these shapes, whatever the row count, so that later calls can be captured

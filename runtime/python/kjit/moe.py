@@ -10,7 +10,7 @@ import math
 from typing import TYPE_CHECKING, Optional, Tuple, Union
 
 from . import _abi
-from ._args import check_choice, check_tensor, dtype_code
+from ._args import SWIGLU_ALPHA, SWIGLU_LIMIT, check_choice, check_tensor, dtype_code
 from ._library import check, invalid, library, require_torch
 from ._ops import cuda_stream, op, torch  # torch: None where it is not installed (the ops' annotations name it)
 
@@ -220,7 +220,7 @@ def moe_activation_fp8_(h: torch.Tensor, codes: torch.Tensor, scales: torch.Tens
     check(library().kjit_moe_activation(ctypes.byref(d), cuda_stream(h.device, stream)))
 
 
-def moe_activation(h: Tensor, *, activation: str, layout: str, alpha: float = 1.702, limit: float = 7.0,
+def moe_activation(h: Tensor, *, activation: str, layout: str, alpha: float = SWIGLU_ALPHA, limit: float = SWIGLU_LIMIT,
                    out_dtype: Optional[torch.dtype] = None, scale_format: str = "fp32",
                    valid_rows: Optional[Tensor] = None, out: Optional[Tensor] = None, scales: Optional[Tensor] = None,
                    stream: Optional[int] = None) -> Union[Tensor, Tuple[Tensor, Tensor]]:
@@ -265,7 +265,7 @@ def moe_activation(h: Tensor, *, activation: str, layout: str, alpha: float = 1.
 
 
 def prepare_moe_activation(h: Tensor, out: Tensor, scales: Optional[Tensor] = None, *, activation: str, layout: str,
-                           alpha: float = 1.702, limit: float = 7.0, scale_format: str = "fp32",
+                           alpha: float = SWIGLU_ALPHA, limit: float = SWIGLU_LIMIT, scale_format: str = "fp32",
                            valid_rows: Optional[Tensor] = None) -> None:
     """Compiles (or finds) and loads the kernel moe_activation needs for these
     arguments (out's dtype picks bf16 or FP8 output), so that the call can be
