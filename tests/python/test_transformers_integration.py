@@ -536,8 +536,12 @@ def check_lora_step(family, device, tokens, fp8, tolerance):
     # W + s B A rounded to bf16 in the reference, not in kjit; W8A8 (FP8 from 64 routed rows) adds its e4m3
     # activations, as check_logits' `extra`.
     view = experts_of(model)[0][1].__dict__["_kjit_state"].view
-    extra = 6e-2 if view.kernels_for(tokens, model.config.num_experts_per_tok) == "w8a8" else 0.0
+    w8a8 = view.kernels_for(tokens, model.config.num_experts_per_tok) == "w8a8"
+    extra = 6e-2 if w8a8 else 0.0
     assert rel < 5e-2 + extra and top1 >= 0.9, (rel, top1)
+    # The adapters' gradients see W8A8's e4m3 rows too (the layer's output: 4.4e-2 from fp32 against W8A16's
+    # 4.7e-3 on an H200); 2e-2 on top, where the training suite's W8A8 bound adds 1e-2 for a single layer.
+    grad_extra = 2e-2 if w8a8 else 0.0
     if device == "cuda" and not HAS_WGRAD:
         return
     for m in (reference, model, exact):
@@ -549,7 +553,7 @@ def check_lora_step(family, device, tokens, fp8, tolerance):
             for factor, merged, fp32 in (("A", a, a32), ("B", b, b32)):
                 got = relative(getattr(lora, f"{target}_lora_{factor}").grad, fp32.grad)
                 floor = relative(merged.grad, fp32.grad)
-                assert got <= 1.5 * floor + tolerance, (target, factor, got, floor)
+                assert got <= 1.5 * floor + tolerance + grad_extra, (target, factor, got, floor)
                 worst, worst_floor = max(worst, got), max(worst_floor, floor)
     print(f"{family} LoRA gradients against the fp32 model: worst relative error {worst:.2e} (the bf16 merge's "
           f"{worst_floor:.2e})")
