@@ -201,7 +201,6 @@ Expected<LoadedKernel> Runtime::load(const DeviceState& device, const BuiltKerne
                                                       rendered.entry_point, rendered.cluster_x, device.ordinal));
     kernel.resident_blocks = clusters * rendered.cluster_x;
   }
-  log::debug("loaded {} ({}) on device {}", built.key, rendered.entry_point, device.ordinal);
   return kernel;
 }
 
@@ -225,8 +224,18 @@ Expected<const LoadedKernel*> Runtime::kernel(DeviceState& device, const codegen
                                 "never compiles or loads: call the op's prepare function before capture",
                                 codegen::canonical(spec), device.ordinal));
     }
+    // Where a first call's time goes (KJIT_LOG=debug): the cache read or the compile, then the module load.
+    using Clock = std::chrono::steady_clock;
+    const auto milliseconds = [](Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
+    const auto start = Clock::now();
     const auto built = KJIT_TRY(builder_.build(spec, *device.arch));
-    return load(device, built);
+    const auto found = Clock::now();
+    auto loaded = KJIT_TRY(load(device, built));
+    log::debug("loaded {} ({}) on device {}: {} in {:.2f} ms, module load {:.2f} ms", built.key,
+               built.rendered.entry_point, device.ordinal,
+               built.origin == CubinOrigin::disk_cache ? "read from the disk cache" : "compiled",
+               milliseconds(found - start), milliseconds(Clock::now() - found));
+    return loaded;
   });
 }
 
