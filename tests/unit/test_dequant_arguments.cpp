@@ -69,7 +69,7 @@ TEST_CASE_FIXTURE(DequantFixture, "a second runtime over the same cache loads fr
   kjit::Runtime second{&fake_api, kjit::cache::StoreConfig{cache_dir, {}, 0}};
   auto device = second.device(0);
   REQUIRE(device.has_value());
-  auto plan = kjit::ops::plan_dequant(desc, false);
+  auto plan = kjit::ops::plan_dequant(desc);
   REQUIRE(plan.has_value());
   auto built = second.builder().build(plan->spec, *(*device)->arch);
   REQUIRE(built.has_value());
@@ -166,6 +166,43 @@ TEST_CASE_FIXTURE(DequantFixture, "a launch that would compile while the stream 
   auto r = run();
   CHECK_MESSAGE(r.has_value(), kjit::testing::why(r));
   CHECK(machine.launches == 1);
+}
+
+TEST_CASE_FIXTURE(DequantFixture, "prepare lists every vector width a launch with the same shapes can pick, whatever the pointers' alignment") {
+  auto plan = kjit::ops::plan_dequant_shapes(desc);
+  REQUIRE_MESSAGE(plan.has_value(), kjit::testing::why(plan));
+  CHECK(plan->spec.vec == 8);  // 16-byte-aligned pointers: one 16-byte bf16 store
+  CHECK(kjit::ops::dequant_vectors(*plan) == std::vector<int>{8, 4, 2, 1});
+  desc.out_dtype = KJIT_DTYPE_F32;
+  plan = kjit::ops::plan_dequant_shapes(desc);
+  REQUIRE(plan.has_value());
+  CHECK(kjit::ops::dequant_vectors(*plan) == std::vector<int>{4, 2, 1});
+  desc.out_dtype = KJIT_DTYPE_BF16;
+  desc.in_row_stride = 388;  // rows 4-byte aligned at most, whatever the pointer
+  plan = kjit::ops::plan_dequant_shapes(desc);
+  REQUIRE(plan.has_value());
+  CHECK(kjit::ops::dequant_vectors(*plan) == std::vector<int>{4, 2, 1});
+  desc.in_row_stride = 385;
+  plan = kjit::ops::plan_dequant_shapes(desc);
+  REQUIRE(plan.has_value());
+  CHECK(kjit::ops::dequant_vectors(*plan) == std::vector<int>{1});
+}
+
+TEST_CASE_FIXTURE(DequantFixture, "after prepare, a captured launch on views one element off alignment runs without compiling") {
+  REQUIRE(kjit::ops::prepare_dequant_fp8(runtime, desc, 0).has_value());
+  const int modules = machine.modules_loaded;
+  machine.capturing = true;
+  desc.rows = 128;  // the views stay inside the buffers
+  desc.scale_rows = 1;
+  desc.in = in.data() + 1;   // one fp8 code in: 1-byte aligned
+  desc.out = out.data() + 2;  // one bf16 element in: 2-byte aligned
+  auto r = run();
+  REQUIRE_MESSAGE(r.has_value(), kjit::testing::why(r));
+  CHECK(machine.launches == 1);
+  CHECK(machine.modules_loaded == modules);  // loaded by prepare
+  CHECK(machine.grid[0] == (128 * 384 + 1023) / 1024);  // one element a vector
+  CHECK(machine.last_params.in == in.data() + 1);
+  CHECK(machine.last_params.out == out.data() + 2);
 }
 
 TEST_CASE_FIXTURE(DequantFixture, "GPUs outside the capability table, or without fp8 conversion, get errors naming their capability") {

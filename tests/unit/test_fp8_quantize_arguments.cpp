@@ -46,7 +46,7 @@ struct QuantizeFixture : FakeRuntimeFixture {
 }  // namespace
 
 TEST_CASE_FIXTURE(QuantizeFixture, "a valid quantize launches once with one 8-thread team per 128-column group") {
-  auto plan = kjit::ops::plan_fp8_quantize(desc, false);
+  auto plan = kjit::ops::plan_fp8_quantize(desc);
   REQUIRE_MESSAGE(plan.has_value(), kjit::testing::why(plan));
   CHECK(plan->geometry.block_x == 256);
   CHECK(plan->geometry.grid_x == (37 * 3 + 31) / 32);
@@ -87,7 +87,7 @@ TEST_CASE_FIXTURE(QuantizeFixture, "the scale format has no default") {
   desc.scale_format = KJIT_QUANT_SCALE_UNSET;
   expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "scale_format must be KJIT_QUANT_SCALE_FP32 or KJIT_QUANT_SCALE_UE8M0");
   desc.scale_format = KJIT_QUANT_SCALE_UE8M0;
-  auto plan = kjit::ops::plan_fp8_quantize(desc, false);
+  auto plan = kjit::ops::plan_fp8_quantize(desc);
   REQUIRE(plan.has_value());
   CHECK(plan->spec.scale_format == kjit::codegen::QuantScaleFormat::ue8m0);
 }
@@ -119,7 +119,7 @@ TEST_CASE_FIXTURE(QuantizeFixture, "an input row stride below K or not a multipl
   expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "in_row_stride 388");
   desc.in_row_stride = 392;
   desc.rows = 30;  // 30 rows of 392 fit the buffer
-  auto plan = kjit::ops::plan_fp8_quantize(desc, false);
+  auto plan = kjit::ops::plan_fp8_quantize(desc);
   REQUIRE(plan.has_value());
   CHECK(plan->params.in_row_stride == 392);
 }
@@ -137,7 +137,7 @@ TEST_CASE_FIXTURE(QuantizeFixture, "the gather needs sorted_to_flat exactly when
   desc.tokens = int64_t{1} << 30;
   expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "tokens * top_k must fit in int32");
   gather();
-  auto plan = kjit::ops::plan_fp8_quantize(desc, false);
+  auto plan = kjit::ops::plan_fp8_quantize(desc);
   REQUIRE(plan.has_value());
   CHECK(plan->spec.gather);
   CHECK(plan->params.top_k == 4);

@@ -45,7 +45,7 @@ struct WgradFixture : FakeRuntimeFixture {
 }  // namespace
 
 TEST_CASE_FIXTURE(WgradFixture, "on sm_90 a valid call launches the wgmma kernel once, with its two TMA maps") {
-  auto plan = kjit::ops::plan_grouped_gemm_wgrad(desc, false);
+  auto plan = kjit::ops::plan_grouped_gemm_wgrad(desc);
   REQUIRE_MESSAGE(plan.has_value(), kjit::testing::why(plan));
   CHECK(plan->problem == GroupedGemmWgradSpec{.out = DType::f32, .n = 256, .k = 384, .experts = 4});
   CHECK(plan->params.total_rows == 100);

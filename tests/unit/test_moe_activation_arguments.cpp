@@ -52,7 +52,7 @@ struct ActivationFixture : FakeRuntimeFixture {
 }  // namespace
 
 TEST_CASE_FIXTURE(ActivationFixture, "a valid bf16 activation launches once, one thread per 8 output columns") {
-  auto plan = kjit::ops::plan_moe_activation(desc, false);
+  auto plan = kjit::ops::plan_moe_activation(desc);
   REQUIRE_MESSAGE(plan.has_value(), kjit::testing::why(plan));
   CHECK(plan->spec == MoeActivationSpec{.intermediate = 256});
   CHECK(plan->geometry.block_x == 256);
@@ -75,7 +75,7 @@ TEST_CASE_FIXTURE(ActivationFixture, "FP8 output: 8 threads per 128-column group
   desc.activation = KJIT_ACTIVATION_SWIGLU_OAI;
   desc.layout = KJIT_GATE_UP_ALTERNATING;
   desc.valid_rows = reinterpret_cast<const int32_t*>(valid.data());
-  auto plan = kjit::ops::plan_moe_activation(desc, false);
+  auto plan = kjit::ops::plan_moe_activation(desc);
   REQUIRE_MESSAGE(plan.has_value(), kjit::testing::why(plan));
   CHECK(plan->spec == MoeActivationSpec{.intermediate = 256, .activation = Activation::swiglu_oai,
                                         .layout = GateUpLayout::alternating, .out = DType::f8_e4m3fn,
@@ -121,7 +121,7 @@ TEST_CASE_FIXTURE(ActivationFixture, "I must be a multiple of 8 (bf16 out) or 12
   expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "the intermediate size I must be a positive multiple of 8");
   desc.intermediate = 200;  // fine for bf16
   desc.rows = 20;
-  REQUIRE(kjit::ops::plan_moe_activation(desc, false).has_value());
+  REQUIRE(kjit::ops::plan_moe_activation(desc).has_value());
   fp8();
   expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "a positive multiple of 128 up to 1048576 with f8_e4m3fn output");
 }
@@ -129,7 +129,7 @@ TEST_CASE_FIXTURE(ActivationFixture, "I must be a multiple of 8 (bf16 out) or 12
 TEST_CASE_FIXTURE(ActivationFixture, "swiglu_oai needs a finite alpha and a positive limit, silu_mul ignores them") {
   desc.alpha = std::numeric_limits<float>::quiet_NaN();
   desc.limit = -1.0f;
-  REQUIRE(kjit::ops::plan_moe_activation(desc, false).has_value());  // silu_mul
+  REQUIRE(kjit::ops::plan_moe_activation(desc).has_value());  // silu_mul
   desc.activation = KJIT_ACTIVATION_SWIGLU_OAI;
   expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "alpha must be finite");
   desc.alpha = 1.702f;
@@ -137,7 +137,7 @@ TEST_CASE_FIXTURE(ActivationFixture, "swiglu_oai needs a finite alpha and a posi
   desc.limit = std::numeric_limits<float>::quiet_NaN();
   expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "limit must be > 0");
   desc.limit = std::numeric_limits<float>::infinity();
-  auto plan = kjit::ops::plan_moe_activation(desc, false);
+  auto plan = kjit::ops::plan_moe_activation(desc);
   REQUIRE(plan.has_value());
   CHECK(std::isinf(plan->params.limit));
 }
@@ -149,7 +149,7 @@ TEST_CASE_FIXTURE(ActivationFixture, "an input row stride below 2I or not a mult
   expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "in_row_stride 516");
   desc.in_row_stride = 520;
   desc.rows = 30;
-  auto plan = kjit::ops::plan_moe_activation(desc, false);
+  auto plan = kjit::ops::plan_moe_activation(desc);
   REQUIRE(plan.has_value());
   CHECK(plan->params.in_row_stride == 520);
 }

@@ -50,7 +50,7 @@ struct MxDequantFixture : FakeRuntimeFixture {
 }  // namespace
 
 TEST_CASE_FIXTURE(MxDequantFixture, "a valid NVFP4 dequant plans 8-element vectors (one 16-byte bf16 store) and launches once") {
-  auto plan = kjit::ops::plan_mx_dequant(desc, false);
+  auto plan = kjit::ops::plan_mx_dequant(desc);
   REQUIRE_MESSAGE(plan.has_value(), kjit::testing::why(plan));
   CHECK(plan->spec.vec == 8);
   CHECK(plan->spec.format == kjit::codegen::MxFormat::nvfp4);
@@ -75,12 +75,12 @@ TEST_CASE_FIXTURE(MxDequantFixture, "a valid NVFP4 dequant plans 8-element vecto
 TEST_CASE_FIXTURE(MxDequantFixture, "swizzled scale blocks of experts follow each other padded to 128 rows x 4 columns") {
   desc.rows = 129;
   desc.k = 48;  // 3 scale columns -> 4
-  auto plan = kjit::ops::plan_mx_dequant(desc, false);
+  auto plan = kjit::ops::plan_mx_dequant(desc);
   REQUIRE_MESSAGE(plan.has_value(), kjit::testing::why(plan));
   CHECK(plan->params.scale_expert_stride == 256 * 4);
   CHECK(plan->spec.vec == 8);  // one 16-byte bf16 store (4 input bytes; 24-byte rows allow it)
   desc.scale_layout = KJIT_SCALE_LAYOUT_LINEAR;
-  plan = kjit::ops::plan_mx_dequant(desc, false);
+  plan = kjit::ops::plan_mx_dequant(desc);
   REQUIRE(plan.has_value());
   CHECK(plan->params.scale_expert_stride == 129 * 3);
 }
@@ -88,7 +88,7 @@ TEST_CASE_FIXTURE(MxDequantFixture, "swizzled scale blocks of experts follow eac
 TEST_CASE_FIXTURE(MxDequantFixture, "MXFP4 and MXFP8 plan their strides from their element sizes") {
   as_mxfp4();
   desc.scale_layout = KJIT_SCALE_LAYOUT_LINEAR;
-  auto plan = kjit::ops::plan_mx_dequant(desc, false);
+  auto plan = kjit::ops::plan_mx_dequant(desc);
   REQUIRE_MESSAGE(plan.has_value(), kjit::testing::why(plan));
   CHECK(plan->params.scale_expert_stride == 256 * 16);
   CHECK(plan->params.global_scales == nullptr);
@@ -97,7 +97,7 @@ TEST_CASE_FIXTURE(MxDequantFixture, "MXFP4 and MXFP8 plan their strides from the
   desc.element_dtype = KJIT_DTYPE_F8_E5M2;
   desc.rows = 128;
   desc.out_dtype = KJIT_DTYPE_F32;
-  plan = kjit::ops::plan_mx_dequant(desc, false);
+  plan = kjit::ops::plan_mx_dequant(desc);
   REQUIRE_MESSAGE(plan.has_value(), kjit::testing::why(plan));
   CHECK(plan->params.in_row_stride == 512);  // one byte an element
   CHECK(plan->spec.vec == 4);                 // one 16-byte f32 store
@@ -157,7 +157,7 @@ TEST_CASE_FIXTURE(MxDequantFixture, "row strides smaller than a row are rejected
   desc.rows = 128;
   desc.out_row_stride = 520;
   desc.in_row_stride = 258;  // 2-byte multiple: the access narrows to 4 elements
-  auto plan = kjit::ops::plan_mx_dequant(desc, false);
+  auto plan = kjit::ops::plan_mx_dequant(desc);
   REQUIRE_MESSAGE(plan.has_value(), kjit::testing::why(plan));
   CHECK(plan->params.out_row_stride == 520);
   CHECK(plan->params.in_row_stride == 258);
@@ -176,7 +176,7 @@ TEST_CASE_FIXTURE(MxDequantFixture, "misaligned pointers are rejected, a misalig
   desc.global_scales = reinterpret_cast<const float*>(globals.data());
   desc.in = in.data() + 1;
   desc.rows = 255;  // the shifted input still fits its buffer
-  auto plan = kjit::ops::plan_mx_dequant(desc, false);
+  auto plan = kjit::ops::plan_mx_dequant(desc);
   REQUIRE_MESSAGE(plan.has_value(), kjit::testing::why(plan));
   CHECK(plan->spec.vec == 2);  // one byte at a time
 }
@@ -232,7 +232,7 @@ TEST_CASE_FIXTURE(MxDequantFixture, "shapes and expert ids: bad counts are rejec
   FakeBuffer ids(12, 0);
   desc.expert_ids = reinterpret_cast<const int32_t*>(ids.data());
   desc.num_expert_ids = 3;
-  auto plan = kjit::ops::plan_mx_dequant(desc, false);
+  auto plan = kjit::ops::plan_mx_dequant(desc);
   REQUIRE_MESSAGE(plan.has_value(), kjit::testing::why(plan));
   CHECK(plan->spec.selected_experts);
   CHECK(plan->params.output_slots == 3);
@@ -254,6 +254,35 @@ TEST_CASE_FIXTURE(MxDequantFixture, "a launch that would compile while the strea
   auto r = run();
   CHECK_MESSAGE(r.has_value(), kjit::testing::why(r));
   CHECK(machine.launches == 1);
+}
+
+TEST_CASE_FIXTURE(MxDequantFixture, "prepare lists every vector width a launch with the same shapes can pick, whatever the pointers' alignment") {
+  auto plan = kjit::ops::plan_mx_dequant_shapes(desc);
+  REQUIRE_MESSAGE(plan.has_value(), kjit::testing::why(plan));
+  CHECK(plan->spec.vec == 8);  // 16-byte-aligned pointers: one 16-byte bf16 store
+  // FP4 pairs: 2 elements at least (an output aligned to one element is refused).
+  CHECK(kjit::ops::mx_dequant_vectors(*plan) == std::vector<int>{8, 4, 2});
+  desc.format = KJIT_BLOCK_FORMAT_MXFP8;
+  desc.element_dtype = KJIT_DTYPE_F8_E4M3FN;
+  desc.global_scales = nullptr;
+  desc.global_scale_convention = KJIT_SCALE_CONVENTION_UNSET;
+  desc.out_dtype = KJIT_DTYPE_F32;
+  plan = kjit::ops::plan_mx_dequant_shapes(desc);
+  REQUIRE_MESSAGE(plan.has_value(), kjit::testing::why(plan));
+  CHECK(kjit::ops::mx_dequant_vectors(*plan) == std::vector<int>{4, 2, 1});
+}
+
+TEST_CASE_FIXTURE(MxDequantFixture, "after prepare, a captured launch on views off alignment runs without compiling") {
+  REQUIRE(kjit::ops::prepare_dequant_mx(runtime, desc, 0).has_value());
+  const int modules = machine.modules_loaded;
+  machine.capturing = true;
+  desc.experts = 1;          // the views stay inside the buffers
+  desc.in = in.data() + 1;   // one byte (a pair of codes) in: 1-byte aligned
+  desc.out = out.data() + 4;  // a pair of bf16 in: 4-byte aligned
+  auto r = run();
+  REQUIRE_MESSAGE(r.has_value(), kjit::testing::why(r));
+  CHECK(machine.launches == 1);
+  CHECK(machine.modules_loaded == modules);  // loaded by prepare
 }
 
 TEST_CASE_FIXTURE(MxDequantFixture, "an Ampere GPU is told MX dequant needs 8.9") {

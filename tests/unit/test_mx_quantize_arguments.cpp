@@ -54,7 +54,7 @@ struct MxQuantizeFixture : FakeRuntimeFixture {
 }  // namespace
 
 TEST_CASE_FIXTURE(MxQuantizeFixture, "a valid NVFP4 quantize launches once, grid x over an expert's scale tiles (swizzled) or chunks (linear), y over experts") {
-  auto plan = kjit::ops::plan_mx_quantize(desc, false);
+  auto plan = kjit::ops::plan_mx_quantize(desc);
   REQUIRE_MESSAGE(plan.has_value(), kjit::testing::why(plan));
   CHECK(plan->spec == kjit::codegen::MxQuantizeSpec{.format = kjit::codegen::MxFormat::nvfp4,
                                                     .element = kjit::codegen::MxElement::e2m1,
@@ -106,7 +106,7 @@ TEST_CASE_FIXTURE(MxQuantizeFixture, "format, layout, global-scale mode and conv
   desc.global_scale_convention = KJIT_SCALE_CONVENTION_UNSET;
   expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "NVFP4 global_scale_convention must be KJIT_SCALE_MULTIPLY");
   desc.global_scale_convention = KJIT_SCALE_DIVIDE;
-  auto plan = kjit::ops::plan_mx_quantize(desc, false);
+  auto plan = kjit::ops::plan_mx_quantize(desc);
   REQUIRE(plan.has_value());
   CHECK(plan->spec.convention == kjit::codegen::ScaleConvention::divide);
   CHECK(plan->spec.scale_layout == kjit::codegen::MxScaleLayout::linear);
@@ -124,7 +124,7 @@ TEST_CASE_FIXTURE(MxQuantizeFixture, "the element dtype must fit the format, and
   desc.in_dtype = KJIT_DTYPE_F16;
   expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "in_dtype must be KJIT_DTYPE_BF16");
   desc.in_dtype = KJIT_DTYPE_BF16;
-  auto plan = kjit::ops::plan_mx_quantize(desc, false);
+  auto plan = kjit::ops::plan_mx_quantize(desc);
   REQUIRE(plan.has_value());
   CHECK(plan->spec.element == kjit::codegen::MxElement::f8_e5m2);
 }
@@ -178,7 +178,7 @@ TEST_CASE_FIXTURE(MxQuantizeFixture, "rows, experts and the input row stride are
   expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "is too large");
   desc.in_row_stride = 104;
   desc.rows = 30;  // 2 x 30 rows of 104 fit the buffer
-  auto plan = kjit::ops::plan_mx_quantize(desc, false);
+  auto plan = kjit::ops::plan_mx_quantize(desc);
   REQUIRE(plan.has_value());
   CHECK(plan->params.in_row_stride == 104);
 }

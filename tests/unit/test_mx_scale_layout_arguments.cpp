@@ -48,7 +48,7 @@ struct ScaleLayoutFixture : FakeRuntimeFixture {
 }  // namespace
 
 TEST_CASE_FIXTURE(ScaleLayoutFixture, "a valid uniform conversion walks every swizzled word and launches once") {
-  auto plan = kjit::ops::plan_mx_scale_layout(desc, false);
+  auto plan = kjit::ops::plan_mx_scale_layout(desc);
   REQUIRE_MESSAGE(plan.has_value(), kjit::testing::why(plan));
   CHECK(plan->params.swizzled_words == 2 * 256 * 92 / 4);
   CHECK(plan->params.rows == 200);
@@ -81,7 +81,7 @@ TEST_CASE_FIXTURE(ScaleLayoutFixture, "out_bytes is checked against the exact si
   desc.out_bytes -= 1;
   expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "(kjit_swizzled_scale_bytes)");
   desc.out_bytes += 1;
-  auto plan = kjit::ops::plan_mx_scale_layout(desc, false);
+  auto plan = kjit::ops::plan_mx_scale_layout(desc);
   REQUIRE_MESSAGE(plan.has_value(), kjit::testing::why(plan));
   CHECK(plan->spec.with_offsets);
   CHECK(plan->params.swizzled_words == 640 * 92 / 4);

@@ -71,7 +71,7 @@ int main() {
   const double first_call_ms = seconds_since(t) * 1e3;
 
   kjit::Runtime& runtime = kjit::Runtime::global();
-  auto plan = kjit::ops::plan_dequant(d, false);
+  auto plan = kjit::ops::plan_dequant(d);
   const int lookups = 1000000;
   t = std::chrono::steady_clock::now();
   const kjit::LoadedKernel* kernel = nullptr;

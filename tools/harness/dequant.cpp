@@ -70,7 +70,7 @@ Expected<int64_t> check_dequant(Runtime& runtime, DeviceState& device, const cod
     d.expert_ids = reinterpret_cast<const int32_t*>(*dids);
     d.num_expert_ids = 2;
   }
-  auto plan = ops::plan_dequant(d, false);
+  auto plan = ops::plan_dequant(d);
   if (!plan) return std::unexpected(plan.error());
   // Run exactly the cached kind: a narrower access than the buffers allow is valid.
   plan->spec.vec = spec.vec;

@@ -87,7 +87,7 @@ Expected<int64_t> check_fp8_quantize(Runtime& runtime, DeviceState& device, cons
     d.tokens = tokens;
     d.top_k = top_k;
   }
-  const auto plan = KJIT_TRY(ops::plan_fp8_quantize(d, false));
+  const auto plan = KJIT_TRY(ops::plan_fp8_quantize(d));
   if (!(plan.spec == spec)) return fail(KJIT_ERROR_INTERNAL, "the descriptor does not select the spec under check");
   KJIT_TRY(launch_and_take_errors(runtime, device, [&] { return ops::fp8_quantize(runtime, d, nullptr); }));
 

@@ -96,7 +96,7 @@ Expected<int64_t> check_grouped_gemm_wgrad(Runtime& runtime, DeviceState& device
   d.out = reinterpret_cast<void*>(*dout);
   d.offsets = reinterpret_cast<const int32_t*>(*doffsets);
   d.kernel = spec.kernel == codegen::GemmKernel::wgmma_sm90 ? KJIT_GEMM_KERNEL_SM90 : KJIT_GEMM_KERNEL_PORTABLE;
-  const auto plan = KJIT_TRY(ops::plan_grouped_gemm_wgrad(d, false));
+  const auto plan = KJIT_TRY(ops::plan_grouped_gemm_wgrad(d));
   const auto chosen = KJIT_TRY(codegen::grouped_gemm_wgrad_config(plan.problem, *device.arch, plan.request));
   if (!(chosen == spec)) return fail(KJIT_ERROR_INTERNAL, "the descriptor does not select the spec under check");
   KJIT_TRY(launch_and_take_errors(runtime, device, [&] { return ops::grouped_gemm_wgrad(runtime, d, nullptr); }));

@@ -84,7 +84,7 @@ Expected<int64_t> check_moe_activation(Runtime& runtime, DeviceState& device, co
                                                                            : KJIT_QUANT_SCALE_FP32;
     d.scales = reinterpret_cast<float*>(*dscales);
   }
-  const auto plan = KJIT_TRY(ops::plan_moe_activation(d, false));
+  const auto plan = KJIT_TRY(ops::plan_moe_activation(d));
   if (!(plan.spec == spec)) return fail(KJIT_ERROR_INTERNAL, "the descriptor does not select the spec under check");
   KJIT_TRY(launch_and_take_errors(runtime, device, [&] { return ops::moe_activation(runtime, d, nullptr); }));
 

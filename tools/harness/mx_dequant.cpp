@@ -100,7 +100,7 @@ Expected<int64_t> check_mx_dequant(Runtime& runtime, DeviceState& device, const 
     d.expert_ids = reinterpret_cast<const int32_t*>(*dids);
     d.num_expert_ids = 2;
   }
-  auto plan = ops::plan_mx_dequant(d, false);
+  auto plan = ops::plan_mx_dequant(d);
   if (!plan) return std::unexpected(plan.error());
   // Run exactly the cached kind: a narrower access than the buffers allow is valid.
   plan->spec.vec = spec.vec;
@@ -196,7 +196,7 @@ Expected<int64_t> check_mx_scale_layout(Runtime& runtime, DeviceState& device, c
     d.offsets_convention = spec.offsets == codegen::OffsetsConvention::cumulative_end ? KJIT_OFFSETS_CUMULATIVE_END
                                                                                        : KJIT_OFFSETS_WITH_LEADING_ZERO;
   }
-  auto plan = ops::plan_mx_scale_layout(d, false);
+  auto plan = ops::plan_mx_scale_layout(d);
   if (!plan) return std::unexpected(plan.error());
   if (!(plan->spec == spec)) return fail(KJIT_ERROR_INTERNAL, "the harness's descriptor does not give its spec");
   KJIT_TRY(launch_and_take_errors(runtime, device, [&] { return ops::convert_scale_layout(runtime, d, nullptr); }));

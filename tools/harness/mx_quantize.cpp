@@ -87,7 +87,7 @@ Expected<int64_t> check_mx_quantize(Runtime& runtime, DeviceState& device, const
   if (nvfp4) d.global_scales = reinterpret_cast<float*>(*dglobal);
   d.global_scale_mode = mode;
   d.global_scale_convention = convention;
-  const auto plan = KJIT_TRY(ops::plan_mx_quantize(d, false));
+  const auto plan = KJIT_TRY(ops::plan_mx_quantize(d));
   if (!(plan.spec == spec)) return fail(KJIT_ERROR_INTERNAL, "the descriptor does not select the spec under check");
   KJIT_TRY(launch_and_take_errors(runtime, device, [&] { return ops::mx_quantize(runtime, d, nullptr); }));
 

@@ -135,9 +135,11 @@ KJIT_API void kjit_dequant_desc_init(kjit_dequant_desc* desc);
  * of another device. */
 KJIT_API kjit_status kjit_dequant_fp8(const kjit_dequant_desc* desc, kjit_stream stream);
 
-/* Compiles (or finds in the cache) and loads the kernel that `desc` needs on
- * device `device`, so that later launches of the same kind neither compile nor
- * load. Pointers in desc are not used and may be NULL. */
+/* Compiles (or finds in the cache) and loads the kernels that launches of
+ * `desc`'s shapes need on device `device`, one per vector width their
+ * pointers' alignment can ask for (views at any offset), so that later
+ * launches of the same kind neither compile nor load. Pointers in desc are not
+ * used and may be NULL. */
 KJIT_API kjit_status kjit_dequant_fp8_prepare(const kjit_dequant_desc* desc, int device);
 
 /* How the rows of each expert are given: device-resident int32 offsets into
@@ -450,6 +452,8 @@ typedef struct kjit_mx_dequant_desc {
 
 KJIT_API void kjit_mx_dequant_desc_init(kjit_mx_dequant_desc* desc);
 KJIT_API kjit_status kjit_dequant_mx(const kjit_mx_dequant_desc* desc, kjit_stream stream);
+/* Loads every kernel a launch of `desc`'s shapes may need, whatever its
+ * pointers' alignment, as kjit_dequant_fp8_prepare. */
 KJIT_API kjit_status kjit_dequant_mx_prepare(const kjit_mx_dequant_desc* desc, int device);
 
 /* How kjit_quantize_mx gets NVFP4's global scale. No default. */

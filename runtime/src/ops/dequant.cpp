@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 
 #include <fmt/format.h>
 
@@ -33,18 +34,21 @@ Expected<DType> float_output(kjit_dtype t) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Largest power of two (<= 16) dividing the address.
-int64_t pointer_alignment(const void* p) {
-  const auto address = reinterpret_cast<uintptr_t>(p);
-  int64_t a = 16;
-  while (a > 1 && address % static_cast<uintptr_t>(a) != 0) a /= 2;
-  return a;
+auto invalid(std::string message) { return fail(KJIT_ERROR_INVALID_ARGUMENT, std::move(message)); }
+
+// The access width every row start allows: cols, both strides and the input
+// address; the output address needs vec * out_bytes alignment.
+int vector_for(const DequantPlan& plan, int64_t in_alignment, int64_t out_alignment) {
+  const auto& p = plan.params;
+  int vec = codegen::dequant_vector(plan.spec.out, plan.spec.cols, {p.in_row_stride, p.out_row_stride, in_alignment});
+  const int out_bytes = codegen::size_bytes(plan.spec.out);
+  while (vec > 1 && out_alignment % std::min(16, vec * out_bytes) != 0) vec /= 2;
+  return vec;
 }
 
 }  // namespace
 
-Expected<DequantPlan> plan_dequant(const kjit_dequant_desc& d, bool for_prepare) {
-  auto invalid = [](std::string message) { return fail(KJIT_ERROR_INVALID_ARGUMENT, std::move(message)); };
+Expected<DequantPlan> plan_dequant_shapes(const kjit_dequant_desc& d) {
   if (d.struct_size < sizeof(kjit_dequant_desc))
     return invalid(fmt::format("desc.struct_size is {}, expected {}: call kjit_dequant_desc_init first",
                                d.struct_size, sizeof(kjit_dequant_desc)));
@@ -71,9 +75,6 @@ Expected<DequantPlan> plan_dequant(const kjit_dequant_desc& d, bool for_prepare)
     return invalid("scale_convention must be KJIT_SCALE_MULTIPLY or KJIT_SCALE_DIVIDE (there is no default: "
                    "DeepSeek's weight_scale_inv and compressed-tensors' weight_scale are both MULTIPLY)");
   if (d.num_expert_ids < 0) return invalid(fmt::format("num_expert_ids must be >= 0, got {}", d.num_expert_ids));
-  if ((d.expert_ids == nullptr) != (d.num_expert_ids == 0) && !for_prepare)
-    return invalid(fmt::format("expert_ids and num_expert_ids go together (expert_ids {}, num_expert_ids {})",
-                               d.expert_ids ? "set" : "NULL", d.num_expert_ids));
   spec.selected_experts = d.num_expert_ids > 0;
 
   // Run-time shapes and strides (not part of the spec).
@@ -86,17 +87,22 @@ Expected<DequantPlan> plan_dequant(const kjit_dequant_desc& d, bool for_prepare)
   if (out_stride < d.cols)
     return invalid(fmt::format("out_row_stride {} is smaller than cols {}", d.out_row_stride, d.cols));
 
-  const int out_bytes = codegen::size_bytes(spec.out);
   DequantPlan plan;
   const int64_t slots = spec.selected_experts ? d.num_expert_ids : d.experts;
   plan.empty = d.rows == 0 || slots == 0;
-  // The access width every row start allows: cols, both strides and the input
-  // address; the output address needs vec * out_bytes alignment.
-  spec.vec = codegen::dequant_vector(spec.out, d.cols, {in_stride, out_stride, for_prepare ? 16 : pointer_alignment(d.in)});
-  while (!for_prepare && spec.vec > 1 &&
-         reinterpret_cast<uintptr_t>(d.out) % static_cast<uintptr_t>(std::min(16, spec.vec * out_bytes)) != 0)
-    spec.vec /= 2;
-  KJIT_TRY(codegen::validate(codegen::KernelSpec{spec}));
+  auto& p = plan.params;
+  p.rows = d.rows;
+  p.in_row_stride = in_stride;
+  p.out_row_stride = out_stride;
+  p.in_expert_stride = d.rows * in_stride;
+  p.out_expert_stride = d.rows * out_stride;
+  p.scale_expert_stride = d.scale_rows * d.scale_cols;
+  p.experts = d.experts;
+  p.output_slots = slots;
+  // Validated at the widest width: a narrower one, which bind may pick, divides cols too.
+  plan.spec = spec;
+  plan.spec.vec = vector_for(plan, 16, 16);
+  KJIT_TRY(codegen::validate(codegen::KernelSpec{plan.spec}));
 
   // The scales the caller holds must be the ones the granularity implies (checked once the block is known valid).
   const bool blocked = spec.granularity == ScaleGranularity::per_block;
@@ -107,29 +113,36 @@ Expected<DequantPlan> plan_dequant(const kjit_dequant_desc& d, bool for_prepare)
   if (d.scale_rows != expected_scale_rows || d.scale_cols != expected_scale_cols)
     return invalid(fmt::format("scales are [{}, {}] per expert but a {}x{} tensor with these scales needs [{}, {}]",
                                d.scale_rows, d.scale_cols, d.rows, d.cols, expected_scale_rows, expected_scale_cols));
-  if (!for_prepare && !plan.empty) {
+  return plan;
+}
+
+Expected<DequantPlan> bind_dequant(const kjit_dequant_desc& d, DequantPlan plan) {
+  if ((d.expert_ids == nullptr) != (d.num_expert_ids == 0))
+    return invalid(fmt::format("expert_ids and num_expert_ids go together (expert_ids {}, num_expert_ids {})",
+                               d.expert_ids ? "set" : "NULL", d.num_expert_ids));
+  const int out_bytes = codegen::size_bytes(plan.spec.out);
+  if (!plan.empty) {
     KJIT_TRY(require_non_null({{d.in, "in"}, {d.scales, "scales"}, {d.out, "out"}}));
     if (reinterpret_cast<uintptr_t>(d.scales) % alignof(float) != 0) return invalid("'scales' is not 4-byte aligned");
     if (reinterpret_cast<uintptr_t>(d.out) % static_cast<uintptr_t>(out_bytes) != 0)
       return invalid(fmt::format("'out' is not aligned to its element size ({} bytes)", out_bytes));
   }
-
-  plan.spec = spec;
+  plan.spec.vec = vector_for(plan, pointer_alignment(d.in), pointer_alignment(d.out));
   auto& p = plan.params;
   p.in = static_cast<const unsigned char*>(d.in);
   p.scales = d.scales;
   p.out = d.out;
   p.expert_ids = d.expert_ids;
-  p.rows = d.rows;
-  p.in_row_stride = in_stride;
-  p.out_row_stride = out_stride;
-  p.in_expert_stride = d.rows * in_stride;
-  p.out_expert_stride = d.rows * out_stride;
-  p.scale_expert_stride = d.scale_rows * d.scale_cols;
-  p.experts = d.experts;
-  p.output_slots = slots;
-  plan.geometry = codegen::dequant_geometry(spec, d.rows, slots);
+  plan.geometry = codegen::dequant_geometry(plan.spec, p.rows, p.output_slots);
   return plan;
+}
+
+Expected<DequantPlan> plan_dequant(const kjit_dequant_desc& d) {
+  return bind_dequant(d, KJIT_TRY(plan_dequant_shapes(d)));
+}
+
+std::vector<int> dequant_vectors(const DequantPlan& plan) {
+  return vector_widths(codegen::size_bytes(plan.spec.out), std::bind_front(vector_for, std::cref(plan)));
 }
 
 Expected<void> launch_dequant(Runtime& runtime, DequantPlan& plan, CUstream stream) {
@@ -141,13 +154,13 @@ Expected<void> launch_dequant(Runtime& runtime, DequantPlan& plan, CUstream stre
 }
 
 Expected<void> dequant_fp8(Runtime& runtime, const kjit_dequant_desc& desc, CUstream stream) {
-  auto plan = KJIT_TRY(plan_dequant(desc, false));
+  auto plan = KJIT_TRY(plan_dequant(desc));
   return launch_dequant(runtime, plan, stream);
 }
 
 Expected<void> prepare_dequant_fp8(Runtime& runtime, const kjit_dequant_desc& desc, int ordinal) {
-  const auto plan = KJIT_TRY(plan_dequant(desc, true));
-  return prepare_on_device(runtime, plan.spec, ordinal);
+  const auto plan = KJIT_TRY(plan_dequant_shapes(desc));
+  return prepare_each_width(runtime, plan.spec, dequant_vectors(plan), ordinal);
 }
 
 }  // namespace kjit::ops

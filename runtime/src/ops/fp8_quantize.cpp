@@ -17,7 +17,7 @@ bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t
 
 }  // namespace
 
-Expected<Fp8QuantizePlan> plan_fp8_quantize(const kjit_fp8_quantize_desc& d, bool for_prepare) {
+Expected<Fp8QuantizePlan> plan_fp8_quantize_shapes(const kjit_fp8_quantize_desc& d) {
   if (d.struct_size < sizeof(kjit_fp8_quantize_desc))
     return invalid(fmt::format("desc.struct_size is {}, expected {}: call kjit_fp8_quantize_desc_init first",
                                d.struct_size, sizeof(kjit_fp8_quantize_desc)));
@@ -60,19 +60,7 @@ Expected<Fp8QuantizePlan> plan_fp8_quantize(const kjit_fp8_quantize_desc& d, boo
                    "NULL and 0");
   }
   plan.empty = d.rows == 0;
-  if (!for_prepare && !plan.empty) {
-    KJIT_TRY(require_non_null({{d.in, "in"}, {d.out, "out"}, {d.scales, "scales"}}));
-    if (spec.gather) KJIT_TRY(require_non_null({{d.sorted_to_flat, "sorted_to_flat"}}));
-    if (!aligned(d.in, 16) || !aligned(d.out, 16)) return invalid("'in' and 'out' must be 16-byte aligned");
-    if (!aligned(d.scales, alignof(float))) return invalid("'scales' is not 4-byte aligned");
-    if (!aligned(d.sorted_to_flat, alignof(int32_t))) return invalid("'sorted_to_flat' is not 4-byte aligned");
-  }
-
   auto& p = plan.params;
-  p.in = d.in;
-  p.out = static_cast<unsigned char*>(d.out);
-  p.scales = d.scales;
-  p.sorted_to_flat = d.sorted_to_flat;
   p.rows = d.rows;
   p.in_row_stride = in_stride;
   p.top_k = spec.gather ? d.top_k : 1;
@@ -81,8 +69,28 @@ Expected<Fp8QuantizePlan> plan_fp8_quantize(const kjit_fp8_quantize_desc& d, boo
   return plan;
 }
 
+Expected<Fp8QuantizePlan> bind_fp8_quantize(const kjit_fp8_quantize_desc& d, Fp8QuantizePlan plan) {
+  if (!plan.empty) {
+    KJIT_TRY(require_non_null({{d.in, "in"}, {d.out, "out"}, {d.scales, "scales"}}));
+    if (plan.spec.gather) KJIT_TRY(require_non_null({{d.sorted_to_flat, "sorted_to_flat"}}));
+    if (!aligned(d.in, 16) || !aligned(d.out, 16)) return invalid("'in' and 'out' must be 16-byte aligned");
+    if (!aligned(d.scales, alignof(float))) return invalid("'scales' is not 4-byte aligned");
+    if (!aligned(d.sorted_to_flat, alignof(int32_t))) return invalid("'sorted_to_flat' is not 4-byte aligned");
+  }
+  auto& p = plan.params;
+  p.in = d.in;
+  p.out = static_cast<unsigned char*>(d.out);
+  p.scales = d.scales;
+  p.sorted_to_flat = d.sorted_to_flat;
+  return plan;
+}
+
+Expected<Fp8QuantizePlan> plan_fp8_quantize(const kjit_fp8_quantize_desc& d) {
+  return bind_fp8_quantize(d, KJIT_TRY(plan_fp8_quantize_shapes(d)));
+}
+
 Expected<void> fp8_quantize(Runtime& runtime, const kjit_fp8_quantize_desc& d, CUstream stream) {
-  auto plan = KJIT_TRY(plan_fp8_quantize(d, false));
+  auto plan = KJIT_TRY(plan_fp8_quantize(d));
   if (plan.empty) return {};
   if (plan.spec.gather) {
     return launch_on_owning_device(
@@ -94,7 +102,8 @@ Expected<void> fp8_quantize(Runtime& runtime, const kjit_fp8_quantize_desc& d, C
 }
 
 Expected<void> prepare_fp8_quantize(Runtime& runtime, const kjit_fp8_quantize_desc& d, int device) {
-  const auto plan = KJIT_TRY(plan_fp8_quantize(d, true));
+  // Its kernel does not depend on the pointers (they must be 16-byte aligned).
+  const auto plan = KJIT_TRY(plan_fp8_quantize_shapes(d));
   return prepare_on_device(runtime, plan.spec, device);
 }
 

@@ -10,8 +10,11 @@
 
 namespace kjit::ops {
 
-Expected<GemmCommonPlan> plan_gemm_common(const kjit_grouped_gemm_desc& d, bool for_prepare) {
-  auto invalid = [](std::string message) { return fail(KJIT_ERROR_INVALID_ARGUMENT, std::move(message)); };
+namespace {
+auto invalid(std::string message) { return fail(KJIT_ERROR_INVALID_ARGUMENT, std::move(message)); }
+}  // namespace
+
+Expected<GemmCommonPlan> plan_gemm_common_shapes(const kjit_grouped_gemm_desc& d) {
   if (d.struct_size < sizeof(kjit_grouped_gemm_desc))
     return invalid(fmt::format("desc.struct_size is {}, expected {}: call kjit_grouped_gemm_desc_init first",
                                d.struct_size, sizeof(kjit_grouped_gemm_desc)));
@@ -107,8 +110,18 @@ Expected<GemmCommonPlan> plan_gemm_common(const kjit_grouped_gemm_desc& d, bool 
   plan.offsets = d.offsets_convention == KJIT_OFFSETS_WITH_LEADING_ZERO ? codegen::OffsetsConvention::with_leading_zero
                                                                         : codegen::OffsetsConvention::cumulative_end;
   plan.empty = d.rows == 0;
+  auto& p = plan.params;
+  p.total_rows = d.rows;
+  p.activation_alpha = d.activation_alpha;
+  p.activation_limit = d.activation_limit;
+  p.gather_tokens = gather ? d.tokens : 0;
+  p.gather_top_k = gather ? d.top_k : 0;
+  return plan;
+}
 
-  if (!for_prepare && !plan.empty) {
+Expected<void> bind_gemm_common(const kjit_grouped_gemm_desc& d, bool empty, kjit_grouped_gemm_params& p) {
+  const bool gather = d.top_k >= 1;
+  if (!empty) {
     KJIT_TRY(require_non_null({{d.b, "b"}, {d.out, "out"}, {d.offsets, "offsets"}}));
     // A gather from no tokens reads no row of `a` (every entry is -1, or reported).
     if (!gather || d.tokens > 0) KJIT_TRY(require_non_null({{d.a, "a"}}));
@@ -128,20 +141,14 @@ Expected<GemmCommonPlan> plan_gemm_common(const kjit_grouped_gemm_desc& d, bool 
                                  d.workspace_bytes, kGroupedGemmWorkspaceBytes));
     if (reinterpret_cast<uintptr_t>(d.workspace) % 16 != 0) return invalid("'workspace' must be 16-byte aligned");
   }
-  auto& p = plan.params;
   p.a = d.a;
   p.b = d.b;
   p.out = d.out;
   p.offsets = d.offsets;
   p.row_scale = d.row_scale;
-  p.total_rows = d.rows;
   p.tile_counter = static_cast<unsigned int*>(d.workspace);
-  p.activation_alpha = d.activation_alpha;
-  p.activation_limit = d.activation_limit;
   p.gather = d.sorted_to_flat;
-  p.gather_tokens = gather ? d.tokens : 0;
-  p.gather_top_k = gather ? d.top_k : 0;
-  return plan;
+  return {};
 }
 
 bool is_fp8_gemm(const kjit_grouped_gemm_desc& d) {
@@ -154,8 +161,8 @@ bool is_mixed_gemm(const kjit_grouped_gemm_desc& d) {
          (d.b_dtype == KJIT_DTYPE_F8_E4M3FN || d.b_dtype == KJIT_DTYPE_F8_E5M2 || d.b_dtype == KJIT_DTYPE_F4_E2M1);
 }
 
-Expected<GroupedGemmPlan> plan_grouped_gemm(const kjit_grouped_gemm_desc& d, bool for_prepare) {
-  auto common = KJIT_TRY(plan_gemm_common(d, for_prepare));
+Expected<GroupedGemmPlan> plan_grouped_gemm_shapes(const kjit_grouped_gemm_desc& d) {
+  auto common = KJIT_TRY(plan_gemm_common_shapes(d));
   if (d.a_dtype != KJIT_DTYPE_BF16 || d.b_dtype != KJIT_DTYPE_BF16)
     return fail(KJIT_ERROR_INVALID_ARGUMENT,
                 "grouped GEMM operands must both be KJIT_DTYPE_BF16, or both KJIT_DTYPE_F8_E4M3FN with their scales");
@@ -171,7 +178,7 @@ Expected<GroupedGemmPlan> plan_grouped_gemm(const kjit_grouped_gemm_desc& d, boo
   s.weights = d.weights == KJIT_WEIGHTS_E_K_N ? codegen::WeightLayout::e_k_n : codegen::WeightLayout::e_n_k;
   s.offsets = common.offsets;
   s.row_scale = d.row_scale != nullptr;
-  s.activation = static_cast<codegen::Activation>(d.activation);  // checked by plan_gemm_common; same order
+  s.activation = static_cast<codegen::Activation>(d.activation);  // checked by the common plan; same order
   s.gather = common.gather;
   KJIT_TRY(codegen::validate(codegen::KernelSpec{s}));
   return plan;
@@ -229,7 +236,8 @@ Expected<void> encode_sm90_maps(const DriverApi& api, const codegen::GroupedGemm
 Expected<void> grouped_gemm(Runtime& runtime, const kjit_grouped_gemm_desc& desc, CUstream stream) {
   if (is_mixed_gemm(desc)) return grouped_gemm_mixed(runtime, desc, stream);
   if (is_fp8_gemm(desc)) return grouped_gemm_fp8(runtime, desc, stream);
-  auto plan = KJIT_TRY(plan_grouped_gemm(desc, false));
+  auto plan = KJIT_TRY(plan_grouped_gemm_shapes(desc));
+  KJIT_TRY(bind_gemm_common(desc, plan.empty, plan.params));
   if (plan.empty) return {};
   auto& p = plan.params;
   DeviceState* device = KJIT_TRY(owning_device_for(runtime, {{p.a, "a"},
@@ -263,7 +271,8 @@ Expected<void> grouped_gemm(Runtime& runtime, const kjit_grouped_gemm_desc& desc
 Expected<void> prepare_grouped_gemm(Runtime& runtime, const kjit_grouped_gemm_desc& desc, int ordinal) {
   if (is_mixed_gemm(desc)) return prepare_grouped_gemm_mixed(runtime, desc, ordinal);
   if (is_fp8_gemm(desc)) return prepare_grouped_gemm_fp8(runtime, desc, ordinal);
-  const auto plan = KJIT_TRY(plan_grouped_gemm(desc, true));
+  // Its kernels do not depend on the pointers (they must be 16-byte aligned).
+  const auto plan = KJIT_TRY(plan_grouped_gemm_shapes(desc));
   DeviceState* device = KJIT_TRY(runtime.device(ordinal));
   const auto configs = KJIT_TRY(codegen::grouped_gemm_candidates(plan.problem, *device->arch, plan.request));
   for (const auto& config : configs) KJIT_TRY(prepare_on_device(runtime, config, ordinal));

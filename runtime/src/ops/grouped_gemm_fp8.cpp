@@ -82,8 +82,8 @@ Expected<void> encode_fp8_maps(const DriverApi& api, const codegen::GroupedGemmF
 
 }  // namespace
 
-Expected<GroupedGemmFp8Plan> plan_grouped_gemm_fp8(const kjit_grouped_gemm_desc& d, bool for_prepare) {
-  auto common = KJIT_TRY(plan_gemm_common(d, for_prepare));
+Expected<GroupedGemmFp8Plan> plan_grouped_gemm_fp8_shapes(const kjit_grouped_gemm_desc& d) {
+  auto common = KJIT_TRY(plan_gemm_common_shapes(d));
   KJIT_TRY(check_fp8_operands(d));
   GroupedGemmFp8Plan plan;
   plan.request = common.request;
@@ -97,18 +97,24 @@ Expected<GroupedGemmFp8Plan> plan_grouped_gemm_fp8(const kjit_grouped_gemm_desc&
   s.offsets = common.offsets;
   s.row_scale = d.row_scale != nullptr;
   KJIT_TRY(codegen::validate(codegen::KernelSpec{s}));
-  if (!for_prepare && !plan.empty) {
+  plan.params.gemm = common.params;
+  return plan;
+}
+
+Expected<void> bind_grouped_gemm_fp8(const kjit_grouped_gemm_desc& d, GroupedGemmFp8Plan& plan) {
+  KJIT_TRY(bind_gemm_common(d, plan.empty, plan.params.gemm));
+  if (!plan.empty) {
     KJIT_TRY(require_non_null({{d.a_scales, "a_scales"}, {d.b_scales, "b_scales"}}));
     if (reinterpret_cast<uintptr_t>(d.a_scales) % 4 != 0 || reinterpret_cast<uintptr_t>(d.b_scales) % 4 != 0)
       return invalid("'a_scales' and 'b_scales' must be 4-byte aligned (fp32)");
   }
-  plan.params.gemm = common.params;
   plan.params.scales = {d.a_scales, d.b_scales};
-  return plan;
+  return {};
 }
 
 Expected<void> grouped_gemm_fp8(Runtime& runtime, const kjit_grouped_gemm_desc& desc, CUstream stream) {
-  auto plan = KJIT_TRY(plan_grouped_gemm_fp8(desc, false));
+  auto plan = KJIT_TRY(plan_grouped_gemm_fp8_shapes(desc));
+  KJIT_TRY(bind_grouped_gemm_fp8(desc, plan));
   if (plan.empty) return {};
   auto& p = plan.params;
   DeviceState* device = KJIT_TRY(owning_device_for(runtime, {{p.gemm.a, "a"},
@@ -141,7 +147,8 @@ Expected<void> grouped_gemm_fp8(Runtime& runtime, const kjit_grouped_gemm_desc& 
 }
 
 Expected<void> prepare_grouped_gemm_fp8(Runtime& runtime, const kjit_grouped_gemm_desc& desc, int ordinal) {
-  const auto plan = KJIT_TRY(plan_grouped_gemm_fp8(desc, true));
+  // Its kernels do not depend on the pointers (they must be 16-byte aligned).
+  const auto plan = KJIT_TRY(plan_grouped_gemm_fp8_shapes(desc));
   DeviceState* device = KJIT_TRY(runtime.device(ordinal));
   const auto configs = KJIT_TRY(codegen::grouped_gemm_fp8_candidates(plan.problem, *device->arch, plan.request));
   for (const auto& config : configs) KJIT_TRY(prepare_on_device(runtime, config, ordinal));

@@ -113,8 +113,8 @@ Expected<void> encode_weight_map(const DriverApi& api, const codegen::GroupedGem
 
 }  // namespace
 
-Expected<GroupedGemmMixedPlan> plan_grouped_gemm_mixed(const kjit_grouped_gemm_desc& d, bool for_prepare) {
-  auto common = KJIT_TRY(plan_gemm_common(d, for_prepare));
+Expected<GroupedGemmMixedPlan> plan_grouped_gemm_mixed_shapes(const kjit_grouped_gemm_desc& d) {
+  auto common = KJIT_TRY(plan_gemm_common_shapes(d));
   if (d.a_scales != nullptr)
     return invalid("a_scales is for FP8 activations (W8A8); bf16 activations (W8A16, W4A16) take none: pass NULL");
   const bool fp4 = d.b_dtype == KJIT_DTYPE_F4_E2M1;
@@ -142,15 +142,21 @@ Expected<GroupedGemmMixedPlan> plan_grouped_gemm_mixed(const kjit_grouped_gemm_d
       d.b_scale_convention == KJIT_SCALE_DIVIDE ? codegen::ScaleConvention::divide : codegen::ScaleConvention::multiply;
   s.offsets = common.offsets;
   s.row_scale = d.row_scale != nullptr;
-  s.activation = static_cast<codegen::Activation>(d.activation);  // checked by plan_gemm_common; same order
+  s.activation = static_cast<codegen::Activation>(d.activation);  // checked by the common plan; same order
   if (d.activation_gate_up_layout == KJIT_GATE_UP_HALVES) s.gate_up_layout = codegen::GateUpLayout::halves;
   else if (d.activation_gate_up_layout == KJIT_GATE_UP_ALTERNATING) s.gate_up_layout = codegen::GateUpLayout::alternating;
   s.gather = common.gather;
   KJIT_TRY(codegen::validate(codegen::KernelSpec{s}));
-  if (!for_prepare && !plan.empty) {
-    if (fp4) {
+  plan.params.gemm = common.params;
+  return plan;
+}
+
+Expected<void> bind_grouped_gemm_mixed(const kjit_grouped_gemm_desc& d, GroupedGemmMixedPlan& plan) {
+  KJIT_TRY(bind_gemm_common(d, plan.empty, plan.params.gemm));
+  if (!plan.empty) {
+    if (d.b_dtype == KJIT_DTYPE_F4_E2M1) {
       KJIT_TRY(require_non_null({{d.b_block_scales, "b_block_scales"}}));
-      if (s.weight == codegen::MixedWeight::nvfp4) {
+      if (plan.problem.weight == codegen::MixedWeight::nvfp4) {
         KJIT_TRY(require_non_null({{d.b_global_scales, "b_global_scales"}}));
         if (reinterpret_cast<uintptr_t>(d.b_global_scales) % 4 != 0)
           return invalid("'b_global_scales' must be 4-byte aligned (fp32)");
@@ -160,15 +166,15 @@ Expected<GroupedGemmMixedPlan> plan_grouped_gemm_mixed(const kjit_grouped_gemm_d
       if (reinterpret_cast<uintptr_t>(d.b_scales) % 4 != 0) return invalid("'b_scales' must be 4-byte aligned (fp32)");
     }
   }
-  plan.params.gemm = common.params;
   plan.params.b_scales = d.b_scales;
   plan.params.b_block_scales = d.b_block_scales;
   plan.params.b_global_scales = d.b_global_scales;
-  return plan;
+  return {};
 }
 
 Expected<void> grouped_gemm_mixed(Runtime& runtime, const kjit_grouped_gemm_desc& desc, CUstream stream) {
-  auto plan = KJIT_TRY(plan_grouped_gemm_mixed(desc, false));
+  auto plan = KJIT_TRY(plan_grouped_gemm_mixed_shapes(desc));
+  KJIT_TRY(bind_grouped_gemm_mixed(desc, plan));
   if (plan.empty) return {};
   auto& p = plan.params;
   DeviceState* device = KJIT_TRY(owning_device_for(runtime, {{p.gemm.a, "a"},
@@ -206,7 +212,8 @@ Expected<void> grouped_gemm_mixed(Runtime& runtime, const kjit_grouped_gemm_desc
 }
 
 Expected<void> prepare_grouped_gemm_mixed(Runtime& runtime, const kjit_grouped_gemm_desc& desc, int ordinal) {
-  const auto plan = KJIT_TRY(plan_grouped_gemm_mixed(desc, true));
+  // Its kernels do not depend on the pointers (they must be 16-byte aligned).
+  const auto plan = KJIT_TRY(plan_grouped_gemm_mixed_shapes(desc));
   DeviceState* device = KJIT_TRY(runtime.device(ordinal));
   const auto configs = KJIT_TRY(codegen::grouped_gemm_mixed_candidates(plan.problem, *device->arch, plan.request));
   for (const auto& config : configs) KJIT_TRY(prepare_on_device(runtime, config, ordinal));

@@ -17,7 +17,7 @@ bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t
 
 }  // namespace
 
-Expected<GroupedGemmWgradPlan> plan_grouped_gemm_wgrad(const kjit_grouped_gemm_wgrad_desc& d, bool for_prepare) {
+Expected<GroupedGemmWgradPlan> plan_grouped_gemm_wgrad_shapes(const kjit_grouped_gemm_wgrad_desc& d) {
   if (d.struct_size < sizeof(kjit_grouped_gemm_wgrad_desc))
     return invalid(fmt::format("desc.struct_size is {}, expected {}: call kjit_grouped_gemm_wgrad_desc_init first",
                                d.struct_size, sizeof(kjit_grouped_gemm_wgrad_desc)));
@@ -59,24 +59,30 @@ Expected<GroupedGemmWgradPlan> plan_grouped_gemm_wgrad(const kjit_grouped_gemm_w
   if (d.rows < 0) return invalid(fmt::format("rows must be >= 0, got {}", d.rows));
   // The wgmma kernel's TMA coordinates are int32 rows.
   if (d.rows > INT32_MAX) return invalid(fmt::format("rows must be at most {}, got {}", INT32_MAX, d.rows));
-  if (!for_prepare) {
-    KJIT_TRY(require_non_null({{d.out, "out"}, {d.offsets, "offsets"}}));
-    // With no rows dy and x are never read.
-    if (d.rows > 0) KJIT_TRY(require_non_null({{d.dy, "dy"}, {d.x, "x"}}));
-    // 16-byte copies and paired stores; N and K divisible by 8 keep every row aligned.
-    for (const auto& [pointer, name] : {std::pair{d.dy, "dy"}, std::pair{d.x, "x"},
-                                        std::pair<const void*, const char*>{d.out, "out"}})
-      if (!aligned(pointer, 16)) return invalid(fmt::format("'{}' is not 16-byte aligned", name));
-    if (!aligned(d.offsets, alignof(int32_t))) return invalid("'offsets' must be 4-byte aligned");
-  }
+  plan.params.total_rows = d.rows;
+  return plan;
+}
 
+Expected<GroupedGemmWgradPlan> bind_grouped_gemm_wgrad(const kjit_grouped_gemm_wgrad_desc& d,
+                                                       GroupedGemmWgradPlan plan) {
+  KJIT_TRY(require_non_null({{d.out, "out"}, {d.offsets, "offsets"}}));
+  // With no rows dy and x are never read.
+  if (d.rows > 0) KJIT_TRY(require_non_null({{d.dy, "dy"}, {d.x, "x"}}));
+  // 16-byte copies and paired stores; N and K divisible by 8 keep every row aligned.
+  for (const auto& [pointer, name] :
+       {std::pair{d.dy, "dy"}, std::pair{d.x, "x"}, std::pair<const void*, const char*>{d.out, "out"}})
+    if (!aligned(pointer, 16)) return invalid(fmt::format("'{}' is not 16-byte aligned", name));
+  if (!aligned(d.offsets, alignof(int32_t))) return invalid("'offsets' must be 4-byte aligned");
   auto& p = plan.params;
   p.dy = d.dy;
   p.x = d.x;
   p.out = d.out;
   p.offsets = d.offsets;
-  p.total_rows = d.rows;
   return plan;
+}
+
+Expected<GroupedGemmWgradPlan> plan_grouped_gemm_wgrad(const kjit_grouped_gemm_wgrad_desc& d) {
+  return bind_grouped_gemm_wgrad(d, KJIT_TRY(plan_grouped_gemm_wgrad_shapes(d)));
 }
 
 namespace {
@@ -101,7 +107,7 @@ Expected<void> encode_wgrad_maps(const DriverApi& api, const codegen::GroupedGem
 }  // namespace
 
 Expected<void> grouped_gemm_wgrad(Runtime& runtime, const kjit_grouped_gemm_wgrad_desc& d, CUstream stream) {
-  auto plan = KJIT_TRY(plan_grouped_gemm_wgrad(d, false));
+  auto plan = KJIT_TRY(plan_grouped_gemm_wgrad(d));
   auto& p = plan.params;
   // NULL dy and x (rows = 0) are skipped by the device check.
   DeviceState* device =
@@ -125,7 +131,8 @@ Expected<void> grouped_gemm_wgrad(Runtime& runtime, const kjit_grouped_gemm_wgra
 }
 
 Expected<void> prepare_grouped_gemm_wgrad(Runtime& runtime, const kjit_grouped_gemm_wgrad_desc& d, int ordinal) {
-  const auto plan = KJIT_TRY(plan_grouped_gemm_wgrad(d, true));
+  // Its kernel does not depend on the pointers (they must be 16-byte aligned).
+  const auto plan = KJIT_TRY(plan_grouped_gemm_wgrad_shapes(d));
   DeviceState* device = KJIT_TRY(runtime.device(ordinal));
   const auto spec = KJIT_TRY(codegen::grouped_gemm_wgrad_config(plan.problem, *device->arch, plan.request));
   return prepare_on_device(runtime, spec, ordinal);

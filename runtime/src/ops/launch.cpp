@@ -1,6 +1,8 @@
 // The shared launch path of the ops.
 #include "launch.hpp"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 namespace kjit::ops {
@@ -35,6 +37,24 @@ Expected<void> launch_on_owning_device(Runtime& runtime, const codegen::KernelSp
   DeviceState* device = KJIT_TRY(owning_device_for(runtime, pointers));
   const LoadedKernel* kernel = KJIT_TRY(launchable_kernel(runtime, *device, spec, stream));
   return launch_kernel(runtime, *device, *kernel, device_error, geometry, params, stream);
+}
+
+int64_t pointer_alignment(const void* pointer) {
+  const auto address = reinterpret_cast<uintptr_t>(pointer);
+  int64_t a = 16;
+  while (a > 1 && address % static_cast<uintptr_t>(a) != 0) a /= 2;
+  return a;
+}
+
+std::vector<int> vector_widths(int out_element_bytes, const std::function<int(int64_t, int64_t)>& vector_for) {
+  std::vector<int> widths;
+  for (int64_t in_alignment = 16; in_alignment >= 1; in_alignment /= 2)
+    for (int64_t out_alignment = 16; out_alignment >= out_element_bytes; out_alignment /= 2) {
+      const int vec = vector_for(in_alignment, out_alignment);
+      if (vec > 0 && std::find(widths.begin(), widths.end(), vec) == widths.end()) widths.push_back(vec);
+    }
+  std::sort(widths.rbegin(), widths.rend());
+  return widths;
 }
 
 Expected<void> prepare_on_device(Runtime& runtime, const codegen::KernelSpec& spec, int ordinal) {

@@ -4,7 +4,10 @@
 // the launch.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <initializer_list>
+#include <vector>
 
 #include "grouped_gemm_params.h"
 #include "kjit/internal/runtime.hpp"
@@ -47,7 +50,27 @@ Expected<void> encode_tensor_map(const DriverApi& api, kjit_tensor_map& map, CUt
 // when the stream captures). Needs a current context.
 Expected<void> zero_tile_counter(const DriverApi& api, unsigned int* counter, CUstream stream);
 
+// The largest power of two, at most 16, that divides the address.
+int64_t pointer_alignment(const void* pointer);
+
+// For the ops whose vector width follows their pointers' alignment: the
+// distinct widths `vector_for(in_alignment, out_alignment)` gives over every
+// pair of pointer alignments (16, 8, 4, 2, 1 bytes), widest first. Output
+// alignments below `out_element_bytes` and a width of 0 (what the op
+// refuses) are left out.
+std::vector<int> vector_widths(int out_element_bytes, const std::function<int(int64_t, int64_t)>& vector_for);
+
 // Compiles (or finds) and loads `spec` on `device` ahead of time.
 Expected<void> prepare_on_device(Runtime& runtime, const codegen::KernelSpec& spec, int device);
+
+// prepare_on_device of `spec` at each vector width in `widths`.
+template <class Spec>
+Expected<void> prepare_each_width(Runtime& runtime, Spec spec, const std::vector<int>& widths, int device) {
+  for (int vec : widths) {
+    spec.vec = vec;
+    KJIT_TRY(prepare_on_device(runtime, spec, device));
+  }
+  return {};
+}
 
 }  // namespace kjit::ops

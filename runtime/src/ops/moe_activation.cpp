@@ -17,7 +17,7 @@ bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t
 
 }  // namespace
 
-Expected<MoeActivationPlan> plan_moe_activation(const kjit_moe_activation_desc& d, bool for_prepare) {
+Expected<MoeActivationPlan> plan_moe_activation_shapes(const kjit_moe_activation_desc& d) {
   if (d.struct_size < sizeof(kjit_moe_activation_desc))
     return invalid(fmt::format("desc.struct_size is {}, expected {}: call kjit_moe_activation_desc_init first",
                                d.struct_size, sizeof(kjit_moe_activation_desc)));
@@ -72,19 +72,7 @@ Expected<MoeActivationPlan> plan_moe_activation(const kjit_moe_activation_desc& 
     return invalid(fmt::format("in_row_stride {} must be 0 (= 2I) or a multiple of 8 that is >= 2I = {}",
                                d.in_row_stride, 2 * d.intermediate));
   plan.empty = d.rows == 0;
-  if (!for_prepare && !plan.empty) {
-    KJIT_TRY(require_non_null({{d.in, "in"}, {d.out, "out"}}));
-    if (fp8_out) KJIT_TRY(require_non_null({{d.scales, "scales"}}));
-    if (!aligned(d.in, 16) || !aligned(d.out, 16)) return invalid("'in' and 'out' must be 16-byte aligned");
-    if (!aligned(d.scales, alignof(float))) return invalid("'scales' is not 4-byte aligned");
-    if (!aligned(d.valid_rows, alignof(int32_t))) return invalid("'valid_rows' is not 4-byte aligned");
-  }
-
   auto& p = plan.params;
-  p.in = d.in;
-  p.out = d.out;
-  p.scales = d.scales;
-  p.valid_rows = d.valid_rows;
   p.rows = d.rows;
   p.in_row_stride = in_stride;
   p.alpha = d.alpha;
@@ -93,8 +81,28 @@ Expected<MoeActivationPlan> plan_moe_activation(const kjit_moe_activation_desc& 
   return plan;
 }
 
+Expected<MoeActivationPlan> bind_moe_activation(const kjit_moe_activation_desc& d, MoeActivationPlan plan) {
+  if (!plan.empty) {
+    KJIT_TRY(require_non_null({{d.in, "in"}, {d.out, "out"}}));
+    if (plan.spec.out == codegen::DType::f8_e4m3fn) KJIT_TRY(require_non_null({{d.scales, "scales"}}));
+    if (!aligned(d.in, 16) || !aligned(d.out, 16)) return invalid("'in' and 'out' must be 16-byte aligned");
+    if (!aligned(d.scales, alignof(float))) return invalid("'scales' is not 4-byte aligned");
+    if (!aligned(d.valid_rows, alignof(int32_t))) return invalid("'valid_rows' is not 4-byte aligned");
+  }
+  auto& p = plan.params;
+  p.in = d.in;
+  p.out = d.out;
+  p.scales = d.scales;
+  p.valid_rows = d.valid_rows;
+  return plan;
+}
+
+Expected<MoeActivationPlan> plan_moe_activation(const kjit_moe_activation_desc& d) {
+  return bind_moe_activation(d, KJIT_TRY(plan_moe_activation_shapes(d)));
+}
+
 Expected<void> moe_activation(Runtime& runtime, const kjit_moe_activation_desc& d, CUstream stream) {
-  auto plan = KJIT_TRY(plan_moe_activation(d, false));
+  auto plan = KJIT_TRY(plan_moe_activation(d));
   if (plan.empty) return {};
   // NULL optional pointers (scales with bf16 out, valid_rows) are skipped by the device check.
   return launch_on_owning_device(runtime, plan.spec,
@@ -103,7 +111,8 @@ Expected<void> moe_activation(Runtime& runtime, const kjit_moe_activation_desc& 
 }
 
 Expected<void> prepare_moe_activation(Runtime& runtime, const kjit_moe_activation_desc& d, int device) {
-  const auto plan = KJIT_TRY(plan_moe_activation(d, true));
+  // Its kernel does not depend on the pointers (they must be 16-byte aligned).
+  const auto plan = KJIT_TRY(plan_moe_activation_shapes(d));
   return prepare_on_device(runtime, plan.spec, device);
 }
 

@@ -31,7 +31,7 @@ Expected<codegen::MxFormat> format_of(kjit_block_format f) {
 
 }  // namespace
 
-Expected<MxQuantizePlan> plan_mx_quantize(const kjit_mx_quantize_desc& d, bool for_prepare) {
+Expected<MxQuantizePlan> plan_mx_quantize_shapes(const kjit_mx_quantize_desc& d) {
   if (d.struct_size < sizeof(kjit_mx_quantize_desc))
     return invalid(fmt::format("desc.struct_size is {}, expected {}: call kjit_mx_quantize_desc_init first",
                                d.struct_size, sizeof(kjit_mx_quantize_desc)));
@@ -99,20 +99,7 @@ Expected<MxQuantizePlan> plan_mx_quantize(const kjit_mx_quantize_desc& d, bool f
     return invalid(fmt::format("experts * rows * in_row_stride ({} * {} * {}) is too large", d.experts, d.rows,
                                in_stride));
   plan.empty = d.rows == 0;
-  if (!for_prepare && !plan.empty) {
-    KJIT_TRY(require_non_null({{d.in, "in"}, {d.out, "out"}, {d.scales, "scales"}}));
-    if (nvfp4) KJIT_TRY(require_non_null({{d.global_scales, "global_scales"}}));
-    if (!aligned(d.in, 16)) return invalid("'in' must be 16-byte aligned");
-    const uintptr_t out_alignment = spec.format == codegen::MxFormat::mxfp8 ? 8 : 4;
-    if (!aligned(d.out, out_alignment)) return invalid(fmt::format("'out' must be {}-byte aligned", out_alignment));
-    if (!aligned(d.global_scales, alignof(float))) return invalid("'global_scales' is not 4-byte aligned");
-  }
-
   auto& p = plan.params;
-  p.in = d.in;
-  p.out = static_cast<unsigned char*>(d.out);
-  p.scales = d.scales;
-  p.global_scales = d.global_scales;
   p.experts = d.experts;
   p.rows = d.rows;
   p.in_row_stride = in_stride;
@@ -120,8 +107,29 @@ Expected<MxQuantizePlan> plan_mx_quantize(const kjit_mx_quantize_desc& d, bool f
   return plan;
 }
 
+Expected<MxQuantizePlan> bind_mx_quantize(const kjit_mx_quantize_desc& d, MxQuantizePlan plan) {
+  if (!plan.empty) {
+    KJIT_TRY(require_non_null({{d.in, "in"}, {d.out, "out"}, {d.scales, "scales"}}));
+    if (plan.spec.format == codegen::MxFormat::nvfp4) KJIT_TRY(require_non_null({{d.global_scales, "global_scales"}}));
+    if (!aligned(d.in, 16)) return invalid("'in' must be 16-byte aligned");
+    const uintptr_t out_alignment = plan.spec.format == codegen::MxFormat::mxfp8 ? 8 : 4;
+    if (!aligned(d.out, out_alignment)) return invalid(fmt::format("'out' must be {}-byte aligned", out_alignment));
+    if (!aligned(d.global_scales, alignof(float))) return invalid("'global_scales' is not 4-byte aligned");
+  }
+  auto& p = plan.params;
+  p.in = d.in;
+  p.out = static_cast<unsigned char*>(d.out);
+  p.scales = d.scales;
+  p.global_scales = d.global_scales;
+  return plan;
+}
+
+Expected<MxQuantizePlan> plan_mx_quantize(const kjit_mx_quantize_desc& d) {
+  return bind_mx_quantize(d, KJIT_TRY(plan_mx_quantize_shapes(d)));
+}
+
 Expected<void> mx_quantize(Runtime& runtime, const kjit_mx_quantize_desc& d, CUstream stream) {
-  auto plan = KJIT_TRY(plan_mx_quantize(d, false));
+  auto plan = KJIT_TRY(plan_mx_quantize(d));
   if (plan.empty) return {};
   auto& p = plan.params;
   DeviceState* device = KJIT_TRY(owning_device_for(runtime, {{d.in, "in"},
@@ -154,7 +162,8 @@ Expected<void> mx_quantize(Runtime& runtime, const kjit_mx_quantize_desc& d, CUs
 }
 
 Expected<void> prepare_mx_quantize(Runtime& runtime, const kjit_mx_quantize_desc& d, int device) {
-  const auto plan = KJIT_TRY(plan_mx_quantize(d, true));
+  // Its kernel does not depend on the pointers' alignment (each has one that is required).
+  const auto plan = KJIT_TRY(plan_mx_quantize_shapes(d));
   return prepare_on_device(runtime, plan.spec, device);
 }
 

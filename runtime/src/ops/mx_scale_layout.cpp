@@ -40,7 +40,7 @@ uint64_t swizzled_scale_bytes_bound(int64_t total_rows, int64_t scale_cols, int6
   return padded_rows * static_cast<uint64_t>(round_up(scale_cols, 4));
 }
 
-Expected<MxScaleLayoutPlan> plan_mx_scale_layout(const kjit_scale_layout_desc& d, bool for_prepare) {
+Expected<MxScaleLayoutPlan> plan_mx_scale_layout_shapes(const kjit_scale_layout_desc& d) {
   if (d.struct_size < sizeof(kjit_scale_layout_desc))
     return invalid(fmt::format("desc.struct_size is {}, expected {}: call kjit_scale_layout_desc_init first",
                                d.struct_size, sizeof(kjit_scale_layout_desc)));
@@ -65,11 +65,6 @@ Expected<MxScaleLayoutPlan> plan_mx_scale_layout(const kjit_scale_layout_desc& d
                                  "KJIT_OFFSETS_WITH_LEADING_ZERO with offsets, UNSET without (got {})",
                                  static_cast<int>(d.offsets_convention)));
   }
-  if (!for_prepare && spec.with_offsets && d.offsets == nullptr)
-    return invalid("offsets_convention is set but 'offsets' is NULL (leave the convention UNSET for uniform rows)");
-  if (d.offsets != nullptr && !spec.with_offsets)
-    return invalid("offsets are given without offsets_convention: KJIT_OFFSETS_CUMULATIVE_END (E entries, no "
-                   "leading 0) or KJIT_OFFSETS_WITH_LEADING_ZERO (E + 1 entries); there is no default");
   if (d.experts < 1) return invalid(fmt::format("experts must be >= 1, got {}", d.experts));
   if (spec.with_offsets && d.experts > codegen::kScaleLayoutMaxOffsetExperts)
     return invalid(fmt::format("experts must be at most {} with offsets, got {}",
@@ -83,16 +78,35 @@ Expected<MxScaleLayoutPlan> plan_mx_scale_layout(const kjit_scale_layout_desc& d
   KJIT_TRY(codegen::validate(codegen::KernelSpec{spec}));
 
   // Sizes of both sides; with offsets the swizzled one is the worst case.
-  const bool to_swizzled = spec.to == MxScaleLayout::swizzled_128x4;
   const int64_t linear_rows = spec.with_offsets ? d.rows : d.experts * d.rows;
   const uint64_t linear_bytes = static_cast<uint64_t>(linear_rows) * static_cast<uint64_t>(d.scale_cols);
   const uint64_t swizzled_bytes =
       spec.with_offsets ? swizzled_scale_bytes_bound(d.rows, d.scale_cols, d.experts)
                         : static_cast<uint64_t>(d.experts * round_up(d.rows, 128) * round_up(d.scale_cols, 4));
-  const uint64_t need = to_swizzled ? swizzled_bytes : linear_bytes;
   MxScaleLayoutPlan plan;
   plan.empty = !spec.with_offsets && d.rows == 0;
-  if (!for_prepare && !plan.empty) {
+  plan.spec = spec;
+  plan.linear_bytes = linear_bytes;
+  plan.swizzled_bytes = swizzled_bytes;
+  auto& p = plan.params;
+  p.experts = d.experts;
+  p.rows = d.rows;
+  p.swizzled_words = static_cast<long long>(swizzled_bytes / 4);
+  p.pad = d.pad;
+  plan.geometry = codegen::mx_scale_layout_geometry(p.swizzled_words);
+  return plan;
+}
+
+Expected<MxScaleLayoutPlan> bind_mx_scale_layout(const kjit_scale_layout_desc& d, MxScaleLayoutPlan plan) {
+  const auto& spec = plan.spec;
+  if (spec.with_offsets && d.offsets == nullptr)
+    return invalid("offsets_convention is set but 'offsets' is NULL (leave the convention UNSET for uniform rows)");
+  if (d.offsets != nullptr && !spec.with_offsets)
+    return invalid("offsets are given without offsets_convention: KJIT_OFFSETS_CUMULATIVE_END (E entries, no "
+                   "leading 0) or KJIT_OFFSETS_WITH_LEADING_ZERO (E + 1 entries); there is no default");
+  const bool to_swizzled = spec.to == MxScaleLayout::swizzled_128x4;
+  const uint64_t need = to_swizzled ? plan.swizzled_bytes : plan.linear_bytes;
+  if (!plan.empty) {
     KJIT_TRY(require_non_null({{d.in, "in"}, {d.out, "out"}}));
     if (d.out_bytes < need)
       return invalid(fmt::format("out_bytes {} is too small: the {} scales can need {} bytes{}", d.out_bytes,
@@ -106,26 +120,23 @@ Expected<MxScaleLayoutPlan> plan_mx_scale_layout(const kjit_scale_layout_desc& d
       return invalid("'offsets' is not 4-byte aligned");
     // The input's size is known except for a swizzled input with offsets (the host knows only its bound, which
     // may pass the caller's allocation): then only the same start is caught.
-    const uint64_t in_bytes = to_swizzled ? linear_bytes : spec.with_offsets ? 1 : swizzled_bytes;
+    const uint64_t in_bytes = to_swizzled ? plan.linear_bytes : spec.with_offsets ? 1 : plan.swizzled_bytes;
     if (overlap(d.in, in_bytes, d.out, d.out_bytes))
       return invalid("'in' and 'out' overlap: the conversion cannot run in place");
   }
-
-  plan.spec = spec;
   auto& p = plan.params;
   p.in = d.in;
   p.out = d.out;
   p.offsets = d.offsets;
-  p.experts = d.experts;
-  p.rows = d.rows;
-  p.swizzled_words = static_cast<long long>(swizzled_bytes / 4);
-  p.pad = d.pad;
-  plan.geometry = codegen::mx_scale_layout_geometry(p.swizzled_words);
   return plan;
 }
 
+Expected<MxScaleLayoutPlan> plan_mx_scale_layout(const kjit_scale_layout_desc& d) {
+  return bind_mx_scale_layout(d, KJIT_TRY(plan_mx_scale_layout_shapes(d)));
+}
+
 Expected<void> convert_scale_layout(Runtime& runtime, const kjit_scale_layout_desc& desc, CUstream stream) {
-  auto plan = KJIT_TRY(plan_mx_scale_layout(desc, false));
+  auto plan = KJIT_TRY(plan_mx_scale_layout(desc));
   if (plan.empty) return {};
   auto& p = plan.params;
   return launch_on_owning_device(runtime, plan.spec, {{p.in, "in"}, {p.out, "out"}, {p.offsets, "offsets"}},
@@ -133,7 +144,8 @@ Expected<void> convert_scale_layout(Runtime& runtime, const kjit_scale_layout_de
 }
 
 Expected<void> prepare_convert_scale_layout(Runtime& runtime, const kjit_scale_layout_desc& desc, int ordinal) {
-  const auto plan = KJIT_TRY(plan_mx_scale_layout(desc, true));
+  // Its kernel does not depend on the pointers (words: the swizzled side must be 4-byte aligned).
+  const auto plan = KJIT_TRY(plan_mx_scale_layout_shapes(desc));
   return prepare_on_device(runtime, plan.spec, ordinal);
 }
 

@@ -16,10 +16,15 @@ struct Fp8QuantizePlan {
   bool empty = false;  // no rows: nothing to launch
 };
 
-// Checks everything that can be checked without the driver: dtypes, sizes,
-// stride, the gather's arguments, pointer presence and alignment. With
-// `for_prepare`, pointers are not required.
-Expected<Fp8QuantizePlan> plan_fp8_quantize(const kjit_fp8_quantize_desc& desc, bool for_prepare);
+// Checks everything that does not depend on pointers: dtypes, sizes, stride,
+// the gather's arguments. The params hold no pointers.
+Expected<Fp8QuantizePlan> plan_fp8_quantize_shapes(const kjit_fp8_quantize_desc& desc);
+
+// Checks the pointers (presence, alignment) and puts them in the params.
+Expected<Fp8QuantizePlan> bind_fp8_quantize(const kjit_fp8_quantize_desc& desc, Fp8QuantizePlan plan);
+
+// plan_fp8_quantize_shapes + bind_fp8_quantize: the plan of a launch.
+Expected<Fp8QuantizePlan> plan_fp8_quantize(const kjit_fp8_quantize_desc& desc);
 
 // plan_fp8_quantize, then the launch on the device owning the pointers.
 Expected<void> fp8_quantize(Runtime& runtime, const kjit_fp8_quantize_desc& desc, CUstream stream);

@@ -23,7 +23,13 @@ struct GemmCommonPlan {
   bool empty = false;   // no rows: nothing to do
   bool gather = false;  // A's rows are read through sorted_to_flat (the spec's `gather`)
 };
-Expected<GemmCommonPlan> plan_gemm_common(const kjit_grouped_gemm_desc& desc, bool for_prepare);
+// Checks what every grouped GEMM's descriptor holds that does not depend on
+// pointers; the params hold no pointers.
+Expected<GemmCommonPlan> plan_gemm_common_shapes(const kjit_grouped_gemm_desc& desc);
+// Checks the pointers every grouped GEMM takes (presence, 16-byte alignment,
+// the workspace) and puts them in `params`. Every GEMM kernel needs 16-byte
+// aligned operands, so its variants never depend on the pointers.
+Expected<void> bind_gemm_common(const kjit_grouped_gemm_desc& desc, bool empty, kjit_grouped_gemm_params& params);
 
 // Whether `desc` names FP8 operands (the grouped_gemm_fp8 family's op).
 bool is_fp8_gemm(const kjit_grouped_gemm_desc& desc);
@@ -34,7 +40,9 @@ struct GroupedGemmFp8Plan {
   kjit_grouped_gemm_fp8_params params{};
   bool empty = false;
 };
-Expected<GroupedGemmFp8Plan> plan_grouped_gemm_fp8(const kjit_grouped_gemm_desc& desc, bool for_prepare);
+// The FP8 GEMM's checks without pointers, then its pointers' (the scales').
+Expected<GroupedGemmFp8Plan> plan_grouped_gemm_fp8_shapes(const kjit_grouped_gemm_desc& desc);
+Expected<void> bind_grouped_gemm_fp8(const kjit_grouped_gemm_desc& desc, GroupedGemmFp8Plan& plan);
 Expected<void> grouped_gemm_fp8(Runtime& runtime, const kjit_grouped_gemm_desc& desc, CUstream stream);
 Expected<void> prepare_grouped_gemm_fp8(Runtime& runtime, const kjit_grouped_gemm_desc& desc, int device);
 
@@ -47,7 +55,9 @@ struct GroupedGemmMixedPlan {
   kjit_grouped_gemm_mixed_params params{};
   bool empty = false;
 };
-Expected<GroupedGemmMixedPlan> plan_grouped_gemm_mixed(const kjit_grouped_gemm_desc& desc, bool for_prepare);
+// The W8A16 / W4A16 GEMM's checks without pointers, then its pointers' (the scales').
+Expected<GroupedGemmMixedPlan> plan_grouped_gemm_mixed_shapes(const kjit_grouped_gemm_desc& desc);
+Expected<void> bind_grouped_gemm_mixed(const kjit_grouped_gemm_desc& desc, GroupedGemmMixedPlan& plan);
 Expected<void> grouped_gemm_mixed(Runtime& runtime, const kjit_grouped_gemm_desc& desc, CUstream stream);
 Expected<void> prepare_grouped_gemm_mixed(Runtime& runtime, const kjit_grouped_gemm_desc& desc, int device);
 
@@ -62,9 +72,9 @@ struct GroupedGemmPlan {
   bool gather = false;  // A's rows are read through sorted_to_flat (the spec's `gather`)
 };
 
-// Checks everything that can be checked without the driver. With
-// `for_prepare`, pointers are not required.
-Expected<GroupedGemmPlan> plan_grouped_gemm(const kjit_grouped_gemm_desc& desc, bool for_prepare);
+// Checks everything that does not depend on pointers (bind_gemm_common checks
+// those).
+Expected<GroupedGemmPlan> plan_grouped_gemm_shapes(const kjit_grouped_gemm_desc& desc);
 
 Expected<void> grouped_gemm(Runtime& runtime, const kjit_grouped_gemm_desc& desc, CUstream stream);
 // Loads every configuration a launch of `desc` may pick on `device`, whatever

@@ -16,10 +16,16 @@ struct GroupedGemmWgradPlan {
   kjit_grouped_gemm_wgrad_params params{};
 };
 
-// Checks everything that can be checked without the driver: dtypes, the
-// offsets convention, the kernel, sizes, pointer presence and alignment. With
-// `for_prepare`, pointers are not required.
-Expected<GroupedGemmWgradPlan> plan_grouped_gemm_wgrad(const kjit_grouped_gemm_wgrad_desc& desc, bool for_prepare);
+// Checks everything that does not depend on pointers: dtypes, the offsets
+// convention, the kernel, sizes. The params hold no pointers.
+Expected<GroupedGemmWgradPlan> plan_grouped_gemm_wgrad_shapes(const kjit_grouped_gemm_wgrad_desc& desc);
+
+// Checks the pointers (presence, alignment) and puts them in the params.
+Expected<GroupedGemmWgradPlan> bind_grouped_gemm_wgrad(const kjit_grouped_gemm_wgrad_desc& desc,
+                                                       GroupedGemmWgradPlan plan);
+
+// plan_grouped_gemm_wgrad_shapes + bind_grouped_gemm_wgrad: the plan of a launch.
+Expected<GroupedGemmWgradPlan> plan_grouped_gemm_wgrad(const kjit_grouped_gemm_wgrad_desc& desc);
 
 // plan_grouped_gemm_wgrad, then the launch on the device owning the pointers
 // (also with rows = 0: out is written with zeros).

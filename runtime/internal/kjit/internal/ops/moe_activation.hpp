@@ -16,10 +16,15 @@ struct MoeActivationPlan {
   bool empty = false;  // no rows: nothing to launch
 };
 
-// Checks everything that can be checked without the driver: dtypes, the
-// activation and layout, sizes, stride, alpha and limit, pointer presence and
-// alignment. With `for_prepare`, pointers are not required.
-Expected<MoeActivationPlan> plan_moe_activation(const kjit_moe_activation_desc& desc, bool for_prepare);
+// Checks everything that does not depend on pointers: dtypes, the activation
+// and layout, sizes, stride, alpha and limit. The params hold no pointers.
+Expected<MoeActivationPlan> plan_moe_activation_shapes(const kjit_moe_activation_desc& desc);
+
+// Checks the pointers (presence, alignment) and puts them in the params.
+Expected<MoeActivationPlan> bind_moe_activation(const kjit_moe_activation_desc& desc, MoeActivationPlan plan);
+
+// plan_moe_activation_shapes + bind_moe_activation: the plan of a launch.
+Expected<MoeActivationPlan> plan_moe_activation(const kjit_moe_activation_desc& desc);
 
 // plan_moe_activation, then the launch on the device owning the pointers.
 Expected<void> moe_activation(Runtime& runtime, const kjit_moe_activation_desc& desc, CUstream stream);

@@ -15,10 +15,16 @@ struct MxQuantizePlan {
   bool empty = false;  // no rows: nothing to launch
 };
 
-// Checks everything that can be checked without the driver: format, element,
-// layout, global-scale mode and convention, sizes, stride, pointer presence
-// and alignment. With `for_prepare`, pointers are not required.
-Expected<MxQuantizePlan> plan_mx_quantize(const kjit_mx_quantize_desc& desc, bool for_prepare);
+// Checks everything that does not depend on pointers: format, element,
+// layout, global-scale mode and convention, sizes, stride. The params hold no
+// pointers.
+Expected<MxQuantizePlan> plan_mx_quantize_shapes(const kjit_mx_quantize_desc& desc);
+
+// Checks the pointers (presence, alignment) and puts them in the params.
+Expected<MxQuantizePlan> bind_mx_quantize(const kjit_mx_quantize_desc& desc, MxQuantizePlan plan);
+
+// plan_mx_quantize_shapes + bind_mx_quantize: the plan of a launch.
+Expected<MxQuantizePlan> plan_mx_quantize(const kjit_mx_quantize_desc& desc);
 
 // plan_mx_quantize, then the launches on the device owning the pointers (with
 // a computed global scale: a memset of global_scales, amax, finalize, quantize;

@@ -16,12 +16,20 @@ struct MxScaleLayoutPlan {
   codegen::MxScaleLayoutSpec spec;
   codegen::LaunchGeometry geometry;
   bool empty = false;  // uniform rows, none of them: nothing to launch
+  uint64_t linear_bytes = 0, swizzled_bytes = 0;  // each side's size (swizzled with offsets: its bound)
 };
 
-// Checks layouts, sizes, the offsets' arguments, out_bytes against what the
-// output can need, pointer presence, alignment and overlap. With
-// `for_prepare`, pointers and out_bytes are not checked.
-Expected<MxScaleLayoutPlan> plan_mx_scale_layout(const kjit_scale_layout_desc& desc, bool for_prepare);
+// Checks everything that does not depend on pointers: layouts, sizes, the
+// offsets' convention. The params hold no pointers.
+Expected<MxScaleLayoutPlan> plan_mx_scale_layout_shapes(const kjit_scale_layout_desc& desc);
+
+// Checks the pointers (offsets against their convention, presence, alignment,
+// overlap) and out_bytes against what the output can need, and puts the
+// pointers in the params.
+Expected<MxScaleLayoutPlan> bind_mx_scale_layout(const kjit_scale_layout_desc& desc, MxScaleLayoutPlan plan);
+
+// plan_mx_scale_layout_shapes + bind_mx_scale_layout: the plan of a launch.
+Expected<MxScaleLayoutPlan> plan_mx_scale_layout(const kjit_scale_layout_desc& desc);
 
 // plan_mx_scale_layout, then the launch on the device owning the pointers.
 Expected<void> convert_scale_layout(Runtime& runtime, const kjit_scale_layout_desc& desc, CUstream stream);
