@@ -132,6 +132,27 @@ class GraphCapture {
   CUgraphExec exec_ = nullptr;
 };
 
+// Captures `launch(stream)` (a kjit call returning its status), requires that
+// it was accepted, replays the graph once and requires no device error.
+template <class Launch>
+void capture_and_replay_once(Launch launch) {
+  GraphCapture capture;
+  const kjit_status status = launch(capture.stream());
+  const std::string message = kjit_last_error_message();
+  capture.end();
+  REQUIRE_MESSAGE(status == KJIT_OK, message);
+  capture.instantiate();
+  capture.replay();
+  REQUIRE_MESSAGE(kjit_device_errors(0) == KJIT_OK, kjit_last_error_message());
+}
+
+// `bytes` behind `offset` bytes of zeros: a tensor whose view starts off alignment.
+inline std::vector<uint8_t> shifted(const std::vector<uint8_t>& bytes, size_t offset) {
+  std::vector<uint8_t> out(offset, 0);
+  out.insert(out.end(), bytes.begin(), bytes.end());
+  return out;
+}
+
 // A grouped GEMM's offsets of `counts` rows per expert in `convention`.
 inline std::vector<int32_t> offsets_for(const std::vector<int32_t>& counts, kjit_expert_offsets convention) {
   std::vector<int32_t> ends(counts.size());

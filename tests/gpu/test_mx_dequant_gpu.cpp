@@ -453,6 +453,27 @@ TEST_CASE("a prepared MX dequant is captured into a CUDA graph and replays on ne
   }
 }
 
+TEST_CASE("after prepare, an NVFP4 launch on views off alignment is captured and is bit-exact") {
+  Case c;
+  c.experts = 1;
+  c.rows = 256;
+  c.k = 2048;
+  const Inputs x = random_inputs(c);
+  DeviceCase dev(c, x);
+  const auto desc = describe(c, dev);
+  REQUIRE_MESSAGE(kjit_dequant_mx_prepare(&desc, 0) == KJIT_OK, kjit_last_error_message());
+  // The same tensors one byte of codes and one bf16 pair in: the narrowest vector, loaded only by a prepare
+  // of every width.
+  DeviceBuffer in(0, x.codes.size() + 1), out(0, dev.out.bytes + 4);
+  in.upload(shifted(x.codes, 1));
+  out.poison();
+  auto view = desc;
+  view.in = static_cast<const uint8_t*>(in.get()) + 1;
+  view.out = static_cast<uint8_t*>(out.get()) + 4;
+  capture_and_replay_once([&](kjit_stream stream) { return kjit_dequant_mx(&view, stream); });
+  CHECK(compare(c, x, out.download<uint8_t>(4, dev.out.bytes - 4)) == 0);
+}
+
 TEST_CASE("the shared harness finds the manifests' MX dequant kinds and narrower accesses bit-exact") {
   kjit::Runtime& runtime = kjit::Runtime::global();
   auto device = runtime.device(0);
