@@ -214,6 +214,22 @@ GroupedGemmSpec gemm_problem() {
 
 }  // namespace
 
+TEST_CASE("the SM90 kernels size their pipelines to the opt-in shared memory of every arch with wgmma and TMA") {
+  CHECK(arch("sm_90a").shared_bytes_per_block == 227 * 1024);
+  CHECK(arch("sm_120a").shared_bytes_per_block == 99 * 1024);
+  CHECK(wgmma_tma_shared_bytes_per_block() == 227 * 1024);
+  for (const auto& row : capability_table())
+    if (row.wgmma_tma)
+      CHECK_MESSAGE(row.shared_bytes_per_block >= wgmma_tma_shared_bytes_per_block(), std::string(row.target));
+  // The configuration's pipeline is the deepest that fits: one stage more would not.
+  auto swap_ab = choose_grouped_gemm_config(gemm_problem(), arch("sm_90a"), 65 * 32);
+  REQUIRE(swap_ab.has_value());
+  GroupedGemmSpec bf16 = *swap_ab;
+  CHECK(grouped_gemm_shared_bytes(bf16) <= wgmma_tma_shared_bytes_per_block());
+  bf16.stages += 1;
+  CHECK(grouped_gemm_shared_bytes(bf16) > wgmma_tma_shared_bytes_per_block());
+}
+
 TEST_CASE("grouped GEMM configurations: buckets by rows per expert on sm_90a, the portable kernel elsewhere") {
   const auto problem = gemm_problem();
   auto pick = [&](int64_t rows, const char* target, GemmRequest request = {}) {

@@ -19,10 +19,16 @@ struct ArchInfo {
   std::string_view target;  // NVRTC --gpu-architecture, e.g. "sm_90a"
   bool fp8_conversion;      // cvt between e4m3x2/e5m2x2 and f16x2 in hardware (sm_89 and newer)
   bool wgmma_tma;           // wgmma, TMA, clusters and setmaxnreg: the arch-specific sm_90a target only
-  std::string_view note;    // shown by `jitctl info`
+  int shared_bytes_per_block;  // the dynamic shared memory a block may opt into (the CUDA guide's per-arch table)
+  std::string_view note;       // shown by `jitctl info`
 };
 
 std::span<const ArchInfo> capability_table();
+
+// The shared memory Hopper's kernels (wgmma_tma) may use per block: the smallest opt-in of the archs they build
+// for. Their configurations are checked without an arch (they build for those archs only), so pipeline depths
+// are sized to it.
+int wgmma_tma_shared_bytes_per_block();
 
 // The row for a device's capability; an unknown capability is an error that names it.
 Expected<const ArchInfo*> arch_for_capability(int major, int minor);
