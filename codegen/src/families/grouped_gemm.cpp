@@ -9,6 +9,7 @@
 
 #include "../recipe.hpp"
 #include "../spec_reader.hpp"
+#include "gemm_configuration.hpp"
 #include "gemm_problem_fields.hpp"
 #include "wgmma_instructions.hpp"
 
@@ -172,15 +173,7 @@ Expected<GroupedGemmSpec> Family<GroupedGemmSpec>::from_json(SpecReader& reader)
                   "spec fields 'tile', 'stages', 'cluster' and 'cluster_axis' need 'kernel' beside them");
     return s;
   }
-  s.kernel = KJIT_TRY(reader.enumeration<GemmKernel>("kernel"));
-  const auto tile = KJIT_TRY(reader.small_integers("tile", 3, "[tile_m, tile_n, tile_k] with 'kernel'"));
-  s.tile_m = tile[0];
-  s.tile_n = tile[1];
-  s.tile_k = tile[2];
-  // Bounded by validate (a handful of stages, a cluster of 1 or 2) before any narrowing matters.
-  s.stages = static_cast<int>(std::clamp<int64_t>(KJIT_TRY(reader.integer_or("stages", 0)), -1, 64));
-  s.cluster = static_cast<int>(std::clamp<int64_t>(KJIT_TRY(reader.integer_or("cluster", 1)), -1, 64));
-  if (reader.has("cluster_axis")) s.cluster_axis = KJIT_TRY(reader.enumeration<ClusterAxis>("cluster_axis"));
+  KJIT_TRY(read_gemm_configuration(reader, s));
   return s;
 }
 
@@ -216,15 +209,8 @@ Expected<void> Family<GroupedGemmSpec>::validate(const GroupedGemmSpec& s) {
 }
 
 Expected<void> Family<GroupedGemmSpec>::supported_on(const GroupedGemmSpec& s, const ArchInfo& arch) {
-  if (!s.configured())
-    return fail(KJIT_ERROR_INVALID_ARGUMENT,
-                fmt::format("{} names no configuration: expand it for an arch first (kernels_for_target)",
-                            canonical(s)));
-  if (is_sm90(s.kernel) && !arch.wgmma_tma)
-    return fail(KJIT_ERROR_UNSUPPORTED,
-                fmt::format("{} is Hopper's kernel (wgmma, TMA) and builds only for sm_90a, not {}", canonical(s),
-                            arch.target));
-  return {};  // the portable kernel runs on every arch in the table (sm_80 and newer)
+  KJIT_TRY(require_configuration(s));
+  return require_wgmma_tma(s, is_sm90(s.kernel), arch);  // the portable kernel: every arch in the table (sm_80+)
 }
 
 RenderedKernel Family<GroupedGemmSpec>::render(const GroupedGemmSpec& s) {
@@ -260,15 +246,10 @@ RenderedKernel Family<GroupedGemmSpec>::render(const GroupedGemmSpec& s) {
          .cluster_x = s.cluster});
   }
   if (s.kernel == GemmKernel::mma_decode)
-    return assemble(canonical(s), {.entry_point = "kjit_grouped_gemm_decode",
-                                   .threads = kDecodeThreads,
-                                   .min_blocks = decode_min_blocks(s.tile_m),
-                                   .templates = {"gemm/grouped_gemm_decode.cuh"},
-                                   .config = fmt::format("kjit::GroupedGemmDecodeConfig<{}, false, {}, {}>", problem,
-                                                         s.tile_m, s.tile_n),
-                                   .params_type = "kjit_grouped_gemm_params",
-                                   .body = "kjit::grouped_gemm_decode",
-                                   .dynamic_shared_bytes = grouped_gemm_shared_bytes(s)});
+    return render_decode_kernel(canonical(s), problem, false, s.tile_m, s.tile_n,
+                                {.entry_point = "kjit_grouped_gemm_decode",
+                                 .params_type = "kjit_grouped_gemm_params",
+                                 .body = "kjit::grouped_gemm_decode"});
   return assemble(canonical(s),
                   {.entry_point = "kjit_grouped_gemm",
                    .threads = kPortableThreads,
@@ -283,6 +264,19 @@ std::vector<GroupedGemmSpec> Family<GroupedGemmSpec>::kernels_for_target(const G
                                                                          const ArchInfo& arch) {
   if (s.configured()) return {s};
   return distinct_configs(grouped_gemm_configs(s, arch));
+}
+
+RenderedKernel render_decode_kernel(const std::string& canonical, const std::string& problem, bool fp8_weights,
+                                    int tile_m, int tile_n, const DecodeRecipe& recipe) {
+  return assemble(canonical, {.entry_point = recipe.entry_point,
+                              .threads = kDecodeThreads,
+                              .min_blocks = decode_min_blocks(tile_m),
+                              .templates = {"gemm/grouped_gemm_decode.cuh"},
+                              .config = fmt::format("kjit::GroupedGemmDecodeConfig<{}, {}, {}, {}>", problem,
+                                                    fp8_weights, tile_m, tile_n),
+                              .params_type = recipe.params_type,
+                              .body = recipe.body,
+                              .dynamic_shared_bytes = decode_shared_bytes(fp8_weights)});
 }
 
 int decode_shared_bytes(bool fp8_weights) {

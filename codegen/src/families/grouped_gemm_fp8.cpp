@@ -2,7 +2,6 @@
 // and tuning policy.
 #include "kjit/codegen/families/grouped_gemm_fp8.hpp"
 
-#include <algorithm>
 #include <array>
 
 #include <fmt/format.h>
@@ -10,6 +9,7 @@
 
 #include "../recipe.hpp"
 #include "../spec_reader.hpp"
+#include "gemm_configuration.hpp"
 #include "gemm_problem_fields.hpp"
 #include "wgmma_instructions.hpp"
 
@@ -33,8 +33,6 @@ constexpr int kSm90DecodeRows = 64;   // swap AB's tallest tile up to kDecodeRow
 constexpr int64_t kDecodeRowsPerExpert = 16;
 constexpr int kRowsOnMTileM = 128;    // rows on M: two consumer warpgroups of 64 rows
 constexpr int kRowsOnMWideTileN = 256;  // rows on M: or two 128-row weight halves (a quarter less L2 traffic)
-constexpr int kSm90SharedLimit = 227 * 1024;
-constexpr int kSm90MaxStages = 8;
 
 auto invalid(std::string message) { return fail(KJIT_ERROR_INVALID_ARGUMENT, std::move(message)); }
 
@@ -113,57 +111,33 @@ int sm90_threads(const GroupedGemmFp8Spec& s) {
   return 128 * ((s.kernel == Fp8GemmKernel::wgmma_sm90_rows_on_m ? s.tile_m : s.tile_n) / 64 + 1);
 }
 
-GroupedGemmFp8Spec portable_config(const GroupedGemmFp8Spec& problem) {
-  GroupedGemmFp8Spec s = problem;
-  s.kernel = Fp8GemmKernel::mma_sync;
-  s.tile_m = 64;
-  s.tile_n = 128;
-  s.stages = 0;
-  s.cluster = 1;
-  return s;
-}
-
-GroupedGemmFp8Spec sm90_config(const GroupedGemmFp8Spec& problem, int tile_m, int cluster,
-                               Fp8GemmKernel kernel = Fp8GemmKernel::wgmma_sm90, int tile_n = kSm90TileN) {
-  GroupedGemmFp8Spec s = problem;
-  s.kernel = kernel;
-  s.tile_m = tile_m;
-  s.tile_n = tile_n;
-  s.stages = grouped_gemm_fp8_max_stages(s.kernel, tile_m, s.tile_n);
-  s.cluster = cluster;
-  return s;
-}
-
-Expected<std::vector<GroupedGemmFp8Spec>> requested_configs(const GroupedGemmFp8Spec& problem, const ArchInfo& arch,
-                                                            const GemmRequest& request) {
-  using Kernel = GemmRequest::Kernel;
-  const bool wants_sm90 = request.kernel == Kernel::sm90 || request.kernel == Kernel::sm90_swap_ab;
-  if (wants_sm90 && !arch.wgmma_tma)
-    return fail(KJIT_ERROR_UNSUPPORTED,
-                fmt::format("the SM90 FP8 grouped GEMM kernel runs only on sm_90a (Hopper); this device compiles for "
-                            "{}",
-                            arch.target));
-  auto configs = request.kernel == Kernel::portable ? std::vector{portable_config(problem)}
-                                                    : grouped_gemm_fp8_configs(problem, arch);
-  if (request.kernel == Kernel::sm90_swap_ab)  // every bucket swap AB, at its own tile
-    for (auto& s : configs)
-      if (s.kernel == Fp8GemmKernel::wgmma_sm90_rows_on_m) s = sm90_config(problem, kSm90MaxRows, s.cluster);
-  if (request.tile_m == 0 && request.tile_n == 0 && request.cluster == 0) return configs;
-  for (auto& s : configs) {
-    // A tile names a kernel's tile: the rows-on-M kernel's unless swap AB is asked for (as in the bf16 family).
-    if (is_sm90(s.kernel))
-      s.kernel = request.kernel == Kernel::sm90_swap_ab ? Fp8GemmKernel::wgmma_sm90
-                                                        : Fp8GemmKernel::wgmma_sm90_rows_on_m;
-    if (request.tile_m != 0) s.tile_m = request.tile_m;
-    if (request.tile_n != 0) s.tile_n = request.tile_n;
-    s.cluster = request.cluster != 0 ? request.cluster : 1;
-    if (is_sm90(s.kernel)) s.stages = grouped_gemm_fp8_max_stages(s.kernel, s.tile_m, s.tile_n);
-    KJIT_TRY(Family<GroupedGemmFp8Spec>::validate(s));
-  }
-  return configs;
-}
-
 }  // namespace
+
+// The FP8 family's part of the configuration choice (gemm_configuration.hpp says what each member is for): no
+// decode kernel, the buckets' bounds kDecodeRowsPerExpert and 64 rows per expert.
+template <>
+struct GemmChoice<GroupedGemmFp8Spec> {
+  static constexpr GemmChoiceRules kRules{"the SM90 FP8 grouped GEMM kernel runs", "the SM90 FP8 grouped GEMM",
+                                          {kDecodeRowsPerExpert, 64}};
+  static int max_stages(const GroupedGemmFp8Spec& s) {
+    return grouped_gemm_fp8_max_stages(s.kernel, s.tile_m, s.tile_n);
+  }
+  // A tile names the rows-on-M kernel's unless swap AB is asked for (as in the bf16 family).
+  static Fp8GemmKernel tile_kernel(bool swap_ab) {
+    return swap_ab ? Fp8GemmKernel::wgmma_sm90 : Fp8GemmKernel::wgmma_sm90_rows_on_m;
+  }
+  static std::vector<GroupedGemmFp8Spec> arch_configs(const GroupedGemmFp8Spec& problem, const ArchInfo& arch) {
+    return grouped_gemm_fp8_configs(problem, arch);
+  }
+  // sm90_swap_ab: every bucket swap AB, at its own tile (the rows-on-M bucket at swap AB's tallest).
+  static void force_kernel(std::vector<GroupedGemmFp8Spec>& configs, const GroupedGemmFp8Spec& problem,
+                           const GemmRequest& request) {
+    if (request.kernel != GemmRequest::Kernel::sm90_swap_ab) return;
+    for (auto& s : configs)
+      if (s.kernel == Fp8GemmKernel::wgmma_sm90_rows_on_m)
+        s = gemm_config(problem, Fp8GemmKernel::wgmma_sm90, kSm90MaxRows, kSm90TileN, s.cluster);
+  }
+};
 
 std::string_view name(Fp8WeightScale s) { return kWeightScaleNames[static_cast<size_t>(s)]; }
 std::string_view name(Fp8GemmKernel k) { return kKernelNames[static_cast<size_t>(k)]; }
@@ -206,13 +180,7 @@ Expected<GroupedGemmFp8Spec> Family<GroupedGemmFp8Spec>::from_json(SpecReader& r
       return invalid("spec fields 'tile', 'stages' and 'cluster' need 'kernel' beside them");
     return s;
   }
-  s.kernel = KJIT_TRY(reader.enumeration<Fp8GemmKernel>("kernel"));
-  const auto tile = KJIT_TRY(reader.small_integers("tile", 2, "[tile_m, tile_n] with 'kernel'"));
-  s.tile_m = tile[0];
-  s.tile_n = tile[1];
-  // Bounded by validate before any narrowing matters.
-  s.stages = static_cast<int>(std::clamp<int64_t>(KJIT_TRY(reader.integer_or("stages", 0)), -1, 64));
-  s.cluster = static_cast<int>(std::clamp<int64_t>(KJIT_TRY(reader.integer_or("cluster", 1)), -1, 64));
+  KJIT_TRY(read_gemm_configuration(reader, s));
   return s;
 }
 
@@ -246,19 +214,13 @@ Expected<void> Family<GroupedGemmFp8Spec>::validate(const GroupedGemmFp8Spec& s)
 }
 
 Expected<void> Family<GroupedGemmFp8Spec>::supported_on(const GroupedGemmFp8Spec& s, const ArchInfo& arch) {
-  if (!s.configured())
-    return invalid(fmt::format("{} names no configuration: expand it for an arch first (kernels_for_target)",
-                               canonical(s)));
+  KJIT_TRY(require_configuration(s));
   if (!arch.fp8_conversion)
     return fail(KJIT_ERROR_UNSUPPORTED,
                 fmt::format("the FP8 grouped GEMM needs FP8 tensor cores (compute capability 8.9 or newer); {} is "
                             "{}.{} ({})",
                             arch.target, arch.major, arch.minor, arch.note));
-  if (is_sm90(s.kernel) && !arch.wgmma_tma)
-    return fail(KJIT_ERROR_UNSUPPORTED,
-                fmt::format("{} is Hopper's kernel (wgmma, TMA) and builds only for sm_90a, not {}", canonical(s),
-                            arch.target));
-  return {};
+  return require_wgmma_tma(s, is_sm90(s.kernel), arch);
 }
 
 RenderedKernel Family<GroupedGemmFp8Spec>::render(const GroupedGemmFp8Spec& s) {
@@ -311,9 +273,10 @@ int grouped_gemm_fp8_max_stages(Fp8GemmKernel kernel, int tile_m, int tile_n) {
   s.kernel = kernel;
   s.tile_m = tile_m;
   s.tile_n = tile_n;
-  for (s.stages = kSm90MaxStages; s.stages > 1; --s.stages)
-    if (grouped_gemm_fp8_shared_bytes(s) <= kSm90SharedLimit) break;
-  return s.stages;
+  return deepest_sm90_pipeline([&](int stages) {
+    s.stages = stages;
+    return grouped_gemm_fp8_shared_bytes(s);
+  });
 }
 
 LaunchGeometry grouped_gemm_fp8_geometry(const GroupedGemmFp8Spec& spec, int64_t total_rows, int resident_blocks) {
@@ -327,7 +290,7 @@ LaunchGeometry grouped_gemm_fp8_geometry(const GroupedGemmFp8Spec& spec, int64_t
 }
 
 std::vector<GroupedGemmFp8Spec> grouped_gemm_fp8_configs(const GroupedGemmFp8Spec& problem, const ArchInfo& arch) {
-  if (!arch.wgmma_tma) return {portable_config(problem)};
+  if (!arch.wgmma_tma) return {portable_gemm_config(problem)};
   // By average rows per expert (docs/decisions/0007): up to 64, swap AB
   // (row tiles of near-equal heights in steps of 32; decode is memory-bound,
   // and swap AB wastes no rows); more, rows on M (two scale products a thread
@@ -340,31 +303,20 @@ std::vector<GroupedGemmFp8Spec> grouped_gemm_fp8_configs(const GroupedGemmFp8Spe
   // faster than 128 x 128 on four of the five prefill shapes and level on the
   // fifth; block scales only (validate says why).
   const int rows_on_m_n = problem.weight_scale == Fp8WeightScale::block_128 ? kRowsOnMWideTileN : kSm90TileN;
-  return {sm90_config(problem, kSm90DecodeRows, 1), sm90_config(problem, kSm90MaxRows, 1),
-          sm90_config(problem, 128, 1, Fp8GemmKernel::wgmma_sm90_rows_on_m, rows_on_m_n)};
+  return {gemm_config(problem, Fp8GemmKernel::wgmma_sm90, kSm90DecodeRows, kSm90TileN),
+          gemm_config(problem, Fp8GemmKernel::wgmma_sm90, kSm90MaxRows, kSm90TileN),
+          gemm_config(problem, Fp8GemmKernel::wgmma_sm90_rows_on_m, kRowsOnMTileM, rows_on_m_n)};
 }
 
 Expected<GroupedGemmFp8Spec> choose_grouped_gemm_fp8_config(const GroupedGemmFp8Spec& problem, const ArchInfo& arch,
                                                             int64_t rows, const GemmRequest& request) {
-  // TMA coordinates are 32-bit: past 2^31 rows only the portable kernel serves.
-  constexpr int64_t kTmaRowLimit = (int64_t{1} << 31) - 256;
-  const bool wants_sm90 =
-      request.kernel == GemmRequest::Kernel::sm90 || request.kernel == GemmRequest::Kernel::sm90_swap_ab;
-  if (rows > kTmaRowLimit && request.kernel != GemmRequest::Kernel::portable) {
-    if (wants_sm90)
-      return invalid(fmt::format("the SM90 FP8 grouped GEMM addresses at most {} rows, got {}", kTmaRowLimit, rows));
-    return choose_grouped_gemm_fp8_config(problem, arch, rows, {.kernel = GemmRequest::Kernel::portable});
-  }
-  const auto configs = KJIT_TRY(requested_configs(problem, arch, request));
-  const int64_t rows_per_expert = rows / std::max<int64_t>(problem.experts, 1);
-  const size_t bucket = rows_per_expert <= kDecodeRowsPerExpert ? 0 : rows_per_expert <= 64 ? 1 : 2;
-  return configs[std::min(bucket, configs.size() - 1)];
+  return choose_gemm_config(problem, arch, rows, request);
 }
 
 Expected<std::vector<GroupedGemmFp8Spec>> grouped_gemm_fp8_candidates(const GroupedGemmFp8Spec& problem,
                                                                       const ArchInfo& arch,
                                                                       const GemmRequest& request) {
-  return distinct_configs(KJIT_TRY(requested_configs(problem, arch, request)));
+  return gemm_candidates(problem, arch, request);
 }
 
 }  // namespace kjit::codegen

@@ -2,7 +2,6 @@
 // recipes, grid and tuning policy.
 #include "kjit/codegen/families/grouped_gemm_mixed.hpp"
 
-#include <algorithm>
 #include <array>
 
 #include <fmt/format.h>
@@ -10,6 +9,7 @@
 
 #include "../recipe.hpp"
 #include "../spec_reader.hpp"
+#include "gemm_configuration.hpp"
 #include "gemm_problem_fields.hpp"
 #include "wgmma_instructions.hpp"
 #include "grouped_gemm_mixed_params.h"
@@ -37,10 +37,7 @@ constexpr int kConverterMaxRows = 256;               // wgmma's N (no fragments 
 // The converter kernel's row tile in each bucket (few routed rows: w8a16_decode_bucket, up to 32 and up to 64 rows
 // per expert, prefill) where it serves them all: forced, or for FP4 weights read [E, K, N].
 constexpr std::array kConverterRows{64, 64, 128, kConverterMaxRows};
-constexpr int kDecodeThreads = 256;  // GroupedGemmDecodeConfig::kThreads
-constexpr int kDecodeChunk = 128;    // its k per loop step
-constexpr int kSm90SharedLimit = 227 * 1024;
-constexpr int kSm90MaxStages = 8;
+constexpr int kDecodeChunk = 128;  // the decode kernel's k per loop step (GroupedGemmDecodeConfig)
 
 auto invalid(std::string message) { return fail(KJIT_ERROR_INVALID_ARGUMENT, std::move(message)); }
 
@@ -168,97 +165,74 @@ std::string sm90_wgmma_wrappers(const GroupedGemmMixedSpec& s) {
 
 int sm90_threads(const GroupedGemmMixedSpec& s) { return 128 * (s.tile_n / 64 + 1); }
 
-GroupedGemmMixedSpec portable_config(const GroupedGemmMixedSpec& problem) {
-  GroupedGemmMixedSpec s = problem;
-  s.kernel = MixedGemmKernel::mma_sync;
-  s.tile_m = 64;
-  s.tile_n = 128;
-  s.stages = 0;
-  return s;
-}
-
-// The decode kernel's configuration (the bf16 family's tiles: kDecodeTileRows rows, decode_tile_n weight rows).
-GroupedGemmMixedSpec decode_config(const GroupedGemmMixedSpec& problem) {
-  GroupedGemmMixedSpec s = problem;
-  s.kernel = MixedGemmKernel::mma_decode;
-  s.tile_m = kDecodeTileRows;
-  s.tile_n = decode_tile_n(problem.n);
-  s.stages = 0;
-  return s;
-}
-
 // Whether the decode kernel can read these weights: fp8 codes, [E, N, K].
 bool decode_reads(const GroupedGemmMixedSpec& problem) {
   return !is_fp4(problem.weight) && problem.weights == WeightLayout::e_n_k;
 }
 
-GroupedGemmMixedSpec sm90_config(const GroupedGemmMixedSpec& problem, int tile_m,
-                                 MixedGemmKernel kernel = MixedGemmKernel::wgmma_sm90) {
-  GroupedGemmMixedSpec s = problem;
-  s.kernel = kernel;
-  s.tile_m = tile_m;
-  s.tile_n = kSm90TileN;
-  s.stages = grouped_gemm_mixed_max_stages(kernel, tile_m, problem.weight);
-  return s;
-}
+}  // namespace
 
-Expected<std::vector<GroupedGemmMixedSpec>> requested_configs(const GroupedGemmMixedSpec& problem,
-                                                              const ArchInfo& arch, const GemmRequest& request) {
-  using Kernel = GemmRequest::Kernel;
-  const bool wants_sm90 = request.kernel == Kernel::sm90 || request.kernel == Kernel::sm90_swap_ab ||
-                          request.kernel == Kernel::sm90_converter;
-  if (wants_sm90 && !arch.wgmma_tma)
-    return fail(KJIT_ERROR_UNSUPPORTED,
-                fmt::format("the SM90 W8A16 grouped GEMM kernels run only on sm_90a (Hopper); this device compiles "
-                            "for {}",
-                            arch.target));
-  if (request.cluster > 1)
-    return fail(KJIT_ERROR_UNSUPPORTED, "the W8A16 grouped GEMM kernels run without clusters (cluster 0 or 1)");
-  const bool fp4_kn = is_fp4(problem.weight) && problem.weights == WeightLayout::e_k_n;
-  if (request.kernel == Kernel::sm90_converter && problem.weights != WeightLayout::e_n_k && !fp4_kn)
-    return fail(KJIT_ERROR_UNSUPPORTED, "the W8A16 converter kernel reads fp8 weights [E, N, K] only; [E, K, N] runs "
-                                        "the register-operand kernel (KJIT_GEMM_KERNEL_SM90)");
-  if ((request.kernel == Kernel::sm90 || request.kernel == Kernel::sm90_swap_ab) && fp4_kn)
-    return fail(KJIT_ERROR_UNSUPPORTED, "FP4 weights read [E, K, N] run the converter kernel "
-                                        "(KJIT_GEMM_KERNEL_SM90_CONVERTER or the default), not the "
-                                        "register-operand one");
-  if (request.kernel == Kernel::decode) {
+// The mixed family's part of the configuration choice (gemm_configuration.hpp says what each member is for): no
+// clusters, and a tile keeps its bucket's kernel.
+template <>
+struct GemmChoice<GroupedGemmMixedSpec> {
+  static constexpr GemmChoiceRules kRules{"the SM90 W8A16 grouped GEMM kernels run", "the SM90 W8A16 grouped GEMM",
+                                          {32, 64}};
+  static bool decode_bucket(int64_t rows, int64_t) { return w8a16_decode_bucket(rows); }
+  static std::vector<GroupedGemmMixedSpec> arch_configs(const GroupedGemmMixedSpec& problem, const ArchInfo& arch) {
+    return grouped_gemm_mixed_configs(problem, arch);
+  }
+  static Expected<void> check_request(const GroupedGemmMixedSpec& problem, const GemmRequest& request) {
+    using K = GemmRequest::Kernel;
+    if (request.cluster > 1)
+      return fail(KJIT_ERROR_UNSUPPORTED, "the W8A16 grouped GEMM kernels run without clusters (cluster 0 or 1)");
+    const bool fp4_kn = is_fp4(problem.weight) && problem.weights == WeightLayout::e_k_n;
+    if (request.kernel == K::sm90_converter && problem.weights != WeightLayout::e_n_k && !fp4_kn)
+      return fail(KJIT_ERROR_UNSUPPORTED, "the W8A16 converter kernel reads fp8 weights [E, N, K] only; [E, K, N] runs "
+                                          "the register-operand kernel (KJIT_GEMM_KERNEL_SM90)");
+    if ((request.kernel == K::sm90 || request.kernel == K::sm90_swap_ab) && fp4_kn)
+      return fail(KJIT_ERROR_UNSUPPORTED, "FP4 weights read [E, K, N] run the converter kernel "
+                                          "(KJIT_GEMM_KERNEL_SM90_CONVERTER or the default), not the "
+                                          "register-operand one");
+    return {};
+  }
+  static Expected<void> check_decode_request(const GroupedGemmMixedSpec& problem, const ArchInfo& arch,
+                                             const GemmRequest&) {
     if (!decode_reads(problem))
       return fail(KJIT_ERROR_UNSUPPORTED, "the decode grouped GEMM kernel reads fp8 weights [E, N, K] only");
     if (!arch.fp8_conversion)
       return fail(KJIT_ERROR_UNSUPPORTED, fmt::format("the W8A16 decode kernel converts fp8 codes with sm_89's "
                                                       "instructions; this device compiles for {}",
                                                       arch.target));
-    GroupedGemmMixedSpec s = decode_config(problem);
-    if (request.tile_m != 0) s.tile_m = request.tile_m;
-    if (request.tile_n != 0) s.tile_n = request.tile_n;
-    KJIT_TRY(Family<GroupedGemmMixedSpec>::validate(s));
-    return std::vector{s};
+    return {};
   }
-  auto configs = request.kernel == Kernel::portable ? std::vector{portable_config(problem)}
-                                                    : grouped_gemm_mixed_configs(problem, arch);
-  // The decode bucket runs the decode kernel only when nothing else is asked for.
-  if (configs.size() > 1 && (request.kernel != Kernel::arch_default || request.tile_m != 0 || request.tile_n != 0))
-    configs[0] = configs[1];
+  static int max_stages(const GroupedGemmMixedSpec& s) {
+    return grouped_gemm_mixed_max_stages(s.kernel, s.tile_m, s.weight);
+  }
   // A forced SM90 kernel serves every bucket, at its own row tile for the bucket.
-  constexpr std::array kRegisterRows{32, 32, 64, kSm90MaxRows};
-  for (size_t bucket = 0; bucket < configs.size() && is_sm90(configs[bucket].kernel); ++bucket) {
-    if (request.kernel == Kernel::sm90_converter)
-      configs[bucket] = sm90_config(problem, kConverterRows[bucket], MixedGemmKernel::wgmma_sm90_converter);
-    else if (request.kernel != Kernel::arch_default)
-      configs[bucket] = sm90_config(problem, kRegisterRows[bucket]);
-  }
-  if (request.tile_m == 0 && request.tile_n == 0) return configs;
-  for (auto& s : configs) {
-    if (request.tile_m != 0) s.tile_m = request.tile_m;
-    if (request.tile_n != 0) s.tile_n = request.tile_n;
-    if (is_sm90(s.kernel)) s.stages = grouped_gemm_mixed_max_stages(s.kernel, s.tile_m, s.weight);
-    KJIT_TRY(Family<GroupedGemmMixedSpec>::validate(s));
-  }
-  return configs;
+  static void force_kernel(std::vector<GroupedGemmMixedSpec>& configs, const GroupedGemmMixedSpec& problem,
+                           const GemmRequest& request);
+};
+
+namespace {
+
+GroupedGemmMixedSpec sm90_config(const GroupedGemmMixedSpec& problem, int tile_m,
+                                 MixedGemmKernel kernel = MixedGemmKernel::wgmma_sm90) {
+  return gemm_config(problem, kernel, tile_m, kSm90TileN);
 }
 
 }  // namespace
+
+void GemmChoice<GroupedGemmMixedSpec>::force_kernel(std::vector<GroupedGemmMixedSpec>& configs,
+                                                     const GroupedGemmMixedSpec& problem, const GemmRequest& request) {
+  constexpr std::array kRegisterRows{32, 32, 64, kSm90MaxRows};
+  for (size_t bucket = 0; bucket < configs.size() && is_sm90(configs[bucket].kernel); ++bucket) {
+    if (request.kernel == GemmRequest::Kernel::sm90_converter)
+      configs[bucket] = sm90_config(problem, kConverterRows[bucket], MixedGemmKernel::wgmma_sm90_converter);
+    else if (request.kernel != GemmRequest::Kernel::arch_default)
+      configs[bucket] = sm90_config(problem, kRegisterRows[bucket]);
+  }
+}
 
 std::string_view name(MixedGemmKernel k) { return kKernelNames[static_cast<size_t>(k)]; }
 std::string_view name(MixedWeight w) { return kWeightNames[static_cast<size_t>(w)]; }
@@ -322,12 +296,7 @@ Expected<GroupedGemmMixedSpec> Family<GroupedGemmMixedSpec>::from_json(SpecReade
       return invalid("spec fields 'tile' and 'stages' need 'kernel' beside them");
     return s;
   }
-  s.kernel = KJIT_TRY(reader.enumeration<MixedGemmKernel>("kernel"));
-  const auto tile = KJIT_TRY(reader.small_integers("tile", 2, "[tile_m, tile_n] with 'kernel'"));
-  s.tile_m = tile[0];
-  s.tile_n = tile[1];
-  // Bounded by validate before any narrowing matters.
-  s.stages = static_cast<int>(std::clamp<int64_t>(KJIT_TRY(reader.integer_or("stages", 0)), -1, 64));
+  KJIT_TRY(read_gemm_configuration(reader, s));
   return s;
 }
 
@@ -368,19 +337,13 @@ Expected<void> Family<GroupedGemmMixedSpec>::validate(const GroupedGemmMixedSpec
 }
 
 Expected<void> Family<GroupedGemmMixedSpec>::supported_on(const GroupedGemmMixedSpec& s, const ArchInfo& arch) {
-  if (!s.configured())
-    return invalid(fmt::format("{} names no configuration: expand it for an arch first (kernels_for_target)",
-                               canonical(s)));
+  KJIT_TRY(require_configuration(s));
   if (!arch.fp8_conversion)
     return fail(KJIT_ERROR_UNSUPPORTED,
                 fmt::format("the W8A16 grouped GEMM converts fp8 codes with sm_89's instructions (compute capability "
                             "8.9 or newer); {} is {}.{} ({})",
                             arch.target, arch.major, arch.minor, arch.note));
-  if (is_sm90(s.kernel) && !arch.wgmma_tma)
-    return fail(KJIT_ERROR_UNSUPPORTED,
-                fmt::format("{} is Hopper's kernel (wgmma, TMA) and builds only for sm_90a, not {}", canonical(s),
-                            arch.target));
-  return {};
+  return require_wgmma_tma(s, is_sm90(s.kernel), arch);
 }
 
 RenderedKernel Family<GroupedGemmMixedSpec>::render(const GroupedGemmMixedSpec& s) {
@@ -414,15 +377,10 @@ RenderedKernel Family<GroupedGemmMixedSpec>::render(const GroupedGemmMixedSpec& 
                      .dynamic_shared_bytes = grouped_gemm_mixed_shared_bytes(s)});
   }
   if (s.kernel == MixedGemmKernel::mma_decode)
-    return assemble(canonical(s), {.entry_point = "kjit_grouped_gemm_mixed_decode",
-                                   .threads = kDecodeThreads,
-                                   .min_blocks = decode_min_blocks(s.tile_m),
-                                   .templates = {"gemm/grouped_gemm_decode.cuh"},
-                                   .config = fmt::format("kjit::GroupedGemmDecodeConfig<{}, true, {}, {}>", problem,
-                                                         s.tile_m, s.tile_n),
-                                   .params_type = "kjit_grouped_gemm_mixed_params",
-                                   .body = "kjit::grouped_gemm_mixed_decode",
-                                   .dynamic_shared_bytes = grouped_gemm_mixed_shared_bytes(s)});
+    return render_decode_kernel(canonical(s), problem, true, s.tile_m, s.tile_n,
+                                {.entry_point = "kjit_grouped_gemm_mixed_decode",
+                                 .params_type = "kjit_grouped_gemm_mixed_params",
+                                 .body = "kjit::grouped_gemm_mixed_decode"});
   return assemble(canonical(s),
                   {.entry_point = "kjit_grouped_gemm_mixed",
                    .threads = kPortableThreads,
@@ -471,9 +429,10 @@ int grouped_gemm_mixed_max_stages(MixedGemmKernel kernel, int tile_m, MixedWeigh
   s.kernel = kernel;
   s.tile_m = tile_m;
   s.tile_n = kSm90TileN;
-  for (s.stages = kSm90MaxStages; s.stages > 1; --s.stages)
-    if (grouped_gemm_mixed_shared_bytes(s) <= kSm90SharedLimit) break;
-  return s.stages;
+  return deepest_sm90_pipeline([&](int stages) {
+    s.stages = stages;
+    return grouped_gemm_mixed_shared_bytes(s);
+  });
 }
 
 LaunchGeometry grouped_gemm_mixed_geometry(const GroupedGemmMixedSpec& spec, int64_t total_rows, int resident_blocks) {
@@ -490,7 +449,7 @@ LaunchGeometry grouped_gemm_mixed_geometry(const GroupedGemmMixedSpec& spec, int
 
 std::vector<GroupedGemmMixedSpec> grouped_gemm_mixed_configs(const GroupedGemmMixedSpec& problem,
                                                              const ArchInfo& arch) {
-  if (!arch.wgmma_tma) return {portable_config(problem)};
+  if (!arch.wgmma_tma) return {portable_gemm_config(problem)};
   // By average rows per expert: the register-operand kernel runs every tile
   // at the config's full height, so decode (a few rows per expert) takes
   // 32-row tiles, up to 64 rows per expert 64; prefill runs the converter
@@ -509,35 +468,19 @@ std::vector<GroupedGemmMixedSpec> grouped_gemm_mixed_configs(const GroupedGemmMi
   // Before them, the decode bucket (w8a16_decode_bucket: few routed rows): the decode kernel where it reads the
   // weights, else the first bucket's.
   const auto few = sm90_config(problem, 32);
-  return {decode_reads(problem) ? decode_config(problem) : few, few, sm90_config(problem, 64), prefill};
+  return {decode_reads(problem) ? decode_gemm_config(problem) : few, few, sm90_config(problem, 64), prefill};
 }
 
 Expected<GroupedGemmMixedSpec> choose_grouped_gemm_mixed_config(const GroupedGemmMixedSpec& problem,
                                                                 const ArchInfo& arch, int64_t rows,
                                                                 const GemmRequest& request) {
-  // TMA coordinates are 32-bit: past 2^31 rows only the portable kernel serves.
-  constexpr int64_t kTmaRowLimit = (int64_t{1} << 31) - 256;
-  const bool wants_sm90 = request.kernel == GemmRequest::Kernel::sm90 ||
-                          request.kernel == GemmRequest::Kernel::sm90_swap_ab ||
-                          request.kernel == GemmRequest::Kernel::sm90_converter;
-  if (rows > kTmaRowLimit && request.kernel != GemmRequest::Kernel::portable) {
-    if (wants_sm90)
-      return invalid(fmt::format("the SM90 W8A16 grouped GEMM addresses at most {} rows, got {}", kTmaRowLimit, rows));
-    return choose_grouped_gemm_mixed_config(problem, arch, rows, {.kernel = GemmRequest::Kernel::portable});
-  }
-  const auto configs = KJIT_TRY(requested_configs(problem, arch, request));
-  const int64_t rows_per_expert = rows / std::max<int64_t>(problem.experts, 1);
-  const size_t bucket = w8a16_decode_bucket(rows) ? 0
-                        : rows_per_expert <= 32              ? 1
-                        : rows_per_expert <= 64              ? 2
-                                                             : 3;
-  return configs[std::min(bucket, configs.size() - 1)];
+  return choose_gemm_config(problem, arch, rows, request);
 }
 
 Expected<std::vector<GroupedGemmMixedSpec>> grouped_gemm_mixed_candidates(const GroupedGemmMixedSpec& problem,
                                                                           const ArchInfo& arch,
                                                                           const GemmRequest& request) {
-  return distinct_configs(KJIT_TRY(requested_configs(problem, arch, request)));
+  return gemm_candidates(problem, arch, request);
 }
 
 }  // namespace kjit::codegen

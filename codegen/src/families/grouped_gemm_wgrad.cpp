@@ -4,10 +4,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include <algorithm>
-
 #include "../recipe.hpp"
 #include "../spec_reader.hpp"
+#include "gemm_configuration.hpp"
 #include "gemm_problem_fields.hpp"
 #include "wgmma_instructions.hpp"
 
@@ -71,12 +70,7 @@ Expected<GroupedGemmWgradSpec> Family<GroupedGemmWgradSpec>::from_json(SpecReade
       return invalid("grouped_gemm_wgrad spec fields 'tile' and 'stages' need 'kernel' beside them");
     return s;
   }
-  s.kernel = KJIT_TRY(reader.enumeration<GemmKernel>("kernel"));
-  const auto tile = KJIT_TRY(reader.small_integers("tile", 3, "[tile_m, tile_n, tile_k] with 'kernel'"));
-  s.tile_m = tile[0];
-  s.tile_n = tile[1];
-  s.tile_k = tile[2];
-  s.stages = static_cast<int>(std::clamp<int64_t>(KJIT_TRY(reader.integer_or("stages", 0)), -1, 64));
+  KJIT_TRY(read_gemm_configuration(reader, s));
   return s;
 }
 
@@ -135,14 +129,9 @@ Expected<void> Family<GroupedGemmWgradSpec>::validate(const GroupedGemmWgradSpec
 }
 
 Expected<void> Family<GroupedGemmWgradSpec>::supported_on(const GroupedGemmWgradSpec& s, const ArchInfo& arch) {
-  if (!s.configured())
-    return invalid(fmt::format("{} names no configuration: expand it for an arch first (kernels_for_target)",
-                               canonical(s)));
-  if (s.kernel == GemmKernel::wgmma_sm90 && !arch.wgmma_tma)
-    return fail(KJIT_ERROR_UNSUPPORTED,
-                fmt::format("{} is Hopper's kernel (wgmma, TMA) and builds only for sm_90a, not {}", canonical(s),
-                            arch.target));
-  return {};  // mma.sync bf16, cp.async and ldmatrix: every arch in the table (sm_80 and newer)
+  KJIT_TRY(require_configuration(s));
+  // The portable kernel (mma.sync bf16, cp.async and ldmatrix): every arch in the table (sm_80 and newer).
+  return require_wgmma_tma(s, s.kernel == GemmKernel::wgmma_sm90, arch);
 }
 
 RenderedKernel Family<GroupedGemmWgradSpec>::render(const GroupedGemmWgradSpec& s) {
