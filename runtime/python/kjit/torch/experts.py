@@ -404,6 +404,16 @@ class MoEExperts(torch.nn.Module):
             return "w8a8"
         return "w8a16"
 
+    def _tokens_running(self, kernels: str, top_k: int, max_tokens: int) -> tuple:
+        """The first and last token counts in [1, max_tokens] for which kernels_for picks `kernels` (one run:
+        kernels_for is monotone in the row count), found from kernels_for itself."""
+        small = self.kernels_for(1, top_k)
+        lo, hi = 1, max_tokens + 1  # the first token count past the small batches' set: bisected
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (mid + 1, hi) if self.kernels_for(mid, top_k) == small else (lo, mid)
+        return (1, lo - 1) if kernels == small else (lo, max_tokens)
+
     def _weight_args(self, which: str, kernels: str) -> dict:
         """grouped_gemm's weight-side keyword arguments for `which` ('gate_up'
         or 'down') under `kernels`."""
@@ -617,11 +627,8 @@ class MoEExperts(torch.nn.Module):
         # The gate_up GEMM gathers up to GATHER_MAX_ROWS routed rows and reads a gathered copy above; a set
         # loads the variants of the rows it can run (W8A16 only below the W8A8 switch).
         for kernels in sorted({self.kernels_for(1, top_k), self.kernels_for(max_tokens, top_k)}):
-            lo, hi = top_k, max_tokens * top_k
-            switch = self.w8a8_min_rows
-            if switch is not None:
-                lo, hi = (max(lo, switch), hi) if kernels == "w8a8" else (lo, min(hi, switch - 1))
-            gathering = {rows <= GATHER_MAX_ROWS for rows in (lo, hi)}
+            first, last = self._tokens_running(kernels, top_k, max_tokens)
+            gathering = {tokens * top_k <= GATHER_MAX_ROWS for tokens in (first, last)}
             self._prepare_kernels(kernels, device, top_k, gathering)
             if backward:
                 self._prepare_training(kernels, device, top_k, lora)
