@@ -51,6 +51,17 @@ kjit::Expected<void> require(const void* p, const char* what) {
   return kjit::fail(KJIT_ERROR_INVALID_ARGUMENT, fmt::format("{} is NULL", what));
 }
 
+// A kjit_*_check entry point: the op's checks that need no pointer (plan_<op>_shapes) and nothing else. No
+// Runtime is touched, so no driver is loaded and no device is looked at.
+template <class Desc, class PlanShapes>
+kjit_status check_shapes(const Desc* desc, PlanShapes plan_shapes) noexcept {
+  return guarded([&]() -> kjit::Expected<void> {
+    KJIT_TRY(require(desc, "desc"));
+    if (auto plan = plan_shapes(*desc); !plan) return std::unexpected(std::move(plan.error()));
+    return {};
+  });
+}
+
 }  // namespace
 
 extern "C" {
@@ -76,6 +87,10 @@ KJIT_API kjit_status kjit_dequant_fp8_prepare(const kjit_dequant_desc* desc, int
   });
 }
 
+KJIT_API kjit_status kjit_dequant_fp8_check(const kjit_dequant_desc* desc) {
+  return check_shapes(desc, kjit::ops::plan_dequant_shapes);
+}
+
 KJIT_API void kjit_grouped_gemm_desc_init(kjit_grouped_gemm_desc* desc) {
   if (!desc) return;
   *desc = kjit_grouped_gemm_desc{};
@@ -96,6 +111,10 @@ KJIT_API kjit_status kjit_grouped_gemm_prepare(const kjit_grouped_gemm_desc* des
     KJIT_TRY(require(desc, "desc"));
     return kjit::ops::prepare_grouped_gemm(kjit::Runtime::global(), *desc, device);
   });
+}
+
+KJIT_API kjit_status kjit_grouped_gemm_check(const kjit_grouped_gemm_desc* desc) {
+  return check_shapes(desc, kjit::ops::check_grouped_gemm_shapes);
 }
 
 KJIT_API void kjit_moe_routing_desc_init(kjit_moe_routing_desc* desc) {
@@ -125,6 +144,10 @@ KJIT_API kjit_status kjit_moe_routing_prepare(const kjit_moe_routing_desc* desc,
   });
 }
 
+KJIT_API kjit_status kjit_moe_routing_check(const kjit_moe_routing_desc* desc) {
+  return check_shapes(desc, kjit::ops::plan_moe_routing_shapes);
+}
+
 KJIT_API void kjit_moe_combine_desc_init(kjit_moe_combine_desc* desc) {
   if (!desc) return;
   *desc = kjit_moe_combine_desc{};
@@ -143,6 +166,10 @@ KJIT_API kjit_status kjit_moe_combine_prepare(const kjit_moe_combine_desc* desc,
     KJIT_TRY(require(desc, "desc"));
     return kjit::ops::prepare_moe_combine(kjit::Runtime::global(), *desc, device);
   });
+}
+
+KJIT_API kjit_status kjit_moe_combine_check(const kjit_moe_combine_desc* desc) {
+  return check_shapes(desc, kjit::ops::plan_moe_combine_shapes);
 }
 
 KJIT_API void kjit_fp8_quantize_desc_init(kjit_fp8_quantize_desc* desc) {
@@ -164,6 +191,10 @@ KJIT_API kjit_status kjit_fp8_quantize_prepare(const kjit_fp8_quantize_desc* des
     KJIT_TRY(require(desc, "desc"));
     return kjit::ops::prepare_fp8_quantize(kjit::Runtime::global(), *desc, device);
   });
+}
+
+KJIT_API kjit_status kjit_fp8_quantize_check(const kjit_fp8_quantize_desc* desc) {
+  return check_shapes(desc, kjit::ops::plan_fp8_quantize_shapes);
 }
 
 KJIT_API void kjit_moe_activation_desc_init(kjit_moe_activation_desc* desc) {
@@ -189,6 +220,10 @@ KJIT_API kjit_status kjit_moe_activation_prepare(const kjit_moe_activation_desc*
   });
 }
 
+KJIT_API kjit_status kjit_moe_activation_check(const kjit_moe_activation_desc* desc) {
+  return check_shapes(desc, kjit::ops::plan_moe_activation_shapes);
+}
+
 KJIT_API void kjit_grouped_gemm_wgrad_desc_init(kjit_grouped_gemm_wgrad_desc* desc) {
   if (!desc) return;
   *desc = kjit_grouped_gemm_wgrad_desc{};
@@ -210,6 +245,10 @@ KJIT_API kjit_status kjit_grouped_gemm_wgrad_prepare(const kjit_grouped_gemm_wgr
     KJIT_TRY(require(desc, "desc"));
     return kjit::ops::prepare_grouped_gemm_wgrad(kjit::Runtime::global(), *desc, device);
   });
+}
+
+KJIT_API kjit_status kjit_grouped_gemm_wgrad_check(const kjit_grouped_gemm_wgrad_desc* desc) {
+  return check_shapes(desc, kjit::ops::plan_grouped_gemm_wgrad_shapes);
 }
 
 KJIT_API void kjit_mx_quantize_desc_init(kjit_mx_quantize_desc* desc) {
@@ -234,6 +273,10 @@ KJIT_API kjit_status kjit_quantize_mx_prepare(const kjit_mx_quantize_desc* desc,
   });
 }
 
+KJIT_API kjit_status kjit_quantize_mx_check(const kjit_mx_quantize_desc* desc) {
+  return check_shapes(desc, kjit::ops::plan_mx_quantize_shapes);
+}
+
 KJIT_API void kjit_mx_dequant_desc_init(kjit_mx_dequant_desc* desc) {
   if (!desc) return;
   *desc = kjit_mx_dequant_desc{};
@@ -255,6 +298,10 @@ KJIT_API kjit_status kjit_dequant_mx_prepare(const kjit_mx_dequant_desc* desc, i
   });
 }
 
+KJIT_API kjit_status kjit_dequant_mx_check(const kjit_mx_dequant_desc* desc) {
+  return check_shapes(desc, kjit::ops::plan_mx_dequant_shapes);
+}
+
 KJIT_API void kjit_scale_layout_desc_init(kjit_scale_layout_desc* desc) {
   if (!desc) return;
   *desc = kjit_scale_layout_desc{};
@@ -274,6 +321,10 @@ KJIT_API kjit_status kjit_convert_scale_layout_prepare(const kjit_scale_layout_d
     KJIT_TRY(require(desc, "desc"));
     return kjit::ops::prepare_convert_scale_layout(kjit::Runtime::global(), *desc, device);
   });
+}
+
+KJIT_API kjit_status kjit_convert_scale_layout_check(const kjit_scale_layout_desc* desc) {
+  return check_shapes(desc, kjit::ops::plan_mx_scale_layout_shapes);
 }
 
 KJIT_API uint64_t kjit_swizzled_scale_bytes(int64_t total_rows, int64_t scale_cols, int64_t experts) {

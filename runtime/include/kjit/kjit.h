@@ -142,6 +142,18 @@ KJIT_API kjit_status kjit_dequant_fp8(const kjit_dequant_desc* desc, kjit_stream
  * used and may be NULL. */
 KJIT_API kjit_status kjit_dequant_fp8_prepare(const kjit_dequant_desc* desc, int device);
 
+/* Checks `desc` as kjit_dequant_fp8 and kjit_dequant_fp8_prepare do before they
+ * look at a device: every rule that depends on neither a pointer nor the
+ * device (dtypes, sizes, strides, the scales' shape, the convention; not the
+ * arch's capability gate), with the status and the message a launch would
+ * give. KJIT_OK leaves only the pointers and the device to check. Host only:
+ * it loads no driver, needs no GPU and compiles nothing, so a caller can check
+ * where it only traces (the Python module's fake kernels, which torch.compile
+ * runs, call it). No pointer is read: an optional one counts only as given or
+ * NULL (its presence is part of the shapes), the others may be NULL. Every op
+ * has its kjit_<launch>_check, alike but for the descriptor. */
+KJIT_API kjit_status kjit_dequant_fp8_check(const kjit_dequant_desc* desc);
+
 /* How the rows of each expert are given: device-resident int32 offsets into
  * the rows of A (rows sorted by expert). No default, on purpose. */
 typedef enum kjit_expert_offsets {
@@ -311,6 +323,8 @@ KJIT_API uint64_t kjit_grouped_gemm_workspace_bytes(void);
 KJIT_API kjit_status kjit_grouped_gemm(const kjit_grouped_gemm_desc* desc, kjit_stream stream);
 /* Compiles (or finds) and loads the kernel `desc` needs on `device`; pointers unused. */
 KJIT_API kjit_status kjit_grouped_gemm_prepare(const kjit_grouped_gemm_desc* desc, int device);
+/* Its checks without pointers, host only, as kjit_dequant_fp8_check. */
+KJIT_API kjit_status kjit_grouped_gemm_check(const kjit_grouped_gemm_desc* desc);
 
 /* MoE routing helpers, on the device and CUDA-graph safe.
  *
@@ -366,12 +380,16 @@ typedef struct kjit_moe_combine_desc {
 KJIT_API void kjit_moe_routing_desc_init(kjit_moe_routing_desc* desc);
 KJIT_API kjit_status kjit_moe_routing(const kjit_moe_routing_desc* desc, kjit_stream stream);
 KJIT_API kjit_status kjit_moe_routing_prepare(const kjit_moe_routing_desc* desc, int device);
+/* Its checks without pointers, host only, as kjit_dequant_fp8_check. */
+KJIT_API kjit_status kjit_moe_routing_check(const kjit_moe_routing_desc* desc);
 /* The workspace kjit_moe_routing can use for tokens * top_k ids and
  * experts_local experts; 0 when one block takes them all anyway. */
 KJIT_API uint64_t kjit_moe_routing_workspace_bytes(int64_t tokens, int64_t top_k, int64_t experts_local);
 KJIT_API void kjit_moe_combine_desc_init(kjit_moe_combine_desc* desc);
 KJIT_API kjit_status kjit_moe_combine(const kjit_moe_combine_desc* desc, kjit_stream stream);
 KJIT_API kjit_status kjit_moe_combine_prepare(const kjit_moe_combine_desc* desc, int device);
+/* Its checks without pointers, host only, as kjit_dequant_fp8_check. */
+KJIT_API kjit_status kjit_moe_combine_check(const kjit_moe_combine_desc* desc);
 
 /* What an fp8 quantize scale is. No default, on purpose. */
 typedef enum kjit_quant_scale_format {
@@ -423,6 +441,8 @@ KJIT_API void kjit_fp8_quantize_desc_init(kjit_fp8_quantize_desc* desc);
 KJIT_API kjit_status kjit_fp8_quantize(const kjit_fp8_quantize_desc* desc, kjit_stream stream);
 /* Compiles (or finds) and loads the kernel `desc` needs on `device`; pointers unused. */
 KJIT_API kjit_status kjit_fp8_quantize_prepare(const kjit_fp8_quantize_desc* desc, int device);
+/* Its checks without pointers, host only, as kjit_dequant_fp8_check. */
+KJIT_API kjit_status kjit_fp8_quantize_check(const kjit_fp8_quantize_desc* desc);
 
 /* kjit_dequant_mx: MX-format weights -> bf16/fp16/fp32 out[E, rows, k] (or
  * out[i] = dequant(expert expert_ids[i]) with the "only these experts" form,
@@ -455,6 +475,8 @@ KJIT_API kjit_status kjit_dequant_mx(const kjit_mx_dequant_desc* desc, kjit_stre
 /* Loads every kernel a launch of `desc`'s shapes may need, whatever its
  * pointers' alignment, as kjit_dequant_fp8_prepare. */
 KJIT_API kjit_status kjit_dequant_mx_prepare(const kjit_mx_dequant_desc* desc, int device);
+/* Its checks without pointers, host only, as kjit_dequant_fp8_check. */
+KJIT_API kjit_status kjit_dequant_mx_check(const kjit_mx_dequant_desc* desc);
 
 /* How kjit_quantize_mx gets NVFP4's global scale. No default. */
 typedef enum kjit_global_scale_mode {
@@ -494,6 +516,8 @@ typedef struct kjit_mx_quantize_desc {
 KJIT_API void kjit_mx_quantize_desc_init(kjit_mx_quantize_desc* desc);
 KJIT_API kjit_status kjit_quantize_mx(const kjit_mx_quantize_desc* desc, kjit_stream stream);
 KJIT_API kjit_status kjit_quantize_mx_prepare(const kjit_mx_quantize_desc* desc, int device);
+/* Its checks without pointers, host only, as kjit_dequant_fp8_check. */
+KJIT_API kjit_status kjit_quantize_mx_check(const kjit_mx_quantize_desc* desc);
 
 /* kjit_convert_scale_layout: scale bytes LINEAR <-> SWIZZLED_128X4 for a
  * stack of experts, so no caller hand-rolls the swizzle. Expert e has
@@ -521,6 +545,8 @@ typedef struct kjit_scale_layout_desc {
 KJIT_API void kjit_scale_layout_desc_init(kjit_scale_layout_desc* desc);
 KJIT_API kjit_status kjit_convert_scale_layout(const kjit_scale_layout_desc* desc, kjit_stream stream);
 KJIT_API kjit_status kjit_convert_scale_layout_prepare(const kjit_scale_layout_desc* desc, int device);
+/* Its checks without pointers, host only, as kjit_dequant_fp8_check. */
+KJIT_API kjit_status kjit_convert_scale_layout_check(const kjit_scale_layout_desc* desc);
 /* The largest swizzled size a stack of `experts` experts holding `total_rows` rows in all can need (each
  * expert's rows padded up to 128; at most min(experts, total_rows) experts hold rows): (total_rows + 127 *
  * min(experts, total_rows)) rounded down to a multiple of 128, times round_up(scale_cols, 4). 0 for negative
@@ -580,6 +606,8 @@ KJIT_API void kjit_moe_activation_desc_init(kjit_moe_activation_desc* desc);
 KJIT_API kjit_status kjit_moe_activation(const kjit_moe_activation_desc* desc, kjit_stream stream);
 /* Compiles (or finds) and loads the kernel `desc` needs on `device`; pointers unused. */
 KJIT_API kjit_status kjit_moe_activation_prepare(const kjit_moe_activation_desc* desc, int device);
+/* Its checks without pointers, host only, as kjit_dequant_fp8_check. */
+KJIT_API kjit_status kjit_moe_activation_check(const kjit_moe_activation_desc* desc);
 
 /* kjit_grouped_gemm_wgrad: the weight gradient of a grouped GEMM (MoE
  * experts' dW), K-grouped: for each expert e with rows [s_e, t_e),
@@ -623,6 +651,8 @@ KJIT_API void kjit_grouped_gemm_wgrad_desc_init(kjit_grouped_gemm_wgrad_desc* de
 KJIT_API kjit_status kjit_grouped_gemm_wgrad(const kjit_grouped_gemm_wgrad_desc* desc, kjit_stream stream);
 /* Compiles (or finds) and loads the kernel `desc` needs on `device`; pointers unused. */
 KJIT_API kjit_status kjit_grouped_gemm_wgrad_prepare(const kjit_grouped_gemm_wgrad_desc* desc, int device);
+/* Its checks without pointers, host only, as kjit_dequant_fp8_check. */
+KJIT_API kjit_status kjit_grouped_gemm_wgrad_check(const kjit_grouped_gemm_wgrad_desc* desc);
 
 /* Reads and clears the errors kernels have recorded on `device` (for example
  * an expert id out of range). Synchronises that device. Returns KJIT_OK when

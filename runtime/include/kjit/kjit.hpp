@@ -35,6 +35,10 @@ inline void dequant_fp8(const DequantDesc& desc, kjit_stream stream) {
 inline void prepare_dequant_fp8(const DequantDesc& desc, int device) {
   throw_if_failed(kjit_dequant_fp8_prepare(&desc, device));
 }
+// check_*: an op's checks that need no pointer and no device, host only (kjit_*_check).
+inline void check_dequant_fp8(const DequantDesc& desc) {
+  throw_if_failed(kjit_dequant_fp8_check(&desc));
+}
 // Descriptors with struct_size set (see kjit.h for every field's meaning).
 struct GroupedGemmDesc : kjit_grouped_gemm_desc {
   GroupedGemmDesc() : kjit_grouped_gemm_desc() { kjit_grouped_gemm_desc_init(this); }
@@ -58,11 +62,17 @@ inline void grouped_gemm(const GroupedGemmDesc& desc, kjit_stream stream) {
 inline void prepare_grouped_gemm(const GroupedGemmDesc& desc, int device) {
   throw_if_failed(kjit_grouped_gemm_prepare(&desc, device));
 }
+inline void check_grouped_gemm(const GroupedGemmDesc& desc) {
+  throw_if_failed(kjit_grouped_gemm_check(&desc));
+}
 inline void moe_routing(const MoeRoutingDesc& desc, kjit_stream stream) {
   throw_if_failed(kjit_moe_routing(&desc, stream));
 }
 inline void prepare_moe_routing(const MoeRoutingDesc& desc, int device) {
   throw_if_failed(kjit_moe_routing_prepare(&desc, device));
+}
+inline void check_moe_routing(const MoeRoutingDesc& desc) {
+  throw_if_failed(kjit_moe_routing_check(&desc));
 }
 inline void moe_combine(const MoeCombineDesc& desc, kjit_stream stream) {
   throw_if_failed(kjit_moe_combine(&desc, stream));
@@ -70,17 +80,26 @@ inline void moe_combine(const MoeCombineDesc& desc, kjit_stream stream) {
 inline void prepare_moe_combine(const MoeCombineDesc& desc, int device) {
   throw_if_failed(kjit_moe_combine_prepare(&desc, device));
 }
+inline void check_moe_combine(const MoeCombineDesc& desc) {
+  throw_if_failed(kjit_moe_combine_check(&desc));
+}
 inline void fp8_quantize(const Fp8QuantizeDesc& desc, kjit_stream stream) {
   throw_if_failed(kjit_fp8_quantize(&desc, stream));
 }
 inline void prepare_fp8_quantize(const Fp8QuantizeDesc& desc, int device) {
   throw_if_failed(kjit_fp8_quantize_prepare(&desc, device));
 }
+inline void check_fp8_quantize(const Fp8QuantizeDesc& desc) {
+  throw_if_failed(kjit_fp8_quantize_check(&desc));
+}
 inline void quantize_mx(const MxQuantizeDesc& desc, kjit_stream stream) {
   throw_if_failed(kjit_quantize_mx(&desc, stream));
 }
 inline void prepare_quantize_mx(const MxQuantizeDesc& desc, int device) {
   throw_if_failed(kjit_quantize_mx_prepare(&desc, device));
+}
+inline void check_quantize_mx(const MxQuantizeDesc& desc) {
+  throw_if_failed(kjit_quantize_mx_check(&desc));
 }
 
 // MX formats (NVFP4, MXFP4, MXFP8): dequant and scale-layout conversion.
@@ -96,11 +115,17 @@ inline void dequant_mx(const MxDequantDesc& desc, kjit_stream stream) {
 inline void prepare_dequant_mx(const MxDequantDesc& desc, int device) {
   throw_if_failed(kjit_dequant_mx_prepare(&desc, device));
 }
+inline void check_dequant_mx(const MxDequantDesc& desc) {
+  throw_if_failed(kjit_dequant_mx_check(&desc));
+}
 inline void convert_scale_layout(const ScaleLayoutDesc& desc, kjit_stream stream) {
   throw_if_failed(kjit_convert_scale_layout(&desc, stream));
 }
 inline void prepare_convert_scale_layout(const ScaleLayoutDesc& desc, int device) {
   throw_if_failed(kjit_convert_scale_layout_prepare(&desc, device));
+}
+inline void check_convert_scale_layout(const ScaleLayoutDesc& desc) {
+  throw_if_failed(kjit_convert_scale_layout_check(&desc));
 }
 
 // The grouped GEMM's weight gradient: out[e] = dy[rows of e]^T . x[rows of e] (MoE experts' dW).
@@ -113,6 +138,9 @@ inline void grouped_gemm_wgrad(const GroupedGemmWgradDesc& desc, kjit_stream str
 inline void prepare_grouped_gemm_wgrad(const GroupedGemmWgradDesc& desc, int device) {
   throw_if_failed(kjit_grouped_gemm_wgrad_prepare(&desc, device));
 }
+inline void check_grouped_gemm_wgrad(const GroupedGemmWgradDesc& desc) {
+  throw_if_failed(kjit_grouped_gemm_wgrad_check(&desc));
+}
 
 // The MoE activation between the grouped GEMMs (SiLU-and-mul, gpt-oss SwiGLU; bf16 or FP8 out).
 struct MoeActivationDesc : kjit_moe_activation_desc {
@@ -123,6 +151,9 @@ inline void moe_activation(const MoeActivationDesc& desc, kjit_stream stream) {
 }
 inline void prepare_moe_activation(const MoeActivationDesc& desc, int device) {
   throw_if_failed(kjit_moe_activation_prepare(&desc, device));
+}
+inline void check_moe_activation(const MoeActivationDesc& desc) {
+  throw_if_failed(kjit_moe_activation_check(&desc));
 }
 
 // Throws if a kernel on `device` recorded bad data (synchronises the device).

@@ -184,6 +184,16 @@ Expected<GroupedGemmPlan> plan_grouped_gemm_shapes(const kjit_grouped_gemm_desc&
   return plan;
 }
 
+Expected<void> check_grouped_gemm_shapes(const kjit_grouped_gemm_desc& desc) {
+  const auto checked = [](const auto& plan) -> Expected<void> {
+    if (plan) return {};
+    return std::unexpected(plan.error());
+  };
+  if (is_mixed_gemm(desc)) return checked(plan_grouped_gemm_mixed_shapes(desc));
+  if (is_fp8_gemm(desc)) return checked(plan_grouped_gemm_fp8_shapes(desc));
+  return checked(plan_grouped_gemm_shapes(desc));
+}
+
 namespace {
 constexpr CUtensorMapDataType kBf16 = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
 }  // namespace

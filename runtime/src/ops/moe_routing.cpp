@@ -15,7 +15,9 @@ auto invalid(std::string message) { return fail(KJIT_ERROR_INVALID_ARGUMENT, std
 
 constexpr int64_t kIdsPerBlock = codegen::kRoutingIdsPerBlock;
 
-Expected<codegen::MoeRoutingSpec> routing_spec(const kjit_moe_routing_desc& d) {
+}  // namespace
+
+Expected<codegen::MoeRoutingSpec> plan_moe_routing_shapes(const kjit_moe_routing_desc& d) {
   if (d.struct_size < sizeof(kjit_moe_routing_desc))
     return invalid("desc.struct_size is too small: call kjit_moe_routing_desc_init first");
   if (d.tokens < 0 || d.top_k < 1) return invalid(fmt::format("need tokens >= 0 and top_k >= 1, got {} and {}", d.tokens, d.top_k));
@@ -33,7 +35,7 @@ Expected<codegen::MoeRoutingSpec> routing_spec(const kjit_moe_routing_desc& d) {
   return s;
 }
 
-Expected<codegen::MoeCombineSpec> combine_spec(const kjit_moe_combine_desc& d) {
+Expected<codegen::MoeCombineSpec> plan_moe_combine_shapes(const kjit_moe_combine_desc& d) {
   if (d.struct_size < sizeof(kjit_moe_combine_desc))
     return invalid("desc.struct_size is too small: call kjit_moe_combine_desc_init first");
   if (d.in_dtype != KJIT_DTYPE_BF16) return invalid("moe_combine in_dtype must be KJIT_DTYPE_BF16");
@@ -49,10 +51,8 @@ Expected<codegen::MoeCombineSpec> combine_spec(const kjit_moe_combine_desc& d) {
   return s;
 }
 
-}  // namespace
-
 Expected<void> moe_routing(Runtime& runtime, const kjit_moe_routing_desc& d, CUstream stream) {
-  const auto spec = KJIT_TRY(routing_spec(d));
+  const auto spec = KJIT_TRY(plan_moe_routing_shapes(d));
   const std::initializer_list<NamedPointer> pointers = {{d.topk_ids, "topk_ids"},
                                                         {d.counts, "counts"},
                                                         {d.offsets, "offsets"},
@@ -107,12 +107,12 @@ uint64_t moe_routing_workspace_bytes(int64_t entries, int64_t experts_local) {
 }
 
 Expected<void> prepare_moe_routing(Runtime& runtime, const kjit_moe_routing_desc& d, int device) {
-  const auto spec = KJIT_TRY(routing_spec(d));
+  const auto spec = KJIT_TRY(plan_moe_routing_shapes(d));
   return prepare_on_device(runtime, spec, device);
 }
 
 Expected<void> moe_combine(Runtime& runtime, const kjit_moe_combine_desc& d, CUstream stream) {
-  const auto spec = KJIT_TRY(combine_spec(d));
+  const auto spec = KJIT_TRY(plan_moe_combine_shapes(d));
   if (d.tokens == 0) return {};
   const std::initializer_list<NamedPointer> pointers = {
       {d.expert_out, "expert_out"}, {d.topk_weights, "topk_weights"}, {d.flat_to_sorted, "flat_to_sorted"}, {d.out, "out"}};
@@ -131,7 +131,7 @@ Expected<void> moe_combine(Runtime& runtime, const kjit_moe_combine_desc& d, CUs
 }
 
 Expected<void> prepare_moe_combine(Runtime& runtime, const kjit_moe_combine_desc& d, int device) {
-  const auto spec = KJIT_TRY(combine_spec(d));
+  const auto spec = KJIT_TRY(plan_moe_combine_shapes(d));
   return prepare_on_device(runtime, spec, device);
 }
 

@@ -76,6 +76,10 @@ struct GroupedGemmPlan {
 // those).
 Expected<GroupedGemmPlan> plan_grouped_gemm_shapes(const kjit_grouped_gemm_desc& desc);
 
+// The checks without pointers of whichever grouped GEMM `desc` names (bf16, W8A8, W8A16 / W4A16), as its
+// launch and prepare run them first.
+Expected<void> check_grouped_gemm_shapes(const kjit_grouped_gemm_desc& desc);
+
 Expected<void> grouped_gemm(Runtime& runtime, const kjit_grouped_gemm_desc& desc, CUstream stream);
 // Loads every configuration a launch of `desc` may pick on `device`, whatever
 // its row count, so that capturing any batch size needs no compile.

@@ -2,11 +2,17 @@
 // moe_routing and moe_combine.
 #pragma once
 
+#include "kjit/codegen/kernel_spec.hpp"
 #include "kjit/internal/runtime.hpp"
 #include "kjit/kjit.h"
 #include "moe_routing_params.h"
 
 namespace kjit::ops {
+
+// Each helper's checks that do not depend on pointers (sizes, the expert range, the offsets convention, the
+// dtypes), and the spec they produce.
+Expected<codegen::MoeRoutingSpec> plan_moe_routing_shapes(const kjit_moe_routing_desc& desc);
+Expected<codegen::MoeCombineSpec> plan_moe_combine_shapes(const kjit_moe_combine_desc& desc);
 
 Expected<void> moe_routing(Runtime& runtime, const kjit_moe_routing_desc& desc, CUstream stream);
 Expected<void> prepare_moe_routing(Runtime& runtime, const kjit_moe_routing_desc& desc, int device);
