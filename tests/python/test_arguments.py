@@ -1,7 +1,12 @@
-"""Every argument is checked in Python before any call, and a wrong one raises
-kjit.KjitError naming it. CUDA tensors here are fake (FakeTensorMode: shapes,
-dtypes and devices without memory), so the checks run on machines with no GPU;
-no check reads data."""
+"""Every argument is checked before any launch, and a wrong one raises
+kjit.KjitError naming it: the tensors (type, device, dtype, layout, shapes that
+must agree) in Python, every rule of the descriptor in libkjit, whose message
+is the one a launch would give (its kjit_*_check entry points, which the ops'
+fake kernels call). CUDA tensors here are fake (FakeTensorMode: shapes, dtypes
+and devices without memory), so the checks run on machines with no GPU; no
+check reads data."""
+
+import ctypes
 
 import pytest
 
@@ -9,6 +14,7 @@ torch = pytest.importorskip("torch")
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 import kjit  # noqa: E402
+from kjit import _abi  # noqa: E402
 
 bf16, f32, i32, i64, fp8 = torch.bfloat16, torch.float32, torch.int32, torch.int64, torch.float8_e4m3fn
 
@@ -121,9 +127,9 @@ def test_quantize_fp8_arguments_are_named():
         x = cuda(4, 256, dtype=bf16)
         with raises_naming("x must be bfloat16, got float16"):
             kjit.quantize_fp8(cuda(4, 256, dtype=torch.float16))
-        with raises_naming("K = x.shape.1. must be a positive multiple of 128, got 200"):
+        with raises_naming("fp8_quantize: K must be a positive multiple of 128 up to .*, got 200"):
             kjit.quantize_fp8(cuda(4, 200, dtype=bf16))
-        with raises_naming("group must be 128"):
+        with raises_naming(r"fp8_quantize: group must be 128 \(one scale per 128 columns\), got 64"):
             kjit.quantize_fp8(x, group=64)
         with raises_naming("scale_format must be one of 'fp32', 'ue8m0', got 'e8m0'"):
             kjit.quantize_fp8(x, scale_format="e8m0")
@@ -131,7 +137,9 @@ def test_quantize_fp8_arguments_are_named():
             kjit.quantize_fp8(x, gather=cuda(6, dtype=i32))
         with raises_naming("sorted_to_flat must be int32, got int64"):
             kjit.quantize_fp8(x, gather=(cuda(6, dtype=i64), 2))
-        with raises_naming("top_k must be an int >= 1, got 0"):
+        with raises_naming("top_k must be an int, got 2.0"):
+            kjit.quantize_fp8(x, gather=(cuda(6, dtype=i32), 2.0))
+        with raises_naming("sorted_to_flat and tokens are for a gather, which top_k >= 1 asks for"):
             kjit.quantize_fp8(x, gather=(cuda(6, dtype=i32), 0))
         with raises_naming(r"codes must be \[6, 256\], got \[4, 256\]"):
             kjit.quantize_fp8(x, gather=(cuda(6, dtype=i32), 2), out=cuda(4, 256, dtype=fp8))
@@ -166,10 +174,12 @@ def test_fp8_gemm_arguments_that_fit_reach_the_op_with_either_weight_scale_granu
 def test_fp8_activations_need_e4m3fn_weights_and_e5m2_activations_are_refused():
     with FakeTensorMode():
         a, a_scale, w, w_scale, offsets = fp8_operands()
-        with raises_naming("a is float8_e4m3fn but w is bfloat16: float8_e4m3fn activations need float8_e4m3fn "
-                           "weights .W8A8.; with bfloat16 a, w may be bfloat16 or float8 .W8A16."):
+        with raises_naming(r"KJIT_ERROR_UNSUPPORTED: FP8 activations need FP8 weights \(a_dtype and b_dtype both "
+                           r"KJIT_DTYPE_F8_E4M3FN\)"):
             fp8_gemm(a, a_scale, cuda(EXPERTS, N, K, dtype=bf16), w_scale, offsets)
-        with raises_naming("a is float8_e4m3fn but w is float8_e5m2"):
+        with raises_naming("FP8 activations need FP8 weights"):
+            fp8_gemm(a, a_scale, cuda(EXPERTS, N, K // 2, dtype=torch.uint8), w_scale, offsets)
+        with raises_naming(r"the W8A8 grouped GEMM takes e4m3fn operands only .*, not e5m2"):
             fp8_gemm(a, a_scale, cuda(EXPERTS, N, K, dtype=torch.float8_e5m2), w_scale, offsets)
         with raises_naming("a must be bfloat16 or float8_e4m3fn, got float8_e5m2"):
             fp8_gemm(cuda(ROWS, K, dtype=torch.float8_e5m2), a_scale, w, w_scale, offsets)
@@ -179,7 +189,8 @@ def test_w8a8_takes_no_scale_convention_but_multiply():
     with FakeTensorMode():
         a, a_scale, w, w_scale, offsets = fp8_operands()
         assert fp8_gemm(a, a_scale, w, w_scale, offsets, w_scale_convention="multiply").shape == (ROWS, N)
-        with raises_naming("w_scale_convention must be None or 'multiply' with float8_e4m3fn a and w .W8A8"):
+        with raises_naming("the W8A8 grouped GEMM's scales are fp32 multipliers: b_scale_convention must be "
+                           "KJIT_SCALE_MULTIPLY"):
             fp8_gemm(a, a_scale, w, w_scale, offsets, w_scale_convention="divide")
 
 
@@ -219,17 +230,22 @@ def test_fp8_scales_of_the_wrong_shape_or_dtype_are_named_with_the_shape_expecte
 def test_fp8_weight_blocks_other_than_128x128_are_refused():
     with FakeTensorMode():
         a, a_scale, w, _, offsets = fp8_operands()
-        with raises_naming(r"w_block must be \(128, 128\) .the FP8 GEMM's only weight block., got \(64, 64\)"):
+        with raises_naming(r"b_scales per block must be of 128 x 128 weights \(b_block_rows, b_block_cols\), got "
+                           r"64 x 64: the FP8 grouped GEMM has no other block"):
             fp8_gemm(a, a_scale, w, cuda(EXPERTS, 5, K // 64, dtype=f32), offsets, w_block=(64, 64))
+        with raises_naming(r"w_block must be two ints \(rows, cols\), got 128"):
+            fp8_gemm(a, a_scale, w, cuda(EXPERTS, 3, K // 128, dtype=f32), offsets, w_block=128)
 
 
 def test_fp8_gemm_needs_e_n_k_weights_and_k_a_multiple_of_128():
     with FakeTensorMode():
         a, a_scale, w, w_scale, offsets = fp8_operands()
-        with raises_naming("weights must be 'e_n_k' .*with float8_e4m3fn operands, got 'e_k_n'"):
+        with raises_naming(r"FP8 weights must be KJIT_WEIGHTS_E_N_K \(\[E, N, K\], as checkpoints store them\)"):
             fp8_gemm(a, a_scale, cuda(EXPERTS, K, N, dtype=fp8), w_scale, offsets, weights="e_k_n")
-        with raises_naming("K must be a multiple of 128 with float8_e4m3fn operands .*got 192"):
-            fp8_gemm(cuda(ROWS, 192, dtype=fp8), a_scale, cuda(EXPERTS, N, 192, dtype=fp8), w_scale, offsets)
+        with raises_naming(r"grouped_gemm_fp8: K must be a positive multiple of 128 \(whole 1x128 activation scale "
+                           r"groups and 128x128 weight blocks\) up to .*, got 192"):
+            fp8_gemm(cuda(ROWS, 192, dtype=fp8), cuda(ROWS, 1, dtype=f32), cuda(EXPERTS, N, 192, dtype=fp8),
+                     cuda(EXPERTS, 3, 1, dtype=f32), offsets)
 
 
 def test_scales_with_bf16_operands_are_refused():
@@ -241,3 +257,39 @@ def test_scales_with_bf16_operands_are_refused():
         with raises_naming(r"a_scale, w_scale and w_scale_convention are for float8 operands"):
             kjit.grouped_gemm(cuda(ROWS, K, dtype=bf16), cuda(EXPERTS, N, K, dtype=bf16), offsets,
                               offsets_convention="cumulative_end", w_scale_convention="multiply")
+
+
+def test_a_rule_libkjit_checks_raises_argument_error_with_its_message_before_any_launch():
+    with FakeTensorMode():
+        with pytest.raises(kjit.ArgumentError) as refused:
+            kjit.quantize_fp8(cuda(4, 200, dtype=bf16))
+    assert isinstance(refused.value, ValueError) and refused.value.status == "KJIT_ERROR_INVALID_ARGUMENT"
+    assert str(refused.value) == ("KJIT_ERROR_INVALID_ARGUMENT: fp8_quantize: K must be a positive multiple of 128 "
+                                  f"up to {_max_dimension()}, got 200")
+
+
+def _max_dimension() -> int:
+    """codegen's kMaxDimension, as libkjit's messages state it."""
+    d = _abi.GroupedGemmWgradDesc()
+    lib = kjit.library()
+    lib.kjit_grouped_gemm_wgrad_desc_init(ctypes.byref(d))
+    d.offsets_convention, d.n, d.k, d.experts = _abi.ExpertOffsets.CUMULATIVE_END, 12, 8, 1
+    assert lib.kjit_grouped_gemm_wgrad_check(ctypes.byref(d)) == _abi.Status.ERROR_INVALID_ARGUMENT
+    return int(lib.kjit_last_error_message().decode().split("up to ")[1].split(",")[0])
+
+
+def test_every_check_entry_point_runs_without_a_gpu_and_refuses_an_unfilled_descriptor():
+    """kjit_<launch>_check is host only: it answers where there is no driver (as on CPU-only machines), and a
+    descriptor fresh from its _init is invalid for every op."""
+    lib = kjit.library()
+    for stem, launch, desc in _abi.DESCRIPTORS:
+        d = desc()
+        getattr(lib, f"kjit_{stem}_desc_init")(ctypes.byref(d))
+        assert getattr(lib, f"kjit_{launch}_check")(ctypes.byref(d)) == _abi.Status.ERROR_INVALID_ARGUMENT, launch
+        assert lib.kjit_last_error_message(), launch
+    d = _abi.DequantDesc()  # valid shapes, no pointers at all: nothing left for the check to refuse
+    lib.kjit_dequant_desc_init(ctypes.byref(d))
+    d.in_dtype, d.out_dtype = _abi.Dtype.F8_E4M3FN, _abi.Dtype.BF16
+    d.rows, d.cols, d.scale_granularity, d.scale_rows, d.scale_cols = 128, 128, _abi.ScaleGranularity.PER_TENSOR, 1, 1
+    d.scale_convention = _abi.ScaleConvention.MULTIPLY
+    assert lib.kjit_dequant_fp8_check(ctypes.byref(d)) == _abi.Status.OK

@@ -118,8 +118,10 @@ def raises_naming(text):
 
 
 @pytest.mark.parametrize("change,message", [
-    (dict(w_format=None), "w_format must be 'nvfp4' or 'mxfp4'"),
-    (dict(w_scale_convention=None), "w_scale_convention is required with nvfp4"),
+    (dict(w_format=None), r"W4A16 \(b_dtype KJIT_DTYPE_F4_E2M1\) needs b_format KJIT_BLOCK_FORMAT_NVFP4 or _MXFP4"),
+    (dict(w_format="mxfp8"), "needs b_format KJIT_BLOCK_FORMAT_NVFP4 or _MXFP4; there is no default, got 3"),
+    (dict(w_format="fp4"), "w_format must be one of 'nvfp4', 'mxfp4', 'mxfp8', got 'fp4'"),
+    (dict(w_scale_convention=None), "NVFP4 weights need b_scale_convention for their global scale"),
     (dict(w_global_scale=None), "w_global_scale is required with nvfp4"),
     (dict(w_scale=None), "w_scale is required"),
     (dict(weights="e_k_n"), r"a must be \[rows, 64\]"),  # the same storage read backwards: K = its 64 rows
@@ -159,7 +161,8 @@ def test_w4a16_backward_reading_takes_the_stored_stack_and_its_scales():
                                   offsets_convention="cumulative_end", w_format=fmt,
                                   w_scale=scale.transpose(1, 2).contiguous(), **extra)
         _, w, offsets, _, _ = fake_operands("mxfp4", n=64, k=80)  # stored rows of 80 elements: not whole units
-        with raises_naming("C of 32"):
+        with raises_naming(r"grouped_gemm_mixed mxfp4 needs the stored rows' length \(N for \[E, K, N\]\) a multiple "
+                           "of 32, got 80"):
             kjit.grouped_gemm(cuda(8, 64, dtype=bf16), w, offsets, weights="e_k_n",
                               offsets_convention="cumulative_end", w_format="mxfp4", w_scale=cuda(2, 64, 2, dtype=u8))
 
@@ -202,16 +205,16 @@ def check_scale_shapes_and_format_rules():
     with raises_naming("w_scale must be"):
         kjit.grouped_gemm(a, w, offsets, out=out, offsets_convention="cumulative_end", w_format="mxfp4",
                           w_scale=scale[:, :, :1])
-    with raises_naming("mxfp4 weights have none"):
+    with raises_naming("b_global_scales is NVFP4's; MXFP4 weights have none"):
         kjit.grouped_gemm(a, w, offsets, out=out, offsets_convention="cumulative_end", w_format="mxfp4",
                           w_scale=scale, w_global_scale=cuda(2, dtype=f32))
     with raises_naming("UE8M0 multipliers"):
         kjit.grouped_gemm(a, w, offsets, out=out, offsets_convention="cumulative_end", w_format="mxfp4",
                           w_scale=scale, w_scale_convention="divide")
-    with raises_naming("C of 32"):
+    with raises_naming(r"grouped_gemm_mixed mxfp4 needs the stored rows' length \(K\) a multiple of 32, got 48"):
         kjit.grouped_gemm(cuda(8, 48, dtype=bf16), cuda(2, 64, 24, dtype=u8), offsets, out=out,
                           offsets_convention="cumulative_end", w_format="mxfp4", w_scale=cuda(2, 64, 1, dtype=u8))
-    with raises_naming("needs bfloat16 a"):
+    with raises_naming("FP8 activations need FP8 weights"):
         kjit.grouped_gemm(cuda(8, 128, dtype=torch.float8_e4m3fn), w, offsets, out=out,
                           offsets_convention="cumulative_end", w_format="mxfp4", w_scale=scale)
     bf16_w = cuda(2, 64, 128, dtype=bf16)

@@ -80,14 +80,19 @@ def test_mx_dequant_arguments_are_checked_in_python_naming_them():
         with pytest.raises(kjit.KjitError, match="scale_layout must be one of"):
             kjit.dequant_mx(w, s, format="nvfp4", scale_layout=None, global_scales=g,
                             global_scale_convention="multiply")
-        with pytest.raises(kjit.KjitError, match="global_scale_convention must be one of"):
+        with pytest.raises(kjit.KjitError, match="global_scale_convention must be KJIT_SCALE_MULTIPLY or "
+                                                 "KJIT_SCALE_DIVIDE for NVFP4 .there is no default"):
             kjit.dequant_mx(w, s, format="nvfp4", scale_layout="linear", global_scales=g)
+        with pytest.raises(kjit.KjitError, match="global_scale_convention must be one of 'multiply', 'divide', "
+                                                 "got 'mul'"):
+            kjit.dequant_mx(w, s, format="nvfp4", scale_layout="linear", global_scales=g, global_scale_convention="mul")
         with pytest.raises(kjit.KjitError, match="global_scales must be a torch.Tensor"):
             kjit.dequant_mx(w, s, format="nvfp4", scale_layout="linear", global_scale_convention="divide")
-        with pytest.raises(kjit.KjitError, match="global_scales must be None for mxfp4"):
+        with pytest.raises(kjit.KjitError, match="global_scales must be NULL for MXFP4: it has no global scale"):
             kjit.dequant_mx(w, _fake_cuda(torch, 2, 128, 2, dtype=u8), format="mxfp4", scale_layout="linear",
                             global_scales=g)
-        with pytest.raises(kjit.KjitError, match="global_scale_convention must be None for mxfp4"):
+        with pytest.raises(kjit.KjitError, match="global_scale_convention must be UNSET for MXFP4: it has no global "
+                                                 "scale"):
             kjit.dequant_mx(w, _fake_cuda(torch, 2, 128, 2, dtype=u8), format="mxfp4", scale_layout="linear",
                             global_scale_convention="multiply")
         with pytest.raises(kjit.KjitError, match=r"linear scales must be \[2, 128, 2\]"):
@@ -95,11 +100,14 @@ def test_mx_dequant_arguments_are_checked_in_python_naming_them():
         with pytest.raises(kjit.KjitError,
                            match="swizzled scales hold 512 bytes; 2 experts of \\[128, 2\\] need 1024"):
             kjit.dequant_mx(w, _fake_cuda(torch, 512, dtype=u8), format="mxfp4", scale_layout="swizzled_128x4")
-        with pytest.raises(kjit.KjitError, match="need element_dtype"):
-            kjit.dequant_mx(w, s, format="mxfp8", scale_layout="linear")
-        with pytest.raises(kjit.KjitError, match="element_dtype is only for mxfp8"):
-            kjit.dequant_mx(w, s, format="nvfp4", scale_layout="linear", element_dtype=torch.float8_e4m3fn)
-        with pytest.raises(kjit.KjitError, match="K = 48 must be a positive multiple of 32"):
+        with pytest.raises(kjit.KjitError, match="element_dtype must be KJIT_DTYPE_F8_E4M3FN or KJIT_DTYPE_F8_E5M2 "
+                                                 "for MXFP8 .got 0."):
+            kjit.dequant_mx(w, _fake_cuda(torch, 2, 128, 1, dtype=u8), format="mxfp8", scale_layout="linear")
+        with pytest.raises(kjit.KjitError, match="element_dtype must be KJIT_DTYPE_INVALID for NVFP4: its elements "
+                                                 "are e2m1 .got 1."):
+            kjit.dequant_mx(w, s, format="nvfp4", scale_layout="linear", element_dtype=torch.float8_e4m3fn,
+                            global_scales=g, global_scale_convention="multiply")
+        with pytest.raises(kjit.KjitError, match=r"k must be a positive multiple of 32 \(MXFP4's block\), got 48"):
             kjit.dequant_mx(_fake_cuda(torch, 128, 24, dtype=u8), _fake_cuda(torch, 128, 1, dtype=u8),
                             format="mxfp4", scale_layout="linear")
         with pytest.raises(kjit.KjitError, match="global_scales must hold one fp32 per expert"):

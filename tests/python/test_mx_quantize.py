@@ -37,9 +37,11 @@ def test_format_layout_and_nvfp4_global_scale_have_no_default():
             kjit.quantize_mx(x, format="fp4", scale_layout="linear")
         with raises("scale_layout must be one of 'linear', 'swizzled_128x4'"):
             kjit.quantize_mx(x, format="mxfp4", scale_layout="128x4")
-        with raises("nvfp4 needs global_scale 'given' or 'compute'"):
+        with raises("NVFP4 global_scale_mode must be KJIT_GLOBAL_SCALE_GIVEN or KJIT_GLOBAL_SCALE_COMPUTE "
+                    "\\(got 0; there is no default\\)"):
             kjit.quantize_mx(x, format="nvfp4", scale_layout="linear", global_scale_convention="multiply")
-        with raises("nvfp4 needs global_scale_convention 'multiply'"):
+        with raises("NVFP4 global_scale_convention must be KJIT_SCALE_MULTIPLY \\(ModelOpt weight_scale_2\\) or "
+                    "KJIT_SCALE_DIVIDE"):
             kjit.quantize_mx(x, format="nvfp4", scale_layout="linear", global_scale="compute")
         with raises("global_scale='given' needs global_scales"):
             kjit.quantize_mx(x, format="nvfp4", scale_layout="linear", global_scale="given",
@@ -49,13 +51,18 @@ def test_format_layout_and_nvfp4_global_scale_have_no_default():
 def test_element_dtype_fits_the_format_and_mx_formats_have_no_global_scale():
     with FakeTensorMode():
         x = cuda(4, 64, dtype=bf16)
-        with raises("mxfp8 needs element_dtype 'float8_e4m3fn' or 'float8_e5m2'"):
+        with raises("MXFP8 element_dtype must be KJIT_DTYPE_F8_E4M3FN or KJIT_DTYPE_F8_E5M2 \\(got 0\\)"):
             kjit.quantize_mx(x, format="mxfp8", scale_layout="linear")
-        with raises("mxfp4 elements are e2m1: leave element_dtype None"):
+        with raises("MXFP8 element_dtype must be .*\\(got 3\\)"):
+            kjit.quantize_mx(x, format="mxfp8", scale_layout="linear", element_dtype="bfloat16")
+        with raises("element_dtype must be one of 'float8_e4m3fn', .*, got 'e4m3'"):
+            kjit.quantize_mx(x, format="mxfp8", scale_layout="linear", element_dtype="e4m3")
+        with raises("MXFP4 elements are e2m1: leave element_dtype KJIT_DTYPE_INVALID \\(got 1\\)"):
             kjit.quantize_mx(x, format="mxfp4", scale_layout="linear", element_dtype="float8_e4m3fn")
-        with raises("mxfp4 has no global scale"):
+        with raises("MXFP4 and MXFP8 have no global scale: leave global_scales NULL, global_scale_mode "
+                    "KJIT_GLOBAL_SCALE_UNSET and global_scale_convention KJIT_SCALE_CONVENTION_UNSET"):
             kjit.quantize_mx(x, format="mxfp4", scale_layout="linear", global_scale="compute")
-        with raises("mxfp8 has no global scale"):
+        with raises("MXFP4 and MXFP8 have no global scale"):
             kjit.quantize_mx(x, format="mxfp8", scale_layout="linear", element_dtype="float8_e5m2",
                              global_scales=cuda(1, dtype=f32))
 
@@ -64,11 +71,11 @@ def test_shapes_dtypes_and_strides_of_x_and_the_outputs_are_checked():
     with FakeTensorMode():
         with raises("x must be bfloat16, got float16"):
             kjit.quantize_mx(cuda(4, 64, dtype=torch.float16), format="mxfp4", scale_layout="linear")
-        with raises("K = x.shape\\[-1\\] must be a positive multiple of 32 \\(mxfp4's block\\), got 48"):
+        with raises("mx_quantize: K must be a positive multiple of 32 \\(mxfp4's block\\) up to .*, got 48"):
             kjit.quantize_mx(cuda(4, 48, dtype=bf16), format="mxfp4", scale_layout="linear")
         with raises("x must be \\[rows, K\\] or \\[experts, rows, K\\]"):
             kjit.quantize_mx(cuda(64, dtype=bf16), format="mxfp4", scale_layout="linear")
-        with raises("row stride must be a multiple of 8 elements \\(16-byte rows\\) and >= K, got 68"):
+        with raises("in_row_stride 68 must be 0 \\(= k\\) or a multiple of 8 that is >= k = 32 \\(16-byte rows\\)"):
             kjit.quantize_mx(cuda(4, 68, dtype=bf16)[:, :32], format="mxfp4", scale_layout="linear")
         x = cuda(2, 5, 64, dtype=bf16)
         with raises("out must be \\[2, 5, 32\\], got \\[2, 5, 64\\]"):

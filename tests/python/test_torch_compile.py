@@ -80,6 +80,44 @@ def test_the_moe_block_traces_through_aot_autograd_on_the_fake_kernels():
         assert (out.shape, out.dtype) == ((TOKENS, HIDDEN), torch.bfloat16)
 
 
+def test_arguments_libkjit_refuses_fail_the_trace_with_its_message():
+    """The ops' fake kernels are libkjit's checks (kjit_*_check): a trace refuses what the launch would, in the
+    launch's words, with no GPU."""
+    def gemm(a, w, offsets):
+        return kjit.grouped_gemm(a, w, offsets, offsets_convention="cumulative_end")
+
+    torch._dynamo.reset()
+    with FakeTensorMode():
+        a, offsets = torch.empty(8, 64, dtype=torch.bfloat16, device="cuda"), torch.empty(2, dtype=torch.int32,
+                                                                                           device="cuda")
+        w = torch.empty(2, 36, 64, dtype=torch.bfloat16, device="cuda")
+        with pytest.raises(Exception, match="grouped_gemm: N must be a positive multiple of 8 up to .*, got 36"):
+            torch.compile(gemm, backend="eager", fullgraph=True)(a, w, offsets)
+
+
+def test_a_dynamic_row_count_traces_one_graph_the_checks_guard_nothing():
+    """The fake kernels read a symbolic size as the value it was traced with, without a guard: a new token
+    count does not recompile."""
+    graphs = []
+
+    def recording_backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def gemm_and_quantize(a, w, offsets):
+        return kjit.quantize_fp8(kjit.grouped_gemm(a, w, offsets, offsets_convention="cumulative_end"))
+
+    torch._dynamo.reset()
+    with FakeTensorMode():
+        w = torch.empty(2, 256, 128, dtype=torch.bfloat16, device="cuda")
+        offsets = torch.empty(2, dtype=torch.int32, device="cuda")
+        compiled = torch.compile(gemm_and_quantize, backend=recording_backend, fullgraph=True, dynamic=True)
+        for rows in (8, 20, 300):
+            codes, scales = compiled(torch.empty(rows, 128, dtype=torch.bfloat16, device="cuda"), w, offsets)
+            assert (codes.shape, scales.shape) == ((rows, 256), (rows, 2))
+    assert len(graphs) == 1
+
+
 @pytest.mark.gpu
 def test_the_compiled_moe_block_runs_and_matches_eager_and_plain_torch():
     torch._dynamo.reset()

@@ -81,9 +81,9 @@ def main():
             h, layer.down, ends, out, "e_n_k", "cumulative_end", None, "auto", "m", w_scale=layer.down_scale,
             w_block=BLOCK, w_scale_convention="multiply"),
         "C: kjit_grouped_gemm (W8A16 down, ctypes)": lambda: lib.kjit_grouped_gemm(ctypes.byref(desc), stream),
-        "op: torch.ops.kjit.grouped_gemm_w8a16_": lambda: torch.ops.kjit.grouped_gemm_w8a16_(
-            h, layer.down, layer.down_scale, ends, out, "e_n_k", "cumulative_end", None, "block", "multiply", "auto",
-            0, 0, 0, "m", "none", 1.702, 7.0, None, None, 0, None),
+        "op: torch.ops.kjit.grouped_gemm_ (W8A16 down)": lambda: torch.ops.kjit.grouped_gemm_(
+            h, layer.down, ends, out, "e_n_k", "cumulative_end", None, "auto", 0, 0, 0, "m", None, layer.down_scale,
+            "block", "multiply", None, None, 1.702, 7.0, None, None, 0, None, 128, 128, None),
         "kjit.grouped_gemm (W8A16 down)": lambda: kjit.grouped_gemm(h, layer.down, ends, **gemm_args),
         "kjit.grouped_gemm (W8A16 gate_up, gathering)": lambda: kjit.grouped_gemm(
             x, layer.gate_up, ends, gather=(sorted_to_flat, top_k), **dict(gemm_args, w_scale=layer.gate_up_scale)),

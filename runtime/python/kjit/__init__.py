@@ -3,13 +3,14 @@ over libkjit's C ABI (runtime/include/kjit/kjit.h).
 
 Tensors are passed as torch tensors (their data_ptr, shape and strides are
 read; nothing is copied) and the launch goes on torch's current stream of the
-tensors' device. Every argument is checked here, before any call, and a wrong
-one raises ArgumentError (a KjitError and a ValueError) naming it; any other
-failure raises KjitError. The ops are torch custom ops (torch.ops.kjit.*,
-declared beside their functions through kjit/_ops.py) with fake kernels, so
-torch.compile traces them without graph breaks and CUDA graphs capture them
-(after the prepare_* calls); eager calls launch without going through torch's
-dispatcher (its cost is host time).
+tensors' device. Every argument is checked before any launch, the tensors here
+and the descriptor's rules by libkjit, and a wrong one raises ArgumentError (a
+KjitError and a ValueError) naming it; any other failure raises KjitError. The
+ops are torch custom ops (torch.ops.kjit.*, declared beside their functions
+through kjit/_ops.py) whose fake kernels run libkjit's checks, so torch.compile
+traces them without graph breaks, refusing what a launch would, and CUDA
+graphs capture them (after the prepare_* calls); eager calls launch without
+going through torch's dispatcher (its cost is host time).
 
 The package by area: dequant (FP8 and MX dequant, scale layouts), quantize
 (FP8 and MX), gemm (grouped GEMMs, the weight gradient), moe (routing,

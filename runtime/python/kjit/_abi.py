@@ -290,7 +290,7 @@ class ScaleLayoutDesc(ctypes.Structure):
 
 
 # Each descriptor with its C name's stem and its launch: struct kjit_<stem>_desc, kjit_<stem>_desc_init(desc),
-# kjit_<launch>(desc, stream) and kjit_<launch>_prepare(desc, device).
+# kjit_<launch>(desc, stream), kjit_<launch>_prepare(desc, device) and kjit_<launch>_check(desc).
 DESCRIPTORS = (
     ("dequant", "dequant_fp8", DequantDesc),
     ("grouped_gemm", "grouped_gemm", GroupedGemmDesc),
@@ -320,6 +320,7 @@ def declare(lib: ctypes.CDLL) -> None:
         _declare(getattr(lib, f"kjit_{stem}_desc_init"), [pointer], None)
         _declare(getattr(lib, f"kjit_{launch}"), [pointer, ctypes.c_void_p], ctypes.c_int)
         _declare(getattr(lib, f"kjit_{launch}_prepare"), [pointer, ctypes.c_int], ctypes.c_int)
+        _declare(getattr(lib, f"kjit_{launch}_check"), [pointer], ctypes.c_int)
     _declare(lib.kjit_version, [], ctypes.c_char_p)
     _declare(lib.kjit_swizzled_scale_bytes, [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64], ctypes.c_uint64)
     _declare(lib.kjit_grouped_gemm_workspace_bytes, [], ctypes.c_uint64)

@@ -19,14 +19,20 @@ MX_CODES = {"nvfp4": ("uint8",), "mxfp4": ("uint8",), "mxfp8": ("uint8",) + FP8}
 MX_SCALES = {"nvfp4": ("uint8", "float8_e4m3fn"), "mxfp4": ("uint8", "float8_e8m0fnu"),
              "mxfp8": ("uint8", "float8_e8m0fnu")}
 
-_DTYPE_NAMES: dict = {}  # torch dtype -> its name ('bfloat16'): str() of a dtype is slow for a per-call check
+# torch dtype -> its name ('bfloat16'): str() of a dtype is slow for a per-call check. Filled where torch is
+# imported (name_dtypes), never later: torch.compile's guards read it, and the ops' fake kernels name dtypes while
+# it traces.
+_DTYPE_NAMES: dict = {}
+
+
+def name_dtypes(torch) -> None:
+    _DTYPE_NAMES.update((value, str(value).replace("torch.", "")) for value in vars(torch).values()
+                        if isinstance(value, torch.dtype))
 
 
 def dtype_name(dtype) -> str:
     name = _DTYPE_NAMES.get(dtype)
-    if name is None:
-        name = _DTYPE_NAMES[dtype] = str(dtype).replace("torch.", "")
-    return name
+    return name if name is not None else str(dtype).replace("torch.", "")
 
 
 def dtype_code(dtype) -> int:
@@ -69,13 +75,13 @@ def unpack_gather(gather):
 
 def check_gather(sorted_to_flat, top_k, device) -> None:
     """gather=(sorted_to_flat, top_k) as kjit.moe_routing returns it: int32
-    [rows] on `device`, top_k an int >= 1."""
+    [rows] on `device`, top_k an int (libkjit checks its value)."""
     check_tensor("sorted_to_flat", sorted_to_flat, ("int32",), device=device, optional=True)
     if sorted_to_flat is not None:
         if sorted_to_flat.dim() != 1:
             raise invalid(f"sorted_to_flat must be 1-D [rows], got {list(sorted_to_flat.shape)}")
-        if not isinstance(top_k, int) or top_k < 1:
-            raise invalid(f"top_k must be an int >= 1, got {top_k!r}")
+        if not isinstance(top_k, int):
+            raise invalid(f"top_k must be an int, got {top_k!r}")
 
 
 def round_up(value: int, multiple: int) -> int:

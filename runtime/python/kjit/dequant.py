@@ -12,7 +12,8 @@ from . import _abi
 from ._args import (FLOAT_OUT, FP8, MX_BLOCK, MX_CODES, MX_SCALES, check_choice, check_tensor, dtype_code, dtype_name,
                     mx_codes, round_up)
 from ._library import check, invalid, library, require_torch
-from ._ops import cuda_stream, op, torch  # torch: None where it is not installed (the ops' annotations name it)
+# torch: None where it is not installed (the ops' annotations name it)
+from ._ops import checking, cuda_stream, op, pointer_free, torch
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -37,8 +38,8 @@ def _check_dequant(w, scales, out, scale, block, convention, expert_ids) -> None
     _check_weight_stack(w, out, "[R, C] or [E, R, C]")
     check_choice("scale", scale, _abi.GRANULARITY)
     check_choice("convention", convention, _abi.CONVENTION)
-    if scale == "block" and (len(block) != 2 or not all(isinstance(b, int) and b > 0 for b in block)):
-        raise invalid(f"block must be two positive ints (rows, cols), got {block!r}")
+    if scale == "block" and (len(block) != 2 or not all(isinstance(b, int) for b in block)):
+        raise invalid(f"block must be two ints (rows, cols), got {block!r}")
     experts = w.shape[0] if w.dim() == 3 else 1
     if w.dim() == 3 and (scales.dim() == 0 or scales.shape[0] != experts):
         raise invalid(f"scales must lead with the expert count {experts}, got {list(scales.shape)}")
@@ -69,7 +70,7 @@ def _dequant_desc(w, scales, out, scale, block_rows, block_cols, convention, exp
     return d
 
 
-@op("dequant_fp8_", ("out",))
+@op("dequant_fp8_", ("out",), checking(_dequant_desc, "kjit_dequant_fp8"))
 def dequant_fp8_(w: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, scale: str, block_rows: int,
                  block_cols: int, convention: str, expert_ids: Optional[torch.Tensor], stream: Optional[int]) -> None:
     d = _dequant_desc(w, scales, out, scale, block_rows, block_cols, convention, expert_ids)
@@ -109,24 +110,21 @@ def prepare_dequant_fp8(w: Tensor, scales: Tensor, out: Tensor, *, scale: str = 
     with these arguments needs, so that the call can be captured in a graph."""
     _check_dequant(w, scales, out, scale, block, convention, expert_ids)
     block_rows, block_cols = block if scale == "block" else (0, 0)
-    d = _dequant_desc(w, scales, out, scale, block_rows, block_cols, convention, expert_ids)
+    d = _dequant_desc(*pointer_free(w, scales, out, scale, block_rows, block_cols, convention, expert_ids))
     check(library().kjit_dequant_fp8_prepare(ctypes.byref(d), w.device.index or 0))
 
 
-def _mx_element(format, w, element_dtype) -> str:
-    """MXFP8's element type: the codes' float8 dtype, or element_dtype for uint8 codes; '' for FP4."""
-    if format != "mxfp8":
-        if element_dtype is not None:
-            raise invalid(f"element_dtype is only for mxfp8 ({format} elements are e2m1), got {element_dtype!r}")
-        return ""
+def _mx_element(w, element_dtype) -> str:
+    """The element type the descriptor names: the codes' float8 dtype, else element_dtype's name ('' for none);
+    libkjit checks it against the format (MXFP8 needs a float8 one, FP4 none)."""
     dtype = dtype_name(w.dtype)
-    given = None if element_dtype is None else dtype_name(element_dtype)
+    given = "" if element_dtype is None else dtype_name(element_dtype)
+    if given:
+        check_choice("element_dtype", given, tuple(_abi.DTYPE))
     if dtype in FP8:
-        if given is not None and given != dtype:
+        if given and given != dtype:
             raise invalid(f"element_dtype {given} disagrees with w's dtype {dtype}")
         return dtype
-    if given not in FP8:
-        raise invalid(f"mxfp8 codes given as uint8 need element_dtype 'float8_e4m3fn' or 'float8_e5m2', got {given!r}")
     return given
 
 
@@ -141,10 +139,7 @@ def _check_mx_dequant(w, scales, global_scales, out, format, element, scale_layo
     check_tensor("expert_ids", expert_ids, ("int32",), device=w.device, optional=True)
     experts = w.shape[0] if w.dim() == 3 else 1
     rows, k = w.shape[-2], w.shape[-1] * (2 if format != "mxfp8" else 1)
-    block = MX_BLOCK[format]
-    if k == 0 or k % block != 0:
-        raise invalid(f"K = {k} must be a positive multiple of {block} ({format}'s block)")
-    scale_cols = k // block
+    scale_cols = k // MX_BLOCK[format]
     if scale_layout == "linear":
         want = [experts, rows, scale_cols] if w.dim() == 3 else [rows, scale_cols]
         if list(scales.shape) != want:
@@ -152,16 +147,11 @@ def _check_mx_dequant(w, scales, global_scales, out, format, element, scale_layo
     elif scales.numel() < experts * round_up(rows, 128) * round_up(scale_cols, 4):
         raise invalid(f"swizzled scales hold {scales.numel()} bytes; {experts} experts of [{rows}, {scale_cols}] "
                        f"need {experts * round_up(rows, 128) * round_up(scale_cols, 4)}")
-    if format == "nvfp4":
+    if global_scale_convention is not None:
         check_choice("global_scale_convention", global_scale_convention, _abi.CONVENTION)
-        check_tensor("global_scales", global_scales, ("float32",), device=w.device)
-        if global_scales.numel() != experts:
-            raise invalid(f"global_scales must hold one fp32 per expert ({experts}), got {list(global_scales.shape)}")
-    else:
-        if global_scales is not None:
-            raise invalid(f"global_scales must be None for {format}: it has no global scale")
-        if global_scale_convention is not None:
-            raise invalid(f"global_scale_convention must be None for {format}: it has no global scale")
+    check_tensor("global_scales", global_scales, ("float32",), device=w.device, optional=format != "nvfp4")
+    if global_scales is not None and global_scales.numel() != experts:
+        raise invalid(f"global_scales must hold one fp32 per expert ({experts}), got {list(global_scales.shape)}")
     slots = expert_ids.numel() if expert_ids is not None else experts
     want_out = [rows, k] if w.dim() == 2 and expert_ids is None else [slots, rows, k]
     if list(out.shape) != want_out:
@@ -186,6 +176,7 @@ def _mx_dequant_desc(w, scales, global_scales, out, format, element, scale_layou
     d.input, d.scales, d.out = w.data_ptr(), scales.data_ptr(), out.data_ptr()
     if global_scales is not None:
         d.global_scales = global_scales.data_ptr()
+    if global_scale_convention:
         d.global_scale_convention = _abi.CONVENTION[global_scale_convention]
     if expert_ids is not None:
         d.expert_ids = expert_ids.data_ptr()
@@ -194,12 +185,12 @@ def _mx_dequant_desc(w, scales, global_scales, out, format, element, scale_layou
 
 
 # The MX formats: dequant (NVFP4, MXFP4, MXFP8) and scale-layout conversion.
-# element: MXFP8's element dtype name ('' for FP4); convention '' for the MX formats.
-@op("dequant_mx_", ("out",))
+# element: the element dtype's name ('' for none); convention '' for none.
+@op("dequant_mx_", ("out",), checking(_mx_dequant_desc, "kjit_dequant_mx"))
 def dequant_mx_(w: torch.Tensor, scales: torch.Tensor, global_scales: Optional[torch.Tensor], out: torch.Tensor,
                 format: str, element: str, scale_layout: str, convention: str, expert_ids: Optional[torch.Tensor],
                 stream: Optional[int]) -> None:
-    d = _mx_dequant_desc(w, scales, global_scales, out, format, element, scale_layout, convention or None, expert_ids)
+    d = _mx_dequant_desc(w, scales, global_scales, out, format, element, scale_layout, convention, expert_ids)
     check(library().kjit_dequant_mx(ctypes.byref(d), cuda_stream(w.device, stream)))
 
 
@@ -225,7 +216,7 @@ def dequant_mx(w: Tensor, scales: Tensor, *, format: str, scale_layout: str, glo
     check_choice("format", format, _abi.BLOCK_FORMAT)
     check_tensor("w", w, MX_CODES[format], contiguous=False)
     w = mx_codes(w)
-    element = _mx_element(format, w, element_dtype)
+    element = _mx_element(w, element_dtype)
     if out is None:
         check_tensor("expert_ids", expert_ids, ("int32",), device=w.device, optional=True)
         k = w.shape[-1] * (2 if format != "mxfp8" else 1)
@@ -247,11 +238,11 @@ def prepare_dequant_mx(w: Tensor, scales: Tensor, out: Tensor, *, format: str, s
     check_choice("format", format, _abi.BLOCK_FORMAT)
     check_tensor("w", w, MX_CODES[format], contiguous=False)
     w = mx_codes(w)
-    element = _mx_element(format, w, element_dtype)
+    element = _mx_element(w, element_dtype)
     _check_mx_dequant(w, scales, global_scales, out, format, element, scale_layout, global_scale_convention,
                       expert_ids)
-    d = _mx_dequant_desc(w, scales, global_scales, out, format, element, scale_layout, global_scale_convention,
-                         expert_ids)
+    d = _mx_dequant_desc(*pointer_free(w, scales, global_scales, out, format, element, scale_layout,
+                                       global_scale_convention, expert_ids))
     check(library().kjit_dequant_mx_prepare(ctypes.byref(d), w.device.index or 0))
 
 
@@ -269,8 +260,6 @@ def _scale_layout_shape(scales, to, rows, scale_cols, experts, offsets, offsets_
         if offsets.dim() != 1:
             raise invalid(f"offsets must be 1-D, got {list(offsets.shape)}")
         experts = offsets.numel() - (1 if offsets_convention == "with_leading_zero" else 0)
-        if experts < 1:
-            raise invalid(f"offsets name no expert ({offsets.numel()} entries, {offsets_convention})")
     elif offsets_convention is not None:
         raise invalid("offsets_convention is only for offsets")
     if to == "swizzled_128x4":  # from linear: the shape says it all
@@ -291,16 +280,18 @@ def _scale_layout_desc(scales, out, to, experts, rows, scale_cols, offsets, offs
     d.to = _abi.SCALE_LAYOUT[to]
     d.experts, d.rows, d.scale_cols, d.pad = experts, rows, scale_cols, pad
     if offsets is not None:
-        d.offsets, d.offsets_convention = offsets.data_ptr(), _abi.OFFSETS[offsets_convention]
+        d.offsets = offsets.data_ptr()
+    if offsets_convention:
+        d.offsets_convention = _abi.OFFSETS[offsets_convention]
     d.input, d.out, d.out_bytes = scales.data_ptr(), out.data_ptr(), out.numel()
     return d
 
 
-@op("convert_scale_layout_", ("out",))
+@op("convert_scale_layout_", ("out",), checking(_scale_layout_desc, "kjit_convert_scale_layout"))
 def convert_scale_layout_(scales: torch.Tensor, out: torch.Tensor, to: str, experts: int, rows: int, scale_cols: int,
                           offsets: Optional[torch.Tensor], offsets_convention: str, pad: int,
                           stream: Optional[int]) -> None:
-    d = _scale_layout_desc(scales, out, to, experts, rows, scale_cols, offsets, offsets_convention or None, pad)
+    d = _scale_layout_desc(scales, out, to, experts, rows, scale_cols, offsets, offsets_convention, pad)
     check(library().kjit_convert_scale_layout(ctypes.byref(d), cuda_stream(scales.device, stream)))
 
 
@@ -366,5 +357,5 @@ def prepare_convert_scale_layout(scales: Tensor, out: Tensor, *, to: str, rows: 
     experts, rows, scale_cols = _scale_layout_shape(scales, to, rows, scale_cols, experts, offsets,
                                                     offsets_convention)
     _check_scale_layout(scales, out, to, experts, rows, scale_cols, offsets, pad)
-    d = _scale_layout_desc(scales, out, to, experts, rows, scale_cols, offsets, offsets_convention, pad)
+    d = _scale_layout_desc(*pointer_free(scales, out, to, experts, rows, scale_cols, offsets, offsets_convention, pad))
     check(library().kjit_convert_scale_layout_prepare(ctypes.byref(d), scales.device.index or 0))

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import math
 from typing import TYPE_CHECKING, Optional, Tuple
 
 from . import _abi
 from ._args import (FP8, MX_SCALES, SWIGLU_ALPHA, SWIGLU_LIMIT, check_choice, check_gather, check_tensor, dtype_code,
                     dtype_name, unpack_gather)
 from ._library import check, invalid, library, require_torch
-from ._ops import cuda_stream, op, torch  # torch: None where it is not installed (the ops' annotations name it)
+# torch: None where it is not installed (the ops' annotations name it)
+from ._ops import checking, cuda_stream, op, pointer_free, torch
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -26,89 +26,61 @@ _GEMM_A = ("bfloat16", "float8_e4m3fn")
 _GEMM_W = ("bfloat16",) + FP8 + ("uint8",)  # uint8: FP4 pairs (W4A16)
 
 
-_FP8_GEMM_BLOCK = 128  # the FP8 GEMMs' scale block (W8A8: activations and weights; W8A16: weights)
-_W_BLOCK = (_FP8_GEMM_BLOCK, _FP8_GEMM_BLOCK)  # w_block's only value
+_FP8_GEMM_BLOCK = 128  # the W8A8 activations' scale group, and the weight block libkjit takes
+_W_BLOCK = (_FP8_GEMM_BLOCK, _FP8_GEMM_BLOCK)
 
 
-_W8A16_MULTIPLE = 16  # N and K of the W8A16 GEMM
-
-
-def _check_gemm_operands(a, w) -> str:
-    """The GEMM's operands: 'bf16' (both bfloat16), 'w8a8' (both
-    float8_e4m3fn), 'w8a16' (bfloat16 a, float8_e4m3fn or _e5m2 w) or 'w4a16'
-    (bfloat16 a, uint8 w holding FP4 pairs)."""
+def _gemm_operands(a, w) -> Optional[str]:
+    """The GEMM's operands by their dtypes: 'bf16' (both bfloat16), 'w4a16' (bfloat16 a, uint8 w: FP4 pairs),
+    'w8a16' (bfloat16 a, float8 w), 'w8a8' (float8 both), or None for float8 a with other weights, which libkjit
+    refuses (as it refuses e5m2 in W8A8)."""
     check_tensor("a", a, _GEMM_A)
     check_tensor("w", w, _GEMM_W, device=a.device)
-    a_dtype, w_dtype = dtype_name(a.dtype), dtype_name(w.dtype)
-    if w_dtype == "uint8" and a_dtype != "bfloat16":
-        raise invalid(f"uint8 w (FP4 pairs, W4A16) needs bfloat16 a, got {a_dtype}")
-    if a_dtype == "bfloat16":
-        return "bf16" if w_dtype == "bfloat16" else "w4a16" if w_dtype == "uint8" else "w8a16"
-    if w_dtype != "float8_e4m3fn":
-        raise invalid(f"a is {a_dtype} but w is {w_dtype}: float8_e4m3fn activations need float8_e4m3fn weights "
-                       "(W8A8); with bfloat16 a, w may be bfloat16 or float8 (W8A16)")
-    return "w8a8"
+    w_dtype = dtype_name(w.dtype)
+    if dtype_name(a.dtype) != "bfloat16":
+        return "w8a8" if w_dtype in FP8 else None
+    return "bf16" if w_dtype == "bfloat16" else "w4a16" if w_dtype == "uint8" else "w8a16"
 
 
-def _check_fp8_scales(a, w, a_scale, w_scale, w_block) -> str:
-    """The W8A8 scales as kjit.h states them; returns w_scale's granularity,
-    'block' ([E, ceil(N/128), K/128]) or 'row' ([E, N] or [E, N, 1])."""
-    experts, n, k = w.shape
-    block = _FP8_GEMM_BLOCK
-    if k % block != 0:
-        raise invalid(f"K must be a multiple of {block} with float8_e4m3fn operands (one scale per {block} columns), "
-                       f"got {k}")
-    a_expected = [a.shape[0], k // block]
-    block_expected = [experts, -(-n // block), k // block]
+def _check_fp8_scales(a, n, k, experts, a_scale, w_scale, w_block) -> str:
+    """The W8A8 scales' tensors as kjit.h states them; returns w_scale's granularity, 'block' ([E, ceil(N / br),
+    K / bc] for w_block (br, bc)) or 'row' ([E, N] or [E, N, 1])."""
+    group = _FP8_GEMM_BLOCK
+    a_expected = [a.shape[0], k // group]
+    block_expected = [experts, -(-n // w_block[0]), k // w_block[1]]
     if a_scale is None:
-        raise invalid(f"a_scale is required with float8_e4m3fn a: fp32 {a_expected} (one scale per {block} columns "
+        raise invalid(f"a_scale is required with float8_e4m3fn a: fp32 {a_expected} (one scale per {group} columns "
                        "of a row, as kjit.quantize_fp8 returns)")
     if w_scale is None:
-        raise invalid(f"w_scale is required with float8_e4m3fn w: fp32 {block_expected} ({block}x{block} blocks) or "
-                       f"{[experts, n]} (per output channel)")
+        raise invalid(f"w_scale is required with float8_e4m3fn w: fp32 {block_expected} ({w_block[0]}x{w_block[1]} "
+                       f"blocks) or {[experts, n]} (per output channel)")
     check_tensor("a_scale", a_scale, ("float32",), device=a.device)
     check_tensor("w_scale", w_scale, ("float32",), device=a.device)
     if list(a_scale.shape) != a_expected:
-        raise invalid(f"a_scale must be {a_expected} (rows, K / {block}; row-major, as kjit.quantize_fp8 returns), "
+        raise invalid(f"a_scale must be {a_expected} (rows, K / {group}; row-major, as kjit.quantize_fp8 returns), "
                        f"got {list(a_scale.shape)}")
     if list(w_scale.shape) in ([experts, n], [experts, n, 1]):
         return "row"
-    if not isinstance(w_block, (tuple, list)) or tuple(w_block) != (block, block):
-        raise invalid(f"w_block must be ({block}, {block}) (the FP8 GEMM's only weight block), got {w_block!r}")
     if list(w_scale.shape) != block_expected:
-        raise invalid(f"w_scale must be {block_expected} (E, ceil(N / {block}), K / {block}: {block}x{block} blocks) "
-                       f"or {[experts, n]} (per output channel), got {list(w_scale.shape)}")
+        raise invalid(f"w_scale must be {block_expected} (E, ceil(N / {w_block[0]}), K / {w_block[1]}: "
+                       f"{w_block[0]}x{w_block[1]} blocks) or {[experts, n]} (per output channel), got "
+                       f"{list(w_scale.shape)}")
     return "block"
 
 
-def _check_w8a16_scales(w, n, k, a_scale, w_scale, w_scale_convention, w_block) -> str:
-    """The W8A16 weight scales as kjit.h states them, over the STORED tensor
-    [E, R, C] whatever `weights` says; returns w_scale's granularity: 'block'
-    ([E, ceil(R/128), ceil(C/128)]), 'row' ([E, R] or [E, R, 1]) or 'tensor'
-    ([E], [E, 1] or [E, 1, 1])."""
+def _check_w8a16_scales(w, w_scale, w_block) -> str:
+    """The W8A16 weight scales' tensor as kjit.h states it, over the STORED tensor [E, R, C] whatever `weights`
+    says; returns w_scale's granularity: 'block' ([E, ceil(R / br), ceil(C / bc)] for w_block (br, bc)), 'row'
+    ([E, R] or [E, R, 1]) or 'tensor' ([E], [E, 1] or [E, 1, 1])."""
     experts, r, c = w.shape
-    block = _FP8_GEMM_BLOCK
-    w_dtype = dtype_name(w.dtype)
-    if a_scale is not None:
-        raise invalid(f"a_scale must be None with bfloat16 a and {w_dtype} w (W8A16: the activations are not "
-                       "scaled; a_scale is for float8_e4m3fn a, W8A8)")
-    for name, value in (("N", n), ("K", k)):
-        if value % _W8A16_MULTIPLE != 0:
-            raise invalid(f"{name} must be a multiple of {_W8A16_MULTIPLE} with bfloat16 a and {w_dtype} w (W8A16), "
-                           f"got {value}")
-    if w_scale_convention is None:
-        raise invalid(f"w_scale_convention is required with bfloat16 a and {w_dtype} w (W8A16), there is no "
-                       "default: 'multiply' (w = code * scale: DeepSeek's weight_scale_inv, compressed-tensors' "
-                       "weight_scale) or 'divide' (w = code / scale)")
-    check_choice("w_scale_convention", w_scale_convention, _abi.CONVENTION)
-    block_expected = [experts, -(-r // block), -(-c // block)]
+    block_expected = [experts, -(-r // w_block[0]), -(-c // w_block[1])]
 
     def shapes():  # for the errors only: formatting it costs a call microseconds
-        return (f"{block_expected} ({block}x{block} blocks of the stored [E, R, C] = {list(w.shape)}), "
+        return (f"{block_expected} ({w_block[0]}x{w_block[1]} blocks of the stored [E, R, C] = {list(w.shape)}), "
                 f"{[experts, r]} (one per stored row) or {[experts]} (one per expert)")
 
     if w_scale is None:
-        raise invalid(f"w_scale is required with bfloat16 a and {w_dtype} w (W8A16): fp32 {shapes()}")
+        raise invalid(f"w_scale is required with bfloat16 a and {dtype_name(w.dtype)} w (W8A16): fp32 {shapes()}")
     check_tensor("w_scale", w_scale, ("float32",), device=w.device)
     shape = list(w_scale.shape)
     if shape in ([experts], [experts, 1], [experts, 1, 1]):
@@ -116,28 +88,19 @@ def _check_w8a16_scales(w, n, k, a_scale, w_scale, w_scale_convention, w_block) 
     if shape in ([experts, r], [experts, r, 1]):
         return "row"
     if shape == block_expected:
-        if not isinstance(w_block, (tuple, list)) or tuple(w_block) != (block, block):
-            raise invalid(f"w_block must be ({block}, {block}) (the W8A16 GEMM's only weight block), got {w_block!r}")
         return "block"
     raise invalid(f"w_scale must be {shapes()}, got {shape}")
 
 
-def _check_w4a16(w, n, k, weights, a_scale, w_scale, w_format, w_global_scale, w_scale_convention) -> None:
-    """The W4A16 weights and scales as kjit.h states them: w the stored uint8
-    [E, R, C / 2] pairs (R, C = N, K for weights 'e_n_k'; K, N for 'e_k_n'),
-    w_scale over it, [E, R, C / 16] e4m3fn bytes (NVFP4: uint8 or
-    float8_e4m3fn) or [E, R, C / 32] UE8M0 bytes (MXFP4: uint8, or
-    float8_e8m0fnu where torch has it), NVFP4's w_global_scale fp32 [E] with
-    its convention."""
+def _check_fp4_scales(w, n, k, weights, w_scale, w_format, w_global_scale) -> None:
+    """The W4A16 scales' tensors as kjit.h states them: w_scale over the stored uint8 [E, R, C / 2] pairs (R, C =
+    N, K for weights 'e_n_k'; K, N for 'e_k_n'), [E, R, C / 16] e4m3fn bytes (NVFP4: uint8 or float8_e4m3fn) or
+    [E, R, C / 32] UE8M0 bytes (MXFP4: uint8, or float8_e8m0fnu where torch has it), NVFP4's w_global_scale fp32
+    [E]. With another w_format there is nothing to hold them against: libkjit refuses it."""
     experts = w.shape[0]
     if w_format not in ("nvfp4", "mxfp4"):
-        raise invalid(f"uint8 w holds FP4 pairs (W4A16): w_format must be 'nvfp4' or 'mxfp4', got {w_format!r}")
-    if a_scale is not None:
-        raise invalid("a_scale must be None with bfloat16 a (W4A16)")
+        return
     rows, cols = (n, k) if weights == "e_n_k" else (k, n)  # the stored tensor's
-    if rows % 16 != 0 or cols % 32 != 0:
-        raise invalid(f"W4A16 needs the stored [E, R, C / 2] pairs with R a multiple of 16 and C of 32, got R {rows}, "
-                       f"C {cols} (weights={weights!r})")
     group = 16 if w_format == "nvfp4" else 32
     expected = [experts, rows, cols // group]
     if w_scale is None:
@@ -146,79 +109,38 @@ def _check_w4a16(w, n, k, weights, a_scale, w_scale, w_format, w_global_scale, w
     if list(w_scale.shape) != expected:
         raise invalid(f"w_scale must be {expected} ({w_format}: one scale byte per {group} elements along the "
                        f"stored rows, linear), got {list(w_scale.shape)}")
-    if w_format == "nvfp4":
-        if w_global_scale is None:
-            raise invalid(f"w_global_scale is required with nvfp4 w: fp32 [{experts}] (one per expert)")
-        check_tensor("w_global_scale", w_global_scale, ("float32",), device=w.device)
-        if w_global_scale.numel() != experts:
-            raise invalid(f"w_global_scale must hold {experts} values, got {list(w_global_scale.shape)}")
-        if w_scale_convention is None:
-            raise invalid("w_scale_convention is required with nvfp4 w, for the global scale: 'multiply' (ModelOpt "
-                           "weight_scale_2) or 'divide' (compressed-tensors weight_global_scale)")
-        check_choice("w_scale_convention", w_scale_convention, _abi.CONVENTION)
-    else:
-        if w_global_scale is not None:
-            raise invalid("w_global_scale is nvfp4's; mxfp4 weights have none")
-        if w_scale_convention not in (None, "multiply"):
-            raise invalid(f"mxfp4 scales are UE8M0 multipliers: w_scale_convention must be None or 'multiply', got "
-                           f"{w_scale_convention!r}")
-
-
-def _check_activation(activation, alpha, limit) -> None:
-    if activation is not None:
-        check_choice("activation", activation, _abi.ACTIVATION)
-    if activation == "swiglu_oai" and not (math.isfinite(alpha) and math.isfinite(limit) and limit > 0):
-        raise invalid(f"swiglu_oai needs a finite alpha and a finite positive limit, got {alpha} and {limit}")
-
-
-def _check_gate_up_layout(gate_up_layout, needed) -> None:
-    """gate_up_layout: the checkpoint's gate/up order, which W8A16's 128 x 128 block scales keep under a fused
-    activation; required there and nowhere else."""
-    if needed:
-        if gate_up_layout is None:
-            raise invalid("a fused activation with W8A16 128 x 128 block scales needs gate_up_layout ('halves' or "
-                           "'alternating'): the checkpoint's gate/up row order, over which w_scale stays as stored "
-                           "while w's rows are in gate_up_interleaved's order")
-        check_choice("gate_up_layout", gate_up_layout, _abi.GATE_UP)
-    elif gate_up_layout is not None:
-        raise invalid(f"gate_up_layout is for a fused activation with W8A16 128 x 128 block scales (which stay in "
-                       f"the checkpoint's row order), got {gate_up_layout!r} elsewhere: leave it None (scales that "
-                       f"follow their rows are reordered with them by gate_up_interleaved)")
+    if w_format == "nvfp4" and w_global_scale is None:
+        raise invalid(f"w_global_scale is required with nvfp4 w: fp32 [{experts}] (one per expert)")
+    check_tensor("w_global_scale", w_global_scale, ("float32",), device=w.device, optional=True)
+    if w_global_scale is not None and w_global_scale.numel() != experts:
+        raise invalid(f"w_global_scale must hold {experts} values, got {list(w_global_scale.shape)}")
 
 
 def _gemm_out_columns(n, activation) -> int:
     return n // 2 if activation is not None else n
 
 
-def _gemm_dims(w, weights, fp4):
+def _gemm_dims(w, weights):
     """The GEMM's (N, K) of the stored stack w as `weights` reads it: [E, N, K] ('e_n_k') or [E, K, N] ('e_k_n');
-    FP4 w holds pairs along its last dimension."""
-    rows, cols = w.shape[1], w.shape[2] * (2 if fp4 else 1)
+    uint8 w holds FP4 pairs along its last dimension."""
+    rows, cols = w.shape[1], w.shape[2] * (2 if dtype_name(w.dtype) == "uint8" else 1)
     return (rows, cols) if weights == "e_n_k" else (cols, rows)
 
 
 def _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, cluster_axis, a_scale=None,
                 w_scale=None, w_block=_W_BLOCK, w_scale_convention=None, w_format=None,
-                w_global_scale=None, activation=None, activation_alpha=SWIGLU_ALPHA, activation_limit=SWIGLU_LIMIT,
-                gate_up_layout=None, gather=None):
-    """Returns (operands, granularity): operands as _check_gemm_operands
-    says, granularity None for bf16, else the weight scales' ('block', 'row'
-    or, W8A16 only, 'tensor'; W4A16: the format)."""
-    operands = _check_gemm_operands(a, w)
+                w_global_scale=None, activation=None, gate_up_layout=None, gather=None) -> Optional[str]:
+    """The GEMM's tensors and choices; libkjit checks the rest (which operands, scales, conventions, fused
+    activation and gather go together, and the sizes each kernel takes). Returns the weight scales' granularity
+    as w_scale's shape says ('block', 'row', W8A16 also 'tensor'; None for bf16 and FP4 weights)."""
+    operands = _gemm_operands(a, w)
     device = a.device
-    _check_activation(activation, activation_alpha, activation_limit)
     sorted_to_flat, top_k = unpack_gather(gather)
     check_gather(sorted_to_flat, top_k, device)
-    if sorted_to_flat is not None and operands == "w8a8":
-        raise invalid("the W8A8 GEMM reads FP8 rows as they lie: gather them in kjit.quantize_fp8(gather=...) and "
-                       "pass no gather here")
     rows = a.shape[0] if sorted_to_flat is None else sorted_to_flat.shape[0]
-    if activation is not None and (operands == "w8a8" or weights != "e_n_k"):
-        raise invalid(f"a fused activation is implemented in the bf16, W8A16 and W4A16 grouped GEMMs with "
-                       f"weights='e_n_k' (not {operands} with {weights!r}): run the GEMM without it and apply "
-                       f"kjit.moe_activation to its output")
-    if operands != "w4a16" and (w_format is not None or w_global_scale is not None):
-        raise invalid("w_format and w_global_scale are for FP4 weights (uint8 w, W4A16)")
+    if activation is not None and operands == "bf16" and weights != "e_n_k":
+        raise invalid(f"a fused activation with bfloat16 operands needs weights='e_n_k', got {weights!r}: run the "
+                       f"GEMM without it and apply kjit.moe_activation to its output")
     check_tensor("offsets", offsets, ("int32",), device=device)
     check_tensor("out", out, ("bfloat16", "float32"), device=device)
     check_tensor("row_scale", row_scale, ("float32",), device=device, optional=True)
@@ -226,57 +148,56 @@ def _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kern
     check_choice("weights", weights, _abi.WEIGHTS)
     check_choice("cluster_axis", cluster_axis, _abi.CLUSTER_AXIS)
     check_choice("offsets_convention", offsets_convention, _abi.OFFSETS)
-    if operands == "w8a8" and weights != "e_n_k":
-        raise invalid(f"weights must be 'e_n_k' ([E, N, K], as checkpoints store them) with float8_e4m3fn operands, "
-                       f"got {weights!r}")
+    for name, value, choices in (("activation", activation, _abi.ACTIVATION),
+                                 ("w_scale_convention", w_scale_convention, _abi.CONVENTION),
+                                 ("w_format", w_format, _abi.BLOCK_FORMAT),
+                                 ("gate_up_layout", gate_up_layout, _abi.GATE_UP)):
+        if value is not None:
+            check_choice(name, value, tuple(choices))
+    if not (isinstance(w_block, (tuple, list)) and len(w_block) == 2 and all(isinstance(b, int) for b in w_block)):
+        raise invalid(f"w_block must be two ints (rows, cols), got {w_block!r}")
     if w.dim() != 3:
         raise invalid(f"w must be [E, N, K] or [E, K, N], got {list(w.shape)}")
     experts = w.shape[0]
-    n, k = _gemm_dims(w, weights, operands == "w4a16")
+    n, k = _gemm_dims(w, weights)
     if a.dim() != 2 or a.shape[1] != k:
         raise invalid(f"a must be [{'tokens' if sorted_to_flat is not None else 'rows'}, {k}], got "
                        f"{list(a.shape)}")
     expected = experts + (offsets_convention == "with_leading_zero")
     if offsets.dim() != 1 or offsets.shape[0] != expected:
         raise invalid(f"offsets must be [{expected}] ({offsets_convention}), got {list(offsets.shape)}")
-    if activation is not None and n % 16 != 0:
-        raise invalid(f"a fused activation needs N (gate and up rows) a multiple of 16, got {n}")
     if list(out.shape) != [rows, _gemm_out_columns(n, activation)]:
         raise invalid(f"out must be [{rows}, {_gemm_out_columns(n, activation)}], got {list(out.shape)}")
     if row_scale is not None and list(row_scale.shape) != [rows]:
         raise invalid(f"row_scale must be [{rows}], got {list(row_scale.shape)}")
-    if operands != "w8a16":
-        _check_gate_up_layout(gate_up_layout, False)
     if operands == "bf16":
         if a_scale is not None or w_scale is not None or w_scale_convention is not None:
             raise invalid("a_scale, w_scale and w_scale_convention are for float8 operands (W8A8, W8A16); a and w "
                            "are bfloat16")
-        return operands, None
-    if operands == "w8a16":
-        granularity = _check_w8a16_scales(w, n, k, a_scale, w_scale, w_scale_convention, w_block)
-        _check_gate_up_layout(gate_up_layout, activation is not None and granularity == "block")
-        return operands, granularity
+        return None
     if operands == "w4a16":
-        _check_w4a16(w, n, k, weights, a_scale, w_scale, w_format, w_global_scale, w_scale_convention)
-        return operands, w_format
-    if w_scale_convention not in (None, "multiply"):
-        raise invalid(f"w_scale_convention must be None or 'multiply' with float8_e4m3fn a and w (W8A8: the scales "
-                       f"are multipliers), got {w_scale_convention!r}")
-    return operands, _check_fp8_scales(a, w, a_scale, w_scale, w_block)
+        _check_fp4_scales(w, n, k, weights, w_scale, w_format, w_global_scale)
+        return None
+    if operands == "w8a16":
+        return _check_w8a16_scales(w, w_scale, w_block)
+    if operands == "w8a8":
+        return _check_fp8_scales(a, n, k, experts, a_scale, w_scale, w_block)
+    return None
 
 
 def _gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n, cluster,
                cluster_axis, a_scale=None, w_scale=None, w_scale_granularity=None, w_scale_convention=None,
                w_global_scale=None, activation=None, activation_alpha=SWIGLU_ALPHA, activation_limit=SWIGLU_LIMIT,
-               gate_up_layout=None, sorted_to_flat=None, top_k=0) -> _abi.GroupedGemmDesc:
-    experts = w.shape[0]
-    w4a16 = w_scale_granularity in _abi.BLOCK_FORMAT  # uint8 w: FP4 pairs
-    n, k = _gemm_dims(w, weights, w4a16)
+               gate_up_layout=None, sorted_to_flat=None, top_k=0, w_format=None, w_block_rows=_FP8_GEMM_BLOCK,
+               w_block_cols=_FP8_GEMM_BLOCK) -> _abi.GroupedGemmDesc:
+    """Every argument as it is given: libkjit judges which go together."""
+    fp4 = dtype_name(w.dtype) == "uint8"  # FP4 pairs: their scale bytes are b_block_scales
+    n, k = _gemm_dims(w, weights)
     d = _abi.GroupedGemmDesc()
     library().kjit_grouped_gemm_desc_init(ctypes.byref(d))
     d.a_dtype, d.out_dtype = dtype_code(a.dtype), dtype_code(out.dtype)
-    d.b_dtype = _abi.Dtype.F4_E2M1 if w4a16 else dtype_code(w.dtype)
-    d.rows, d.n, d.k, d.experts = a.shape[0], n, k, experts
+    d.b_dtype = _abi.Dtype.F4_E2M1 if fp4 else dtype_code(w.dtype)
+    d.rows, d.n, d.k, d.experts = a.shape[0], n, k, w.shape[0]
     d.weights, d.offsets_convention = _abi.WEIGHTS[weights], _abi.OFFSETS[offsets_convention]
     d.a, d.b, d.out, d.offsets = a.data_ptr(), w.data_ptr(), out.data_ptr(), offsets.data_ptr()
     d.row_scale = row_scale.data_ptr() if row_scale is not None else None
@@ -284,28 +205,32 @@ def _gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kerne
     d.tile_m, d.tile_n = tile_m, tile_n
     d.cluster = cluster
     d.cluster_axis = _abi.CLUSTER_AXIS[cluster_axis]
-    if activation not in (None, "none"):  # "none": what the ops pass (their str argument cannot be None)
+    if activation is not None:
         d.activation = _abi.ACTIVATION[activation]
         d.activation_alpha, d.activation_limit = activation_alpha, activation_limit
     if gate_up_layout is not None:
         d.activation_gate_up_layout = _abi.GATE_UP[gate_up_layout]
     if sorted_to_flat is not None:
-        d.rows, d.tokens, d.top_k = sorted_to_flat.shape[0], a.shape[0], top_k
+        d.rows, d.tokens = sorted_to_flat.shape[0], a.shape[0]
         d.sorted_to_flat = sorted_to_flat.data_ptr()
-    if w4a16:
-        d.b_format = _abi.BLOCK_FORMAT[w_scale_granularity]
-        d.b_block_scales = w_scale.data_ptr()
-        d.b_global_scales = w_global_scale.data_ptr() if w_global_scale is not None else None
-        if w_scale_convention is not None:
-            d.b_scale_convention = _abi.CONVENTION[w_scale_convention]
-    elif w_scale_granularity is not None:
-        d.a_scales = a_scale.data_ptr() if a_scale is not None else None  # None: W8A16
-        d.b_scales = w_scale.data_ptr()
+    d.top_k = top_k
+    if a_scale is not None:
+        d.a_scales = a_scale.data_ptr()
+    if w_scale is not None:
+        if fp4:
+            d.b_block_scales = w_scale.data_ptr()
+        else:
+            d.b_scales = w_scale.data_ptr()
+    if w_global_scale is not None:
+        d.b_global_scales = w_global_scale.data_ptr()
+    if w_format is not None:
+        d.b_format = _abi.BLOCK_FORMAT[w_format]
+    if w_scale_granularity is not None:
         d.b_scale_granularity = _abi.GRANULARITY[w_scale_granularity]
         if w_scale_granularity == "block":
-            d.b_block_rows = d.b_block_cols = _FP8_GEMM_BLOCK
-        if w_scale_convention is not None:
-            d.b_scale_convention = _abi.CONVENTION[w_scale_convention]
+            d.b_block_rows, d.b_block_cols = w_block_rows, w_block_cols
+    if w_scale_convention is not None:
+        d.b_scale_convention = _abi.CONVENTION[w_scale_convention]
     return d
 
 
@@ -314,71 +239,28 @@ def _gemm_workspace_bytes() -> int:
     return library().kjit_grouped_gemm_workspace_bytes()
 
 
-def _launch_gemm(d, device: torch.device, stream: Optional[int]) -> None:
+# Every grouped GEMM (bf16, W8A8, W8A16, W4A16): the descriptor holds every argument and libkjit picks the family
+# from the operands' dtypes. w_scale_granularity: 'block', 'row' or 'tensor' as w_scale's shape says (None for bf16
+# and FP4 weights); w_block_rows, w_block_cols: the weight block of 'block' scales.
+@op("grouped_gemm_", ("out",), checking(_gemm_desc, "kjit_grouped_gemm"))
+def grouped_gemm_(a: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor, weights: str,
+                  offsets_convention: str, row_scale: Optional[torch.Tensor], kernel: str, tile_m: int, tile_n: int,
+                  cluster: int, cluster_axis: str, a_scale: Optional[torch.Tensor], w_scale: Optional[torch.Tensor],
+                  w_scale_granularity: Optional[str], w_scale_convention: Optional[str],
+                  w_global_scale: Optional[torch.Tensor], activation: Optional[str], activation_alpha: float,
+                  activation_limit: float, gate_up_layout: Optional[str], sorted_to_flat: Optional[torch.Tensor],
+                  top_k: int, w_format: Optional[str], w_block_rows: int, w_block_cols: int,
+                  stream: Optional[int]) -> None:
+    d = _gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n, cluster,
+                   cluster_axis, a_scale, w_scale, w_scale_granularity, w_scale_convention, w_global_scale,
+                   activation, activation_alpha, activation_limit, gate_up_layout, sorted_to_flat, top_k, w_format,
+                   w_block_rows, w_block_cols)
     # The tile counter (swap AB hands tiles out on demand): stream-ordered, so
     # concurrent calls never share one.
     workspace_bytes = _gemm_workspace_bytes()
-    workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=device)
+    workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=a.device)
     d.workspace, d.workspace_bytes = workspace.data_ptr(), workspace_bytes
-    check(library().kjit_grouped_gemm(ctypes.byref(d), cuda_stream(device, stream)))
-
-
-@op("grouped_gemm_", ("out",))
-def grouped_gemm_(a: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor, weights: str,
-                  offsets_convention: str, row_scale: Optional[torch.Tensor], kernel: str, tile_m: int, tile_n: int,
-                  cluster: int, cluster_axis: str, activation: str, activation_alpha: float, activation_limit: float,
-                  sorted_to_flat: Optional[torch.Tensor], top_k: int, stream: Optional[int]) -> None:
-    _launch_gemm(_gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n,
-                            cluster, cluster_axis, activation=activation, activation_alpha=activation_alpha,
-                            activation_limit=activation_limit, sorted_to_flat=sorted_to_flat, top_k=top_k),
-                 a.device, stream)
-
-
-# The W8A8 grouped GEMM: the same C entry point, with the scales (weights are
-# always [E, N, K]; w_scale_granularity is 'block' or 'row').
-@op("grouped_gemm_fp8_", ("out",))
-def grouped_gemm_fp8_(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
-                      offsets: torch.Tensor, out: torch.Tensor, offsets_convention: str,
-                      row_scale: Optional[torch.Tensor], w_scale_granularity: str, kernel: str, tile_m: int,
-                      tile_n: int, cluster: int, cluster_axis: str, stream: Optional[int]) -> None:
-    _launch_gemm(_gemm_desc(a, w, offsets, out, "e_n_k", offsets_convention, row_scale, kernel, tile_m, tile_n,
-                            cluster, cluster_axis, a_scale, w_scale, w_scale_granularity), a.device, stream)
-
-
-# The W8A16 grouped GEMM: bf16 a, fp8 w converted to bf16 in the kernel; the
-# same stored w in either orientation (weights), w_scale over the stored tensor
-# ('block', 'row' or 'tensor'), w_scale_convention 'multiply' or 'divide';
-# gate_up_layout with a fused activation over block scales (else None).
-@op("grouped_gemm_w8a16_", ("out",))
-def grouped_gemm_w8a16_(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, offsets: torch.Tensor,
-                        out: torch.Tensor, weights: str, offsets_convention: str, row_scale: Optional[torch.Tensor],
-                        w_scale_granularity: str, w_scale_convention: str, kernel: str, tile_m: int, tile_n: int,
-                        cluster: int, cluster_axis: str, activation: str, activation_alpha: float,
-                        activation_limit: float, gate_up_layout: Optional[str],
-                        sorted_to_flat: Optional[torch.Tensor], top_k: int, stream: Optional[int]) -> None:
-    _launch_gemm(_gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n,
-                            cluster, cluster_axis, None, w_scale, w_scale_granularity, w_scale_convention,
-                            activation=activation, activation_alpha=activation_alpha,
-                            activation_limit=activation_limit, gate_up_layout=gate_up_layout,
-                            sorted_to_flat=sorted_to_flat, top_k=top_k),
-                 a.device, stream)
-
-
-# The W4A16 grouped GEMM: bf16 a, FP4 pairs w, the stored [E, R, C / 2] (uint8)
-# in either orientation (weights), with their scale bytes (uint8) over it and
-# NVFP4's global scales; w_format 'nvfp4' or 'mxfp4'.
-@op("grouped_gemm_w4a16_", ("out",))
-def grouped_gemm_w4a16_(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, w_global_scale: Optional[torch.Tensor],
-                        offsets: torch.Tensor, out: torch.Tensor, weights: str, offsets_convention: str,
-                        row_scale: Optional[torch.Tensor], w_format: str, w_scale_convention: Optional[str],
-                        kernel: str, tile_m: int, tile_n: int, activation: str, activation_alpha: float,
-                        activation_limit: float, sorted_to_flat: Optional[torch.Tensor], top_k: int,
-                        stream: Optional[int]) -> None:
-    _launch_gemm(_gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n, 0,
-                            "m", None, w_scale, w_format, w_scale_convention, w_global_scale,
-                            activation=activation, activation_alpha=activation_alpha, activation_limit=activation_limit,
-                            sorted_to_flat=sorted_to_flat, top_k=top_k),
-                 a.device, stream)
+    check(library().kjit_grouped_gemm(ctypes.byref(d), cuda_stream(a.device, stream)))
 
 
 def grouped_gemm(a: Tensor, w: Tensor, offsets: Tensor, *, weights: str = "e_n_k", offsets_convention: str,
@@ -456,33 +338,21 @@ def grouped_gemm(a: Tensor, w: Tensor, offsets: Tensor, *, weights: str = "e_n_k
 
     sorted_to_flat, top_k = unpack_gather(gather)
     if out is None:
-        operands = _check_gemm_operands(a, w)
+        _gemm_operands(a, w)
         check_choice("weights", weights, _abi.WEIGHTS)
-        n, _ = _gemm_dims(w, weights, operands == "w4a16")
+        n, _ = _gemm_dims(w, weights)
         rows = a.shape[0] if sorted_to_flat is None else sorted_to_flat.shape[0]
         out = torch.empty(rows, _gemm_out_columns(n, activation), dtype=out_dtype or torch.bfloat16, device=a.device)
-    operands, granularity = _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel,
-                                        cluster_axis, a_scale, w_scale, w_block, w_scale_convention, w_format,
-                                        w_global_scale, activation, activation_alpha, activation_limit,
-                                        gate_up_layout, gather)
+    granularity = _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, cluster_axis,
+                              a_scale, w_scale, w_block, w_scale_convention, w_format, w_global_scale, activation,
+                              gate_up_layout, gather)
     tile_m, tile_n = tile if tile is not None else (0, 0)
-    if operands == "bf16":
-        grouped_gemm_(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m,
-                      tile_n, cluster, cluster_axis, activation or "none", float(activation_alpha),
-                      float(activation_limit), sorted_to_flat, top_k, stream)
-    elif operands == "w4a16":
-        grouped_gemm_w4a16_(a, w, w_scale.view(torch.uint8), w_global_scale, offsets, out, weights,
-                            offsets_convention, row_scale, w_format, w_scale_convention, kernel,
-                            tile_m, tile_n, activation or "none", float(activation_alpha),
-                            float(activation_limit), sorted_to_flat, top_k, stream)
-    elif operands == "w8a8":
-        grouped_gemm_fp8_(a, a_scale, w, w_scale, offsets, out, offsets_convention, row_scale,
-                          granularity, kernel, tile_m, tile_n, cluster, cluster_axis, stream)
-    else:
-        grouped_gemm_w8a16_(a, w, w_scale, offsets, out, weights, offsets_convention, row_scale,
-                            granularity, w_scale_convention, kernel, tile_m, tile_n, cluster,
-                            cluster_axis, activation or "none", float(activation_alpha),
-                            float(activation_limit), gate_up_layout, sorted_to_flat, top_k, stream)
+    if w_scale is not None and dtype_name(w.dtype) == "uint8":
+        w_scale = w_scale.view(torch.uint8)  # FP4 scale bytes, whichever dtype torch holds them in
+    grouped_gemm_(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n, cluster,
+                  cluster_axis, a_scale, w_scale, granularity, w_scale_convention, w_global_scale, activation,
+                  float(activation_alpha), float(activation_limit), gate_up_layout, sorted_to_flat, top_k, w_format,
+                  w_block[0], w_block[1], stream)
     return out
 
 
@@ -499,14 +369,15 @@ def prepare_grouped_gemm(a: Tensor, w: Tensor, offsets: Tensor, out: Tensor, *, 
     these shapes, whatever the row count, so that later calls can be captured
     in a CUDA graph. FP8 weights need their scales (and W8A16 their
     w_scale_convention) here too (grouped_gemm)."""
-    _, granularity = _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, "m", a_scale,
-                                 w_scale, w_block, w_scale_convention, w_format, w_global_scale, activation,
-                                 activation_alpha, activation_limit, gate_up_layout, gather)
+    granularity = _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, "m", a_scale,
+                              w_scale, w_block, w_scale_convention, w_format, w_global_scale, activation,
+                              gate_up_layout, gather)
     tile_m, tile_n = tile if tile is not None else (0, 0)
     sorted_to_flat, top_k = unpack_gather(gather)
-    d = _gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n, 0, "m",
-                   a_scale, w_scale, granularity, w_scale_convention, w_global_scale, activation, activation_alpha,
-                   activation_limit, gate_up_layout, sorted_to_flat, top_k)
+    d = _gemm_desc(*pointer_free(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n,
+                                 0, "m", a_scale, w_scale, granularity, w_scale_convention, w_global_scale,
+                                 activation, activation_alpha, activation_limit, gate_up_layout, sorted_to_flat, top_k,
+                                 w_format, w_block[0], w_block[1]))
     check(library().kjit_grouped_gemm_prepare(ctypes.byref(d), a.device.index or 0))
 
 
@@ -562,22 +433,18 @@ def _check_grouped_gemm_wgrad(dy, x, offsets, out, offsets_convention, kernel) -
     check_tensor("offsets", offsets, ("int32",), device=dy.device)
     check_tensor("out", out, ("float32", "bfloat16"), device=dy.device)
     check_choice("offsets_convention", offsets_convention, _abi.OFFSETS)
-    check_choice("kernel", kernel, ("auto", "portable", "sm90"))
+    check_choice("kernel", kernel, _abi.GEMM_KERNEL)
     if dy.dim() != 2:
         raise invalid(f"dy must be [rows, N], got {list(dy.shape)}")
     rows, n = dy.shape
     if x.dim() != 2 or x.shape[0] != rows:
         raise invalid(f"x must be [{rows}, K] (dy's rows), got {list(x.shape)}")
     k = x.shape[1]
-    if n == 0 or n % 8 != 0:
-        raise invalid(f"N = dy.shape[1] must be a positive multiple of 8, got {n}")
-    if k == 0 or k % 8 != 0:
-        raise invalid(f"K = x.shape[1] must be a positive multiple of 8, got {k}")
     leading = offsets_convention == "with_leading_zero"
-    if offsets.dim() != 1 or offsets.shape[0] < 1 + leading:
-        raise invalid(f"offsets must be [E{' + 1' if leading else ''}] with E >= 1 ({offsets_convention}), got "
+    if offsets.dim() != 1:
+        raise invalid(f"offsets must be [E{' + 1' if leading else ''}] ({offsets_convention}), got "
                        f"{list(offsets.shape)}")
-    experts = offsets.shape[0] - leading
+    experts = max(offsets.shape[0] - leading, 0)  # none: libkjit refuses it
     if list(out.shape) != [experts, n, k]:
         raise invalid(f"out must be [{experts}, {n}, {k}] (experts, N, K), got {list(out.shape)}")
     return experts
@@ -598,7 +465,7 @@ def _grouped_gemm_wgrad_desc(dy, x, offsets, out, offsets_convention, kernel) ->
     return d
 
 
-@op("grouped_gemm_wgrad_", ("out",))
+@op("grouped_gemm_wgrad_", ("out",), checking(_grouped_gemm_wgrad_desc, "kjit_grouped_gemm_wgrad"))
 def grouped_gemm_wgrad_(dy: torch.Tensor, x: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor,
                         offsets_convention: str, kernel: str, stream: Optional[int]) -> None:
     d = _grouped_gemm_wgrad_desc(dy, x, offsets, out, offsets_convention, kernel)
@@ -651,5 +518,5 @@ def prepare_grouped_gemm_wgrad(dy: Tensor, x: Tensor, offsets: Tensor, out: Tens
     these shapes (out's dtype picks fp32 or bf16 output; the row count is not
     part of it), so that the call can be captured in a CUDA graph."""
     _check_grouped_gemm_wgrad(dy, x, offsets, out, offsets_convention, kernel)
-    d = _grouped_gemm_wgrad_desc(dy, x, offsets, out, offsets_convention, kernel)
+    d = _grouped_gemm_wgrad_desc(*pointer_free(dy, x, offsets, out, offsets_convention, kernel))
     check(library().kjit_grouped_gemm_wgrad_prepare(ctypes.byref(d), dy.device.index or 0))

@@ -6,13 +6,13 @@ each with its prepare_* and its torch ops."""
 from __future__ import annotations
 
 import ctypes
-import math
 from typing import TYPE_CHECKING, Optional, Tuple, Union
 
 from . import _abi
 from ._args import SWIGLU_ALPHA, SWIGLU_LIMIT, check_choice, check_tensor, dtype_code
 from ._library import check, invalid, library, require_torch
-from ._ops import cuda_stream, op, torch  # torch: None where it is not installed (the ops' annotations name it)
+# torch: None where it is not installed (the ops' annotations name it)
+from ._ops import checking, cuda_stream, op, pointer_free, torch
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -50,7 +50,8 @@ def _routing_desc(topk_ids, counts, offsets, sorted_to_flat, flat_to_sorted, exp
     return d
 
 
-@op("moe_routing_", ("counts", "offsets", "sorted_to_flat", "flat_to_sorted"))
+@op("moe_routing_", ("counts", "offsets", "sorted_to_flat", "flat_to_sorted"),
+    checking(_routing_desc, "kjit_moe_routing"))
 def moe_routing_(topk_ids: torch.Tensor, counts: torch.Tensor, offsets: torch.Tensor, sorted_to_flat: torch.Tensor,
                  flat_to_sorted: torch.Tensor, experts_total: int, expert_base: int, experts_local: int,
                  offsets_convention: str, stream: Optional[int]) -> None:
@@ -87,7 +88,7 @@ def prepare_moe_routing(topk_ids: Tensor, experts_total: int, *, expert_base: in
     experts_local = experts_total - expert_base if experts_local is None else experts_local
     _check_routing(topk_ids, experts_total, expert_base, experts_local, offsets_convention)
     outputs = _routing_outputs(topk_ids, experts_local, offsets_convention)
-    d = _routing_desc(topk_ids, *outputs, experts_total, expert_base, experts_local, offsets_convention)
+    d = _routing_desc(*pointer_free(topk_ids, *outputs, experts_total, expert_base, experts_local, offsets_convention))
     check(library().kjit_moe_routing_prepare(ctypes.byref(d), topk_ids.device.index or 0))
 
 
@@ -117,7 +118,7 @@ def _combine_desc(expert_out, topk_weights, flat_to_sorted, out) -> _abi.MoeComb
     return d
 
 
-@op("moe_combine_", ("out",))
+@op("moe_combine_", ("out",), checking(_combine_desc, "kjit_moe_combine"))
 def moe_combine_(expert_out: torch.Tensor, topk_weights: torch.Tensor, flat_to_sorted: torch.Tensor,
                  out: torch.Tensor, stream: Optional[int]) -> None:
     d = _combine_desc(expert_out, topk_weights, flat_to_sorted, out)
@@ -145,7 +146,7 @@ def prepare_moe_combine(expert_out: Tensor, topk_weights: Tensor, flat_to_sorted
     """Compiles (or finds) and loads the kernel moe_combine needs for these
     arguments, so that the call can be captured in a CUDA graph."""
     _check_combine(expert_out, topk_weights, flat_to_sorted, out)
-    d = _combine_desc(expert_out, topk_weights, flat_to_sorted, out)
+    d = _combine_desc(*pointer_free(expert_out, topk_weights, flat_to_sorted, out))
     check(library().kjit_moe_combine_prepare(ctypes.byref(d), expert_out.device.index or 0))
 
 
@@ -160,28 +161,17 @@ def _check_moe_activation(h, out, scales, activation, layout, alpha, limit, scal
     check_choice("layout", layout, _abi.GATE_UP)
     check_tensor("out", out, ("bfloat16", "float8_e4m3fn"), device=h.device)
     rows, i_cols = h.shape[0], h.shape[1] // 2
-    fp8 = out.dtype == torch.float8_e4m3fn
-    multiple = 128 if fp8 else 8
-    if i_cols == 0 or i_cols % multiple != 0:
-        raise invalid(f"I = h.shape[1] / 2 must be a positive multiple of {multiple} with {out.dtype} output, got "
-                       f"{i_cols}")
     if list(out.shape) != [rows, i_cols]:
         raise invalid(f"out must be [{rows}, {i_cols}], got {list(out.shape)}")
-    if h.shape[0] > 1 and h.stride(0) % 8 != 0:
-        raise invalid(f"h's row stride must be a multiple of 8 elements (16 bytes), got {h.stride(0)}")
-    if fp8:
-        check_choice("scale_format", scale_format, _abi.QUANT_SCALE)
-        check_tensor("scales", scales, ("float32",), device=h.device)
-        if list(scales.shape) != [rows, i_cols // 128]:
-            raise invalid(f"scales must be [{rows}, {i_cols // 128}] (row-major, one per 128 columns), got "
-                           f"{list(scales.shape)}")
-    elif scales is not None:
-        raise invalid("scales are for float8_e4m3fn output; bf16 output has none")
-    if activation == "swiglu_oai":
-        if not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
-            raise invalid(f"alpha must be a finite float, got {alpha!r}")
-        if not isinstance(limit, (int, float)) or not limit > 0:
-            raise invalid(f"limit must be a float > 0 (inf: no clamp), got {limit!r}")
+    check_choice("scale_format", scale_format, _abi.QUANT_SCALE)
+    fp8 = out.dtype == torch.float8_e4m3fn
+    check_tensor("scales", scales, ("float32",), device=h.device, optional=not fp8)  # bf16 out: libkjit refuses any
+    if fp8 and list(scales.shape) != [rows, i_cols // 128]:
+        raise invalid(f"scales must be [{rows}, {i_cols // 128}] (row-major, one per 128 columns), got "
+                       f"{list(scales.shape)}")
+    for name, value in (("alpha", alpha), ("limit", limit)):
+        if not isinstance(value, (int, float)):
+            raise invalid(f"{name} must be a float, got {value!r}")
     check_tensor("valid_rows", valid_rows, ("int32",), device=h.device, optional=True)
     if valid_rows is not None and valid_rows.numel() != 1:
         raise invalid(f"valid_rows must hold one int32 (e.g. offsets[-1:]), got shape {list(valid_rows.shape)}")
@@ -197,26 +187,19 @@ def _moe_activation_desc(h, out, scales, activation, layout, alpha, limit, scale
     d.in_row_stride = h.stride(0) if h.shape[0] > 1 else 0
     d.alpha, d.limit = alpha, limit
     d.input, d.out = h.data_ptr(), out.data_ptr()
-    if scales is not None:
+    if scales is not None:  # FP8 output (libkjit refuses them with bf16 output)
         d.scale_format, d.scales = _abi.QUANT_SCALE[scale_format], scales.data_ptr()
     if valid_rows is not None:
         d.valid_rows = valid_rows.data_ptr()
     return d
 
 
-# The MoE activation between the grouped GEMMs: bf16 out, or FP8 codes and scales.
-@op("moe_activation_", ("out",))
-def moe_activation_(h: torch.Tensor, out: torch.Tensor, activation: str, layout: str, alpha: float, limit: float,
-                    valid_rows: Optional[torch.Tensor], stream: Optional[int]) -> None:
-    d = _moe_activation_desc(h, out, None, activation, layout, alpha, limit, None, valid_rows)
-    check(library().kjit_moe_activation(ctypes.byref(d), cuda_stream(h.device, stream)))
-
-
-@op("moe_activation_fp8_", ("codes", "scales"))
-def moe_activation_fp8_(h: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, activation: str, layout: str,
-                        alpha: float, limit: float, scale_format: str, valid_rows: Optional[torch.Tensor],
-                        stream: Optional[int]) -> None:
-    d = _moe_activation_desc(h, codes, scales, activation, layout, alpha, limit, scale_format, valid_rows)
+# The MoE activation between the grouped GEMMs: bf16 out (scales None), or FP8 codes and their scales.
+@op("moe_activation_", ("out", "scales"), checking(_moe_activation_desc, "kjit_moe_activation"))
+def moe_activation_(h: torch.Tensor, out: torch.Tensor, scales: Optional[torch.Tensor], activation: str, layout: str,
+                    alpha: float, limit: float, scale_format: str, valid_rows: Optional[torch.Tensor],
+                    stream: Optional[int]) -> None:
+    d = _moe_activation_desc(h, out, scales, activation, layout, alpha, limit, scale_format, valid_rows)
     check(library().kjit_moe_activation(ctypes.byref(d), cuda_stream(h.device, stream)))
 
 
@@ -255,13 +238,8 @@ def moe_activation(h: Tensor, *, activation: str, layout: str, alpha: float = SW
     if fp8 and scales is None:
         scales = torch.empty(rows, i_cols // 128, dtype=torch.float32, device=h.device)
     _check_moe_activation(h, out, scales, activation, layout, alpha, limit, scale_format, valid_rows)
-    alpha, limit = float(alpha), float(limit)
-    if fp8:
-        moe_activation_fp8_(h, out, scales, activation, layout, alpha, limit, scale_format,
-                            valid_rows, stream)
-        return out, scales
-    moe_activation_(h, out, activation, layout, alpha, limit, valid_rows, stream)
-    return out
+    moe_activation_(h, out, scales, activation, layout, float(alpha), float(limit), scale_format, valid_rows, stream)
+    return (out, scales) if fp8 else out
 
 
 def prepare_moe_activation(h: Tensor, out: Tensor, scales: Optional[Tensor] = None, *, activation: str, layout: str,
@@ -271,5 +249,6 @@ def prepare_moe_activation(h: Tensor, out: Tensor, scales: Optional[Tensor] = No
     arguments (out's dtype picks bf16 or FP8 output), so that the call can be
     captured in a CUDA graph."""
     _check_moe_activation(h, out, scales, activation, layout, alpha, limit, scale_format, valid_rows)
-    d = _moe_activation_desc(h, out, scales, activation, layout, float(alpha), float(limit), scale_format, valid_rows)
+    d = _moe_activation_desc(*pointer_free(h, out, scales, activation, layout, float(alpha), float(limit),
+                                           scale_format, valid_rows))
     check(library().kjit_moe_activation_prepare(ctypes.byref(d), h.device.index or 0))

@@ -8,9 +8,10 @@ import ctypes
 from typing import TYPE_CHECKING, Optional, Tuple, Union
 
 from . import _abi
-from ._args import FP8, check_choice, check_gather, check_tensor, dtype_code, unpack_gather
+from ._args import check_choice, check_gather, check_tensor, dtype_code, unpack_gather
 from ._library import check, invalid, library, require_torch
-from ._ops import cuda_stream, op, torch  # torch: None where it is not installed (the ops' annotations name it)
+# torch: None where it is not installed (the ops' annotations name it)
+from ._ops import checking, cuda_stream, op, pointer_free, torch
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -21,12 +22,10 @@ def _check_quantize(x, codes, scales, group, scale_format, sorted_to_flat, top_k
     if x.dim() != 2 or x.stride(-1) != 1:
         raise invalid(f"x must be [tokens, K] with contiguous rows, got shape {list(x.shape)} and strides "
                        f"{list(x.stride())}")
-    if group != 128:
-        raise invalid(f"group must be 128 (the only size), got {group!r}")
+    if not isinstance(group, int):
+        raise invalid(f"group must be an int, got {group!r}")
     check_choice("scale_format", scale_format, _abi.QUANT_SCALE)
     k = x.shape[1]
-    if k % 128 != 0 or k == 0:
-        raise invalid(f"K = x.shape[1] must be a positive multiple of 128, got {k}")
     check_gather(sorted_to_flat, top_k, x.device)
     rows = x.shape[0] if sorted_to_flat is None else sorted_to_flat.shape[0]
     check_tensor("codes", codes, ("float8_e4m3fn",), device=x.device)
@@ -38,11 +37,12 @@ def _check_quantize(x, codes, scales, group, scale_format, sorted_to_flat, top_k
                        f"{list(scales.shape)}")
 
 
-def _quantize_desc(x, codes, scales, scale_format, sorted_to_flat, top_k) -> _abi.Fp8QuantizeDesc:
+def _quantize_desc(x, codes, scales, group, scale_format, sorted_to_flat, top_k) -> _abi.Fp8QuantizeDesc:
     d = _abi.Fp8QuantizeDesc()
     library().kjit_fp8_quantize_desc_init(ctypes.byref(d))
     d.in_dtype, d.out_dtype = dtype_code(x.dtype), dtype_code(codes.dtype)
     d.rows, d.k = codes.shape
+    d.group = group
     d.scale_format = _abi.QUANT_SCALE[scale_format]
     d.in_row_stride = x.stride(0)
     d.input, d.out, d.scales = x.data_ptr(), codes.data_ptr(), scales.data_ptr()
@@ -51,10 +51,10 @@ def _quantize_desc(x, codes, scales, scale_format, sorted_to_flat, top_k) -> _ab
     return d
 
 
-@op("quantize_fp8_", ("codes", "scales"))
-def quantize_fp8_(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, scale_format: str,
+@op("quantize_fp8_", ("codes", "scales"), checking(_quantize_desc, "kjit_fp8_quantize"))
+def quantize_fp8_(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, group: int, scale_format: str,
                   sorted_to_flat: Optional[torch.Tensor], top_k: int, stream: Optional[int]) -> None:
-    d = _quantize_desc(x, codes, scales, scale_format, sorted_to_flat, top_k)
+    d = _quantize_desc(x, codes, scales, group, scale_format, sorted_to_flat, top_k)
     check(library().kjit_fp8_quantize(ctypes.byref(d), cuda_stream(x.device, stream)))
 
 
@@ -80,7 +80,7 @@ def quantize_fp8(x: Tensor, *, group: int = 128, scale_format: str = "fp32",
     if scales is None:
         scales = torch.empty(rows, x.shape[1] // 128, dtype=torch.float32, device=x.device)
     _check_quantize(x, out, scales, group, scale_format, sorted_to_flat, top_k)
-    quantize_fp8_(x, out, scales, scale_format, sorted_to_flat, top_k, stream)
+    quantize_fp8_(x, out, scales, group, scale_format, sorted_to_flat, top_k, stream)
     return out, scales
 
 
@@ -90,7 +90,7 @@ def prepare_quantize_fp8(x: Tensor, out: Tensor, scales: Tensor, *, group: int =
     arguments, so that the call can be captured in a CUDA graph."""
     sorted_to_flat, top_k = unpack_gather(gather)
     _check_quantize(x, out, scales, group, scale_format, sorted_to_flat, top_k)
-    d = _quantize_desc(x, out, scales, scale_format, sorted_to_flat, top_k)
+    d = _quantize_desc(*pointer_free(x, out, scales, group, scale_format, sorted_to_flat, top_k))
     check(library().kjit_fp8_quantize_prepare(ctypes.byref(d), x.device.index or 0))
 
 
@@ -112,6 +112,12 @@ def _mx_row_stride(x) -> int:
     return x.stride(-2) if x.shape[-2] > 1 else x.shape[-1]
 
 
+def _mx_codes_dtype(format, element_dtype) -> str:
+    """The output's dtype: MXFP8's element dtype, else bytes (FP4 pairs; MXFP8 without one, which libkjit
+    refuses)."""
+    return element_dtype if format == "mxfp8" and element_dtype else "uint8"
+
+
 def _check_quantize_mx(x, out, scales, global_scales, format, scale_layout, element_dtype, global_scale,
                        global_scale_convention) -> None:
     if format not in _abi.BLOCK_FORMAT:
@@ -119,37 +125,25 @@ def _check_quantize_mx(x, out, scales, global_scales, format, scale_layout, elem
     if scale_layout not in _abi.SCALE_LAYOUT:
         raise invalid(f"scale_layout must be one of {', '.join(map(repr, _abi.SCALE_LAYOUT))} (no default), got "
                       f"{scale_layout!r}")
-    if format == "mxfp8":
-        if element_dtype not in FP8:
-            raise invalid(f"mxfp8 needs element_dtype 'float8_e4m3fn' or 'float8_e5m2', got {element_dtype!r}")
-    elif element_dtype is not None:
-        raise invalid(f"{format} elements are e2m1: leave element_dtype None, got {element_dtype!r}")
-    if format == "nvfp4":
-        if global_scale not in _abi.GLOBAL_SCALE:
-            raise invalid(f"nvfp4 needs global_scale 'given' or 'compute' (no default), got {global_scale!r}")
-        if global_scale_convention not in _abi.CONVENTION:
-            raise invalid("nvfp4 needs global_scale_convention 'multiply' (ModelOpt weight_scale_2) or 'divide' "
-                          f"(compressed-tensors global_scale), no default; got {global_scale_convention!r}")
-        if global_scale == "given" and global_scales is None:
-            raise invalid("global_scale='given' needs global_scales, float32 [experts]")
-    elif global_scale is not None or global_scale_convention is not None or global_scales is not None:
-        raise invalid(f"{format} has no global scale: leave global_scale, global_scale_convention and global_scales "
-                      "None")
+    # Which of these a format takes is libkjit's rule; here only the names.
+    for name, value, choices in (("element_dtype", element_dtype, _abi.DTYPE),
+                                 ("global_scale", global_scale, _abi.GLOBAL_SCALE),
+                                 ("global_scale_convention", global_scale_convention, _abi.CONVENTION)):
+        if value is not None:
+            check_choice(name, value, tuple(choices))
+    if global_scale == "given" and global_scales is None:
+        raise invalid("global_scale='given' needs global_scales, float32 [experts]")
     check_tensor("x", x, ("bfloat16",), contiguous=False)
     if x.dim() not in (2, 3) or x.stride(-1) != 1:
         raise invalid(f"x must be [rows, K] or [experts, rows, K] with contiguous rows, got shape {list(x.shape)} and "
                       f"strides {list(x.stride())}")
     experts, rows, k, block, out_shape, scale_shape = _mx_shapes(x, format, scale_layout)
-    if k == 0 or k % block != 0:
-        raise invalid(f"K = x.shape[-1] must be a positive multiple of {block} ({format}'s block), got {k}")
     row_stride = _mx_row_stride(x)
-    if row_stride % 8 != 0 or row_stride < k:
-        raise invalid(f"x's row stride must be a multiple of 8 elements (16-byte rows) and >= K, got {row_stride}")
     if x.dim() == 3 and experts > 1 and x.stride(0) != rows * row_stride:
         raise invalid(f"x's experts must follow one another (stride(0) = rows * row stride = {rows * row_stride}), got "
                       f"{x.stride(0)}")
-    out_dtype = ("uint8",) if format != "mxfp8" else (element_dtype,)
-    for name, t, dtypes, shape in (("out", out, out_dtype, out_shape), ("scales", scales, ("uint8",), scale_shape),
+    for name, t, dtypes, shape in (("out", out, (_mx_codes_dtype(format, element_dtype),), out_shape),
+                                   ("scales", scales, ("uint8",), scale_shape),
                                    ("global_scales", global_scales, ("float32",), [experts])):
         if t is None and name == "global_scales":
             continue
@@ -168,14 +162,16 @@ def _quantize_mx_desc(x, out, scales, global_scales, format, scale_layout, eleme
     d.experts, d.rows, d.k = (1, *x.shape) if x.dim() == 2 else x.shape
     d.in_row_stride = _mx_row_stride(x)
     d.input, d.out, d.scales = x.data_ptr(), out.data_ptr(), scales.data_ptr()
-    if format == "nvfp4":
+    if global_scales is not None:
         d.global_scales = global_scales.data_ptr()
-        d.global_scale_mode, d.global_scale_convention = _abi.GLOBAL_SCALE[global_scale], _abi.CONVENTION[
-            global_scale_convention]
+    if global_scale is not None:
+        d.global_scale_mode = _abi.GLOBAL_SCALE[global_scale]
+    if global_scale_convention is not None:
+        d.global_scale_convention = _abi.CONVENTION[global_scale_convention]
     return d
 
 
-@op("quantize_mx_", ("out", "scales", "global_scales"))
+@op("quantize_mx_", ("out", "scales", "global_scales"), checking(_quantize_mx_desc, "kjit_quantize_mx"))
 def quantize_mx_(x: torch.Tensor, out: torch.Tensor, scales: torch.Tensor, global_scales: Optional[torch.Tensor],
                  format: str, scale_layout: str, element_dtype: Optional[str], global_scale: Optional[str],
                  global_scale_convention: Optional[str], stream: Optional[int]) -> None:
@@ -207,10 +203,10 @@ def quantize_mx(x: Tensor, *, format: str, scale_layout: str, element_dtype: Opt
     torch = require_torch()
 
     if (isinstance(x, torch.Tensor) and x.dim() in (2, 3) and format in _abi.BLOCK_FORMAT
-            and scale_layout in _abi.SCALE_LAYOUT):
+            and scale_layout in _abi.SCALE_LAYOUT and element_dtype in (None, *_abi.DTYPE)):
         _, _, _, _, out_shape, scale_shape = _mx_shapes(x, format, scale_layout)
-        if out is None and (format != "mxfp8" or element_dtype in FP8):
-            out = torch.empty(out_shape, dtype=torch.uint8 if format != "mxfp8" else getattr(torch, element_dtype),
+        if out is None:
+            out = torch.empty(out_shape, dtype=getattr(torch, _mx_codes_dtype(format, element_dtype)),
                               device=x.device)
         if scales is None:
             scales = torch.empty(scale_shape, dtype=torch.uint8, device=x.device)
@@ -231,6 +227,6 @@ def prepare_quantize_mx(x: Tensor, out: Tensor, scales: Tensor, global_scales: O
     captured in a CUDA graph."""
     _check_quantize_mx(x, out, scales, global_scales, format, scale_layout, element_dtype, global_scale,
                        global_scale_convention)
-    d = _quantize_mx_desc(x, out, scales, global_scales, format, scale_layout, element_dtype, global_scale,
-                          global_scale_convention)
+    d = _quantize_mx_desc(*pointer_free(x, out, scales, global_scales, format, scale_layout, element_dtype,
+                                        global_scale, global_scale_convention))
     check(library().kjit_quantize_mx_prepare(ctypes.byref(d), x.device.index or 0))
