@@ -1,6 +1,8 @@
-// Reading a spec's JSON object field by field: each read checks the field's
-// type and names it in the error; finish() refuses any field no read asked
-// for, so a misspelt field ("selected_expert") is an error, never a default.
+// Reading a spec's JSON object field by field (SpecForms<Spec>::from_json, in
+// spec_forms.hpp, reads each field of the family's table): each read checks
+// the field's type and names it in the error; finish() refuses any field no
+// read asked for, so a misspelt field ("selected_expert") is an error, never a
+// default.
 #pragma once
 
 #include <cstdint>
@@ -42,13 +44,14 @@ class SpecReader {
 
   bool has(std::string_view field) const { return object_.contains(field); }
 
+  // Each reads a field that is there (has()), checking its type.
   template <class Enum>
-  Expected<Enum> enumeration(const char* field) {
+  Expected<Enum> enumeration(std::string_view field) {
     static_assert(kEnumCount<Enum> > 0, "kEnumCount must name this enum's size");
-    const auto* value = find(field);
-    if (!value || !value->is_string())
+    const auto& value = find(field);
+    if (!value.is_string())
       return fail(KJIT_ERROR_INVALID_ARGUMENT, fmt::format("spec field '{}' must be a string", field));
-    const auto text = value->template get<std::string>();
+    const auto text = value.template get<std::string>();
     std::string known;
     for (int i = 0; i < kEnumCount<Enum>; ++i) {
       const auto candidate = name(static_cast<Enum>(i));
@@ -59,39 +62,32 @@ class SpecReader {
                 fmt::format("spec field '{}' has unknown value '{}' (expected one of: {})", field, text, known));
   }
 
-  // A required integer.
-  Expected<int64_t> integer(const char* field) {
-    if (!has(field)) return fail(KJIT_ERROR_INVALID_ARGUMENT, fmt::format("spec field '{}' is missing", field));
-    return integer_or(field, 0);
-  }
-
-  Expected<int64_t> integer_or(const char* field, int64_t fallback) {
-    const auto* value = find(field);
-    if (!value) return fallback;
-    if (!value->is_number_integer())
+  Expected<int64_t> integer(std::string_view field) {
+    const auto& value = find(field);
+    if (!value.is_number_integer())
       return fail(KJIT_ERROR_INVALID_ARGUMENT, fmt::format("spec field '{}' must be an integer", field));
-    if (value->is_number_unsigned() && value->template get<uint64_t>() > uint64_t{INT64_MAX})
+    if (value.is_number_unsigned() && value.template get<uint64_t>() > uint64_t{INT64_MAX})
       return fail(KJIT_ERROR_INVALID_ARGUMENT, fmt::format("spec field '{}' is out of range", field));
-    return value->template get<int64_t>();
+    return value.template get<int64_t>();
   }
 
-  Expected<bool> boolean_or(const char* field, bool fallback) {
-    const auto* value = find(field);
-    if (!value) return fallback;
-    if (!value->is_boolean())
+  Expected<bool> boolean(std::string_view field) {
+    const auto& value = find(field);
+    if (!value.is_boolean())
       return fail(KJIT_ERROR_INVALID_ARGUMENT, fmt::format("spec field '{}' must be true or false", field));
-    return value->template get<bool>();
+    return value.template get<bool>();
   }
 
-  // A required array of exactly `count` integers that fit in int (a block, a tile); `shape` names it in errors.
-  Expected<std::vector<int>> small_integers(const char* field, size_t count, std::string_view shape) {
-    const auto* value = find(field);
+  // An array of exactly `count` integers that fit in int (a block, a tile); `shape` names it in errors.
+  Expected<std::vector<int>> small_integers(std::string_view field, size_t count, std::string_view shape) {
+    const auto& value = find(field);
     auto bad = [&] {
-      return fail(KJIT_ERROR_INVALID_ARGUMENT, fmt::format("spec field '{}' must be {}", field, shape));
+      return fail(KJIT_ERROR_INVALID_ARGUMENT,
+                  fmt::format("spec field '{}' must be {}, {} integers", field, shape, count));
     };
-    if (!value || !value->is_array() || value->size() != count) return bad();
+    if (!value.is_array() || value.size() != count) return bad();
     std::vector<int> out;
-    for (const auto& v : *value) {
+    for (const auto& v : value) {
       if (!v.is_number_integer() || v.template get<int64_t>() < INT32_MIN || v.template get<int64_t>() > INT32_MAX)
         return bad();
       out.push_back(static_cast<int>(v.template get<int64_t>()));
@@ -108,10 +104,9 @@ class SpecReader {
   }
 
  private:
-  const nlohmann::json* find(const char* field) {
-    read_.insert(field);
-    const auto it = object_.find(field);
-    return it == object_.end() ? nullptr : &*it;
+  const nlohmann::json& find(std::string_view field) {
+    read_.emplace(field);
+    return object_.at(std::string(field));
   }
 
   const nlohmann::json& object_;

@@ -1,13 +1,12 @@
-// The fp8 dequant family: spec forms, invariants, recipe and grid.
+// The fp8 dequant family: invariants, recipe and grid.
 #include "kjit/codegen/families/fp8_dequant.hpp"
 
 #include <algorithm>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "../recipe.hpp"
-#include "../spec_reader.hpp"
+#include "../spec_forms.hpp"
 
 namespace kjit::codegen {
 namespace {
@@ -45,61 +44,7 @@ std::string_view scale_kind_constant(ScaleGranularity g) {
 
 }  // namespace
 
-std::string Family<DequantSpec>::canonical(const DequantSpec& s) {
-  std::string scale(name(s.granularity));
-  if (s.granularity == ScaleGranularity::per_block) scale += fmt::format(":{}x{}", s.block_rows, s.block_cols);
-  return fmt::format("fp8_dequant in={} out={} cols={} scale={} convention={} vec={} experts={}", name(s.in),
-                     name(s.out), s.cols, scale, name(s.convention), s.vec, s.selected_experts ? "selected" : "all");
-}
-
-nlohmann::json Family<DequantSpec>::to_json(const DequantSpec& s) {
-  nlohmann::json j = {{"op", op},
-                      {"in", name(s.in)},
-                      {"out", name(s.out)},
-                      {"cols", s.cols},
-                      {"scale", name(s.granularity)},
-                      {"convention", name(s.convention)},
-                      {"vec", s.vec},
-                      {"selected_experts", s.selected_experts}};
-  if (s.granularity == ScaleGranularity::per_block) j["block"] = {s.block_rows, s.block_cols};
-  return j;
-}
-
-Expected<DequantSpec> Family<DequantSpec>::from_json(SpecReader& reader) {
-  DequantSpec s;
-  s.in = KJIT_TRY(reader.enumeration<DType>("in"));
-  s.out = KJIT_TRY(reader.enumeration<DType>("out"));
-  s.cols = KJIT_TRY(reader.integer("cols"));
-  s.granularity = KJIT_TRY(reader.enumeration<ScaleGranularity>("scale"));
-  s.convention = KJIT_TRY(reader.enumeration<ScaleConvention>("convention"));
-  if (s.granularity == ScaleGranularity::per_block) {
-    const auto block = KJIT_TRY(reader.small_integers("block", 2, "[block_rows, block_cols] for per_block scales"));
-    s.block_rows = block[0];
-    s.block_cols = block[1];
-  }
-  // Absent: what a launch on aligned contiguous tensors picks (manifests leave it out).
-  s.vec = static_cast<int>(KJIT_TRY(reader.integer_or("vec", s.cols > 0 ? dequant_vector(s.out, s.cols) : 1)));
-  s.selected_experts = KJIT_TRY(reader.boolean_or("selected_experts", false));
-  return s;
-}
-
-const std::vector<FieldRule>& Family<DequantSpec>::schema() {
-  static const std::vector<FieldRule> rules{
-      text_field("in", {"f8_e4m3fn", "f8_e5m2"}), text_field("out", {"bf16", "f16", "f32"}),
-      integer_field("cols", 1, kMaxDimension), text_field("scale", {"per_tensor", "per_row", "per_block"}),
-      integers_field("block", "[rows, cols]", 2, 1, kMaxDimension), text_field("convention", {"multiply", "divide"}),
-      integer_field("vec", 1, 16, false), boolean_field("selected_experts")};
-  return rules;
-}
-
-void Family<DequantSpec>::hash(const DequantSpec& s, HashMixer& h) {
-  h.mix(static_cast<uint64_t>(s.cols));
-  h.mix(static_cast<uint64_t>(s.in) | static_cast<uint64_t>(s.out) << 8 | static_cast<uint64_t>(s.granularity) << 16 |
-        static_cast<uint64_t>(s.convention) << 24 | static_cast<uint64_t>(s.vec) << 32 |
-        static_cast<uint64_t>(s.selected_experts) << 40);
-  h.mix(static_cast<uint64_t>(s.block_rows));
-  h.mix(static_cast<uint64_t>(s.block_cols));
-}
+template struct SpecForms<DequantSpec>;
 
 Expected<void> Family<DequantSpec>::validate(const DequantSpec& s) {
   auto invalid = [](std::string message) { return fail(KJIT_ERROR_INVALID_ARGUMENT, std::move(message)); };

@@ -1,11 +1,10 @@
-// The fp8 quantize family: spec forms, invariants, recipe and grid.
+// The fp8 quantize family: invariants, recipe and grid.
 #include "kjit/codegen/families/fp8_quantize.hpp"
 
 #include <algorithm>
 #include <array>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "../recipe.hpp"
 #include "fp8_spec_fields.hpp"
@@ -27,36 +26,7 @@ auto invalid(std::string message) { return fail(KJIT_ERROR_INVALID_ARGUMENT, std
 
 std::string_view name(QuantScaleFormat f) { return kScaleFormatNames[static_cast<size_t>(f)]; }
 
-std::string Family<Fp8QuantizeSpec>::canonical(const Fp8QuantizeSpec& s) {
-  return fmt::format("fp8_quantize in=bf16 out=f8_e4m3fn k={} group={} scale={} gather={}", s.k, s.group,
-                     name(s.scale_format), s.gather);
-}
-
-nlohmann::json Family<Fp8QuantizeSpec>::to_json(const Fp8QuantizeSpec& s) {
-  return {{"op", op}, {"k", s.k}, {"group", s.group}, {"scale_format", name(s.scale_format)}, {"gather", s.gather}};
-}
-
-Expected<Fp8QuantizeSpec> Family<Fp8QuantizeSpec>::from_json(SpecReader& reader) {
-  Fp8QuantizeSpec s;
-  s.k = KJIT_TRY(reader.integer("k"));
-  s.group = KJIT_TRY(reader.integer_or("group", 128));
-  s.scale_format = reader.has("scale_format") ? KJIT_TRY(reader.enumeration<QuantScaleFormat>("scale_format"))
-                                              : QuantScaleFormat::fp32;
-  s.gather = KJIT_TRY(reader.boolean_or("gather", false));
-  return s;
-}
-
-const std::vector<FieldRule>& Family<Fp8QuantizeSpec>::schema() {
-  static const std::vector<FieldRule> rules{integer_field("k", 128, kMaxDimension), integer_field("group", 128, 128, false),
-                                            text_field("scale_format", {"fp32", "ue8m0"}, false),
-                                            boolean_field("gather")};
-  return rules;
-}
-
-void Family<Fp8QuantizeSpec>::hash(const Fp8QuantizeSpec& s, HashMixer& h) {
-  h.mix(static_cast<uint64_t>(s.k) << 24 | static_cast<uint64_t>(s.group) << 2 |
-        static_cast<uint64_t>(s.scale_format) << 1 | static_cast<uint64_t>(s.gather));
-}
+template struct SpecForms<Fp8QuantizeSpec>;
 
 Expected<void> Family<Fp8QuantizeSpec>::validate(const Fp8QuantizeSpec& s) {
   if (s.group != 128)

@@ -1,14 +1,12 @@
-// The grouped GEMM family: spec forms, invariants, recipes and grid.
+// The grouped GEMM family: invariants, recipes and grid.
 #include "kjit/codegen/families/grouped_gemm.hpp"
 
 #include <algorithm>
 #include <array>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "../recipe.hpp"
-#include "../spec_reader.hpp"
 #include "gemm_configuration.hpp"
 #include "gemm_problem_fields.hpp"
 #include "wgmma_instructions.hpp"
@@ -129,79 +127,7 @@ std::string swap_ab_wgmma_wrappers(const GroupedGemmSpec& s) {
 std::string_view name(GemmKernel k) { return kGemmKernelNames[static_cast<size_t>(k)]; }
 std::string_view name(ClusterAxis a) { return kClusterAxisNames[static_cast<size_t>(a)]; }
 
-std::string Family<GroupedGemmSpec>::canonical(const GroupedGemmSpec& g) {
-  // " activation=..." only when fused, so unfused kernels keep their keys.
-  return fmt::format("grouped_gemm a=bf16 b=bf16 out={} n={} k={} experts={} weights={} offsets={} row_scale={}{}{}{}",
-                     name(g.out), g.n, g.k, g.experts, name(g.weights), name(g.offsets), g.row_scale,
-                     g.activation != Activation::none ? fmt::format(" activation={}", name(g.activation))
-                                                      : std::string(),
-                     g.gather ? " gather=sorted_to_flat" : "",
-                     g.configured() ? fmt::format(" kernel={} tile={}x{}x{} stages={} cluster={}{}", name(g.kernel),
-                                                  g.tile_m, g.tile_n, g.tile_k, g.stages, g.cluster,
-                                                  g.cluster > 1 ? fmt::format(" along {}", name(g.cluster_axis))
-                                                                : std::string())
-                                    : std::string(" config=per-arch"));
-}
-
-nlohmann::json Family<GroupedGemmSpec>::to_json(const GroupedGemmSpec& g) {
-  nlohmann::json j = {{"op", op},       {"out", name(g.out)},         {"n", g.n},
-                      {"k", g.k},       {"experts", g.experts},       {"weights", name(g.weights)},
-                      {"offsets", name(g.offsets)}, {"row_scale", g.row_scale}};
-  if (g.activation != Activation::none) j["activation"] = name(g.activation);
-  if (g.gather) j["gather"] = true;
-  if (g.configured()) {
-    j["kernel"] = name(g.kernel);
-    j["tile"] = {g.tile_m, g.tile_n, g.tile_k};
-    j["stages"] = g.stages;
-    j["cluster"] = g.cluster;
-    j["cluster_axis"] = name(g.cluster_axis);
-  }
-  return j;
-}
-
-Expected<GroupedGemmSpec> Family<GroupedGemmSpec>::from_json(SpecReader& reader) {
-  GroupedGemmSpec s;
-  KJIT_TRY(read_gemm_problem(reader, s));
-  s.weights = KJIT_TRY(reader.enumeration<WeightLayout>("weights"));
-  if (reader.has("activation")) s.activation = KJIT_TRY(reader.enumeration<Activation>("activation"));
-  s.gather = KJIT_TRY(reader.boolean_or("gather", false));
-  // A configuration (cache metadata) names its kernel, tile and stages; a
-  // problem (manifests) names none of them.
-  if (!reader.has("kernel")) {
-    if (reader.has("tile") || reader.has("stages") || reader.has("cluster") || reader.has("cluster_axis"))
-      return fail(KJIT_ERROR_INVALID_ARGUMENT,
-                  "spec fields 'tile', 'stages', 'cluster' and 'cluster_axis' need 'kernel' beside them");
-    return s;
-  }
-  KJIT_TRY(read_gemm_configuration(reader, s));
-  return s;
-}
-
-const std::vector<FieldRule>& Family<GroupedGemmSpec>::schema() {
-  static const std::vector<FieldRule> rules{
-      text_field("out", {"bf16", "f32"}), integer_field("n", 8, kMaxDimension), integer_field("k", 8, kMaxDimension),
-      integer_field("experts", 1, kMaxExperts), text_field("weights", {"e_n_k", "e_k_n"}),
-      text_field("offsets", {"cumulative_end", "with_leading_zero"}), boolean_field("row_scale"),
-      text_field("activation", {"none", "silu_mul", "swiglu_oai"}, false), boolean_field("gather"),
-      // A configuration's fields (cache metadata; rare in manifests). Bounded so they stay in int;
-      // validate says which are supported.
-      text_field("kernel", {"mma_sync", "wgmma_sm90", "wgmma_sm90_swap_ab", "mma_decode"}, false),
-      integers_field("tile", "[m, n, k]", 3, 1, 256), integer_field("stages", 0, 16, false),
-      integer_field("cluster", 1, 16, false), text_field("cluster_axis", {"m", "n"}, false)};
-  return rules;
-}
-
-void Family<GroupedGemmSpec>::hash(const GroupedGemmSpec& g, HashMixer& h) {
-  h.mix(static_cast<uint64_t>(g.n));
-  h.mix(static_cast<uint64_t>(g.k));
-  h.mix(static_cast<uint64_t>(g.experts));
-  h.mix(static_cast<uint64_t>(g.out) | static_cast<uint64_t>(g.weights) << 8 | static_cast<uint64_t>(g.offsets) << 16 |
-        static_cast<uint64_t>(g.row_scale) << 24 | static_cast<uint64_t>(g.activation) << 32 |
-        static_cast<uint64_t>(g.gather) << 40);
-  h.mix(static_cast<uint64_t>(g.tile_m) << 32 | static_cast<uint64_t>(g.tile_n) << 16 | static_cast<uint64_t>(g.tile_k));
-  h.mix(static_cast<uint64_t>(g.cluster_axis) << 24 | static_cast<uint64_t>(g.kernel) << 16 |
-        static_cast<uint64_t>(g.stages) << 8 | static_cast<uint64_t>(g.cluster));
-}
+template struct SpecForms<GroupedGemmSpec>;
 
 Expected<void> Family<GroupedGemmSpec>::validate(const GroupedGemmSpec& s) {
   KJIT_TRY(validate_problem(s));

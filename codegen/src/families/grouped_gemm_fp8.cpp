@@ -1,14 +1,12 @@
-// The FP8 (W8A8) grouped GEMM family: spec forms, invariants, recipes, grid
-// and tuning policy.
+// The FP8 (W8A8) grouped GEMM family: invariants, recipes, grid and tuning
+// policy.
 #include "kjit/codegen/families/grouped_gemm_fp8.hpp"
 
 #include <array>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "../recipe.hpp"
-#include "../spec_reader.hpp"
 #include "gemm_configuration.hpp"
 #include "gemm_problem_fields.hpp"
 #include "wgmma_instructions.hpp"
@@ -143,70 +141,7 @@ std::string_view name(Fp8WeightScale s) { return kWeightScaleNames[static_cast<s
 std::string_view name(Fp8GemmKernel k) { return kKernelNames[static_cast<size_t>(k)]; }
 bool is_sm90(Fp8GemmKernel k) { return k != Fp8GemmKernel::mma_sync; }
 
-std::string Family<GroupedGemmFp8Spec>::canonical(const GroupedGemmFp8Spec& g) {
-  return fmt::format(
-      "grouped_gemm_fp8 a=f8_e4m3fn/1x128 b=f8_e4m3fn/{} out={} n={} k={} experts={} weights=e_n_k offsets={} "
-      "row_scale={}{}",
-      name(g.weight_scale), name(g.out), g.n, g.k, g.experts, name(g.offsets), g.row_scale,
-      g.configured() ? fmt::format(" kernel={} tile={}x{}x128 stages={} cluster={}", name(g.kernel), g.tile_m,
-                                   g.tile_n, g.stages, g.cluster)
-                     : std::string(" config=per-arch"));
-}
-
-nlohmann::json Family<GroupedGemmFp8Spec>::to_json(const GroupedGemmFp8Spec& g) {
-  nlohmann::json j = {{"op", op},
-                      {"out", name(g.out)},
-                      {"n", g.n},
-                      {"k", g.k},
-                      {"experts", g.experts},
-                      {"weight_scale", name(g.weight_scale)},
-                      {"offsets", name(g.offsets)},
-                      {"row_scale", g.row_scale}};
-  if (g.configured()) {
-    j["kernel"] = name(g.kernel);
-    j["tile"] = {g.tile_m, g.tile_n};
-    j["stages"] = g.stages;
-    j["cluster"] = g.cluster;
-  }
-  return j;
-}
-
-Expected<GroupedGemmFp8Spec> Family<GroupedGemmFp8Spec>::from_json(SpecReader& reader) {
-  GroupedGemmFp8Spec s;
-  KJIT_TRY(read_gemm_problem(reader, s));
-  s.weight_scale = KJIT_TRY(reader.enumeration<Fp8WeightScale>("weight_scale"));
-  if (!reader.has("kernel")) {
-    if (reader.has("tile") || reader.has("stages") || reader.has("cluster"))
-      return invalid("spec fields 'tile', 'stages' and 'cluster' need 'kernel' beside them");
-    return s;
-  }
-  KJIT_TRY(read_gemm_configuration(reader, s));
-  return s;
-}
-
-const std::vector<FieldRule>& Family<GroupedGemmFp8Spec>::schema() {
-  static const std::vector<FieldRule> rules{
-      text_field("out", {"bf16", "f32"}), integer_field("n", 8, kMaxDimension),
-      integer_field("k", kScaleBlock, kMaxDimension), integer_field("experts", 1, kMaxExperts),
-      text_field("weight_scale", {"block_128", "channel"}),
-      text_field("offsets", {"cumulative_end", "with_leading_zero"}), boolean_field("row_scale"),
-      // A configuration's fields (cache metadata; rare in manifests).
-      text_field("kernel", {"mma_sync", "wgmma_sm90", "wgmma_sm90_rows_on_m"}, false),
-      integers_field("tile", "[m, n]", 2, 1, 256),
-      integer_field("stages", 0, 16, false), integer_field("cluster", 1, 16, false)};
-  return rules;
-}
-
-void Family<GroupedGemmFp8Spec>::hash(const GroupedGemmFp8Spec& g, HashMixer& h) {
-  h.mix(static_cast<uint64_t>(g.n));
-  h.mix(static_cast<uint64_t>(g.k));
-  h.mix(static_cast<uint64_t>(g.experts));
-  h.mix(static_cast<uint64_t>(g.out) | static_cast<uint64_t>(g.weight_scale) << 8 |
-        static_cast<uint64_t>(g.offsets) << 16 | static_cast<uint64_t>(g.row_scale) << 24);
-  h.mix(static_cast<uint64_t>(g.tile_m) << 32 | static_cast<uint64_t>(g.tile_n) << 16 |
-        static_cast<uint64_t>(g.kernel) << 12 | static_cast<uint64_t>(g.stages) << 4 |
-        static_cast<uint64_t>(g.cluster));
-}
+template struct SpecForms<GroupedGemmFp8Spec>;
 
 Expected<void> Family<GroupedGemmFp8Spec>::validate(const GroupedGemmFp8Spec& s) {
   KJIT_TRY(validate_problem(s));

@@ -1,5 +1,5 @@
-// The mixed-input (W8A16) grouped GEMM family: spec forms, invariants,
-// recipes, grid and tuning policy.
+// The mixed-input (W8A16) grouped GEMM family: invariants, recipes, grid and
+// tuning policy.
 #include "kjit/codegen/families/grouped_gemm_mixed.hpp"
 
 #include <array>
@@ -8,7 +8,6 @@
 #include <nlohmann/json.hpp>
 
 #include "../recipe.hpp"
-#include "../spec_reader.hpp"
 #include "gemm_configuration.hpp"
 #include "gemm_problem_fields.hpp"
 #include "wgmma_instructions.hpp"
@@ -237,98 +236,16 @@ void GemmChoice<GroupedGemmMixedSpec>::force_kernel(std::vector<GroupedGemmMixed
 std::string_view name(MixedGemmKernel k) { return kKernelNames[static_cast<size_t>(k)]; }
 std::string_view name(MixedWeight w) { return kWeightNames[static_cast<size_t>(w)]; }
 
-std::string Family<GroupedGemmMixedSpec>::canonical(const GroupedGemmMixedSpec& g) {
-  const auto scale = g.weight == MixedWeight::nvfp4   ? std::string("per_block:1x16_e4m3fn+global")
-                     : g.weight == MixedWeight::mxfp4 ? std::string("per_block:1x32_ue8m0")
-                     : g.weight_scale == ScaleGranularity::per_block ? std::string("per_block:128x128")
-                                                                     : std::string(name(g.weight_scale));
-  return fmt::format(
-      "grouped_gemm_mixed a=bf16 b={}/{}/{} out={} n={} k={} experts={} weights={} offsets={} row_scale={}{}{}{}{}",
-      name(g.weight), scale, name(g.scale_convention), name(g.out), g.n, g.k, g.experts, name(g.weights),
-      name(g.offsets), g.row_scale,
-      g.activation != Activation::none ? fmt::format(" activation={}", name(g.activation)) : std::string(),
-      g.gate_up_layout ? fmt::format(" gate_up_layout={}", name(*g.gate_up_layout)) : std::string(),
-      g.gather ? " gather=sorted_to_flat" : "",
-      g.configured() ? fmt::format(" kernel={} tile={}x{}x{} stages={}", name(g.kernel), g.tile_m, g.tile_n,
-                                   g.kernel == MixedGemmKernel::wgmma_sm90             ? kSm90KBlock
-                                   : g.kernel == MixedGemmKernel::wgmma_sm90_converter ? kConverterKBlock
-                                   : g.kernel == MixedGemmKernel::mma_decode           ? kDecodeChunk
-                                                                                       : kPortableTileK,
-                                   g.stages)
-                     : std::string(" config=per-arch"));
-}
+template struct SpecForms<GroupedGemmMixedSpec>;
 
-nlohmann::json Family<GroupedGemmMixedSpec>::to_json(const GroupedGemmMixedSpec& g) {
-  nlohmann::json j = {{"op", op},
-                      {"out", name(g.out)},
-                      {"n", g.n},
-                      {"k", g.k},
-                      {"experts", g.experts},
-                      {"weights", name(g.weights)},
-                      {"weight", name(g.weight)},
-                      {"weight_scale", name(g.weight_scale)},
-                      {"scale_convention", name(g.scale_convention)},
-                      {"offsets", name(g.offsets)},
-                      {"row_scale", g.row_scale}};
-  if (g.activation != Activation::none) j["activation"] = name(g.activation);
-  if (g.gate_up_layout) j["gate_up_layout"] = name(*g.gate_up_layout);
-  if (g.gather) j["gather"] = true;
-  if (g.configured()) {
-    j["kernel"] = name(g.kernel);
-    j["tile"] = {g.tile_m, g.tile_n};
-    j["stages"] = g.stages;
+int mixed_tile_k(MixedGemmKernel kernel) {
+  switch (kernel) {
+    case MixedGemmKernel::wgmma_sm90: return kSm90KBlock;
+    case MixedGemmKernel::wgmma_sm90_converter: return kConverterKBlock;
+    case MixedGemmKernel::mma_decode: return kDecodeChunk;
+    case MixedGemmKernel::mma_sync: break;
   }
-  return j;
-}
-
-Expected<GroupedGemmMixedSpec> Family<GroupedGemmMixedSpec>::from_json(SpecReader& reader) {
-  GroupedGemmMixedSpec s;
-  KJIT_TRY(read_gemm_problem(reader, s));
-  s.weights = KJIT_TRY(reader.enumeration<WeightLayout>("weights"));
-  s.weight = KJIT_TRY(reader.enumeration<MixedWeight>("weight"));
-  s.weight_scale = KJIT_TRY(reader.enumeration<ScaleGranularity>("weight_scale"));
-  s.scale_convention = KJIT_TRY(reader.enumeration<ScaleConvention>("scale_convention"));
-  if (reader.has("activation")) s.activation = KJIT_TRY(reader.enumeration<Activation>("activation"));
-  if (reader.has("gate_up_layout")) s.gate_up_layout = KJIT_TRY(reader.enumeration<GateUpLayout>("gate_up_layout"));
-  s.gather = KJIT_TRY(reader.boolean_or("gather", false));
-  if (!reader.has("kernel")) {
-    if (reader.has("tile") || reader.has("stages"))
-      return invalid("spec fields 'tile' and 'stages' need 'kernel' beside them");
-    return s;
-  }
-  KJIT_TRY(read_gemm_configuration(reader, s));
-  return s;
-}
-
-const std::vector<FieldRule>& Family<GroupedGemmMixedSpec>::schema() {
-  static const std::vector<FieldRule> rules{
-      text_field("out", {"bf16", "f32"}), integer_field("n", 16, kMaxDimension),
-      integer_field("k", 16, kMaxDimension), integer_field("experts", 1, kMaxExperts),
-      text_field("weights", {"e_n_k", "e_k_n"}), text_field("weight", {"f8_e4m3fn", "f8_e5m2", "nvfp4", "mxfp4"}),
-      text_field("weight_scale", {"per_block", "per_row", "per_tensor"}),
-      text_field("scale_convention", {"multiply", "divide"}),
-      text_field("offsets", {"cumulative_end", "with_leading_zero"}), boolean_field("row_scale"),
-      text_field("activation", {"none", "silu_mul", "swiglu_oai"}, false),
-      text_field("gate_up_layout", {"halves", "alternating"}, false), boolean_field("gather"),
-      // A configuration's fields (cache metadata; rare in manifests).
-      text_field("kernel", {"mma_sync", "wgmma_sm90", "wgmma_sm90_converter", "mma_decode"}, false),
-      integers_field("tile", "[m, n]", 2, 1, 256),
-      integer_field("stages", 0, 16, false)};
-  return rules;
-}
-
-void Family<GroupedGemmMixedSpec>::hash(const GroupedGemmMixedSpec& g, HashMixer& h) {
-  h.mix(static_cast<uint64_t>(g.n));
-  h.mix(static_cast<uint64_t>(g.k));
-  h.mix(static_cast<uint64_t>(g.experts));
-  h.mix(static_cast<uint64_t>(g.out) | static_cast<uint64_t>(g.weights) << 8 | static_cast<uint64_t>(g.weight) << 16 |
-        static_cast<uint64_t>(g.weight_scale) << 24 | static_cast<uint64_t>(g.scale_convention) << 32 |
-        static_cast<uint64_t>(g.offsets) << 40 | static_cast<uint64_t>(g.row_scale) << 48 |
-        static_cast<uint64_t>(g.activation) << 56);
-  if (g.gate_up_layout) h.mix(0x6761746575700000ull | static_cast<uint64_t>(*g.gate_up_layout));  // only when set
-  h.mix(static_cast<uint64_t>(g.tile_m) << 32 | static_cast<uint64_t>(g.tile_n) << 16 |
-        static_cast<uint64_t>(g.kernel) << 12 | static_cast<uint64_t>(g.stages) << 4 |
-        static_cast<uint64_t>(g.gather));
+  return kPortableTileK;
 }
 
 Expected<void> Family<GroupedGemmMixedSpec>::validate(const GroupedGemmMixedSpec& s) {

@@ -1,11 +1,9 @@
-// The grouped weight-gradient GEMM family: spec forms, invariants, recipe and grid.
+// The grouped weight-gradient GEMM family: invariants, recipe and grid.
 #include "kjit/codegen/families/grouped_gemm_wgrad.hpp"
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "../recipe.hpp"
-#include "../spec_reader.hpp"
 #include "gemm_configuration.hpp"
 #include "gemm_problem_fields.hpp"
 #include "wgmma_instructions.hpp"
@@ -38,61 +36,7 @@ int wgrad_threads(const GroupedGemmWgradSpec& s) {
 
 }  // namespace
 
-std::string Family<GroupedGemmWgradSpec>::canonical(const GroupedGemmWgradSpec& s) {
-  return fmt::format("grouped_gemm_wgrad dy=bf16 x=bf16 out={} n={} k={} experts={} offsets={} layout=e_n_k{}",
-                     name(s.out), s.n, s.k, s.experts, name(s.offsets),
-                     s.configured() ? fmt::format(" kernel={} tile={}x{}x{} stages={}", name(s.kernel), s.tile_m,
-                                                  s.tile_n, s.tile_k, s.stages)
-                                    : std::string(" config=per-arch"));
-}
-
-nlohmann::json Family<GroupedGemmWgradSpec>::to_json(const GroupedGemmWgradSpec& s) {
-  nlohmann::json j{{"op", op},     {"out", name(s.out)},         {"n", s.n},
-                   {"k", s.k},     {"experts", s.experts},       {"offsets", name(s.offsets)}};
-  if (s.configured()) {
-    j["kernel"] = name(s.kernel);
-    j["tile"] = {s.tile_m, s.tile_n, s.tile_k};
-    j["stages"] = s.stages;
-  }
-  return j;
-}
-
-Expected<GroupedGemmWgradSpec> Family<GroupedGemmWgradSpec>::from_json(SpecReader& reader) {
-  GroupedGemmWgradSpec s;
-  s.out = KJIT_TRY(reader.enumeration<DType>("out"));
-  s.n = KJIT_TRY(reader.integer("n"));
-  s.k = KJIT_TRY(reader.integer("k"));
-  s.experts = KJIT_TRY(reader.integer("experts"));
-  s.offsets = KJIT_TRY(reader.enumeration<OffsetsConvention>("offsets"));
-  // A configuration (cache metadata) names its kernel, tile and stages; a problem (manifests) none of them.
-  if (!reader.has("kernel")) {
-    if (reader.has("tile") || reader.has("stages"))
-      return invalid("grouped_gemm_wgrad spec fields 'tile' and 'stages' need 'kernel' beside them");
-    return s;
-  }
-  KJIT_TRY(read_gemm_configuration(reader, s));
-  return s;
-}
-
-const std::vector<FieldRule>& Family<GroupedGemmWgradSpec>::schema() {
-  static const std::vector<FieldRule> rules{
-      text_field("out", {"f32", "bf16"}), integer_field("n", 8, kMaxDimension), integer_field("k", 8, kMaxDimension),
-      integer_field("experts", 1, kMaxExperts), text_field("offsets", {"cumulative_end", "with_leading_zero"}),
-      // A configuration's fields (cache metadata; rare in manifests); validate says which are supported.
-      text_field("kernel", {"mma_sync", "wgmma_sm90"}, false), integers_field("tile", "[m, n, k]", 3, 1, 256),
-      integer_field("stages", 0, 16, false)};
-  return rules;
-}
-
-void Family<GroupedGemmWgradSpec>::hash(const GroupedGemmWgradSpec& s, HashMixer& h) {
-  h.mix(static_cast<uint64_t>(s.n));
-  h.mix(static_cast<uint64_t>(s.k));
-  h.mix(static_cast<uint64_t>(s.experts) << 16 | static_cast<uint64_t>(s.out) << 8 |
-        static_cast<uint64_t>(s.offsets));
-  h.mix(static_cast<uint64_t>(s.tile_m) << 32 | static_cast<uint64_t>(s.tile_n) << 16 |
-        static_cast<uint64_t>(s.tile_k));
-  h.mix(static_cast<uint64_t>(s.kernel) << 8 | static_cast<uint64_t>(s.stages));
-}
+template struct SpecForms<GroupedGemmWgradSpec>;
 
 Expected<void> Family<GroupedGemmWgradSpec>::validate(const GroupedGemmWgradSpec& s) {
   if (s.out != DType::bf16 && s.out != DType::f32)

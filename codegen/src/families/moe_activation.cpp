@@ -1,11 +1,10 @@
-// The MoE activation family: spec forms, invariants, recipe and grid.
+// The MoE activation family: invariants, recipe and grid.
 #include "kjit/codegen/families/moe_activation.hpp"
 
 #include <algorithm>
 #include <array>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "../recipe.hpp"
 #include "fp8_spec_fields.hpp"
@@ -26,48 +25,7 @@ int64_t columns_per_thread(const MoeActivationSpec& s) { return fp8_out(s) ? 16 
 
 }  // namespace
 
-std::string Family<MoeActivationSpec>::canonical(const MoeActivationSpec& s) {
-  auto text = fmt::format("moe_activation in=bf16 activation={} layout={} intermediate={} out={}", name(s.activation),
-                          name(s.layout), s.intermediate, name(s.out));
-  if (fp8_out(s)) text += fmt::format(" group=128 scale={}", name(s.scale_format));
-  return text;
-}
-
-nlohmann::json Family<MoeActivationSpec>::to_json(const MoeActivationSpec& s) {
-  nlohmann::json j{{"op", op},
-                   {"intermediate", s.intermediate},
-                   {"activation", name(s.activation)},
-                   {"layout", name(s.layout)},
-                   {"out", name(s.out)}};
-  if (fp8_out(s)) j["scale_format"] = name(s.scale_format);
-  return j;
-}
-
-Expected<MoeActivationSpec> Family<MoeActivationSpec>::from_json(SpecReader& reader) {
-  MoeActivationSpec s;
-  s.intermediate = KJIT_TRY(reader.integer("intermediate"));
-  s.activation = KJIT_TRY(reader.enumeration<Activation>("activation"));
-  s.layout = KJIT_TRY(reader.enumeration<GateUpLayout>("layout"));
-  s.out = KJIT_TRY(reader.enumeration<DType>("out"));
-  s.scale_format = reader.has("scale_format") ? KJIT_TRY(reader.enumeration<QuantScaleFormat>("scale_format"))
-                                              : QuantScaleFormat::fp32;
-  return s;
-}
-
-const std::vector<FieldRule>& Family<MoeActivationSpec>::schema() {
-  static const std::vector<FieldRule> rules{integer_field("intermediate", 8, kMaxDimension),
-                                            text_field("activation", {"silu_mul", "swiglu_oai"}),
-                                            text_field("layout", {"halves", "alternating"}),
-                                            text_field("out", {"bf16", "f8_e4m3fn"}),
-                                            text_field("scale_format", {"fp32", "ue8m0"}, false)};
-  return rules;
-}
-
-void Family<MoeActivationSpec>::hash(const MoeActivationSpec& s, HashMixer& h) {
-  h.mix(static_cast<uint64_t>(s.intermediate) << 16 | static_cast<uint64_t>(s.activation) << 12 |
-        static_cast<uint64_t>(s.layout) << 8 | static_cast<uint64_t>(s.out) << 2 |
-        static_cast<uint64_t>(s.scale_format));
-}
+template struct SpecForms<MoeActivationSpec>;
 
 Expected<void> Family<MoeActivationSpec>::validate(const MoeActivationSpec& s) {
   if (s.activation == Activation::none) return invalid("moe_activation: activation must be silu_mul or swiglu_oai");

@@ -4,10 +4,9 @@
 #include <algorithm>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "../recipe.hpp"
-#include "../spec_reader.hpp"
+#include "../spec_forms.hpp"
 
 namespace kjit::codegen {
 namespace {
@@ -16,31 +15,7 @@ constexpr int kCombineThreads = 256;
 
 }  // namespace
 
-std::string Family<MoeCombineSpec>::canonical(const MoeCombineSpec& s) {
-  return fmt::format("moe_combine top_k={} hidden={} in=bf16 out={}", s.top_k, s.hidden, name(s.out));
-}
-
-nlohmann::json Family<MoeCombineSpec>::to_json(const MoeCombineSpec& s) {
-  return {{"op", op}, {"top_k", s.top_k}, {"hidden", s.hidden}, {"out", name(s.out)}};
-}
-
-Expected<MoeCombineSpec> Family<MoeCombineSpec>::from_json(SpecReader& reader) {
-  MoeCombineSpec s;
-  s.top_k = KJIT_TRY(reader.integer("top_k"));
-  s.hidden = KJIT_TRY(reader.integer("hidden"));
-  s.out = KJIT_TRY(reader.enumeration<DType>("out"));
-  return s;
-}
-
-const std::vector<FieldRule>& Family<MoeCombineSpec>::schema() {
-  static const std::vector<FieldRule> rules{
-      integer_field("top_k", 1, 32), integer_field("hidden", 8, kMaxDimension), text_field("out", {"bf16", "f32"})};
-  return rules;
-}
-
-void Family<MoeCombineSpec>::hash(const MoeCombineSpec& s, HashMixer& h) {
-  h.mix(static_cast<uint64_t>(s.top_k) << 40 | static_cast<uint64_t>(s.hidden) << 8 | static_cast<uint64_t>(s.out));
-}
+template struct SpecForms<MoeCombineSpec>;
 
 Expected<void> Family<MoeCombineSpec>::validate(const MoeCombineSpec& s) {
   if (s.top_k < 1 || s.top_k > 32)

@@ -2,10 +2,9 @@
 #include "kjit/codegen/families/moe_routing.hpp"
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "../recipe.hpp"
-#include "../spec_reader.hpp"
+#include "../spec_forms.hpp"
 
 namespace kjit::codegen {
 namespace {
@@ -14,30 +13,7 @@ constexpr int kRoutingThreads = 1024;
 
 }  // namespace
 
-std::string Family<MoeRoutingSpec>::canonical(const MoeRoutingSpec& s) {
-  return fmt::format("moe_routing experts={} offsets={}", s.experts, name(s.offsets));
-}
-
-nlohmann::json Family<MoeRoutingSpec>::to_json(const MoeRoutingSpec& s) {
-  return {{"op", op}, {"experts", s.experts}, {"offsets", name(s.offsets)}};
-}
-
-Expected<MoeRoutingSpec> Family<MoeRoutingSpec>::from_json(SpecReader& reader) {
-  MoeRoutingSpec s;
-  s.experts = KJIT_TRY(reader.integer("experts"));
-  s.offsets = KJIT_TRY(reader.enumeration<OffsetsConvention>("offsets"));
-  return s;
-}
-
-const std::vector<FieldRule>& Family<MoeRoutingSpec>::schema() {
-  static const std::vector<FieldRule> rules{
-      integer_field("experts", 1, kMaxExperts), text_field("offsets", {"cumulative_end", "with_leading_zero"})};
-  return rules;
-}
-
-void Family<MoeRoutingSpec>::hash(const MoeRoutingSpec& s, HashMixer& h) {
-  h.mix(static_cast<uint64_t>(s.experts) << 8 | static_cast<uint64_t>(s.offsets));
-}
+template struct SpecForms<MoeRoutingSpec>;
 
 Expected<void> Family<MoeRoutingSpec>::validate(const MoeRoutingSpec& s) {
   if (s.experts < 1 || s.experts > kMaxExperts)

@@ -1,11 +1,10 @@
-// The MX dequant family: spec forms, invariants, recipe and grid.
+// The MX dequant family: invariants, recipe and grid.
 #include "kjit/codegen/families/mx_dequant.hpp"
 
 #include <algorithm>
 #include <array>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "../recipe.hpp"
 #include "mx_spec_fields.hpp"
@@ -86,61 +85,7 @@ std::string_view name(MxScaleLayout l) { return kLayoutNames[static_cast<size_t>
 
 int64_t mx_block(MxFormat f) { return f == MxFormat::nvfp4 ? 16 : 32; }
 
-std::string Family<MxDequantSpec>::canonical(const MxDequantSpec& s) {
-  std::string format(name(s.format));
-  if (s.format == MxFormat::mxfp8) format += fmt::format(":{}", name(s.element));
-  if (s.format == MxFormat::nvfp4) format += fmt::format(" convention={}", name(s.convention));
-  return fmt::format("mx_dequant format={} out={} k={} scales={} vec={} experts={}", format, name(s.out), s.k,
-                     name(s.scale_layout), s.vec, s.selected_experts ? "selected" : "all");
-}
-
-nlohmann::json Family<MxDequantSpec>::to_json(const MxDequantSpec& s) {
-  nlohmann::json j = {{"op", op},
-                      {"format", name(s.format)},
-                      {"out", name(s.out)},
-                      {"k", s.k},
-                      {"scale_layout", name(s.scale_layout)},
-                      {"vec", s.vec},
-                      {"selected_experts", s.selected_experts}};
-  if (s.format == MxFormat::mxfp8) j["element"] = name(s.element);
-  if (s.format == MxFormat::nvfp4) j["convention"] = name(s.convention);
-  return j;
-}
-
-Expected<MxDequantSpec> Family<MxDequantSpec>::from_json(SpecReader& reader) {
-  MxDequantSpec s;
-  s.format = KJIT_TRY(reader.enumeration<MxFormat>("format"));
-  // A field the format has no use for stays unread, so the reader refuses it.
-  if (s.format == MxFormat::mxfp8) s.element = KJIT_TRY(reader.enumeration<DType>("element"));
-  if (s.format == MxFormat::nvfp4) s.convention = KJIT_TRY(reader.enumeration<ScaleConvention>("convention"));
-  s.out = KJIT_TRY(reader.enumeration<DType>("out"));
-  s.k = KJIT_TRY(reader.integer("k"));
-  s.scale_layout = KJIT_TRY(reader.enumeration<MxScaleLayout>("scale_layout"));
-  // Absent: what a launch on aligned contiguous tensors picks (manifests leave it out).
-  const int widest = s.k > 0 ? mx_dequant_vector(s.format, s.out, s.k) : 2;
-  s.vec = static_cast<int>(KJIT_TRY(reader.integer_or("vec", widest)));
-  s.selected_experts = KJIT_TRY(reader.boolean_or("selected_experts", false));
-  return s;
-}
-
-const std::vector<FieldRule>& Family<MxDequantSpec>::schema() {
-  static const std::vector<FieldRule> rules{text_field("format", {"nvfp4", "mxfp4", "mxfp8"}),
-                                            text_field("element", {"f8_e4m3fn", "f8_e5m2"}, false),
-                                            text_field("convention", {"multiply", "divide"}, false),
-                                            text_field("out", {"bf16", "f16", "f32"}),
-                                            integer_field("k", 16, kMaxDimension),
-                                            text_field("scale_layout", {"linear", "swizzled_128x4"}),
-                                            integer_field("vec", 1, 32, false),
-                                            boolean_field("selected_experts")};
-  return rules;
-}
-
-void Family<MxDequantSpec>::hash(const MxDequantSpec& s, HashMixer& h) {
-  h.mix(static_cast<uint64_t>(s.k));
-  h.mix(static_cast<uint64_t>(s.format) | static_cast<uint64_t>(s.element) << 8 | static_cast<uint64_t>(s.out) << 16 |
-        static_cast<uint64_t>(s.scale_layout) << 24 | static_cast<uint64_t>(s.convention) << 32 |
-        static_cast<uint64_t>(s.vec) << 40 | static_cast<uint64_t>(s.selected_experts) << 48);
-}
+template struct SpecForms<MxDequantSpec>;
 
 Expected<void> Family<MxDequantSpec>::validate(const MxDequantSpec& s) {
   if (s.format == MxFormat::mxfp8 && !is_fp8(s.element))

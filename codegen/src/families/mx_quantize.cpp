@@ -1,14 +1,12 @@
-// The MX quantize family: spec forms, invariants, recipe and grid.
+// The MX quantize family: invariants, recipe and grid.
 #include "kjit/codegen/families/mx_quantize.hpp"
 
 #include <algorithm>
 #include <array>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "../recipe.hpp"
-#include "../spec_reader.hpp"
 #include "mx_spec_fields.hpp"
 
 namespace kjit::codegen {
@@ -49,60 +47,7 @@ std::string_view name(MxElement e) { return kElementNames[static_cast<size_t>(e)
 std::string_view name(GlobalScaleMode m) { return kGlobalNames[static_cast<size_t>(m)]; }
 
 
-std::string Family<MxQuantizeSpec>::canonical(const MxQuantizeSpec& s) {
-  std::string text = fmt::format("mx_quantize in=bf16 format={} element={} k={} scales={}", name(s.format),
-                                 name(s.element), s.k, name(s.scale_layout));
-  if (s.format == MxFormat::nvfp4)
-    text += fmt::format(" global={} convention={}", name(s.global_scale), name(s.convention));
-  return text;
-}
-
-nlohmann::json Family<MxQuantizeSpec>::to_json(const MxQuantizeSpec& s) {
-  nlohmann::json j{{"op", op},
-                   {"format", name(s.format)},
-                   {"element", name(s.element)},
-                   {"k", s.k},
-                   {"scale_layout", name(s.scale_layout)}};
-  if (s.format == MxFormat::nvfp4) {
-    j["global_scale"] = name(s.global_scale);
-    j["convention"] = name(s.convention);
-  }
-  return j;
-}
-
-// "element" may be left out for the FP4 formats (it can only be e2m1); NVFP4
-// needs "global_scale" and "convention", which the MX formats may not have.
-Expected<MxQuantizeSpec> Family<MxQuantizeSpec>::from_json(SpecReader& reader) {
-  MxQuantizeSpec s;
-  s.format = KJIT_TRY(reader.enumeration<MxFormat>("format"));
-  if (reader.has("element") || !is_fp4(s.format)) s.element = KJIT_TRY(reader.enumeration<MxElement>("element"));
-  s.k = KJIT_TRY(reader.integer("k"));
-  s.scale_layout = KJIT_TRY(reader.enumeration<MxScaleLayout>("scale_layout"));
-  if (s.format == MxFormat::nvfp4) {
-    s.global_scale = KJIT_TRY(reader.enumeration<GlobalScaleMode>("global_scale"));
-    s.convention = KJIT_TRY(reader.enumeration<ScaleConvention>("convention"));
-  } else {
-    s.global_scale = GlobalScaleMode::none;
-  }
-  return s;
-}
-
-const std::vector<FieldRule>& Family<MxQuantizeSpec>::schema() {
-  static const std::vector<FieldRule> rules{
-      text_field("format", {"nvfp4", "mxfp4", "mxfp8"}),
-      text_field("element", {"e2m1", "f8_e4m3fn", "f8_e5m2"}, false),
-      integer_field("k", 16, kMaxDimension),
-      text_field("scale_layout", {"linear", "swizzled_128x4"}),
-      text_field("global_scale", {"given", "compute"}, false),
-      text_field("convention", {"multiply", "divide"}, false)};
-  return rules;
-}
-
-void Family<MxQuantizeSpec>::hash(const MxQuantizeSpec& s, HashMixer& h) {
-  h.mix(static_cast<uint64_t>(s.k) << 16 | static_cast<uint64_t>(s.format) << 10 |
-        static_cast<uint64_t>(s.element) << 7 | static_cast<uint64_t>(s.scale_layout) << 5 |
-        static_cast<uint64_t>(s.global_scale) << 2 | static_cast<uint64_t>(s.convention));
-}
+template struct SpecForms<MxQuantizeSpec>;
 
 Expected<void> Family<MxQuantizeSpec>::validate(const MxQuantizeSpec& s) {
   if (is_fp4(s.format) && s.element != MxElement::e2m1)

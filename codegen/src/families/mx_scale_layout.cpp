@@ -1,10 +1,9 @@
-// The MX scale-layout family: spec forms, invariants, recipe and grid.
+// The MX scale-layout family: invariants, recipe and grid.
 #include "kjit/codegen/families/mx_scale_layout.hpp"
 
 #include <algorithm>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "../recipe.hpp"
 #include "mx_spec_fields.hpp"
@@ -21,40 +20,7 @@ auto invalid(std::string message) { return fail(KJIT_ERROR_INVALID_ARGUMENT, std
 
 }  // namespace
 
-std::string Family<MxScaleLayoutSpec>::canonical(const MxScaleLayoutSpec& s) {
-  return fmt::format("mx_scale_layout from={} to={} scale_cols={} rows={}", name(s.from), name(s.to), s.scale_cols,
-                     s.with_offsets ? name(s.offsets) : std::string_view("uniform"));
-}
-
-nlohmann::json Family<MxScaleLayoutSpec>::to_json(const MxScaleLayoutSpec& s) {
-  nlohmann::json j = {{"op", op}, {"from", name(s.from)}, {"to", name(s.to)}, {"scale_cols", s.scale_cols}};
-  if (s.with_offsets) j["offsets"] = name(s.offsets);
-  return j;
-}
-
-Expected<MxScaleLayoutSpec> Family<MxScaleLayoutSpec>::from_json(SpecReader& reader) {
-  MxScaleLayoutSpec s;
-  s.from = KJIT_TRY(reader.enumeration<MxScaleLayout>("from"));
-  s.to = KJIT_TRY(reader.enumeration<MxScaleLayout>("to"));
-  s.scale_cols = KJIT_TRY(reader.integer("scale_cols"));
-  s.with_offsets = reader.has("offsets");
-  if (s.with_offsets) s.offsets = KJIT_TRY(reader.enumeration<OffsetsConvention>("offsets"));
-  return s;
-}
-
-const std::vector<FieldRule>& Family<MxScaleLayoutSpec>::schema() {
-  static const std::vector<FieldRule> rules{text_field("from", {"linear", "swizzled_128x4"}),
-                                            text_field("to", {"linear", "swizzled_128x4"}),
-                                            integer_field("scale_cols", 1, kMaxDimension),
-                                            text_field("offsets", {"cumulative_end", "with_leading_zero"}, false)};
-  return rules;
-}
-
-void Family<MxScaleLayoutSpec>::hash(const MxScaleLayoutSpec& s, HashMixer& h) {
-  h.mix(static_cast<uint64_t>(s.scale_cols));
-  h.mix(static_cast<uint64_t>(s.from) | static_cast<uint64_t>(s.to) << 8 |
-        static_cast<uint64_t>(s.with_offsets) << 16 | static_cast<uint64_t>(s.offsets) << 24);
-}
+template struct SpecForms<MxScaleLayoutSpec>;
 
 Expected<void> Family<MxScaleLayoutSpec>::validate(const MxScaleLayoutSpec& s) {
   if (s.from == s.to)

@@ -3,7 +3,7 @@
 #pragma once
 
 #include "kjit/codegen/families/mx_formats.hpp"
-#include "../spec_reader.hpp"
+#include "../spec_forms.hpp"
 
 namespace kjit::codegen {
 

@@ -3,7 +3,8 @@
 // family has a value type in its home (families/<family>.hpp); KernelSpec is
 // their variant, and the functions below dispatch to the family's
 // Family<Spec> (family.hpp) with std::visit. A spec has one canonical text
-// form and one JSON form (manifests, cache metadata), and they round-trip:
+// form and one JSON form (manifests, cache metadata), both derived from the
+// family's field table (spec_fields.hpp), and they round-trip:
 // spec_from_json(to_json(s)) == s.
 //
 // A new family: its file pair in families/, one alternative in the variant

@@ -1,7 +1,8 @@
-// What each field of a family's JSON form may hold: the family declares it
-// (Family<Spec>::schema) beside its parser, and manifests check every field
-// of every entry against it before expanding list-valued fields, so a manifest
-// learns of a new family or field from the family alone.
+// What each field of a family's JSON form may hold: derived, as the parser is,
+// from the family's field table (Family<Spec>::fields, spec_fields.hpp), and
+// manifests check every field of every entry against it before expanding
+// list-valued fields, so a manifest learns of a new family or field from the
+// family alone.
 #pragma once
 
 #include <cstddef>
@@ -30,16 +31,5 @@ struct FieldRule {
   std::string_view shape = {};                // integers, e.g. "[rows, cols]"
   size_t count = 0;                           // integers: a fixed-length list that is one value (a block, a tile)
 };
-
-inline FieldRule text_field(std::string_view name, std::vector<std::string_view> values, bool required = true) {
-  return {.name = name, .kind = FieldRule::Kind::text, .required = required, .values = std::move(values)};
-}
-inline FieldRule integer_field(std::string_view name, int64_t min, int64_t max, bool required = true) {
-  return {.name = name, .kind = FieldRule::Kind::integer, .required = required, .min = min, .max = max};
-}
-inline FieldRule boolean_field(std::string_view name) { return {.name = name, .kind = FieldRule::Kind::boolean}; }
-inline FieldRule integers_field(std::string_view name, std::string_view shape, size_t count, int64_t min, int64_t max) {
-  return {.name = name, .kind = FieldRule::Kind::integers, .min = min, .max = max, .shape = shape, .count = count};
-}
 
 }  // namespace kjit::codegen

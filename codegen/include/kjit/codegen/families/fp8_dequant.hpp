@@ -9,8 +9,6 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json_fwd.hpp>
-
 #include "kjit/codegen/family.hpp"
 #include "kjit/codegen/render.hpp"
 #include "kjit/codegen/types.hpp"
@@ -35,25 +33,43 @@ struct DequantSpec {
   bool operator==(const DequantSpec&) const = default;
 };
 
-template <>
-struct Family<DequantSpec> {
-  static constexpr std::string_view op = "fp8_dequant";
-  static std::string canonical(const DequantSpec& s);
-  static nlohmann::json to_json(const DequantSpec& s);
-  static Expected<DequantSpec> from_json(SpecReader& reader);
-  static const std::vector<FieldRule>& schema();
-  static void hash(const DequantSpec& s, HashMixer& mixer);
-  static Expected<void> validate(const DequantSpec& s);
-  static Expected<void> supported_on(const DequantSpec& s, const ArchInfo& arch);
-  static RenderedKernel render(const DequantSpec& s);
-  static std::vector<DequantSpec> kernels_for_target(const DequantSpec& s, const ArchInfo&) { return {s}; }
-};
-
 // The access width a dequant to `out` uses: the widest whose output is one
 // 16-byte store (8 columns for bf16/f16, 4 for f32): full-width coalesced
 // stores beat wider accesses split into two stores (docs/decisions/0001). Used by
 // ops and manifests alike, so a manifest precompiles what a launch picks.
 int dequant_vector(DType out, int64_t cols, std::initializer_list<int64_t> alignments = {});
+
+// The fields a dequant spec (fp8 and MX) ends with: the access width, which may be left out (then `widest`:
+// what a launch on aligned contiguous tensors picks; manifests leave it out), and the selected-experts form.
+template <class Spec>
+constexpr auto dequant_access_fields(int (*widest)(const Spec&), int64_t max_vec) {
+  return std::tuple{
+      field("vec", &Spec::vec).optional().fallback(widest).range(1, max_vec),
+      field("selected_experts", &Spec::selected_experts).optional().key("experts").spelled("all", "selected")};
+}
+
+template <>
+struct Family<DequantSpec> : SpecForms<DequantSpec> {
+  static constexpr std::string_view op = "fp8_dequant";
+  static constexpr auto fields = std::tuple_cat(
+      std::tuple{
+          field("in", &DequantSpec::in).only(DType::f8_e4m3fn, DType::f8_e5m2),
+          field("out", &DequantSpec::out).only(DType::bf16, DType::f16, DType::f32),
+          field("cols", &DequantSpec::cols).range(1, kMaxDimension),
+          field("scale", &DequantSpec::granularity),
+          field("block", &DequantSpec::block_rows, &DequantSpec::block_cols)
+              .when([](const DequantSpec& s) { return s.granularity == ScaleGranularity::per_block; })
+              .prefix(":")
+              .shape("[rows, cols]")
+              .range(1, kMaxDimension),
+          field("convention", &DequantSpec::convention)},
+      dequant_access_fields<DequantSpec>(
+          [](const DequantSpec& s) { return s.cols > 0 ? dequant_vector(s.out, s.cols) : 1; }, 16));
+  static Expected<void> validate(const DequantSpec& s);
+  static Expected<void> supported_on(const DequantSpec& s, const ArchInfo& arch);
+  static RenderedKernel render(const DequantSpec& s);
+  static std::vector<DequantSpec> kernels_for_target(const DequantSpec& s, const ArchInfo&) { return {s}; }
+};
 
 // Grid for a dequant of `rows` rows into `output_slots` experts.
 LaunchGeometry dequant_geometry(const DequantSpec& spec, int64_t rows, int64_t output_slots);

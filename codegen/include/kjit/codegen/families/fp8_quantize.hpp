@@ -12,8 +12,6 @@
 #include <string_view>
 #include <vector>
 
-#include <nlohmann/json_fwd.hpp>
-
 #include "kjit/codegen/family.hpp"
 #include "kjit/codegen/render.hpp"
 #include "kjit/codegen/types.hpp"
@@ -36,13 +34,13 @@ struct Fp8QuantizeSpec {
 };
 
 template <>
-struct Family<Fp8QuantizeSpec> {
+struct Family<Fp8QuantizeSpec> : SpecForms<Fp8QuantizeSpec> {
   static constexpr std::string_view op = "fp8_quantize";
-  static std::string canonical(const Fp8QuantizeSpec& s);
-  static nlohmann::json to_json(const Fp8QuantizeSpec& s);
-  static Expected<Fp8QuantizeSpec> from_json(SpecReader& reader);
-  static const std::vector<FieldRule>& schema();
-  static void hash(const Fp8QuantizeSpec& s, HashMixer& mixer);
+  static constexpr auto fields = std::tuple{
+      fixed_text(" in=bf16 out=f8_e4m3fn"), field("k", &Fp8QuantizeSpec::k).range(128, kMaxDimension),
+      field("group", &Fp8QuantizeSpec::group).optional().range(128, 128),
+      field("scale_format", &Fp8QuantizeSpec::scale_format).optional().key("scale"),
+      field("gather", &Fp8QuantizeSpec::gather).optional()};
   static Expected<void> validate(const Fp8QuantizeSpec& s);
   static Expected<void> supported_on(const Fp8QuantizeSpec& s, const ArchInfo& arch);
   static RenderedKernel render(const Fp8QuantizeSpec& s);

@@ -1,6 +1,6 @@
 // The bf16 grouped GEMM family (MoE experts): out[rows of e] = A[rows of e] . W_e.
-// Home: this header, codegen/src/families/grouped_gemm.cpp (spec forms,
-// invariants, recipes, geometry) and grouped_gemm_tuning.cpp (which
+// Home: this header (the spec and its fields), codegen/src/families/grouped_gemm.cpp
+// (invariants, recipes, geometry) and grouped_gemm_tuning.cpp (which
 // configuration serves which arch and token count); device code in
 // templates/gemm/; ABI block templates/abi/grouped_gemm_params.h.
 #pragma once
@@ -10,8 +10,6 @@
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "kjit/codegen/family.hpp"
 #include "kjit/codegen/render.hpp"
@@ -66,14 +64,41 @@ struct GroupedGemmSpec {
   bool operator==(const GroupedGemmSpec&) const = default;
 };
 
+// The fields every grouped GEMM spec's table has first (the bf16, FP8, mixed-input and weight-gradient
+// families): the output type, N and K (at least `min_n` and `min_k`) and the expert count.
+template <class Spec>
+constexpr auto gemm_shape_fields(int64_t min_n, int64_t min_k) {
+  return std::tuple{field("out", &Spec::out).only(DType::bf16, DType::f32),
+                    field("n", &Spec::n).range(min_n, kMaxDimension), field("k", &Spec::k).range(min_k, kMaxDimension),
+                    field("experts", &Spec::experts).range(1, kMaxExperts)};
+}
+
 template <>
-struct Family<GroupedGemmSpec> {
+struct Family<GroupedGemmSpec> : SpecForms<GroupedGemmSpec> {
   static constexpr std::string_view op = "grouped_gemm";
-  static std::string canonical(const GroupedGemmSpec& s);
-  static nlohmann::json to_json(const GroupedGemmSpec& s);
-  static Expected<GroupedGemmSpec> from_json(SpecReader& reader);
-  static const std::vector<FieldRule>& schema();
-  static void hash(const GroupedGemmSpec& s, HashMixer& mixer);
+  static constexpr auto fields = std::tuple_cat(
+      std::tuple{fixed_text(" a=bf16 b=bf16")}, gemm_shape_fields<GroupedGemmSpec>(8, 8),
+      std::tuple{
+          field("weights", &GroupedGemmSpec::weights), field("offsets", &GroupedGemmSpec::offsets),
+          field("row_scale", &GroupedGemmSpec::row_scale).optional(),
+          // Only where fused or gathered, so that the other kernels keep their keys.
+          field("activation", &GroupedGemmSpec::activation).omit_default(),
+          field("gather", &GroupedGemmSpec::gather).omit_default().spelled("false", "sorted_to_flat"),
+          // A configuration's fields (cache metadata; rare in manifests). Bounded so that they stay in int;
+          // validate says which are supported.
+          configuration(field("kernel", &GroupedGemmSpec::kernel),
+                        field("tile", &GroupedGemmSpec::tile_m, &GroupedGemmSpec::tile_n, &GroupedGemmSpec::tile_k)
+                            .range(1, 256)
+                            .shape("[m, n, k]"),
+                        field("stages", &GroupedGemmSpec::stages).optional().range(0, 16),
+                        field("cluster", &GroupedGemmSpec::cluster).optional().range(1, 16),
+                        // The text names a cluster's axis where it has one: " along n".
+                        field("cluster_axis", &GroupedGemmSpec::cluster_axis)
+                            .optional()
+                            .text([](const GroupedGemmSpec& s) {
+                              return s.cluster > 1 ? std::string(" along ").append(name(s.cluster_axis))
+                                                   : std::string();
+                            }))});
   static Expected<void> validate(const GroupedGemmSpec& s);
   // A configuration only (a problem is no kernel); Hopper's kernels only where the arch has wgmma and TMA.
   static Expected<void> supported_on(const GroupedGemmSpec& s, const ArchInfo& arch);

@@ -5,7 +5,7 @@
 // (compressed-tensors CHANNEL); DeepSeek-V3's recipe: each 128-column block
 // is multiplied on its own and promoted into an fp32 accumulator with its
 // scales. Home: this header and codegen/src/families/grouped_gemm_fp8.cpp
-// (spec forms, invariants, recipes, geometry, tuning); device code in
+// (invariants, recipes, geometry, tuning); device code in
 // templates/gemm/grouped_gemm_fp8_*.cuh; ABI block
 // templates/abi/grouped_gemm_fp8_params.h. The op is the bf16 grouped GEMM's
 // (kjit_grouped_gemm with FP8 dtypes).
@@ -15,8 +15,6 @@
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "kjit/codegen/families/grouped_gemm.hpp"
 #include "kjit/codegen/family.hpp"
@@ -63,13 +61,24 @@ struct GroupedGemmFp8Spec {
 };
 
 template <>
-struct Family<GroupedGemmFp8Spec> {
+struct Family<GroupedGemmFp8Spec> : SpecForms<GroupedGemmFp8Spec> {
   static constexpr std::string_view op = "grouped_gemm_fp8";
-  static std::string canonical(const GroupedGemmFp8Spec& s);
-  static nlohmann::json to_json(const GroupedGemmFp8Spec& s);
-  static Expected<GroupedGemmFp8Spec> from_json(SpecReader& reader);
-  static const std::vector<FieldRule>& schema();
-  static void hash(const GroupedGemmFp8Spec& s, HashMixer& mixer);
+  static constexpr auto fields = std::tuple_cat(
+      std::tuple{fixed_text(" a=f8_e4m3fn/1x128 b=f8_e4m3fn"),
+                 field("weight_scale", &GroupedGemmFp8Spec::weight_scale).prefix("/")},
+      gemm_shape_fields<GroupedGemmFp8Spec>(8, 128),
+      std::tuple{fixed_text(" weights=e_n_k"), field("offsets", &GroupedGemmFp8Spec::offsets),
+                 field("row_scale", &GroupedGemmFp8Spec::row_scale).optional(),
+                 // A configuration's fields (cache metadata; rare in manifests); its k-block is always 128.
+                 configuration(field("kernel", &GroupedGemmFp8Spec::kernel),
+                               field("tile", &GroupedGemmFp8Spec::tile_m, &GroupedGemmFp8Spec::tile_n)
+                                   .range(1, 256)
+                                   .shape("[m, n]")
+                                   .text([](const GroupedGemmFp8Spec& s) {
+                                     return std::string(" tile=").append(sides_text({s.tile_m, s.tile_n, 128}));
+                                   }),
+                               field("stages", &GroupedGemmFp8Spec::stages).optional().range(0, 16),
+                               field("cluster", &GroupedGemmFp8Spec::cluster).optional().range(1, 16))});
   static Expected<void> validate(const GroupedGemmFp8Spec& s);
   // A configuration only; FP8 tensor cores (sm_89 and newer); wgmma_sm90 only where the arch has wgmma and TMA.
   static Expected<void> supported_on(const GroupedGemmFp8Spec& s, const ArchInfo& arch);

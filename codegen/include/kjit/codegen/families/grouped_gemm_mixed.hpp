@@ -19,8 +19,6 @@
 #include <string_view>
 #include <vector>
 
-#include <nlohmann/json_fwd.hpp>
-
 #include "kjit/codegen/families/grouped_gemm.hpp"
 #include "kjit/codegen/family.hpp"
 #include "kjit/codegen/render.hpp"
@@ -83,14 +81,41 @@ struct GroupedGemmMixedSpec {
   bool operator==(const GroupedGemmMixedSpec&) const = default;
 };
 
+// The k of `kernel`'s tile: its k per pipeline stage (the decode kernel's per loop step).
+int mixed_tile_k(MixedGemmKernel kernel);
+
 template <>
-struct Family<GroupedGemmMixedSpec> {
+struct Family<GroupedGemmMixedSpec> : SpecForms<GroupedGemmMixedSpec> {
   static constexpr std::string_view op = "grouped_gemm_mixed";
-  static std::string canonical(const GroupedGemmMixedSpec& s);
-  static nlohmann::json to_json(const GroupedGemmMixedSpec& s);
-  static Expected<GroupedGemmMixedSpec> from_json(SpecReader& reader);
-  static const std::vector<FieldRule>& schema();
-  static void hash(const GroupedGemmMixedSpec& s, HashMixer& mixer);
+  static constexpr auto fields = std::tuple_cat(
+      std::tuple{fixed_text(" a=bf16"), field("weight", &GroupedGemmMixedSpec::weight).prefix(" b="),
+                 // The text names the scales the weights have: FP4 its format's, fp8 128 x 128 blocks (or as given).
+                 field("weight_scale", &GroupedGemmMixedSpec::weight_scale)
+                     .only(ScaleGranularity::per_block, ScaleGranularity::per_row, ScaleGranularity::per_tensor)
+                     .text([](const GroupedGemmMixedSpec& s) -> std::string {
+                       if (s.weight == MixedWeight::nvfp4) return "/per_block:1x16_e4m3fn+global";
+                       if (s.weight == MixedWeight::mxfp4) return "/per_block:1x32_ue8m0";
+                       if (s.weight_scale == ScaleGranularity::per_block) return "/per_block:128x128";
+                       return std::string("/").append(name(s.weight_scale));
+                     }),
+                 field("scale_convention", &GroupedGemmMixedSpec::scale_convention).prefix("/")},
+      gemm_shape_fields<GroupedGemmMixedSpec>(16, 16),
+      std::tuple{
+          field("weights", &GroupedGemmMixedSpec::weights), field("offsets", &GroupedGemmMixedSpec::offsets),
+          field("row_scale", &GroupedGemmMixedSpec::row_scale).optional(),
+          field("activation", &GroupedGemmMixedSpec::activation).omit_default(),
+          field("gate_up_layout", &GroupedGemmMixedSpec::gate_up_layout),
+          field("gather", &GroupedGemmMixedSpec::gather).omit_default().spelled("false", "sorted_to_flat"),
+          // A configuration's fields (cache metadata; rare in manifests); the text's tile has its kernel's k.
+          configuration(field("kernel", &GroupedGemmMixedSpec::kernel),
+                        field("tile", &GroupedGemmMixedSpec::tile_m, &GroupedGemmMixedSpec::tile_n)
+                            .range(1, 256)
+                            .shape("[m, n]")
+                            .text([](const GroupedGemmMixedSpec& s) {
+                              return std::string(" tile=").append(
+                                  sides_text({s.tile_m, s.tile_n, mixed_tile_k(s.kernel)}));
+                            }),
+                        field("stages", &GroupedGemmMixedSpec::stages).optional().range(0, 16))});
   static Expected<void> validate(const GroupedGemmMixedSpec& s);
   // A configuration only; fp8 conversion instructions (sm_89 and newer); wgmma_sm90 only where wgmma and TMA are.
   static Expected<void> supported_on(const GroupedGemmMixedSpec& s, const ArchInfo& arch);

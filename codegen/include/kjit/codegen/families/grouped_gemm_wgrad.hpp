@@ -13,8 +13,6 @@
 #include <string_view>
 #include <vector>
 
-#include <nlohmann/json_fwd.hpp>
-
 #include "kjit/codegen/families/grouped_gemm.hpp"
 #include "kjit/codegen/family.hpp"
 #include "kjit/codegen/render.hpp"
@@ -42,13 +40,19 @@ struct GroupedGemmWgradSpec {
 };
 
 template <>
-struct Family<GroupedGemmWgradSpec> {
+struct Family<GroupedGemmWgradSpec> : SpecForms<GroupedGemmWgradSpec> {
   static constexpr std::string_view op = "grouped_gemm_wgrad";
-  static std::string canonical(const GroupedGemmWgradSpec& s);
-  static nlohmann::json to_json(const GroupedGemmWgradSpec& s);
-  static Expected<GroupedGemmWgradSpec> from_json(SpecReader& reader);
-  static const std::vector<FieldRule>& schema();
-  static void hash(const GroupedGemmWgradSpec& s, HashMixer& mixer);
+  static constexpr auto fields = std::tuple_cat(
+      std::tuple{fixed_text(" dy=bf16 x=bf16")}, gemm_shape_fields<GroupedGemmWgradSpec>(8, 8),
+      std::tuple{field("offsets", &GroupedGemmWgradSpec::offsets), fixed_text(" layout=e_n_k"),
+                 // A configuration's fields (cache metadata; rare in manifests); validate says which are supported.
+                 configuration(field("kernel", &GroupedGemmWgradSpec::kernel)
+                                   .only(GemmKernel::mma_sync, GemmKernel::wgmma_sm90),
+                               field("tile", &GroupedGemmWgradSpec::tile_m, &GroupedGemmWgradSpec::tile_n,
+                                     &GroupedGemmWgradSpec::tile_k)
+                                   .range(1, 256)
+                                   .shape("[m, n, k]"),
+                               field("stages", &GroupedGemmWgradSpec::stages).optional().range(0, 16))});
   static Expected<void> validate(const GroupedGemmWgradSpec& s);
   // A configuration only (a problem is no kernel); the portable kernel runs on every arch in the table, the
   // wgmma kernel on sm_90a.

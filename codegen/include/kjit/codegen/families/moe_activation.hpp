@@ -15,8 +15,6 @@
 #include <string_view>
 #include <vector>
 
-#include <nlohmann/json_fwd.hpp>
-
 #include "kjit/codegen/families/fp8_quantize.hpp"
 #include "kjit/codegen/family.hpp"
 #include "kjit/codegen/render.hpp"
@@ -37,13 +35,18 @@ struct MoeActivationSpec {
 };
 
 template <>
-struct Family<MoeActivationSpec> {
+struct Family<MoeActivationSpec> : SpecForms<MoeActivationSpec> {
   static constexpr std::string_view op = "moe_activation";
-  static std::string canonical(const MoeActivationSpec& s);
-  static nlohmann::json to_json(const MoeActivationSpec& s);
-  static Expected<MoeActivationSpec> from_json(SpecReader& reader);
-  static const std::vector<FieldRule>& schema();
-  static void hash(const MoeActivationSpec& s, HashMixer& mixer);
+  static constexpr auto fields = std::tuple{
+      fixed_text(" in=bf16"),
+      field("activation", &MoeActivationSpec::activation).only(Activation::silu_mul, Activation::swiglu_oai),
+      field("layout", &MoeActivationSpec::layout),
+      field("intermediate", &MoeActivationSpec::intermediate).range(8, kMaxDimension),
+      field("out", &MoeActivationSpec::out).only(DType::bf16, DType::f8_e4m3fn),
+      // FP8 output only (validate refuses ue8m0 beside bf16); its group is always 128 columns.
+      field("scale_format", &MoeActivationSpec::scale_format)
+          .written_when([](const MoeActivationSpec& s) { return s.out == DType::f8_e4m3fn; })
+          .prefix(" group=128 scale=")};
   static Expected<void> validate(const MoeActivationSpec& s);
   static Expected<void> supported_on(const MoeActivationSpec& s, const ArchInfo& arch);
   static RenderedKernel render(const MoeActivationSpec& s);

@@ -8,8 +8,6 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json_fwd.hpp>
-
 #include "kjit/codegen/family.hpp"
 #include "kjit/codegen/render.hpp"
 #include "kjit/codegen/types.hpp"
@@ -24,13 +22,12 @@ struct MoeCombineSpec {
 };
 
 template <>
-struct Family<MoeCombineSpec> {
+struct Family<MoeCombineSpec> : SpecForms<MoeCombineSpec> {
   static constexpr std::string_view op = "moe_combine";
-  static std::string canonical(const MoeCombineSpec& s);
-  static nlohmann::json to_json(const MoeCombineSpec& s);
-  static Expected<MoeCombineSpec> from_json(SpecReader& reader);
-  static const std::vector<FieldRule>& schema();
-  static void hash(const MoeCombineSpec& s, HashMixer& mixer);
+  static constexpr auto fields = std::tuple{field("top_k", &MoeCombineSpec::top_k).range(1, 32),
+                                            field("hidden", &MoeCombineSpec::hidden).range(8, kMaxDimension),
+                                            fixed_text(" in=bf16"),
+                                            field("out", &MoeCombineSpec::out).only(DType::bf16, DType::f32)};
   static Expected<void> validate(const MoeCombineSpec& s);
   static Expected<void> supported_on(const MoeCombineSpec&, const ArchInfo&) { return {}; }  // every arch
   static RenderedKernel render(const MoeCombineSpec& s);

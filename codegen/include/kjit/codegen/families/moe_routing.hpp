@@ -8,8 +8,6 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json_fwd.hpp>
-
 #include "kjit/codegen/family.hpp"
 #include "kjit/codegen/render.hpp"
 #include "kjit/codegen/types.hpp"
@@ -24,13 +22,10 @@ struct MoeRoutingSpec {
 };
 
 template <>
-struct Family<MoeRoutingSpec> {
+struct Family<MoeRoutingSpec> : SpecForms<MoeRoutingSpec> {
   static constexpr std::string_view op = "moe_routing";
-  static std::string canonical(const MoeRoutingSpec& s);
-  static nlohmann::json to_json(const MoeRoutingSpec& s);
-  static Expected<MoeRoutingSpec> from_json(SpecReader& reader);
-  static const std::vector<FieldRule>& schema();
-  static void hash(const MoeRoutingSpec& s, HashMixer& mixer);
+  static constexpr auto fields = std::tuple{field("experts", &MoeRoutingSpec::experts).range(1, kMaxExperts),
+                                            field("offsets", &MoeRoutingSpec::offsets)};
   static Expected<void> validate(const MoeRoutingSpec& s);
   static Expected<void> supported_on(const MoeRoutingSpec&, const ArchInfo&) { return {}; }  // every arch
   static RenderedKernel render(const MoeRoutingSpec& s);

@@ -12,8 +12,7 @@
 #include <string_view>
 #include <vector>
 
-#include <nlohmann/json_fwd.hpp>
-
+#include "kjit/codegen/families/fp8_dequant.hpp"
 #include "kjit/codegen/families/mx_formats.hpp"
 #include "kjit/codegen/family.hpp"
 #include "kjit/codegen/render.hpp"
@@ -36,20 +35,6 @@ struct MxDequantSpec {
   bool operator==(const MxDequantSpec&) const = default;
 };
 
-template <>
-struct Family<MxDequantSpec> {
-  static constexpr std::string_view op = "mx_dequant";
-  static std::string canonical(const MxDequantSpec& s);
-  static nlohmann::json to_json(const MxDequantSpec& s);
-  static Expected<MxDequantSpec> from_json(SpecReader& reader);
-  static const std::vector<FieldRule>& schema();
-  static void hash(const MxDequantSpec& s, HashMixer& mixer);
-  static Expected<void> validate(const MxDequantSpec& s);
-  static Expected<void> supported_on(const MxDequantSpec& s, const ArchInfo& arch);
-  static RenderedKernel render(const MxDequantSpec& s);
-  static std::vector<MxDequantSpec> kernels_for_target(const MxDequantSpec& s, const ArchInfo&) { return {s}; }
-};
-
 // The access width (in elements) a dequant of `format` uses: the widest that
 // divides k and every alignment in `byte_alignments` (input bytes: address
 // and row stride) and `out_alignments` (output elements: address and row
@@ -59,6 +44,31 @@ struct Family<MxDequantSpec> {
 // aligned to two elements). Used by ops and manifests alike.
 int mx_dequant_vector(MxFormat format, DType out, int64_t k, std::initializer_list<int64_t> byte_alignments = {},
                       std::initializer_list<int64_t> out_alignments = {});
+
+template <>
+struct Family<MxDequantSpec> : SpecForms<MxDequantSpec> {
+  static constexpr std::string_view op = "mx_dequant";
+  // A field the format has no use for is not read, so the reader refuses it.
+  static constexpr auto fields = std::tuple_cat(
+      std::tuple{
+          field("format", &MxDequantSpec::format),
+          field("element", &MxDequantSpec::element)
+              .when([](const MxDequantSpec& s) { return s.format == MxFormat::mxfp8; })
+              .prefix(":")
+              .only(DType::f8_e4m3fn, DType::f8_e5m2),
+          field("convention", &MxDequantSpec::convention).when([](const MxDequantSpec& s) {
+            return s.format == MxFormat::nvfp4;
+          }),
+          field("out", &MxDequantSpec::out).only(DType::bf16, DType::f16, DType::f32),
+          field("k", &MxDequantSpec::k).range(16, kMaxDimension),
+          field("scale_layout", &MxDequantSpec::scale_layout).key("scales")},
+      dequant_access_fields<MxDequantSpec>(
+          [](const MxDequantSpec& s) { return s.k > 0 ? mx_dequant_vector(s.format, s.out, s.k) : 2; }, 32));
+  static Expected<void> validate(const MxDequantSpec& s);
+  static Expected<void> supported_on(const MxDequantSpec& s, const ArchInfo& arch);
+  static RenderedKernel render(const MxDequantSpec& s);
+  static std::vector<MxDequantSpec> kernels_for_target(const MxDequantSpec& s, const ArchInfo&) { return {s}; }
+};
 
 // Grid for a dequant of `rows` rows into `output_slots` experts.
 LaunchGeometry mx_dequant_geometry(const MxDequantSpec& spec, int64_t rows, int64_t output_slots);

@@ -13,8 +13,6 @@
 #include <string_view>
 #include <vector>
 
-#include <nlohmann/json_fwd.hpp>
-
 #include "kjit/codegen/families/mx_formats.hpp"
 #include "kjit/codegen/family.hpp"
 #include "kjit/codegen/render.hpp"
@@ -42,19 +40,28 @@ struct MxQuantizeSpec {
 };
 
 template <>
-struct Family<MxQuantizeSpec> {
+struct Family<MxQuantizeSpec> : SpecForms<MxQuantizeSpec> {
   static constexpr std::string_view op = "mx_quantize";
-  static std::string canonical(const MxQuantizeSpec& s);
-  static nlohmann::json to_json(const MxQuantizeSpec& s);
-  static Expected<MxQuantizeSpec> from_json(SpecReader& reader);
-  static const std::vector<FieldRule>& schema();
-  static void hash(const MxQuantizeSpec& s, HashMixer& mixer);
+  static constexpr auto fields = std::tuple{
+      fixed_text(" in=bf16"), field("format", &MxQuantizeSpec::format),
+      // The FP4 formats' element can only be e2m1: it may be left out there.
+      field("element", &MxQuantizeSpec::element).optional_if([](const MxQuantizeSpec& s) { return is_fp4(s.format); }),
+      field("k", &MxQuantizeSpec::k).range(16, kMaxDimension),
+      field("scale_layout", &MxQuantizeSpec::scale_layout).key("scales"),
+      // NVFP4 needs its global scale and convention; the MX formats have neither (global scale none).
+      field("global_scale", &MxQuantizeSpec::global_scale)
+          .when([](const MxQuantizeSpec& s) { return s.format == MxFormat::nvfp4; })
+          .fallback([](const MxQuantizeSpec&) { return GlobalScaleMode::none; })
+          .key("global")
+          .only(GlobalScaleMode::given, GlobalScaleMode::compute),
+      field("convention", &MxQuantizeSpec::convention).when([](const MxQuantizeSpec& s) {
+        return s.format == MxFormat::nvfp4;
+      })};
   static Expected<void> validate(const MxQuantizeSpec& s);
   static Expected<void> supported_on(const MxQuantizeSpec& s, const ArchInfo& arch);
   static RenderedKernel render(const MxQuantizeSpec& s);
   static std::vector<MxQuantizeSpec> kernels_for_target(const MxQuantizeSpec& s, const ArchInfo&) { return {s}; }
 };
-
 
 // The passes of one kernel (kjit_mx_quantize_params.phase): with a computed
 // global scale, amax (after a memset of global_scales) then finalize, then

@@ -9,8 +9,6 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json_fwd.hpp>
-
 #include "kjit/codegen/families/mx_dequant.hpp"
 #include "kjit/codegen/family.hpp"
 #include "kjit/codegen/render.hpp"
@@ -35,13 +33,17 @@ struct MxScaleLayoutSpec {
 };
 
 template <>
-struct Family<MxScaleLayoutSpec> {
+struct Family<MxScaleLayoutSpec> : SpecForms<MxScaleLayoutSpec> {
   static constexpr std::string_view op = "mx_scale_layout";
-  static std::string canonical(const MxScaleLayoutSpec& s);
-  static nlohmann::json to_json(const MxScaleLayoutSpec& s);
-  static Expected<MxScaleLayoutSpec> from_json(SpecReader& reader);
-  static const std::vector<FieldRule>& schema();
-  static void hash(const MxScaleLayoutSpec& s, HashMixer& mixer);
+  static constexpr auto fields = std::tuple{
+      field("from", &MxScaleLayoutSpec::from), field("to", &MxScaleLayoutSpec::to),
+      field("scale_cols", &MxScaleLayoutSpec::scale_cols).range(1, kMaxDimension),
+      // Given: rows per expert from device offsets of this convention; absent: uniform.
+      field("offsets", &MxScaleLayoutSpec::offsets)
+          .present_if(&MxScaleLayoutSpec::with_offsets)
+          .text([](const MxScaleLayoutSpec& s) {
+            return std::string(" rows=").append(s.with_offsets ? name(s.offsets) : std::string_view("uniform"));
+          })};
   static Expected<void> validate(const MxScaleLayoutSpec& s);
   static Expected<void> supported_on(const MxScaleLayoutSpec& s, const ArchInfo& arch);
   static RenderedKernel render(const MxScaleLayoutSpec& s);
