@@ -1,7 +1,8 @@
-// The handful of Hopper PTX instructions the SM90 kernels issue (mbarriers,
-// cluster barriers, TMA tensor copies), as inline asm, instead of CCCL's
-// <cuda/ptx>: parsing that header cost NVRTC's front end ~0.4 s of CPU in
-// every kernel that included it, most of the front end's time for a GEMM.
+// The handful of Hopper PTX instructions the SM90 and decode kernels issue
+// (mbarriers, cluster barriers, TMA tensor and bulk copies), as inline asm,
+// instead of CCCL's <cuda/ptx>: parsing that header cost NVRTC's front end
+// ~0.4 s of CPU in every kernel that included it, most of the front end's
+// time for a GEMM.
 //
 // Names and argument lists follow <cuda/ptx> (cuda::ptx::mbarrier_init,
 // ptx::space_cluster, ...), so call sites read as before with kjit::ptx in
@@ -151,6 +152,23 @@ __device__ static inline void cp_async_bulk_tensor(space_cluster_t, space_global
       "[%1, {%2, %3, %4}], [%5], %6;"
       :
       : "r"(smem(dst)), "l"(map), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(smem(bar)), "h"(cta_mask)
+      : "memory");
+}
+
+// fence.proxy.async.shared::cta; (generic-proxy accesses to shared memory ordered before later async-proxy ones)
+template <class = void>
+__device__ static inline void fence_proxy_async_shared_cta() {
+  asm volatile("fence.proxy.async.shared::cta;" : : : "memory");
+}
+
+// cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [dst], [src], size, [bar];
+// (1-D: `size` contiguous bytes, a multiple of 16, both addresses 16-byte aligned)
+template <class = void>
+__device__ static inline void cp_async_bulk(space_cluster_t, space_global_t, void* dst, const void* src,
+                                            const unsigned& size, unsigned long long* bar) {
+  asm("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+      :
+      : "r"(smem(dst)), "l"(src), "r"(size), "r"(smem(bar))
       : "memory");
 }
 

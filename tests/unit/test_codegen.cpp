@@ -311,10 +311,15 @@ TEST_CASE("the decode buckets on sm_90a: bf16 up to 8 routed rows over 64+ exper
   CHECK(choose_grouped_gemm_config(bf16, hopper, 8, {.tile_m = 128, .tile_n = 128})->kernel == GemmKernel::wgmma_sm90);
   CHECK(choose_grouped_gemm_config(bf16, hopper, 8, {.kernel = Kernel::sm90_swap_ab})->kernel ==
         GemmKernel::wgmma_sm90_swap_ab);
-  // Forced, it serves every row count and any arch of mma.sync, with the tile asked for.
-  const auto forced = *choose_grouped_gemm_config(bf16, arch("sm_80"), 1 << 20, {.kernel = Kernel::decode, .tile_m = 8,
-                                                                                    .tile_n = 128});
+  // Forced, it serves every row count on sm_90 and newer (its bulk copies), with the tile asked for.
+  const auto forced = *choose_grouped_gemm_config(bf16, arch("sm_120a"), 1 << 20,
+                                                  {.kernel = Kernel::decode, .tile_m = 8, .tile_n = 128});
   CHECK((forced.kernel == GemmKernel::mma_decode && forced.tile_m == 8 && forced.tile_n == 128));
+  const auto ampere = choose_grouped_gemm_config(bf16, arch("sm_80"), 8, {.kernel = Kernel::decode});
+  REQUIRE_FALSE(ampere.has_value());
+  CHECK(ampere.error().code == KJIT_ERROR_UNSUPPORTED);
+  CHECK(ampere.error().message.find("bulk copies (cp.async.bulk): compute capability 9.0 or newer, not sm_80") !=
+        std::string::npos);
   CHECK_FALSE(choose_grouped_gemm_config(bf16, hopper, 8, {.kernel = Kernel::decode, .tile_m = 64}).has_value());
   CHECK_FALSE(choose_grouped_gemm_config(bf16, hopper, 8, {.kernel = Kernel::decode, .cluster = 2}).has_value());
   // [E, K, N] weights (dX) have no decode kernel: the first bucket's, and an error when forced.
@@ -350,9 +355,10 @@ TEST_CASE("the decode buckets on sm_90a: bf16 up to 8 routed rows over 64+ exper
   CHECK(choose_grouped_gemm_mixed_config(fp8_kn, hopper, 8)->kernel == MixedGemmKernel::wgmma_sm90);
   CHECK_FALSE(choose_grouped_gemm_mixed_config(fp8, arch("sm_80"), 8, {.kernel = Kernel::decode}).has_value());
 
-  // Rendering: its own template and entry, 256 threads, each thread's ring of weight chunks in dynamic shared
-  // memory (fp8: 4 chunks of 2 rows x 32 codes and 2 scales; bf16: 3 chunks of 2 rows x 32 bf16), two blocks
-  // per SM at 8 rows, one at 16 and 32; the grid bounds the (expert, chunk) pairs by the rows and covers N.
+  // Rendering: its own template and entry, 256 threads, a ring of weight chunks in dynamic shared
+  // memory (fp8: each thread's 4 chunks of 2 rows x 32 codes and 2 scales; bf16: each warp's 3 chunks of
+  // 16 rows x 128 values and an mbarrier each), two blocks per SM at 8 rows, one at 16 and 32; the grid bounds
+  // the (expert, chunk) pairs by the rows and covers N.
   const auto k = render(KernelSpec{m});
   CHECK(k.entry_point == "kjit_grouped_gemm_mixed_decode");
   CHECK(k.threads_per_block == 256);
@@ -361,7 +367,7 @@ TEST_CASE("the decode buckets on sm_90a: bf16 up to 8 routed rows over 64+ exper
   CHECK(k.source.find("__launch_bounds__(256, 2)") != std::string::npos);
   const auto bf16_decode = render(KernelSpec{*choose_grouped_gemm_config(bf16, hopper, 8)});
   CHECK(bf16_decode.entry_point == "kjit_grouped_gemm_decode");
-  CHECK(bf16_decode.dynamic_shared_bytes == 3 * 256 * 2 * 32 * 2);
+  CHECK(bf16_decode.dynamic_shared_bytes == 3 * 8 * (16 * 256 + 8));
   CHECK(render(KernelSpec{forced}).source.find("__launch_bounds__(256, 2)") != std::string::npos);
   auto sixteen = forced;
   sixteen.tile_m = 16;
@@ -372,7 +378,7 @@ TEST_CASE("the decode buckets on sm_90a: bf16 up to 8 routed rows over 64+ exper
   // 4 tokens of top 8 over 128 experts, chunks of 8: (32 + 32 x 7) / 8 slots.
   const auto four_tokens = grouped_gemm_geometry(*choose_grouped_gemm_config(bf16, hopper, 32, {.kernel = Kernel::decode}), 32, 132);
   CHECK((four_tokens.grid_x == (32 + 32 * 7) / 8 && four_tokens.grid_y == 1536 / 64 &&
-         four_tokens.shared_bytes == 3 * 256 * 2 * 32 * 2));
+         four_tokens.shared_bytes == 3 * 8 * (16 * 256 + 8)));
   // Specs round-trip and keep their own canonical text; other kernels' text is as before.
   for (const KernelSpec& s : {KernelSpec{m}, KernelSpec{forced}}) {
     const auto back = spec_from_json(to_json(s));

@@ -453,7 +453,7 @@ static std::vector<Fp8QuantizeSpec> quantize_variants() {
 }
 
 TEST_CASE("the decode kernel, bf16 and W8A16, every tile and the MoE shapes of issue 39, compiles for sm_90a with no "
-          "spills, and for sm_80 (bf16), sm_100a and sm_120a") {
+          "spills, and for sm_100a and sm_120a, not for sm_80 or sm_89") {
   PrivateBuilder b("kjit-nvrtc-gemm-decode");
   std::vector<KernelSpec> sm90;
   // (N, K, E) of Qwen3-30B-A3B, DeepSeek-V3 TP8 and an EP8 rank: gate_up, down.
@@ -484,12 +484,17 @@ TEST_CASE("the decode kernel, bf16 and W8A16, every tile and the MoE shapes of i
       sm90.push_back(*choose_grouped_gemm_mixed_config(m, arch_of("sm_90a"), 8, decode));
     }
   check_no_spills_on_sm90a(sm90);
-  for (const char* arch : {"sm_100a", "sm_120a", "sm_80"})
+  for (const char* arch : {"sm_100a", "sm_120a"})
     for (size_t i = 0; i < 4; ++i) {
-      if (std::string_view(arch) == "sm_80" && std::holds_alternative<GroupedGemmMixedSpec>(sm90[i])) continue;
       auto cubin = b.builder.build(sm90[i], arch_of(arch));
       REQUIRE_MESSAGE(cubin.has_value(), arch, " ", canonical(sm90[i]), ": ", kjit::testing::why(cubin));
     }
+  // Its bulk copies are sm_90's: refused before a compile on sm_80 and sm_89.
+  for (const char* arch : {"sm_80", "sm_89"}) {
+    auto refused = b.builder.build(sm90[0], arch_of(arch));
+    REQUIRE_FALSE(refused.has_value());
+    CHECK(refused.error().code == KJIT_ERROR_UNSUPPORTED);
+  }
 }
 
 TEST_CASE("every fp8 quantize variant compiles with NVRTC for sm_90a, sm_100a and sm_120a, and not for sm_80") {

@@ -53,6 +53,16 @@ Expected<void> require_wgmma_tma(const Spec& s, bool sm90, const ArchInfo& arch)
                           Family<Spec>::canonical(s), arch.target));
 }
 
+// The decode kernel is built on sm_90's bulk copies and mbarriers (its bf16 ring): sm_90 and newer.
+template <class Spec>
+Expected<void> require_bulk_copies(const Spec& s, bool decode, const ArchInfo& arch) {
+  if (!decode || arch.major >= 9) return {};
+  return fail(KJIT_ERROR_UNSUPPORTED,
+              fmt::format("{} is built on sm_90's bulk copies (cp.async.bulk): compute capability 9.0 or "
+                          "newer, not {} ({})",
+                          Family<Spec>::canonical(s), arch.target, arch.note));
+}
+
 // The decode kernel's recipe (templates/gemm/grouped_gemm_decode.cuh), for bf16 or fp8 weights: `problem` is the
 // family's problem type, `params_type` its ABI block.
 struct DecodeRecipe {
@@ -145,6 +155,7 @@ Expected<std::vector<Spec>> requested_gemm_configs(const Spec& problem, const Ar
       if (request.tile_m != 0) s.tile_m = request.tile_m;
       if (request.tile_n != 0) s.tile_n = request.tile_n;
       KJIT_TRY(Family<Spec>::validate(s));
+      KJIT_TRY(require_bulk_copies(s, true, arch));
       return std::vector{s};
     }
   }

@@ -136,6 +136,7 @@ Expected<void> Family<GroupedGemmSpec>::validate(const GroupedGemmSpec& s) {
 
 Expected<void> Family<GroupedGemmSpec>::supported_on(const GroupedGemmSpec& s, const ArchInfo& arch) {
   KJIT_TRY(require_configuration(s));
+  KJIT_TRY(require_bulk_copies(s, s.kernel == GemmKernel::mma_decode, arch));
   return require_wgmma_tma(s, is_sm90(s.kernel), arch);  // the portable kernel: every arch in the table (sm_80+)
 }
 
@@ -206,10 +207,11 @@ RenderedKernel render_decode_kernel(const std::string& canonical, const std::str
 }
 
 int decode_shared_bytes(bool fp8_weights) {
-  constexpr int kChunk = 128;
-  const int stages = fp8_weights ? 4 : 3;
-  const int row_bytes = fp8_weights ? kChunk / 4 : kChunk / 4 * 2;  // a thread's 32 k of a weight row
-  return stages * kDecodeThreads * (2 * row_bytes + (fp8_weights ? 2 * 4 : 0));
+  constexpr int kChunk = 128, kWarps = kDecodeThreads / 32;
+  // fp8: each thread's 4 chunks of two rows' 32 codes (64 bytes) and two scales;
+  // bf16: each warp's 3 chunks of 16 rows' 128 k (256 bytes a row) and an mbarrier each.
+  if (fp8_weights) return 4 * kDecodeThreads * (2 * kChunk / 4 + 2 * 4);
+  return 3 * kWarps * (16 * kChunk * 2 + 8);
 }
 
 int grouped_gemm_shared_bytes(const GroupedGemmSpec& s) {

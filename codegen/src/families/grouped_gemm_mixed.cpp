@@ -260,6 +260,7 @@ Expected<void> Family<GroupedGemmMixedSpec>::supported_on(const GroupedGemmMixed
                 fmt::format("the W8A16 grouped GEMM converts fp8 codes with sm_89's instructions (compute capability "
                             "8.9 or newer); {} is {}.{} ({})",
                             arch.target, arch.major, arch.minor, arch.note));
+  KJIT_TRY(require_bulk_copies(s, s.kernel == MixedGemmKernel::mma_decode, arch));
   return require_wgmma_tma(s, is_sm90(s.kernel), arch);
 }
 

@@ -155,8 +155,9 @@ int decode_tile_n(int64_t n);
 // lets two blocks share an SM without spills (decode_min_blocks).
 inline constexpr int kDecodeTileRows = 8;
 // The decode kernel's dynamic shared memory (GroupedGemmDecodeConfig::kSharedBytes; the generated code asserts
-// they agree): each of its 256 threads' ring of chunks of two weight rows' 128 k, fp8 4 chunks of 64 bytes and
-// two 4-byte scales (72 KB), bf16 3 chunks of 128 bytes (96 KB): two blocks fit an SM's 228 KB.
+// they agree): bf16, each of its 8 warps' ring of 3 chunks of 16 weight rows' 128 k with an mbarrier a chunk
+// (96 KB); fp8, each of its 256 threads' ring of 4 chunks of two rows' 32 codes and two 4-byte scales (72 KB).
+// Two blocks fit an SM of Hopper, one sm_120's 99 KB.
 int decode_shared_bytes(bool fp8_weights);
 // The blocks per SM the decode kernel's launch bounds ask for: 2 at 8 rows (a 128-register cap), 1 at 16 and 32
 // (two or four token tiles of activations in registers spill under that cap).
