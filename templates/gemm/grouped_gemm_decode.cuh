@@ -1,5 +1,8 @@
-// Grouped GEMM for MoE experts at decode (a few rows per expert): bf16
-// weights, or fp8 weights converted in registers (W8A16), [E, N, K] only.
+// Grouped GEMM for MoE experts at decode (a few rows per expert), [E, N, K]
+// weights only (DecodeOperands): bf16 weights and activations; fp8 weights
+// converted in registers to meet bf16 activations (W8A16); or fp8 weights and
+// fp8 activations (W8A8, each operand's scale per 128 k, multiplied in after
+// each 128-k block's product as the other W8A8 kernels do).
 // The cost at decode is reading the touched experts' weights once, so the
 // kernel is built to stream them:
 // - Work only for non-empty (expert, row chunk) pairs: block x of the grid is
@@ -8,7 +11,7 @@
 //   so an empty expert costs no block, no loop trip and no load. The grid's x
 //   is an upper bound the host knows without the offsets (surplus blocks find
 //   no pair and exit); y is the weight tile (kTileN weight rows).
-// - Weights on mma.sync's M, tokens on its N (m16n8k16, "swap AB"): a warp
+// - Weights on mma.sync's M, tokens on its N (m16n8k16, W8A8 m16n8k32 e4m3; "swap AB"): a warp
 //   owns 16 weight rows and kRows / 8 token tiles; the block's 8 warps split
 //   kTileN rows x K between them, kTileN / 16 along the rows and the rest
 //   along K (k-warps take chunks of 128 k kw, kw + kKWarps, ...), and the
@@ -17,28 +20,32 @@
 // - The weights stream into a ring in dynamic shared memory, each warp or
 //   thread reading back only what it copied, so the ring needs no block
 //   barrier (docs/decisions/0023 has both measured on an H200):
-//   - bf16 (kBulkCopies): each warp's 16 rows' chunks (256 bytes a row) come
+//   - bf16 and W8A8 (kBulkCopies): each warp's 16 rows' chunks (256 bytes a row: 128 k of bf16, 256 of fp8) come
 //     by bulk copies (sm_90's cp.async.bulk, one a row, issued by 16 lanes)
 //     into the warp's ring of kStages chunks, each with an mbarrier counting
 //     the bytes landed; every stage but the one multiplied is in flight.
 //     Twice the rate of per-thread copies: 80-100% of copy bandwidth.
-//   - fp8: each thread copies 16-byte pieces of its two rows (2 a row and
+//   - W8A16: each thread copies 16-byte pieces of its two rows (2 a row and
 //     chunk) and the chunk's two scales with cp.async into its own ring,
 //     kStages - 1 chunks ahead, waiting with cp.async.wait_group. Its
 //     conversions, not the copies, set fp8's pace; the bulk copies measured
 //     10-25% slower here.
 //   Its tokens' activations (L2 hits) come into registers one chunk ahead.
-//   A thread's fragments hold its own 32 of each 128 k, not mma's layout:
-//   element j of quad t's set is k = 64 (j / 16) + 16 t + j % 16, and step s
-//   of a chunk multiplies elements 4s .. 4s + 3 as mma's (2t, 2t + 1,
-//   2t + 8, 2t + 9). The weights and the activations use the same map, so
-//   each product is a true W[n][k] A[r][k], summed in another order than the
-//   wgmma kernels.
+//   A thread's fragments hold its own quarter of each chunk, not mma's
+//   layout: of a 256-byte row, quad t reads the 16-byte loads at bytes
+//   128 (l / 2) + 32 t + 16 (l % 2) (decode_load_k), and mma step s takes
+//   its 32-bit words 2s and 2s + 1 as the words mma gives quad t (m16n8k16:
+//   k 2t, 2t + 1 and 2t + 8, 2t + 9; m16n8k32: 4t .. 4t + 3 and
+//   16 + 4t ..). The weights and the activations use the same map, so each
+//   product is a true W[n][k] A[r][k], summed in another order than the
+//   wgmma kernels. W8A8's steps 0-3 cover the chunk's first 128 k, 4-7 its
+//   second: one scale block each. (W8A16's codes: element j of the thread's
+//   32 per row meets bf16 element j.)
 // - In flight (Little's law: an H200's ~4.3 TB/s over ~1 us of latency is
 //   ~4.5 MB, ~33 KB per SM): a block keeps up to 64 KB (bf16) or 48 KB
 //   (fp8) of weights in flight, and at 8 rows (the decode bucket's tile) two
 //   blocks fit an SM.
-// - fp8: each code is converted with its 128 x 128 block's multiplier exactly
+// - W8A16: each code is converted with its 128 x 128 block's multiplier exactly
 //   as kjit's dequant does (grouped_gemm_mixed_common.cuh), so this kernel on
 //   fp8 weights gives the bits of this kernel on the dequantised bf16 weights.
 // - Every block checks every offset first (bad offsets: nothing written).
@@ -47,43 +54,51 @@
 #include "../abi/grouped_gemm_mixed_params.h"
 #include "../common/cp_async.cuh"
 #include "../common/ptx.cuh"
+#include "grouped_gemm_fp8_common.cuh"
 #include "grouped_gemm_mixed_common.cuh"
 #include "grouped_gemm_mma.cuh"
 
 namespace kjit {
 
-// Problem: GemmProblem (bf16 weights) or MixedGemmProblem (fp8 weights).
-template <class Problem, bool kFp8Weights_, int kRows_, int kTileN_>
+// The operands: the bf16 family's, the mixed family's fp8 weights (W8A16) or the FP8 family's (W8A8).
+enum class DecodeOperands { bf16, w8a16, w8a8 };
+
+// Problem: GemmProblem (bf16), MixedGemmProblem (W8A16) or Fp8GemmProblem (W8A8).
+template <class Problem, DecodeOperands kOperands_, int kRows_, int kTileN_>
 struct GroupedGemmDecodeConfig : Problem {
-  static constexpr bool kFp8Weights = kFp8Weights_;
+  static constexpr DecodeOperands kOperands = kOperands_;
+  static constexpr bool kFp8Weights = kOperands != DecodeOperands::bf16;
+  static constexpr bool kW8A8 = kOperands == DecodeOperands::w8a8;
   static constexpr int kThreads = 256, kWarps = kThreads / 32;
   static constexpr int kRows = kRows_;    // rows of an expert per block (tokens on mma's N)
   static constexpr int kTileN = kTileN_;  // weight rows per block
   static constexpr int kRowWarps = kTileN / 16, kKWarps = kWarps / kRowWarps;
   static constexpr int kTokenTiles = kRows / 8;
-  static constexpr int kChunk = 128;  // k per step of the loop: one 128 x 128 scale block's columns
+  // k per step of the loop: one 128 x 128 scale block's columns (W8A8: two, 256 bytes a row as bf16's 128 k).
+  static constexpr int kChunk = kW8A8 ? 256 : 128;
   static constexpr long long kChunks = (Problem::kK + kChunk - 1) / kChunk;
-  // 16-byte loads per row and chunk: 32 elements a thread.
-  static constexpr int kWeightLoads = kFp8Weights ? 2 : 4;
+  // A thread's 16-byte loads per row and chunk: a quarter of the row.
+  static constexpr int kWeightLoads = kOperands == DecodeOperands::w8a16 ? 2 : 4;
   static constexpr int kTileOutN = Problem::kFusedActivation ? kTileN / 2 : kTileN;
-  static constexpr bool kBulkCopies = !kFp8Weights;
-  static constexpr int kStages = kFp8Weights ? 4 : 3;
-  // fp8, the threads' ring: kStages chunks of each thread's 2 x kWeightLoads 16-byte pieces,
+  static constexpr bool kBulkCopies = kOperands != DecodeOperands::w8a16;
+  static constexpr int kStages = kBulkCopies ? 3 : 4;
+  // W8A16, the threads' ring: kStages chunks of each thread's 2 x kWeightLoads 16-byte pieces,
   // [stage][piece][thread], then its two rows' scales, [stage][row][thread].
   static constexpr int kPieces = 2 * kWeightLoads;
   static constexpr int kPieceBytes = kStages * kPieces * kThreads * 16;
-  // bf16, the warps' ring: [stage][warp] 16 rows of a chunk, then the mbarriers, [warp][stage].
-  static constexpr int kRowBytes = kChunk * 2;
+  // bf16 and W8A8, the warps' ring: [stage][warp] 16 rows of a chunk, then the mbarriers, [warp][stage].
+  static constexpr int kRowBytes = 256;
   static constexpr int kWarpStageBytes = 16 * kRowBytes;
   static constexpr int kRingBytes =
       kBulkCopies ? kStages * kWarps * kWarpStageBytes : kPieceBytes + kStages * 2 * kThreads * 4;
-  static constexpr int kSharedBytes = kRingBytes + (kBulkCopies ? kStages * kWarps * 8 : 0);  // 96 KB, 72 KB
+  static constexpr int kSharedBytes = kRingBytes + (kBulkCopies ? kStages * kWarps * 8 : 0);  // 96 KB; W8A16 72 KB
   // The k-warps' partials, summed after the loop, take the ring's place (nothing is in flight then).
   static constexpr int kPartialsBytes = kKWarps * kRows * (kTileN + 1) * 4;
   static_assert(kPartialsBytes <= kRingBytes, "the partials fit in the ring");
   static_assert(kRows == 8 || kRows == 16 || kRows == 32, "token tiles of 8");
   static_assert(kTileN == 16 || kTileN == 32 || kTileN == 64 || kTileN == 128, "whole warps over the tile");
   static_assert(!Problem::kWeightsKN, "the decode kernel reads [E, N, K] weights");
+  static_assert(!kBulkCopies || kChunk * (kFp8Weights ? 1 : 2) == kRowBytes, "a chunk's row fills a ring row");
 };
 
 // The bound on (expert, chunk) pairs the host launches: each non-empty expert
@@ -134,14 +149,23 @@ __device__ __forceinline__ bool find_decode_pair(const kjit_grouped_gemm_params&
   return true;
 }
 
-// Its tokens' activations: one token per quad group and token tile.
-template <class Cfg>
+// Its tokens' activations: one token per quad group and token tile. W8A8 adds the chunk's multipliers
+// of its two scale blocks: the weights' for its rows (group, group + 8) and the activations' for its
+// accumulator's tokens (2 quad, 2 quad + 1 of each token tile).
+template <class Cfg, bool kW8A8 = Cfg::kW8A8>
 struct DecodeActivationChunk {
   uint4 piece[Cfg::kTokenTiles][4];
 };
+template <class Cfg>
+struct DecodeActivationChunk<Cfg, true> {
+  uint4 piece[Cfg::kTokenTiles][4];
+  float weight_scale[2][2];                 // [row][block]
+  float token_scale[Cfg::kTokenTiles][2][2];  // [tile][token][block]
+};
 
-// 32-bit word i (elements 2i, 2i + 1 of the thread's set) of four bf16 loads.
-__device__ __forceinline__ unsigned decode_bf16_word(const uint4 (&loads)[4], int i) {
+// 32-bit word i of 16-byte loads (bf16: elements 2i, 2i + 1 of the thread's set; fp8: 4i .. 4i + 3).
+template <int kLoads>
+__device__ __forceinline__ unsigned decode_word(const uint4 (&loads)[kLoads], int i) {
   const uint4& v = loads[i / 4];
   const int c = i % 4;
   return c == 0 ? v.x : c == 1 ? v.y : c == 2 ? v.z : v.w;
@@ -155,12 +179,19 @@ __device__ __forceinline__ unsigned short decode_fp8_pair(const uint4 (&loads)[2
   return static_cast<unsigned short>(word >> (16 * (i % 2)));
 }
 
-// The k of a thread's 16-byte load `load` (of 2, fp8 codes, or 4, bf16) within a chunk.
+// The k of a thread's 16-byte load `load` (of 2, W8A16's codes, or 4, bf16) within a chunk.
 template <int kLoads>
 __device__ __forceinline__ int decode_load_k(int load, int quad) {
   constexpr int kElements = 32 / kLoads;  // per load
   const int element = load * kElements;   // first of the thread's set
   return 64 * (element / 16) + 16 * quad + element % 16;
+}
+
+// The k of a thread's load `load` of 4 within a chunk of Cfg's operands: W8A8 takes bf16's bytes of a
+// 256-byte row, so its k (a byte each) is twice bf16's.
+template <class Cfg>
+__device__ __forceinline__ int decode_row_load_k(int load, int quad) {
+  return (Cfg::kW8A8 ? 2 : 1) * decode_load_k<4>(load, quad);
 }
 
 template <class Cfg>
@@ -199,10 +230,40 @@ __device__ __forceinline__ void decode_multiply(float (&acc)[Cfg::kTokenTiles][4
     const unsigned af[4] = {pair(0, 2 * s), pair(1, 2 * s), pair(0, 2 * s + 1), pair(1, 2 * s + 1)};
 #pragma unroll
     for (int t = 0; t < Cfg::kTokenTiles; ++t) {
-      const unsigned bf[2] = {decode_bf16_word(x.piece[t], 2 * s), decode_bf16_word(x.piece[t], 2 * s + 1)};
+      const unsigned bf[2] = {decode_word(x.piece[t], 2 * s), decode_word(x.piece[t], 2 * s + 1)};
       mma_m16n8k16_bf16(acc[t], af, bf);
     }
   }
+}
+
+// W8A8: scale block b of the chunk (its k 128 b .. 128 b + 127: the thread's loads 2b and 2b + 1 of each row,
+// `w`, and words 8b .. 8b + 7 of its activations) multiplied on its own (four m16n8k32 steps) into a fresh fp32
+// partial, then added to acc times the block's weight and token multipliers, as the other W8A8 kernels promote
+// (grouped_gemm_fp8_common.cuh). A block at a time: half the weights in registers at once.
+template <class Cfg>
+__device__ __forceinline__ void decode_multiply_w8a8(float (&acc)[Cfg::kTokenTiles][4],
+                                                     const DecodeActivationChunk<Cfg>& x, const uint4 (&w)[2][2],
+                                                     int b) {
+  float part[Cfg::kTokenTiles][4];
+#pragma unroll
+  for (int t = 0; t < Cfg::kTokenTiles; ++t)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) part[t][c] = 0.0f;
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    const unsigned af[4] = {decode_word(w[0], 2 * s), decode_word(w[1], 2 * s), decode_word(w[0], 2 * s + 1),
+                            decode_word(w[1], 2 * s + 1)};
+#pragma unroll
+    for (int t = 0; t < Cfg::kTokenTiles; ++t) {
+      const unsigned bf[2] = {decode_word(x.piece[t], 8 * b + 2 * s), decode_word(x.piece[t], 8 * b + 2 * s + 1)};
+      mma_m16n8k32_e4m3(part[t], af, bf);
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < Cfg::kTokenTiles; ++t)
+#pragma unroll
+    for (int c = 0; c < 4; ++c)
+      acc[t][c] = fmaf(part[t][c], x.weight_scale[c / 2][b] * x.token_scale[t][c % 2][b], acc[t][c]);
 }
 
 // The k-warps' partials (in the ring, once every warp is done with it), then their sum in k-warp order, the
@@ -246,7 +307,8 @@ __device__ __forceinline__ void decode_store(const kjit_grouped_gemm_params& p, 
 }
 
 template <class Cfg>
-__device__ void grouped_gemm_decode_body(const kjit_grouped_gemm_params& p, const float* b_scales) {
+__device__ void grouped_gemm_decode_body(const kjit_grouped_gemm_params& p, const float* a_scales,
+                                         const float* b_scales) {
   if (!offsets_valid<Cfg>(p)) return;
   __shared__ long long warp_totals[Cfg::kWarps];
   __shared__ long long found[3];
@@ -262,13 +324,20 @@ __device__ void grouped_gemm_decode_body(const kjit_grouped_gemm_params& p, cons
   const int quad = at.quad, lane = at.lane, warp = at.warp, k_warp = at.k_warp;
   const long long n0 = static_cast<long long>(blockIdx.y) * Cfg::kTileN;
   const long long weight_row[2] = {n0 + at.row_warp * 16 + at.group, n0 + at.row_warp * 16 + at.group + 8};
-  const unsigned short* a = static_cast<const unsigned short*>(p.a);
-  constexpr int kElementBytes = Cfg::kFp8Weights ? 1 : 2;
+  const unsigned char* a = static_cast<const unsigned char*>(p.a);
+  constexpr int kElementBytes = Cfg::kFp8Weights ? 1 : 2, kActivationBytes = Cfg::kW8A8 ? 1 : 2;
   // This warp's chunks: k_warp, k_warp + kKWarps, ...; local chunk i is chunk k_warp + i kKWarps.
   const int chunks = Cfg::kChunks > k_warp ? static_cast<int>((Cfg::kChunks - k_warp + Cfg::kKWarps - 1) / Cfg::kKWarps) : 0;
   auto chunk_k0 = [&](int i) { return (k_warp + static_cast<long long>(i) * Cfg::kKWarps) * Cfg::kChunk; };
+  // Whether a 16-byte load at k (within local chunk i, of the thread's load l) lies within K: a partial chunk
+  // only at the end, and W8A8's is half of one (K in whole 128-k blocks), known from l.
+  auto load_in_k = [&](int i, int l, int k) {
+    if constexpr (Cfg::kK % Cfg::kChunk == 0) return true;
+    else if constexpr (Cfg::kW8A8) return l < 2 || chunk_k0(i) + Cfg::kChunk / 2 < Cfg::kK;
+    else return chunk_k0(i) + k < Cfg::kK;
+  };
 
-  // bf16: the warp's stages' barriers, each completed by its chunk's bytes (one arrival: the expect_tx).
+  // Bulk copies: the warp's stages' barriers, each completed by its chunk's bytes (one arrival: the expect_tx).
   unsigned long long* full = reinterpret_cast<unsigned long long*>(decode_ring + Cfg::kRingBytes) + warp * Cfg::kStages;
   if constexpr (Cfg::kBulkCopies) {
     if (lane == 0) {
@@ -278,7 +347,7 @@ __device__ void grouped_gemm_decode_body(const kjit_grouped_gemm_params& p, cons
     }
     __syncwarp();
   }
-  unsigned through = 0;  // bf16: chunks this warp has taken through its ring (earlier pairs): stage and phase
+  unsigned through = 0;  // bulk copies: chunks this warp has taken through its ring (earlier pairs): stage and phase
 
   for (long long slot = blockIdx.x;; slot += gridDim.x) {
     int expert = 0, rows = 0;
@@ -288,9 +357,9 @@ __device__ void grouped_gemm_decode_body(const kjit_grouped_gemm_params& p, cons
     const unsigned char* weights =
         static_cast<const unsigned char*>(p.b) + static_cast<long long>(expert) * Cfg::kN * Cfg::kK * kElementBytes;
     // Local chunk i into the ring, one stage's worth.
-    // - bf16: into stage (through + i) % kStages: lane 0 sets the bytes to expect, lanes 0-15 copy a row each
-    //   (a row past N copies the last row: finite, and its products unused).
-    // - fp8: into stage i % kStages, as one cp.async group (past the warp's chunks an empty group, so that
+    // - bulk copies (bf16, W8A8): into stage (through + i) % kStages: lane 0 sets the bytes to expect, lanes
+    //   0-15 copy a row each (a row past N copies the last row: finite, and its products unused).
+    // - W8A16: into stage i % kStages, as one cp.async group (past the warp's chunks an empty group, so that
     //   wait_group's count holds).
     auto issue_chunk = [&](int i) {
       if constexpr (Cfg::kBulkCopies) {
@@ -344,9 +413,33 @@ __device__ void grouped_gemm_decode_body(const kjit_grouped_gemm_params& p, cons
       for (int t = 0; t < Cfg::kTokenTiles; ++t)
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
-          const long long k = k0 + decode_load_k<4>(l, quad);
-          x.piece[t][l] = decode_load<Cfg>(a + source[t] * Cfg::kK + k, source[t] >= 0 && k < Cfg::kK);
+          const int k = decode_row_load_k<Cfg>(l, quad);
+          x.piece[t][l] = decode_load<Cfg>(a + (source[t] * Cfg::kK + k0 + k) * kActivationBytes,
+                                           source[t] >= 0 && load_in_k(i, l, k));
         }
+      if constexpr (Cfg::kW8A8) {
+        // The chunk's two scale blocks. Past K, N or the pair's rows the last block's, row's or the pair's first
+        // row's (finite; their products are zeros or never stored): no predicates, so nothing spills.
+        const kjit_fp8_gemm_scales scales{a_scales, b_scales};
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+          const long long block = k0 / Cfg::kScaleBlock + b;
+          const int kb = static_cast<int>(block < Cfg::kKScaleBlocks ? block : Cfg::kKScaleBlocks - 1);
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const long long row = weight_row[r] < Cfg::kN ? weight_row[r] : Cfg::kN - 1;
+            if constexpr (Cfg::kBlockScales) x.weight_scale[r][b] = b_block_scale<Cfg>(scales, expert, row, kb);
+            else x.weight_scale[r][b] = b_channel_scale<Cfg>(scales, expert, row);
+          }
+#pragma unroll
+          for (int t = 0; t < Cfg::kTokenTiles; ++t)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+              const int token = t * 8 + 2 * quad + j;
+              x.token_scale[t][j][b] = a_scale<Cfg>(scales, row0 + (token < rows ? token : 0), kb);
+            }
+        }
+      }
     };
 
     float acc[Cfg::kTokenTiles][4];
@@ -360,19 +453,24 @@ __device__ void grouped_gemm_decode_body(const kjit_grouped_gemm_params& p, cons
       if constexpr (Cfg::kBulkCopies) {
         const unsigned char* stage =
             decode_ring_stage<Cfg>(decode_ring, static_cast<int>((through + i) % Cfg::kStages), warp);
-        uint4 w[2][Cfg::kWeightLoads];
+        // Row r's load l; a partial last chunk: the ring past K holds an older chunk's bytes, read as zeros.
+        auto read = [&](int r, int l) {
+          const int k = decode_row_load_k<Cfg>(l, quad);
+          return load_in_k(i, l, k) ? *reinterpret_cast<const uint4*>(stage + (at.group + 8 * r) * Cfg::kRowBytes +
+                                                                      k * kElementBytes)
+                                    : make_uint4(0u, 0u, 0u, 0u);
+        };
+        if constexpr (Cfg::kW8A8) {
 #pragma unroll
-        for (int r = 0; r < 2; ++r)
-#pragma unroll
-          for (int l = 0; l < Cfg::kWeightLoads; ++l) {
-            const int k = decode_load_k<Cfg::kWeightLoads>(l, quad);
-            // A partial last chunk: the ring past K holds an older chunk's bytes, read as zeros.
-            const bool in = Cfg::kK % Cfg::kChunk == 0 || chunk_k0(i) + k < Cfg::kK;
-            w[r][l] = in ? *reinterpret_cast<const uint4*>(stage + (at.group + 8 * r) * Cfg::kRowBytes +
-                                                           k * kElementBytes)
-                         : make_uint4(0u, 0u, 0u, 0u);
+          for (int b = 0; b < 2; ++b) {
+            const uint4 w[2][2] = {{read(0, 2 * b), read(0, 2 * b + 1)}, {read(1, 2 * b), read(1, 2 * b + 1)}};
+            decode_multiply_w8a8<Cfg>(acc, x, w, b);
           }
-        decode_multiply<Cfg>(acc, x, [&](int r, int j) { return decode_bf16_word(w[r], j); });
+        } else {
+          const uint4 w[2][4] = {{read(0, 0), read(0, 1), read(0, 2), read(0, 3)},
+                                 {read(1, 0), read(1, 1), read(1, 2), read(1, 3)}};
+          decode_multiply<Cfg>(acc, x, [&](int r, int j) { return decode_word(w[r], j); });
+        }
       } else {
         const int stage = i % Cfg::kStages;
         uint4 w[2][Cfg::kWeightLoads];
@@ -424,12 +522,17 @@ __device__ void grouped_gemm_decode_body(const kjit_grouped_gemm_params& p, cons
 
 template <class Cfg>
 __device__ __forceinline__ void grouped_gemm_decode(const kjit_grouped_gemm_params& p) {
-  grouped_gemm_decode_body<Cfg>(p, nullptr);
+  grouped_gemm_decode_body<Cfg>(p, nullptr, nullptr);
 }
 
 template <class Cfg>
 __device__ __forceinline__ void grouped_gemm_mixed_decode(const kjit_grouped_gemm_mixed_params& p) {
-  grouped_gemm_decode_body<Cfg>(p.gemm, p.b_scales);
+  grouped_gemm_decode_body<Cfg>(p.gemm, nullptr, p.b_scales);
+}
+
+template <class Cfg>
+__device__ __forceinline__ void grouped_gemm_fp8_decode(const kjit_grouped_gemm_fp8_params& p) {
+  grouped_gemm_decode_body<Cfg>(p.gemm, p.scales.a, p.scales.b);
 }
 
 }  // namespace kjit

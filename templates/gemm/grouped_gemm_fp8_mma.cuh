@@ -35,6 +35,7 @@
 #include "../common/fp8_convert.cuh"
 #include "grouped_gemm_common.cuh"
 #include "grouped_gemm_fp8_common.cuh"
+#include "grouped_gemm_mma.cuh"
 
 namespace kjit {
 
@@ -57,13 +58,6 @@ struct GroupedGemmFp8MmaConfig : Problem {
   static_assert(kBK == 128, "the swizzle permutes the eight 16-byte chunks of a 128-byte row");
   static_assert(Problem::kScaleBlock % kBN == 0, "a block's columns lie in one weight scale block");
 };
-
-__device__ __forceinline__ void mma_m16n8k32_e4m3(float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
 
 // 16 bytes global -> shared, bypassing L1; zeros instead when !valid (nothing is read).
 __device__ __forceinline__ void cp_async_cg_16(void* shared, const void* global, bool valid) {

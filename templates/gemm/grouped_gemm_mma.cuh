@@ -41,6 +41,14 @@ __device__ __forceinline__ void mma_m16n8k16_bf16(float (&c)[4], const unsigned 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// e4m3 operands (sm_89 and newer; on sm_90 ptxas unpacks the codes to f16 for two HMMA.16816, exactly).
+__device__ __forceinline__ void mma_m16n8k32_e4m3(float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
 // Copies k-block k0 of bf16 weights into the tile.
 template <class Cfg>
 __device__ __forceinline__ void stage_bf16_weights(const kjit_grouped_gemm_params& p,

@@ -108,6 +108,7 @@ gemm_sm90=0
 gemm_portable=0
 fp8_sm90=0
 fp8_portable=0
+fp8_decode=0
 gemm_decode=0
 mixed_decode=0
 mixed_sm90=0
@@ -161,6 +162,12 @@ while read -r key arch op kernel canonical; do
         else
           [ "$hmma" -gt 0 ] || fail "$arch $canonical has no mma.sync (HMMA)"
         fi
+        [ "$qgmma" -eq 0 ] || fail "$arch $canonical has wgmma" ;;
+      mma_decode)
+        # The decode kernel with e4m3 operands: mma.sync .e4m3, which sm_90a's ptxas lowers to f16 HMMA.
+        fp8_decode=$((fp8_decode + 1))
+        [ "$arch" = sm_90a ] || fail "$canonical was built for $arch"
+        [ "$hmma" -gt 0 ] || fail "$arch $canonical has no mma.sync (HMMA)"
         [ "$qgmma" -eq 0 ] || fail "$arch $canonical has wgmma" ;;
       *) fail "$canonical: unknown kernel $kernel" ;;
     esac
@@ -217,6 +224,8 @@ done < "$work/entries.txt"
 # a bucket's too); one portable kernel per problem on sm_100a and sm_120a.
 [ "$fp8_sm90" -eq 8 ] || fail "expected 8 SM90 FP8 GEMM kernels, read $fp8_sm90"
 [ "$fp8_portable" -eq 4 ] || fail "expected 4 portable FP8 GEMM kernels, read $fp8_portable"
+# And the decode bucket's kernel for each on sm_90a.
+[ "$fp8_decode" -eq 2 ] || fail "expected 2 decode FP8 GEMM kernels, read $fp8_decode"
 # W8A16 five problems (two fused over block scales, one gathering), W4A16 four (one gathering, one read
 # [E, K, N]), three sm_90a buckets each (row tiles of 32 and 64; prefill the converter kernel's 256, or for fp8
 # [E, K, N] 128; FP4 [E, K, N] the converter kernel's 64, 128, 256); one portable kernel per problem on sm_100a

@@ -81,6 +81,11 @@ std::vector<KernelPath> kernel_paths() {
     paths.push_back({"sm90 rows on M 128 x 128", KJIT_GEMM_KERNEL_SM90, 128, 128, 1});
     paths.push_back({"sm90 rows on M 128 x 256 (two weight halves)", KJIT_GEMM_KERNEL_SM90, 128, 256, 1, 8, true});
   }
+  if (compute_capability() >= 90) {  // the decode kernel's bulk copies
+    paths.push_back({"decode, the heuristic's chunks (8 rows) and weight tile", KJIT_GEMM_KERNEL_DECODE, 0, 0, 0});
+    paths.push_back({"decode, chunks of 16 rows x 16 weight rows (8 k-warps)", KJIT_GEMM_KERNEL_DECODE, 16, 16, 0});
+    paths.push_back({"decode, chunks of 16 rows x 128 weight rows (1 k-warp)", KJIT_GEMM_KERNEL_DECODE, 16, 128, 0});
+  }
   return paths;
 }
 
@@ -285,6 +290,32 @@ TEST_CASE("256 experts with random counts, both weight scalings") {
   }
 }
 
+TEST_CASE("decode sizes: one token's 8 rows on 8 experts or on one, 256 experts with one row, K of 3 and 57 k-blocks") {
+  if (!has_fp8()) return;
+  for (auto weight_scale : {KJIT_SCALE_PER_BLOCK, KJIT_SCALE_PER_ROW}) {
+    CAPTURE(weight_scale);
+    Fp8Case distinct;  // K 384: one whole 256-k chunk and a half one
+    distinct.counts = {1, 0, 1, 1, 1, 0, 1, 1, 1, 1};
+    distinct.k = 384;
+    distinct.n = 200;  // a partial last warp of 16 weight rows
+    distinct.weight_scale = weight_scale;
+    distinct.extra_rows = 3;
+    run_fp8_gemm(distinct);
+    Fp8Case one_expert;  // K 7296: DeepSeek-V3's 7168 and one more block, over several k-warps
+    one_expert.counts = {0, 8, 0};
+    one_expert.k = 7296;
+    one_expert.weight_scale = weight_scale;
+    one_expert.row_scale = true;
+    run_fp8_gemm(one_expert);
+    Fp8Case lone;
+    lone.counts.assign(256, 0);
+    lone.counts[255] = 1;
+    lone.weight_scale = weight_scale;
+    lone.out = KJIT_DTYPE_F32;
+    run_fp8_gemm(lone);
+  }
+}
+
 TEST_CASE("decreasing or out-of-range offsets write nothing and are reported") {
   if (!has_fp8()) return;
   Fp8Case c;
@@ -324,6 +355,31 @@ TEST_CASE("a captured FP8 grouped GEMM replays with per-expert counts changing b
     }
     CHECK(kjit_device_errors(0) == KJIT_OK);
   }
+}
+
+TEST_CASE("a captured decode-sized FP8 grouped GEMM (8 rows: the decode bucket) replays with new routing") {
+  if (!has_fp8()) return;
+  Fp8Case c;
+  c.counts = {2, 2, 2, 2};
+  const int64_t rows = 8;
+  auto d = fp8_inputs(c, rows);
+  Fp8Buffers b(c, rows, d);
+  const auto g = b.desc(c, rows);
+  REQUIRE_MESSAGE(kjit_grouped_gemm_prepare(&g, 0) == KJIT_OK, std::string(kjit_last_error_message()));
+  GraphCapture capture;
+  const kjit_status captured = kjit_grouped_gemm(&g, capture.stream());
+  capture.end();
+  REQUIRE_MESSAGE(captured == KJIT_OK, std::string(kjit_last_error_message()));
+  capture.instantiate();
+  for (const std::vector<int32_t>& counts : {std::vector<int32_t>{8, 0, 0, 0}, {1, 3, 0, 4}, {0, 0, 0, 8}}) {
+    c.counts = counts;
+    d = fp8_inputs(c, rows);
+    b.upload(c, d);
+    capture.replay();
+    const double err = relative_error(c.out, c.n, reference(c, d), b.out.download<uint8_t>(0, b.out.bytes), rows);
+    CHECK_MESSAGE(err <= kTolerance, "relative error ", err);
+  }
+  CHECK(kjit_device_errors(0) == KJIT_OK);
 }
 
 TEST_CASE("the portable kernel forced on the same GPU agrees with the default kernel on a multi-wave problem") {

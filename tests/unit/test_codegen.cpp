@@ -289,7 +289,7 @@ TEST_CASE("grouped GEMM configurations: buckets by rows per expert on sm_90a, th
   CHECK(validate(KernelSpec{lone}).error().message.find("a cluster of 1 has no axis") != std::string::npos);
 }
 
-TEST_CASE("the decode buckets on sm_90a: bf16 up to 8 routed rows over 64+ experts, fp8 [E, N, K] up to 64 rows") {
+TEST_CASE("the decode buckets on sm_90a: bf16 up to 8 routed rows over 64+ experts, W8A16 and W8A8 up to 64 rows") {
   using Kernel = GemmRequest::Kernel;
   const auto hopper = arch("sm_90a");
   // Qwen3-30B-A3B's gate_up (E 128, N 1536, K 2048) at 1 and 64 tokens of top 8; one past the bucket.
@@ -354,6 +354,29 @@ TEST_CASE("the decode buckets on sm_90a: bf16 up to 8 routed rows over 64+ exper
   fp8_kn.weights = WeightLayout::e_k_n;
   CHECK(choose_grouped_gemm_mixed_config(fp8_kn, hopper, 8)->kernel == MixedGemmKernel::wgmma_sm90);
   CHECK_FALSE(choose_grouped_gemm_mixed_config(fp8, arch("sm_80"), 8, {.kernel = Kernel::decode}).has_value());
+
+  // W8A8: up to kDecodeMaxRowsW8A8 rows, the decode kernel with e4m3 operands on the bf16 ring (256-byte rows).
+  GroupedGemmFp8Spec w8a8{.n = 512, .k = 7168, .experts = 256};
+  const auto q = *choose_grouped_gemm_fp8_config(w8a8, hopper, 8);
+  CHECK((q.kernel == Fp8GemmKernel::mma_decode && q.tile_m == 8 && q.tile_n == 32 && q.stages == 0));
+  CHECK(choose_grouped_gemm_fp8_config(w8a8, hopper, kDecodeMaxRowsW8A8)->kernel == Fp8GemmKernel::mma_decode);
+  CHECK(choose_grouped_gemm_fp8_config(w8a8, hopper, kDecodeMaxRowsW8A8 + 1)->kernel == Fp8GemmKernel::wgmma_sm90);
+  CHECK(choose_grouped_gemm_fp8_config(w8a8, hopper, 8, {.kernel = Kernel::sm90})->kernel ==
+        Fp8GemmKernel::wgmma_sm90);
+  CHECK(grouped_gemm_fp8_candidates(w8a8, hopper)->size() == 4);
+  const auto w8a8_kernel = render(KernelSpec{q});
+  CHECK(w8a8_kernel.entry_point == "kjit_grouped_gemm_fp8_decode");
+  CHECK(w8a8_kernel.dynamic_shared_bytes == 3 * 8 * (16 * 256 + 8));
+  CHECK(w8a8_kernel.source.find("kjit::DecodeOperands::w8a8") != std::string::npos);
+  CHECK(grouped_gemm_fp8_geometry(q, 8, 132).grid_x == 8);
+  CHECK(canonical(KernelSpec{q}).ends_with("kernel=mma_decode tile=8x32x128 stages=0 cluster=1"));
+  CHECK(*spec_from_json(to_json(KernelSpec{q})) == KernelSpec{q});
+  const auto ada = choose_grouped_gemm_fp8_config(w8a8, arch("sm_89"), 8, {.kernel = Kernel::decode});
+  REQUIRE_FALSE(ada.has_value());
+  CHECK(ada.error().code == KJIT_ERROR_UNSUPPORTED);
+  CHECK(choose_grouped_gemm_fp8_config(w8a8, arch("sm_89"), 8)->kernel == Fp8GemmKernel::mma_sync);
+  CHECK_FALSE(choose_grouped_gemm_fp8_config(w8a8, hopper, 8, {.kernel = Kernel::decode, .cluster = 2}).has_value());
+  CHECK_FALSE(choose_grouped_gemm_fp8_config(w8a8, hopper, 8, {.kernel = Kernel::decode, .tile_m = 32}).has_value());
 
   // Rendering: its own template and entry, 256 threads, a ring of weight chunks in dynamic shared
   // memory (fp8: each thread's 4 chunks of 2 rows x 32 codes and 2 scales; bf16: each warp's 3 chunks of
@@ -686,7 +709,7 @@ TEST_CASE("FP8 grouped GEMM specs round-trip through text and JSON, and K must b
     CHECK(*back == config);
     canonicals.insert(canonical(config));
   }
-  CHECK(canonicals.size() == 3);  // swap AB at decode (64-row tiles) and above it (128), rows on M
+  CHECK(canonicals.size() == 4);  // the decode kernel, swap AB (64-row tiles and 128), rows on M
   auto bad = fp8_problem();
   bad.k = 7168 + 64;
   const auto invalid = validate(KernelSpec{bad});
@@ -722,7 +745,7 @@ TEST_CASE("the SM90 FP8 GEMM renders one e4m3 wgmma width and asks for its share
   CHECK(grouped_gemm_fp8_geometry(pairs, 1 << 20, 132).grid_x == 132);
   CHECK(grouped_gemm_fp8_geometry(pairs, 256, 4000).grid_x == 2 * (4096 / 256) * (256 / 128 + 32));
   // Decode (up to 16 rows per expert): row tiles, and so the wgmma, of at most 64 rows; 8 stages fit.
-  for (const int64_t rows : {int64_t{32}, int64_t{32 * 16}}) {
+  for (const int64_t rows : {kDecodeMaxRowsW8A8 + 1, int64_t{32 * 16}}) {
     CAPTURE(rows);
     const auto decode = *choose_grouped_gemm_fp8_config(fp8_problem(), arch("sm_90a"), rows);
     REQUIRE((decode.kernel == Fp8GemmKernel::wgmma_sm90 && decode.tile_m == 64 && decode.stages == 8));

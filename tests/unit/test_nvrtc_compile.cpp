@@ -452,8 +452,8 @@ static std::vector<Fp8QuantizeSpec> quantize_variants() {
   return out;
 }
 
-TEST_CASE("the decode kernel, bf16 and W8A16, every tile and the MoE shapes of issue 39, compiles for sm_90a with no "
-          "spills, and for sm_100a and sm_120a, not for sm_80 or sm_89") {
+TEST_CASE("the decode kernel, bf16, W8A16 and W8A8, every tile and the MoE shapes of issue 39, compiles for sm_90a "
+          "with no spills, and for sm_100a and sm_120a, not for sm_80 or sm_89") {
   PrivateBuilder b("kjit-nvrtc-gemm-decode");
   std::vector<KernelSpec> sm90;
   // (N, K, E) of Qwen3-30B-A3B, DeepSeek-V3 TP8 and an EP8 rank: gate_up, down.
@@ -465,6 +465,8 @@ TEST_CASE("the decode kernel, bf16 and W8A16, every tile and the MoE shapes of i
     m.gather = true;
     sm90.push_back(*choose_grouped_gemm_config(g, arch_of("sm_90a"), 8));
     sm90.push_back(*choose_grouped_gemm_mixed_config(m, arch_of("sm_90a"), 8));
+    const GroupedGemmFp8Spec f{.n = n, .k = k, .experts = e};
+    sm90.push_back(*choose_grouped_gemm_fp8_config(f, arch_of("sm_90a"), 8));
   }
   // Every tile, the fused activations (fp8 block scales through the checkpoint's layout), fp32 output.
   for (int rows : {8, 16, 32})
@@ -482,10 +484,15 @@ TEST_CASE("the decode kernel, bf16 and W8A16, every tile and the MoE shapes of i
         m.gate_up_layout = rows == 16 ? GateUpLayout::halves : GateUpLayout::alternating;
       }
       sm90.push_back(*choose_grouped_gemm_mixed_config(m, arch_of("sm_90a"), 8, decode));
+      // W8A8 (8 and 16 rows): channel scales, fp32 output, the row scale, K of an odd count of 128-k blocks.
+      GroupedGemmFp8Spec f{.out = rows == 8 ? DType::f32 : DType::bf16, .n = 2048, .k = tile_n == 16 ? 1152 : 1024,
+                           .experts = 64, .row_scale = tile_n == 32};
+      if (tile_n == 64) f.weight_scale = Fp8WeightScale::channel;
+      if (rows < 32) sm90.push_back(*choose_grouped_gemm_fp8_config(f, arch_of("sm_90a"), 8, decode));
     }
   check_no_spills_on_sm90a(sm90);
   for (const char* arch : {"sm_100a", "sm_120a"})
-    for (size_t i = 0; i < 4; ++i) {
+    for (size_t i = 0; i < 6; ++i) {
       auto cubin = b.builder.build(sm90[i], arch_of(arch));
       REQUIRE_MESSAGE(cubin.has_value(), arch, " ", canonical(sm90[i]), ": ", kjit::testing::why(cubin));
     }

@@ -2,8 +2,8 @@
 tokens with its grouped GEMMs as kjit chooses (the decode kernel up to 32
 routed rows), or on the decode kernel at every size (--decode decode), against
 the same module forced onto the kernels it ran before (kernel='sm90' injected
-into its kjit.grouped_gemm calls), bf16 and fp8_block
-(W8A16) weights, under CUDA graphs. Each graph holds SETS calls with their own
+into its kjit.grouped_gemm calls), bf16 and fp8_block weights (W8A16, or W8A8
+at every size with --operands w8a8), under CUDA graphs. Each graph holds SETS calls with their own
 random routing (distinct experts per token), so a replay reads weights from
 DRAM, not from L2, as a decode step of a real model does; the time per call is
 the replay's over SETS. Reported beside it: the weight bytes of the experts each
@@ -14,7 +14,7 @@ paths' outputs must agree to 2e-2 (relative Frobenius) before they are timed.
 
     PYTHONPATH=runtime/python:tools/bench python3 tools/bench/bench_moe_decode.py [--json FILE]
         [--models qwen3-30b-a3b,deepseek-v3-tp8,deepseek-v3-ep8] [--formats bf16,fp8_block]
-        [--tokens 1,16,64] [--sets 8] [--rounds 5] [--decode auto|decode]
+        [--tokens 1,16,64] [--sets 8] [--rounds 5] [--decode auto|decode] [--operands w8a16|w8a8]
 """
 
 import argparse
@@ -55,8 +55,9 @@ def kernels(kernel):
         kjit.grouped_gemm = original
 
 
-def module(fmt, experts, hidden, inter, max_tokens, top_k):
-    """A MoEExperts of random weights (bf16, or e4m3 codes with fp32 128 x 128 block scales), prepared."""
+def module(fmt, experts, hidden, inter, max_tokens, top_k, w8a8_min_rows=None):
+    """A MoEExperts of random weights (bf16, or e4m3 codes with fp32 128 x 128 block scales: W8A16, or W8A8 from
+    w8a8_min_rows routed rows), prepared."""
     g = torch.Generator(device="cuda").manual_seed(0)
 
     def weights(rows, cols):
@@ -72,7 +73,8 @@ def module(fmt, experts, hidden, inter, max_tokens, top_k):
 
         m = MoEExperts(gate_up.to(torch.float8_e4m3fn), down.to(torch.float8_e4m3fn), format="fp8_block",
                        gate_up_scale=scales(2 * inter, hidden), down_scale=scales(hidden, inter),
-                       scale_convention="multiply", gate_up_layout="halves", activation="silu_mul")
+                       scale_convention="multiply", gate_up_layout="halves", activation="silu_mul",
+                       w8a8_min_rows=w8a8_min_rows)
     m = m.to("cuda")
     m.prepare(max_tokens=max_tokens, top_k=top_k)
     return m
@@ -124,11 +126,14 @@ def main():
     parser.add_argument("--decode", choices=("auto", "decode"), default="auto",
                         help="the 'decode' column: kjit's choice (the decode kernel up to 8 routed rows on bf16 weights over 64+ experts, 64 on FP8) or the "
                              "decode kernel forced at every size")
+    parser.add_argument("--operands", choices=("w8a16", "w8a8"), default="w8a16",
+                        help="fp8_block: W8A16 (bf16 activations) or W8A8 (activations quantized per 128) "
+                             "at every size")
     args = parser.parse_args()
     torch.manual_seed(0)
     copy_bw = copy_bandwidth()
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "copy_bytes_per_s": copy_bw,
-              "sets": args.sets, "decode": args.decode, "rows": []}
+              "sets": args.sets, "decode": args.decode, "operands": args.operands, "rows": []}
     print(f"device: {result['device']}, torch {torch.__version__}; copy bandwidth {copy_bw / 1e12:.2f} TB/s "
           f"(read + write); CUDA-graph replays of {args.sets} calls with their own routing, us per call")
     print(f"{'model':>16} {'format':>9} {'tokens':>6} | {'old us':>8} {'decode us':>9} {'speedup':>7} | "
@@ -138,7 +143,8 @@ def main():
     for name in args.models.split(","):
         experts, hidden, inter, top_k = MODELS[name]
         for fmt in args.formats.split(","):
-            m = module(fmt, experts, hidden, inter, max(tokens_list), top_k)
+            m = module(fmt, experts, hidden, inter, max(tokens_list), top_k,
+                       w8a8_min_rows=1 if args.operands == "w8a8" else None)
             for tokens in tokens_list:
                 xs = [torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16) for _ in range(args.sets)]
                 routes = routings(tokens, experts, top_k, args.sets)

@@ -6,7 +6,9 @@ GPU time per call (CUDA graph over routings that together exceed L2) and the
 touched weight bytes' rate as a share of a device copy's bandwidth.
 
   KJIT_LIBRARY=.devbin/libkjit.so PYTHONPATH=runtime/python:tools/bench \\
-    python3 tools/bench/probe_decode_tiles.py [--tiles 16,32,64,128] [--tokens 1,4] [--formats bf16,fp8]
+    python3 tools/bench/probe_decode_tiles.py [--tiles 16,32,64,128] [--tokens 1,4] [--formats bf16,fp8,w8a8]
+
+fp8 is W8A16 (bf16 activations), w8a8 the same weights with e4m3 activations (one scale per row per 128 k).
 """
 import argparse
 import math
@@ -47,7 +49,7 @@ def main():
     for name in args.shapes.split(","):
         e, n, k, top_k = SHAPES[name]
         for fmt in args.formats.split(","):
-            if fmt == "fp8":
+            if fmt in ("fp8", "w8a8"):
                 w, w_scale = fp8_block_weights(e, n, k, k)
                 extra = dict(w_scale=w_scale, w_scale_convention="multiply")
             else:
@@ -57,6 +59,9 @@ def main():
                 routes = routed(e, tokens, top_k, args.sets)
                 rows = tokens * top_k
                 a = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+                if fmt == "w8a8":
+                    a, a_scale = kjit.quantize_fp8(a)
+                    extra["a_scale"] = a_scale
                 out = torch.empty(rows, n, device="cuda", dtype=torch.bfloat16)
                 touched = sum(r[2] for r in routes) / len(routes)
                 line = []

@@ -44,6 +44,7 @@ cases=(
   "w8a16_gemm|grouped_gemm_mixed|one expert owning every row (333, no multiple of any tile), and one expert with partial scale blocks"
   "gemm_decode|grouped_gemm_decode|one token, top 8 over 128 experts: its 8 experts all distinct, and all equal (8 rows of one expert)"
   "gemm_decode_one_pair|grouped_gemm_decode|256 experts with one routed pair, both conventions, e5m2 codes, fp32 output"
+  "fp8_gemm_decode|grouped_gemm_fp8|decode sizes: one token's 8 rows on 8 experts or on one, 256 experts with one row, K of 3 and 57 k-blocks"
   "w4a16_gemm|grouped_gemm_mixed|W4A16: both formats, NVFP4's global multiplied and divided, uneven routing with empty experts"
   "w4a16_gemm_kn|grouped_gemm_mixed|W4A16 read [E, K, N] (the stored [E, N, K / 2] for the backward pass's dX): both formats, uneven routing with empty experts, N no multiple of the 128-column tile, K of the 64-row stage"
   "mx_dequant|mx_dequant|DeepSeek-V3 and gpt-oss shapes are bit-exact: NVFP4 K 7168 / 2048 swizzled, MXFP4 K 2880 linear"

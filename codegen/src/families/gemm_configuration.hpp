@@ -63,15 +63,16 @@ Expected<void> require_bulk_copies(const Spec& s, bool decode, const ArchInfo& a
                           Family<Spec>::canonical(s), arch.target, arch.note));
 }
 
-// The decode kernel's recipe (templates/gemm/grouped_gemm_decode.cuh), for bf16 or fp8 weights: `problem` is the
+// The decode kernel's recipe (templates/gemm/grouped_gemm_decode.cuh) for a family's operands: `problem` is the
 // family's problem type, `params_type` its ABI block.
 struct DecodeRecipe {
+  DecodeOperands operands;
   std::string_view entry_point;
   std::string_view params_type;
   std::string_view body;
 };
-RenderedKernel render_decode_kernel(const std::string& canonical, const std::string& problem, bool fp8_weights,
-                                    int tile_m, int tile_n, const DecodeRecipe& recipe);
+RenderedKernel render_decode_kernel(const std::string& canonical, const std::string& problem, int tile_m, int tile_n,
+                                    const DecodeRecipe& recipe);
 
 // What the skeleton reads of a family besides its spec and kernel enum: the errors' names and the buckets.
 struct GemmChoiceRules {

@@ -173,8 +173,9 @@ RenderedKernel Family<GroupedGemmSpec>::render(const GroupedGemmSpec& s) {
          .cluster_x = s.cluster});
   }
   if (s.kernel == GemmKernel::mma_decode)
-    return render_decode_kernel(canonical(s), problem, false, s.tile_m, s.tile_n,
-                                {.entry_point = "kjit_grouped_gemm_decode",
+    return render_decode_kernel(canonical(s), problem, s.tile_m, s.tile_n,
+                                {.operands = DecodeOperands::bf16,
+                                 .entry_point = "kjit_grouped_gemm_decode",
                                  .params_type = "kjit_grouped_gemm_params",
                                  .body = "kjit::grouped_gemm_decode"});
   return assemble(canonical(s),
@@ -193,29 +194,39 @@ std::vector<GroupedGemmSpec> Family<GroupedGemmSpec>::kernels_for_target(const G
   return distinct_configs(grouped_gemm_configs(s, arch));
 }
 
-RenderedKernel render_decode_kernel(const std::string& canonical, const std::string& problem, bool fp8_weights,
-                                    int tile_m, int tile_n, const DecodeRecipe& recipe) {
+std::string_view name(DecodeOperands operands) {
+  switch (operands) {
+    case DecodeOperands::bf16: return "bf16";
+    case DecodeOperands::w8a16: return "w8a16";
+    case DecodeOperands::w8a8: return "w8a8";
+  }
+  return "?";
+}
+
+RenderedKernel render_decode_kernel(const std::string& canonical, const std::string& problem, int tile_m, int tile_n,
+                                    const DecodeRecipe& recipe) {
   return assemble(canonical, {.entry_point = recipe.entry_point,
                               .threads = kDecodeThreads,
                               .min_blocks = decode_min_blocks(tile_m),
                               .templates = {"gemm/grouped_gemm_decode.cuh"},
-                              .config = fmt::format("kjit::GroupedGemmDecodeConfig<{}, {}, {}, {}>", problem,
-                                                    fp8_weights, tile_m, tile_n),
+                              .config = fmt::format("kjit::GroupedGemmDecodeConfig<{}, kjit::DecodeOperands::{}, {}, "
+                                                    "{}>",
+                                                    problem, name(recipe.operands), tile_m, tile_n),
                               .params_type = recipe.params_type,
                               .body = recipe.body,
-                              .dynamic_shared_bytes = decode_shared_bytes(fp8_weights)});
+                              .dynamic_shared_bytes = decode_shared_bytes(recipe.operands)});
 }
 
-int decode_shared_bytes(bool fp8_weights) {
+int decode_shared_bytes(DecodeOperands operands) {
   constexpr int kChunk = 128, kWarps = kDecodeThreads / 32;
-  // fp8: each thread's 4 chunks of two rows' 32 codes (64 bytes) and two scales;
-  // bf16: each warp's 3 chunks of 16 rows' 128 k (256 bytes a row) and an mbarrier each.
-  if (fp8_weights) return 4 * kDecodeThreads * (2 * kChunk / 4 + 2 * 4);
+  // W8A16: each thread's 4 chunks of two rows' 32 codes (64 bytes) and two scales;
+  // bf16 and W8A8: each warp's 3 chunks of 16 rows' 256 bytes and an mbarrier each.
+  if (operands == DecodeOperands::w8a16) return 4 * kDecodeThreads * (2 * kChunk / 4 + 2 * 4);
   return 3 * kWarps * (16 * kChunk * 2 + 8);
 }
 
 int grouped_gemm_shared_bytes(const GroupedGemmSpec& s) {
-  if (s.kernel == GemmKernel::mma_decode) return decode_shared_bytes(false);
+  if (s.kernel == GemmKernel::mma_decode) return decode_shared_bytes(DecodeOperands::bf16);
   if (!is_sm90(s.kernel)) return 0;  // the portable kernel's tiles are static
   // GroupedGemmSm90Config::kSharedBytes and GroupedGemmSwapAbConfig's (the
   // generated code asserts they agree): the stages, 1 KB of slack to align

@@ -16,12 +16,12 @@ namespace kjit::codegen {
 template <>
 inline constexpr int kEnumCount<Fp8WeightScale> = 2;
 template <>
-inline constexpr int kEnumCount<Fp8GemmKernel> = 3;
+inline constexpr int kEnumCount<Fp8GemmKernel> = 4;
 
 namespace {
 
 constexpr std::array kWeightScaleNames{"block_128", "channel"};
-constexpr std::array kKernelNames{"mma_sync", "wgmma_sm90", "wgmma_sm90_rows_on_m"};
+constexpr std::array kKernelNames{"mma_sync", "wgmma_sm90", "wgmma_sm90_rows_on_m", "mma_decode"};
 
 constexpr int kScaleBlock = 128;      // K columns per scale of A, and B's block edge
 constexpr int kPortableThreads = 128;
@@ -64,6 +64,17 @@ Expected<void> validate_configuration(const GroupedGemmFp8Spec& s) {
     if (!edge_ok(s.tile_m) || !edge_ok(s.tile_n) || s.stages != 0 || s.cluster != 1)
       return invalid(fmt::format("grouped_gemm_fp8 {} is not supported (mma_sync: tile_m and tile_n 32, 64 or 128, "
                                  "no stages, cluster 1)",
+                                 tile));
+    return {};
+  }
+  if (s.kernel == Fp8GemmKernel::mma_decode) {
+    // Not 32 rows: four token tiles of codes and scales, each a chunk ahead, spill.
+    const bool ok = (s.tile_m == 8 || s.tile_m == 16) &&
+                    (s.tile_n == 16 || s.tile_n == 32 || s.tile_n == 64 || s.tile_n == 128) && s.stages == 0 &&
+                    s.cluster == 1;
+    if (!ok)
+      return invalid(fmt::format("grouped_gemm_fp8 {} is not supported (mma_decode: tile_m 8 or 16, tile_n 16, "
+                                 "32, 64 or 128, no stages, cluster 1)",
                                  tile));
     return {};
   }
@@ -111,12 +122,18 @@ int sm90_threads(const GroupedGemmFp8Spec& s) {
 
 }  // namespace
 
-// The FP8 family's part of the configuration choice (gemm_configuration.hpp says what each member is for): no
-// decode kernel, the buckets' bounds kDecodeRowsPerExpert and 64 rows per expert.
+// The FP8 family's part of the configuration choice (gemm_configuration.hpp says what each member is for): the
+// decode bucket (w8a8_decode_bucket), then the buckets' bounds kDecodeRowsPerExpert and 64 rows per expert.
 template <>
 struct GemmChoice<GroupedGemmFp8Spec> {
   static constexpr GemmChoiceRules kRules{"the SM90 FP8 grouped GEMM kernel runs", "the SM90 FP8 grouped GEMM",
                                           {kDecodeRowsPerExpert, 64}};
+  static bool decode_bucket(int64_t rows, int64_t) { return w8a8_decode_bucket(rows); }
+  static Expected<void> check_decode_request(const GroupedGemmFp8Spec&, const ArchInfo&, const GemmRequest& request) {
+    if (request.cluster > 1)
+      return fail(KJIT_ERROR_INVALID_ARGUMENT, "the decode grouped GEMM kernel runs without clusters");
+    return {};
+  }
   static int max_stages(const GroupedGemmFp8Spec& s) {
     return grouped_gemm_fp8_max_stages(s.kernel, s.tile_m, s.tile_n);
   }
@@ -139,7 +156,7 @@ struct GemmChoice<GroupedGemmFp8Spec> {
 
 std::string_view name(Fp8WeightScale s) { return kWeightScaleNames[static_cast<size_t>(s)]; }
 std::string_view name(Fp8GemmKernel k) { return kKernelNames[static_cast<size_t>(k)]; }
-bool is_sm90(Fp8GemmKernel k) { return k != Fp8GemmKernel::mma_sync; }
+bool is_sm90(Fp8GemmKernel k) { return k == Fp8GemmKernel::wgmma_sm90 || k == Fp8GemmKernel::wgmma_sm90_rows_on_m; }
 
 template struct SpecForms<GroupedGemmFp8Spec>;
 
@@ -155,6 +172,7 @@ Expected<void> Family<GroupedGemmFp8Spec>::supported_on(const GroupedGemmFp8Spec
                 fmt::format("the FP8 grouped GEMM needs FP8 tensor cores (compute capability 8.9 or newer); {} is "
                             "{}.{} ({})",
                             arch.target, arch.major, arch.minor, arch.note));
+  KJIT_TRY(require_bulk_copies(s, s.kernel == Fp8GemmKernel::mma_decode, arch));
   return require_wgmma_tma(s, is_sm90(s.kernel), arch);
 }
 
@@ -176,6 +194,12 @@ RenderedKernel Family<GroupedGemmFp8Spec>::render(const GroupedGemmFp8Spec& s) {
                      .prelude = sm90_wgmma_wrapper(s),
                      .dynamic_shared_bytes = grouped_gemm_fp8_shared_bytes(s),
                      .cluster_x = s.cluster});
+  if (s.kernel == Fp8GemmKernel::mma_decode)
+    return render_decode_kernel(canonical(s), problem, s.tile_m, s.tile_n,
+                                {.operands = DecodeOperands::w8a8,
+                                 .entry_point = "kjit_grouped_gemm_fp8_decode",
+                                 .params_type = "kjit_grouped_gemm_fp8_params",
+                                 .body = "kjit::grouped_gemm_fp8_decode"});
   return assemble(canonical(s),
                   {.entry_point = "kjit_grouped_gemm_fp8",
                    .threads = kPortableThreads,
@@ -192,6 +216,7 @@ std::vector<GroupedGemmFp8Spec> Family<GroupedGemmFp8Spec>::kernels_for_target(c
 }
 
 int grouped_gemm_fp8_shared_bytes(const GroupedGemmFp8Spec& s) {
+  if (s.kernel == Fp8GemmKernel::mma_decode) return decode_shared_bytes(DecodeOperands::w8a8);
   if (!is_sm90(s.kernel)) return 0;  // the portable kernel's tiles are static
   // GroupedGemmFp8Sm90Config::kSharedBytes (the generated code asserts they
   // agree): stages of weight and row tiles (128 bytes a row), 1 KB of
@@ -221,6 +246,8 @@ LaunchGeometry grouped_gemm_fp8_geometry(const GroupedGemmFp8Spec& spec, int64_t
   if (is_sm90(spec.kernel))  // pairs lie along N
     return persistent_gemm_grid(m_tiles * ((n_tiles + spec.cluster - 1) / spec.cluster), spec.cluster,
                                 resident_blocks, sm90_threads(spec), grouped_gemm_fp8_shared_bytes(spec));
+  if (spec.kernel == Fp8GemmKernel::mma_decode)
+    return decode_gemm_grid(total_rows, spec.experts, spec.tile_m, n_tiles, grouped_gemm_fp8_shared_bytes(spec));
   return portable_gemm_grid(m_tiles, n_tiles, kPortableThreads);
 }
 
@@ -237,8 +264,10 @@ std::vector<GroupedGemmFp8Spec> grouped_gemm_fp8_configs(const GroupedGemmFp8Spe
   // twice). Rows on M at 128 x 256 (a quarter less L2 traffic per product),
   // faster than 128 x 128 on four of the five prefill shapes and level on the
   // fifth; block scales only (validate says why).
+  // Before them, the decode bucket (w8a8_decode_bucket: few routed rows): the decode kernel.
   const int rows_on_m_n = problem.weight_scale == Fp8WeightScale::block_128 ? kRowsOnMWideTileN : kSm90TileN;
-  return {gemm_config(problem, Fp8GemmKernel::wgmma_sm90, kSm90DecodeRows, kSm90TileN),
+  return {decode_gemm_config(problem),
+          gemm_config(problem, Fp8GemmKernel::wgmma_sm90, kSm90DecodeRows, kSm90TileN),
           gemm_config(problem, Fp8GemmKernel::wgmma_sm90, kSm90MaxRows, kSm90TileN),
           gemm_config(problem, Fp8GemmKernel::wgmma_sm90_rows_on_m, kRowsOnMTileM, rows_on_m_n)};
 }

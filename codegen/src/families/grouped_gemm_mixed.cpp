@@ -295,8 +295,9 @@ RenderedKernel Family<GroupedGemmMixedSpec>::render(const GroupedGemmMixedSpec& 
                      .dynamic_shared_bytes = grouped_gemm_mixed_shared_bytes(s)});
   }
   if (s.kernel == MixedGemmKernel::mma_decode)
-    return render_decode_kernel(canonical(s), problem, true, s.tile_m, s.tile_n,
-                                {.entry_point = "kjit_grouped_gemm_mixed_decode",
+    return render_decode_kernel(canonical(s), problem, s.tile_m, s.tile_n,
+                                {.operands = DecodeOperands::w8a16,
+                                 .entry_point = "kjit_grouped_gemm_mixed_decode",
                                  .params_type = "kjit_grouped_gemm_mixed_params",
                                  .body = "kjit::grouped_gemm_mixed_decode"});
   return assemble(canonical(s),
@@ -316,7 +317,7 @@ std::vector<GroupedGemmMixedSpec> Family<GroupedGemmMixedSpec>::kernels_for_targ
 }
 
 int grouped_gemm_mixed_shared_bytes(const GroupedGemmMixedSpec& s) {
-  if (s.kernel == MixedGemmKernel::mma_decode) return decode_shared_bytes(true);
+  if (s.kernel == MixedGemmKernel::mma_decode) return decode_shared_bytes(DecodeOperands::w8a16);
   if (!is_sm90(s.kernel)) return 0;  // the portable kernel's tiles are static
   const int consumers = s.tile_n / 64;
   if (s.kernel == MixedGemmKernel::wgmma_sm90_converter) {

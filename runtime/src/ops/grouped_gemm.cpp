@@ -33,8 +33,6 @@ Expected<GemmCommonPlan> plan_gemm_common_shapes(const kjit_grouped_gemm_desc& d
     return invalid(fmt::format("kernel must be KJIT_GEMM_KERNEL_AUTO, _PORTABLE, _SM90, _SM90_SWAP_AB, "
                                "_SM90_CONVERTER or _DECODE, got {}",
                                static_cast<int>(d.kernel)));
-  if (d.kernel == KJIT_GEMM_KERNEL_DECODE && is_fp8_gemm(d) && !is_mixed_gemm(d))
-    return invalid("KJIT_GEMM_KERNEL_DECODE is the bf16 and W8A16 decode kernel (bf16 activations); W8A8 has none");
   if (d.kernel == KJIT_GEMM_KERNEL_SM90_CONVERTER && !is_mixed_gemm(d))
     return invalid("KJIT_GEMM_KERNEL_SM90_CONVERTER is the W8A16 / W4A16 kernel (fp8 or FP4 weights, bf16 "
                    "activations): its converter warps turn the weights into bf16; bf16 and W8A8 GEMMs have none");

@@ -145,6 +145,10 @@ inline bool bf16_decode_bucket(int64_t rows, int64_t experts) {
   return rows <= kDecodeMaxRowsBf16 && experts >= kDecodeMinExpertsBf16;
 }
 inline bool w8a16_decode_bucket(int64_t rows) { return rows <= kDecodeMaxRowsW8A16; }
+// - FP8 weights and activations (W8A8): the decode kernel with e4m3 mma and bulk copies, up to
+//   kDecodeMaxRowsW8A8 routed rows (chosen below).
+inline constexpr int64_t kDecodeMaxRowsW8A8 = 64;
+inline bool w8a8_decode_bucket(int64_t rows) { return rows <= kDecodeMaxRowsW8A8; }
 // The decode kernel's weight rows per block for N weight rows: the widest of 128, 64, 32 and 16 that still
 // gives 16 blocks per expert. One token's 8 experts then give ~128-256 blocks, one wave at two blocks per SM
 // of an H100/H200; at 32 blocks per expert (the first rule) a 1536-row gate_up took 1.45 waves, and at 4
@@ -154,11 +158,14 @@ int decode_tile_n(int64_t n);
 // top 8 (at most 32 rows, distinct experts per token), and one token tile of activations in registers is what
 // lets two blocks share an SM without spills (decode_min_blocks).
 inline constexpr int kDecodeTileRows = 8;
+// The decode kernel's operands (its DecodeOperands): bf16, fp8 weights with bf16 activations, fp8 both.
+enum class DecodeOperands : uint8_t { bf16, w8a16, w8a8 };
+std::string_view name(DecodeOperands operands);
 // The decode kernel's dynamic shared memory (GroupedGemmDecodeConfig::kSharedBytes; the generated code asserts
-// they agree): bf16, each of its 8 warps' ring of 3 chunks of 16 weight rows' 128 k with an mbarrier a chunk
-// (96 KB); fp8, each of its 256 threads' ring of 4 chunks of two rows' 32 codes and two 4-byte scales (72 KB).
-// Two blocks fit an SM of Hopper, one sm_120's 99 KB.
-int decode_shared_bytes(bool fp8_weights);
+// they agree): bf16 and W8A8, each of its 8 warps' ring of 3 chunks of 16 weight rows' 256 bytes (bf16's 128 k,
+// W8A8's 256) with an mbarrier a chunk (96 KB); W8A16, each of its 256 threads' ring of 4 chunks of two rows'
+// 32 codes and two 4-byte scales (72 KB). Two blocks fit an SM of Hopper, one sm_120's 99 KB.
+int decode_shared_bytes(DecodeOperands operands);
 // The blocks per SM the decode kernel's launch bounds ask for: 2 at 8 rows (a 128-register cap), 1 at 16 and 32
 // (two or four token tiles of activations in registers spill under that cap).
 inline int decode_min_blocks(int tile_m) { return tile_m == 8 ? 2 : 1; }

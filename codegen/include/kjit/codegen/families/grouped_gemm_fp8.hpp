@@ -35,8 +35,11 @@ std::string_view name(Fp8WeightScale s);
 //   one consumer warpgroup per 64 of them); the heuristic's;
 // - wgmma_sm90_rows_on_m: the rows on wgmma's M (tile 128 x 128, one
 //   consumer warpgroup per 64 rows, two scale products per thread per
-//   k-block); the heuristic's above 64 rows per expert (docs/decisions/0007).
-enum class Fp8GemmKernel : uint8_t { mma_sync, wgmma_sm90, wgmma_sm90_rows_on_m };
+//   k-block); the heuristic's above 64 rows per expert (docs/decisions/0007);
+// or the decode kernel (templates/gemm/grouped_gemm_decode.cuh, mma.sync
+// e4m3 with the weights streamed by bulk copies, sm_90 and newer): few
+// routed rows (w8a8_decode_bucket).
+enum class Fp8GemmKernel : uint8_t { mma_sync, wgmma_sm90, wgmma_sm90_rows_on_m, mma_decode };
 std::string_view name(Fp8GemmKernel k);
 
 // The shape key is N, K, the expert count and the weight scaling; the token
@@ -53,7 +56,7 @@ struct GroupedGemmFp8Spec {
   bool row_scale = false;
   Fp8GemmKernel kernel = Fp8GemmKernel::mma_sync;
   int tile_m = 0, tile_n = 0;
-  int stages = 0;   // wgmma_sm90's pipeline depth; 0 for mma_sync
+  int stages = 0;   // wgmma_sm90's pipeline depth; 0 for mma_sync and mma_decode
   int cluster = 1;  // wgmma_sm90: 1, or 2 blocks along N sharing the row tile by TMA multicast
 
   bool configured() const { return tile_m != 0; }
