@@ -23,8 +23,10 @@ kjit_gemm_kernel kernel_request(const codegen::GroupedGemmFp8Spec& spec) {
   switch (spec.kernel) {
     case codegen::Fp8GemmKernel::wgmma_sm90: return KJIT_GEMM_KERNEL_SM90_SWAP_AB;
     case codegen::Fp8GemmKernel::wgmma_sm90_rows_on_m: return KJIT_GEMM_KERNEL_SM90;
-    default: return KJIT_GEMM_KERNEL_PORTABLE;
+    case codegen::Fp8GemmKernel::mma_decode: return KJIT_GEMM_KERNEL_DECODE;
+    case codegen::Fp8GemmKernel::mma_sync: break;
   }
+  return KJIT_GEMM_KERNEL_PORTABLE;
 }
 
 // The request that makes the op pick `spec` itself, whatever the row count.
@@ -33,6 +35,7 @@ codegen::GemmRequest pinning_request(const codegen::GroupedGemmFp8Spec& spec) {
   const kjit_gemm_kernel kernel = kernel_request(spec);
   return {.kernel = kernel == KJIT_GEMM_KERNEL_SM90_SWAP_AB ? Kernel::sm90_swap_ab
                     : kernel == KJIT_GEMM_KERNEL_SM90       ? Kernel::sm90
+                    : kernel == KJIT_GEMM_KERNEL_DECODE     ? Kernel::decode
                                                             : Kernel::portable,
           .tile_m = spec.tile_m,
           .tile_n = spec.tile_n,

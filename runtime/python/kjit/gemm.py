@@ -163,7 +163,7 @@ def _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kern
     if a.dim() != 2 or a.shape[1] != k:
         raise invalid(f"a must be [{'tokens' if sorted_to_flat is not None else 'rows'}, {k}], got "
                        f"{list(a.shape)}")
-    expected = experts + (offsets_convention == "with_leading_zero")
+    expected = experts + (1 if offsets_convention == "with_leading_zero" else 0)  # a bool beside a SymInt breaks sympy
     if offsets.dim() != 1 or offsets.shape[0] != expected:
         raise invalid(f"offsets must be [{expected}] ({offsets_convention}), got {list(offsets.shape)}")
     if list(out.shape) != [rows, _gemm_out_columns(n, activation)]:
@@ -502,7 +502,7 @@ def grouped_gemm_wgrad(dy: Tensor, x: Tensor, offsets: Tensor, *, offsets_conven
         if dy.dim() != 2 or x.dim() != 2 or offsets.dim() != 1:
             raise invalid(f"dy must be [rows, N], x [rows, K] and offsets 1-D, got {list(dy.shape)}, "
                            f"{list(x.shape)} and {list(offsets.shape)}")
-        experts = offsets.shape[0] - (offsets_convention == "with_leading_zero")
+        experts = offsets.shape[0] - (1 if offsets_convention == "with_leading_zero" else 0)
         out = torch.empty(max(experts, 0), dy.shape[1], x.shape[1], dtype=out_dtype or torch.float32,
                           device=dy.device)
     elif out_dtype is not None and out.dtype != out_dtype:
