@@ -289,7 +289,7 @@ TEST_CASE("grouped GEMM configurations: buckets by rows per expert on sm_90a, th
   CHECK(validate(KernelSpec{lone}).error().message.find("a cluster of 1 has no axis") != std::string::npos);
 }
 
-TEST_CASE("the decode buckets on sm_90a: bf16 up to 8 routed rows over 64+ experts, W8A16 and W8A8 up to 64 rows") {
+TEST_CASE("the decode buckets on sm_90a: bf16 up to 32 routed rows, W8A16 up to 64, W8A8 up to 64 over 64+ experts") {
   using Kernel = GemmRequest::Kernel;
   const auto hopper = arch("sm_90a");
   // Qwen3-30B-A3B's gate_up (E 128, N 1536, K 2048) at 1 and 64 tokens of top 8; one past the bucket.
@@ -299,10 +299,10 @@ TEST_CASE("the decode buckets on sm_90a: bf16 up to 8 routed rows over 64+ exper
     CHECK((s.kernel == GemmKernel::mma_decode && s.tile_m == 8 && s.tile_n == 64 && s.tile_k == 128));
   }
   CHECK(choose_grouped_gemm_config(bf16, hopper, kDecodeMaxRowsBf16 + 1)->kernel == GemmKernel::wgmma_sm90);
-  // Few experts (an expert-parallel rank's 32): the SM90 kernels, whose tiles already fill the GPU.
+  // Few experts (an expert-parallel rank's 32): the decode kernel too.
   GroupedGemmSpec few_experts = bf16;
-  few_experts.experts = kDecodeMinExpertsBf16 - 1;
-  CHECK(choose_grouped_gemm_config(few_experts, hopper, 1)->kernel == GemmKernel::wgmma_sm90);
+  few_experts.experts = 32;
+  CHECK(choose_grouped_gemm_config(few_experts, hopper, 8)->kernel == GemmKernel::mma_decode);
   // The weight tile: 16 blocks per expert at the widest (N 7168 and 2048: 128; 1536: 64; 512: 32).
   CHECK((decode_tile_n(7168) == 128 && decode_tile_n(2048) == 128 && decode_tile_n(1536) == 64 &&
          decode_tile_n(512) == 32 && decode_tile_n(256) == 16 && decode_tile_n(16) == 16));
@@ -361,6 +361,9 @@ TEST_CASE("the decode buckets on sm_90a: bf16 up to 8 routed rows over 64+ exper
   CHECK((q.kernel == Fp8GemmKernel::mma_decode && q.tile_m == 8 && q.tile_n == 32 && q.stages == 0));
   CHECK(choose_grouped_gemm_fp8_config(w8a8, hopper, kDecodeMaxRowsW8A8)->kernel == Fp8GemmKernel::mma_decode);
   CHECK(choose_grouped_gemm_fp8_config(w8a8, hopper, kDecodeMaxRowsW8A8 + 1)->kernel == Fp8GemmKernel::wgmma_sm90);
+  auto w8a8_ep = w8a8;  // an EP8 rank's 32 experts: the SM90 kernels stream better there
+  w8a8_ep.experts = kDecodeMinExpertsW8A8 - 1;
+  CHECK(choose_grouped_gemm_fp8_config(w8a8_ep, hopper, 8)->kernel == Fp8GemmKernel::wgmma_sm90);
   CHECK(choose_grouped_gemm_fp8_config(w8a8, hopper, 8, {.kernel = Kernel::sm90})->kernel ==
         Fp8GemmKernel::wgmma_sm90);
   CHECK(grouped_gemm_fp8_candidates(w8a8, hopper)->size() == 4);

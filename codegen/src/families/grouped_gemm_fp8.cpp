@@ -128,7 +128,7 @@ template <>
 struct GemmChoice<GroupedGemmFp8Spec> {
   static constexpr GemmChoiceRules kRules{"the SM90 FP8 grouped GEMM kernel runs", "the SM90 FP8 grouped GEMM",
                                           {kDecodeRowsPerExpert, 64}};
-  static bool decode_bucket(int64_t rows, int64_t) { return w8a8_decode_bucket(rows); }
+  static bool decode_bucket(int64_t rows, int64_t experts) { return w8a8_decode_bucket(rows, experts); }
   static Expected<void> check_decode_request(const GroupedGemmFp8Spec&, const ArchInfo&, const GemmRequest& request) {
     if (request.cluster > 1)
       return fail(KJIT_ERROR_INVALID_ARGUMENT, "the decode grouped GEMM kernel runs without clusters");

@@ -37,6 +37,8 @@ SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = 1.702, 7.0  # gpt-oss's
 # W8A16 decode kernel reads each touched expert's weights once and skips the
 # quantize launch; from it W8A8's FP8 tensor cores and half-width activations
 # win (measured on an H200 across three model shapes: docs/decisions/0020).
+# W8A8's own decode kernel is no faster below it on Hopper and its error is
+# ten times W8A16's (docs/decisions/0023).
 DEFAULT_W8A8_MIN_ROWS = 64
 # Routed rows up to which the gate_up GEMM gathers the tokens' rows in its own
 # loads (kjit.grouped_gemm(gather=...)) instead of reading a gathered copy:

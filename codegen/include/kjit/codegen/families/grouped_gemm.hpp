@@ -131,24 +131,23 @@ LaunchGeometry decode_gemm_grid(int64_t total_rows, int64_t experts, int tile_m,
 // The configurations `arch` may pick, one per token-count bucket, in bucket order (what precompile builds).
 std::vector<GroupedGemmSpec> grouped_gemm_configs(const GroupedGemmSpec& problem, const ArchInfo& arch);
 
-// The decode buckets: when the decode kernel runs instead of the SM90 kernels. Measured on an H200 with the
-// cp.async-ring kernel (docs/decisions/0023; whole MoE layers, graph replays, Qwen3-30B-A3B, DeepSeek-V3 TP8
-// and EP8 shapes):
-// - FP8 weights (W8A16): 1.18-3.44x the SM90 kernels up to 64 routed rows (8 tokens of top 8) in all three
-//   shapes, 0.88-1.04x at 128;
-// - bf16 weights: 1.25x and 2.11x at 8 rows with 128 and 256 experts, but 0.53x with 32 experts (whose SM90
-//   tiles already stream at ~82% of copy bandwidth), and 0.87x at 16 rows with 128 experts.
+// The decode buckets: when the decode kernel runs instead of the SM90 kernels. Measured on an H200 (whole MoE
+// layers, graph replays, Qwen3-30B-A3B, DeepSeek-V3 TP8 and EP8 shapes; docs/decisions/0023):
+// - bf16 weights (bulk-copy ring): 1.33-3.11x the SM90 kernels at 8, 16 and 32 routed rows (1, 2, 4 tokens of
+//   top 8) over 128 and 256 experts, 1.07x over an EP8 rank's 32 (larger sizes not measured yet);
+// - FP8 weights, W8A16 (the threads' cp.async ring): 1.18-3.44x up to 64 routed rows in all three shapes,
+//   0.88-1.04x at 128;
+// - W8A8 (e4m3 mma.sync, the bulk-copy ring): 1.13-2.71x up to 64 rows over 128 and 256 experts, 1.01-1.08x at
+//   128, 0.86-0.96x from 256; 0.88-0.98x over 32 experts, whose SM90 tiles stream at 66-85% of copy bandwidth.
+inline constexpr int64_t kDecodeMaxRowsBf16 = 32;
 inline constexpr int64_t kDecodeMaxRowsW8A16 = 64;
-inline constexpr int64_t kDecodeMaxRowsBf16 = 8;
-inline constexpr int64_t kDecodeMinExpertsBf16 = 64;
-inline bool bf16_decode_bucket(int64_t rows, int64_t experts) {
-  return rows <= kDecodeMaxRowsBf16 && experts >= kDecodeMinExpertsBf16;
-}
-inline bool w8a16_decode_bucket(int64_t rows) { return rows <= kDecodeMaxRowsW8A16; }
-// - FP8 weights and activations (W8A8): the decode kernel with e4m3 mma and bulk copies, up to
-//   kDecodeMaxRowsW8A8 routed rows (chosen below).
 inline constexpr int64_t kDecodeMaxRowsW8A8 = 64;
-inline bool w8a8_decode_bucket(int64_t rows) { return rows <= kDecodeMaxRowsW8A8; }
+inline constexpr int64_t kDecodeMinExpertsW8A8 = 64;
+inline bool bf16_decode_bucket(int64_t rows) { return rows <= kDecodeMaxRowsBf16; }
+inline bool w8a16_decode_bucket(int64_t rows) { return rows <= kDecodeMaxRowsW8A16; }
+inline bool w8a8_decode_bucket(int64_t rows, int64_t experts) {
+  return rows <= kDecodeMaxRowsW8A8 && experts >= kDecodeMinExpertsW8A8;
+}
 // The decode kernel's weight rows per block for N weight rows: the widest of 128, 64, 32 and 16 that still
 // gives 16 blocks per expert. One token's 8 experts then give ~128-256 blocks, one wave at two blocks per SM
 // of an H100/H200; at 32 blocks per expert (the first rule) a 1536-row gate_up took 1.45 waves, and at 4
