@@ -14,7 +14,7 @@
 // one pass per expert turns them into each warp's first row (two barriers a
 // chunk); with more, warps take turns on a shared cursor per expert (32).
 //
-// moe_combine: one block per token; out[t] = sum_j w[t, j] * expert_out[row(t, j)]
+// moe_combine: a block per token and slice of 2048 columns; out[t] = sum_j w[t, j] * expert_out[row(t, j)]
 // over the j routed to this rank, accumulated in fp32, rounded once.
 #pragma once
 
@@ -261,7 +261,9 @@ __device__ __forceinline__ void moe_combine(const kjit_moe_combine_params& p) {
     }
   }
   const unsigned short* x = static_cast<const unsigned short*>(p.expert_out);
-  for (long long h = threadIdx.x * 8LL; h < Cfg::kHidden; h += Cfg::kThreads * 8LL) {
+  // Block y's slice of the columns, 8 a thread (gridDim.y slices cover kHidden: one pass at most).
+  for (long long h = (static_cast<long long>(blockIdx.y) * Cfg::kThreads + threadIdx.x) * 8LL; h < Cfg::kHidden;
+       h += static_cast<long long>(gridDim.y) * Cfg::kThreads * 8LL) {
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
 #pragma unroll
     for (int j = 0; j < Cfg::kTopK; ++j) {

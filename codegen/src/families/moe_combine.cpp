@@ -39,10 +39,11 @@ RenderedKernel Family<MoeCombineSpec>::render(const MoeCombineSpec& s) {
                                  .body = "kjit::moe_combine"});
 }
 
-LaunchGeometry moe_combine_geometry(int64_t tokens) {
+LaunchGeometry moe_combine_geometry(const MoeCombineSpec& spec, int64_t tokens) {
   LaunchGeometry g;
   g.block_x = kCombineThreads;
   g.grid_x = static_cast<uint32_t>(std::clamp<int64_t>(tokens, 1, 0x7fffffff));
+  g.grid_y = static_cast<uint32_t>((spec.hidden + kCombineThreads * 8 - 1) / (kCombineThreads * 8));
   return g;
 }
 

@@ -126,7 +126,7 @@ Expected<void> moe_combine(Runtime& runtime, const kjit_moe_combine_desc& d, CUs
   p.out = d.out;
   p.tokens = d.tokens;
   p.rows = d.rows;
-  const auto g = codegen::moe_combine_geometry(d.tokens);
+  const auto g = codegen::moe_combine_geometry(spec, d.tokens);
   return launch_on_owning_device(runtime, spec, pointers, p.device_error, g, &p, stream);
 }
 

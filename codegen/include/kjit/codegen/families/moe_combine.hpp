@@ -34,7 +34,8 @@ struct Family<MoeCombineSpec> : SpecForms<MoeCombineSpec> {
   static std::vector<MoeCombineSpec> kernels_for_target(const MoeCombineSpec& s, const ArchInfo&) { return {s}; }
 };
 
-// One block per token.
-LaunchGeometry moe_combine_geometry(int64_t tokens);
+// x over the tokens, y over the hidden size in slices of 2048 columns (one 16-byte load a thread and row): at
+// decode a token's rows are read by several SMs at once, not one block in turn.
+LaunchGeometry moe_combine_geometry(const MoeCombineSpec& spec, int64_t tokens);
 
 }  // namespace kjit::codegen
