@@ -15,8 +15,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpu_support.hpp"
@@ -333,40 +335,11 @@ TEST_CASE("decreasing or out-of-range offsets write nothing and are reported") {
   }
 }
 
-TEST_CASE("a captured FP8 grouped GEMM replays with per-expert counts changing between replays") {
-  if (!has_fp8()) return;
-  for (auto weight_scale : {KJIT_SCALE_PER_BLOCK, KJIT_SCALE_PER_ROW}) {
-    CAPTURE(weight_scale);
-    Fp8Case c;
-    c.counts = {50, 50, 50, 50};
-    c.weight_scale = weight_scale;
-    const int64_t rows = 200;
-    auto d = fp8_inputs(c, rows);
-    Fp8Buffers b(c, rows, d);
-    const auto g = b.desc(c, rows);
-    REQUIRE_MESSAGE(kjit_grouped_gemm_prepare(&g, 0) == KJIT_OK, std::string(kjit_last_error_message()));
-    GraphCapture capture;
-    const kjit_status captured = kjit_grouped_gemm(&g, capture.stream());
-    capture.end();
-    REQUIRE_MESSAGE(captured == KJIT_OK, std::string(kjit_last_error_message()));
-    capture.instantiate();
-    for (const std::vector<int32_t>& counts : {std::vector<int32_t>{0, 200, 0, 0}, {13, 77, 0, 110}, {199, 0, 1, 0}}) {
-      c.counts = counts;
-      d = fp8_inputs(c, rows);
-      b.upload(c, d);
-      capture.replay();
-      const double err = relative_error(c.out, c.n, reference(c, d), b.out.download<uint8_t>(0, b.out.bytes), rows);
-      CHECK_MESSAGE(err <= kTolerance, "relative error ", err);
-    }
-    CHECK(kjit_device_errors(0) == KJIT_OK);
-  }
-}
+namespace {
 
-TEST_CASE("a captured decode-sized FP8 grouped GEMM (8 rows: the decode bucket) replays with new routing") {
-  if (!has_fp8()) return;
-  Fp8Case c;
-  c.counts = {2, 2, 2, 2};
-  const int64_t rows = 8;
+// Captures case c's GEMM of `rows` rows once (prepared first: no compile while capturing), then replays it
+// with each routing's counts and fresh inputs, checking each replay against the fp64 reference.
+void check_captured_replays(Fp8Case c, int64_t rows, const std::vector<std::vector<int32_t>>& routings) {
   auto d = fp8_inputs(c, rows);
   Fp8Buffers b(c, rows, d);
   const auto g = b.desc(c, rows);
@@ -376,7 +349,7 @@ TEST_CASE("a captured decode-sized FP8 grouped GEMM (8 rows: the decode bucket) 
   capture.end();
   REQUIRE_MESSAGE(captured == KJIT_OK, std::string(kjit_last_error_message()));
   capture.instantiate();
-  for (const std::vector<int32_t>& counts : {std::vector<int32_t>{8, 0, 0, 0}, {1, 3, 0, 4}, {0, 0, 0, 8}}) {
+  for (const auto& counts : routings) {
     c.counts = counts;
     d = fp8_inputs(c, rows);
     b.upload(c, d);
@@ -385,6 +358,42 @@ TEST_CASE("a captured decode-sized FP8 grouped GEMM (8 rows: the decode bucket) 
     CHECK_MESSAGE(err <= kTolerance, "relative error ", err);
   }
   CHECK(kjit_device_errors(0) == KJIT_OK);
+}
+
+}  // namespace
+
+TEST_CASE("a captured FP8 grouped GEMM replays with per-expert counts changing between replays") {
+  if (!has_fp8()) return;
+  for (auto weight_scale : {KJIT_SCALE_PER_BLOCK, KJIT_SCALE_PER_ROW}) {
+    CAPTURE(weight_scale);
+    Fp8Case c;
+    c.counts = {50, 50, 50, 50};
+    c.weight_scale = weight_scale;
+    check_captured_replays(c, 200, {{0, 200, 0, 0}, {13, 77, 0, 110}, {199, 0, 1, 0}});
+  }
+}
+
+TEST_CASE("a captured decode-sized FP8 grouped GEMM (8 rows over 64 experts: the decode bucket) replays with new "
+          "routing") {
+  if (!has_fp8()) return;
+  // 8 rows over 64 experts, on 1, 4 and 8 of them.
+  auto routing = [](std::initializer_list<std::pair<int, int32_t>> rows_of) {
+    std::vector<int32_t> counts(64, 0);
+    for (auto [expert, rows] : rows_of) counts[static_cast<size_t>(expert)] = rows;
+    return counts;
+  };
+  Fp8Case c;
+  c.counts = routing({{0, 2}, {21, 2}, {42, 2}, {63, 2}});
+  if (is_hopper()) {  // the heuristic's decode bucket: the replays run the decode kernel
+    auto device = kjit::Runtime::global().device(0);
+    REQUIRE_MESSAGE(device.has_value(), why(device));
+    const codegen::GroupedGemmFp8Spec problem{.n = c.n, .k = c.k, .experts = c.experts()};
+    const auto chosen = codegen::choose_grouped_gemm_fp8_config(problem, *(*device)->arch, 8);
+    REQUIRE_MESSAGE(chosen.has_value(), why(chosen));
+    CHECK(chosen->kernel == codegen::Fp8GemmKernel::mma_decode);
+  }
+  check_captured_replays(c, 8, {routing({{7, 8}}), routing({{1, 1}, {2, 3}, {40, 4}}),
+                                routing({{0, 1}, {9, 1}, {18, 1}, {27, 1}, {36, 1}, {45, 1}, {54, 1}, {63, 1}})});
 }
 
 TEST_CASE("the portable kernel forced on the same GPU agrees with the default kernel on a multi-wave problem") {

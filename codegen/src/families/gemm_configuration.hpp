@@ -84,13 +84,13 @@ struct GemmChoiceRules {
 // Each family specialises this in its family file, with:
 //   kRules (GemmChoiceRules);
 //   arch_configs(problem, arch): one configuration per bucket, the decode bucket first where the family runs
-//     the decode kernel (its kernels include mma_decode; then also decode_bucket(rows, experts) and
-//     check_decode_request(problem, arch, request), its refusals of a forced decode kernel);
+//     the decode kernel (its kernels include mma_decode; then also decode_bucket(rows, experts));
 //   max_stages(spec): the deepest pipeline of an SM90 configuration;
 //   force_kernel(configs, problem, request): what a forced kernel does to the bucket configurations;
 // and where it has them: tile_k(kernel) (a spec with tile_k); tile_kernel(swap_ab), the kernel a requested tile
-// names; check_request(problem, request), its refusals of any request; refused_past_tma_rows(kernel), where
-// not every forced SM90 kernel is refused past kTmaRowLimit rows.
+// names; check_request(problem, request), its refusals of any request; check_decode_request(problem, arch,
+// request), its refusals of a forced decode kernel (clusters are refused for every family);
+// refused_past_tma_rows(kernel), where not every forced SM90 kernel is refused past kTmaRowLimit rows.
 template <class Spec>
 struct GemmChoice;
 
@@ -151,7 +151,10 @@ Expected<std::vector<Spec>> requested_gemm_configs(const Spec& problem, const Ar
     KJIT_TRY(Choice::check_request(problem, request));
   if constexpr (kRunsDecode<Spec>) {
     if (request.kernel == Kernel::decode) {
-      KJIT_TRY(Choice::check_decode_request(problem, arch, request));
+      if (request.cluster > 1)
+        return fail(KJIT_ERROR_INVALID_ARGUMENT, "the decode grouped GEMM kernel runs without clusters");
+      if constexpr (requires { Choice::check_decode_request(problem, arch, request); })
+        KJIT_TRY(Choice::check_decode_request(problem, arch, request));
       Spec s = decode_gemm_config(problem);
       if (request.tile_m != 0) s.tile_m = request.tile_m;
       if (request.tile_n != 0) s.tile_n = request.tile_n;

@@ -38,17 +38,16 @@ Expected<void> validate_problem(const GroupedGemmSpec& s) {
   return {};
 }
 
-// The decode kernel (GroupedGemmDecodeConfig): tile_m rows of an expert per block (8, 16 or 32: token tiles of
-// 8), tile_n weight rows (16 to 128: whole warps of 16 rows), k-chunks of 128; [E, N, K] weights only.
+// The decode kernel (GroupedGemmDecodeConfig): its tiles (decode_tile_supported), k-chunks of 128; [E, N, K]
+// weights only.
 Expected<void> validate_decode_configuration(const GroupedGemmSpec& s) {
-  const bool ok = (s.tile_m == 8 || s.tile_m == 16 || s.tile_m == 32) &&
-                  (s.tile_n == 16 || s.tile_n == 32 || s.tile_n == 64 || s.tile_n == 128) && s.tile_k == 128 &&
+  const bool ok = decode_tile_supported(DecodeOperands::bf16, s.tile_m, s.tile_n) && s.tile_k == 128 &&
                   s.stages == 0 && s.cluster == 1;
   if (!ok)
     return fail(KJIT_ERROR_INVALID_ARGUMENT,
                 fmt::format("grouped_gemm mma_decode tile {}x{}x{} with {} stages, cluster {} is not supported "
-                            "(tile_m 8, 16 or 32, tile_n 16, 32, 64 or 128, tile_k 128, no stages, cluster 1)",
-                            s.tile_m, s.tile_n, s.tile_k, s.stages, s.cluster));
+                            "({}, tile_k 128, no stages, cluster 1)",
+                            s.tile_m, s.tile_n, s.tile_k, s.stages, s.cluster, decode_tiles(DecodeOperands::bf16)));
   if (s.weights != WeightLayout::e_n_k)
     return fail(KJIT_ERROR_INVALID_ARGUMENT, "grouped_gemm mma_decode reads [E, N, K] weights only");
   return {};
@@ -215,6 +214,16 @@ RenderedKernel render_decode_kernel(const std::string& canonical, const std::str
                               .params_type = recipe.params_type,
                               .body = recipe.body,
                               .dynamic_shared_bytes = decode_shared_bytes(recipe.operands)});
+}
+
+bool decode_tile_supported(DecodeOperands operands, int tile_m, int tile_n) {
+  const bool rows_ok = tile_m == 8 || tile_m == 16 || (tile_m == 32 && operands != DecodeOperands::w8a8);
+  return rows_ok && (tile_n == 16 || tile_n == 32 || tile_n == 64 || tile_n == 128);
+}
+
+std::string_view decode_tiles(DecodeOperands operands) {
+  return operands == DecodeOperands::w8a8 ? "tile_m 8 or 16, tile_n 16, 32, 64 or 128"
+                                          : "tile_m 8, 16 or 32, tile_n 16, 32, 64 or 128";
 }
 
 int decode_shared_bytes(DecodeOperands operands) {

@@ -68,14 +68,9 @@ Expected<void> validate_configuration(const GroupedGemmFp8Spec& s) {
     return {};
   }
   if (s.kernel == Fp8GemmKernel::mma_decode) {
-    // Not 32 rows: four token tiles of codes and scales, each a chunk ahead, spill.
-    const bool ok = (s.tile_m == 8 || s.tile_m == 16) &&
-                    (s.tile_n == 16 || s.tile_n == 32 || s.tile_n == 64 || s.tile_n == 128) && s.stages == 0 &&
-                    s.cluster == 1;
-    if (!ok)
-      return invalid(fmt::format("grouped_gemm_fp8 {} is not supported (mma_decode: tile_m 8 or 16, tile_n 16, "
-                                 "32, 64 or 128, no stages, cluster 1)",
-                                 tile));
+    if (!decode_tile_supported(DecodeOperands::w8a8, s.tile_m, s.tile_n) || s.stages != 0 || s.cluster != 1)
+      return invalid(fmt::format("grouped_gemm_fp8 {} is not supported (mma_decode: {}, no stages, cluster 1)", tile,
+                                 decode_tiles(DecodeOperands::w8a8)));
     return {};
   }
   const bool stages_ok = s.stages >= 2 && s.stages <= grouped_gemm_fp8_max_stages(s.kernel, s.tile_m, s.tile_n);
@@ -129,11 +124,6 @@ struct GemmChoice<GroupedGemmFp8Spec> {
   static constexpr GemmChoiceRules kRules{"the SM90 FP8 grouped GEMM kernel runs", "the SM90 FP8 grouped GEMM",
                                           {kDecodeRowsPerExpert, 64}};
   static bool decode_bucket(int64_t rows, int64_t experts) { return w8a8_decode_bucket(rows, experts); }
-  static Expected<void> check_decode_request(const GroupedGemmFp8Spec&, const ArchInfo&, const GemmRequest& request) {
-    if (request.cluster > 1)
-      return fail(KJIT_ERROR_INVALID_ARGUMENT, "the decode grouped GEMM kernel runs without clusters");
-    return {};
-  }
   static int max_stages(const GroupedGemmFp8Spec& s) {
     return grouped_gemm_fp8_max_stages(s.kernel, s.tile_m, s.tile_n);
   }

@@ -99,12 +99,9 @@ Expected<void> validate_configuration(const GroupedGemmMixedSpec& s) {
     return {};
   }
   if (s.kernel == MixedGemmKernel::mma_decode) {
-    const bool ok = (s.tile_m == 8 || s.tile_m == 16 || s.tile_m == 32) &&
-                    (s.tile_n == 16 || s.tile_n == 32 || s.tile_n == 64 || s.tile_n == 128) && s.stages == 0;
-    if (!ok)
-      return invalid(fmt::format("grouped_gemm_mixed {} is not supported (mma_decode: tile_m 8, 16 or 32, tile_n 16, "
-                                 "32, 64 or 128, no stages)",
-                                 tile));
+    if (!decode_tile_supported(DecodeOperands::w8a16, s.tile_m, s.tile_n) || s.stages != 0)
+      return invalid(fmt::format("grouped_gemm_mixed {} is not supported (mma_decode: {}, no stages)", tile,
+                                 decode_tiles(DecodeOperands::w8a16)));
     if (is_fp4(s.weight) || s.weights != WeightLayout::e_n_k)
       return invalid(fmt::format("grouped_gemm_mixed {} reads fp8 weights [E, N, K] only, not {} {}", tile,
                                  name(s.weight), name(s.weights)));

@@ -19,12 +19,9 @@ struct GemmChoice<GroupedGemmSpec> {
   static bool decode_bucket(int64_t rows, int64_t) { return bf16_decode_bucket(rows); }
   // k-blocks of 64 (SM90), the decode kernel's chunks of 128, the portable kernel's 32.
   static int tile_k(GemmKernel k) { return is_sm90(k) ? 64 : k == GemmKernel::mma_decode ? 128 : 32; }
-  static Expected<void> check_decode_request(const GroupedGemmSpec& problem, const ArchInfo&,
-                                             const GemmRequest& request) {
+  static Expected<void> check_decode_request(const GroupedGemmSpec& problem, const ArchInfo&, const GemmRequest&) {
     if (problem.weights != WeightLayout::e_n_k)
       return fail(KJIT_ERROR_UNSUPPORTED, "the decode grouped GEMM kernel reads [E, N, K] weights only");
-    if (request.cluster > 1)
-      return fail(KJIT_ERROR_INVALID_ARGUMENT, "the decode grouped GEMM kernel runs without clusters");
     return {};
   }
   static int max_stages(const GroupedGemmSpec& s) { return sm90_max_stages(s.kernel, s.tile_m, s.tile_n); }

@@ -165,6 +165,11 @@ std::string_view name(DecodeOperands operands);
 // W8A8's 256) with an mbarrier a chunk (96 KB); W8A16, each of its 256 threads' ring of 4 chunks of two rows'
 // 32 codes and two 4-byte scales (72 KB). Two blocks fit an SM of Hopper, one sm_120's 99 KB.
 int decode_shared_bytes(DecodeOperands operands);
+// The decode kernel's tiles: tile_m rows of an expert per block (token tiles of 8: 8, 16, or 32 but for W8A8,
+// whose four token tiles of codes and scales, each a chunk ahead, spill), tile_n weight rows (16 to 128: whole
+// warps of 16 rows). decode_tiles says which, for messages.
+bool decode_tile_supported(DecodeOperands operands, int tile_m, int tile_n);
+std::string_view decode_tiles(DecodeOperands operands);
 // The blocks per SM the decode kernel's launch bounds ask for: 2 at 8 rows (a 128-register cap), 1 at 16 and 32
 // (two or four token tiles of activations in registers spill under that cap).
 inline int decode_min_blocks(int tile_m) { return tile_m == 8 ? 2 : 1; }
