@@ -53,6 +53,7 @@
 
 #include "../abi/grouped_gemm_mixed_params.h"
 #include "../common/cp_async.cuh"
+#include "../common/mbarrier_ring.cuh"
 #include "../common/ptx.cuh"
 #include "grouped_gemm_fp8_common.cuh"
 #include "grouped_gemm_mixed_common.cuh"
@@ -498,9 +499,7 @@ __device__ void grouped_gemm_decode_body(const kjit_grouped_gemm_params& p, cons
     if (chunks > 0) load_activations(0, next);
     for (int i = 0; i < chunks; ++i) {
       if constexpr (Cfg::kBulkCopies) {
-        const unsigned seq = through + i;
-        while (!ptx::mbarrier_try_wait_parity(&full[seq % Cfg::kStages], (seq / Cfg::kStages) % 2)) {
-        }
+        Ring<Cfg::kStages>::wait_filled(full, through + i);
       } else {
         cp_async_wait_group<Cfg::kStages - 2>();  // chunk i's group is complete
         issue_chunk(i + Cfg::kStages - 1);         // into the stage chunk i - 1 left (read before this point)

@@ -122,8 +122,8 @@ __device__ __forceinline__ float* fp8_stage_scales(unsigned char* after_barriers
 // writes each stage's scales: a_scale[row] x b_scale, the product the
 // consumers promote with.
 template <class Cfg>
-__device__ __forceinline__ void fp8_scale_loader(const kjit_grouped_gemm_fp8_sm90_params& p, unsigned long long* full,
-                                                 unsigned long long* empty, unsigned char* after_barriers) {
+__device__ __forceinline__ void fp8_scale_loader(const kjit_grouped_gemm_fp8_sm90_params& p, const StageRing<Cfg>& ring,
+                                                 unsigned char* after_barriers) {
   const int lane = threadIdx.x % 32;
   const TileQueue<Cfg> queue(after_barriers);
   float* scales = fp8_stage_scales<Cfg>(after_barriers);
@@ -148,14 +148,14 @@ __device__ __forceinline__ void fp8_scale_loader(const kjit_grouped_gemm_fp8_sm9
         const long long n = tile.n0 + 128 * h;
         b[h] = !Cfg::kBlockScales ? 1.0f : n < Cfg::kN ? b_block_scale<Cfg>(p.scales, tile.expert, n, kb) : 0.0f;
       }
-      const unsigned s = it % Cfg::kStages;
-      mbarrier_wait(&empty[s], ((it / Cfg::kStages) & 1) ^ 1);
-      float* slot = scales + s * Cfg::kScaleSlot;
+      const auto s = ring.at(it);
+      ring.wait_empty(s);
+      float* slot = scales + s.index * Cfg::kScaleSlot;
 #pragma unroll
       for (int h = 0; h < Cfg::kHalves; ++h)
 #pragma unroll
         for (int j = 0; j < Cfg::kBM / 32; ++j) slot[h * Cfg::kBM + Cfg::scale_position(lane + 32 * j)] = a[j] * b[h];
-      (void)ptx::mbarrier_arrive(&full[s]);  // release: the slot is visible to whoever waits
+      (void)ptx::mbarrier_arrive(ring.full_barrier(s));  // release: the slot is visible to whoever waits
     }
   }
 }
@@ -167,17 +167,16 @@ __device__ __forceinline__ void fp8_scale_loader(const kjit_grouped_gemm_fp8_sm9
 // the warpgroup's 64, tile row 8j + 2 (lane % 4) + c.
 template <class Cfg, int kRows>
 __device__ __forceinline__ void fp8_mainloop(float (&acc)[kRows / 2], float (&partial)[kRows / 2],
-                                             unsigned char* tiles, unsigned long long* full,
-                                             unsigned long long* empty, const float* scales, unsigned& it) {
+                                             const StageRing<Cfg>& ring, const float* scales, unsigned& it) {
   using Mma = typename Cfg::template Mma<kRows>;
   const int consumer = threadIdx.x / 128, lane = threadIdx.x % 32, q = lane % 4;
   static_assert(kRows % 16 == 0, "scales are read for two j at a time");
 #pragma unroll
   for (int i = 0; i < kRows / 2; ++i) acc[i] = 0.0f;
   for (int kb = 0; kb < Cfg::kKBlocks; ++kb, ++it) {
-    const unsigned s = it % Cfg::kStages;
-    mbarrier_wait(&full[s], (it / Cfg::kStages) & 1);
-    const unsigned char* stage = tiles + s * Cfg::kStageBytes;
+    const auto s = ring.at(it);
+    ring.wait_full(s);
+    const unsigned char* stage = ring.memory(s);
     // This consumer's 64 weight rows (8 KB), and the row tile after the weight tile.
     const unsigned long long w_desc = operand_descriptor<false>(stage + consumer * 64 * Cfg::kBK);
     const unsigned long long r_desc = operand_descriptor<false>(stage + Cfg::kWTileBytes);
@@ -189,7 +188,7 @@ __device__ __forceinline__ void fp8_mainloop(float (&acc)[kRows / 2], float (&pa
     wgmma_commit();
     wgmma_wait<0>();
     fence_accumulators(partial);
-    const float* slot = scales + s * Cfg::kScaleSlot;
+    const float* slot = scales + s.index * Cfg::kScaleSlot;
 #pragma unroll
     for (int j = 0; j < kRows / 8; j += 2) {
       // Rows 8j + 2q + c and 8(j + 1) + 2q + c (fp8_scale_position).
@@ -204,13 +203,12 @@ __device__ __forceinline__ void fp8_mainloop(float (&acc)[kRows / 2], float (&pa
     }
     // Every lane has read the stage's scales (and its wgmmas the tiles): hand it back.
     __syncwarp();
-    if (lane == 0) arrive_cluster_wide<Cfg>(&empty[s]);
+    if (lane == 0) ring.hand_back(s);
   }
 }
 
 template <class Cfg>
-__device__ __forceinline__ void fp8_consumer(const kjit_grouped_gemm_fp8_sm90_params& p, unsigned char* tiles,
-                                             unsigned long long* full, unsigned long long* empty,
+__device__ __forceinline__ void fp8_consumer(const kjit_grouped_gemm_fp8_sm90_params& p, const StageRing<Cfg>& ring,
                                              unsigned char* after_barriers) {
   float acc[Cfg::kBM / 2], partial[Cfg::kBM / 2];
   const TileQueue<Cfg> queue(after_barriers);
@@ -229,7 +227,7 @@ __device__ __forceinline__ void fp8_consumer(const kjit_grouped_gemm_fp8_sm90_pa
     // there), and compiles in half the time. Rows past the tile's own hold
     // stale codes of an earlier stage; their products are never stored (their
     // scales are 0 and the epilogue masks them).
-    fp8_mainloop<Cfg, Cfg::kBM>(acc, partial, tiles, full, empty, scales, it);
+    fp8_mainloop<Cfg, Cfg::kBM>(acc, partial, ring, scales, it);
     const long long col0 = tile.n0 + consumer * 64;
     if constexpr (!Cfg::kBlockScales) {
       // Per-channel weight scales: this thread's two output columns.
@@ -267,23 +265,20 @@ template <class Cfg>
 struct Fp8RowsOnMLoop {
   static constexpr int kRegs = 64;  // a partial: 64 rows x 128 weight rows
   using Mma = typename Cfg::template Mma<128>;
-  unsigned char* tiles;
-  unsigned long long *full, *empty;
+  StageRing<Cfg> ring;
   const float* scales;
   int consumer, row, lane;
 
-  __device__ __forceinline__ void wait_stage(unsigned k_it) const {
-    mbarrier_wait(&full[k_it % Cfg::kStages], (k_it / Cfg::kStages) & 1);
-  }
+  __device__ __forceinline__ void wait_stage(unsigned k_it) const { ring.wait_full(ring.at(k_it)); }
 
   // K-block `k_it`'s stage is full: reads this thread's two scale products of
   // weight half `half` and issues its wgmmas into `partial` (one commit group).
   __device__ __forceinline__ void issue(float (&partial)[kRegs], float (&scale)[2], unsigned k_it, int half) const {
-    const unsigned s = k_it % Cfg::kStages;
-    const float* slot = scales + s * Cfg::kScaleSlot + half * Cfg::kBM;
+    const auto s = ring.at(k_it);
+    const float* slot = scales + s.index * Cfg::kScaleSlot + half * Cfg::kBM;
     scale[0] = load_shared_f32(slot + row);
     scale[1] = load_shared_f32(slot + row + 8);
-    const unsigned char* stage = tiles + s * Cfg::kStageBytes;
+    const unsigned char* stage = ring.memory(s);
     // This consumer's 64 rows of the row tile (after the weight tile), and the half's 128 weight rows.
     const unsigned long long r_desc = operand_descriptor<false>(stage + Cfg::kWTileBytes + consumer * 64 * Cfg::kBK);
     const unsigned long long w_desc = operand_descriptor<false>(stage + half * 128 * Cfg::kBK);
@@ -298,7 +293,7 @@ struct Fp8RowsOnMLoop {
   // Hands k-block `k_it`'s stage back: its wgmmas are done and every lane has read its scales.
   __device__ __forceinline__ void release(unsigned k_it) const {
     __syncwarp();
-    if (lane == 0) arrive_cluster_wide<Cfg>(&empty[k_it % Cfg::kStages]);
+    if (lane == 0) ring.hand_back(ring.at(k_it));
   }
 
   // acc's weight half `half` += partial x its scale products (the partial's wgmmas done).
@@ -351,11 +346,10 @@ struct Fp8RowsOnMLoop {
 // serves 256 weight rows).
 template <class Cfg>
 __device__ __forceinline__ void fp8_rows_on_m_mainloop(float (&acc)[Cfg::kBN / 2], float (&partial0)[64],
-                                                       float (&partial1)[64], unsigned char* tiles,
-                                                       unsigned long long* full, unsigned long long* empty,
+                                                       float (&partial1)[64], const StageRing<Cfg>& ring,
                                                        const float* scales, unsigned& it) {
   const int consumer = threadIdx.x / 128, warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32;
-  const Fp8RowsOnMLoop<Cfg> loop{tiles, full, empty, scales, consumer, 64 * consumer + 16 * warp + lane / 4, lane};
+  const Fp8RowsOnMLoop<Cfg> loop{ring, scales, consumer, 64 * consumer + 16 * warp + lane / 4, lane};
 #pragma unroll
   for (int i = 0; i < Cfg::kBN / 2; ++i) acc[i] = 0.0f;
   float scale0[2], scale1[2];
@@ -390,8 +384,7 @@ __device__ __forceinline__ void fp8_rows_on_m_mainloop(float (&acc)[Cfg::kBN / 2
 
 template <class Cfg>
 __device__ __forceinline__ void fp8_rows_on_m_consumer(const kjit_grouped_gemm_fp8_sm90_params& p,
-                                                       unsigned char* tiles, unsigned long long* full,
-                                                       unsigned long long* empty, unsigned char* after_barriers) {
+                                                       const StageRing<Cfg>& ring, unsigned char* after_barriers) {
   float acc[Cfg::kBN / 2], partial0[64], partial1[64];
   const TileQueue<Cfg> queue(after_barriers);
   const float* scales = fp8_stage_scales<Cfg>(after_barriers);
@@ -403,10 +396,10 @@ __device__ __forceinline__ void fp8_rows_on_m_consumer(const kjit_grouped_gemm_f
     if (!queue.take(i, walk, tile)) break;
     if (tile.rows <= 64 * consumer) {
       // A tile of one warpgroup's rows (an expert's last, of at most 64): the other hands its stages back unread.
-      drain<Cfg>(full, empty, it);
+      drain<Cfg>(ring, it);
       continue;
     }
-    fp8_rows_on_m_mainloop<Cfg>(acc, partial0, partial1, tiles, full, empty, scales, it);
+    fp8_rows_on_m_mainloop<Cfg>(acc, partial0, partial1, ring, scales, it);
     if constexpr (!Cfg::kBlockScales) {
       // Per-channel weight scales: this thread's kBN / 4 output columns, 8j + 2q + c.
 #pragma unroll
@@ -430,17 +423,17 @@ template <class Cfg>
 __device__ __forceinline__ void grouped_gemm_fp8_sm90(const kjit_grouped_gemm_fp8_sm90_params& p) {
   warp_specialized_gemm<Cfg>(
       p.sm90, [](unsigned char* after_barriers) { TileQueue<Cfg>(after_barriers).init(); },
-      [&](unsigned char* tiles, unsigned long long* full, unsigned long long* empty, unsigned char* after_barriers) {
-        swap_ab_producer<Cfg>(p.sm90, tiles, full, empty, after_barriers);
+      [&](const StageRing<Cfg>& ring, unsigned char* after_barriers) {
+        swap_ab_producer<Cfg>(p.sm90, ring, after_barriers);
       },
-      [&](unsigned char*, unsigned long long* full, unsigned long long* empty, unsigned char* after_barriers) {
-        fp8_scale_loader<Cfg>(p, full, empty, after_barriers);
+      [&](const StageRing<Cfg>& ring, unsigned char* after_barriers) {
+        fp8_scale_loader<Cfg>(p, ring, after_barriers);
       },
-      [&](unsigned char* tiles, unsigned long long* full, unsigned long long* empty, unsigned char* after_barriers) {
+      [&](const StageRing<Cfg>& ring, unsigned char* after_barriers) {
         if constexpr (Cfg::kRowsOnM)
-          fp8_rows_on_m_consumer<Cfg>(p, tiles, full, empty, after_barriers);
+          fp8_rows_on_m_consumer<Cfg>(p, ring, after_barriers);
         else
-          fp8_consumer<Cfg>(p, tiles, full, empty, after_barriers);
+          fp8_consumer<Cfg>(p, ring, after_barriers);
       });
 }
 

@@ -213,7 +213,7 @@ __device__ __forceinline__ void load_codes(const unsigned char* w_tile, unsigned
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int r = row + 8 * half;
-        const uint4 v = load_shared_v4(base + r * 128 + 16 * (step ^ (r % 8)));
+        const uint4 v = load_shared_v4(swizzled_128b(base, r, step));
         codes[step][half] = byte_permute(v.x, v.y, pair) & 0xFFFFu;
         codes[step][2 + half] = byte_permute(v.z, v.w, pair) & 0xFFFFu;
       }
@@ -227,7 +227,7 @@ __device__ __forceinline__ void load_codes(const unsigned char* w_tile, unsigned
       unsigned d[4];
       asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
                    : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-                   : "r"(base + k_row * 128 + 16 * (unit ^ (k_row % 8))));
+                   : "r"(swizzled_128b(base, k_row, unit)));
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         // d bytes: (k 2q, n 2g), (k 2q, n 2g + 1), (k 2q + 1, n 2g), (k 2q + 1, n 2g + 1); k 0..7 and 8..15.
@@ -351,7 +351,7 @@ __device__ __forceinline__ void convert_fp4_fragments(const unsigned char* w_til
     const int r = 64 * consumer + 16 * warp + g + 8 * half;
 #pragma unroll
     for (int unit = 0; unit < Cfg::kBK / 32; ++unit) {
-      const uint4 v = load_shared_v4(base + r * 64 + 16 * (unit ^ ((r >> 1) & 3)));
+      const uint4 v = load_shared_v4(swizzled_64b(base, r, unit));
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int step = 2 * unit + j;
@@ -373,9 +373,8 @@ __device__ __forceinline__ void convert_fp4_fragments(const unsigned char* w_til
 // fragment register is named statically.
 template <class Cfg>
 __device__ __forceinline__ void mixed_mainloop(const kjit_grouped_gemm_mixed_sm90_params& p, const SwapAbTile& tile,
-                                               long long col0, float (&acc)[Cfg::kBM / 2], unsigned char* tiles,
-                                               unsigned long long* full, unsigned long long* empty, unsigned& it,
-                                               const Fp4Tables& tables) {
+                                               long long col0, float (&acc)[Cfg::kBM / 2], const StageRing<Cfg>& ring,
+                                               unsigned& it, const Fp4Tables& tables) {
   using Mma = typename Cfg::Mma;
   constexpr int kSteps = Cfg::kBK / 16, kKBlocks = Cfg::kKBlocks;
   using Fragments = unsigned[kSteps][4];
@@ -397,7 +396,7 @@ __device__ __forceinline__ void mixed_mainloop(const kjit_grouped_gemm_mixed_sm9
       s.start_k_block(p.b_scales, tile.expert, col0, k0);
     }
   };
-  auto stage_of = [&](int kb) { return tiles + (it + kb) % Cfg::kStages * Cfg::kStageBytes; };
+  auto stage_of = [&](int kb) { return ring.memory(ring.at(it + kb)); };
   // k-block kb into `f` with `s`, once its stage is full; `next` starts reading kb + 1's scales first (or,
   // without Scales::kReadAhead, `s` kb's).
   auto convert = [&](Fragments& f, Scales& s, Scales& next, int kb) {
@@ -406,8 +405,7 @@ __device__ __forceinline__ void mixed_mainloop(const kjit_grouped_gemm_mixed_sm9
     } else {
       start_scales(s, kb);
     }
-    const unsigned i = it + kb;
-    mbarrier_wait(&full[i % Cfg::kStages], (i / Cfg::kStages) & 1);
+    ring.wait_full(ring.at(it + kb));
     gathered_stage_fence<Cfg>();
     if constexpr (Cfg::kFp4) {
       convert_fp4_fragments<Cfg>(stage_of(kb), s, tables, f);
@@ -434,7 +432,7 @@ __device__ __forceinline__ void mixed_mainloop(const kjit_grouped_gemm_mixed_sm9
   auto retire = [&](Fragments& f, int kb) {
     fence_accumulators(acc);
     fence_fragments(f);
-    if (lane == 0) arrive_cluster_wide<Cfg>(&empty[(it + kb) % Cfg::kStages]);
+    if (lane == 0) ring.hand_back(ring.at(it + kb));
   };
   Fragments even, odd;
   if constexpr (Scales::kReadAhead) start_scales(scales[0], 0);
@@ -465,8 +463,7 @@ __device__ __forceinline__ void mixed_mainloop(const kjit_grouped_gemm_mixed_sm9
 }
 
 template <class Cfg>
-__device__ __forceinline__ void mixed_consumer(const kjit_grouped_gemm_mixed_sm90_params& p, unsigned char* tiles,
-                                               unsigned long long* full, unsigned long long* empty,
+__device__ __forceinline__ void mixed_consumer(const kjit_grouped_gemm_mixed_sm90_params& p, const StageRing<Cfg>& ring,
                                                unsigned char* after_barriers) {
   float acc[Cfg::kBM / 2];
   const TileQueue<Cfg> queue(after_barriers);
@@ -481,7 +478,7 @@ __device__ __forceinline__ void mixed_consumer(const kjit_grouped_gemm_mixed_sm9
     // products are never stored (the epilogue masks them).
     const long long col0 = tile.n0 + consumer * 64;
     const float global = expert_multiplier<Cfg>(p.b_global_scales, tile.expert);
-    mixed_mainloop<Cfg>(p, tile, col0, acc, tiles, full, empty, it, tables);
+    mixed_mainloop<Cfg>(p, tile, col0, acc, ring, it, tables);
     scale_accumulators(acc, global);
     if constexpr (Cfg::kFusedActivation)
       swap_ab_store_activated<Cfg>(p.sm90.gemm, acc, tile, col0, after_barriers, (tile.rows + 31) / 32);
@@ -673,7 +670,7 @@ struct ConverterShare {
         // [E, K, N]: 64-byte landing rows, 64-byte swizzled (unit u of row r at u ^ (r / 2 % 4)), so that the
         // 32 lanes' units of their warpgroup's half fall on distinct banks.
         if constexpr (kUnitBytes == 16)
-          codes[j] = load_shared_v4(from + (kKN ? row * 64 + 16 * (part ^ (row >> 1 & 3)) : 16 * unit(i)));
+          codes[j] = load_shared_v4(kKN ? swizzled_64b(from, row, part) : from + 16 * unit(i));
         else
           codes[j] = load_shared_v2(from + 8 * unit(i));
       }
@@ -690,7 +687,7 @@ struct ConverterShare {
   template <class Codes>
   __device__ void convert_unit(int i, const Codes& code, unsigned to) const {
     const int row = row_of(i), part = part_of(i);
-    const unsigned row_base = to + (kKN ? half * 64 * 128 : 0) + row * 128;
+    const unsigned tile = to + (kKN ? half * 64 * 128 : 0);
     const unsigned* words = &code.x;  // the unit's 32-bit words, in order
     if constexpr (Cfg::kFp4) {
       // 32 elements: four 16-byte bf16 units, each from one word (8 nibbles, 4 of each pair order); NVFP4's
@@ -713,7 +710,7 @@ struct ConverterShare {
           b[2 * h] = mul_bf16x2(first, scale);
           b[2 * h + 1] = mul_bf16x2(second, scale);
         }
-        store_shared_v4(row_base + 16 * ((4 * (part % 2) + w) ^ (row % 8)), b[0], b[1], b[2], b[3]);
+        store_shared_v4(swizzled_128b(tile, row, 4 * (part % 2) + w), b[0], b[1], b[2], b[3]);
       }
     } else {
       // Each 8 codes: one 16-byte bf16 unit.
@@ -727,7 +724,7 @@ struct ConverterShare {
           b[2 * w] = convert_weight_pair<Cfg>(static_cast<unsigned short>(word & 0xFFFFu), m, m);
           b[2 * w + 1] = convert_weight_pair<Cfg>(static_cast<unsigned short>(word >> 16), m, m);
         }
-        store_shared_v4(row_base + 16 * ((kUnitBytes / 8 * part + c) ^ (row % 8)), b[0], b[1], b[2], b[3]);
+        store_shared_v4(swizzled_128b(tile, row, kUnitBytes / 8 * part + c), b[0], b[1], b[2], b[3]);
       }
     }
   }
@@ -738,8 +735,9 @@ struct ConverterShare {
 // tile once it is full, then makes its writes visible to wgmma (the async
 // proxy) and arrives on the stage's converted barrier.
 template <class Cfg>
-__device__ __forceinline__ void weight_converter(const kjit_grouped_gemm_mixed_sm90_params& p, unsigned char* tiles,
-                                                 unsigned long long* full, unsigned char* after_barriers, int index) {
+__device__ __forceinline__ void weight_converter(const kjit_grouped_gemm_mixed_sm90_params& p,
+                                                 const StageRing<Cfg>& ring, unsigned char* after_barriers,
+                                                 int index) {
   const int lane = threadIdx.x % 32;
   const TileQueue<Cfg> queue(after_barriers);
   unsigned long long* converted = converted_barriers<Cfg>(after_barriers);
@@ -752,22 +750,23 @@ __device__ __forceinline__ void weight_converter(const kjit_grouped_gemm_mixed_s
     share.start_tile(p, tile.expert, tile.n0);
     for (int kb = 0; kb < Cfg::kKBlocks; ++kb, ++it) {
       share.start_k_block(p, tile.expert, tile.n0, static_cast<long long>(kb) * Cfg::kBK);
-      const unsigned s = it % Cfg::kStages;
-      mbarrier_wait(&full[s], (it / Cfg::kStages) & 1);
-      unsigned char* stage = tiles + s * Cfg::kStageBytes;
+      const auto s = ring.at(it);
+      ring.wait_full(s);
+      unsigned char* stage = ring.memory(s);
       share.convert(stage, stage + Cfg::kWeightOperandOffset);
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      (void)ptx::mbarrier_arrive(&converted[s]);
+      (void)ptx::mbarrier_arrive(&converted[s.index]);
     }
   }
 }
 
 // The consumers' side of converter warps (mainloop's Prepare): a stage is
-// ready once they have arrived on its converted barrier too.
+// ready once they have arrived on its converted barrier too (a barrier per
+// stage, completing in the same phases as its full barrier).
 template <class Cfg>
 struct ConvertedByWarps : NoPreparation {
   unsigned long long* converted;
-  __device__ void wait(unsigned stage, unsigned phase) { mbarrier_wait(&converted[stage], phase); }
+  __device__ void wait(typename StageRing<Cfg>::Stage s) { mbarrier_wait(&converted[s.index], s.phase); }
 };
 
 // Without converter warps (FP4), mainloop's Prepare of one tile: the consumer
@@ -813,21 +812,21 @@ __device__ __forceinline__ void grouped_gemm_mixed_sm90_converter(const kjit_gro
           for (int s = 0; s < Cfg::kStages; ++s)
             ptx::mbarrier_init(&converted_barriers<Cfg>(after_barriers)[s], 32 * Cfg::kConverterWarps);
       },
-      [&](unsigned char* tiles, unsigned long long* full, unsigned long long* empty, unsigned char* after_barriers) {
-        swap_ab_producer<Cfg, Fp8WeightTileCopy>(p.sm90, tiles, full, empty, after_barriers);
+      [&](const StageRing<Cfg>& ring, unsigned char* after_barriers) {
+        swap_ab_producer<Cfg, Fp8WeightTileCopy>(p.sm90, ring, after_barriers);
       },
-      [&](unsigned char* tiles, unsigned long long* full, unsigned long long* empty, unsigned char* after_barriers) {
+      [&](const StageRing<Cfg>& ring, unsigned char* after_barriers) {
         const int warp = threadIdx.x % 128 / 32;  // 1 .. kLoaderWarps + kConverterWarps
         if constexpr (Cfg::kConverterWarps > 0) {
           if (Cfg::kLoaderWarps == 0 || warp > 1) {
-            weight_converter<Cfg>(p, tiles, full, after_barriers, warp - 1 - Cfg::kLoaderWarps);
+            weight_converter<Cfg>(p, ring, after_barriers, warp - 1 - Cfg::kLoaderWarps);
             return;
           }
         }
-        swap_ab_gather_loader<Cfg>(p.sm90, tiles, full, empty, after_barriers);
+        swap_ab_gather_loader<Cfg>(p.sm90, ring, after_barriers);
       },
-      [&](unsigned char* tiles, unsigned long long* full, unsigned long long* empty, unsigned char* after_barriers) {
-        swap_ab_consumer<Cfg>(p.sm90, tiles, full, empty, after_barriers, [&](const SwapAbTile& tile) {
+      [&](const StageRing<Cfg>& ring, unsigned char* after_barriers) {
+        swap_ab_consumer<Cfg>(p.sm90, ring, after_barriers, [&](const SwapAbTile& tile) {
           if constexpr (Cfg::kConverterWarps > 0)
             return ConvertedByWarps<Cfg>{{}, converted_barriers<Cfg>(after_barriers)};
           else
@@ -841,15 +840,13 @@ __device__ __forceinline__ void grouped_gemm_mixed_sm90(const kjit_grouped_gemm_
   fill_fp4_tables<Cfg>();
   warp_specialized_gemm<Cfg>(
       p.sm90, [](unsigned char* after_barriers) { TileQueue<Cfg>(after_barriers).init(); },
-      [&](unsigned char* tiles, unsigned long long* full, unsigned long long* empty, unsigned char* after_barriers) {
-        swap_ab_producer<Cfg, Fp8WeightTileCopy>(p.sm90, tiles, full, empty, after_barriers);
+      [&](const StageRing<Cfg>& ring, unsigned char* after_barriers) {
+        swap_ab_producer<Cfg, Fp8WeightTileCopy>(p.sm90, ring, after_barriers);
       },
-      [&](unsigned char* tiles, unsigned long long* full, unsigned long long* empty, unsigned char* after_barriers) {
-        swap_ab_gather_loader<Cfg>(p.sm90, tiles, full, empty, after_barriers);
+      [&](const StageRing<Cfg>& ring, unsigned char* after_barriers) {
+        swap_ab_gather_loader<Cfg>(p.sm90, ring, after_barriers);
       },
-      [&](unsigned char* tiles, unsigned long long* full, unsigned long long* empty, unsigned char* after_barriers) {
-        mixed_consumer<Cfg>(p, tiles, full, empty, after_barriers);
-      });
+      [&](const StageRing<Cfg>& ring, unsigned char* after_barriers) { mixed_consumer<Cfg>(p, ring, after_barriers); });
 }
 
 }  // namespace kjit

@@ -139,22 +139,23 @@ struct TileWalker {
 };
 
 template <class Cfg>
-__device__ __forceinline__ void grouped_gemm_producer(const kjit_grouped_gemm_sm90_params& p, unsigned char* tiles,
-                                                      unsigned long long* full, unsigned long long* empty) {
+__device__ __forceinline__ void grouped_gemm_producer(const kjit_grouped_gemm_sm90_params& p,
+                                                      const StageRing<Cfg>& ring) {
   if constexpr (!Cfg::kGather) asm volatile("prefetch.tensormap [%0];" ::"l"(&p.a_map) : "memory");
   asm volatile("prefetch.tensormap [%0];" ::"l"(&p.b_map) : "memory");
   const int rank = cluster_rank<Cfg>();
   TileWalker<Cfg> walk{&p.gemm, rank};
   GemmTile tile;
-  unsigned it = 0;  // k-blocks issued so far, over all tiles: selects stage and phase
+  unsigned it = 0;  // the ring position: k-blocks issued so far, over all tiles
   for (long long t = blockIdx.x / Cfg::kCluster; walk.seek(t, tile); t += gridDim.x / Cfg::kCluster) {
     for (int kb = 0; kb < Cfg::kKBlocks; ++kb, ++it) {
-      const unsigned s = it % Cfg::kStages;
-      mbarrier_wait(&empty[s], ((it / Cfg::kStages) & 1) ^ 1);
-      // A gathered A tile is the loader warp's (it arrives on full[s] itself).
-      ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &full[s],
+      const auto s = ring.at(it);
+      ring.wait_empty(s);
+      unsigned long long* full = ring.full_barrier(s);
+      // A gathered A tile is the loader warp's (it arrives on the full barrier itself).
+      ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, full,
                                      Cfg::kStageBytes - (Cfg::kGather ? Cfg::kATileBytes : 0));
-      unsigned char* a_tile = tiles + s * Cfg::kStageBytes;
+      unsigned char* a_tile = ring.memory(s);
       unsigned char* b_tile = a_tile + Cfg::kATileBytes;
       const int k0 = kb * Cfg::kBK;
       constexpr unsigned short kAll = (1u << Cfg::kCluster) - 1;
@@ -165,18 +166,18 @@ __device__ __forceinline__ void grouped_gemm_producer(const kjit_grouped_gemm_sm
         constexpr int kHalfRows = Cfg::kBM / Cfg::kCluster;
         const int a_coords[2] = {k0, static_cast<int>(tile.row0) + rank * kHalfRows};
         ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, a_tile + rank * kHalfRows * 128, &p.a_map,
-                                  a_coords, &full[s], kAll);
+                                  a_coords, full, kAll);
       } else {
         const int a_coords[2] = {k0, static_cast<int>(tile.row0)};
-        ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, a_tile, &p.a_map, a_coords, &full[s]);
+        ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, a_tile, &p.a_map, a_coords, full);
       }
       if constexpr (Cfg::kCluster > 1 && !Cfg::kClusterAlongN) {
         // This block's half of the B tile, multicast into every block of the
         // cluster at the same offset (the box is BN/2 rows, or 64-column chunks).
         constexpr int kHalfCols = Cfg::kBN / Cfg::kCluster;
-        copy_weight_columns<Cfg, kHalfCols>(p, b_tile, tile.n0, rank * kHalfCols, k0, tile.expert, &full[s], kAll);
+        copy_weight_columns<Cfg, kHalfCols>(p, b_tile, tile.n0, rank * kHalfCols, k0, tile.expert, full, kAll);
       } else {
-        copy_weight_columns<Cfg, Cfg::kBN>(p, b_tile, tile.n0, 0, k0, tile.expert, &full[s]);
+        copy_weight_columns<Cfg, Cfg::kBN>(p, b_tile, tile.n0, 0, k0, tile.expert, full);
       }
     }
   }
@@ -187,8 +188,7 @@ __device__ __forceinline__ void grouped_gemm_producer(const kjit_grouped_gemm_sm
 // sorted_to_flat. A block of a pair gathers its own rows (no multicast).
 template <class Cfg>
 __device__ __forceinline__ void grouped_gemm_gather_loader(const kjit_grouped_gemm_sm90_params& p,
-                                                           unsigned char* tiles, unsigned long long* full,
-                                                           unsigned long long* empty) {
+                                                           const StageRing<Cfg>& ring) {
   TileWalker<Cfg> walk{&p.gemm, cluster_rank<Cfg>()};
   GemmTile tile;
   GatheredRows<Cfg, Cfg::kBM, 1> rows;
@@ -197,9 +197,9 @@ __device__ __forceinline__ void grouped_gemm_gather_loader(const kjit_grouped_ge
     // A block past its expert's rows or past N stores nothing: copy nothing, still arrive.
     rows.start_tile(p.gemm, tile.row0, tile.rows > 0 && tile.n0 < Cfg::kN ? tile.rows : 0);
     for (int kb = 0; kb < Cfg::kKBlocks; ++kb, ++it) {
-      const unsigned s = it % Cfg::kStages;
-      mbarrier_wait(&empty[s], ((it / Cfg::kStages) & 1) ^ 1);
-      rows.copy(p.gemm, tiles + s * Cfg::kStageBytes, 0, static_cast<long long>(kb) * Cfg::kBK, &full[s]);
+      const auto s = ring.at(it);
+      ring.wait_empty(s);
+      rows.copy(p.gemm, ring.memory(s), 0, static_cast<long long>(kb) * Cfg::kBK, ring.full_barrier(s));
     }
   }
 }
@@ -305,8 +305,8 @@ __device__ __forceinline__ void store_accumulators(const kjit_grouped_gemm_param
 }
 
 template <class Cfg>
-__device__ __forceinline__ void grouped_gemm_consumer(const kjit_grouped_gemm_sm90_params& p, unsigned char* tiles,
-                                                      unsigned long long* full, unsigned long long* empty) {
+__device__ __forceinline__ void grouped_gemm_consumer(const kjit_grouped_gemm_sm90_params& p,
+                                                      const StageRing<Cfg>& ring) {
   const int consumer = threadIdx.x / 128;
   float acc[Cfg::kBN / 2];
   TileWalker<Cfg> walk{&p.gemm, cluster_rank<Cfg>()};
@@ -314,17 +314,16 @@ __device__ __forceinline__ void grouped_gemm_consumer(const kjit_grouped_gemm_sm
   unsigned it = 0;
   for (long long t = blockIdx.x / Cfg::kCluster; walk.seek(t, tile); t += gridDim.x / Cfg::kCluster) {
     if (Cfg::kCluster > 1 && (tile.rows <= 0 || tile.n0 >= Cfg::kN)) {  // only a cluster's blocks run empty
-      drain<Cfg>(full, empty, it);
+      drain<Cfg>(ring, it);
     } else if (Cfg::kHalfTiles && tile.half) {
       // At most 64 rows: both consumers take those rows, half the columns each.
       float(&half)[Cfg::kBN / 4] = *reinterpret_cast<float(*)[Cfg::kBN / 4]>(acc);
-      mainloop<Cfg, typename Cfg::MmaHalf, Cfg::kBN / 4>(half, tiles, full, empty, 0,
+      mainloop<Cfg, typename Cfg::MmaHalf, Cfg::kBN / 4>(half, ring, 0,
                                                           Cfg::kATileBytes + consumer * (Cfg::kBN / 2) * 128, it);
       store_accumulators<Cfg, Cfg::kBN / 2>(p.gemm, half, 0, tile.rows, tile.row0,
                                             tile.n0 + consumer * (Cfg::kBN / 2));
     } else {
-      mainloop<Cfg, typename Cfg::Mma, Cfg::kBN / 2>(acc, tiles, full, empty, consumer * 64 * 128, Cfg::kATileBytes,
-                                                     it);
+      mainloop<Cfg, typename Cfg::Mma, Cfg::kBN / 2>(acc, ring, consumer * 64 * 128, Cfg::kATileBytes, it);
       store_accumulators<Cfg, Cfg::kBN>(p.gemm, acc, consumer * 64, tile.rows, tile.row0, tile.n0);
     }
   }
@@ -334,15 +333,9 @@ template <class Cfg>
 __device__ __forceinline__ void grouped_gemm_sm90(const kjit_grouped_gemm_sm90_params& p) {
   warp_specialized_gemm<Cfg>(
       p, [](unsigned char*) {},
-      [&](unsigned char* tiles, unsigned long long* full, unsigned long long* empty, unsigned char*) {
-        grouped_gemm_producer<Cfg>(p, tiles, full, empty);
-      },
-      [&](unsigned char* tiles, unsigned long long* full, unsigned long long* empty, unsigned char*) {
-        grouped_gemm_gather_loader<Cfg>(p, tiles, full, empty);
-      },
-      [&](unsigned char* tiles, unsigned long long* full, unsigned long long* empty, unsigned char*) {
-        grouped_gemm_consumer<Cfg>(p, tiles, full, empty);
-      });
+      [&](const StageRing<Cfg>& ring, unsigned char*) { grouped_gemm_producer<Cfg>(p, ring); },
+      [&](const StageRing<Cfg>& ring, unsigned char*) { grouped_gemm_gather_loader<Cfg>(p, ring); },
+      [&](const StageRing<Cfg>& ring, unsigned char*) { grouped_gemm_consumer<Cfg>(p, ring); });
 }
 
 }  // namespace kjit

@@ -8,14 +8,10 @@
 #include "../common/traits.cuh"
 #include "grouped_gemm_common.cuh"
 
+#include "../common/mbarrier_ring.cuh"
 #include "../common/ptx.cuh"
 
 namespace kjit {
-
-__device__ __forceinline__ void mbarrier_wait(unsigned long long* bar, unsigned phase) {
-  while (!ptx::mbarrier_try_wait_parity(bar, phase)) {
-  }
-}
 
 // A wgmma shared-memory descriptor: start address, leading and stride byte
 // offsets (16-byte units), 128-byte swizzle (PTX ISA, "matrix descriptor").
@@ -41,6 +37,18 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[kCount]) {
   for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(acc[i])::"memory");
 }
 
+
+// The shared address of 16-byte unit `unit` of row `row` (>= 0) in the tile
+// at shared address `tile` of 128-byte rows under the 128-byte swizzle (TMA's
+// and wgmma's; the tile 1 KB aligned): the unit lies at unit ^ (row % 8), so
+// the same unit of 8 consecutive rows falls on 8 distinct bank groups.
+__device__ __forceinline__ unsigned swizzled_128b(unsigned tile, int row, int unit) {
+  return tile + row * 128 + 16 * (unit ^ (row & 7));
+}
+// The same for 64-byte rows under the 64-byte swizzle: unit ^ (row / 2 % 4).
+__device__ __forceinline__ unsigned swizzled_64b(unsigned tile, int row, int unit) {
+  return tile + row * 64 + 16 * (unit ^ ((row >> 1) & 3));
+}
 
 // Operand tiles in shared memory are 128-byte swizzled, in one of two majors:
 // - K-major: one 128-byte row (64 k) per m (or n) row; 8-row groups 1 KB apart.
@@ -107,6 +115,37 @@ __device__ __forceinline__ void arrive_cluster_wide(unsigned long long* bar) {
     for (int r = 0; r < Cfg::kCluster; ++r) arrive_in_rank(bar, r);
   }
 }
+
+// The shared-memory stages of an SM90 GEMM (warp_specialized_gemm lays
+// them out): Cfg::kStages stages of Cfg::kStageBytes; `full[i]` completes
+// when stage i's copies have landed (and its loader lanes arrived), `empty[i]`
+// when every consumer warp of the cluster has handed it back. Every role
+// counts the k-blocks it has passed over all of the block's tiles (a ring
+// position) and takes its Stage with at().
+template <class Cfg>
+struct StageRing {
+  // Where a position falls: its stage, and the phase the stage's barriers
+  // complete in on this pass.
+  struct Stage {
+    unsigned index, phase;
+  };
+  unsigned char* tiles;
+  unsigned long long* full;
+  unsigned long long* empty;
+
+  static __device__ __forceinline__ Stage at(unsigned position) {
+    return {Ring<Cfg::kStages>::slot(position), Ring<Cfg::kStages>::phase(position)};
+  }
+  __device__ __forceinline__ unsigned char* memory(Stage s) const { return tiles + s.index * Cfg::kStageBytes; }
+  // What the stage's copies complete on.
+  __device__ __forceinline__ unsigned long long* full_barrier(Stage s) const { return &full[s.index]; }
+  // The producer side: until the stage's previous k-block has been handed back.
+  __device__ __forceinline__ void wait_empty(Stage s) const { mbarrier_wait(&empty[s.index], s.phase ^ 1); }
+  // A consumer: until the stage holds this pass's k-block.
+  __device__ __forceinline__ void wait_full(Stage s) const { mbarrier_wait(&full[s.index], s.phase); }
+  // A consumer warp (one lane, for the warp) hands the stage back to every block of the cluster.
+  __device__ __forceinline__ void hand_back(Stage s) const { arrive_cluster_wide<Cfg>(&empty[s.index]); }
+};
 
 // Copies k-block k0 of output columns [n0 + first, n0 + first + kCols) of
 // `expert`'s weights into `tile` at the columns' own offset, completing on
@@ -189,7 +228,7 @@ struct GatheredRows {
         if (r < rows) {
           const bool ok = column_ok && from >= 0;
           const unsigned char* src = a + (ok ? (static_cast<long long>(from) * Cfg::kK + column) * 2 : 0);
-          asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(destination + r * 128 + ((u ^ (r % 8)) * 16)),
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(swizzled_128b(destination, r, u)),
                        "l"(src), "r"(ok ? 16 : 0)
                        : "memory");
         }
@@ -213,7 +252,8 @@ struct GatheredRows {
 // before the epilogue.
 struct NoPreparation {
   static constexpr bool kConvertsAhead = false;
-  __device__ void wait(unsigned /*stage*/, unsigned /*phase*/) {}
+  template <class Stage>
+  __device__ void wait(Stage /*stage*/) {}
   __device__ void start(int /*kb*/) {}
   __device__ void convert(unsigned char* /*stage*/) {}
   template <int kRegs>
@@ -227,7 +267,7 @@ __device__ __forceinline__ void consumer_warpgroup_sync() {
 
 // One tile's k-loop for one consumer warpgroup: wgmma m64 x kRegs*2, reading
 // wgmma's A operand from `a_offset` bytes into each stage and its B operand
-// from `b_offset` bytes. `it` counts k-blocks over all tiles (stage and phase).
+// from `b_offset` bytes. `it` is the ring position of the tile's first k-block.
 // `prepare` (NoPreparation's interface) waits for what else readies a stage,
 // or, converting ahead, converts each k-block's stage once it is full: the
 // tile's first before any wgmma, every next one while the wgmmas of the one
@@ -238,28 +278,27 @@ __device__ __forceinline__ void consumer_warpgroup_sync() {
 // of kb - 1's stage need not wait for kb + 1 to land (one load more in
 // flight; never slower than the other order: docs/decisions/0012).
 template <class Cfg, class Mma, int kRegs, class Prepare = NoPreparation>
-__device__ __forceinline__ void mainloop(float (&acc)[kRegs], unsigned char* tiles, unsigned long long* full,
-                                         unsigned long long* empty, unsigned a_offset, unsigned b_offset,
-                                         unsigned& it, Prepare&& prepare = NoPreparation{}) {
+__device__ __forceinline__ void mainloop(float (&acc)[kRegs], const StageRing<Cfg>& ring, unsigned a_offset,
+                                         unsigned b_offset, unsigned& it, Prepare&& prepare = NoPreparation{}) {
   constexpr bool kConvertsAhead = remove_reference_t<Prepare>::kConvertsAhead;
   const int lane = threadIdx.x % 32;
   auto convert_stage = [&](unsigned k_it, int kb) {
-    const unsigned s = k_it % Cfg::kStages;
+    const auto s = ring.at(k_it);
     prepare.start(kb);
-    mbarrier_wait(&full[s], (k_it / Cfg::kStages) & 1);
-    prepare.convert(tiles + s * Cfg::kStageBytes);
+    ring.wait_full(s);
+    prepare.convert(ring.memory(s));
   };
   if constexpr (kConvertsAhead) {
     convert_stage(it, 0);
     consumer_warpgroup_sync();
   }
-  unsigned previous = 0;
+  auto previous = ring.at(it);  // the k-block before kb (from kb = 1 on)
   for (int kb = 0; kb < Cfg::kKBlocks; ++kb, ++it) {
-    const unsigned s = it % Cfg::kStages;
-    mbarrier_wait(&full[s], (it / Cfg::kStages) & 1);
-    prepare.wait(s, (it / Cfg::kStages) & 1);
+    const auto s = ring.at(it);
+    ring.wait_full(s);
+    prepare.wait(s);
     gathered_stage_fence<Cfg>();
-    const unsigned char* stage = tiles + s * Cfg::kStageBytes;
+    const unsigned char* stage = ring.memory(s);
     const unsigned long long a_desc = operand_descriptor<Cfg::kOperandAMnMajor>(stage + a_offset);
     const unsigned long long b_desc = operand_descriptor<Cfg::kOperandBMnMajor>(stage + b_offset);
     fence_accumulators(acc);
@@ -273,7 +312,7 @@ __device__ __forceinline__ void mainloop(float (&acc)[kRegs], unsigned char* til
     if (kb > 0) {
       // The previous k-block's group is done reading its stage: hand it back.
       wgmma_wait<1>();
-      if (lane == 0) arrive_cluster_wide<Cfg>(&empty[previous]);
+      if (lane == 0) ring.hand_back(previous);
     }
     if constexpr (kConvertsAhead) {
       if (kb + 1 < Cfg::kKBlocks) convert_stage(it + 1, kb + 1);
@@ -283,7 +322,7 @@ __device__ __forceinline__ void mainloop(float (&acc)[kRegs], unsigned char* til
   }
   wgmma_wait<0>();
   fence_accumulators(acc);
-  if (lane == 0) arrive_cluster_wide<Cfg>(&empty[previous]);
+  if (lane == 0) ring.hand_back(previous);
 }
 
 // The k-loop of a block with nothing to store: its rows all lie past its
@@ -296,12 +335,12 @@ __device__ __forceinline__ void mainloop(float (&acc)[kRegs], unsigned char* til
 // short tile made 128 x 192 slower (probably because it then runs a ring's
 // depth ahead of the other and waits on every load; docs/decisions/0005).
 template <class Cfg>
-__device__ __forceinline__ void drain(unsigned long long* full, unsigned long long* empty, unsigned& it) {
+__device__ __forceinline__ void drain(const StageRing<Cfg>& ring, unsigned& it) {
   const int lane = threadIdx.x % 32;
   for (int kb = 0; kb < Cfg::kKBlocks; ++kb, ++it) {
-    const unsigned s = it % Cfg::kStages;
-    mbarrier_wait(&full[s], (it / Cfg::kStages) & 1);
-    if (lane == 0) arrive_cluster_wide<Cfg>(&empty[s]);
+    const auto s = ring.at(it);
+    ring.wait_full(s);
+    if (lane == 0) ring.hand_back(s);
   }
 }
 
@@ -328,9 +367,9 @@ __device__ __forceinline__ unsigned char* shared_after_barriers() {
 // provides kStages, kStageBytes, kConsumers, kCluster, kLoaderWarps,
 // kConverterWarps (0 but in the converter kernel) and the register split
 // (none where the producer is a single warp: kThreads = 128 kConsumers + 32).
-// The consumers also get where the barriers end (a kernel's own shared memory
-// after them), and `init` (run by thread 0 before the cluster-wide sync)
-// initialises whatever barriers live there.
+// Every role gets the StageRing and where its barriers end (a kernel's own
+// shared memory after them); `init` (run by thread 0 before the cluster-wide
+// sync) initialises whatever barriers live there.
 template <class Cfg, class Params, class Init, class Producer, class Loader, class Consumer>
 __device__ __forceinline__ void warp_specialized_gemm(const Params& p, Init init, Producer produce, Loader load,
                                                       Consumer consume) {
@@ -340,15 +379,15 @@ __device__ __forceinline__ void warp_specialized_gemm(const Params& p, Init init
 
   unsigned char* tiles = shared_stages();
   auto* full = reinterpret_cast<unsigned long long*>(tiles + Cfg::kStages * Cfg::kStageBytes);
-  unsigned long long* empty = full + Cfg::kStages;
-  unsigned char* after_barriers = shared_after_barriers<Cfg>();  // = empty + Cfg::kStages
+  const StageRing<Cfg> ring{tiles, full, full + Cfg::kStages};
+  unsigned char* after_barriers = shared_after_barriers<Cfg>();  // = ring.empty + Cfg::kStages
   if (threadIdx.x == 0) {
     for (int s = 0; s < Cfg::kStages; ++s) {
       // The producer's arrive.expect_tx, and every lane of a loader warp.
-      ptx::mbarrier_init(&full[s], 1 + 32 * Cfg::kLoaderWarps);
+      ptx::mbarrier_init(&ring.full[s], 1 + 32 * Cfg::kLoaderWarps);
       // One arrival per consumer warp of every block in the cluster: a
       // producer writes into its peers' stages too.
-      ptx::mbarrier_init(&empty[s], Cfg::kConsumers * 4 * Cfg::kCluster);
+      ptx::mbarrier_init(&ring.empty[s], Cfg::kConsumers * 4 * Cfg::kCluster);
     }
     init(after_barriers);
     ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
@@ -371,12 +410,12 @@ __device__ __forceinline__ void warp_specialized_gemm(const Params& p, Init init
   if (threadIdx.x / 128 == Cfg::kConsumers) {
     if constexpr (kSplitRegisters) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(Cfg::kProducerRegisters));
     if (threadIdx.x % 128 == 0)
-      produce(tiles, full, empty, after_barriers);
+      produce(ring, after_barriers);
     else if (const int warp = threadIdx.x % 128 / 32; warp >= 1 && warp <= Cfg::kLoaderWarps + Cfg::kConverterWarps)
-      load(tiles, full, empty, after_barriers);
+      load(ring, after_barriers);
   } else {
     if constexpr (kSplitRegisters) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Cfg::kConsumerRegisters));
-    consume(tiles, full, empty, after_barriers);
+    consume(ring, after_barriers);
   }
   if constexpr (Cfg::kCluster > 1) sync_cluster();
 }
@@ -384,8 +423,7 @@ __device__ __forceinline__ void warp_specialized_gemm(const Params& p, Init init
 // The frame without a loader warp (Cfg::kLoaderWarps = 0).
 template <class Cfg, class Params, class Init, class Producer, class Consumer>
 __device__ __forceinline__ void warp_specialized_gemm(const Params& p, Init init, Producer produce, Consumer consume) {
-  warp_specialized_gemm<Cfg>(
-      p, init, produce, [](unsigned char*, unsigned long long*, unsigned long long*, unsigned char*) {}, consume);
+  warp_specialized_gemm<Cfg>(p, init, produce, [](const StageRing<Cfg>&, unsigned char*) {}, consume);
 }
 
 }  // namespace kjit

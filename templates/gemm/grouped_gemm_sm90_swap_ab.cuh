@@ -160,9 +160,11 @@ struct TileQueue {
   }
 
   // Rank 0's producer: the cluster's i-th tile is `tile`.
+  using Slots = Ring<Cfg::kQueueSlots>;
+
   __device__ void publish(unsigned i, unsigned long long tile) const {
-    const unsigned s = i % Cfg::kQueueSlots;
-    mbarrier_wait(&empty[s], ((i / Cfg::kQueueSlots) & 1) ^ 1);
+    const unsigned s = Slots::slot(i);
+    Slots::wait_emptied(empty, i);
     if constexpr (Cfg::kCluster == 1) {
       *reinterpret_cast<volatile unsigned long long*>(&index[s]) = tile;
       (void)ptx::mbarrier_arrive(&full[s]);  // release: the index is visible to whoever waits
@@ -181,19 +183,18 @@ struct TileQueue {
   // Every reader: the cluster's i-th tile. The caller then releases the slot
   // (once per warp, after every lane has read).
   __device__ unsigned long long read(unsigned i) const {
-    const unsigned s = i % Cfg::kQueueSlots;
-    const unsigned phase = (i / Cfg::kQueueSlots) & 1;
+    const unsigned s = Slots::slot(i);
     if constexpr (Cfg::kCluster == 1) {
-      mbarrier_wait(&full[s], phase);
+      Slots::wait_filled(full, i);
     } else {
-      while (!ptx::mbarrier_try_wait_parity(ptx::sem_acquire, ptx::scope_cluster, &full[s], phase)) {
+      while (!ptx::mbarrier_try_wait_parity(ptx::sem_acquire, ptx::scope_cluster, &full[s], Slots::phase(i))) {
       }
     }
     return *reinterpret_cast<volatile unsigned long long*>(&index[s]);
   }
 
   __device__ void release(unsigned i) const {
-    unsigned long long* bar = &empty[i % Cfg::kQueueSlots];
+    unsigned long long* bar = &empty[Slots::slot(i)];
     if constexpr (Cfg::kCluster == 1)
       (void)ptx::mbarrier_arrive(bar);
     else
@@ -225,8 +226,7 @@ struct WeightColumnsCopy {
 };
 
 template <class Cfg, class WeightCopy = WeightColumnsCopy>
-__device__ __forceinline__ void swap_ab_producer(const kjit_grouped_gemm_sm90_params& p, unsigned char* tiles,
-                                                 unsigned long long* full, unsigned long long* empty,
+__device__ __forceinline__ void swap_ab_producer(const kjit_grouped_gemm_sm90_params& p, const StageRing<Cfg>& ring,
                                                  unsigned char* after_barriers) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(&p.b_map) : "memory");
   if constexpr (!Cfg::kGather) {
@@ -239,7 +239,7 @@ __device__ __forceinline__ void swap_ab_producer(const kjit_grouped_gemm_sm90_pa
   if (rank == 0) queue.publish(0, blockIdx.x / Cfg::kCluster);
   SwapAbTileWalker<Cfg> walk{&p.gemm, rank};
   SwapAbTile tile;
-  unsigned it = 0;  // k-blocks issued so far, over all tiles: selects stage and phase
+  unsigned it = 0;  // the ring position: k-blocks issued so far, over all tiles
   for (unsigned i = 0;; ++i) {
     const unsigned long long t = queue.read(i);
     queue.release(i);
@@ -251,7 +251,6 @@ __device__ __forceinline__ void swap_ab_producer(const kjit_grouped_gemm_sm90_pa
     constexpr int kNarrowPerWide = Cfg::kWideRows / Cfg::kRowStep;
     const int wide = boxes / kNarrowPerWide, copies = wide + boxes % kNarrowPerWide;
     for (int kb = 0; kb < Cfg::kKBlocks; ++kb, ++it) {
-      const unsigned s = it % Cfg::kStages;
       // Draw the next index at the tile's last copy, its latency passing while
       // the stage drains: the blocks then draw in the order their tiles end,
       // which is the order they start the next ones, so the row tiles of one
@@ -261,14 +260,16 @@ __device__ __forceinline__ void swap_ab_producer(const kjit_grouped_gemm_sm90_pa
       // 1.33 GB read from DRAM for ~1.0 GB of operands; 1.07 GB drawn late.)
       if (kb == Cfg::kKBlocks - 1 && rank == 0)
         next = p.gemm.tile_counter != nullptr ? clusters + atomicAdd(p.gemm.tile_counter, 1u) : t + clusters;
-      mbarrier_wait(&empty[s], ((it / Cfg::kStages) & 1) ^ 1);
+      const auto s = ring.at(it);
+      ring.wait_empty(s);
+      unsigned long long* full = ring.full_barrier(s);
       // Every box of rows lands in every block of the cluster, whoever copied it.
-      ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &full[s],
+      ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, full,
                                      Cfg::kWTileBytes + boxes * Cfg::kRowChunks * Cfg::kRowBoxBytes);
-      unsigned char* w_tile = tiles + s * Cfg::kStageBytes;
+      unsigned char* w_tile = ring.memory(s);
       unsigned char* a_tile = w_tile + Cfg::kWTileBytes;
       const int k0 = kb * Cfg::kBK;
-      WeightCopy::template copy<Cfg>(p, w_tile, tile.n0, k0, tile.expert, &full[s]);
+      WeightCopy::template copy<Cfg>(p, w_tile, tile.n0, k0, tile.expert, full);
       for (int copy = 0; copy < copies; ++copy) {
         // In a pair each block issues every other copy, multicast into both.
         if (Cfg::kCluster > 1 && copy % Cfg::kCluster != rank) continue;
@@ -280,11 +281,10 @@ __device__ __forceinline__ void swap_ab_producer(const kjit_grouped_gemm_sm90_pa
           const int a_coords[2] = {k0 + chunk * KJIT_SM90_K_BLOCK, static_cast<int>(tile.row0) + box * Cfg::kRowStep};
           unsigned char* destination = a_tile + chunk * Cfg::kBM * 128 + box * Cfg::kRowBoxBytes;
           if constexpr (Cfg::kCluster == 1) {
-            ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, destination, map, a_coords, &full[s]);
+            ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, destination, map, a_coords, full);
           } else {
             constexpr unsigned short kAll = (1u << Cfg::kCluster) - 1;
-            ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, destination, map, a_coords, &full[s],
-                                      kAll);
+            ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, destination, map, a_coords, full, kAll);
           }
         }
       }
@@ -299,9 +299,8 @@ __device__ __forceinline__ void swap_ab_producer(const kjit_grouped_gemm_sm90_pa
 // tiles of 64 k side by side). A block of a pair gathers its own copy of the
 // pair's rows (cp.async has no multicast).
 template <class Cfg>
-__device__ __forceinline__ void swap_ab_gather_loader(const kjit_grouped_gemm_sm90_params& p, unsigned char* tiles,
-                                                      unsigned long long* full, unsigned long long* empty,
-                                                      unsigned char* after_barriers) {
+__device__ __forceinline__ void swap_ab_gather_loader(const kjit_grouped_gemm_sm90_params& p,
+                                                      const StageRing<Cfg>& ring, unsigned char* after_barriers) {
   const TileQueue<Cfg> queue(after_barriers);
   SwapAbTileWalker<Cfg> walk{&p.gemm, cluster_rank<Cfg>()};
   SwapAbTile tile;
@@ -311,10 +310,10 @@ __device__ __forceinline__ void swap_ab_gather_loader(const kjit_grouped_gemm_sm
     if (!queue.take(i, walk, tile)) break;
     rows.start_tile(p.gemm, tile.row0, tile.rows);
     for (int kb = 0; kb < Cfg::kKBlocks; ++kb, ++it) {
-      const unsigned s = it % Cfg::kStages;
-      mbarrier_wait(&empty[s], ((it / Cfg::kStages) & 1) ^ 1);
-      rows.copy(p.gemm, tiles + s * Cfg::kStageBytes + Cfg::kWTileBytes, Cfg::kBM * 128,
-                static_cast<long long>(kb) * Cfg::kBK, &full[s]);
+      const auto s = ring.at(it);
+      ring.wait_empty(s);
+      rows.copy(p.gemm, ring.memory(s) + Cfg::kWTileBytes, Cfg::kBM * 128, static_cast<long long>(kb) * Cfg::kBK,
+                ring.full_barrier(s));
     }
   }
 }
@@ -330,7 +329,7 @@ struct EpilogueScratch {
       : consumer(threadIdx.x / 128),
         base(static_cast<unsigned>(__cvta_generic_to_shared(scratch + consumer * 32 * 128))) {}
   // The shared address of 16-byte unit `unit` of row `row`.
-  __device__ unsigned unit(int row, int u) const { return base + row * 128 + 16 * (u ^ (row & 7)); }
+  __device__ unsigned unit(int row, int u) const { return swizzled_128b(base, row, u); }
   __device__ uint4 load(int row, int u) const {
     uint4 v;
     asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -511,12 +510,11 @@ __device__ __forceinline__ void swap_ab_store_activated(const kjit_grouped_gemm_
 // them). The weight tile (bf16, wgmma's A) lies kWeightOperandOffset bytes
 // into each stage, the row tile kWTileBytes; `prepare` as mainloop's.
 template <class Cfg, int kRows = Cfg::kRowStep, class Prepare>
-__device__ __forceinline__ void swap_ab_tile(const SwapAbTile& tile, float (&acc)[Cfg::kBM / 2], unsigned char* tiles,
-                                             unsigned long long* full, unsigned long long* empty, unsigned& it,
-                                             Prepare& prepare) {
+__device__ __forceinline__ void swap_ab_tile(const SwapAbTile& tile, float (&acc)[Cfg::kBM / 2],
+                                             const StageRing<Cfg>& ring, unsigned& it, Prepare& prepare) {
   if constexpr (kRows < Cfg::kBM) {
     if (tile.rows > kRows) {
-      swap_ab_tile<Cfg, kRows + Cfg::kRowStep>(tile, acc, tiles, full, empty, it, prepare);
+      swap_ab_tile<Cfg, kRows + Cfg::kRowStep>(tile, acc, ring, it, prepare);
       return;
     }
   }
@@ -524,13 +522,12 @@ __device__ __forceinline__ void swap_ab_tile(const SwapAbTile& tile, float (&acc
   float(&part)[kRows / 2] = *reinterpret_cast<float(*)[kRows / 2]>(acc);
   // This consumer's 64 weight rows ([E, N, K]) or 64-column chunk ([E, K, N]): 8 KB either way.
   mainloop<Cfg, typename Cfg::template Mma<kRows>, kRows / 2>(
-      part, tiles, full, empty, Cfg::kWeightOperandOffset + consumer * 64 * 128, Cfg::kWTileBytes, it, prepare);
+      part, ring, Cfg::kWeightOperandOffset + consumer * 64 * 128, Cfg::kWTileBytes, it, prepare);
 }
 
 // `preparation(tile)` gives each tile's Prepare (mainloop's).
 template <class Cfg, class Preparation>
-__device__ __forceinline__ void swap_ab_consumer(const kjit_grouped_gemm_sm90_params& p, unsigned char* tiles,
-                                                 unsigned long long* full, unsigned long long* empty,
+__device__ __forceinline__ void swap_ab_consumer(const kjit_grouped_gemm_sm90_params& p, const StageRing<Cfg>& ring,
                                                  unsigned char* after_barriers, Preparation preparation) {
   float acc[Cfg::kBM / 2];
   const TileQueue<Cfg> queue(after_barriers);
@@ -540,7 +537,7 @@ __device__ __forceinline__ void swap_ab_consumer(const kjit_grouped_gemm_sm90_pa
   for (unsigned i = 0;; ++i) {
     if (!queue.take(i, walk, tile)) break;
     auto prepare = preparation(tile);
-    swap_ab_tile<Cfg>(tile, acc, tiles, full, empty, it, prepare);
+    swap_ab_tile<Cfg>(tile, acc, ring, it, prepare);
     prepare.finish(acc);
     if constexpr (Cfg::kFusedActivation)
       swap_ab_store_activated<Cfg>(p.gemm, acc, tile, tile.n0 + threadIdx.x / 128 * 64, after_barriers,
@@ -555,14 +552,14 @@ template <class Cfg>
 __device__ __forceinline__ void grouped_gemm_sm90_swap_ab(const kjit_grouped_gemm_sm90_params& p) {
   warp_specialized_gemm<Cfg>(
       p, [](unsigned char* after_barriers) { TileQueue<Cfg>(after_barriers).init(); },
-      [&](unsigned char* tiles, unsigned long long* full, unsigned long long* empty, unsigned char* after_barriers) {
-        swap_ab_producer<Cfg>(p, tiles, full, empty, after_barriers);
+      [&](const StageRing<Cfg>& ring, unsigned char* after_barriers) {
+        swap_ab_producer<Cfg>(p, ring, after_barriers);
       },
-      [&](unsigned char* tiles, unsigned long long* full, unsigned long long* empty, unsigned char* after_barriers) {
-        swap_ab_gather_loader<Cfg>(p, tiles, full, empty, after_barriers);
+      [&](const StageRing<Cfg>& ring, unsigned char* after_barriers) {
+        swap_ab_gather_loader<Cfg>(p, ring, after_barriers);
       },
-      [&](unsigned char* tiles, unsigned long long* full, unsigned long long* empty, unsigned char* after_barriers) {
-        swap_ab_consumer<Cfg>(p, tiles, full, empty, after_barriers, [](const SwapAbTile&) { return NoPreparation{}; });
+      [&](const StageRing<Cfg>& ring, unsigned char* after_barriers) {
+        swap_ab_consumer<Cfg>(p, ring, after_barriers, [](const SwapAbTile&) { return NoPreparation{}; });
       });
 }
 

@@ -112,38 +112,39 @@ __device__ __forceinline__ void grouped_gemm_wgrad_sm90(const kjit_grouped_gemm_
 
   warp_specialized_gemm<Cfg>(
       view, [](unsigned char*) {},
-      [&](unsigned char* tiles_smem, unsigned long long* full, unsigned long long* empty, unsigned char*) {
+      [&](const StageRing<Cfg>& ring, unsigned char*) {
         namespace ptx = kjit::ptx;
         asm volatile("prefetch.tensormap [%0];" ::"l"(&p.dy_map) : "memory");
         asm volatile("prefetch.tensormap [%0];" ::"l"(&p.x_map) : "memory");
-        unsigned it = 0;  // chunks loaded so far, over all tiles: selects stage and phase
+        unsigned it = 0;  // the ring position: chunks loaded so far, over all tiles
         for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {
           const WgradTile<Cfg> tile(view.gemm, t);
           for (int c = 0; c < tile.chunks; ++c, ++it) {
-            const unsigned s = it % Cfg::kStages;
-            mbarrier_wait(&empty[s], ((it / Cfg::kStages) & 1) ^ 1);
-            ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &full[s],
+            const auto s = ring.at(it);
+            ring.wait_empty(s);
+            unsigned long long* full = ring.full_barrier(s);
+            ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, full,
                                            Cfg::kStageBytes);
-            unsigned char* a_tile = tiles_smem + s * Cfg::kStageBytes;
+            unsigned char* a_tile = ring.memory(s);
             unsigned char* b_tile = a_tile + Cfg::kATileBytes;
             const int r0 = static_cast<int>(tile.start) + c * Cfg::kBK;  // TMA coordinates are int32
 #pragma unroll
             for (int i = 0; i < Cfg::kBM / 64; ++i) {
               const int coords[2] = {tile.m0 + 64 * i, r0};
               ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, a_tile + i * 8192, &p.dy_map, coords,
-                                        &full[s]);
+                                        full);
             }
 #pragma unroll
             for (int j = 0; j < Cfg::kBN / 64; ++j) {
               const int coords[2] = {tile.n0 + 64 * j, r0};
               ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, b_tile + j * 8192, &p.x_map, coords,
-                                        &full[s]);
+                                        full);
             }
           }
         }
       },
-      [](unsigned char*, unsigned long long*, unsigned long long*, unsigned char*) {},
-      [&](unsigned char* tiles_smem, unsigned long long* full, unsigned long long* empty, unsigned char*) {
+      [](const StageRing<Cfg>&, unsigned char*) {},
+      [&](const StageRing<Cfg>& ring, unsigned char*) {
         const int consumer = threadIdx.x / 128, lane = threadIdx.x % 32;
         float acc[Cfg::kBN / 2];
         unsigned it = 0;
@@ -152,9 +153,9 @@ __device__ __forceinline__ void grouped_gemm_wgrad_sm90(const kjit_grouped_gemm_
 #pragma unroll
           for (int i = 0; i < Cfg::kBN / 2; ++i) acc[i] = 0.0f;  // an empty expert stores these
           for (int c = 0; c < tile.chunks; ++c, ++it) {
-            const unsigned s = it % Cfg::kStages;
-            mbarrier_wait(&full[s], (it / Cfg::kStages) & 1);
-            unsigned char* stage = tiles_smem + s * Cfg::kStageBytes;
+            const auto s = ring.at(it);
+            ring.wait_full(s);
+            unsigned char* stage = ring.memory(s);
             if (c == tile.chunks - 1 && tile.last_rows < Cfg::kBK) {
               // The chunk crosses the expert's end: zero the rows past it in this
               // consumer's dy chunk and its share of x's chunks, then make the
@@ -179,12 +180,12 @@ __device__ __forceinline__ void grouped_gemm_wgrad_sm90(const kjit_grouped_gemm_
             if (c > 0) {
               // The previous chunk's group is done reading its stage: hand it back.
               wgmma_wait<1>();
-              if (lane == 0) (void)ptx::mbarrier_arrive(&empty[(it - 1) % Cfg::kStages]);
+              if (lane == 0) ring.hand_back(ring.at(it - 1));
             }
           }
           wgmma_wait<0>();
           fence_accumulators(acc);
-          if (tile.chunks > 0 && lane == 0) (void)ptx::mbarrier_arrive(&empty[(it - 1) % Cfg::kStages]);
+          if (tile.chunks > 0 && lane == 0) ring.hand_back(ring.at(it - 1));
 
           kjit_grouped_gemm_params out{};
           const long long matrix = static_cast<long long>(tile.expert) * Cfg::kN * Cfg::kK;
