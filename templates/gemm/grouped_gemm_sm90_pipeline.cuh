@@ -41,9 +41,11 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[kCount]) {
 // The shared address of 16-byte unit `unit` of row `row` (>= 0) in the tile
 // at shared address `tile` of 128-byte rows under the 128-byte swizzle (TMA's
 // and wgmma's; the tile 1 KB aligned): the unit lies at unit ^ (row % 8), so
-// the same unit of 8 consecutive rows falls on 8 distinct bank groups.
+// the same unit of 8 consecutive rows falls on 8 distinct bank groups. (Written
+// `row & 7`, the converter kernel's wgmmas were serialised at K 256: ptxas's
+// register budget there is that tight; test_nvrtc_compile.cpp checks it.)
 __device__ __forceinline__ unsigned swizzled_128b(unsigned tile, int row, int unit) {
-  return tile + row * 128 + 16 * (unit ^ (row & 7));
+  return tile + row * 128 + 16 * (unit ^ (row % 8));
 }
 // The same for 64-byte rows under the 64-byte swizzle: unit ^ (row / 2 % 4).
 __device__ __forceinline__ unsigned swizzled_64b(unsigned tile, int row, int unit) {

@@ -445,6 +445,38 @@ TEST_CASE("ptxas compiles the converter kernel, converter warps and own rows, wi
   check_no_spills_on_sm90a(specs);
 }
 
+// DeepSeek-V3's down projection under TP8 (K 256): four bf16 k-blocks, each
+// k-loop unrolled whole, where ptxas came closest to serialising the wgmmas
+// (the bf16 swap-AB kernel was serialised before the stage ring; a form of the
+// swizzle offsets tipped the converter kernel over).
+TEST_CASE("a K of four k-blocks (DeepSeek-V3 TP8's down) compiles the swap-AB and converter kernels unserialised") {
+  std::vector<KernelSpec> specs;
+  for (bool row_scale : {false, true}) {
+    GroupedGemmSpec g;
+    g.n = 7168;
+    g.k = 256;
+    g.experts = 256;
+    g.row_scale = row_scale;
+    for (int cluster : {1, 2}) {
+      auto bf16 = choose_grouped_gemm_config(g, arch_of("sm_90a"), 1 << 20,
+                                             {.kernel = GemmRequest::Kernel::sm90_swap_ab, .tile_m = 256,
+                                              .tile_n = 128, .cluster = cluster, .cluster_axis = ClusterAxis::n});
+      REQUIRE_MESSAGE(bf16.has_value(), kjit::testing::why(bf16));
+      specs.push_back(*bf16);
+    }
+    GroupedGemmMixedSpec m;
+    m.n = 7168;
+    m.k = 256;
+    m.experts = 256;
+    m.row_scale = row_scale;
+    auto converter = choose_grouped_gemm_mixed_config(m, arch_of("sm_90a"), 1 << 20,
+                                                      {.kernel = GemmRequest::Kernel::sm90_converter});
+    REQUIRE_MESSAGE(converter.has_value(), kjit::testing::why(converter));
+    specs.push_back(*converter);
+  }
+  check_no_spills_on_sm90a(specs);
+}
+
 static std::vector<Fp8QuantizeSpec> quantize_variants() {
   std::vector<Fp8QuantizeSpec> out;
   for (auto format : {QuantScaleFormat::fp32, QuantScaleFormat::ue8m0})

@@ -1,6 +1,7 @@
 """libkjit itself: where it is found and loaded, its log messages routed to
-Python's logging, its statuses turned into kjit's errors, and torch imported
-on first use. Needs no torch.
+Python's logging, its statuses turned into kjit's errors, and the error for
+an op called where torch is not installed. Needs no torch (importing kjit
+imports torch where it is installed: kjit/_ops.py registers the ops).
 
 The one rule for errors: a wrong argument, whether kjit's Python checks find it
 or libkjit does (KJIT_ERROR_INVALID_ARGUMENT), raises ArgumentError, which is a
@@ -129,9 +130,8 @@ _TORCH = None
 
 
 def require_torch():
-    """torch, imported on first use (importing kjit does not import it); an op
-    called where torch is not installed gets an error that says what to install
-    instead of a bare ModuleNotFoundError."""
+    """torch; an op called where torch is not installed gets an error that
+    says what to install instead of a bare ModuleNotFoundError."""
     global _TORCH
     if _TORCH is None:
         try:
