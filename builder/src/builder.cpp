@@ -23,7 +23,7 @@ Expected<BuiltKernel> Builder::build(const codegen::KernelSpec& spec, const code
   const auto options = compile_options(target);
   auto lookup = [&](const std::string& nvrtc_version) {
     out.key = codegen::cache_key({out.rendered.source, target, options, nvrtc_version, kEntryFormatVersion});
-    auto entry = store_.load(out.key);
+    auto entry = store_.load_payload(out.key);
     if (!entry) return false;
     out.cubin = std::move(entry->payload);
     out.origin = CubinOrigin::disk_cache;

@@ -150,6 +150,79 @@ std::string read_fields(const nlohmann::json& meta, Fields& out) {
   return {};
 }
 
+// Reads the bookkeeping member of a meta document, stopping once it closes:
+// the members before it are lexed and dropped, those after it never read.
+// `book` stays discarded unless the document is an object that has the
+// member; `invalid` says the text failed to parse (or nested past the bound)
+// before that.
+class BookkeepingReader : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  nlohmann::json book = nlohmann::json(nlohmann::json::value_t::discarded);
+  bool invalid = false;
+  bool done = false;
+
+  bool null() override { return value(nullptr); }
+  bool boolean(bool v) override { return value(v); }
+  bool number_integer(number_integer_t v) override { return value(v); }
+  bool number_unsigned(number_unsigned_t v) override { return value(v); }
+  bool number_float(number_float_t v, const string_t&) override { return value(v); }
+  bool string(string_t& v) override { return value(v); }
+  bool binary(binary_t&) override { return value(nullptr); }
+  bool start_object(std::size_t) override { return open(true); }
+  bool start_array(std::size_t) override { return open(false); }
+  bool end_array() override { return close(); }
+  bool end_object() override {
+    if (depth_ == 2 && in_book_) {  // the bookkeeping object closes: all this reader needs
+      done = true;
+      return false;
+    }
+    return close();
+  }
+  bool key(string_t& k) override {
+    if (depth_ == 1) {
+      in_book_ = k == kBookkeepingKey;
+      if (in_book_) book = nlohmann::json::object();
+    } else if (depth_ == 2 && in_book_) {
+      member_ = k;
+    }
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+    invalid = true;
+    return false;
+  }
+
+ private:
+  int depth_ = 0;
+  bool in_book_ = false;
+  std::string member_;
+
+  bool open(bool object) {
+    if (depth_ == 0 && !object) return false;  // not an object: bookkeeping_problem says so
+    if (++depth_ > kMaxMetaDepth) {
+      invalid = true;
+      return false;
+    }
+    if (depth_ == 3 && in_book_) book[member_] = nullptr;  // a nested bookkeeping member: the wrong type
+    return true;
+  }
+  bool close() {
+    --depth_;
+    if (depth_ == 1) in_book_ = false;  // a bookkeeping member that was not an object
+    return true;
+  }
+  template <class T>
+  bool value(T&& v) {
+    if (depth_ == 1 && in_book_) {
+      in_book_ = false;  // "kjit_entry" is not an object
+      book = nlohmann::json(nlohmann::json::value_t::discarded);
+    } else if (depth_ == 2 && in_book_) {
+      book[member_] = std::forward<T>(v);
+    }
+    return true;
+  }
+};
+
 }  // namespace
 
 Expected<nlohmann::json> with_bookkeeping(const nlohmann::json& caller_meta, std::string_view key,
@@ -260,6 +333,30 @@ Decoded decode(std::span<const char> head, std::span<const char> meta_bytes, std
     return corrupt("content hash mismatch");
   Decoded d = decode_meta_only(header, meta_bytes, expected_key);
   if (d.verdict == Verdict::ok) d.payload = payload;
+  return d;
+}
+
+Decoded decode_bookkeeping(std::span<const char> head, std::span<const char> meta_bytes,
+                           std::span<const char> payload, std::string_view expected_key) {
+  HeaderCheck header = check_header(head, head.size() + meta_bytes.size() + payload.size());
+  if (header.verdict != Verdict::ok) return Decoded{header.verdict, header.problem, header.header, {}, {}, {}};
+  if (head.size() != kHeaderBytes || meta_bytes.size() != header.header.meta_bytes)
+    return corrupt("the pieces differ from the lengths in the header");
+  if (content_hash(head.first(kHashedHeaderBytes), meta_bytes, payload) != header.header.hash)
+    return corrupt("content hash mismatch");
+  BookkeepingReader reader;
+  nlohmann::json::sax_parse(meta_bytes.begin(), meta_bytes.end(), &reader);
+  if (reader.invalid && !reader.done) return corrupt("meta is not valid JSON");
+  nlohmann::json meta = nlohmann::json::object();
+  if (!reader.book.is_discarded()) meta[kBookkeepingKey] = std::move(reader.book);
+  if (std::string problem = bookkeeping_problem(meta, header.header, expected_key); !problem.empty())
+    return corrupt(std::move(problem));
+  Decoded d;
+  if (std::string problem = read_fields(meta, d.fields); !problem.empty()) return corrupt(std::move(problem));
+  d.verdict = Verdict::ok;
+  d.header = header.header;
+  d.meta = std::move(meta);
+  d.payload = payload;
   return d;
 }
 

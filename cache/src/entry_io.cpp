@@ -60,7 +60,8 @@ void read_entry(Inspection& out, int fd, const std::string& path, std::string_vi
   }
   auto payload = read_exactly(fd, format::kHeaderBytes + check.header.meta_bytes, check.header.payload_bytes, path);
   if (!payload) return read_failed(out, payload.error());
-  format::Decoded decoded = format::decode(*head, *meta, *payload, key);
+  format::Decoded decoded = depth == ReadDepth::payload ? format::decode_bookkeeping(*head, *meta, *payload, key)
+                                                        : format::decode(*head, *meta, *payload, key);
   if (decoded.verdict == format::Verdict::ok) out.payload = std::move(*payload);
   apply(out, decoded);
 }

@@ -23,6 +23,7 @@ namespace kjit::cache {
 using detail::Fd;
 using detail::join_path;
 using detail::RootRef;
+using detail::ReadDepth;
 using detail::RootRole;
 using detail::SysError;
 using detail::SysExpected;
@@ -181,14 +182,14 @@ bool Store::Impl::is_pinned(const std::string& key) const {
 
 // ---------------------------------------------------------------- load
 
-std::optional<Entry> Store::Impl::load(std::string_view key) {
+std::optional<Entry> Store::Impl::load(std::string_view key, ReadDepth depth) {
   if (!is_valid_key(key)) {
     log::debug("cache load of invalid key \"{}\": a miss", printable_key(key));
     ++misses;
     return std::nullopt;
   }
   for (const RootRef& root : roots()) {
-    if (std::optional<Entry> entry = load_from(root, key)) {
+    if (std::optional<Entry> entry = load_from(root, key, depth)) {
       ++hits;
       return entry;
     }
@@ -197,7 +198,7 @@ std::optional<Entry> Store::Impl::load(std::string_view key) {
   return std::nullopt;
 }
 
-std::optional<Entry> Store::Impl::load_from(const RootRef& root, std::string_view key) {
+std::optional<Entry> Store::Impl::load_from(const RootRef& root, std::string_view key, ReadDepth depth) {
   auto root_fd = detail::open_root(root.path, root.role);
   if (!root_fd) {
     log::debug("cache lookup {} in {}: miss (root not usable)", key, root.path);
@@ -213,7 +214,7 @@ std::optional<Entry> Store::Impl::load_from(const RootRef& root, std::string_vie
   std::string shard_path = shard_path_of(root.path, key);
   std::string name = detail::entry_name(key);
   std::string path = join_path(shard_path, name);
-  detail::Inspection found = detail::inspect_entry(shard->get(), name, path, key, detail::ReadDepth::whole);
+  detail::Inspection found = detail::inspect_entry(shard->get(), name, path, key, depth);
   switch (found.status) {
     case detail::ReadStatus::ok:
       log::debug("cache lookup {} in {}: hit", key, root.path);
@@ -435,7 +436,10 @@ KeyLock::~KeyLock() {
 Store::Store(StoreConfig config) : impl_(std::make_unique<Impl>(std::move(config))) {}
 Store::~Store() = default;
 
-std::optional<Entry> Store::load(std::string_view key) { return impl_->load(key); }
+std::optional<Entry> Store::load(std::string_view key) { return impl_->load(key, ReadDepth::whole); }
+std::optional<Entry> Store::load_payload(std::string_view key) {
+  return impl_->load(key, ReadDepth::payload);
+}
 
 Expected<void> Store::publish(std::string_view key, const nlohmann::json& meta, std::span<const char> payload) {
   return impl_->publish(key, meta, payload);

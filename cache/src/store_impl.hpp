@@ -51,10 +51,12 @@ struct Inspection {
   ino_t inode = 0;
 };
 
-enum class ReadDepth { header_and_meta, whole };
+enum class ReadDepth { header_and_meta, whole, payload };
 
 // Opens and checks `name` in `shard_fd`. A whole read hashes the entry; a
-// header_and_meta read checks only what list() can see without the payload.
+// header_and_meta read checks only what list() can see without the payload; a
+// payload read hashes the entry and reads the meta's bookkeeping only
+// (format::decode_bookkeeping: what a loader of the payload needs).
 Inspection inspect_entry(int shard_fd, const std::string& name, const std::string& path, std::string_view key,
                          ReadDepth depth);
 
@@ -126,8 +128,8 @@ struct Store::Impl {
   std::vector<detail::RootRef> roots() const;
 
   // store.cpp
-  std::optional<Entry> load(std::string_view key);
-  std::optional<Entry> load_from(const detail::RootRef& root, std::string_view key);
+  std::optional<Entry> load(std::string_view key, detail::ReadDepth depth);
+  std::optional<Entry> load_from(const detail::RootRef& root, std::string_view key, detail::ReadDepth depth);
   void note_use(int shard_fd, const std::string& shard_path, std::string_view key);
   Expected<void> publish(std::string_view key, const nlohmann::json& meta, std::span<const char> payload);
   detail::SysExpected<bool> write_entry(std::string_view key, std::span<const char> file);

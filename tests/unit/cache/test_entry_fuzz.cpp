@@ -243,7 +243,14 @@ TEST_CASE("fuzz: load, list and verify survive resealed hostile entries in a roo
     REQUIRE(listed.size() == 1);
     CHECK(listed[0].created_unix >= 0);
     CHECK(store.verify(false).checked == 1);
-    if (std::optional<Entry> entry = store.load(kKey)) CHECK(entry->payload == seed.payload);
+    // load_payload first (load removes a corrupt entry): it reads less of the meta, so it accepts at least
+    // what load accepts, and only the bytes the seed wrote.
+    std::optional<Entry> payload_only = store.load_payload(kKey);
+    if (payload_only) CHECK(payload_only->payload == seed.payload);
+    if (std::optional<Entry> entry = store.load(kKey)) {
+      CHECK(entry->payload == seed.payload);
+      CHECK(payload_only.has_value());
+    }
   }
 }
 

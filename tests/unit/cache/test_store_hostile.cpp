@@ -8,6 +8,7 @@
 #include <sys/file.h>
 
 #include <climits>
+#include <functional>
 #include <map>
 
 #include "cache_test_support.hpp"
@@ -147,6 +148,71 @@ TEST_CASE("a meta field of the wrong type or out of range makes the entry corrup
     CHECK_FALSE(store.load(key).has_value());
   }
   CHECK(store.counters().corrupt == cases.size());
+}
+
+TEST_CASE("load_payload checks the hash and the bookkeeping, and no other member of the meta") {
+  TempDir dir;
+  Store store(config_at(dir.sub("root")));
+  std::vector<char> payload = payload_of(60, 64);
+  SUBCASE("a wrong-typed member after the bookkeeping, and a nesting bomb there: a hit (load: corrupt)") {
+    uint64_t n = 60;
+    for (const std::string& members : {std::string(R"(,"source":{"a":1},"log":7)"), nesting_bomb()}) {
+      std::string key = key_of(++n);
+      plant(store.entry_path(key), entry_with_meta(key, members, payload));
+      std::optional<Entry> entry = store.load_payload(key);
+      REQUIRE(entry.has_value());
+      CHECK(entry->payload == std::vector<char>(payload.begin(), payload.end()));
+      CHECK(entry->meta.size() == 1);  // the bookkeeping alone
+      CHECK(entry->meta[format::kBookkeepingKey]["key"] == key);
+      StderrCapture quiet;
+      CHECK_FALSE(store.load(key).has_value());
+    }
+  }
+  SUBCASE("the bookkeeping's own problems, invalid JSON before it and a bad hash: misses, counted corrupt") {
+    // Each meta for the key its file is planted under (so that only its own problem can refuse it).
+    auto book = [](const std::string& key_json, const std::string& created, int version, int payload_bytes) {
+      return R"({"kjit_entry":{"format":)" + std::to_string(version) + R"(,"key":)" + key_json +
+             R"(,"created_unix":)" + created + R"(,"payload_bytes":)" + std::to_string(payload_bytes) + "}";
+    };
+    auto quoted = [](const std::string& k) { return "\"" + k + "\""; };
+    const std::vector<std::function<std::string(const std::string&)>> metas = {
+        [&](const std::string& k) { return book(quoted(k), R"("yesterday")", 1, 64) + "}"; },
+        [&](const std::string&) { return book(R"({"a":1})", "1", 1, 64) + "}"; },
+        [&](const std::string& k) { return book(quoted(k), "1", 2, 64) + "}"; },
+        [&](const std::string& k) { return book(quoted(k), "1", 1, 63) + "}"; },
+        [&](const std::string&) { return std::string(R"({"kjit_entry":5,"source":"x"})"); },
+        [&](const std::string& k) { return R"({"arch":[1,},)" + book(quoted(k), "1", 1, 64).substr(1) + "}"; },
+        [&](const std::string&) { return std::string(R"(["kjit_entry"])"); },
+        [&](const std::string&) { return book(quoted(key_of(99)), "1", 1, 64) + "}"; },
+    };
+    StderrCapture quiet;
+    uint64_t n = 200;
+    for (const auto& meta : metas) {
+      std::string key = key_of(++n);
+      CAPTURE(meta(key));
+      auto file = format::encode_meta_text(meta(key), payload);
+      REQUIRE(file.has_value());
+      plant(store.entry_path(key), *file);
+      CHECK_FALSE(store.load_payload(key).has_value());
+    }
+    std::string key = key_of(++n);
+    std::vector<char> flipped = entry_with_meta(key, "", payload);
+    flipped.back() ^= 1;
+    plant(store.entry_path(key), flipped);
+    CHECK_FALSE(store.load_payload(key).has_value());
+    CHECK(store.counters().corrupt == metas.size() + 1);
+  }
+  SUBCASE("members before the bookkeeping are skipped, of any type") {
+    std::string key = key_of(80);
+    std::string text = R"({"arch":[1,[2,{"b":null}]],"canonical":"x","kjit_entry":{"format":1,"key":")" + key +
+                       R"(","created_unix":1700000000,"payload_bytes":64},"source":"s"})";
+    auto file = format::encode_meta_text(text, payload);
+    REQUIRE(file.has_value());
+    plant(store.entry_path(key), *file);
+    std::optional<Entry> entry = store.load_payload(key);
+    REQUIRE(entry.has_value());
+    CHECK(entry->meta[format::kBookkeepingKey]["created_unix"] == 1700000000);
+  }
 }
 
 TEST_CASE("list gives the typed fields of an entry and times within bounds") {

@@ -131,6 +131,17 @@ Decoded decode(std::span<const char> file, std::string_view expected_key);
 Decoded decode(std::span<const char> head, std::span<const char> meta_bytes, std::span<const char> payload,
                std::string_view expected_key);
 
+// decode for a reader that uses the payload only (the runtime's load): the
+// header and the hash as decode checks them, and of the meta only the
+// bookkeeping member, checked as decode checks it (`meta` holds just that
+// member, `fields` just created_unix). The other members are neither parsed
+// nor type-checked: a SAX pass stops once the bookkeeping object closes,
+// which the store's sorted members put before the rendered source and the
+// compile log that make up most of a kernel's meta (lexing them was most of a
+// cache hit's host time). Every byte is still hashed.
+Decoded decode_bookkeeping(std::span<const char> head, std::span<const char> meta_bytes,
+                           std::span<const char> payload, std::string_view expected_key);
+
 // Parses the meta document of an entry whose header passed check_header,
 // without hashing: for listings that must not read payloads. Reports as
 // corrupt a meta over the size or nesting bounds (checked before parsing),

@@ -203,6 +203,13 @@ class Store {
   // each root looked at logs the key, the root and hit, miss or corrupt (why).
   std::optional<Entry> load(std::string_view key);
 
+  // load for a reader of the payload (the runtime, precompile): the same
+  // roots, misses, pins and stamps, the whole entry hashed, but of the meta only
+  // the bookkeeping read and checked (format::decode_bookkeeping), which is all
+  // `meta` then holds. A meta member of the wrong type elsewhere is not seen
+  // here (list and verify report it).
+  std::optional<Entry> load_payload(std::string_view key);
+
   // Publishes atomically (temp file beside the target, fsync, rename, fsync of
   // the directory; a directory or other non-file at the entry's name is
   // removed first). Many writers of one key end with one valid entry; a valid
