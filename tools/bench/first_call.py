@@ -10,7 +10,9 @@ Each case runs in its own interpreter; torch's import and CUDA context
 creation happen before the clock starts (a tiny torch op), so the figure is
 kjit's alone: the wall time of the first call up to a synchronize, then the
 second call's for comparison. Kernels loaded = cache entries after the cold run.
---profile prints cProfile's view of each warm first call on stderr (where the milliseconds go).
+--profile prints cProfile's view of each warm first call on stderr (where the milliseconds go); --split
+adds a third process per case that loads libkjit and sets up the runtime and the device first
+(kjit_device_errors), each timed, before the call: what is kjit's once per process and what per kernel.
 """
 import argparse
 import json
@@ -50,11 +52,16 @@ call = lambda: m(x, ids, wts)
 }
 
 RUNNER = """
-import cProfile, pstats, sys, time, torch, kjit
+import cProfile, json, pstats, sys, time, torch, kjit
 dev = "cuda"
 torch.zeros(1, device=dev).add_(1); torch.cuda.synchronize()
 {setup}
 torch.cuda.synchronize()
+split = {{}}
+if {split}:
+    from kjit import _library
+    t = time.perf_counter(); lib = _library.library(); split["library_ms"] = (time.perf_counter() - t) * 1e3
+    t = time.perf_counter(); lib.kjit_device_errors(0); split["runtime_and_device_ms"] = (time.perf_counter() - t) * 1e3
 profile = cProfile.Profile() if {profile} else None
 if profile: profile.enable()
 t = time.perf_counter(); call(); torch.cuda.synchronize(); first = time.perf_counter() - t
@@ -62,19 +69,22 @@ if profile:
     profile.disable()
     pstats.Stats(profile, stream=sys.stderr).sort_stats("cumulative").print_stats(25)
 t = time.perf_counter(); call(); torch.cuda.synchronize(); second = time.perf_counter() - t
+print(json.dumps(split))
 print(first * 1e3, second * 1e3)
 """
 
 
-def run_case(setup, cache, profile=False):
-    """(first call ms, second call ms); with profile, cProfile's view of the first call on stderr."""
+def run_case(setup, cache, profile=False, split=False):
+    """(first call ms, second call ms, split); with profile, cProfile's view of the first call on stderr; with
+    split, the libkjit load and the runtime and device set-up timed before the call (in `split`, ms)."""
     env = dict(os.environ, KJIT_CACHE_DIR=cache)
-    run = subprocess.run([sys.executable, "-c", RUNNER.format(setup=setup, profile=profile)], env=env, check=True,
-                         capture_output=True, text=True)
+    run = subprocess.run([sys.executable, "-c", RUNNER.format(setup=setup, profile=profile, split=split)], env=env,
+                         check=True, capture_output=True, text=True)
     if profile:
         print(run.stderr, file=sys.stderr)
-    out = run.stdout.split()
-    return float(out[-2]), float(out[-1])
+    lines = run.stdout.strip().splitlines()
+    first, second = (float(v) for v in lines[-1].split())
+    return first, second, json.loads(lines[-2])
 
 
 def entries(cache):
@@ -85,15 +95,23 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json")
     parser.add_argument("--profile", action="store_true", help="cProfile each warm first call (stderr)")
+    parser.add_argument("--split", action="store_true",
+                        help="also a warm process with libkjit's load and the runtime's set-up timed apart")
     args = parser.parse_args()
     rows = []
     for name, setup in CASES.items():
         with tempfile.TemporaryDirectory() as cache:
-            cold, cold_second = run_case(setup, cache)
+            cold, cold_second, _ = run_case(setup, cache)
             kernels = entries(cache)
-            warm, warm_second = run_case(setup, cache, args.profile)
+            warm, warm_second, _ = run_case(setup, cache, args.profile)
+            split = run_case(setup, cache, split=True) if args.split else None
         row = {"case": name, "kernels": kernels, "cold_ms": round(cold, 2), "warm_ms": round(warm, 3),
                "warm_ms_per_kernel": round(warm / max(kernels, 1), 3), "second_call_ms": round(warm_second, 3)}
+        if split:
+            first, _, parts = split
+            row.update({name: round(value, 3) for name, value in parts.items()})
+            row["warm_ms_after_setup"] = round(first, 3)
+            row["warm_ms_per_kernel_after_setup"] = round(first / max(kernels, 1), 3)
         rows.append(row)
         print(json.dumps(row), flush=True)
     if args.json:
