@@ -223,6 +223,31 @@ class BookkeepingReader : public nlohmann::json_sax<nlohmann::json> {
   }
 };
 
+// What every reader checks once the meta is parsed: its bookkeeping, then its typed fields.
+Decoded checked_meta(nlohmann::json meta, const Header& header, std::string_view expected_key) {
+  if (std::string problem = bookkeeping_problem(meta, header, expected_key); !problem.empty())
+    return corrupt(std::move(problem));
+  Decoded d;
+  if (std::string problem = read_fields(meta, d.fields); !problem.empty()) return corrupt(std::move(problem));
+  d.verdict = Verdict::ok;
+  d.header = header;
+  d.meta = std::move(meta);
+  return d;
+}
+
+// The header of an entry read in pieces, the pieces' lengths and the hash: the verdict when they do not
+// check out, else nothing (and `header` is the checked header).
+std::optional<Decoded> pieces_problem(HeaderCheck& header, std::span<const char> head,
+                                      std::span<const char> meta_bytes, std::span<const char> payload) {
+  header = check_header(head, head.size() + meta_bytes.size() + payload.size());
+  if (header.verdict != Verdict::ok) return Decoded{header.verdict, header.problem, header.header, {}, {}, {}};
+  if (head.size() != kHeaderBytes || meta_bytes.size() != header.header.meta_bytes)
+    return corrupt("the pieces differ from the lengths in the header");
+  if (content_hash(head.first(kHashedHeaderBytes), meta_bytes, payload) != header.header.hash)
+    return corrupt("content hash mismatch");
+  return std::nullopt;
+}
+
 }  // namespace
 
 Expected<nlohmann::json> with_bookkeeping(const nlohmann::json& caller_meta, std::string_view key,
@@ -313,24 +338,13 @@ Decoded decode_meta_only(const HeaderCheck& header, std::span<const char> meta_b
   if (std::string problem = nesting_problem(meta_bytes); !problem.empty()) return corrupt(std::move(problem));
   nlohmann::json meta = nlohmann::json::parse(meta_bytes.begin(), meta_bytes.end(), nullptr, false);
   if (meta.is_discarded()) return corrupt("meta is not valid JSON");
-  if (std::string problem = bookkeeping_problem(meta, header.header, expected_key); !problem.empty())
-    return corrupt(std::move(problem));
-  Decoded d;
-  if (std::string problem = read_fields(meta, d.fields); !problem.empty()) return corrupt(std::move(problem));
-  d.verdict = Verdict::ok;
-  d.header = header.header;
-  d.meta = std::move(meta);
-  return d;
+  return checked_meta(std::move(meta), header.header, expected_key);
 }
 
 Decoded decode(std::span<const char> head, std::span<const char> meta_bytes, std::span<const char> payload,
                std::string_view expected_key) {
-  HeaderCheck header = check_header(head, head.size() + meta_bytes.size() + payload.size());
-  if (header.verdict != Verdict::ok) return Decoded{header.verdict, header.problem, header.header, {}, {}, {}};
-  if (head.size() != kHeaderBytes || meta_bytes.size() != header.header.meta_bytes)
-    return corrupt("the pieces differ from the lengths in the header");
-  if (content_hash(head.first(kHashedHeaderBytes), meta_bytes, payload) != header.header.hash)
-    return corrupt("content hash mismatch");
+  HeaderCheck header;
+  if (std::optional<Decoded> problem = pieces_problem(header, head, meta_bytes, payload)) return std::move(*problem);
   Decoded d = decode_meta_only(header, meta_bytes, expected_key);
   if (d.verdict == Verdict::ok) d.payload = payload;
   return d;
@@ -338,25 +352,15 @@ Decoded decode(std::span<const char> head, std::span<const char> meta_bytes, std
 
 Decoded decode_bookkeeping(std::span<const char> head, std::span<const char> meta_bytes,
                            std::span<const char> payload, std::string_view expected_key) {
-  HeaderCheck header = check_header(head, head.size() + meta_bytes.size() + payload.size());
-  if (header.verdict != Verdict::ok) return Decoded{header.verdict, header.problem, header.header, {}, {}, {}};
-  if (head.size() != kHeaderBytes || meta_bytes.size() != header.header.meta_bytes)
-    return corrupt("the pieces differ from the lengths in the header");
-  if (content_hash(head.first(kHashedHeaderBytes), meta_bytes, payload) != header.header.hash)
-    return corrupt("content hash mismatch");
+  HeaderCheck header;
+  if (std::optional<Decoded> problem = pieces_problem(header, head, meta_bytes, payload)) return std::move(*problem);
   BookkeepingReader reader;
   nlohmann::json::sax_parse(meta_bytes.begin(), meta_bytes.end(), &reader);
   if (reader.invalid && !reader.done) return corrupt("meta is not valid JSON");
   nlohmann::json meta = nlohmann::json::object();
   if (!reader.book.is_discarded()) meta[kBookkeepingKey] = std::move(reader.book);
-  if (std::string problem = bookkeeping_problem(meta, header.header, expected_key); !problem.empty())
-    return corrupt(std::move(problem));
-  Decoded d;
-  if (std::string problem = read_fields(meta, d.fields); !problem.empty()) return corrupt(std::move(problem));
-  d.verdict = Verdict::ok;
-  d.header = header.header;
-  d.meta = std::move(meta);
-  d.payload = payload;
+  Decoded d = checked_meta(std::move(meta), header.header, expected_key);
+  if (d.verdict == Verdict::ok) d.payload = payload;
   return d;
 }
 
