@@ -97,6 +97,7 @@ Expected<const Nvrtc*> Nvrtc::load() {
     int major = 0, minor = 0;
     api.Version(&major, &minor);
     n.version_ = fmt::format("{}.{}", major, minor);
+    n.has_own_cache_ = major > 12 || (major == 12 && minor >= 9);
     int count = 0;
     if (api.GetNumSupportedArchs(&count) == 0 && count > 0) {
       n.archs_.resize(static_cast<size_t>(count));
@@ -132,6 +133,12 @@ Expected<CompiledKernel> Nvrtc::compile(const std::string& source, const std::st
 
   std::vector<const char*> argv;
   for (const auto& o : options) argv.push_back(o.c_str());
+  // kjit's cache is the one whose entries are verified. NVRTC's own (12.9+, in
+  // the driver's compute cache) would store every cubin a second time there,
+  // evicting other programs' JIT entries from its shared size cap, and serve
+  // unverified bytes with no record of it. It changes no output, so it stays
+  // out of the options that enter the key.
+  if (has_own_cache_) argv.push_back("--no-cache");
   const int compiled = api_->CompileProgram(program, static_cast<int>(argv.size()), argv.data());
 
   CompiledKernel out;

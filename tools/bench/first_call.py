@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A new process's first kjit call, cold (empty KJIT_CACHE_DIR: render,
-NVRTC, publish, load) and warm (a second new process on the same cache: disk
-lookup, verify, load), for issue 40's targets (<= 300 ms cold for a grouped
+NVRTC, publish, load; kjit turns NVRTC's own cache off, so every cold run
+compiles) and warm (a second new process on the same cache: disk lookup,
+verify, load), for issue 40's targets (<= 300 ms cold for a grouped
 GEMM, <= 2 ms per kernel loaded warm). Needs a GPU and torch.
 
   tools/bench/first_call.py [--json FILE]

@@ -45,6 +45,11 @@ def load_nvrtc():
 
 NVRTC = load_nvrtc()
 NVRTC.nvrtcGetErrorString.restype = ctypes.c_char_p
+_major, _minor = ctypes.c_int(), ctypes.c_int()
+NVRTC.nvrtcVersion(ctypes.byref(_major), ctypes.byref(_minor))
+# As kjit compiles (builder/src/nvrtc.cpp): NVRTC 12.9+ would otherwise serve repeats from the driver's compute
+# cache on a machine with a GPU, and --repeat would time cache hits.
+NO_CACHE = ["--no-cache"] if (_major.value, _minor.value) >= (12, 9) else []
 
 
 def thread_cpu():
@@ -140,7 +145,7 @@ def main():
     print(f"{'syntax':>7} {'ptx':>7} {'cubin':>7}  (CPU s)  kernel")
     for label, source, op, options in items:
         arch = next(o.split("=", 1)[1] for o in options if o.startswith("--gpu-architecture="))
-        opts = [o for o in options if o not in args.drop] + extra  # kjit's options as recorded (no include path)
+        opts = [o for o in options if o not in args.drop] + NO_CACHE + extra  # kjit's options as recorded
         name = f"/kjit/{op}.cu"
         row = {"kernel": label}
         for mode in modes:

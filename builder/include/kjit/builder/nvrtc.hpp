@@ -37,6 +37,7 @@ class Nvrtc {
   struct Api;
   const Api* api_ = nullptr;
   std::string version_;
+  bool has_own_cache_ = false;  // NVRTC 12.9+ caches compiles in the driver's compute cache unless told not to
   std::string library_path_;
   std::vector<int> archs_;  // numeric, e.g. 90, 100, 120
 };
