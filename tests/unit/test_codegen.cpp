@@ -289,10 +289,10 @@ TEST_CASE("grouped GEMM configurations: buckets by rows per expert on sm_90a, th
   CHECK(validate(KernelSpec{lone}).error().message.find("a cluster of 1 has no axis") != std::string::npos);
 }
 
-TEST_CASE("the decode buckets on sm_90a: bf16 up to 32 routed rows, W8A16 up to 64, W8A8 up to 64 over 64+ experts") {
+TEST_CASE("the decode buckets on sm_90a: bf16 up to 64 routed rows, W8A16 up to 64, W8A8 up to 128 over 64+ experts") {
   using Kernel = GemmRequest::Kernel;
   const auto hopper = arch("sm_90a");
-  // Qwen3-30B-A3B's gate_up (E 128, N 1536, K 2048) at 1 and 64 tokens of top 8; one past the bucket.
+  // Qwen3-30B-A3B's gate_up (E 128, N 1536, K 2048) at 1 and 64 routed rows (8 tokens of top 8); one past the bucket.
   GroupedGemmSpec bf16{.n = 1536, .k = 2048, .experts = 128};
   for (int64_t rows : {int64_t{1}, kDecodeMaxRowsBf16}) {
     const auto s = *choose_grouped_gemm_config(bf16, hopper, rows);

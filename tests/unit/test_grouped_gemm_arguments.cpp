@@ -16,13 +16,13 @@ using namespace kjit::testing;
 namespace {
 
 struct GemmFixture : FakeRuntimeFixture {
-  FakeBuffer a{64 * 256 * 2, 0}, w{4 * 128 * 256 * 2, 0}, y{64 * 128 * 2, 0}, offsets{4 * 4, 0};
+  FakeBuffer a{128 * 256 * 2, 0}, w{4 * 128 * 256 * 2, 0}, y{128 * 128 * 2, 0}, offsets{4 * 4, 0};
   kjit_grouped_gemm_desc g{};
 
   GemmFixture() {
     kjit_grouped_gemm_desc_init(&g);
     g.a_dtype = g.b_dtype = g.out_dtype = KJIT_DTYPE_BF16;
-    g.rows = 64;
+    g.rows = 128;  // past the decode bucket (kDecodeMaxRowsBf16), so the SM90 kernels run
     g.n = 128;
     g.k = 256;
     g.experts = 4;
@@ -44,13 +44,13 @@ TEST_CASE_FIXTURE(GemmFixture, "on sm_90 a grouped GEMM launches the persistent 
   auto r = kjit::ops::grouped_gemm(runtime, g, fake_stream(0));
   REQUIRE_MESSAGE(r.has_value(), r.error().message);
   CHECK(machine.launches == 1);
-  // 64 rows over 4 experts: 16 per expert, the decode bucket (one consumer warpgroup, 64 x 256 tiles).
+  // 128 rows over 4 experts: 32 per expert, the first SM90 bucket (one consumer warpgroup, 64 x 256 tiles).
   CHECK(machine.block_x == 256);
-  CHECK(machine.grid[0] == 1 * 5);  // (ceil(64 / 64) + 4 partial tiles) x 1 n-tile, under 132 SMs
+  CHECK(machine.grid[0] == 1 * 6);  // (ceil(128 / 64) + 4 partial tiles) x 1 n-tile, under 132 SMs
   CHECK(machine.shared_bytes > 48 * 1024);
   CHECK(machine.shared_opt_in == static_cast<int>(machine.shared_bytes));
   REQUIRE(machine.tensor_map_dims.size() == 2);
-  CHECK(machine.tensor_map_dims[0] == std::vector<cuuint64_t>{256, 64});      // A: K, rows
+  CHECK(machine.tensor_map_dims[0] == std::vector<cuuint64_t>{256, 128});     // A: K, rows
   CHECK(machine.tensor_map_boxes[0] == std::vector<cuuint64_t>{64, 64});      // 64 k x tile_m rows
   CHECK(machine.tensor_map_dims[1] == std::vector<cuuint64_t>{256, 128, 4});  // B [E, N, K]: K, N, E
   CHECK(machine.tensor_map_boxes[1] == std::vector<cuuint64_t>{64, 256, 1});
@@ -174,7 +174,7 @@ TEST_CASE_FIXTURE(GemmFixture, "the portable kernel can be forced, and launches 
   auto r = kjit::ops::grouped_gemm(runtime, g, fake_stream(0));
   REQUIRE_MESSAGE(r.has_value(), r.error().message);
   CHECK(machine.launches == 1);
-  CHECK(machine.grid[0] == 1 + 4);  // ceil(64 / 64) + one partial tile per expert
+  CHECK(machine.grid[0] == 2 + 4);  // ceil(128 / 64) + one partial tile per expert
   CHECK(machine.grid[1] == 1);      // ceil(128 / 128)
   CHECK(machine.tensor_map_dims.empty());
 }
@@ -233,15 +233,15 @@ TEST_CASE_FIXTURE(GemmFixture, "grouped GEMM argument errors are named and launc
   g.a = a.data() + 2;
   expect_gemm_rejected("'a' is not 16-byte aligned");
   g.a = a.data();
-  FakeBuffer out_on_1(64 * 128 * 2, 1);
+  FakeBuffer out_on_1(128 * 128 * 2, 1);
   g.out = out_on_1.data();
   expect_gemm_rejected("'out' is on device 1 but 'b' is on device 0");
 }
 
 TEST_CASE_FIXTURE(GemmFixture, "a gathered A launches without A's TMA maps") {
-  FakeBuffer index(64 * 4, 0);
+  FakeBuffer index(128 * 4, 0);
   g.sorted_to_flat = reinterpret_cast<const int32_t*>(index.data());
-  g.tokens = 16;
+  g.tokens = 32;
   g.top_k = 4;
   auto r = kjit::ops::grouped_gemm(runtime, g, fake_stream(0));
   REQUIRE_MESSAGE(r.has_value(), r.error().message);
@@ -252,9 +252,9 @@ TEST_CASE_FIXTURE(GemmFixture, "a gathered A launches without A's TMA maps") {
 }
 
 TEST_CASE_FIXTURE(GemmFixture, "gather argument errors are named and launch nothing") {
-  FakeBuffer index(64 * 4, 0);
+  FakeBuffer index(128 * 4, 0);
   g.sorted_to_flat = reinterpret_cast<const int32_t*>(index.data());
-  g.tokens = 16;
+  g.tokens = 32;
   g.top_k = -1;
   expect_gemm_rejected("top_k must be 0 (no gather) or >= 1, got -1");
   g.top_k = 0;
@@ -264,12 +264,12 @@ TEST_CASE_FIXTURE(GemmFixture, "gather argument errors are named and launch noth
   expect_gemm_rejected("tokens must be >= 0 with tokens * top_k within int32");
   g.tokens = int64_t{1} << 30;
   expect_gemm_rejected("tokens must be >= 0 with tokens * top_k within int32");
-  g.tokens = 16;
+  g.tokens = 32;
   g.sorted_to_flat = nullptr;
   expect_gemm_rejected("'sorted_to_flat' is NULL");
   g.sorted_to_flat = reinterpret_cast<const int32_t*>(index.data() + 2);
   expect_gemm_rejected("'sorted_to_flat' must be 4-byte aligned");
-  FakeBuffer index_on_1(64 * 4, 1);
+  FakeBuffer index_on_1(128 * 4, 1);
   g.sorted_to_flat = reinterpret_cast<const int32_t*>(index_on_1.data());
   expect_gemm_rejected("'sorted_to_flat' is on device 1");
   g.sorted_to_flat = reinterpret_cast<const int32_t*>(index.data());
