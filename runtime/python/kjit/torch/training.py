@@ -345,32 +345,37 @@ class _ExpertsFunction(torch.autograd.Function):
             a = hidden[rows_token]
             h = kjit.grouped_gemm(a, gate_up_w, ends, offsets_convention=_OFFSETS,
                                   out_dtype=out_gu, **m._weight_args("gate_up", kernels))
+        # Every large temporary is dropped at its last use (the forward's peak is the fp32 products below): the
+        # gathered rows once the branch's first product has them, the activation before the down GEMM's output.
         if lora_gu is not None:  # the branch's fp32 product added to the base's fp32 output, rounded once
             if a is None:
                 a = hidden[rows_token]
             u_gu = kjit.grouped_gemm(a, lora_gu[0], ends, offsets_convention=_OFFSETS)
+            a = None
             lora_h = kjit.grouped_gemm(u_gu, lora_gu[1], ends, offsets_convention=_OFFSETS, out_dtype=torch.float32,
                                        row_scale=lora_scale)
+        a = None
         h = _round_with_bias(h, gate_up_bias, row_experts, m, lora_h)
-        # Dropped as soon as they are used (the forward's peak): the fp32 [rows, 2I] product and the gathered rows
-        # must not live on through the down projection.
-        a = lora_h = None
+        lora_h = None
 
         act = compiled_activation(h, m.activation, m._gate_up_order(), m.swiglu_alpha, m.swiglu_limit)
+        if lora_dn is not None:
+            u_dn = kjit.grouped_gemm(act, lora_dn[0], ends, offsets_convention=_OFFSETS)
         if kernels == "w8a8":
             act8, act_scale = kjit.quantize_fp8(act)
+            act = None
             y = kjit.grouped_gemm(act8, down_w, ends, offsets_convention=_OFFSETS, a_scale=act_scale,
                                   out_dtype=out_dn, **m._weight_args("down", "w8a8"))
             act8 = act_scale = None
         else:
             y = kjit.grouped_gemm(act, down_w, ends, offsets_convention=_OFFSETS,
                                   out_dtype=out_dn, **m._weight_args("down", kernels))
+            act = None
         if lora_dn is not None:
-            u_dn = kjit.grouped_gemm(act, lora_dn[0], ends, offsets_convention=_OFFSETS)
             lora_y = kjit.grouped_gemm(u_dn, lora_dn[1], ends, offsets_convention=_OFFSETS, out_dtype=torch.float32,
                                        row_scale=lora_scale)
         y = _round_with_bias(y, down_bias, row_experts, m, lora_y)
-        act = lora_y = None
+        lora_y = None
         out = kjit.moe_combine(y, topk_weights, f2s.view(tokens, top_k), out_dtype=plan.out_dtype)
 
         ctx.plan, ctx.kernels, ctx.scaling = plan, kernels, scaling
@@ -420,18 +425,19 @@ class _ExpertsFunction(torch.autograd.Function):
             grads[4] = _wgrad(g, (act.float() * w[:, None]).to(torch.bfloat16), ends, down_w.dtype)
         if needs[6]:
             grads[6] = _segment_sum(g, ends, w)
+        # Dropped at their last use, as in forward: the backward's peak was these [rows, *] tensors still alive
+        # beside gate_up's dX and its gathered rows.
+        g = act = d_u = None
 
-        # the activation, then gate_up
+        # the activation, then gate_up: its weight gradients first, so that the gathered rows are gone before dX
         d_h = compiled_activation_grad(h, d_act, m.activation, m._gate_up_order(), m.swiglu_alpha, m.swiglu_limit)
+        d_act = None
         if needs[5]:
             grads[5] = _segment_sum(d_h, ends)
-        d_a = gemm(d_h, gate_up_w, ends, weights="e_k_n", offsets_convention=_OFFSETS,
-                   **m._weight_args("gate_up", bwd))
         a = hidden[rows_token] if (needs[3] or needs[7]) else None
         if ctx.lora_targets[0]:
             d_u = gemm(d_h, gu_b_stored, ends, weights="e_k_n", offsets_convention=_OFFSETS,
                        row_scale=torch.full((rows,), scaling, dtype=torch.float32, device=d_h.device))
-            d_a.add_(gemm(d_u, gu_a, ends, weights="e_k_n", offsets_convention=_OFFSETS))
             if needs[8]:
                 d_b = _wgrad(d_h, (u_gu.float() * scaling).to(torch.bfloat16), ends, b_dtype[0])
                 grads[8] = m._lora_b_checkpoint_order(d_b)
@@ -439,6 +445,13 @@ class _ExpertsFunction(torch.autograd.Function):
                 grads[7] = _wgrad(d_u, a, ends, a_dtype[0])
         if needs[3]:
             grads[3] = _wgrad(d_h, a, ends, gate_up_w.dtype)
+        a = None
+        d_a = gemm(d_h, gate_up_w, ends, weights="e_k_n", offsets_convention=_OFFSETS,
+                   **m._weight_args("gate_up", bwd))
+        d_h = None
+        if d_u is not None:
+            d_a.add_(gemm(d_u, gu_a, ends, weights="e_k_n", offsets_convention=_OFFSETS))
+            d_u = None
         if needs[1]:  # a token's rows summed in order of k (kjit.moe_combine with weights 1): no atomics
             ones = torch.ones(tokens, top_k, dtype=torch.float32, device=d_a.device)
             grads[1] = kjit.moe_combine(d_a, ones, f2s.view(tokens, top_k), out_dtype=hidden.dtype)
