@@ -136,10 +136,10 @@ std::vector<GroupedGemmSpec> grouped_gemm_configs(const GroupedGemmSpec& problem
 // - bf16 weights (bulk-copy ring): 1.04-3.11x the SM90 kernels up to 64 routed rows (8 tokens of top 8) in all
 //   three shapes; at 128 rows 0.96-1.06x, at 256 0.87-0.98x;
 // - FP8 weights, W8A16 (the threads' cp.async ring): 1.18-3.44x up to 64 routed rows in all three shapes,
-//   0.88-1.04x at 128;
-// - W8A8 (e4m3 mma.sync, the bulk-copy ring): 1.13-2.71x up to 64 rows and 1.01-1.11x at 128 over 128 and 256
-//   experts (two runs), 0.86-1.09x from 256; 0.75-1.02x over 32 experts, where the SM90 tiles stream at 57-85%
-//   of copy bandwidth.
+//   0.88-1.11x at 128 (two runs; MoEExperts runs W8A8 from 64 rows);
+// - W8A8 (e4m3 mma.sync, the bulk-copy ring): 1.10-2.71x up to 64 rows and 1.00-1.09x at 128 over 128 and 256
+//   experts (two runs), 0.86-0.96x from 256; 0.88-0.98x over 32 experts, whose SM90 tiles stream at 66-85% of
+//   copy bandwidth.
 inline constexpr int64_t kDecodeMaxRowsBf16 = 64;
 inline constexpr int64_t kDecodeMaxRowsW8A16 = 64;
 inline constexpr int64_t kDecodeMaxRowsW8A8 = 128;
