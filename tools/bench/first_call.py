@@ -78,7 +78,9 @@ print(first * 1e3, second * 1e3)
 def run_case(setup, cache, profile=False, split=False):
     """(first call ms, second call ms, split); with profile, cProfile's view of the first call on stderr; with
     split, the libkjit load and the runtime and device set-up timed before the call (in `split`, ms)."""
-    env = dict(os.environ, KJIT_CACHE_DIR=cache)
+    # CUDA_CACHE_DISABLE: no driver compute cache, where NVRTC 12.9+ would answer a repeat compile from (kjit turns
+    # NVRTC's cache off itself since b197c06; this keeps an older library's cold runs cold too).
+    env = dict(os.environ, KJIT_CACHE_DIR=cache, CUDA_CACHE_DISABLE="1")
     run = subprocess.run([sys.executable, "-c", RUNNER.format(setup=setup, profile=profile, split=split)], env=env,
                          check=True, capture_output=True, text=True)
     if profile:
