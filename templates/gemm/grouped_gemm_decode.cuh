@@ -267,20 +267,13 @@ __device__ __forceinline__ void decode_multiply_w8a8(float (&acc)[Cfg::kTokenTil
       acc[t][c] = fmaf(part[t][c], x.weight_scale[c / 2][b] * x.token_scale[t][c % 2][b], acc[t][c]);
 }
 
-// The k-warps' partials (in the ring, once every warp is done with it), then their sum in k-warp order, the
-// activation, the row scale and the store of the pair's `rows` rows.
+// The pair's output from the k-splits' fp32 partials, [Cfg::kKWarps][Cfg::kRows][Cfg::kTileN + 1] at `ring`
+// (every split's written, the block synchronised): their sum in split order, the activation, the row scale
+// and the store of the pair's `rows` rows. The wgmma decode kernel (grouped_gemm_fp8_decode_sm90.cuh) shares it.
 template <class Cfg>
-__device__ __forceinline__ void decode_store(const kjit_grouped_gemm_params& p, unsigned char* ring,
-                                             const float (&acc)[Cfg::kTokenTiles][4], const DecodeLanes& at,
-                                             long long n0, long long row0, int rows) {
-  auto partials = reinterpret_cast<float(*)[Cfg::kRows][Cfg::kTileN + 1]>(ring);
-  __syncthreads();  // every warp's ring reads are done
-#pragma unroll
-  for (int t = 0; t < Cfg::kTokenTiles; ++t)
-#pragma unroll
-    for (int c = 0; c < 4; ++c)
-      partials[at.k_warp][t * 8 + 2 * at.quad + c % 2][at.row_warp * 16 + at.group + 8 * (c / 2)] = acc[t][c];
-  __syncthreads();
+__device__ __forceinline__ void decode_sum_store(const kjit_grouped_gemm_params& p, const unsigned char* ring,
+                                                 long long n0, long long row0, int rows) {
+  auto partials = reinterpret_cast<const float(*)[Cfg::kRows][Cfg::kTileN + 1]>(ring);
   for (int i = threadIdx.x; i < rows * Cfg::kTileOutN; i += Cfg::kThreads) {
     const int r = i / Cfg::kTileOutN, col = i % Cfg::kTileOutN;
     const long long out_col = n0 / (Cfg::kFusedActivation ? 2 : 1) + col;
@@ -303,6 +296,22 @@ __device__ __forceinline__ void decode_store(const kjit_grouped_gemm_params& p, 
           static_cast<unsigned short>(cvt_rn_bf16x2_f32(v, 0.0f) & 0xffffu);
     }
   }
+}
+
+// The k-warps' partials (in the ring, once every warp is done with it), then decode_sum_store.
+template <class Cfg>
+__device__ __forceinline__ void decode_store(const kjit_grouped_gemm_params& p, unsigned char* ring,
+                                             const float (&acc)[Cfg::kTokenTiles][4], const DecodeLanes& at,
+                                             long long n0, long long row0, int rows) {
+  auto partials = reinterpret_cast<float(*)[Cfg::kRows][Cfg::kTileN + 1]>(ring);
+  __syncthreads();  // every warp's ring reads are done
+#pragma unroll
+  for (int t = 0; t < Cfg::kTokenTiles; ++t)
+#pragma unroll
+    for (int c = 0; c < 4; ++c)
+      partials[at.k_warp][t * 8 + 2 * at.quad + c % 2][at.row_warp * 16 + at.group + 8 * (c / 2)] = acc[t][c];
+  __syncthreads();
+  decode_sum_store<Cfg>(p, ring, n0, row0, rows);
   if constexpr (Cfg::kBulkCopies) ptx::fence_proxy_async_shared_cta();  // before the next pair's copies land
   __syncthreads();  // the partials (the ring) and `found` are reused by the next slot
 }

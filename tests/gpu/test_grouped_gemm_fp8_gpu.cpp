@@ -84,7 +84,11 @@ std::vector<KernelPath> kernel_paths() {
     paths.push_back({"sm90 rows on M 128 x 128", KJIT_GEMM_KERNEL_SM90, 128, 128, 1});
     paths.push_back({"sm90 rows on M 128 x 256 (two weight halves)", KJIT_GEMM_KERNEL_SM90, 128, 256, 1, 8, true});
   }
-  if (compute_capability() >= 90) {  // the decode kernel's bulk copies
+  if (is_hopper()) {  // the wgmma decode kernel: 64 weight rows a block, chunks of 8 (its default), 16 or 32 rows
+    paths.push_back({"wgmma decode, the heuristic's chunks (8 rows)", KJIT_GEMM_KERNEL_DECODE, 0, 0, 0});
+    paths.push_back({"wgmma decode, chunks of 16 rows", KJIT_GEMM_KERNEL_DECODE, 16, 0, 0});
+    paths.push_back({"wgmma decode, chunks of 32 rows", KJIT_GEMM_KERNEL_DECODE, 32, 64, 0});
+  } else if (compute_capability() >= 90) {  // the mma.sync decode kernel's bulk copies
     paths.push_back({"decode, the heuristic's chunks (8 rows) and weight tile", KJIT_GEMM_KERNEL_DECODE, 0, 0, 0});
     paths.push_back({"decode, chunks of 16 rows x 16 weight rows (8 k-warps)", KJIT_GEMM_KERNEL_DECODE, 16, 16, 0});
     paths.push_back({"decode, chunks of 16 rows x 128 weight rows (1 k-warp)", KJIT_GEMM_KERNEL_DECODE, 16, 128, 0});
@@ -298,15 +302,15 @@ TEST_CASE("decode sizes: one token's 8 rows on 8 experts or on one, 256 experts 
   if (compute_capability() < 90) return;  // the decode kernel's bulk copies (the other paths: the cases above)
   for (auto weight_scale : {KJIT_SCALE_PER_BLOCK, KJIT_SCALE_PER_ROW}) {
     CAPTURE(weight_scale);
-    Fp8Case distinct;  // K 384: one whole 256-k chunk and a half one
+    Fp8Case distinct;  // K 384: one whole 256-k chunk and a half one (wgmma: three k-blocks on one warpgroup)
     distinct.counts = {1, 0, 1, 1, 1, 0, 1, 1, 1, 1};
     distinct.k = 384;
-    distinct.n = 200;  // a partial last warp of 16 weight rows
+    distinct.n = 200;  // a partial last warp of 16 weight rows (wgmma: a partial 64-row weight box)
     distinct.weight_scale = weight_scale;
     distinct.extra_rows = 3;
     distinct.decode_paths_only = true;
     run_fp8_gemm(distinct);
-    Fp8Case one_expert;  // K 7296: DeepSeek-V3's 7168 and one more block, over several k-warps
+    Fp8Case one_expert;  // K 7296: DeepSeek-V3's 7168 and one more block, over several k-warps (wgmma: 4 warpgroups)
     one_expert.counts = {0, 8, 0};
     one_expert.k = 7296;
     one_expert.weight_scale = weight_scale;
@@ -384,13 +388,13 @@ TEST_CASE("a captured decode-sized FP8 grouped GEMM (8 rows over 64 experts: the
   };
   Fp8Case c;
   c.counts = routing({{0, 2}, {21, 2}, {42, 2}, {63, 2}});
-  if (is_hopper()) {  // the heuristic's decode bucket: the replays run the decode kernel
+  if (is_hopper()) {  // the heuristic's decode bucket: the replays run the wgmma decode kernel
     auto device = kjit::Runtime::global().device(0);
     REQUIRE_MESSAGE(device.has_value(), why(device));
     const codegen::GroupedGemmFp8Spec problem{.n = c.n, .k = c.k, .experts = c.experts()};
     const auto chosen = codegen::choose_grouped_gemm_fp8_config(problem, *(*device)->arch, 8);
     REQUIRE_MESSAGE(chosen.has_value(), why(chosen));
-    CHECK(chosen->kernel == codegen::Fp8GemmKernel::mma_decode);
+    CHECK(chosen->kernel == codegen::Fp8GemmKernel::wgmma_decode);
   }
   check_captured_replays(c, 8, {routing({{7, 8}}), routing({{1, 1}, {2, 3}, {40, 4}}),
                                 routing({{0, 1}, {9, 1}, {18, 1}, {27, 1}, {36, 1}, {45, 1}, {54, 1}, {63, 1}})});

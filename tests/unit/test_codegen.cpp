@@ -355,11 +355,14 @@ TEST_CASE("the decode buckets on sm_90a: bf16 up to 64 routed rows, W8A16 up to 
   CHECK(choose_grouped_gemm_mixed_config(fp8_kn, hopper, 8)->kernel == MixedGemmKernel::wgmma_sm90);
   CHECK_FALSE(choose_grouped_gemm_mixed_config(fp8, arch("sm_80"), 8, {.kernel = Kernel::decode}).has_value());
 
-  // W8A8: up to kDecodeMaxRowsW8A8 rows, the decode kernel with e4m3 operands on the bf16 ring (256-byte rows).
+  // W8A8: up to kDecodeMaxRowsW8A8 rows, the wgmma decode kernel (64 weight rows a block, chunks of 8 rows, K 7168
+  // split over 4 warpgroups with 4 stages each of a 64 x 128 weight box and an 8 x 128 row box).
   GroupedGemmFp8Spec w8a8{.n = 512, .k = 7168, .experts = 256};
   const auto q = *choose_grouped_gemm_fp8_config(w8a8, hopper, 8);
-  CHECK((q.kernel == Fp8GemmKernel::mma_decode && q.tile_m == 8 && q.tile_n == 32 && q.stages == 0));
-  CHECK(choose_grouped_gemm_fp8_config(w8a8, hopper, kDecodeMaxRowsW8A8)->kernel == Fp8GemmKernel::mma_decode);
+  CHECK((q.kernel == Fp8GemmKernel::wgmma_decode && q.tile_m == 8 && q.tile_n == 64 && q.stages == 4));
+  CHECK(fp8_decode_consumers(7168) == 4);
+  CHECK((fp8_decode_consumers(2048) == 2 && fp8_decode_consumers(768) == 1 && fp8_decode_consumers(128) == 1));
+  CHECK(choose_grouped_gemm_fp8_config(w8a8, hopper, kDecodeMaxRowsW8A8)->kernel == Fp8GemmKernel::wgmma_decode);
   CHECK(choose_grouped_gemm_fp8_config(w8a8, hopper, kDecodeMaxRowsW8A8 + 1)->kernel == Fp8GemmKernel::wgmma_sm90);
   auto w8a8_ep = w8a8;  // an EP8 rank's 32 experts: the SM90 kernels stream better there
   w8a8_ep.experts = kDecodeMinExpertsW8A8 - 1;
@@ -368,18 +371,36 @@ TEST_CASE("the decode buckets on sm_90a: bf16 up to 64 routed rows, W8A16 up to 
         Fp8GemmKernel::wgmma_sm90);
   CHECK(grouped_gemm_fp8_candidates(w8a8, hopper)->size() == 4);
   const auto w8a8_kernel = render(KernelSpec{q});
-  CHECK(w8a8_kernel.entry_point == "kjit_grouped_gemm_fp8_decode");
-  CHECK(w8a8_kernel.dynamic_shared_bytes == 3 * 8 * (16 * 256 + 8));
-  CHECK(w8a8_kernel.source.find("kjit::DecodeOperands::w8a8") != std::string::npos);
-  CHECK(grouped_gemm_fp8_geometry(q, 8, 132).grid_x == 8);
-  CHECK(canonical(KernelSpec{q}).ends_with("kernel=mma_decode tile=8x32x128 stages=0 cluster=1"));
+  CHECK(w8a8_kernel.entry_point == "kjit_grouped_gemm_fp8_decode_sm90");
+  CHECK(w8a8_kernel.threads_per_block == 4 * 128);
+  CHECK(w8a8_kernel.dynamic_shared_bytes == 4 * 4 * (64 + 8) * 128 + 1024 + 4 * 4 * 8);
+  CHECK(w8a8_kernel.source.find("kjit::GroupedGemmFp8DecodeSm90Config<") != std::string::npos);
+  const auto q_grid = grouped_gemm_fp8_geometry(q, 8, 132);
+  CHECK((q_grid.grid_x == 8 && q_grid.grid_y == 512 / 64 && q_grid.block_x == 4 * 128));
+  CHECK(canonical(KernelSpec{q}).ends_with("kernel=wgmma_decode tile=8x64x128 stages=4 cluster=1"));
   CHECK(*spec_from_json(to_json(KernelSpec{q})) == KernelSpec{q});
+  // Forced: chunks of 16 or 32 rows; 64 weight rows only; no clusters; more stages than fit, refused.
+  CHECK(choose_grouped_gemm_fp8_config(w8a8, hopper, 8, {.kernel = Kernel::decode, .tile_m = 32})->tile_m == 32);
+  CHECK_FALSE(choose_grouped_gemm_fp8_config(w8a8, hopper, 8, {.kernel = Kernel::decode, .tile_n = 32}).has_value());
+  CHECK_FALSE(choose_grouped_gemm_fp8_config(w8a8, hopper, 8, {.kernel = Kernel::decode, .cluster = 2}).has_value());
+  auto deep = q;
+  deep.stages = 8;
+  deep.tile_m = 32;
+  REQUIRE_FALSE(validate(KernelSpec{deep}).has_value());
+  CHECK(validate(KernelSpec{deep}).error().message.find("wgmma_decode") != std::string::npos);
+  // Off Hopper a forced decode request gets the mma.sync decode kernel (sm_90's bulk copies: not on sm_89).
+  const auto blackwell = *choose_grouped_gemm_fp8_config(w8a8, arch("sm_100a"), 8, {.kernel = Kernel::decode});
+  CHECK((blackwell.kernel == Fp8GemmKernel::mma_decode && blackwell.tile_m == 8 && blackwell.tile_n == 32 &&
+         blackwell.stages == 0));
+  const auto mma_kernel = render(KernelSpec{blackwell});
+  CHECK(mma_kernel.entry_point == "kjit_grouped_gemm_fp8_decode");
+  CHECK(mma_kernel.dynamic_shared_bytes == 3 * 8 * (16 * 256 + 8));
+  CHECK(mma_kernel.source.find("kjit::DecodeOperands::w8a8") != std::string::npos);
+  CHECK(canonical(KernelSpec{blackwell}).ends_with("kernel=mma_decode tile=8x32x128 stages=0 cluster=1"));
   const auto ada = choose_grouped_gemm_fp8_config(w8a8, arch("sm_89"), 8, {.kernel = Kernel::decode});
   REQUIRE_FALSE(ada.has_value());
   CHECK(ada.error().code == KJIT_ERROR_UNSUPPORTED);
   CHECK(choose_grouped_gemm_fp8_config(w8a8, arch("sm_89"), 8)->kernel == Fp8GemmKernel::mma_sync);
-  CHECK_FALSE(choose_grouped_gemm_fp8_config(w8a8, hopper, 8, {.kernel = Kernel::decode, .cluster = 2}).has_value());
-  CHECK_FALSE(choose_grouped_gemm_fp8_config(w8a8, hopper, 8, {.kernel = Kernel::decode, .tile_m = 32}).has_value());
 
   // Rendering: its own template and entry, 256 threads, a ring of weight chunks in dynamic shared
   // memory (fp8: each thread's 4 chunks of 2 rows x 32 codes and 2 scales; bf16: each warp's 3 chunks of

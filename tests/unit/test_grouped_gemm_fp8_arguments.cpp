@@ -56,9 +56,13 @@ TEST_CASE_FIXTURE(Fp8GemmFixture, "a valid FP8 grouped GEMM launches once, with 
   REQUIRE_MESSAGE(r.has_value(), why(r));
   CHECK(machine.launches == 1);
   CHECK(machine.tensor_map_dims.size() == 3);  // Hopper's kernel: A in two boxes, B
-  g.kernel = KJIT_GEMM_KERNEL_DECODE;           // the decode kernel has no tensor maps
+  CHECK(machine.async_memsets.empty());        // no workspace given: no tile counter to zero
+  // Hopper's decode kernel (wgmma) reads through maps too: A in boxes of its 8-row chunks, B of 64 weight rows.
+  g.kernel = KJIT_GEMM_KERNEL_DECODE;
   REQUIRE(run().has_value());
-  CHECK(machine.tensor_map_dims.size() == 3);
+  REQUIRE(machine.tensor_map_boxes.size() == 6);
+  CHECK(machine.tensor_map_boxes[3] == std::vector<cuuint64_t>{128, 8});
+  CHECK(machine.tensor_map_boxes[5] == std::vector<cuuint64_t>{128, 64, 1});
   g.kernel = KJIT_GEMM_KERNEL_AUTO;
   g.b_scale_granularity = KJIT_SCALE_PER_ROW;
   g.b_block_rows = g.b_block_cols = 0;

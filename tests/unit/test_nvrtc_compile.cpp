@@ -484,8 +484,8 @@ static std::vector<Fp8QuantizeSpec> quantize_variants() {
   return out;
 }
 
-TEST_CASE("the decode kernel, bf16, W8A16 and W8A8, every tile and the MoE shapes of issue 39, compiles for sm_90a "
-          "with no spills, and for sm_100a and sm_120a, not for sm_80 or sm_89") {
+TEST_CASE("the decode kernels, bf16, W8A16 and W8A8 (wgmma on sm_90a), every tile and the MoE shapes of issue 39, "
+          "compile for sm_90a with no spills, and for sm_100a and sm_120a, not for sm_80 or sm_89") {
   PrivateBuilder b("kjit-nvrtc-gemm-decode");
   std::vector<KernelSpec> sm90;
   // (N, K, E) of Qwen3-30B-A3B, DeepSeek-V3 TP8 and an EP8 rank: gate_up, down.
@@ -516,18 +516,33 @@ TEST_CASE("the decode kernel, bf16, W8A16 and W8A8, every tile and the MoE shape
         m.gate_up_layout = rows == 16 ? GateUpLayout::halves : GateUpLayout::alternating;
       }
       sm90.push_back(*choose_grouped_gemm_mixed_config(m, arch_of("sm_90a"), 8, decode));
-      // W8A8 (8 and 16 rows): channel scales, fp32 output, the row scale, K of an odd count of 128-k blocks.
-      GroupedGemmFp8Spec f{.out = rows == 8 ? DType::f32 : DType::bf16, .n = 2048, .k = tile_n == 16 ? 1152 : 1024,
-                           .experts = 64, .row_scale = tile_n == 32};
+      // W8A8 on sm_90a, the wgmma decode kernel (64 weight rows a block, every chunk height): channel scales,
+      // fp32 output, the row scale, K of an odd count of 128-k blocks, 1 to 4 warpgroups over K.
+      if (tile_n == 128) continue;
+      GroupedGemmFp8Spec f{.out = rows == 8 ? DType::f32 : DType::bf16, .n = 2048,
+                           .k = tile_n == 16 ? 1152 : tile_n == 32 ? 2048 : 4096, .experts = 64,
+                           .row_scale = tile_n == 32};
       if (tile_n == 64) f.weight_scale = Fp8WeightScale::channel;
-      if (rows < 32) sm90.push_back(*choose_grouped_gemm_fp8_config(f, arch_of("sm_90a"), 8, decode));
+      const auto w8a8 = choose_grouped_gemm_fp8_config(f, arch_of("sm_90a"), 8, {.kernel = GemmRequest::Kernel::decode,
+                                                                               .tile_m = rows});
+      REQUIRE_MESSAGE(w8a8.has_value(), kjit::testing::why(w8a8));
+      CHECK(w8a8->kernel == Fp8GemmKernel::wgmma_decode);
+      sm90.push_back(*w8a8);
     }
   check_no_spills_on_sm90a(sm90);
-  for (const char* arch : {"sm_100a", "sm_120a"})
-    for (size_t i = 0; i < 6; ++i) {
-      auto cubin = b.builder.build(sm90[i], arch_of(arch));
-      REQUIRE_MESSAGE(cubin.has_value(), arch, " ", canonical(sm90[i]), ": ", kjit::testing::why(cubin));
+  // Off Hopper: the bf16 and W8A16 decode kernels of the first two shapes, and W8A8's mma.sync one (a forced
+  // decode request there; Hopper's is wgmma).
+  for (const char* arch : {"sm_100a", "sm_120a"}) {
+    std::vector<KernelSpec> off_hopper{sm90[0], sm90[1], sm90[3], sm90[4]};
+    for (int rows : {8, 16})
+      off_hopper.push_back(*choose_grouped_gemm_fp8_config({.n = 2048, .k = 1152, .experts = 64}, arch_of(arch), 8,
+                                                           {.kernel = GemmRequest::Kernel::decode, .tile_m = rows}));
+    CHECK(std::get<GroupedGemmFp8Spec>(off_hopper.back()).kernel == Fp8GemmKernel::mma_decode);
+    for (const auto& spec : off_hopper) {
+      auto cubin = b.builder.build(spec, arch_of(arch));
+      REQUIRE_MESSAGE(cubin.has_value(), arch, " ", canonical(spec), ": ", kjit::testing::why(cubin));
     }
+  }
   // Its bulk copies are sm_90's: refused before a compile on sm_80 and sm_89.
   for (const char* arch : {"sm_80", "sm_89"}) {
     auto refused = b.builder.build(sm90[0], arch_of(arch));

@@ -9,6 +9,8 @@ touched weight bytes' rate as a share of a device copy's bandwidth.
     python3 tools/bench/probe_decode_tiles.py [--tiles 16,32,64,128] [--tokens 1,4] [--formats bf16,fp8,w8a8]
 
 fp8 is W8A16 (bf16 activations), w8a8 the same weights with e4m3 activations (one scale per row per 128 k).
+A tile is its weight rows (chunks of 8 rows) or ROWSxWEIGHT_ROWS: sm_90a's W8A8 decode kernel (wgmma) takes
+8x64, 16x64 and 32x64.
 """
 import argparse
 import math
@@ -66,10 +68,12 @@ def main():
                 touched = sum(r[2] for r in routes) / len(routes)
                 line = []
                 reference = None
-                for tile in [int(t) for t in args.tiles.split(",")]:
-                    def call(ends, tile=tile):
+                for tile in args.tiles.split(","):
+                    shape = tuple(int(v) for v in tile.split("x")) if "x" in tile else (8, int(tile))
+
+                    def call(ends, shape=shape):
                         kjit.grouped_gemm(a, w, ends, offsets_convention="cumulative_end", out=out, kernel="decode",
-                                          tile=(8, tile), **extra)
+                                          tile=shape, **extra)
                     try:
                         call(routes[0][0])
                         got = out.clone()

@@ -23,7 +23,8 @@ kjit_gemm_kernel kernel_request(const codegen::GroupedGemmFp8Spec& spec) {
   switch (spec.kernel) {
     case codegen::Fp8GemmKernel::wgmma_sm90: return KJIT_GEMM_KERNEL_SM90_SWAP_AB;
     case codegen::Fp8GemmKernel::wgmma_sm90_rows_on_m: return KJIT_GEMM_KERNEL_SM90;
-    case codegen::Fp8GemmKernel::mma_decode: return KJIT_GEMM_KERNEL_DECODE;
+    case codegen::Fp8GemmKernel::mma_decode:
+    case codegen::Fp8GemmKernel::wgmma_decode: return KJIT_GEMM_KERNEL_DECODE;
     case codegen::Fp8GemmKernel::mma_sync: break;
   }
   return KJIT_GEMM_KERNEL_PORTABLE;

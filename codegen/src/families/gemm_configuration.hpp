@@ -87,7 +87,8 @@ struct GemmChoiceRules {
 //     the decode kernel (its kernels include mma_decode; then also decode_bucket(rows, experts));
 //   max_stages(spec): the deepest pipeline of an SM90 configuration;
 //   force_kernel(configs, problem, request): what a forced kernel does to the bucket configurations;
-// and where it has them: tile_k(kernel) (a spec with tile_k); tile_kernel(swap_ab), the kernel a requested tile
+// and where it has them: decode_config(problem, arch), the decode kernel of the arch where it is not
+// decode_gemm_config's; tile_k(kernel) (a spec with tile_k); tile_kernel(swap_ab), the kernel a requested tile
 // names; check_request(problem, request), its refusals of any request; check_decode_request(problem, arch,
 // request), its refusals of a forced decode kernel (clusters are refused for every family);
 // refused_past_tma_rows(kernel), where not every forced SM90 kernel is refused past kTmaRowLimit rows.
@@ -156,6 +157,7 @@ Expected<std::vector<Spec>> requested_gemm_configs(const Spec& problem, const Ar
       if constexpr (requires { Choice::check_decode_request(problem, arch, request); })
         KJIT_TRY(Choice::check_decode_request(problem, arch, request));
       Spec s = decode_gemm_config(problem);
+      if constexpr (requires { Choice::decode_config(problem, arch); }) s = Choice::decode_config(problem, arch);
       if (request.tile_m != 0) s.tile_m = request.tile_m;
       if (request.tile_n != 0) s.tile_n = request.tile_n;
       KJIT_TRY(Family<Spec>::validate(s));

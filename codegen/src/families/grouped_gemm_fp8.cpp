@@ -2,6 +2,7 @@
 // policy.
 #include "kjit/codegen/families/grouped_gemm_fp8.hpp"
 
+#include <algorithm>
 #include <array>
 
 #include <fmt/format.h>
@@ -16,12 +17,12 @@ namespace kjit::codegen {
 template <>
 inline constexpr int kEnumCount<Fp8WeightScale> = 2;
 template <>
-inline constexpr int kEnumCount<Fp8GemmKernel> = 4;
+inline constexpr int kEnumCount<Fp8GemmKernel> = 5;
 
 namespace {
 
 constexpr std::array kWeightScaleNames{"block_128", "channel"};
-constexpr std::array kKernelNames{"mma_sync", "wgmma_sm90", "wgmma_sm90_rows_on_m", "mma_decode"};
+constexpr std::array kKernelNames{"mma_sync", "wgmma_sm90", "wgmma_sm90_rows_on_m", "mma_decode", "wgmma_decode"};
 
 constexpr int kScaleBlock = 128;      // K columns per scale of A, and B's block edge
 constexpr int kPortableThreads = 128;
@@ -31,6 +32,9 @@ constexpr int kSm90DecodeRows = 64;   // swap AB's tallest tile up to kDecodeRow
 constexpr int64_t kDecodeRowsPerExpert = 16;
 constexpr int kRowsOnMTileM = 128;    // rows on M: two consumer warpgroups of 64 rows
 constexpr int kRowsOnMWideTileN = 256;  // rows on M: or two 128-row weight halves (a quarter less L2 traffic)
+constexpr int kDecodeTileN = 64;        // wgmma_decode: one warpgroup's wgmma M of weight rows per block
+constexpr int kDecodeStages = 4;        // wgmma_decode: each warpgroup's ring
+constexpr int kDecodeMaxStages = 8;
 
 auto invalid(std::string message) { return fail(KJIT_ERROR_INVALID_ARGUMENT, std::move(message)); }
 
@@ -65,6 +69,16 @@ Expected<void> validate_configuration(const GroupedGemmFp8Spec& s) {
       return invalid(fmt::format("grouped_gemm_fp8 {} is not supported (mma_sync: tile_m and tile_n 32, 64 or 128, "
                                  "no stages, cluster 1)",
                                  tile));
+    return {};
+  }
+  if (s.kernel == Fp8GemmKernel::wgmma_decode) {
+    const bool ok = (s.tile_m == 8 || s.tile_m == 16 || s.tile_m == 32) && s.tile_n == kDecodeTileN &&
+                    s.stages >= 2 && s.stages <= kDecodeMaxStages && s.cluster == 1 &&
+                    grouped_gemm_fp8_shared_bytes(s) <= wgmma_tma_shared_bytes_per_block();
+    if (!ok)
+      return invalid(fmt::format("grouped_gemm_fp8 {} is not supported (wgmma_decode: tile_m 8, 16 or 32, tile_n {}, "
+                                 "2 to {} stages that fit in 227 KB with {} warpgroups for K {}, cluster 1)",
+                                 tile, kDecodeTileN, kDecodeMaxStages, fp8_decode_consumers(s.k), s.k));
     return {};
   }
   if (s.kernel == Fp8GemmKernel::mma_decode) {
@@ -115,6 +129,9 @@ int sm90_threads(const GroupedGemmFp8Spec& s) {
   return 128 * ((s.kernel == Fp8GemmKernel::wgmma_sm90_rows_on_m ? s.tile_m : s.tile_n) / 64 + 1);
 }
 
+// The decode kernel of `arch`: wgmma_decode where it has wgmma and TMA, else the mma.sync one (forced only).
+GroupedGemmFp8Spec fp8_decode_config(const GroupedGemmFp8Spec& problem, const ArchInfo& arch);
+
 }  // namespace
 
 // The FP8 family's part of the configuration choice (gemm_configuration.hpp says what each member is for): the
@@ -124,6 +141,9 @@ struct GemmChoice<GroupedGemmFp8Spec> {
   static constexpr GemmChoiceRules kRules{"the SM90 FP8 grouped GEMM kernel runs", "the SM90 FP8 grouped GEMM",
                                           {kDecodeRowsPerExpert, 64}};
   static bool decode_bucket(int64_t rows, int64_t experts) { return w8a8_decode_bucket(rows, experts); }
+  static GroupedGemmFp8Spec decode_config(const GroupedGemmFp8Spec& problem, const ArchInfo& arch) {
+    return fp8_decode_config(problem, arch);
+  }
   static int max_stages(const GroupedGemmFp8Spec& s) {
     return grouped_gemm_fp8_max_stages(s.kernel, s.tile_m, s.tile_n);
   }
@@ -144,9 +164,21 @@ struct GemmChoice<GroupedGemmFp8Spec> {
   }
 };
 
+namespace {
+GroupedGemmFp8Spec fp8_decode_config(const GroupedGemmFp8Spec& problem, const ArchInfo& arch) {
+  if (!arch.wgmma_tma) return decode_gemm_config(problem);
+  GroupedGemmFp8Spec s = gemm_config(problem, Fp8GemmKernel::wgmma_decode, kDecodeTileRows, kDecodeTileN);
+  s.stages = kDecodeStages;
+  return s;
+}
+
+}  // namespace
+
 std::string_view name(Fp8WeightScale s) { return kWeightScaleNames[static_cast<size_t>(s)]; }
 std::string_view name(Fp8GemmKernel k) { return kKernelNames[static_cast<size_t>(k)]; }
 bool is_sm90(Fp8GemmKernel k) { return k == Fp8GemmKernel::wgmma_sm90 || k == Fp8GemmKernel::wgmma_sm90_rows_on_m; }
+bool uses_tma_maps(Fp8GemmKernel k) { return is_sm90(k) || k == Fp8GemmKernel::wgmma_decode; }
+int fp8_decode_consumers(int64_t k) { return static_cast<int>(std::clamp<int64_t>(k / kScaleBlock / 8, 1, 4)); }
 
 template struct SpecForms<GroupedGemmFp8Spec>;
 
@@ -163,7 +195,7 @@ Expected<void> Family<GroupedGemmFp8Spec>::supported_on(const GroupedGemmFp8Spec
                             "{}.{} ({})",
                             arch.target, arch.major, arch.minor, arch.note));
   KJIT_TRY(require_bulk_copies(s, s.kernel == Fp8GemmKernel::mma_decode, arch));
-  return require_wgmma_tma(s, is_sm90(s.kernel), arch);
+  return require_wgmma_tma(s, uses_tma_maps(s.kernel), arch);
 }
 
 RenderedKernel Family<GroupedGemmFp8Spec>::render(const GroupedGemmFp8Spec& s) {
@@ -184,6 +216,17 @@ RenderedKernel Family<GroupedGemmFp8Spec>::render(const GroupedGemmFp8Spec& s) {
                      .prelude = sm90_wgmma_wrapper(s),
                      .dynamic_shared_bytes = grouped_gemm_fp8_shared_bytes(s),
                      .cluster_x = s.cluster});
+  if (s.kernel == Fp8GemmKernel::wgmma_decode)
+    return assemble(canonical(s),
+                    {.entry_point = "kjit_grouped_gemm_fp8_decode_sm90",
+                     .threads = 128 * fp8_decode_consumers(s.k),
+                     .templates = {"gemm/grouped_gemm_fp8_decode_sm90.cuh"},
+                     .config = fmt::format("kjit::GroupedGemmFp8DecodeSm90Config<{}, {}, {}, {}, KjitWgmmaFp8>",
+                                           problem, s.tile_m, s.stages, fp8_decode_consumers(s.k)),
+                     .params_type = "kjit_grouped_gemm_fp8_sm90_params",
+                     .body = "kjit::grouped_gemm_fp8_decode_sm90",
+                     .prelude = sm90_wgmma_wrapper(s),
+                     .dynamic_shared_bytes = grouped_gemm_fp8_shared_bytes(s)});
   if (s.kernel == Fp8GemmKernel::mma_decode)
     return render_decode_kernel(canonical(s), problem, s.tile_m, s.tile_n,
                                 {.operands = DecodeOperands::w8a8,
@@ -207,6 +250,12 @@ std::vector<GroupedGemmFp8Spec> Family<GroupedGemmFp8Spec>::kernels_for_target(c
 
 int grouped_gemm_fp8_shared_bytes(const GroupedGemmFp8Spec& s) {
   if (s.kernel == Fp8GemmKernel::mma_decode) return decode_shared_bytes(DecodeOperands::w8a8);
+  if (s.kernel == Fp8GemmKernel::wgmma_decode) {
+    // GroupedGemmFp8DecodeSm90Config::kSharedBytes: each warpgroup's ring of (weight box + row box) stages,
+    // 1 KB of alignment slack, an mbarrier per stage.
+    const int rings = fp8_decode_consumers(s.k) * s.stages;
+    return rings * (s.tile_n + s.tile_m) * kScaleBlock + 1024 + 8 * rings;
+  }
   if (!is_sm90(s.kernel)) return 0;  // the portable kernel's tiles are static
   // GroupedGemmFp8Sm90Config::kSharedBytes (the generated code asserts they
   // agree): stages of weight and row tiles (128 bytes a row), 1 KB of
@@ -238,6 +287,11 @@ LaunchGeometry grouped_gemm_fp8_geometry(const GroupedGemmFp8Spec& spec, int64_t
                                 resident_blocks, sm90_threads(spec), grouped_gemm_fp8_shared_bytes(spec));
   if (spec.kernel == Fp8GemmKernel::mma_decode)
     return decode_gemm_grid(total_rows, spec.experts, spec.tile_m, n_tiles, grouped_gemm_fp8_shared_bytes(spec));
+  if (spec.kernel == Fp8GemmKernel::wgmma_decode) {
+    auto g = decode_gemm_grid(total_rows, spec.experts, spec.tile_m, n_tiles, grouped_gemm_fp8_shared_bytes(spec));
+    g.block_x = static_cast<uint32_t>(128 * fp8_decode_consumers(spec.k));
+    return g;
+  }
   return portable_gemm_grid(m_tiles, n_tiles, kPortableThreads);
 }
 
@@ -254,9 +308,10 @@ std::vector<GroupedGemmFp8Spec> grouped_gemm_fp8_configs(const GroupedGemmFp8Spe
   // twice). Rows on M at 128 x 256 (a quarter less L2 traffic per product),
   // faster than 128 x 128 on four of the five prefill shapes and level on the
   // fifth; block scales only (validate says why).
-  // Before them, the decode bucket (w8a8_decode_bucket: few routed rows): the decode kernel.
+  // Before them, the decode bucket (w8a8_decode_bucket: few routed rows): the wgmma decode kernel, chunks of
+  // kDecodeTileRows rows.
   const int rows_on_m_n = problem.weight_scale == Fp8WeightScale::block_128 ? kRowsOnMWideTileN : kSm90TileN;
-  return {decode_gemm_config(problem),
+  return {fp8_decode_config(problem, arch),
           gemm_config(problem, Fp8GemmKernel::wgmma_sm90, kSm90DecodeRows, kSm90TileN),
           gemm_config(problem, Fp8GemmKernel::wgmma_sm90, kSm90MaxRows, kSm90TileN),
           gemm_config(problem, Fp8GemmKernel::wgmma_sm90_rows_on_m, kRowsOnMTileM, rows_on_m_n)};

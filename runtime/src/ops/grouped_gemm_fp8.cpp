@@ -59,18 +59,20 @@ Expected<codegen::Fp8WeightScale> weight_scale_of(const kjit_grouped_gemm_desc& 
 }
 
 // A's and B's TMA descriptors over bytes: A [rows, K] in boxes of 128 codes
-// x 32 rows (rows on M: 64, a consumer warpgroup's) and x 128 (the wide box),
-// B [E, N, K] in boxes of 128 codes x tile_n rows: each box row one 128-byte
-// swizzle row.
+// x 32 rows (rows on M: 64, a consumer warpgroup's; the wgmma decode kernel:
+// tile_m, its chunk of an expert's rows) and x 128 (the wide box), B [E, N,
+// K] in boxes of 128 codes x tile_n rows: each box row one 128-byte swizzle
+// row.
 Expected<void> encode_fp8_maps(const DriverApi& api, const codegen::GroupedGemmFp8Spec& s,
                                kjit_grouped_gemm_sm90_params& p) {
   constexpr CUtensorMapDataType kBytes = CU_TENSOR_MAP_DATA_TYPE_UINT8;
   const auto k = static_cast<cuuint64_t>(s.k), n = static_cast<cuuint64_t>(s.n);
   const cuuint64_t a_dims[2] = {k, static_cast<cuuint64_t>(p.gemm.total_rows)};
   const cuuint64_t a_strides[1] = {k};
-  const cuuint32_t a_box[2] = {KJIT_FP8_SCALE_BLOCK, s.kernel == codegen::Fp8GemmKernel::wgmma_sm90_rows_on_m
-                                                         ? cuuint32_t{KJIT_FP8_ROWS_ON_M_ROW_BOX}
-                                                         : cuuint32_t{KJIT_SWAP_AB_ROW_BOX}};
+  const cuuint32_t a_rows = s.kernel == codegen::Fp8GemmKernel::wgmma_sm90_rows_on_m ? KJIT_FP8_ROWS_ON_M_ROW_BOX
+                             : s.kernel == codegen::Fp8GemmKernel::wgmma_decode ? static_cast<cuuint32_t>(s.tile_m)
+                                                                                 : KJIT_SWAP_AB_ROW_BOX;
+  const cuuint32_t a_box[2] = {KJIT_FP8_SCALE_BLOCK, a_rows};
   const cuuint32_t wide_box[2] = {KJIT_FP8_SCALE_BLOCK, KJIT_SWAP_AB_WIDE_ROW_BOX};
   KJIT_TRY(encode_tensor_map(api, p.a_map, kBytes, p.gemm.a, 2, a_dims, a_strides, a_box, "A"));
   KJIT_TRY(encode_tensor_map(api, p.a_wide_map, kBytes, p.gemm.a, 2, a_dims, a_strides, wide_box, "A"));
@@ -129,7 +131,7 @@ Expected<void> grouped_gemm_fp8(Runtime& runtime, const kjit_grouped_gemm_desc& 
       KJIT_TRY(codegen::choose_grouped_gemm_fp8_config(plan.problem, *device->arch, p.gemm.total_rows, plan.request));
   const LoadedKernel* kernel = KJIT_TRY(launchable_kernel(runtime, *device, spec, stream));
   const auto geometry = codegen::grouped_gemm_fp8_geometry(spec, p.gemm.total_rows, kernel->resident_blocks);
-  if (!codegen::is_sm90(spec.kernel))
+  if (!codegen::uses_tma_maps(spec.kernel))
     return launch_kernel(runtime, *device, *kernel, p.gemm.device_error, geometry, &p, stream);
 
   kjit_grouped_gemm_fp8_sm90_params sm90{};
@@ -141,7 +143,9 @@ Expected<void> grouped_gemm_fp8(Runtime& runtime, const kjit_grouped_gemm_desc& 
     ScopedContext scope(api, device->context);
     KJIT_TRY(scope.status());
     KJIT_TRY(encode_fp8_maps(api, spec, sm90.sm90));
-    if (sm90.sm90.gemm.tile_counter != nullptr) KJIT_TRY(zero_tile_counter(api, sm90.sm90.gemm.tile_counter, stream));
+    // (The decode kernel's blocks find their pairs from the offsets: no tile queue.)
+    if (sm90.sm90.gemm.tile_counter != nullptr && codegen::is_sm90(spec.kernel))
+      KJIT_TRY(zero_tile_counter(api, sm90.sm90.gemm.tile_counter, stream));
   }
   return launch_kernel(runtime, *device, *kernel, sm90.sm90.gemm.device_error, geometry, &sm90, stream);
 }

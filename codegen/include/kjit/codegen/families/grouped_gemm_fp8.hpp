@@ -36,10 +36,15 @@ std::string_view name(Fp8WeightScale s);
 // - wgmma_sm90_rows_on_m: the rows on wgmma's M (tile 128 x 128, one
 //   consumer warpgroup per 64 rows, two scale products per thread per
 //   k-block); the heuristic's above 64 rows per expert (docs/decisions/0007);
-// or the decode kernel (templates/gemm/grouped_gemm_decode.cuh, mma.sync
-// e4m3 with the weights streamed by bulk copies, sm_90 and newer): few
-// routed rows (w8a8_decode_bucket).
-enum class Fp8GemmKernel : uint8_t { mma_sync, wgmma_sm90, wgmma_sm90_rows_on_m, mma_decode };
+// or a decode kernel for few routed rows (w8a8_decode_bucket), blocks only
+// for the non-empty (expert, chunk of tile_m rows) pairs:
+// - wgmma_decode (templates/gemm/grouped_gemm_fp8_decode_sm90.cuh, sm_90a):
+//   wgmma m64n<tile_m>k32 e4m3 on TMA-fed rings, tile_n = 64 weight rows a
+//   block, K split over fp8_decode_consumers(K) warpgroups; the heuristic's;
+// - mma_decode (templates/gemm/grouped_gemm_decode.cuh, mma.sync e4m3 with
+//   the weights streamed by bulk copies, sm_90 and newer): what a forced
+//   decode request gets.
+enum class Fp8GemmKernel : uint8_t { mma_sync, wgmma_sm90, wgmma_sm90_rows_on_m, mma_decode, wgmma_decode };
 std::string_view name(Fp8GemmKernel k);
 
 // The shape key is N, K, the expert count and the weight scaling; the token
@@ -56,7 +61,7 @@ struct GroupedGemmFp8Spec {
   bool row_scale = false;
   Fp8GemmKernel kernel = Fp8GemmKernel::mma_sync;
   int tile_m = 0, tile_n = 0;
-  int stages = 0;   // wgmma_sm90's pipeline depth; 0 for mma_sync and mma_decode
+  int stages = 0;   // the SM90 kernels' pipeline depth, wgmma_decode's ring per warpgroup; 0 for the mma.sync ones
   int cluster = 1;  // wgmma_sm90: 1, or 2 blocks along N sharing the row tile by TMA multicast
 
   bool configured() const { return tile_m != 0; }
@@ -90,8 +95,16 @@ struct Family<GroupedGemmFp8Spec> : SpecForms<GroupedGemmFp8Spec> {
 };
 
 int grouped_gemm_fp8_shared_bytes(const GroupedGemmFp8Spec& spec);
+// wgmma_decode's warpgroups splitting K: one per 8 k-blocks of 128, from 1 to 4. Why: a warpgroup takes one
+// k-block at a time through wait, wgmmas and promotion, so one block's rate is bounded by its warpgroups; at
+// one token DeepSeek-V3 TP8's gate_up (N 512, K 7168) has only 64 blocks, which need four each to keep
+// enough bytes in flight, while short K (Qwen3's down, K 768) has blocks enough with one.
+int fp8_decode_consumers(int64_t k);
 // Whether `kernel` is one of Hopper's (wgmma and TMA).
 bool is_sm90(Fp8GemmKernel kernel);
+// Whether `kernel` reads its operands through TMA maps (kjit_grouped_gemm_fp8_sm90_params): the SM90 kernels
+// and wgmma_decode.
+bool uses_tma_maps(Fp8GemmKernel kernel);
 // The deepest pipeline of SM90 `kernel` with row tiles of up to `tile_m` rows and `tile_n` weight rows that fits a
 // Hopper block's shared memory.
 int grouped_gemm_fp8_max_stages(Fp8GemmKernel kernel, int tile_m, int tile_n);

@@ -1,0 +1,192 @@
+// FP8 (W8A8) grouped GEMM for MoE experts at decode on sm_90a: wgmma e4m3
+// with the weights as operand A (64 weight rows, wgmma's M) and an expert's
+// few rows as operand B (kRows of them, wgmma's N), both brought by TMA.
+//
+// Why wgmma: Hopper has no FP8 mma.sync (ptxas unpacks e4m3 into f16 and
+// issues two HMMAs per instruction), so the mma.sync decode kernel's
+// conversions, not its copies, set its pace (docs/decisions/0023). wgmma
+// takes the codes as they are, from shared memory, where TMA puts them in
+// the 128-byte swizzle wgmma reads; the threads only promote.
+//
+// The grid is the decode kernel's (grouped_gemm_decode.cuh): x walks the
+// non-empty (expert, chunk of kRows rows) pairs, found on the device from the
+// offsets (find_decode_pair), y the tiles of 64 weight rows. Within a block
+// the kConsumers warpgroups split K: warpgroup w takes k-blocks w,
+// w + kConsumers, ..., each through its own ring of kStages stages (a 64 x
+// 128 weight box and a kRows x 128 row box each) whose copies its first
+// thread issues: no producer warp, no barrier between warpgroups in the loop.
+// Per k-block (128 k, one scale block): four wgmma m64n<kRows>k32 into a
+// fresh fp32 partial, promoted into the accumulator with the weight block's
+// and each row's scale (DeepSeek-V3's recipe, as the other W8A8 kernels).
+// The warpgroups' accumulators are summed in shared memory in warpgroup
+// order (decode_sum_store): deterministic, no workspace, no atomics.
+//
+// Rows of a row box past the pair's hold other experts' rows (or TMA's zeros
+// past the last row): their products land in accumulator columns that are
+// never stored, with a finite scale (the pair's first row's).
+#pragma once
+
+#include "../abi/grouped_gemm_fp8_params.h"
+#include "../common/mbarrier_ring.cuh"
+#include "../common/ptx.cuh"
+#include "grouped_gemm_decode.cuh"
+#include "grouped_gemm_fp8_common.cuh"
+#include "grouped_gemm_sm90_pipeline.cuh"
+
+namespace kjit {
+
+template <class Problem, int kRows_, int kStages_, int kConsumers_, template <int> class Mma_>
+struct GroupedGemmFp8DecodeSm90Config : Problem {
+  static constexpr int kRows = kRows_;        // an expert's rows per block: wgmma's N
+  static constexpr int kTileN = 64;           // weight rows per block: wgmma's M
+  static constexpr int kTileOutN = kTileN;    // (decode_sum_store: no fused activation)
+  static constexpr int kStages = kStages_;    // each warpgroup's ring
+  static constexpr int kConsumers = kConsumers_;
+  static constexpr int kKWarps = kConsumers;  // the k-splits decode_sum_store sums
+  static constexpr int kThreads = 128 * kConsumers, kWarps = kThreads / 32;
+  static constexpr int kBK = KJIT_FP8_SCALE_BLOCK;  // a k-block: one 128-byte swizzle row of codes, one scale block
+  static constexpr int kKBlocks = static_cast<int>(Problem::kK / kBK);
+  static constexpr int kWTileBytes = kTileN * kBK;
+  static constexpr int kStageBytes = kWTileBytes + kRows * kBK;  // whole 1 KB swizzle atoms
+  static constexpr int kRingBytes = kConsumers * kStages * kStageBytes;
+  // The rings (aligned to 1 KB in the block's shared memory: 1 KB of slack), then an mbarrier per stage.
+  static constexpr int kSharedBytes = kRingBytes + 1024 + kConsumers * kStages * 8;
+  static constexpr int kPartialsBytes = kConsumers * kRows * (kTileN + 1) * 4;
+  template <int kN>
+  using Mma = Mma_<kN>;  // the generated wgmma m64n<kRows>k32 e4m3 wrapper
+  static_assert(kRows == 8 || kRows == 16 || kRows == 32, "wgmma N of whole token tiles of 8");
+  static_assert(kPartialsBytes <= kRingBytes, "the partials fit in the rings");
+  static_assert(kConsumers >= 1 && kConsumers <= 4 && kStages >= 2, "1-4 warpgroups, 2+ stages each");
+};
+
+template <class Cfg>
+__device__ void grouped_gemm_fp8_decode_sm90(const kjit_grouped_gemm_fp8_sm90_params& p) {
+  const kjit_grouped_gemm_params& g = p.sm90.gemm;
+  if (!offsets_valid<Cfg>(g)) return;
+  __shared__ long long warp_totals[Cfg::kWarps];
+  __shared__ long long found[3];
+  extern __shared__ __align__(1024) unsigned char decode_shared[];
+  unsigned char* rings = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<unsigned long long>(decode_shared) + 1023) & ~static_cast<unsigned long long>(1023));
+
+  const int consumer = threadIdx.x / 128, warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32, q = lane % 4;
+  const bool leader = threadIdx.x % 128 == 0;
+  unsigned char* ring = rings + consumer * Cfg::kStages * Cfg::kStageBytes;
+  unsigned long long* full = reinterpret_cast<unsigned long long*>(rings + Cfg::kRingBytes) + consumer * Cfg::kStages;
+  if (leader) {
+#pragma unroll
+    for (int s = 0; s < Cfg::kStages; ++s) ptx::mbarrier_init(&full[s], 1u);
+    ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);  // seen by the copies' async proxy
+  }
+  // (find_decode_pair's block barriers order the initialisation before any wait.)
+
+  // This warpgroup's k-blocks: consumer, consumer + kConsumers, ...; local block i is k-block kb(i).
+  const int blocks = Cfg::kKBlocks > consumer ? (Cfg::kKBlocks - consumer + Cfg::kConsumers - 1) / Cfg::kConsumers : 0;
+  auto kb_of = [&](int i) { return consumer + i * Cfg::kConsumers; };
+  const long long n0 = static_cast<long long>(blockIdx.y) * Cfg::kTileN;
+  const kjit_fp8_gemm_scales& scales = p.scales;
+  unsigned through = 0;  // k-blocks this warpgroup has taken through its ring (earlier pairs): stage and phase
+
+  for (long long slot = blockIdx.x;; slot += gridDim.x) {
+    int expert = 0, rows = 0;
+    long long row0 = 0;
+    if (!find_decode_pair<Cfg>(g, slot, warp_totals, found, expert, row0, rows)) return;
+
+    // Local block i's weight and row boxes into stage (through + i) % kStages.
+    auto issue = [&](int i) {
+      if (!leader || i >= blocks) return;
+      const int stage = static_cast<int>((through + i) % Cfg::kStages);
+      unsigned char* memory = ring + stage * Cfg::kStageBytes;
+      ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &full[stage],
+                                     static_cast<unsigned>(Cfg::kStageBytes));
+      const int k0 = kb_of(i) * Cfg::kBK;
+      ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, memory, &p.sm90.b_map,
+                                {k0, static_cast<int>(n0), expert}, &full[stage]);
+      ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, memory + Cfg::kWTileBytes, &p.sm90.a_map,
+                                {k0, static_cast<int>(row0)}, &full[stage]);
+    };
+#pragma unroll
+    for (int i = 0; i < Cfg::kStages; ++i) issue(i);
+
+    // The scales a thread promotes with: its accumulator's tokens 8j + 2q + c (past the pair's rows, the
+    // first row's) and the weight block of its 64 rows (channel scales: 1 here, the channel's after the loop).
+    auto load_scales = [&](int i, float (&token)[Cfg::kRows / 8][2], float& weight) {
+      const int kb = kb_of(i);
+#pragma unroll
+      for (int j = 0; j < Cfg::kRows / 8; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int t = 8 * j + 2 * q + c;
+          token[j][c] = a_scale<Cfg>(scales, row0 + (t < rows ? t : 0), kb);
+        }
+      if constexpr (Cfg::kBlockScales) weight = b_block_scale<Cfg>(scales, expert, n0, kb);
+      else weight = 1.0f;
+    };
+
+    // Register 4j + 2h + c: weight row 16 warp + lane / 4 + 8h of the tile, token 8j + 2q + c.
+    float acc[Cfg::kRows / 2], partial[Cfg::kRows / 2];
+#pragma unroll
+    for (int r = 0; r < Cfg::kRows / 2; ++r) acc[r] = 0.0f;
+    float token_next[Cfg::kRows / 8][2], weight_next = 0.0f;
+    if (blocks > 0) load_scales(0, token_next, weight_next);
+    using Mma = typename Cfg::template Mma<Cfg::kRows>;
+    for (int i = 0; i < blocks; ++i) {
+      float token[Cfg::kRows / 8][2];
+#pragma unroll
+      for (int j = 0; j < Cfg::kRows / 8; ++j) token[j][0] = token_next[j][0], token[j][1] = token_next[j][1];
+      const float weight = weight_next;
+      if (i + 1 < blocks) load_scales(i + 1, token_next, weight_next);  // its latency passes behind this block
+      const int stage = static_cast<int>((through + i) % Cfg::kStages);
+      Ring<Cfg::kStages>::wait_filled(full, through + i);
+      const unsigned char* memory = ring + stage * Cfg::kStageBytes;
+      const unsigned long long w_desc = operand_descriptor<false>(memory);
+      const unsigned long long r_desc = operand_descriptor<false>(memory + Cfg::kWTileBytes);
+      fence_accumulators(partial);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < Cfg::kBK / 32; ++kk)
+        Mma::run(partial, operand_at_k_step<false>(w_desc, kk), operand_at_k_step<false>(r_desc, kk), kk > 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_accumulators(partial);
+#pragma unroll
+      for (int j = 0; j < Cfg::kRows / 8; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int c = 0; c < 2; ++c)
+            acc[4 * j + 2 * h + c] = fmaf(partial[4 * j + 2 * h + c], weight * token[j][c], acc[4 * j + 2 * h + c]);
+      // Every warp of the warpgroup is done with the stage (its wgmmas have read it): refill it.
+      asm volatile("bar.sync %0, 128;" ::"r"(1 + consumer) : "memory");
+      issue(i + Cfg::kStages);
+    }
+    through += static_cast<unsigned>(blocks);
+
+    if constexpr (!Cfg::kBlockScales) {
+      // Per-channel weight scales: this thread's two weight rows.
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const long long n = n0 + 16 * warp + lane / 4 + 8 * h;
+        const float b = n < Cfg::kN ? b_channel_scale<Cfg>(scales, expert, n) : 0.0f;
+#pragma unroll
+        for (int j = 0; j < Cfg::kRows / 8; ++j) acc[4 * j + 2 * h] *= b, acc[4 * j + 2 * h + 1] *= b;
+      }
+    }
+    // The partials take the rings' place once every warpgroup is done with its ring.
+    __syncthreads();
+    auto partials = reinterpret_cast<float(*)[Cfg::kRows][Cfg::kTileN + 1]>(rings);
+#pragma unroll
+    for (int j = 0; j < Cfg::kRows / 8; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+          partials[consumer][8 * j + 2 * q + c][16 * warp + lane / 4 + 8 * h] = acc[4 * j + 2 * h + c];
+    __syncthreads();
+    decode_sum_store<Cfg>(g, rings, n0, row0, rows);
+    ptx::fence_proxy_async_shared_cta();  // the partials' writes before the next pair's copies land
+    __syncthreads();  // the partials (the rings) and `found` are reused by the next slot
+  }
+}
+
+}  // namespace kjit
