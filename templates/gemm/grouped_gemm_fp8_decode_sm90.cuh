@@ -10,16 +10,21 @@
 //
 // The grid is the decode kernel's (grouped_gemm_decode.cuh): x walks the
 // non-empty (expert, chunk of kRows rows) pairs, found on the device from the
-// offsets (find_decode_pair), y the tiles of 64 weight rows. Within a block
-// the kConsumers warpgroups split K: warpgroup w takes k-blocks w,
-// w + kConsumers, ..., each through its own ring of kStages stages (a 64 x
-// 128 weight box and a kRows x 128 row box each) whose copies its first
-// thread issues: no producer warp, no barrier between warpgroups in the loop.
+// offsets (find_decode_pair), y the tiles of kTileN weight rows. A block's
+// warpgroups split its tile: kSplitN of them side by side along N (64 weight
+// rows each: where K is short, so that a block's set-up is spread over more
+// bytes) times kSplitK along K (warpgroup (wn, wk) takes k-blocks wk,
+// wk + kSplitK, ...: where K is long and the blocks few). Each warpgroup
+// streams through its own ring of kStages stages (a 64 x 128 weight box and
+// a kRows x 128 row box each) whose copies its first thread issues: no
+// producer warp, no barrier between warpgroups in the loop; a stage goes
+// back to that thread through an mbarrier each warp arrives on once its
+// wgmmas are done with it.
 // Per k-block (128 k, one scale block): four wgmma m64n<kRows>k32 into a
 // fresh fp32 partial, promoted into the accumulator with the weight block's
 // and each row's scale (DeepSeek-V3's recipe, as the other W8A8 kernels).
-// The warpgroups' accumulators are summed in shared memory in warpgroup
-// order (decode_sum_store): deterministic, no workspace, no atomics.
+// The k-splits' accumulators are summed in shared memory in split order
+// (decode_sum_store): deterministic, no workspace, no atomics.
 //
 // Rows of a row box past the pair's hold other experts' rows (or TMA's zeros
 // past the last row): their products land in accumulator columns that are
@@ -35,28 +40,30 @@
 
 namespace kjit {
 
-template <class Problem, int kRows_, int kStages_, int kConsumers_, template <int> class Mma_>
+template <class Problem, int kRows_, int kTileN_, int kStages_, int kSplitK_, template <int> class Mma_>
 struct GroupedGemmFp8DecodeSm90Config : Problem {
   static constexpr int kRows = kRows_;        // an expert's rows per block: wgmma's N
-  static constexpr int kTileN = 64;           // weight rows per block: wgmma's M
+  static constexpr int kTileN = kTileN_;      // weight rows per block: kSplitN warpgroups' wgmma M of 64
   static constexpr int kTileOutN = kTileN;    // (decode_sum_store: no fused activation)
   static constexpr int kStages = kStages_;    // each warpgroup's ring
-  static constexpr int kConsumers = kConsumers_;
-  static constexpr int kKWarps = kConsumers;  // the k-splits decode_sum_store sums
+  static constexpr int kSplitN = kTileN / 64, kSplitK = kSplitK_;
+  static constexpr int kConsumers = kSplitN * kSplitK;
+  static constexpr int kKWarps = kSplitK;     // the k-splits decode_sum_store sums
   static constexpr int kThreads = 128 * kConsumers, kWarps = kThreads / 32;
   static constexpr int kBK = KJIT_FP8_SCALE_BLOCK;  // a k-block: one 128-byte swizzle row of codes, one scale block
   static constexpr int kKBlocks = static_cast<int>(Problem::kK / kBK);
-  static constexpr int kWTileBytes = kTileN * kBK;
+  static constexpr int kWTileBytes = 64 * kBK;
   static constexpr int kStageBytes = kWTileBytes + kRows * kBK;  // whole 1 KB swizzle atoms
   static constexpr int kRingBytes = kConsumers * kStages * kStageBytes;
-  // The rings (aligned to 1 KB in the block's shared memory: 1 KB of slack), then an mbarrier per stage.
-  static constexpr int kSharedBytes = kRingBytes + 1024 + kConsumers * kStages * 8;
-  static constexpr int kPartialsBytes = kConsumers * kRows * (kTileN + 1) * 4;
+  // The rings (aligned to 1 KB in the block's shared memory: 1 KB of slack), then two mbarriers per stage.
+  static constexpr int kSharedBytes = kRingBytes + 1024 + kConsumers * kStages * 16;
+  static constexpr int kPartialsBytes = kSplitK * kRows * (kTileN + 1) * 4;
   template <int kN>
   using Mma = Mma_<kN>;  // the generated wgmma m64n<kRows>k32 e4m3 wrapper
   static_assert(kRows == 8 || kRows == 16 || kRows == 32, "wgmma N of whole token tiles of 8");
+  static_assert(kTileN % 64 == 0 && kConsumers >= 1 && kConsumers <= 4 && kStages >= 2,
+                "1-4 warpgroups of 64 weight rows, 2+ stages each");
   static_assert(kPartialsBytes <= kRingBytes, "the partials fit in the rings");
-  static_assert(kConsumers >= 1 && kConsumers <= 4 && kStages >= 2, "1-4 warpgroups, 2+ stages each");
 };
 
 template <class Cfg>
@@ -70,20 +77,27 @@ __device__ void grouped_gemm_fp8_decode_sm90(const kjit_grouped_gemm_fp8_sm90_pa
       (reinterpret_cast<unsigned long long>(decode_shared) + 1023) & ~static_cast<unsigned long long>(1023));
 
   const int consumer = threadIdx.x / 128, warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32, q = lane % 4;
+  const int split_n = consumer % Cfg::kSplitN, split_k = consumer / Cfg::kSplitN;
   const bool leader = threadIdx.x % 128 == 0;
   unsigned char* ring = rings + consumer * Cfg::kStages * Cfg::kStageBytes;
-  unsigned long long* full = reinterpret_cast<unsigned long long*>(rings + Cfg::kRingBytes) + consumer * Cfg::kStages;
+  // Each stage's full barrier (its copies' bytes) and empty barrier (each warp of the warpgroup, done with it).
+  unsigned long long* full = reinterpret_cast<unsigned long long*>(rings + Cfg::kRingBytes) + consumer * 2 * Cfg::kStages;
+  unsigned long long* empty = full + Cfg::kStages;
   if (leader) {
 #pragma unroll
-    for (int s = 0; s < Cfg::kStages; ++s) ptx::mbarrier_init(&full[s], 1u);
+    for (int s = 0; s < Cfg::kStages; ++s) {
+      ptx::mbarrier_init(&full[s], 1u);
+      ptx::mbarrier_init(&empty[s], 4u);
+    }
     ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);  // seen by the copies' async proxy
   }
   // (find_decode_pair's block barriers order the initialisation before any wait.)
 
-  // This warpgroup's k-blocks: consumer, consumer + kConsumers, ...; local block i is k-block kb(i).
-  const int blocks = Cfg::kKBlocks > consumer ? (Cfg::kKBlocks - consumer + Cfg::kConsumers - 1) / Cfg::kConsumers : 0;
-  auto kb_of = [&](int i) { return consumer + i * Cfg::kConsumers; };
-  const long long n0 = static_cast<long long>(blockIdx.y) * Cfg::kTileN;
+  // This warpgroup's k-blocks: split_k, split_k + kSplitK, ...; local block i is k-block kb(i).
+  const int blocks = Cfg::kKBlocks > split_k ? (Cfg::kKBlocks - split_k + Cfg::kSplitK - 1) / Cfg::kSplitK : 0;
+  auto kb_of = [&](int i) { return split_k + i * Cfg::kSplitK; };
+  const long long tile_n0 = static_cast<long long>(blockIdx.y) * Cfg::kTileN;
+  const long long n0 = tile_n0 + 64 * split_n;  // this warpgroup's 64 weight rows (past N: TMA's zeros, unstored)
   const kjit_fp8_gemm_scales& scales = p.scales;
   unsigned through = 0;  // k-blocks this warpgroup has taken through its ring (earlier pairs): stage and phase
 
@@ -96,6 +110,7 @@ __device__ void grouped_gemm_fp8_decode_sm90(const kjit_grouped_gemm_fp8_sm90_pa
     auto issue = [&](int i) {
       if (!leader || i >= blocks) return;
       const int stage = static_cast<int>((through + i) % Cfg::kStages);
+      Ring<Cfg::kStages>::wait_emptied(empty, through + i);  // the stage's previous k-block is multiplied
       unsigned char* memory = ring + stage * Cfg::kStageBytes;
       ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &full[stage],
                                      static_cast<unsigned>(Cfg::kStageBytes));
@@ -119,7 +134,7 @@ __device__ void grouped_gemm_fp8_decode_sm90(const kjit_grouped_gemm_fp8_sm90_pa
           const int t = 8 * j + 2 * q + c;
           token[j][c] = a_scale<Cfg>(scales, row0 + (t < rows ? t : 0), kb);
         }
-      if constexpr (Cfg::kBlockScales) weight = b_block_scale<Cfg>(scales, expert, n0, kb);
+      if constexpr (Cfg::kBlockScales) weight = n0 < Cfg::kN ? b_block_scale<Cfg>(scales, expert, n0, kb) : 0.0f;
       else weight = 1.0f;
     };
 
@@ -156,8 +171,9 @@ __device__ void grouped_gemm_fp8_decode_sm90(const kjit_grouped_gemm_fp8_sm90_pa
 #pragma unroll
           for (int c = 0; c < 2; ++c)
             acc[4 * j + 2 * h + c] = fmaf(partial[4 * j + 2 * h + c], weight * token[j][c], acc[4 * j + 2 * h + c]);
-      // Every warp of the warpgroup is done with the stage (its wgmmas have read it): refill it.
-      asm volatile("bar.sync %0, 128;" ::"r"(1 + consumer) : "memory");
+      // This warp's wgmmas are done with the stage: hand it back, and (the leader) refill it.
+      __syncwarp();
+      if (lane == 0) (void)ptx::mbarrier_arrive(&empty[stage]);
       issue(i + Cfg::kStages);
     }
     through += static_cast<unsigned>(blocks);
@@ -181,9 +197,9 @@ __device__ void grouped_gemm_fp8_decode_sm90(const kjit_grouped_gemm_fp8_sm90_pa
       for (int h = 0; h < 2; ++h)
 #pragma unroll
         for (int c = 0; c < 2; ++c)
-          partials[consumer][8 * j + 2 * q + c][16 * warp + lane / 4 + 8 * h] = acc[4 * j + 2 * h + c];
+          partials[split_k][8 * j + 2 * q + c][64 * split_n + 16 * warp + lane / 4 + 8 * h] = acc[4 * j + 2 * h + c];
     __syncthreads();
-    decode_sum_store<Cfg>(g, rings, n0, row0, rows);
+    decode_sum_store<Cfg>(g, rings, tile_n0, row0, rows);
     ptx::fence_proxy_async_shared_cta();  // the partials' writes before the next pair's copies land
     __syncthreads();  // the partials (the rings) and `found` are reused by the next slot
   }

@@ -84,10 +84,13 @@ std::vector<KernelPath> kernel_paths() {
     paths.push_back({"sm90 rows on M 128 x 128", KJIT_GEMM_KERNEL_SM90, 128, 128, 1});
     paths.push_back({"sm90 rows on M 128 x 256 (two weight halves)", KJIT_GEMM_KERNEL_SM90, 128, 256, 1, 8, true});
   }
-  if (is_hopper()) {  // the wgmma decode kernel: 64 weight rows a block, chunks of 8 (its default), 16 or 32 rows
-    paths.push_back({"wgmma decode, the heuristic's chunks (8 rows)", KJIT_GEMM_KERNEL_DECODE, 0, 0, 0});
-    paths.push_back({"wgmma decode, chunks of 16 rows", KJIT_GEMM_KERNEL_DECODE, 16, 0, 0});
-    paths.push_back({"wgmma decode, chunks of 32 rows", KJIT_GEMM_KERNEL_DECODE, 32, 64, 0});
+  if (is_hopper()) {  // the wgmma decode kernel: chunks of 8 (its default), 16 or 32 rows; warpgroups along N and K
+    paths.push_back({"wgmma decode, the heuristic's chunks (8 rows) and tile", KJIT_GEMM_KERNEL_DECODE, 0, 0, 0});
+    paths.push_back({"wgmma decode, chunks of 16 rows x 128 weight rows (2 warpgroups along N)",
+                     KJIT_GEMM_KERNEL_DECODE, 16, 128, 0});
+    paths.push_back({"wgmma decode, chunks of 32 rows x 64 weight rows", KJIT_GEMM_KERNEL_DECODE, 32, 64, 0});
+    paths.push_back({"wgmma decode, chunks of 8 rows x 256 weight rows (4 warpgroups along N)",
+                     KJIT_GEMM_KERNEL_DECODE, 8, 256, 0});
   } else if (compute_capability() >= 90) {  // the mma.sync decode kernel's bulk copies
     paths.push_back({"decode, the heuristic's chunks (8 rows) and weight tile", KJIT_GEMM_KERNEL_DECODE, 0, 0, 0});
     paths.push_back({"decode, chunks of 16 rows x 16 weight rows (8 k-warps)", KJIT_GEMM_KERNEL_DECODE, 16, 16, 0});

@@ -360,8 +360,16 @@ TEST_CASE("the decode buckets on sm_90a: bf16 up to 64 routed rows, W8A16 up to 
   GroupedGemmFp8Spec w8a8{.n = 512, .k = 7168, .experts = 256};
   const auto q = *choose_grouped_gemm_fp8_config(w8a8, hopper, 8);
   CHECK((q.kernel == Fp8GemmKernel::wgmma_decode && q.tile_m == 8 && q.tile_n == 64 && q.stages == 4));
-  CHECK(fp8_decode_consumers(7168) == 4);
-  CHECK((fp8_decode_consumers(2048) == 2 && fp8_decode_consumers(768) == 1 && fp8_decode_consumers(128) == 1));
+  CHECK(fp8_decode_split_k(7168, 64) == 4);
+  CHECK((fp8_decode_split_k(2048, 64) == 2 && fp8_decode_split_k(768, 64) == 1 && fp8_decode_split_k(128, 64) == 1));
+  CHECK((fp8_decode_split_k(7168, 128) == 2 && fp8_decode_split_k(7168, 256) == 1));
+  // Short K: four warpgroups side by side along N (DeepSeek-V3 TP8's down, K 256).
+  const auto short_k = *choose_grouped_gemm_fp8_config({.n = 7168, .k = 256, .experts = 256}, hopper, 8);
+  CHECK((short_k.kernel == Fp8GemmKernel::wgmma_decode && short_k.tile_n == 256));
+  const auto short_k_kernel = render(KernelSpec{short_k});
+  CHECK(short_k_kernel.threads_per_block == 4 * 128);
+  CHECK(short_k_kernel.dynamic_shared_bytes == 4 * 4 * (64 + 8) * 128 + 1024 + 4 * 4 * 16);
+  CHECK(grouped_gemm_fp8_geometry(short_k, 8, 132).grid_y == 7168 / 256);
   CHECK(choose_grouped_gemm_fp8_config(w8a8, hopper, kDecodeMaxRowsW8A8)->kernel == Fp8GemmKernel::wgmma_decode);
   CHECK(choose_grouped_gemm_fp8_config(w8a8, hopper, kDecodeMaxRowsW8A8 + 1)->kernel == Fp8GemmKernel::wgmma_sm90);
   auto w8a8_ep = w8a8;  // an EP8 rank's 32 experts: the SM90 kernels stream better there
@@ -373,15 +381,17 @@ TEST_CASE("the decode buckets on sm_90a: bf16 up to 64 routed rows, W8A16 up to 
   const auto w8a8_kernel = render(KernelSpec{q});
   CHECK(w8a8_kernel.entry_point == "kjit_grouped_gemm_fp8_decode_sm90");
   CHECK(w8a8_kernel.threads_per_block == 4 * 128);
-  CHECK(w8a8_kernel.dynamic_shared_bytes == 4 * 4 * (64 + 8) * 128 + 1024 + 4 * 4 * 8);
+  CHECK(w8a8_kernel.dynamic_shared_bytes == 4 * 4 * (64 + 8) * 128 + 1024 + 4 * 4 * 16);
   CHECK(w8a8_kernel.source.find("kjit::GroupedGemmFp8DecodeSm90Config<") != std::string::npos);
   const auto q_grid = grouped_gemm_fp8_geometry(q, 8, 132);
   CHECK((q_grid.grid_x == 8 && q_grid.grid_y == 512 / 64 && q_grid.block_x == 4 * 128));
   CHECK(canonical(KernelSpec{q}).ends_with("kernel=wgmma_decode tile=8x64x128 stages=4 cluster=1"));
   CHECK(*spec_from_json(to_json(KernelSpec{q})) == KernelSpec{q});
-  // Forced: chunks of 16 or 32 rows; 64 weight rows only; no clusters; more stages than fit, refused.
+  // Forced: chunks of 16 or 32 rows; 64, 128 or 256 weight rows; no clusters; more stages than fit, refused.
   CHECK(choose_grouped_gemm_fp8_config(w8a8, hopper, 8, {.kernel = Kernel::decode, .tile_m = 32})->tile_m == 32);
   CHECK_FALSE(choose_grouped_gemm_fp8_config(w8a8, hopper, 8, {.kernel = Kernel::decode, .tile_n = 32}).has_value());
+  const auto wide = *choose_grouped_gemm_fp8_config(w8a8, hopper, 8, {.kernel = Kernel::decode, .tile_n = 128});
+  CHECK((wide.tile_n == 128 && render(KernelSpec{wide}).threads_per_block == 2 * 2 * 128));
   CHECK_FALSE(choose_grouped_gemm_fp8_config(w8a8, hopper, 8, {.kernel = Kernel::decode, .cluster = 2}).has_value());
   auto deep = q;
   deep.stages = 8;

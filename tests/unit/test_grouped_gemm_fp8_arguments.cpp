@@ -57,7 +57,8 @@ TEST_CASE_FIXTURE(Fp8GemmFixture, "a valid FP8 grouped GEMM launches once, with 
   CHECK(machine.launches == 1);
   CHECK(machine.tensor_map_dims.size() == 3);  // Hopper's kernel: A in two boxes, B
   CHECK(machine.async_memsets.empty());        // no workspace given: no tile counter to zero
-  // Hopper's decode kernel (wgmma) reads through maps too: A in boxes of its 8-row chunks, B of 64 weight rows.
+  // Hopper's decode kernel (wgmma) reads through maps too: A in boxes of its 8-row chunks, B of 64 weight rows
+  // (a warpgroup's; K 256 runs four of them side by side).
   g.kernel = KJIT_GEMM_KERNEL_DECODE;
   REQUIRE(run().has_value());
   REQUIRE(machine.tensor_map_boxes.size() == 6);

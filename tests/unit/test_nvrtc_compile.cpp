@@ -516,15 +516,15 @@ TEST_CASE("the decode kernels, bf16, W8A16 and W8A8 (wgmma on sm_90a), every til
         m.gate_up_layout = rows == 16 ? GateUpLayout::halves : GateUpLayout::alternating;
       }
       sm90.push_back(*choose_grouped_gemm_mixed_config(m, arch_of("sm_90a"), 8, decode));
-      // W8A8 on sm_90a, the wgmma decode kernel (64 weight rows a block, every chunk height): channel scales,
-      // fp32 output, the row scale, K of an odd count of 128-k blocks, 1 to 4 warpgroups over K.
+      // W8A8 on sm_90a, the wgmma decode kernel (64, 128 and 256 weight rows a block, every chunk height):
+      // channel scales, fp32 output, the row scale, K of an odd count of 128-k blocks, 1 to 4 warpgroups.
       if (tile_n == 128) continue;
       GroupedGemmFp8Spec f{.out = rows == 8 ? DType::f32 : DType::bf16, .n = 2048,
                            .k = tile_n == 16 ? 1152 : tile_n == 32 ? 2048 : 4096, .experts = 64,
                            .row_scale = tile_n == 32};
       if (tile_n == 64) f.weight_scale = Fp8WeightScale::channel;
-      const auto w8a8 = choose_grouped_gemm_fp8_config(f, arch_of("sm_90a"), 8, {.kernel = GemmRequest::Kernel::decode,
-                                                                               .tile_m = rows});
+      const auto w8a8 = choose_grouped_gemm_fp8_config(
+          f, arch_of("sm_90a"), 8, {.kernel = GemmRequest::Kernel::decode, .tile_m = rows, .tile_n = 4 * tile_n});
       REQUIRE_MESSAGE(w8a8.has_value(), kjit::testing::why(w8a8));
       CHECK(w8a8->kernel == Fp8GemmKernel::wgmma_decode);
       sm90.push_back(*w8a8);

@@ -32,7 +32,8 @@ constexpr int kSm90DecodeRows = 64;   // swap AB's tallest tile up to kDecodeRow
 constexpr int64_t kDecodeRowsPerExpert = 16;
 constexpr int kRowsOnMTileM = 128;    // rows on M: two consumer warpgroups of 64 rows
 constexpr int kRowsOnMWideTileN = 256;  // rows on M: or two 128-row weight halves (a quarter less L2 traffic)
-constexpr int kDecodeTileN = 64;        // wgmma_decode: one warpgroup's wgmma M of weight rows per block
+constexpr int kDecodeTileN = 64;        // wgmma_decode: one warpgroup's wgmma M of weight rows
+constexpr int kDecodeShortK = 512;      // wgmma_decode: up to this K, 4 warpgroups side by side along N
 constexpr int kDecodeStages = 4;        // wgmma_decode: each warpgroup's ring
 constexpr int kDecodeMaxStages = 8;
 
@@ -72,13 +73,14 @@ Expected<void> validate_configuration(const GroupedGemmFp8Spec& s) {
     return {};
   }
   if (s.kernel == Fp8GemmKernel::wgmma_decode) {
-    const bool ok = (s.tile_m == 8 || s.tile_m == 16 || s.tile_m == 32) && s.tile_n == kDecodeTileN &&
+    const bool ok = (s.tile_m == 8 || s.tile_m == 16 || s.tile_m == 32) &&
+                    (s.tile_n == kDecodeTileN || s.tile_n == 2 * kDecodeTileN || s.tile_n == 4 * kDecodeTileN) &&
                     s.stages >= 2 && s.stages <= kDecodeMaxStages && s.cluster == 1 &&
                     grouped_gemm_fp8_shared_bytes(s) <= wgmma_tma_shared_bytes_per_block();
     if (!ok)
-      return invalid(fmt::format("grouped_gemm_fp8 {} is not supported (wgmma_decode: tile_m 8, 16 or 32, tile_n {}, "
-                                 "2 to {} stages that fit in 227 KB with {} warpgroups for K {}, cluster 1)",
-                                 tile, kDecodeTileN, kDecodeMaxStages, fp8_decode_consumers(s.k), s.k));
+      return invalid(fmt::format("grouped_gemm_fp8 {} is not supported (wgmma_decode: tile_m 8, 16 or 32, tile_n 64, "
+                                 "128 or 256, 2 to {} stages that fit in 227 KB, cluster 1)",
+                                 tile, kDecodeMaxStages));
     return {};
   }
   if (s.kernel == Fp8GemmKernel::mma_decode) {
@@ -167,7 +169,8 @@ struct GemmChoice<GroupedGemmFp8Spec> {
 namespace {
 GroupedGemmFp8Spec fp8_decode_config(const GroupedGemmFp8Spec& problem, const ArchInfo& arch) {
   if (!arch.wgmma_tma) return decode_gemm_config(problem);
-  GroupedGemmFp8Spec s = gemm_config(problem, Fp8GemmKernel::wgmma_decode, kDecodeTileRows, kDecodeTileN);
+  GroupedGemmFp8Spec s = gemm_config(problem, Fp8GemmKernel::wgmma_decode, kDecodeTileRows,
+                                     problem.k <= kDecodeShortK ? 4 * kDecodeTileN : kDecodeTileN);
   s.stages = kDecodeStages;
   return s;
 }
@@ -178,7 +181,10 @@ std::string_view name(Fp8WeightScale s) { return kWeightScaleNames[static_cast<s
 std::string_view name(Fp8GemmKernel k) { return kKernelNames[static_cast<size_t>(k)]; }
 bool is_sm90(Fp8GemmKernel k) { return k == Fp8GemmKernel::wgmma_sm90 || k == Fp8GemmKernel::wgmma_sm90_rows_on_m; }
 bool uses_tma_maps(Fp8GemmKernel k) { return is_sm90(k) || k == Fp8GemmKernel::wgmma_decode; }
-int fp8_decode_consumers(int64_t k) { return static_cast<int>(std::clamp<int64_t>(k / kScaleBlock / 8, 1, 4)); }
+int fp8_decode_split_k(int64_t k, int tile_n) {
+  return static_cast<int>(std::clamp<int64_t>(k / kScaleBlock / 8, 1, 4 / std::max(tile_n / kDecodeTileN, 1)));
+}
+int fp8_decode_threads(const GroupedGemmFp8Spec& s) { return 128 * s.tile_n / kDecodeTileN * fp8_decode_split_k(s.k, s.tile_n); }
 
 template struct SpecForms<GroupedGemmFp8Spec>;
 
@@ -219,10 +225,10 @@ RenderedKernel Family<GroupedGemmFp8Spec>::render(const GroupedGemmFp8Spec& s) {
   if (s.kernel == Fp8GemmKernel::wgmma_decode)
     return assemble(canonical(s),
                     {.entry_point = "kjit_grouped_gemm_fp8_decode_sm90",
-                     .threads = 128 * fp8_decode_consumers(s.k),
+                     .threads = fp8_decode_threads(s),
                      .templates = {"gemm/grouped_gemm_fp8_decode_sm90.cuh"},
-                     .config = fmt::format("kjit::GroupedGemmFp8DecodeSm90Config<{}, {}, {}, {}, KjitWgmmaFp8>",
-                                           problem, s.tile_m, s.stages, fp8_decode_consumers(s.k)),
+                     .config = fmt::format("kjit::GroupedGemmFp8DecodeSm90Config<{}, {}, {}, {}, {}, KjitWgmmaFp8>",
+                                           problem, s.tile_m, s.tile_n, s.stages, fp8_decode_split_k(s.k, s.tile_n)),
                      .params_type = "kjit_grouped_gemm_fp8_sm90_params",
                      .body = "kjit::grouped_gemm_fp8_decode_sm90",
                      .prelude = sm90_wgmma_wrapper(s),
@@ -251,10 +257,10 @@ std::vector<GroupedGemmFp8Spec> Family<GroupedGemmFp8Spec>::kernels_for_target(c
 int grouped_gemm_fp8_shared_bytes(const GroupedGemmFp8Spec& s) {
   if (s.kernel == Fp8GemmKernel::mma_decode) return decode_shared_bytes(DecodeOperands::w8a8);
   if (s.kernel == Fp8GemmKernel::wgmma_decode) {
-    // GroupedGemmFp8DecodeSm90Config::kSharedBytes: each warpgroup's ring of (weight box + row box) stages,
-    // 1 KB of alignment slack, an mbarrier per stage.
-    const int rings = fp8_decode_consumers(s.k) * s.stages;
-    return rings * (s.tile_n + s.tile_m) * kScaleBlock + 1024 + 8 * rings;
+    // GroupedGemmFp8DecodeSm90Config::kSharedBytes: each warpgroup's ring of (64-row weight box + row box)
+    // stages, 1 KB of alignment slack, two mbarriers per stage.
+    const int stages = fp8_decode_threads(s) / 128 * s.stages;
+    return stages * (kDecodeTileN + s.tile_m) * kScaleBlock + 1024 + 16 * stages;
   }
   if (!is_sm90(s.kernel)) return 0;  // the portable kernel's tiles are static
   // GroupedGemmFp8Sm90Config::kSharedBytes (the generated code asserts they
@@ -289,7 +295,7 @@ LaunchGeometry grouped_gemm_fp8_geometry(const GroupedGemmFp8Spec& spec, int64_t
     return decode_gemm_grid(total_rows, spec.experts, spec.tile_m, n_tiles, grouped_gemm_fp8_shared_bytes(spec));
   if (spec.kernel == Fp8GemmKernel::wgmma_decode) {
     auto g = decode_gemm_grid(total_rows, spec.experts, spec.tile_m, n_tiles, grouped_gemm_fp8_shared_bytes(spec));
-    g.block_x = static_cast<uint32_t>(128 * fp8_decode_consumers(spec.k));
+    g.block_x = static_cast<uint32_t>(fp8_decode_threads(spec));
     return g;
   }
   return portable_gemm_grid(m_tiles, n_tiles, kPortableThreads);

@@ -61,8 +61,8 @@ Expected<codegen::Fp8WeightScale> weight_scale_of(const kjit_grouped_gemm_desc& 
 // A's and B's TMA descriptors over bytes: A [rows, K] in boxes of 128 codes
 // x 32 rows (rows on M: 64, a consumer warpgroup's; the wgmma decode kernel:
 // tile_m, its chunk of an expert's rows) and x 128 (the wide box), B [E, N,
-// K] in boxes of 128 codes x tile_n rows: each box row one 128-byte swizzle
-// row.
+// K] in boxes of 128 codes x tile_n rows (the decode kernel: 64, a
+// warpgroup's): each box row one 128-byte swizzle row.
 Expected<void> encode_fp8_maps(const DriverApi& api, const codegen::GroupedGemmFp8Spec& s,
                                kjit_grouped_gemm_sm90_params& p) {
   constexpr CUtensorMapDataType kBytes = CU_TENSOR_MAP_DATA_TYPE_UINT8;
@@ -78,7 +78,9 @@ Expected<void> encode_fp8_maps(const DriverApi& api, const codegen::GroupedGemmF
   KJIT_TRY(encode_tensor_map(api, p.a_wide_map, kBytes, p.gemm.a, 2, a_dims, a_strides, wide_box, "A"));
   const cuuint64_t b_dims[3] = {k, n, static_cast<cuuint64_t>(s.experts)};
   const cuuint64_t b_strides[2] = {k, n * k};
-  const cuuint32_t b_box[3] = {KJIT_FP8_SCALE_BLOCK, static_cast<cuuint32_t>(s.tile_n), 1};
+  // (The decode kernel's warpgroups each copy their own 64 of the block's tile_n weight rows.)
+  const cuuint32_t b_rows = s.kernel == codegen::Fp8GemmKernel::wgmma_decode ? 64 : static_cast<cuuint32_t>(s.tile_n);
+  const cuuint32_t b_box[3] = {KJIT_FP8_SCALE_BLOCK, b_rows, 1};
   return encode_tensor_map(api, p.b_map, kBytes, p.gemm.b, 3, b_dims, b_strides, b_box, "B [E, N, K]");
 }
 

@@ -39,8 +39,9 @@ std::string_view name(Fp8WeightScale s);
 // or a decode kernel for few routed rows (w8a8_decode_bucket), blocks only
 // for the non-empty (expert, chunk of tile_m rows) pairs:
 // - wgmma_decode (templates/gemm/grouped_gemm_fp8_decode_sm90.cuh, sm_90a):
-//   wgmma m64n<tile_m>k32 e4m3 on TMA-fed rings, tile_n = 64 weight rows a
-//   block, K split over fp8_decode_consumers(K) warpgroups; the heuristic's;
+//   wgmma m64n<tile_m>k32 e4m3 on TMA-fed rings, a warpgroup per 64 of the
+//   block's tile_n weight rows and per k-split (fp8_decode_split_k); the
+//   heuristic's;
 // - mma_decode (templates/gemm/grouped_gemm_decode.cuh, mma.sync e4m3 with
 //   the weights streamed by bulk copies, sm_90 and newer): what a forced
 //   decode request gets.
@@ -95,11 +96,14 @@ struct Family<GroupedGemmFp8Spec> : SpecForms<GroupedGemmFp8Spec> {
 };
 
 int grouped_gemm_fp8_shared_bytes(const GroupedGemmFp8Spec& spec);
-// wgmma_decode's warpgroups splitting K: one per 8 k-blocks of 128, from 1 to 4. Why: a warpgroup takes one
-// k-block at a time through wait, wgmmas and promotion, so one block's rate is bounded by its warpgroups; at
-// one token DeepSeek-V3 TP8's gate_up (N 512, K 7168) has only 64 blocks, which need four each to keep
-// enough bytes in flight, while short K (Qwen3's down, K 768) has blocks enough with one.
-int fp8_decode_consumers(int64_t k);
+// wgmma_decode's warpgroups: tile_n / 64 side by side along N (64 weight rows each) times
+// fp8_decode_split_k along K, 4 at most. K is split one way per 8 k-blocks of 128 (up to what tile_n leaves):
+// a warpgroup takes one k-block at a time through wait, wgmmas and promotion, so a block's rate is bounded by
+// its warpgroups, and at one token DeepSeek-V3 TP8's gate_up (N 512, K 7168) has only 64 blocks of 64 rows,
+// which need four each to keep enough bytes in flight. The heuristic's tile_n is 256 up to K 512 (DeepSeek-V3
+// TP8's down, K 256: a 64-row block's set-up, the offsets scan and the first copies' latency, outweighed
+// its two k-blocks) and 64 above.
+int fp8_decode_split_k(int64_t k, int tile_n);
 // Whether `kernel` is one of Hopper's (wgmma and TMA).
 bool is_sm90(Fp8GemmKernel kernel);
 // Whether `kernel` reads its operands through TMA maps (kjit_grouped_gemm_fp8_sm90_params): the SM90 kernels
