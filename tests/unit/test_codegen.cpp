@@ -289,7 +289,8 @@ TEST_CASE("grouped GEMM configurations: buckets by rows per expert on sm_90a, th
   CHECK(validate(KernelSpec{lone}).error().message.find("a cluster of 1 has no axis") != std::string::npos);
 }
 
-TEST_CASE("the decode buckets on sm_90a: bf16 up to 64 routed rows, W8A16 up to 64, W8A8 up to 128 over 64+ experts") {
+TEST_CASE("the decode buckets on sm_90a: bf16 up to 64 routed rows, W8A16 up to 64, W8A8 up to 128 (512 over 128+ "
+          "experts)") {
   using Kernel = GemmRequest::Kernel;
   const auto hopper = arch("sm_90a");
   // Qwen3-30B-A3B's gate_up (E 128, N 1536, K 2048) at 1 and 64 routed rows (8 tokens of top 8); one past the bucket.
@@ -363,18 +364,24 @@ TEST_CASE("the decode buckets on sm_90a: bf16 up to 64 routed rows, W8A16 up to 
   CHECK(fp8_decode_split_k(7168, 64) == 4);
   CHECK((fp8_decode_split_k(2048, 64) == 2 && fp8_decode_split_k(768, 64) == 1 && fp8_decode_split_k(128, 64) == 1));
   CHECK((fp8_decode_split_k(7168, 128) == 2 && fp8_decode_split_k(7168, 256) == 1));
-  // Short K: four warpgroups side by side along N (DeepSeek-V3 TP8's down, K 256).
+  // Short K: two warpgroups side by side along N (DeepSeek-V3 TP8's down, K 256).
   const auto short_k = *choose_grouped_gemm_fp8_config({.n = 7168, .k = 256, .experts = 256}, hopper, 8);
-  CHECK((short_k.kernel == Fp8GemmKernel::wgmma_decode && short_k.tile_n == 256));
+  CHECK((short_k.kernel == Fp8GemmKernel::wgmma_decode && short_k.tile_n == 128));
   const auto short_k_kernel = render(KernelSpec{short_k});
-  CHECK(short_k_kernel.threads_per_block == 4 * 128);
-  CHECK(short_k_kernel.dynamic_shared_bytes == 4 * 4 * (64 + 8) * 128 + 1024 + 4 * 4 * 16);
-  CHECK(grouped_gemm_fp8_geometry(short_k, 8, 132).grid_y == 7168 / 256);
-  CHECK(choose_grouped_gemm_fp8_config(w8a8, hopper, kDecodeMaxRowsW8A8)->kernel == Fp8GemmKernel::wgmma_decode);
-  CHECK(choose_grouped_gemm_fp8_config(w8a8, hopper, kDecodeMaxRowsW8A8 + 1)->kernel == Fp8GemmKernel::wgmma_sm90);
-  auto w8a8_ep = w8a8;  // an EP8 rank's 32 experts: the SM90 kernels stream better there
-  w8a8_ep.experts = kDecodeMinExpertsW8A8 - 1;
-  CHECK(choose_grouped_gemm_fp8_config(w8a8_ep, hopper, 8)->kernel == Fp8GemmKernel::wgmma_sm90);
+  CHECK(short_k_kernel.threads_per_block == 2 * 128);
+  CHECK(short_k_kernel.dynamic_shared_bytes == 2 * 4 * (64 + 8) * 128 + 1024 + 2 * 4 * 16);
+  CHECK(grouped_gemm_fp8_geometry(short_k, 8, 132).grid_y == 7168 / 128);
+  // Up to 512 routed rows over 128 experts and more (4 rows an expert), up to 128 over fewer (an EP8 rank's 32:
+  // from 8 rows an expert the SM90 kernels stream better).
+  CHECK(choose_grouped_gemm_fp8_config(w8a8, hopper, kDecodeMaxRowsW8A8ManyExperts)->kernel ==
+        Fp8GemmKernel::wgmma_decode);
+  CHECK(choose_grouped_gemm_fp8_config(w8a8, hopper, kDecodeMaxRowsW8A8ManyExperts + 1)->kernel ==
+        Fp8GemmKernel::wgmma_sm90);
+  auto w8a8_ep = w8a8;
+  w8a8_ep.experts = kDecodeManyExpertsW8A8 - 1;
+  CHECK(choose_grouped_gemm_fp8_config(w8a8_ep, hopper, 8)->kernel == Fp8GemmKernel::wgmma_decode);
+  CHECK(choose_grouped_gemm_fp8_config(w8a8_ep, hopper, kDecodeMaxRowsW8A8)->kernel == Fp8GemmKernel::wgmma_decode);
+  CHECK(choose_grouped_gemm_fp8_config(w8a8_ep, hopper, kDecodeMaxRowsW8A8 + 1)->kernel == Fp8GemmKernel::wgmma_sm90);
   CHECK(choose_grouped_gemm_fp8_config(w8a8, hopper, 8, {.kernel = Kernel::sm90})->kernel ==
         Fp8GemmKernel::wgmma_sm90);
   CHECK(grouped_gemm_fp8_candidates(w8a8, hopper)->size() == 4);
@@ -806,7 +813,7 @@ TEST_CASE("the rows-on-M SM90 FP8 GEMM: the heuristic's above 64 rows per expert
   using Kernel = GemmRequest::Kernel;
   // Swap AB up to 64 rows per expert, rows on M above (sm90 without a tile is the heuristic's); sm90_swap_ab
   // keeps swap AB in every bucket.
-  for (auto [rows, kernel] : {std::pair{int64_t{128}, Fp8GemmKernel::wgmma_sm90},
+  for (auto [rows, kernel] : {std::pair{int64_t{129}, Fp8GemmKernel::wgmma_sm90},  // past the decode bucket
                               {int64_t{32 * 64}, Fp8GemmKernel::wgmma_sm90},
                               {int64_t{32 * 65}, Fp8GemmKernel::wgmma_sm90_rows_on_m},
                               {int64_t{32 * 4096}, Fp8GemmKernel::wgmma_sm90_rows_on_m}}) {

@@ -6,7 +6,8 @@ call as CUDA-graph replays of the same calls. The graph time minus the kernels'
 sum is what launches, dependencies and gaps cost.
 
   KJIT_LIBRARY=... PYTHONPATH=runtime/python:tools/bench \\
-    tools/bench/profile_moe_decode.py [--models ...] [--formats bf16,fp8_block] [--tokens 1] [--json FILE]
+    tools/bench/profile_moe_decode.py [--models ...] [--formats bf16,fp8_block] [--tokens 1] [--w8a8-min-rows N]
+        [--json FILE]
 
 Needs a GPU and torch; the shapes are bench_moe_peers.py's.
 """
@@ -28,15 +29,18 @@ def main():
     ap.add_argument("--formats", default="bf16,fp8_block")
     ap.add_argument("--tokens", default="1")
     ap.add_argument("--calls", type=int, default=20, help="eager calls profiled (and calls per graph)")
+    ap.add_argument("--w8a8-min-rows", type=int, default=None,
+                    help="fp8_block: MoEExperts' W8A8 switch (default: its own; 1: W8A8 at every size)")
     ap.add_argument("--json")
     args = ap.parse_args()
+    switch = {} if args.w8a8_min_rows is None else {"w8a8_min_rows": args.w8a8_min_rows}
     rows = []
     for model in args.models.split(","):
         experts, hidden, inter, top_k = peers.MODELS[model]
         for fmt in args.formats.split(","):
             w = peers.weights(fmt, experts, hidden, inter)
             for tokens in [int(t) for t in args.tokens.split(",")]:
-                m = peers.kjit_module(fmt, w, tokens, top_k)
+                m = peers.kjit_module(fmt, w, tokens, top_k, **(switch if fmt == "fp8_block" else {}))
                 sets = peers.routings(tokens, experts, top_k, args.calls, hidden)
                 for s in sets:  # warm: every kernel loaded
                     m(*s)

@@ -33,7 +33,7 @@ constexpr int64_t kDecodeRowsPerExpert = 16;
 constexpr int kRowsOnMTileM = 128;    // rows on M: two consumer warpgroups of 64 rows
 constexpr int kRowsOnMWideTileN = 256;  // rows on M: or two 128-row weight halves (a quarter less L2 traffic)
 constexpr int kDecodeTileN = 64;        // wgmma_decode: one warpgroup's wgmma M of weight rows
-constexpr int kDecodeShortK = 512;      // wgmma_decode: up to this K, 4 warpgroups side by side along N
+constexpr int kDecodeShortK = 512;      // wgmma_decode: up to this K, 2 warpgroups side by side along N
 constexpr int kDecodeStages = 4;        // wgmma_decode: each warpgroup's ring
 constexpr int kDecodeMaxStages = 8;
 
@@ -170,7 +170,7 @@ namespace {
 GroupedGemmFp8Spec fp8_decode_config(const GroupedGemmFp8Spec& problem, const ArchInfo& arch) {
   if (!arch.wgmma_tma) return decode_gemm_config(problem);
   GroupedGemmFp8Spec s = gemm_config(problem, Fp8GemmKernel::wgmma_decode, kDecodeTileRows,
-                                     problem.k <= kDecodeShortK ? 4 * kDecodeTileN : kDecodeTileN);
+                                     problem.k <= kDecodeShortK ? 2 * kDecodeTileN : kDecodeTileN);
   s.stages = kDecodeStages;
   return s;
 }

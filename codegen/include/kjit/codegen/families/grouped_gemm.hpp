@@ -137,17 +137,18 @@ std::vector<GroupedGemmSpec> grouped_gemm_configs(const GroupedGemmSpec& problem
 //   three shapes; at 128 rows 0.96-1.06x, at 256 0.87-0.98x;
 // - FP8 weights, W8A16 (the threads' cp.async ring): 1.18-3.44x up to 64 routed rows in all three shapes,
 //   0.88-1.11x at 128 (two runs; MoEExperts runs W8A8 from 64 rows);
-// - W8A8 (e4m3 mma.sync, the bulk-copy ring): 1.10-2.71x up to 64 rows and 1.00-1.09x at 128 over 128 and 256
-//   experts (two runs), 0.86-0.96x from 256; 0.88-0.98x over 32 experts, whose SM90 tiles stream at 66-85% of
-//   copy bandwidth.
+// - W8A8 (sm_90a: the wgmma decode kernel): 1.04-3.00x up to 128 routed rows in all three shapes; from 256
+//   rows (32 tokens) 1.22-1.28x over Qwen3's 128 experts, 1.00x over DeepSeek-V3 TP8's 256 and 0.63-0.93x over
+//   an EP8 rank's 32 (16 rows an expert and more: its SM90 tiles stream at 82-84% of copy bandwidth there).
 inline constexpr int64_t kDecodeMaxRowsBf16 = 64;
 inline constexpr int64_t kDecodeMaxRowsW8A16 = 64;
 inline constexpr int64_t kDecodeMaxRowsW8A8 = 128;
-inline constexpr int64_t kDecodeMinExpertsW8A8 = 64;
+inline constexpr int64_t kDecodeMaxRowsW8A8ManyExperts = 512;  // over kDecodeManyExpertsW8A8 experts or more
+inline constexpr int64_t kDecodeManyExpertsW8A8 = 128;
 inline bool bf16_decode_bucket(int64_t rows) { return rows <= kDecodeMaxRowsBf16; }
 inline bool w8a16_decode_bucket(int64_t rows) { return rows <= kDecodeMaxRowsW8A16; }
 inline bool w8a8_decode_bucket(int64_t rows, int64_t experts) {
-  return rows <= kDecodeMaxRowsW8A8 && experts >= kDecodeMinExpertsW8A8;
+  return rows <= kDecodeMaxRowsW8A8 || (rows <= kDecodeMaxRowsW8A8ManyExperts && experts >= kDecodeManyExpertsW8A8);
 }
 // The decode kernel's weight rows per block for N weight rows: the widest of 128, 64, 32 and 16 that still
 // gives 16 blocks per expert. One token's 8 experts then give ~128-256 blocks, one wave at two blocks per SM

@@ -100,9 +100,11 @@ int grouped_gemm_fp8_shared_bytes(const GroupedGemmFp8Spec& spec);
 // fp8_decode_split_k along K, 4 at most. K is split one way per 8 k-blocks of 128 (up to what tile_n leaves):
 // a warpgroup takes one k-block at a time through wait, wgmmas and promotion, so a block's rate is bounded by
 // its warpgroups, and at one token DeepSeek-V3 TP8's gate_up (N 512, K 7168) has only 64 blocks of 64 rows,
-// which need four each to keep enough bytes in flight. The heuristic's tile_n is 256 up to K 512 (DeepSeek-V3
-// TP8's down, K 256: a 64-row block's set-up, the offsets scan and the first copies' latency, outweighed
-// its two k-blocks) and 64 above.
+// which need four each to keep enough bytes in flight. The heuristic's tile_n is 128 up to K 512 and 64 above:
+// on an H200 (tools/bench/probe_decode_tiles.py, docs/decisions/0023) DeepSeek-V3 TP8's down (K 256) streamed
+// at 34 / 52 / 58% of copy bandwidth at 1 / 4 / 16 tokens with 128 rows, 31 / 47 / 50% with 64 and 26 / 35 /
+// 37% with 256 (a 64-row block's set-up, the offsets scan and the first copies' latency, weighs on two
+// k-blocks); every longer K was fastest at 64 or within 5% of it at one token and four.
 int fp8_decode_split_k(int64_t k, int tile_n);
 // Whether `kernel` is one of Hopper's (wgmma and TMA).
 bool is_sm90(Fp8GemmKernel kernel);
