@@ -49,6 +49,10 @@ struct GroupedGemmFp8DecodeSm90Config : Problem {
   static constexpr int kSplitN = kTileN / 64, kSplitK = kSplitK_;
   static constexpr int kConsumers = kSplitN * kSplitK;
   static constexpr int kKWarps = kSplitK;     // the k-splits decode_sum_store sums
+  // Without a split of K a warpgroup's sub-tiles are its own: it streams several through its ring, storing
+  // each from its registers, and the grid's y (grouped_gemm_fp8_geometry) sizes the blocks' ranges.
+  static constexpr bool kStreamed = kSplitK == 1;
+  static constexpr int kSubTiles = static_cast<int>((Problem::kN + 63) / 64);
   static constexpr int kThreads = 128 * kConsumers, kWarps = kThreads / 32;
   static constexpr int kBK = KJIT_FP8_SCALE_BLOCK;  // a k-block: one 128-byte swizzle row of codes, one scale block
   static constexpr int kKBlocks = static_cast<int>(Problem::kK / kBK);
@@ -64,6 +68,8 @@ struct GroupedGemmFp8DecodeSm90Config : Problem {
   static_assert(kTileN % 64 == 0 && kConsumers >= 1 && kConsumers <= 4 && kStages >= 2,
                 "1-4 warpgroups of 64 weight rows, 2+ stages each");
   static_assert(kPartialsBytes <= kRingBytes, "the partials fit in the rings");
+  static_assert(!Problem::kFusedActivation, "W8A8 has no fused activation");
+  static_assert(kSplitK <= kKBlocks, "every warpgroup has a k-block (the host splits K by 8 k-blocks)");
 };
 
 template <class Cfg>
@@ -93,40 +99,52 @@ __device__ void grouped_gemm_fp8_decode_sm90(const kjit_grouped_gemm_fp8_sm90_pa
   }
   // (find_decode_pair's block barriers order the initialisation before any wait.)
 
-  // This warpgroup's k-blocks: split_k, split_k + kSplitK, ...; local block i is k-block kb(i).
+  // This warpgroup's k-blocks: split_k, split_k + kSplitK, ...; and its 64-row weight sub-tiles: one, or
+  // without a split of K (kStreamed), every kSplitN-th of the block's range of sub-tiles. Its item i is
+  // k-block kb_of(i % blocks) of sub-tile sub_of(i / blocks), items in that order through its ring.
   const int blocks = Cfg::kKBlocks > split_k ? (Cfg::kKBlocks - split_k + Cfg::kSplitK - 1) / Cfg::kSplitK : 0;
   auto kb_of = [&](int i) { return split_k + i * Cfg::kSplitK; };
-  const long long tile_n0 = static_cast<long long>(blockIdx.y) * Cfg::kTileN;
-  const long long n0 = tile_n0 + 64 * split_n;  // this warpgroup's 64 weight rows (past N: TMA's zeros, unstored)
+  int first_sub = static_cast<int>(blockIdx.y) * Cfg::kSplitN + split_n, subs = 1;
+  if constexpr (Cfg::kStreamed) {
+    // Block y's range: `per` sub-tiles (whole groups of kSplitN) from y * per; the host sizes the grid's y.
+    const int groups = (Cfg::kSubTiles + Cfg::kSplitN - 1) / Cfg::kSplitN;
+    const int per = (groups + static_cast<int>(gridDim.y) - 1) / static_cast<int>(gridDim.y) * Cfg::kSplitN;
+    first_sub = static_cast<int>(blockIdx.y) * per + split_n;
+    const int end = min(static_cast<int>(blockIdx.y + 1) * per, Cfg::kSubTiles);
+    subs = first_sub < end ? (end - first_sub + Cfg::kSplitN - 1) / Cfg::kSplitN : 0;
+  }
+  auto n0_of = [&](int i) { return 64LL * (first_sub + i / blocks * Cfg::kSplitN); };
+  const int items = subs * blocks;
   const kjit_fp8_gemm_scales& scales = p.scales;
-  unsigned through = 0;  // k-blocks this warpgroup has taken through its ring (earlier pairs): stage and phase
+  unsigned through = 0;  // items this warpgroup has taken through its ring (earlier pairs): stage and phase
 
   for (long long slot = blockIdx.x;; slot += gridDim.x) {
     int expert = 0, rows = 0;
     long long row0 = 0;
     if (!find_decode_pair<Cfg>(g, slot, warp_totals, found, expert, row0, rows)) return;
 
-    // Local block i's weight and row boxes into stage (through + i) % kStages.
+    // Item i's weight and row boxes into stage (through + i) % kStages (weight rows past N: TMA's zeros).
     auto issue = [&](int i) {
-      if (!leader || i >= blocks) return;
+      if (!leader || i >= items) return;
       const int stage = static_cast<int>((through + i) % Cfg::kStages);
-      Ring<Cfg::kStages>::wait_emptied(empty, through + i);  // the stage's previous k-block is multiplied
+      Ring<Cfg::kStages>::wait_emptied(empty, through + i);  // the stage's previous item is multiplied
       unsigned char* memory = ring + stage * Cfg::kStageBytes;
       ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &full[stage],
                                      static_cast<unsigned>(Cfg::kStageBytes));
-      const int k0 = kb_of(i) * Cfg::kBK;
+      const int k0 = kb_of(i % blocks) * Cfg::kBK;
       ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, memory, &p.sm90.b_map,
-                                {k0, static_cast<int>(n0), expert}, &full[stage]);
+                                {k0, static_cast<int>(n0_of(i)), expert}, &full[stage]);
       ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, memory + Cfg::kWTileBytes, &p.sm90.a_map,
                                 {k0, static_cast<int>(row0)}, &full[stage]);
     };
 #pragma unroll
     for (int i = 0; i < Cfg::kStages; ++i) issue(i);
 
-    // The scales a thread promotes with: its accumulator's tokens 8j + 2q + c (past the pair's rows, the
-    // first row's) and the weight block of its 64 rows (channel scales: 1 here, the channel's after the loop).
+    // The scales a thread promotes item i with: its accumulator's tokens 8j + 2q + c (past the pair's rows,
+    // the first row's) and the weight block of the sub-tile's 64 rows (channel scales: 1 here, the channel's
+    // at the store).
     auto load_scales = [&](int i, float (&token)[Cfg::kRows / 8][2], float& weight) {
-      const int kb = kb_of(i);
+      const int kb = kb_of(i % blocks);
 #pragma unroll
       for (int j = 0; j < Cfg::kRows / 8; ++j)
 #pragma unroll
@@ -134,23 +152,36 @@ __device__ void grouped_gemm_fp8_decode_sm90(const kjit_grouped_gemm_fp8_sm90_pa
           const int t = 8 * j + 2 * q + c;
           token[j][c] = a_scale<Cfg>(scales, row0 + (t < rows ? t : 0), kb);
         }
+      const long long n0 = n0_of(i);
       if constexpr (Cfg::kBlockScales) weight = n0 < Cfg::kN ? b_block_scale<Cfg>(scales, expert, n0, kb) : 0.0f;
       else weight = 1.0f;
     };
+    // Per-channel weight scales: this thread's two weight rows of the sub-tile from n0.
+    auto apply_channel_scales = [&](float (&acc)[Cfg::kRows / 2], long long n0) {
+      if constexpr (!Cfg::kBlockScales) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const long long n = n0 + 16 * warp + lane / 4 + 8 * h;
+          const float b = n < Cfg::kN ? b_channel_scale<Cfg>(scales, expert, n) : 0.0f;
+#pragma unroll
+          for (int j = 0; j < Cfg::kRows / 8; ++j) acc[4 * j + 2 * h] *= b, acc[4 * j + 2 * h + 1] *= b;
+        }
+      }
+    };
 
-    // Register 4j + 2h + c: weight row 16 warp + lane / 4 + 8h of the tile, token 8j + 2q + c.
+    // Register 4j + 2h + c: weight row 16 warp + lane / 4 + 8h of the sub-tile, token 8j + 2q + c.
     float acc[Cfg::kRows / 2], partial[Cfg::kRows / 2];
 #pragma unroll
     for (int r = 0; r < Cfg::kRows / 2; ++r) acc[r] = 0.0f;
     float token_next[Cfg::kRows / 8][2], weight_next = 0.0f;
-    if (blocks > 0) load_scales(0, token_next, weight_next);
+    if (items > 0) load_scales(0, token_next, weight_next);
     using Mma = typename Cfg::template Mma<Cfg::kRows>;
-    for (int i = 0; i < blocks; ++i) {
+    for (int i = 0; i < items; ++i) {
       float token[Cfg::kRows / 8][2];
 #pragma unroll
       for (int j = 0; j < Cfg::kRows / 8; ++j) token[j][0] = token_next[j][0], token[j][1] = token_next[j][1];
       const float weight = weight_next;
-      if (i + 1 < blocks) load_scales(i + 1, token_next, weight_next);  // its latency passes behind this block
+      if (i + 1 < items) load_scales(i + 1, token_next, weight_next);  // its latency passes behind this item
       const int stage = static_cast<int>((through + i) % Cfg::kStages);
       Ring<Cfg::kStages>::wait_filled(full, through + i);
       const unsigned char* memory = ring + stage * Cfg::kStageBytes;
@@ -175,33 +206,54 @@ __device__ void grouped_gemm_fp8_decode_sm90(const kjit_grouped_gemm_fp8_sm90_pa
       __syncwarp();
       if (lane == 0) (void)ptx::mbarrier_arrive(&empty[stage]);
       issue(i + Cfg::kStages);
-    }
-    through += static_cast<unsigned>(blocks);
-
-    if constexpr (!Cfg::kBlockScales) {
-      // Per-channel weight scales: this thread's two weight rows.
+      if constexpr (Cfg::kStreamed) {
+        // A sub-tile's last k-block: its rows out from the registers (no other warpgroup shares them).
+        if (i % blocks == blocks - 1) {
+          const long long n0 = n0_of(i);
+          apply_channel_scales(acc, n0);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const long long n = n0 + 16 * warp + lane / 4 + 8 * h;
-        const float b = n < Cfg::kN ? b_channel_scale<Cfg>(scales, expert, n) : 0.0f;
+          for (int j = 0; j < Cfg::kRows / 8; ++j)
 #pragma unroll
-        for (int j = 0; j < Cfg::kRows / 8; ++j) acc[4 * j + 2 * h] *= b, acc[4 * j + 2 * h + 1] *= b;
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+              for (int c = 0; c < 2; ++c) {
+                const int t = 8 * j + 2 * q + c;
+                const long long n = n0 + 16 * warp + lane / 4 + 8 * h;
+                float& v = acc[4 * j + 2 * h + c];
+                if (t < rows && n < Cfg::kN) {
+                  const long long row = row0 + t;
+                  const float out = Cfg::kRowScale ? v * g.row_scale[row] : v;
+                  if constexpr (Cfg::kOutF32)
+                    static_cast<float*>(g.out)[row * Cfg::kN + n] = out;
+                  else
+                    static_cast<unsigned short*>(g.out)[row * Cfg::kN + n] =
+                        static_cast<unsigned short>(cvt_rn_bf16x2_f32(out, 0.0f) & 0xffffu);
+                }
+                v = 0.0f;
+              }
+        }
       }
     }
-    // The partials take the rings' place once every warpgroup is done with its ring.
-    __syncthreads();
-    auto partials = reinterpret_cast<float(*)[Cfg::kRows][Cfg::kTileN + 1]>(rings);
+    through += static_cast<unsigned>(items);
+
+    if constexpr (!Cfg::kStreamed) {
+      apply_channel_scales(acc, n0_of(0));
+      // The partials take the rings' place once every warpgroup is done with its ring.
+      __syncthreads();
+      auto partials = reinterpret_cast<float(*)[Cfg::kRows][Cfg::kTileN + 1]>(rings);
 #pragma unroll
-    for (int j = 0; j < Cfg::kRows / 8; ++j)
+      for (int j = 0; j < Cfg::kRows / 8; ++j)
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
+        for (int h = 0; h < 2; ++h)
 #pragma unroll
-        for (int c = 0; c < 2; ++c)
-          partials[split_k][8 * j + 2 * q + c][64 * split_n + 16 * warp + lane / 4 + 8 * h] = acc[4 * j + 2 * h + c];
-    __syncthreads();
-    decode_sum_store<Cfg>(g, rings, tile_n0, row0, rows);
-    ptx::fence_proxy_async_shared_cta();  // the partials' writes before the next pair's copies land
-    __syncthreads();  // the partials (the rings) and `found` are reused by the next slot
+          for (int c = 0; c < 2; ++c)
+            partials[split_k][8 * j + 2 * q + c][64 * split_n + 16 * warp + lane / 4 + 8 * h] =
+                acc[4 * j + 2 * h + c];
+      __syncthreads();
+      decode_sum_store<Cfg>(g, rings, static_cast<long long>(blockIdx.y) * Cfg::kTileN, row0, rows);
+      ptx::fence_proxy_async_shared_cta();  // the partials' writes before the next pair's copies land
+    }
+    __syncthreads();  // `found` (and the partials, the rings) are reused by the next slot
   }
 }
 

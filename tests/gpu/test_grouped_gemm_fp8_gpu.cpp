@@ -320,6 +320,17 @@ TEST_CASE("decode sizes: one token's 8 rows on 8 experts or on one, 256 experts 
     one_expert.row_scale = true;
     one_expert.decode_paths_only = true;
     run_fp8_gemm(one_expert);
+    Fp8Case streamed;  // 4 rows on each of 128 experts, K 256: the wgmma kernel's blocks stream several sub-tiles
+    streamed.counts.assign(128, 4);
+    streamed.counts[5] = 0;
+    streamed.counts[77] = 9;  // two chunks of 8 rows, the second of 1
+    streamed.n = 1000;        // a partial last sub-tile
+    streamed.k = 256;
+    streamed.weight_scale = weight_scale;
+    streamed.row_scale = true;
+    streamed.extra_rows = 2;
+    streamed.decode_paths_only = true;
+    run_fp8_gemm(streamed);
     Fp8Case lone;
     lone.counts.assign(256, 0);
     lone.counts[255] = 1;

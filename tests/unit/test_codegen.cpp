@@ -371,6 +371,10 @@ TEST_CASE("the decode buckets on sm_90a: bf16 up to 64 routed rows, W8A16 up to 
   CHECK(short_k_kernel.threads_per_block == 2 * 128);
   CHECK(short_k_kernel.dynamic_shared_bytes == 2 * 4 * (64 + 8) * 128 + 1024 + 2 * 4 * 16);
   CHECK(grouped_gemm_fp8_geometry(short_k, 8, 132).grid_y == 7168 / 128);
+  // Without a split of K, many pairs share out fewer ranges of sub-tiles: 128 routed rows bound 128 pairs, and
+  // 8 blocks an SM of 132 over them is 9 ranges.
+  CHECK(grouped_gemm_fp8_geometry(short_k, 128, 132).grid_y == 9);
+  CHECK(grouped_gemm_fp8_geometry(q, 128, 132).grid_y == 512 / 64);  // split K: a tile a block
   // Up to 512 routed rows over 128 experts and more (4 rows an expert), up to 128 over fewer (an EP8 rank's 32:
   // from 8 rows an expert the SM90 kernels stream better).
   CHECK(choose_grouped_gemm_fp8_config(w8a8, hopper, kDecodeMaxRowsW8A8ManyExperts)->kernel ==
