@@ -49,8 +49,8 @@ struct GroupedGemmFp8DecodeSm90Config : Problem {
   static constexpr int kSplitN = kTileN / 64, kSplitK = kSplitK_;
   static constexpr int kConsumers = kSplitN * kSplitK;
   static constexpr int kKWarps = kSplitK;     // the k-splits decode_sum_store sums
-  // Without a split of K a warpgroup's sub-tiles are its own: it streams several through its ring, storing
-  // each from its registers, and the grid's y (grouped_gemm_fp8_geometry) sizes the blocks' ranges.
+  // Without a split of K a warpgroup's sub-tiles are its own: it stores each from its registers, and streams
+  // as many through its ring as the grid's y leaves it (grouped_gemm_fp8_geometry: several up to K 256).
   static constexpr bool kStreamed = kSplitK == 1;
   static constexpr int kSubTiles = static_cast<int>((Problem::kN + 63) / 64);
   static constexpr int kThreads = 128 * kConsumers, kWarps = kThreads / 32;

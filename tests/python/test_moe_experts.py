@@ -181,7 +181,7 @@ def test_per_expert_linears_stack_into_halves_with_their_block_scales():
     ("bf16", dict(experts_total=8, expert_base=6), r"experts \[6, 10\) must lie"),
     ("bf16", dict(expert_base=1.0), "expert_base must be an int"),
     ("bf16", dict(w8a8_min_rows=0), "w8a8_min_rows must be a positive int or None"),
-    ("fp8_block", dict(fused_activation=True), r"W8A8 \(on from w8a8_min_rows=64 routed rows\) reads gate_up in "
+    ("fp8_block", dict(fused_activation=True), r"W8A8 \(on from w8a8_min_rows=1 routed rows\) reads gate_up in "
                                                "the checkpoint's row order: pass w8a8_min_rows=None"),
     ("fp8_channel", dict(fused_activation=True, w8a8_min_rows=None), "fused_activation is the bf16, W4A16 and "
                                                                      "block-scaled W8A16 grouped GEMMs' epilogue"),
@@ -226,8 +226,10 @@ def test_kernels_per_format_and_batch_size():
     assert module("bf16").kernels_for(4096, 8) == "bf16"
     assert module("nvfp4").kernels_for(1, 8) == module("mxfp4").kernels_for(4096, 8) == "w4a16"
     fp8 = module("fp8_block")
-    assert fp8.w8a8_min_rows == kjit.torch.experts.DEFAULT_W8A8_MIN_ROWS == 64
-    assert [fp8.kernels_for(t, 8) for t in (1, 4, 7, 8, 4096)] == ["w8a16"] * 3 + ["w8a8"] * 2
+    assert fp8.w8a8_min_rows == kjit.torch.experts.DEFAULT_W8A8_MIN_ROWS == 1
+    assert [fp8.kernels_for(t, 8) for t in (1, 4, 7, 8, 4096)] == ["w8a8"] * 5
+    switched = module("fp8_block", w8a8_min_rows=64)
+    assert [switched.kernels_for(t, 8) for t in (1, 4, 7, 8, 4096)] == ["w8a16"] * 3 + ["w8a8"] * 2
     assert module("fp8_channel", w8a8_min_rows=64).kernels_for(8, 8) == "w8a8"
     assert module("fp8_block", w8a8_min_rows=None).kernels_for(1 << 20, 8) == "w8a16"
 
@@ -275,14 +277,16 @@ def cuda_inputs(tokens, top_k, hidden=256):
 
 
 @pytest.mark.parametrize("fmt,tokens,kernels", [("bf16", 3, "bf16"), ("fp8_block", 3, "w8a16"),
-                                                ("fp8_block", 512, "w8a8"), ("fp8_channel", 3, "w8a16"),
-                                                ("nvfp4", 5, "w4a16"), ("mxfp4", 5, "w4a16")])
+                                                ("fp8_block", 3, "w8a8"), ("fp8_block", 512, "w8a8"),
+                                                ("fp8_channel", 3, "w8a16"), ("nvfp4", 5, "w4a16"),
+                                                ("mxfp4", 5, "w4a16")])
 def test_forward_runs_routing_both_gemms_the_activation_and_the_combine(monkeypatch, activation_contract, fmt, tokens,
                                                                           kernels):
     calls = Calls(monkeypatch, ["moe_routing", "quantize_fp8", "grouped_gemm", "moe_activation", "moe_combine"])
+    switch = {"w8a8_min_rows": None} if kernels == "w8a16" else {}  # W8A8 runs at every size by default
     with FakeTensorMode():
         m = module(fmt, device="cuda", experts=4, act="swiglu_oai", layout="alternating", experts_total=16,
-                   expert_base=8, fused_activation=False)  # the fused path: test_the_fused_activation_flag_...
+                   expert_base=8, fused_activation=False, **switch)  # the fused path: test_the_fused_activation_...
         out = m(*cuda_inputs(tokens, 4))
         assert (out.shape, out.dtype) == ((tokens, 256), bf16)
     (args, kw), = calls.named("moe_routing")
@@ -397,20 +401,22 @@ def test_forward_output_errors_and_weights_left_on_the_cpu(activation_contract):
 
 # ---- prepare ----
 
-@pytest.mark.parametrize("fmt,max_tokens,gemm_sets", [
-    ("fp8_block", 7, {"w8a16"}), ("fp8_block", 8, {"w8a16", "w8a8"}), ("fp8_block", 4096, {"w8a16", "w8a8"}),
-    ("bf16", 4096, {"bf16"}),
-    ("nvfp4", 64, {"w4a16"}),
+@pytest.mark.parametrize("fmt,max_tokens,gemm_sets,w8a8_min_rows", [
+    ("fp8_block", 7, {"w8a16"}, 64), ("fp8_block", 8, {"w8a16", "w8a8"}, 64),
+    ("fp8_block", 4096, {"w8a16", "w8a8"}, 64), ("fp8_block", 4096, {"w8a8"}, 1),
+    ("bf16", 4096, {"bf16"}, 1),
+    ("nvfp4", 64, {"w4a16"}, 1),
 ])
 def test_prepare_loads_every_kernel_forward_can_pick_up_to_max_tokens(monkeypatch, activation_contract, fmt,
-                                                                      max_tokens, gemm_sets):
+                                                                      max_tokens, gemm_sets, w8a8_min_rows):
     names = ["prepare_moe_routing", "prepare_grouped_gemm", "prepare_quantize_fp8", "prepare_moe_combine",
              "moe_activation"]
     for name in names[:4]:
         monkeypatch.setattr(kjit, name, lambda *a, **k: None)  # the C library needs a GPU: record only
     calls = Calls(monkeypatch, names)
     with FakeTensorMode():
-        module(fmt, device="cuda", experts_total=8, expert_base=4, fused_activation=False).prepare(max_tokens, top_k=8)
+        module(fmt, device="cuda", experts_total=8, expert_base=4, fused_activation=False,
+               w8a8_min_rows=w8a8_min_rows).prepare(max_tokens, top_k=8)
     (_, routing), = calls.named("prepare_moe_routing")
     assert (routing["expert_base"], routing["experts_local"]) == (4, 4)
     gemms = calls.named("prepare_grouped_gemm")
@@ -484,7 +490,8 @@ def test_a_block_using_the_module_compiles_with_no_graph_break(activation_contra
 
 def test_a_dynamic_token_count_compiles_one_graph_per_kernel_set(activation_contract):
     """Engines compile with the batch dimension dynamic: the gate_up GEMM's gather (up to GATHER_MAX_ROWS routed
-    rows) and W8A16 against W8A8 are the only shape guards."""
+    rows) and W8A16 against W8A8 (a switch at 64 rows here; W8A8 at every size by default) are the only shape
+    guards."""
     graphs = []
 
     def recording_backend(gm, example_inputs):
@@ -493,8 +500,8 @@ def test_a_dynamic_token_count_compiles_one_graph_per_kernel_set(activation_cont
 
     torch._dynamo.reset()
     with FakeTensorMode(), torch.no_grad():
-        block = torch.compile(Block(module("fp8_block", device="cuda", experts=4, experts_total=8, expert_base=4),
-                                    8, 2), backend=recording_backend, fullgraph=True, dynamic=True)
+        switched = module("fp8_block", device="cuda", experts=4, experts_total=8, expert_base=4, w8a8_min_rows=64)
+        block = torch.compile(Block(switched, 8, 2), backend=recording_backend, fullgraph=True, dynamic=True)
         for tokens in (8, 20, 300, 700):  # 16, 40 rows: W8A16 gathering; 600, 1400 rows: W8A8
             assert block(torch.empty(tokens, 256, dtype=bf16, device="cuda")).shape == (tokens, 256)
     assert len(graphs) == 2

@@ -33,13 +33,14 @@ GATE_UP_LAYOUTS = ("halves", "alternating")  # Hugging Face: [gate | up]; gpt-os
 ACTIVATIONS = ("silu_mul", "swiglu_oai")
 SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = 1.702, 7.0  # gpt-oss's
 # Routed rows (tokens * top_k) from which FP8 weights run W8A8 (activations
-# quantized to FP8 by kjit.quantize_fp8) instead of W8A16. Below it the
-# W8A16 decode kernel reads each touched expert's weights once and skips the
-# quantize launch; from it W8A8's FP8 tensor cores and half-width activations
-# win (measured on an H200 across three model shapes: docs/decisions/0020).
-# W8A8's own decode kernel is no faster below it on Hopper and its error is
-# ten times W8A16's (docs/decisions/0023).
-DEFAULT_W8A8_MIN_ROWS = 64
+# quantized to FP8 by kjit.quantize_fp8) instead of W8A16: every size. Since
+# sm_90a's W8A8 decode kernel (wgmma) W8A8 is the faster at one token too
+# (1.08-1.25x W8A16's layer on an H200, 1.5-1.9x from 16 tokens), and one
+# recipe at every batch size gives a token the same numerics whatever it is
+# batched with. Its error is ten times W8A16's (4.4e-2 against 4e-3 relative
+# to fp32), as vLLM's and finegrained-fp8's W8A8; w8a8_min_rows=None keeps
+# W8A16 (docs/decisions/0020).
+DEFAULT_W8A8_MIN_ROWS = 1
 # Routed rows up to which the gate_up GEMM gathers the tokens' rows in its own
 # loads (kjit.grouped_gemm(gather=...)) instead of reading a gathered copy:
 # the gather wins at 1 to 16 tokens and loses from 512 (its one loader warp
@@ -121,10 +122,11 @@ class MoEExperts(torch.nn.Module):
 
     Kernels (kernels_for): bf16 weights run kjit's bf16 grouped GEMM; FP8
     weights W8A16 (bf16 activations, the weights converted in the kernel)
-    below w8a8_min_rows routed rows (tokens * top_k) and W8A8 (activations
-    quantized per 1x128 by kjit.quantize_fp8, gathered in the same pass) from
-    there; W8A8 needs float8_e4m3fn weights and H, I multiples of 128, and
-    w8a8_min_rows=None turns it off. FP4 weights run W4A16.
+    below w8a8_min_rows routed rows (tokens * top_k; default 1: never) and
+    W8A8 (activations quantized per 1x128 by kjit.quantize_fp8, gathered in
+    the same pass) from there; W8A8 needs float8_e4m3fn weights and H, I
+    multiples of 128, and w8a8_min_rows=None turns it off (W8A16's error is a
+    tenth of W8A8's). FP4 weights run W4A16.
     fused_activation (bf16, NVFP4 and MXFP4 weights, and fp8_block weights
     that run W8A16 only; no gate_up bias) runs the activation in the gate_up
     GEMM's epilogue (no [rows, 2I] intermediate, one launch fewer;
