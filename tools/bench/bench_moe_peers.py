@@ -9,7 +9,7 @@ from DRAM as in a decode step. The peers load from a git-ignored folder
 stands in for vLLM's CUDA ops, PEERS.md there the sources and commits).
 
 Providers per format: bf16 -> kjit, vLLM; fp8_block (FP8 128 x 128 block
-scales) -> kjit (W8A16 below its W8A8 switch, W8A8 above), vLLM W8A8 (its
+scales) -> kjit (its w8a8_min_rows switch: W8A8 at every size by default), vLLM W8A8 (its
 Triton per-token-group activation quant), finegrained-fp8 W8A8
 (moe_fused_batched up to --hf-batched-max tokens, moe_fused_grouped above;
 --hf-paths both times both). vLLM runs the config vLLM would (its tuned table
