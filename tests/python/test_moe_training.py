@@ -328,8 +328,8 @@ GPU_CASES = [  # format, layout, activation, convention, biases, trainable, MoEE
     ("bf16", "halves", "silu_mul", None, False, True, {}),
     ("fp8_block", "halves", "silu_mul", "multiply", False, False,
      dict(w8a8_min_rows=None, fused_activation=False)),                      # W8A16 forward
-    ("fp8_block", "halves", "silu_mul", "multiply", False, False, dict(w8a8_min_rows=1)),  # W8A8 forward, W8A16 dX
-    ("fp8_block", "halves", "silu_mul", "multiply", False, False, {}),       # the default switch point
+    ("fp8_block", "halves", "silu_mul", "multiply", False, False, {}),       # the default: W8A8 forward, W8A16 dX
+    ("fp8_block", "halves", "silu_mul", "multiply", False, False, dict(w8a8_min_rows=64)),  # a switch at 64 rows
     ("fp8_channel", "alternating", "silu_mul", "divide", False, False, {}),
     ("nvfp4", "halves", "silu_mul", "multiply", False, False, {}),
     ("mxfp4", "alternating", "swiglu_oai", "multiply", True, True, {}),      # gpt-oss, trainable biases
