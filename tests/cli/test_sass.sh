@@ -163,12 +163,12 @@ while read -r key arch op kernel canonical; do
           [ "$hmma" -gt 0 ] || fail "$arch $canonical has no mma.sync (HMMA)"
         fi
         [ "$qgmma" -eq 0 ] || fail "$arch $canonical has wgmma" ;;
-      mma_decode)
-        # The decode kernel with e4m3 operands: mma.sync .e4m3, which sm_90a's ptxas lowers to f16 HMMA.
+      wgmma_decode)
+        # sm_90a's W8A8 decode kernel (docs/decisions/0023): FP8 wgmma on the codes as stored, no mma.sync.
         fp8_decode=$((fp8_decode + 1))
         [ "$arch" = sm_90a ] || fail "$canonical was built for $arch"
-        [ "$hmma" -gt 0 ] || fail "$arch $canonical has no mma.sync (HMMA)"
-        [ "$qgmma" -eq 0 ] || fail "$arch $canonical has wgmma" ;;
+        [ "$qgmma" -gt 0 ] || fail "$canonical has no FP8 wgmma (QGMMA E4M3)"
+        [ "$qmma" -eq 0 ] && [ "$hmma" -eq 0 ] || fail "$canonical has mma.sync" ;;
       *) fail "$canonical: unknown kernel $kernel" ;;
     esac
   fi
