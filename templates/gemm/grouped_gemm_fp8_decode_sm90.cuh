@@ -24,7 +24,8 @@
 // fresh fp32 partial, promoted into the accumulator with the weight block's
 // and each row's scale (DeepSeek-V3's recipe, as the other W8A8 kernels).
 // The k-splits' accumulators are summed in shared memory in split order
-// (decode_sum_store): deterministic, no workspace, no atomics.
+// (decode_sum_store): deterministic, no workspace, no atomics. Without a
+// split a warpgroup stores each sub-tile from its registers (kStreamed).
 //
 // Rows of a row box past the pair's hold other experts' rows (or TMA's zeros
 // past the last row): their products land in accumulator columns that are
