@@ -178,8 +178,8 @@ typedef enum kjit_gemm_kernel {
   KJIT_GEMM_KERNEL_SM90_CONVERTER = 4, /* W8A16 / W4A16 only: the wgmma kernel whose converter warps write bf16 weight
                                           tiles into shared memory, in every bucket; off Hopper as _SM90 */
   KJIT_GEMM_KERNEL_DECODE = 5 /* weights read [E, N, K] only (bf16, W8A16, W8A8): the decode kernel (blocks only for
-                                 non-empty experts, weights streamed through shared memory) in every bucket, sm_90
-                                 and newer; AUTO picks it on Hopper for few routed rows */
+                                 non-empty experts, weights streamed through shared memory; W8A8 on Hopper on wgmma)
+                                 in every bucket, sm_90 and newer; AUTO picks it on Hopper for few routed rows */
 } kjit_gemm_kernel;
 
 /* Which way a grouped GEMM cluster's blocks lie over the output tiles. */

@@ -280,9 +280,12 @@ def grouped_gemm(a: Tensor, w: Tensor, offsets: Tensor, *, weights: str = "e_n_k
     entries with a leading 0 ('with_leading_zero'). row_scale (fp32 [rows])
     multiplies each output row. Returns out [rows, N] (bf16 unless out_dtype).
     kernel: 'auto' (the arch's own: wgmma on Hopper), 'portable' (mma.sync),
-    'sm90' or 'sm90_swap_ab' (rows on wgmma's N in every bucket), or for fp8
+    'sm90' or 'sm90_swap_ab' (rows on wgmma's N in every bucket), for fp8
     and FP4 weights 'sm90_converter' (converter warps write bf16 weight tiles
-    to shared memory, in every bucket); tile=(tile_m, tile_n), cluster (1 or 2) and cluster_axis
+    to shared memory, in every bucket), or 'decode' ('e_n_k' weights, sm_90
+    and newer: blocks only for the non-empty experts, what 'auto' runs for few
+    routed rows; W8A8 on Hopper on wgmma, tile (8, 64), (8, 128), ...);
+    tile=(tile_m, tile_n), cluster (1 or 2) and cluster_axis
     ('m': the pair shares weight tiles, 'n': activation tiles) override the
     heuristic (tuning).
 
