@@ -6,6 +6,9 @@
 # see docs/benchmarks.md). Results go to $OUT.
 set -uo pipefail
 bin=.devbin
+# The commit the binaries were built from (results files record it; this machine's tree may hold it as
+# uncommitted changes on an older commit: docs/benchmarks.md).
+[ -f "$bin/commit" ] && export KJIT_BENCH_COMMIT=${KJIT_BENCH_COMMIT:-$(cat "$bin/commit")}
 out=${OUT:-/tmp/kjit-out}
 mkdir -p "$out"
 export KJIT_CACHE_DIR=$(mktemp -d)/cache

@@ -6,6 +6,9 @@
 # a benchmark failed (the MoE layer's exits 1 when the paths' outputs disagree).
 set -uo pipefail
 bin=.devbin
+# The commit the binaries were built from (results files record it; this machine's tree may hold it as
+# uncommitted changes on an older commit: docs/benchmarks.md).
+[ -f "$bin/commit" ] && export KJIT_BENCH_COMMIT=${KJIT_BENCH_COMMIT:-$(cat "$bin/commit")}
 out=${OUT:-/tmp/kjit-out}
 mkdir -p "$out"
 KJIT_CACHE_DIR=$(mktemp -d)/cache
