@@ -267,6 +267,19 @@ __device__ __forceinline__ void decode_multiply_w8a8(float (&acc)[Cfg::kTokenTil
       acc[t][c] = fmaf(part[t][c], x.weight_scale[c / 2][b] * x.token_scale[t][c % 2][b], acc[t][c]);
 }
 
+// Output element (row, col): times the row's scale where there is one, as fp32 or rounded to bf16.
+template <class Cfg>
+__device__ __forceinline__ void decode_store_value(const kjit_grouped_gemm_params& p, long long row, long long col,
+                                                   float v) {
+  if constexpr (Cfg::kRowScale) v *= p.row_scale[row];
+  if constexpr (Cfg::kOutF32) {
+    static_cast<float*>(p.out)[row * Cfg::kOutN + col] = v;
+  } else {
+    static_cast<unsigned short*>(p.out)[row * Cfg::kOutN + col] =
+        static_cast<unsigned short>(cvt_rn_bf16x2_f32(v, 0.0f) & 0xffffu);
+  }
+}
+
 // The pair's output from the k-splits' fp32 partials, [Cfg::kKWarps][Cfg::kRows][Cfg::kTileN + 1] at `ring`
 // (every split's written, the block synchronised): their sum in split order, the activation, the row scale
 // and the store of the pair's `rows` rows. The wgmma decode kernel (grouped_gemm_fp8_decode_sm90.cuh) shares it.
@@ -287,14 +300,7 @@ __device__ __forceinline__ void decode_sum_store(const kjit_grouped_gemm_params&
       if constexpr (Cfg::kFusedActivation) up += partials[kw][r][n + 8];
     }
     if constexpr (Cfg::kFusedActivation) v = activate<Cfg::kActivation>(v, up, p.activation_alpha, p.activation_limit);
-    const long long row = row0 + r;
-    if constexpr (Cfg::kRowScale) v *= p.row_scale[row];
-    if constexpr (Cfg::kOutF32) {
-      static_cast<float*>(p.out)[row * Cfg::kOutN + out_col] = v;
-    } else {
-      static_cast<unsigned short*>(p.out)[row * Cfg::kOutN + out_col] =
-          static_cast<unsigned short>(cvt_rn_bf16x2_f32(v, 0.0f) & 0xffffu);
-    }
+    decode_store_value<Cfg>(p, row0 + r, out_col, v);
   }
 }
 

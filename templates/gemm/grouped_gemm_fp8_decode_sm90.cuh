@@ -73,6 +73,19 @@ struct GroupedGemmFp8DecodeSm90Config : Problem {
   static_assert(kSplitK <= kKBlocks, "every warpgroup has a k-block (the host splits K by 8 k-blocks)");
 };
 
+// Each register of a warpgroup's m64n<kRows> accumulator (wgmma's layout): f(register, j, c, token, weight row),
+// register 4j + 2h + c holding weight row 16 warp + lane / 4 + 8h of the warpgroup's 64 and token (pair row)
+// 8j + 2 (lane % 4) + c.
+template <class Cfg, class F>
+__device__ __forceinline__ void each_accumulator(int warp, int lane, F f) {
+#pragma unroll
+  for (int j = 0; j < Cfg::kRows / 8; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) f(4 * j + 2 * h + c, j, c, 8 * j + 2 * (lane % 4) + c, 16 * warp + lane / 4 + 8 * h);
+}
+
 template <class Cfg>
 __device__ void grouped_gemm_fp8_decode_sm90(const kjit_grouped_gemm_fp8_sm90_params& p) {
   const kjit_grouped_gemm_params& g = p.sm90.gemm;
@@ -170,7 +183,7 @@ __device__ void grouped_gemm_fp8_decode_sm90(const kjit_grouped_gemm_fp8_sm90_pa
       }
     };
 
-    // Register 4j + 2h + c: weight row 16 warp + lane / 4 + 8h of the sub-tile, token 8j + 2q + c.
+    // The accumulator and a k-block's partial, in each_accumulator's layout.
     float acc[Cfg::kRows / 2], partial[Cfg::kRows / 2];
 #pragma unroll
     for (int r = 0; r < Cfg::kRows / 2; ++r) acc[r] = 0.0f;
@@ -188,21 +201,12 @@ __device__ void grouped_gemm_fp8_decode_sm90(const kjit_grouped_gemm_fp8_sm90_pa
       const unsigned char* memory = ring + stage * Cfg::kStageBytes;
       const unsigned long long w_desc = operand_descriptor<false>(memory);
       const unsigned long long r_desc = operand_descriptor<false>(memory + Cfg::kWTileBytes);
-      fence_accumulators(partial);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < Cfg::kBK / 32; ++kk)
-        Mma::run(partial, operand_at_k_step<false>(w_desc, kk), operand_at_k_step<false>(r_desc, kk), kk > 0);
-      wgmma_commit();
+      issue_e4m3_scale_block<Mma>(partial, w_desc, r_desc);
       wgmma_wait<0>();
       fence_accumulators(partial);
-#pragma unroll
-      for (int j = 0; j < Cfg::kRows / 8; ++j)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int c = 0; c < 2; ++c)
-            acc[4 * j + 2 * h + c] = fmaf(partial[4 * j + 2 * h + c], weight * token[j][c], acc[4 * j + 2 * h + c]);
+      each_accumulator<Cfg>(warp, lane, [&](int r, int j, int c, int, int) {
+        acc[r] = fmaf(partial[r], weight * token[j][c], acc[r]);
+      });
       // This warp's wgmmas are done with the stage: hand it back, and (the leader) refill it.
       __syncwarp();
       if (lane == 0) (void)ptx::mbarrier_arrive(&empty[stage]);
@@ -212,26 +216,10 @@ __device__ void grouped_gemm_fp8_decode_sm90(const kjit_grouped_gemm_fp8_sm90_pa
         if (i % blocks == blocks - 1) {
           const long long n0 = n0_of(i);
           apply_channel_scales(acc, n0);
-#pragma unroll
-          for (int j = 0; j < Cfg::kRows / 8; ++j)
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-#pragma unroll
-              for (int c = 0; c < 2; ++c) {
-                const int t = 8 * j + 2 * q + c;
-                const long long n = n0 + 16 * warp + lane / 4 + 8 * h;
-                float& v = acc[4 * j + 2 * h + c];
-                if (t < rows && n < Cfg::kN) {
-                  const long long row = row0 + t;
-                  const float out = Cfg::kRowScale ? v * g.row_scale[row] : v;
-                  if constexpr (Cfg::kOutF32)
-                    static_cast<float*>(g.out)[row * Cfg::kN + n] = out;
-                  else
-                    static_cast<unsigned short*>(g.out)[row * Cfg::kN + n] =
-                        static_cast<unsigned short>(cvt_rn_bf16x2_f32(out, 0.0f) & 0xffffu);
-                }
-                v = 0.0f;
-              }
+          each_accumulator<Cfg>(warp, lane, [&](int r, int, int, int t, int n) {
+            if (t < rows && n0 + n < Cfg::kN) decode_store_value<Cfg>(g, row0 + t, n0 + n, acc[r]);
+            acc[r] = 0.0f;
+          });
         }
       }
     }
@@ -242,14 +230,9 @@ __device__ void grouped_gemm_fp8_decode_sm90(const kjit_grouped_gemm_fp8_sm90_pa
       // The partials take the rings' place once every warpgroup is done with its ring.
       __syncthreads();
       auto partials = reinterpret_cast<float(*)[Cfg::kRows][Cfg::kTileN + 1]>(rings);
-#pragma unroll
-      for (int j = 0; j < Cfg::kRows / 8; ++j)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int c = 0; c < 2; ++c)
-            partials[split_k][8 * j + 2 * q + c][64 * split_n + 16 * warp + lane / 4 + 8 * h] =
-                acc[4 * j + 2 * h + c];
+      each_accumulator<Cfg>(warp, lane, [&](int r, int, int, int t, int n) {
+        partials[split_k][t][64 * split_n + n] = acc[r];
+      });
       __syncthreads();
       decode_sum_store<Cfg>(g, rings, static_cast<long long>(blockIdx.y) * Cfg::kTileN, row0, rows);
       ptx::fence_proxy_async_shared_cta();  // the partials' writes before the next pair's copies land

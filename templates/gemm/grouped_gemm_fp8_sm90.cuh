@@ -180,12 +180,7 @@ __device__ __forceinline__ void fp8_mainloop(float (&acc)[kRows / 2], float (&pa
     // This consumer's 64 weight rows (8 KB), and the row tile after the weight tile.
     const unsigned long long w_desc = operand_descriptor<false>(stage + consumer * 64 * Cfg::kBK);
     const unsigned long long r_desc = operand_descriptor<false>(stage + Cfg::kWTileBytes);
-    fence_accumulators(partial);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < Cfg::kBK / 32; ++kk)
-      Mma::run(partial, operand_at_k_step<false>(w_desc, kk), operand_at_k_step<false>(r_desc, kk), kk > 0);
-    wgmma_commit();
+    issue_e4m3_scale_block<Mma>(partial, w_desc, r_desc);
     wgmma_wait<0>();
     fence_accumulators(partial);
     const float* slot = scales + s.index * Cfg::kScaleSlot;
@@ -282,12 +277,7 @@ struct Fp8RowsOnMLoop {
     // This consumer's 64 rows of the row tile (after the weight tile), and the half's 128 weight rows.
     const unsigned long long r_desc = operand_descriptor<false>(stage + Cfg::kWTileBytes + consumer * 64 * Cfg::kBK);
     const unsigned long long w_desc = operand_descriptor<false>(stage + half * 128 * Cfg::kBK);
-    fence_accumulators(partial);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < Cfg::kBK / 32; ++kk)
-      Mma::run(partial, operand_at_k_step<false>(r_desc, kk), operand_at_k_step<false>(w_desc, kk), kk > 0);
-    wgmma_commit();
+    issue_e4m3_scale_block<Mma>(partial, r_desc, w_desc);
   }
 
   // Hands k-block `k_it`'s stage back: its wgmmas are done and every lane has read its scales.

@@ -78,6 +78,21 @@ __device__ __forceinline__ unsigned long long operand_at_k_step(unsigned long lo
   return out;
 }
 
+// One 128-k scale block of e4m3 operands (one 128-byte swizzle row of each
+// K-major tile at a_desc and b_desc): four wgmma m64n<N>k32 into a fresh
+// `partial`, issued as one commit group. The FP8 kernels wait for it and
+// promote the partial with the block's scales.
+template <class Mma, int kRegs>
+__device__ __forceinline__ void issue_e4m3_scale_block(float (&partial)[kRegs], unsigned long long a_desc,
+                                                       unsigned long long b_desc) {
+  fence_accumulators(partial);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    Mma::run(partial, operand_at_k_step<false>(a_desc, kk), operand_at_k_step<false>(b_desc, kk), kk > 0);
+  wgmma_commit();
+}
+
 // This block's rank in its cluster (0 without clusters).
 template <class Cfg>
 __device__ __forceinline__ int cluster_rank() {

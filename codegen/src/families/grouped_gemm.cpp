@@ -102,7 +102,6 @@ Expected<void> validate_configuration(const GroupedGemmSpec& s) {
 }
 
 constexpr int kPortableThreads = 128;
-constexpr int kDecodeThreads = 256;  // GroupedGemmDecodeConfig::kThreads
 
 // Threads of an SM90 configuration: a producer warpgroup and a consumer
 // warpgroup per 64 rows (or, swap AB, per 64 columns) of the tile.
@@ -268,11 +267,12 @@ LaunchGeometry grouped_gemm_geometry(const GroupedGemmSpec& spec, int64_t total_
   return portable_gemm_grid(m_tiles, n_tiles, kPortableThreads);
 }
 
-LaunchGeometry decode_gemm_grid(int64_t total_rows, int64_t experts, int tile_m, int64_t n_tiles, int shared_bytes) {
+LaunchGeometry decode_gemm_grid(int64_t total_rows, int64_t experts, int tile_m, int64_t n_tiles, int shared_bytes,
+                                int threads) {
   // Each non-empty expert (at most min(E, rows) of them) adds at most one partial chunk of tile_m rows.
   const int64_t slots = (total_rows + std::min(experts, total_rows) * (tile_m - 1)) / tile_m;
   LaunchGeometry g;
-  g.block_x = kDecodeThreads;
+  g.block_x = static_cast<uint32_t>(threads);
   g.grid_x = static_cast<uint32_t>(std::clamp<int64_t>(slots, 1, 0x7fffffff));  // blocks walk the slots past it
   g.grid_y = static_cast<uint32_t>(n_tiles);
   g.shared_bytes = static_cast<uint32_t>(shared_bytes);

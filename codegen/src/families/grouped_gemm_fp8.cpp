@@ -177,6 +177,11 @@ GroupedGemmFp8Spec fp8_decode_config(const GroupedGemmFp8Spec& problem, const Ar
   return s;
 }
 
+// wgmma_decode's threads: a warpgroup per 64 weight rows of the block and per k-split.
+int fp8_decode_threads(const GroupedGemmFp8Spec& s) {
+  return 128 * s.tile_n / kDecodeTileN * fp8_decode_split_k(s.k, s.tile_n);
+}
+
 }  // namespace
 
 std::string_view name(Fp8WeightScale s) { return kWeightScaleNames[static_cast<size_t>(s)]; }
@@ -186,7 +191,6 @@ bool uses_tma_maps(Fp8GemmKernel k) { return is_sm90(k) || k == Fp8GemmKernel::w
 int fp8_decode_split_k(int64_t k, int tile_n) {
   return static_cast<int>(std::clamp<int64_t>(k / kScaleBlock / 8, 1, 4 / std::max(tile_n / kDecodeTileN, 1)));
 }
-int fp8_decode_threads(const GroupedGemmFp8Spec& s) { return 128 * s.tile_n / kDecodeTileN * fp8_decode_split_k(s.k, s.tile_n); }
 
 template struct SpecForms<GroupedGemmFp8Spec>;
 
@@ -296,8 +300,8 @@ LaunchGeometry grouped_gemm_fp8_geometry(const GroupedGemmFp8Spec& spec, int64_t
   if (spec.kernel == Fp8GemmKernel::mma_decode)
     return decode_gemm_grid(total_rows, spec.experts, spec.tile_m, n_tiles, grouped_gemm_fp8_shared_bytes(spec));
   if (spec.kernel == Fp8GemmKernel::wgmma_decode) {
-    auto g = decode_gemm_grid(total_rows, spec.experts, spec.tile_m, n_tiles, grouped_gemm_fp8_shared_bytes(spec));
-    g.block_x = static_cast<uint32_t>(fp8_decode_threads(spec));
+    auto g = decode_gemm_grid(total_rows, spec.experts, spec.tile_m, n_tiles, grouped_gemm_fp8_shared_bytes(spec),
+                              fp8_decode_threads(spec));
     // Up to two k-blocks a block streams a range of sub-tiles (GroupedGemmFp8DecodeSm90Config::kStreamed): as
     // many ranges per pair as keep about kDecodeBlocksPerSm blocks an SM over the bound on pairs, each at least
     // a sub-tile a warpgroup. One token's 8 pairs then get a tile each, 16 tokens' ~100 pairs of DeepSeek-V3

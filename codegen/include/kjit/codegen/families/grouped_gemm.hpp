@@ -123,8 +123,10 @@ LaunchGeometry persistent_gemm_grid(int64_t cluster_tiles, int cluster, int resi
                                     int shared_bytes);
 LaunchGeometry portable_gemm_grid(int64_t m_tiles, int64_t n_tiles, int threads);
 // - decode: x over an upper bound of the non-empty (expert, chunk of tile_m rows) pairs, y over n-tiles,
-//   with the kernel's ring (decode_shared_bytes).
-LaunchGeometry decode_gemm_grid(int64_t total_rows, int64_t experts, int tile_m, int64_t n_tiles, int shared_bytes);
+//   with the kernel's ring (decode_shared_bytes) and threads (by default the mma.sync decode kernel's).
+inline constexpr int kDecodeThreads = 256;  // GroupedGemmDecodeConfig::kThreads
+LaunchGeometry decode_gemm_grid(int64_t total_rows, int64_t experts, int tile_m, int64_t n_tiles, int shared_bytes,
+                                int threads = kDecodeThreads);
 
 // ---- Tuning policy (grouped_gemm_tuning.cpp; docs/architecture.md "Grouped GEMM tiles") ----
 
