@@ -10,7 +10,7 @@ touched weight bytes' rate as a share of a device copy's bandwidth.
 
 fp8 is W8A16 (bf16 activations), w8a8 the same weights with e4m3 activations (one scale per row per 128 k).
 A tile is its weight rows (chunks of 8 rows) or ROWSxWEIGHT_ROWS: sm_90a's W8A8 decode kernel (wgmma) takes
-8x64, 16x64 and 32x64.
+8, 16 or 32 rows by 64, 128 or 256 weight rows.
 """
 import argparse
 import math

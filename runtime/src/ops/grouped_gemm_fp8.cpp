@@ -75,7 +75,8 @@ Expected<void> encode_fp8_maps(const DriverApi& api, const codegen::GroupedGemmF
   const cuuint32_t a_box[2] = {KJIT_FP8_SCALE_BLOCK, a_rows};
   const cuuint32_t wide_box[2] = {KJIT_FP8_SCALE_BLOCK, KJIT_SWAP_AB_WIDE_ROW_BOX};
   KJIT_TRY(encode_tensor_map(api, p.a_map, kBytes, p.gemm.a, 2, a_dims, a_strides, a_box, "A"));
-  KJIT_TRY(encode_tensor_map(api, p.a_wide_map, kBytes, p.gemm.a, 2, a_dims, a_strides, wide_box, "A"));
+  if (codegen::is_sm90(s.kernel))  // (the decode kernel's row boxes are its chunks: no wide box)
+    KJIT_TRY(encode_tensor_map(api, p.a_wide_map, kBytes, p.gemm.a, 2, a_dims, a_strides, wide_box, "A"));
   const cuuint64_t b_dims[3] = {k, n, static_cast<cuuint64_t>(s.experts)};
   const cuuint64_t b_strides[2] = {k, n * k};
   // (The decode kernel's warpgroups each copy their own 64 of the block's tile_n weight rows.)
