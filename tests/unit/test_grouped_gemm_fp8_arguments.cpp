@@ -52,16 +52,17 @@ struct Fp8GemmFixture : FakeRuntimeFixture {
 }  // namespace
 
 TEST_CASE_FIXTURE(Fp8GemmFixture, "a valid FP8 grouped GEMM launches once, with block or per-channel weight scales") {
+  g.kernel = KJIT_GEMM_KERNEL_SM90;
   auto r = run();
   REQUIRE_MESSAGE(r.has_value(), why(r));
   CHECK(machine.launches == 1);
-  CHECK(machine.tensor_map_dims.size() == 3);  // Hopper's kernel: A in two boxes, B
+  CHECK(machine.tensor_map_dims.size() == 3);  // Hopper's SM90 kernel: A in two boxes, B
   CHECK(machine.async_memsets.empty());        // no workspace given: no tile counter to zero
-  // Hopper's decode kernel (wgmma) reads through maps too: A in boxes of its 8-row chunks, B of 64 weight rows
-  // (a warpgroup's; K 256 runs four of them side by side).
-  g.kernel = KJIT_GEMM_KERNEL_DECODE;
+  // 64 routed rows are the decode bucket: Hopper's decode kernel (wgmma) reads A in boxes of its 8-row chunks
+  // and B in boxes of 64 weight rows (a warpgroup's; K 256 runs two side by side), no wide A box.
+  g.kernel = KJIT_GEMM_KERNEL_AUTO;
   REQUIRE(run().has_value());
-  REQUIRE(machine.tensor_map_boxes.size() == 5);  // no wide A box
+  REQUIRE(machine.tensor_map_boxes.size() == 5);
   CHECK(machine.tensor_map_boxes[3] == std::vector<cuuint64_t>{128, 8});
   CHECK(machine.tensor_map_boxes[4] == std::vector<cuuint64_t>{128, 64, 1});
   g.kernel = KJIT_GEMM_KERNEL_AUTO;
