@@ -1,8 +1,10 @@
 // Grouped GEMM for MoE experts at decode (a few rows per expert), [E, N, K]
 // weights only (DecodeOperands): bf16 weights and activations; fp8 weights
-// converted in registers to meet bf16 activations (W8A16); or fp8 weights and
+// converted in registers to meet bf16 activations (W8A16); fp8 weights and
 // fp8 activations (W8A8, each operand's scale per 128 k, multiplied in after
-// each 128-k block's product as the other W8A8 kernels do).
+// each 128-k block's product as the other W8A8 kernels do); or FP4 weights
+// (NVFP4, MXFP4: e2m1 pairs and their groups' scale bytes) converted in
+// registers to meet bf16 activations (W4A16).
 // The cost at decode is reading the touched experts' weights once, so the
 // kernel is built to stream them:
 // - Work only for non-empty (expert, row chunk) pairs: block x of the grid is
@@ -20,7 +22,8 @@
 // - The weights stream into a ring in dynamic shared memory, each warp or
 //   thread reading back only what it copied, so the ring needs no block
 //   barrier (docs/decisions/0023 has both measured on an H200):
-//   - bf16 and W8A8 (kBulkCopies): each warp's 16 rows' chunks (256 bytes a row: 128 k of bf16, 256 of fp8) come
+//   - bf16, W8A8 and W4A16 (kBulkCopies): each warp's 16 rows' chunks (256 bytes a row: 128 k of bf16, 256 of
+//     fp8, 512 of FP4) come
 //     by bulk copies (sm_90's cp.async.bulk, one a row, issued by 16 lanes)
 //     into the warp's ring of kStages chunks, each with an mbarrier counting
 //     the bytes landed; every stage but the one multiplied is in flight.
@@ -30,7 +33,8 @@
 //     kStages - 1 chunks ahead, waiting with cp.async.wait_group. Its
 //     conversions, not the copies, set fp8's pace; the bulk copies measured
 //     10-25% slower here.
-//   Its tokens' activations (L2 hits) come into registers one chunk ahead.
+//   Its tokens' activations (L2 hits) come into registers one chunk ahead
+//   (W4A16: one 128-k quarter of a chunk ahead, with its scale bytes).
 //   A thread's fragments hold its own quarter of each chunk, not mma's
 //   layout: of a 256-byte row, quad t reads the 16-byte loads at bytes
 //   128 (l / 2) + 32 t + 16 (l % 2) (decode_load_k), and mma step s takes
@@ -48,6 +52,13 @@
 // - W8A16: each code is converted with its 128 x 128 block's multiplier exactly
 //   as kjit's dequant does (grouped_gemm_mixed_common.cuh), so this kernel on
 //   fp8 weights gives the bits of this kernel on the dequantised bf16 weights.
+// - W4A16: a quarter of a chunk at a time, quad t takes the 32 k from 32 t
+//   (16 bytes of a ring row, one MXFP4 group or two NVFP4 ones) and mma step
+//   s its bytes 2s and 2s + 1 (k 4s .. 4s + 3), the activations' words 2s and
+//   2s + 1 of the same 32 k. A byte of two codes becomes its exact bf16 pair
+//   by a lookup (Fp4Tables, in shared memory after the ring: one block an
+//   SM) times its group's scale, as the other W4A16 kernels convert; NVFP4's
+//   expert global multiplies the accumulator after the loop.
 // - Every block checks every offset first (bad offsets: nothing written).
 #pragma once
 
@@ -61,22 +72,27 @@
 
 namespace kjit {
 
-// The operands: the bf16 family's, the mixed family's fp8 weights (W8A16) or the FP8 family's (W8A8).
-enum class DecodeOperands { bf16, w8a16, w8a8 };
+// The operands: the bf16 family's, the mixed family's fp8 weights (W8A16), the FP8 family's (W8A8) or the
+// mixed family's FP4 weights (W4A16).
+enum class DecodeOperands { bf16, w8a16, w8a8, w4a16 };
 
-// Problem: GemmProblem (bf16), MixedGemmProblem (W8A16) or Fp8GemmProblem (W8A8).
+// Problem: GemmProblem (bf16), MixedGemmProblem (W8A16, W4A16) or Fp8GemmProblem (W8A8).
 template <class Problem, DecodeOperands kOperands_, int kRows_, int kTileN_>
 struct GroupedGemmDecodeConfig : Problem {
   static constexpr DecodeOperands kOperands = kOperands_;
-  static constexpr bool kFp8Weights = kOperands != DecodeOperands::bf16;
   static constexpr bool kW8A8 = kOperands == DecodeOperands::w8a8;
+  static constexpr bool kFp4Weights = kOperands == DecodeOperands::w4a16;
+  static constexpr bool kFp8Weights = kOperands == DecodeOperands::w8a16 || kW8A8;
+  static constexpr int kWeightBits = kFp4Weights ? 4 : kFp8Weights ? 8 : 16;
   static constexpr int kThreads = 256, kWarps = kThreads / 32;
   static constexpr int kRows = kRows_;    // rows of an expert per block (tokens on mma's N)
   static constexpr int kTileN = kTileN_;  // weight rows per block
   static constexpr int kRowWarps = kTileN / 16, kKWarps = kWarps / kRowWarps;
   static constexpr int kTokenTiles = kRows / 8;
-  // k per step of the loop: one 128 x 128 scale block's columns (W8A8: two, 256 bytes a row as bf16's 128 k).
-  static constexpr int kChunk = kW8A8 ? 256 : 128;
+  // k per step of the loop: one 128 x 128 scale block's columns (W8A8: two, 256 bytes a row as bf16's 128 k;
+  // W4A16: 512, multiplied a quarter at a time so that a quarter's activations fit in registers).
+  static constexpr int kChunk = kW8A8 ? 256 : kFp4Weights ? 512 : 128;
+  static constexpr int kSubChunks = kFp4Weights ? 4 : 1, kSubChunk = kChunk / kSubChunks;
   static constexpr long long kChunks = (Problem::kK + kChunk - 1) / kChunk;
   // A thread's 16-byte loads per row and chunk: a quarter of the row.
   static constexpr int kWeightLoads = kOperands == DecodeOperands::w8a16 ? 2 : 4;
@@ -92,14 +108,17 @@ struct GroupedGemmDecodeConfig : Problem {
   static constexpr int kWarpStageBytes = 16 * kRowBytes;
   static constexpr int kRingBytes =
       kBulkCopies ? kStages * kWarps * kWarpStageBytes : kPieceBytes + kStages * 2 * kThreads * 4;
-  static constexpr int kSharedBytes = kRingBytes + (kBulkCopies ? kStages * kWarps * 8 : 0);  // 96 KB; W8A16 72 KB
+  static constexpr int kBarrierBytes = kBulkCopies ? kStages * kWarps * 8 : 0;
+  // W4A16's conversion tables follow the barriers (64 KB: one block an SM).
+  static constexpr int kTableBytes = kFp4Weights ? Fp4Tables::kBytes : 0;
+  static constexpr int kSharedBytes = kRingBytes + kBarrierBytes + kTableBytes;  // 96 KB; W8A16 72 KB; W4A16 161 KB
   // The k-warps' partials, summed after the loop, take the ring's place (nothing is in flight then).
   static constexpr int kPartialsBytes = kKWarps * kRows * (kTileN + 1) * 4;
   static_assert(kPartialsBytes <= kRingBytes, "the partials fit in the ring");
   static_assert(kRows == 8 || kRows == 16 || kRows == 32, "token tiles of 8");
   static_assert(kTileN == 16 || kTileN == 32 || kTileN == 64 || kTileN == 128, "whole warps over the tile");
   static_assert(!Problem::kWeightsKN, "the decode kernel reads [E, N, K] weights");
-  static_assert(!kBulkCopies || kChunk * (kFp8Weights ? 1 : 2) == kRowBytes, "a chunk's row fills a ring row");
+  static_assert(!kBulkCopies || kChunk * kWeightBits / 8 == kRowBytes, "a chunk's row fills a ring row");
 };
 
 // The bound on (expert, chunk) pairs the host launches: each non-empty expert
@@ -152,16 +171,21 @@ __device__ __forceinline__ bool find_decode_pair(const kjit_grouped_gemm_params&
 
 // Its tokens' activations: one token per quad group and token tile. W8A8 adds the chunk's multipliers
 // of its two scale blocks: the weights' for its rows (group, group + 8) and the activations' for its
-// accumulator's tokens (2 quad, 2 quad + 1 of each token tile).
-template <class Cfg, bool kW8A8 = Cfg::kW8A8>
+// accumulator's tokens (2 quad, 2 quad + 1 of each token tile). W4A16 adds its rows' group scales.
+template <class Cfg, DecodeOperands kOperands = Cfg::kOperands>
 struct DecodeActivationChunk {
   uint4 piece[Cfg::kTokenTiles][4];
 };
 template <class Cfg>
-struct DecodeActivationChunk<Cfg, true> {
+struct DecodeActivationChunk<Cfg, DecodeOperands::w8a8> {
   uint4 piece[Cfg::kTokenTiles][4];
   float weight_scale[2][2];                 // [row][block]
   float token_scale[Cfg::kTokenTiles][2][2];  // [tile][token][block]
+};
+template <class Cfg>
+struct DecodeActivationChunk<Cfg, DecodeOperands::w4a16> {
+  uint4 piece[Cfg::kTokenTiles][4];
+  unsigned weight_scale[2][2];  // [row][group of the thread's 32 k] as bf16 pairs (MXFP4: one group, [row][0])
 };
 
 // 32-bit word i of 16-byte loads (bf16: elements 2i, 2i + 1 of the thread's set; fp8: 4i .. 4i + 3).
@@ -188,10 +212,12 @@ __device__ __forceinline__ int decode_load_k(int load, int quad) {
   return 64 * (element / 16) + 16 * quad + element % 16;
 }
 
-// The k of a thread's load `load` of 4 within a chunk of Cfg's operands: W8A8 takes bf16's bytes of a
-// 256-byte row, so its k (a byte each) is twice bf16's.
+// The k of a thread's load `load` of 4 within a chunk of Cfg's operands (W4A16: within a quarter chunk):
+// W8A8 takes bf16's bytes of a 256-byte row, so its k (a byte each) is twice bf16's; W4A16's quad takes the
+// quarter's 32 k from 32 quad, in order.
 template <class Cfg>
 __device__ __forceinline__ int decode_row_load_k(int load, int quad) {
+  if constexpr (Cfg::kFp4Weights) return 32 * quad + 8 * load;
   return (Cfg::kW8A8 ? 2 : 1) * decode_load_k<4>(load, quad);
 }
 
@@ -322,9 +348,17 @@ __device__ __forceinline__ void decode_store(const kjit_grouped_gemm_params& p, 
   __syncthreads();  // the partials (the ring) and `found` are reused by the next slot
 }
 
+// The scales each operand set reads (null where it has none).
+struct DecodeScales {
+  const float* a = nullptr;                 // W8A8: the activations' per-128-k scales
+  const float* b = nullptr;                 // W8A16, W8A8: the weights' fp32 scales
+  const unsigned char* b_groups = nullptr;  // W4A16: the weights' group scale bytes [E, N, K / group]
+  const float* b_globals = nullptr;         // NVFP4: the experts' global scales [E]
+};
+
 template <class Cfg>
-__device__ void grouped_gemm_decode_body(const kjit_grouped_gemm_params& p, const float* a_scales,
-                                         const float* b_scales) {
+__device__ void grouped_gemm_decode_body(const kjit_grouped_gemm_params& p, const DecodeScales& scales) {
+  if constexpr (Cfg::kFp4Weights) static_assert(Cfg::kFp4 && Cfg::kK % 32 == 0, "W4A16: FP4 weights of whole 32-k units");
   if (!offsets_valid<Cfg>(p)) return;
   __shared__ long long warp_totals[Cfg::kWarps];
   __shared__ long long found[3];
@@ -341,7 +375,9 @@ __device__ void grouped_gemm_decode_body(const kjit_grouped_gemm_params& p, cons
   const long long n0 = static_cast<long long>(blockIdx.y) * Cfg::kTileN;
   const long long weight_row[2] = {n0 + at.row_warp * 16 + at.group, n0 + at.row_warp * 16 + at.group + 8};
   const unsigned char* a = static_cast<const unsigned char*>(p.a);
-  constexpr int kElementBytes = Cfg::kFp8Weights ? 1 : 2, kActivationBytes = Cfg::kW8A8 ? 1 : 2;
+  constexpr int kActivationBytes = Cfg::kW8A8 ? 1 : 2;
+  // The bytes of `elements` consecutive weights (FP4: an even count, two a byte).
+  auto weight_bytes = [](long long elements) { return elements * Cfg::kWeightBits / 8; };
   // This warp's chunks: k_warp, k_warp + kKWarps, ...; local chunk i is chunk k_warp + i kKWarps.
   const int chunks = Cfg::kChunks > k_warp ? static_cast<int>((Cfg::kChunks - k_warp + Cfg::kKWarps - 1) / Cfg::kKWarps) : 0;
   auto chunk_k0 = [&](int i) { return (k_warp + static_cast<long long>(i) * Cfg::kKWarps) * Cfg::kChunk; };
@@ -364,17 +400,20 @@ __device__ void grouped_gemm_decode_body(const kjit_grouped_gemm_params& p, cons
     __syncwarp();
   }
   unsigned through = 0;  // bulk copies: chunks this warp has taken through its ring (earlier pairs): stage and phase
+  // W4A16: the conversion tables, filled while the first pair's first chunks are in flight.
+  unsigned char* table_bytes = decode_ring + Cfg::kRingBytes + Cfg::kBarrierBytes;
+  const Fp4Tables tables(table_bytes);
+  bool tables_filled = false;
 
   for (long long slot = blockIdx.x;; slot += gridDim.x) {
     int expert = 0, rows = 0;
     long long row0 = 0;
     if (!find_decode_pair<Cfg>(p, slot, warp_totals, found, expert, row0, rows)) return;
 
-    const unsigned char* weights =
-        static_cast<const unsigned char*>(p.b) + static_cast<long long>(expert) * Cfg::kN * Cfg::kK * kElementBytes;
+    const unsigned char* weights = static_cast<const unsigned char*>(p.b) + weight_bytes(static_cast<long long>(expert) * Cfg::kN * Cfg::kK);
     // Local chunk i into the ring, one stage's worth.
-    // - bulk copies (bf16, W8A8): into stage (through + i) % kStages: lane 0 sets the bytes to expect, lanes
-    //   0-15 copy a row each (a row past N copies the last row: finite, and its products unused).
+    // - bulk copies (bf16, W8A8, W4A16): into stage (through + i) % kStages: lane 0 sets the bytes to expect,
+    //   lanes 0-15 copy a row each (a row past N copies the last row: finite, and its products unused).
     // - W8A16: into stage i % kStages, as one cp.async group (past the warp's chunks an empty group, so that
     //   wait_group's count holds).
     auto issue_chunk = [&](int i) {
@@ -383,7 +422,7 @@ __device__ void grouped_gemm_decode_body(const kjit_grouped_gemm_params& p, cons
         const long long row = n0 + at.row_warp * 16 + lane % 16, copy_row = row < Cfg::kN ? row : Cfg::kN - 1;
         const long long k0 = chunk_k0(i);
         const unsigned row_bytes =
-            static_cast<unsigned>((Cfg::kK - k0 < Cfg::kChunk ? Cfg::kK - k0 : Cfg::kChunk) * kElementBytes);
+            static_cast<unsigned>(weight_bytes(Cfg::kK - k0 < Cfg::kChunk ? Cfg::kK - k0 : Cfg::kChunk));
         const int stage = static_cast<int>((through + i) % Cfg::kStages);
         if (lane == 0)
           ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &full[stage],
@@ -392,7 +431,7 @@ __device__ void grouped_gemm_decode_body(const kjit_grouped_gemm_params& p, cons
         if (lane < 16)
           ptx::cp_async_bulk(ptx::space_cluster, ptx::space_global,
                              decode_ring_stage<Cfg>(decode_ring, stage, warp) + lane * Cfg::kRowBytes,
-                             weights + (copy_row * Cfg::kK + k0) * kElementBytes, row_bytes, &full[stage]);
+                             weights + weight_bytes(copy_row * Cfg::kK + k0), row_bytes, &full[stage]);
       } else {
         if (i < chunks) {
           const long long k0 = chunk_k0(i);
@@ -404,10 +443,10 @@ __device__ void grouped_gemm_decode_body(const kjit_grouped_gemm_params& p, cons
               const long long k = k0 + decode_load_k<Cfg::kWeightLoads>(l, quad);
               const bool in = weight_row[r] < Cfg::kN && k < Cfg::kK;
               cp_async_cg_16(decode_ring_piece<Cfg>(decode_ring, stage, r * Cfg::kWeightLoads + l),
-                             in ? weights + (weight_row[r] * Cfg::kK + k) * kElementBytes : weights, in);
+                             in ? weights + weight_bytes(weight_row[r] * Cfg::kK + k) : weights, in);
             }
-            const float* source = weight_scale_source<Cfg>(b_scales, expert, weight_row[r], k0);
-            cp_async_ca_4(decode_ring_scale<Cfg>(decode_ring, stage, r), source != nullptr ? source : b_scales,
+            const float* source = weight_scale_source<Cfg>(scales.b, expert, weight_row[r], k0);
+            cp_async_ca_4(decode_ring_scale<Cfg>(decode_ring, stage, r), source != nullptr ? source : scales.b,
                           source != nullptr);
           }
         }
@@ -417,26 +456,43 @@ __device__ void grouped_gemm_decode_body(const kjit_grouped_gemm_params& p, cons
     // The weights first: they do not wait for the token rows.
 #pragma unroll
     for (int i = 0; i < (Cfg::kBulkCopies ? Cfg::kStages : Cfg::kStages - 1); ++i) issue_chunk(i);
+    if constexpr (Cfg::kFp4Weights) {
+      if (!tables_filled) {  // uniform: every thread walks the same slots
+        Fp4Tables::fill<Cfg::kScale>(table_bytes, threadIdx.x, Cfg::kThreads);
+        __syncthreads();
+        tables_filled = true;
+      }
+    }
 
     // This thread's token rows (-1: zeros).
     long long source[Cfg::kTokenTiles];
 #pragma unroll
     for (int t = 0; t < Cfg::kTokenTiles; ++t)
       source[t] = t * 8 + at.group < rows ? a_source_row<Cfg>(p, row0 + t * 8 + at.group) : -1;
-    auto load_activations = [&](int i, DecodeActivationChunk<Cfg>& x) {
-      const long long k0 = chunk_k0(i);
+    // W4A16: its two rows' group scale bytes (past N the last row's, whose products are never stored).
+    const unsigned char* scale_row[2] = {nullptr, nullptr};
+    if constexpr (Cfg::kFp4Weights) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        scale_row[r] = scales.b_groups + (static_cast<long long>(expert) * Cfg::kN +
+                                          (weight_row[r] < Cfg::kN ? weight_row[r] : Cfg::kN - 1)) *
+                                             Cfg::kGroupsPerRow;
+    }
+    // Quarter `sub` of local chunk i (the whole chunk but for W4A16).
+    auto load_activations = [&](int i, int sub, DecodeActivationChunk<Cfg>& x) {
+      const long long k0 = chunk_k0(i) + sub * Cfg::kSubChunk;
 #pragma unroll
       for (int t = 0; t < Cfg::kTokenTiles; ++t)
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
           const int k = decode_row_load_k<Cfg>(l, quad);
           x.piece[t][l] = decode_load<Cfg>(a + (source[t] * Cfg::kK + k0 + k) * kActivationBytes,
-                                           source[t] >= 0 && load_in_k(i, l, k));
+                                           source[t] >= 0 && load_in_k(i, l, sub * Cfg::kSubChunk + k));
         }
       if constexpr (Cfg::kW8A8) {
         // The chunk's two scale blocks. Past K, N or the pair's rows the last block's, row's or the pair's first
         // row's (finite; their products are zeros or never stored): no predicates, so nothing spills.
-        const kjit_fp8_gemm_scales scales{a_scales, b_scales};
+        const kjit_fp8_gemm_scales fp8_scales{scales.a, scales.b};
 #pragma unroll
         for (int b = 0; b < 2; ++b) {
           const long long block = k0 / Cfg::kScaleBlock + b;
@@ -444,16 +500,31 @@ __device__ void grouped_gemm_decode_body(const kjit_grouped_gemm_params& p, cons
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
             const long long row = weight_row[r] < Cfg::kN ? weight_row[r] : Cfg::kN - 1;
-            if constexpr (Cfg::kBlockScales) x.weight_scale[r][b] = b_block_scale<Cfg>(scales, expert, row, kb);
-            else x.weight_scale[r][b] = b_channel_scale<Cfg>(scales, expert, row);
+            if constexpr (Cfg::kBlockScales) x.weight_scale[r][b] = b_block_scale<Cfg>(fp8_scales, expert, row, kb);
+            else x.weight_scale[r][b] = b_channel_scale<Cfg>(fp8_scales, expert, row);
           }
 #pragma unroll
           for (int t = 0; t < Cfg::kTokenTiles; ++t)
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
               const int token = t * 8 + 2 * quad + j;
-              x.token_scale[t][j][b] = a_scale<Cfg>(scales, row0 + (token < rows ? token : 0), kb);
+              x.token_scale[t][j][b] = a_scale<Cfg>(fp8_scales, row0 + (token < rows ? token : 0), kb);
             }
+        }
+      }
+      if constexpr (Cfg::kFp4Weights) {
+        // The groups of the thread's 32 k (past K: zero scales for the zero codes read there).
+        const int k = static_cast<int>(k0) + 32 * quad;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const unsigned char* run = scale_row[r] + k / Cfg::kGroup;
+          x.weight_scale[r][0] = x.weight_scale[r][1] = 0u;
+          if (k >= Cfg::kK) continue;
+          if constexpr (Cfg::kScale == MixedScale::nvfp4)
+            nvfp4_group_scales_bf16x2(__ldg(run) | static_cast<unsigned>(__ldg(run + 1)) << 8, x.weight_scale[r][0],
+                                      x.weight_scale[r][1]);
+          else
+            x.weight_scale[r][0] = group_scale_bf16x2<MixedScale::mxfp4>(__ldg(run));
         }
       }
     };
@@ -464,16 +535,16 @@ __device__ void grouped_gemm_decode_body(const kjit_grouped_gemm_params& p, cons
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[t][c] = 0.0f;
 
-    // Local chunk i from the ring.
-    auto multiply_chunk = [&](int i, const DecodeActivationChunk<Cfg>& x) {
+    // Quarter `sub` of local chunk i (the whole chunk but for W4A16) from the ring.
+    auto multiply_chunk = [&](int i, int sub, const DecodeActivationChunk<Cfg>& x) {
       if constexpr (Cfg::kBulkCopies) {
         const unsigned char* stage =
             decode_ring_stage<Cfg>(decode_ring, static_cast<int>((through + i) % Cfg::kStages), warp);
         // Row r's load l; a partial last chunk: the ring past K holds an older chunk's bytes, read as zeros.
         auto read = [&](int r, int l) {
-          const int k = decode_row_load_k<Cfg>(l, quad);
+          const int k = sub * Cfg::kSubChunk + decode_row_load_k<Cfg>(l, quad);
           return load_in_k(i, l, k) ? *reinterpret_cast<const uint4*>(stage + (at.group + 8 * r) * Cfg::kRowBytes +
-                                                                      k * kElementBytes)
+                                                                      weight_bytes(k))
                                     : make_uint4(0u, 0u, 0u, 0u);
         };
         if constexpr (Cfg::kW8A8) {
@@ -482,6 +553,13 @@ __device__ void grouped_gemm_decode_body(const kjit_grouped_gemm_params& p, cons
             const uint4 w[2][2] = {{read(0, 2 * b), read(0, 2 * b + 1)}, {read(1, 2 * b), read(1, 2 * b + 1)}};
             decode_multiply_w8a8<Cfg>(acc, x, w, b);
           }
+        } else if constexpr (Cfg::kFp4Weights) {
+          // The thread's 16 bytes of each row: byte j holds k 2j, 2j + 1 of its 32, pair j of decode_multiply.
+          const uint4 w[2][1] = {{read(0, 0)}, {read(1, 0)}};
+          decode_multiply<Cfg>(acc, x, [&](int r, int j) {
+            const unsigned scale = x.weight_scale[r][Cfg::kScale == MixedScale::nvfp4 ? j / 8 : 0];
+            return mul_bf16x2(tables.pair(decode_word(w[r], j / 4), j % 4), scale);
+          });
         } else {
           const uint4 w[2][4] = {{read(0, 0), read(0, 1), read(0, 2), read(0, 3)},
                                  {read(1, 0), read(1, 1), read(1, 2), read(1, 3)}};
@@ -509,9 +587,10 @@ __device__ void grouped_gemm_decode_body(const kjit_grouped_gemm_params& p, cons
       }
     };
 
-    // Chunk i multiplies while the ring's other stages stream in (and chunk i + 1's activations).
+    // Chunk i multiplies while the ring's other stages stream in (and the next chunk's, or quarter's,
+    // activations). A W4A16 quarter past K (the last chunk's) is skipped: uniform over the warp.
     DecodeActivationChunk<Cfg> next;
-    if (chunks > 0) load_activations(0, next);
+    if (chunks > 0) load_activations(0, 0, next);
     for (int i = 0; i < chunks; ++i) {
       if constexpr (Cfg::kBulkCopies) {
         Ring<Cfg::kStages>::wait_filled(full, through + i);
@@ -519,9 +598,14 @@ __device__ void grouped_gemm_decode_body(const kjit_grouped_gemm_params& p, cons
         cp_async_wait_group<Cfg::kStages - 2>();  // chunk i's group is complete
         issue_chunk(i + Cfg::kStages - 1);         // into the stage chunk i - 1 left (read before this point)
       }
-      const DecodeActivationChunk<Cfg> x = next;
-      if (i + 1 < chunks) load_activations(i + 1, next);
-      multiply_chunk(i, x);
+#pragma unroll
+      for (int sub = 0; sub < Cfg::kSubChunks; ++sub) {
+        if (Cfg::kSubChunks > 1 && chunk_k0(i) + sub * Cfg::kSubChunk >= Cfg::kK) break;
+        const DecodeActivationChunk<Cfg> x = next;
+        if (sub + 1 < Cfg::kSubChunks) load_activations(i, sub + 1, next);
+        else if (i + 1 < chunks) load_activations(i + 1, 0, next);
+        multiply_chunk(i, sub, x);
+      }
       if constexpr (Cfg::kBulkCopies) {
         __syncwarp();  // every lane's reads of the stage are done before the copy overwrites it
         issue_chunk(i + Cfg::kStages);
@@ -530,23 +614,37 @@ __device__ void grouped_gemm_decode_body(const kjit_grouped_gemm_params& p, cons
     if constexpr (Cfg::kBulkCopies) through += chunks;
     else cp_async_wait_group<0>();  // nothing of this pair's still lands in the ring
 
+    if constexpr (Cfg::kFp4Weights) {
+      const float global = expert_multiplier<Cfg>(scales.b_globals, expert);  // 1 for MXFP4: folds away
+#pragma unroll
+      for (int t = 0; t < Cfg::kTokenTiles; ++t)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[t][c] *= global;
+    }
     decode_store<Cfg>(p, decode_ring, acc, at, n0, row0, rows);
   }
 }
 
 template <class Cfg>
 __device__ __forceinline__ void grouped_gemm_decode(const kjit_grouped_gemm_params& p) {
-  grouped_gemm_decode_body<Cfg>(p, nullptr, nullptr);
+  grouped_gemm_decode_body<Cfg>(p, DecodeScales{});
 }
 
 template <class Cfg>
 __device__ __forceinline__ void grouped_gemm_mixed_decode(const kjit_grouped_gemm_mixed_params& p) {
-  grouped_gemm_decode_body<Cfg>(p.gemm, nullptr, p.b_scales);
+  DecodeScales scales;
+  scales.b = p.b_scales;
+  scales.b_groups = p.b_block_scales;
+  scales.b_globals = p.b_global_scales;
+  grouped_gemm_decode_body<Cfg>(p.gemm, scales);
 }
 
 template <class Cfg>
 __device__ __forceinline__ void grouped_gemm_fp8_decode(const kjit_grouped_gemm_fp8_params& p) {
-  grouped_gemm_decode_body<Cfg>(p.gemm, p.scales.a, p.scales.b);
+  DecodeScales scales;
+  scales.a = p.scales.a;
+  scales.b = p.scales.b;
+  grouped_gemm_decode_body<Cfg>(p.gemm, scales);
 }
 
 }  // namespace kjit

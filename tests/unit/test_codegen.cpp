@@ -346,10 +346,18 @@ TEST_CASE("the decode buckets on sm_90a: bf16 up to 64 routed rows, W8A16 up to 
   CHECK(choose_grouped_gemm_mixed_config(fp8, hopper, kDecodeMaxRowsW8A16 + 1)->kernel ==
         MixedGemmKernel::wgmma_sm90);
   CHECK(grouped_gemm_mixed_candidates(fp8, hopper)->size() == 4);
+  // FP4 [E, N, K] takes the same bucket (its decode kernel converts with lookup tables: one block an SM, any
+  // tile); read [E, K, N] for dX it keeps the converter kernel, and a forced decode kernel is refused.
   auto fp4 = fp8;
   fp4.weight = MixedWeight::mxfp4;
-  CHECK(choose_grouped_gemm_mixed_config(fp4, hopper, 8)->kernel == MixedGemmKernel::wgmma_sm90);
-  CHECK(choose_grouped_gemm_mixed_config(fp4, hopper, 8, {.kernel = Kernel::decode}).error().code ==
+  const auto fp4_decode = *choose_grouped_gemm_mixed_config(fp4, hopper, 8);
+  CHECK((fp4_decode.kernel == MixedGemmKernel::mma_decode && fp4_decode.tile_m == 8 && fp4_decode.tile_n == 32));
+  CHECK(choose_grouped_gemm_mixed_config(fp4, hopper, kDecodeMaxRowsW8A16 + 1)->kernel == MixedGemmKernel::wgmma_sm90);
+  CHECK(choose_grouped_gemm_mixed_config(fp4, hopper, 8, {.kernel = Kernel::decode, .tile_m = 32})->tile_m == 32);
+  auto fp4_kn = fp4;
+  fp4_kn.weights = WeightLayout::e_k_n;
+  CHECK(choose_grouped_gemm_mixed_config(fp4_kn, hopper, 8)->kernel == MixedGemmKernel::wgmma_sm90_converter);
+  CHECK(choose_grouped_gemm_mixed_config(fp4_kn, hopper, 8, {.kernel = Kernel::decode}).error().code ==
         KJIT_ERROR_UNSUPPORTED);
   auto fp8_kn = fp8;
   fp8_kn.weights = WeightLayout::e_k_n;
@@ -904,7 +912,7 @@ TEST_CASE("W4A16 grouped GEMM specs: NVFP4 and MXFP4 round-trip, the stored rows
         canonicals.insert(canonical(config));
       }
   }
-  CHECK(canonicals.size() == 8);  // three SM90 buckets and one portable kernel per format
+  CHECK(canonicals.size() == 10);  // the decode kernel, three SM90 buckets and one portable kernel per format
   auto nvfp4 = mixed_problem();
   nvfp4.weight = MixedWeight::nvfp4;
   CHECK(canonical(KernelSpec{nvfp4}).find("1x16_e4m3fn+global") != std::string::npos);

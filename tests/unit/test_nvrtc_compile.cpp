@@ -484,7 +484,7 @@ static std::vector<Fp8QuantizeSpec> quantize_variants() {
   return out;
 }
 
-TEST_CASE("the decode kernels, bf16, W8A16 and W8A8 (wgmma on sm_90a), every tile and the MoE shapes of issue 39, "
+TEST_CASE("the decode kernels, bf16, W8A16, W4A16 and W8A8 (wgmma on sm_90a), every tile and the MoE shapes of issue 39, "
           "compile for sm_90a with no spills, and for sm_100a and sm_120a, not for sm_80 or sm_89") {
   PrivateBuilder b("kjit-nvrtc-gemm-decode");
   std::vector<KernelSpec> sm90;
@@ -528,6 +528,21 @@ TEST_CASE("the decode kernels, bf16, W8A16 and W8A8 (wgmma on sm_90a), every til
       REQUIRE_MESSAGE(w8a8.has_value(), kjit::testing::why(w8a8));
       CHECK(w8a8->kernel == Fp8GemmKernel::wgmma_decode);
       sm90.push_back(*w8a8);
+    }
+  // W4A16 (one block an SM, so no 128-register cap): gpt-oss's K (a partial last chunk), both formats, every
+  // tile, the fused activation, fp32 output, NVFP4's DIVIDE convention.
+  for (int rows : {8, 16, 32})
+    for (int tile_n : {16, 32, 64, 128}) {
+      GroupedGemmMixedSpec m{.out = rows == 16 ? DType::f32 : DType::bf16, .n = 5760, .k = 2880, .experts = 128,
+                             .weights = WeightLayout::e_n_k,
+                             .weight = tile_n == 32 ? MixedWeight::nvfp4 : MixedWeight::mxfp4};
+      m.weight_scale = ScaleGranularity::per_block;
+      if (m.weight == MixedWeight::nvfp4) m.scale_convention = ScaleConvention::divide;
+      if (tile_n == 64) m.activation = Activation::swiglu_oai;
+      const auto w4a16 = choose_grouped_gemm_mixed_config(
+          m, arch_of("sm_90a"), 8, {.kernel = GemmRequest::Kernel::decode, .tile_m = rows, .tile_n = tile_n});
+      REQUIRE_MESSAGE(w4a16.has_value(), kjit::testing::why(w4a16));
+      sm90.push_back(*w4a16);
     }
   check_no_spills_on_sm90a(sm90);
   // Off Hopper: the bf16 and W8A16 decode kernels of the first two shapes, and W8A8's mma.sync one (a forced

@@ -8,14 +8,24 @@ Each size's first routing is checked against tests/python/moe_reference.py's
 fp32 layer on the dequantised weights.
 
   KJIT_LIBRARY=... PYTHONPATH=runtime/python:tests/python:tools/bench \\
-    python3 tools/bench/bench_moe_mxfp4_decode.py [--tokens 1,16,64] [--json FILE]
+    python3 tools/bench/bench_moe_mxfp4_decode.py [--tokens 1,16,64] [--kernels auto] [--profile] [--json FILE]
+
+--kernels times the layer with its grouped GEMMs as kjit chooses (auto), forced
+onto the SM90 kernels (sm90) or onto the decode kernel (decode, or decode:8x64
+for chunks of 8 rows and 64 weight rows a block), a row each.
+
+--profile adds each kernel's CUDA time per call (torch.profiler over the eager
+calls of every routing set) under each size's line.
 """
 import argparse
+import collections
+import contextlib
 import json
 
 import torch
 
 import moe_reference as ref
+import kjit
 from kjit.torch import MoEExperts
 from timing import bench_graph, copy_bandwidth
 
@@ -23,10 +33,48 @@ EXPERTS, HIDDEN, INTER, TOP_K = 128, 2880, 2880, 4
 TOLERANCE = 2e-2  # bf16 activations between the stages, as the GPU suites' W4A16 bound
 
 
+@contextlib.contextmanager
+def forced_kernels(choice):
+    """kjit.grouped_gemm forced onto `choice`: 'auto', 'sm90', 'decode' or 'decode:RxN' (a decode tile)."""
+    kernel, _, tile = choice.partition(":")
+    original = kjit.grouped_gemm
+
+    def forced(*args, **kwargs):
+        if kwargs.get("kernel", "auto") == "auto":
+            kwargs["kernel"] = kernel
+            if tile:
+                kwargs["tile"] = tuple(int(v) for v in tile.split("x"))
+        return original(*args, **kwargs)
+
+    kjit.grouped_gemm = forced
+    try:
+        yield
+    finally:
+        kjit.grouped_gemm = original
+
+
+def profile_kernels(m, sets):
+    """Each kernel's CUDA time per call over eager calls of every set (us), longest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for s in sets:
+            m(*s)
+        torch.cuda.synchronize()
+    per_kernel = collections.defaultdict(float)
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            per_kernel[e.name] += e.device_time / len(sets)
+    return dict(sorted(per_kernel.items(), key=lambda kv: -kv[1]))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", default="1,16,64")
     ap.add_argument("--sets", type=int, default=8)
+    ap.add_argument("--kernels", default="auto", help="comma-separated: auto, sm90, decode")
+    ap.add_argument("--profile", action="store_true", help="each kernel's CUDA time per call")
     ap.add_argument("--json")
     args = ap.parse_args()
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -55,21 +103,27 @@ def main():
             sets.append((torch.randn(tokens, h, device="cuda", generator=g).bfloat16(), top.indices.to(torch.int32),
                          torch.softmax(top.values, dim=1)))
         x, ids, w = sets[0]
-        out = m(x, ids, w)
         expect = ref.reference_moe(x, ids, w, lambda k: ref.fp4_dequantize(gu[k:k + 1], gus[k:k + 1], "mxfp4")[0],
                                    lambda k: ref.fp4_dequantize(dn[k:k + 1], dns[k:k + 1], "mxfp4")[0], e,
                                    layout="alternating", act="swiglu_oai", gate_up_bias=gub, down_bias=dnb)
-        error = ((out.float() - expect).norm() / expect.norm()).item()
-        seconds = bench_graph(lambda *a: m(*a), sets, calls_per_set=1)
         touched = sum(s[1].unique().numel() for s in sets) / len(sets)
-        share = touched * per_expert / seconds / copy
-        row = {"tokens": tokens, "us": seconds * 1e6, "experts_touched": touched,
-               "bytes_touched": touched * per_expert, "copy_share": share, "error_vs_reference": error,
-               "kernels": m.kernels_for(tokens, TOP_K)}
-        rows.append(row)
-        print(f"{tokens:3d} tokens: {seconds * 1e6:7.1f} us, {touched:5.1f} experts touched "
-              f"({touched * per_expert / 1e6:6.1f} MB), {share * 100:4.0f}% of copy bandwidth; "
-              f"error vs fp32 reference {error:.1e}{'' if error <= TOLERANCE else '  FAILED'}", flush=True)
+        for kernel in args.kernels.split(","):
+            with forced_kernels(kernel):
+                out = m(x, ids, w)
+                error = ((out.float() - expect).norm() / expect.norm()).item()
+                seconds = bench_graph(lambda *a: m(*a), sets, calls_per_set=1)
+                share = touched * per_expert / seconds / copy
+                row = {"tokens": tokens, "kernel": kernel, "us": seconds * 1e6, "experts_touched": touched,
+                       "bytes_touched": touched * per_expert, "copy_share": share, "error_vs_reference": error,
+                       "kernels": m.kernels_for(tokens, TOP_K)}
+                rows.append(row)
+                print(f"{tokens:3d} tokens, {kernel:>6}: {seconds * 1e6:7.1f} us, {touched:5.1f} experts touched "
+                      f"({touched * per_expert / 1e6:6.1f} MB), {share * 100:4.0f}% of copy bandwidth; "
+                      f"error vs fp32 reference {error:.1e}{'' if error <= TOLERANCE else '  FAILED'}", flush=True)
+                if args.profile:
+                    row["kernels_us"] = profile_kernels(m, sets)
+                    for name, us in row["kernels_us"].items():
+                        print(f"  {us:7.1f} us  {name[:110]}")
     if args.json:
         json.dump({"device": torch.cuda.get_device_name(0), "copy_bytes_per_s": copy, "rows": rows},
                   open(args.json, "w"), indent=1)

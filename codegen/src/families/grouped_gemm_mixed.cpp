@@ -40,6 +40,11 @@ constexpr int kDecodeChunk = 128;  // the decode kernel's k per loop step (Group
 
 auto invalid(std::string message) { return fail(KJIT_ERROR_INVALID_ARGUMENT, std::move(message)); }
 
+// The decode kernel's operands for these weights: fp8 (W8A16) or FP4 (W4A16).
+DecodeOperands decode_operands(const GroupedGemmMixedSpec& s) {
+  return is_fp4(s.weight) ? DecodeOperands::w4a16 : DecodeOperands::w8a16;
+}
+
 bool block_scaled_activation(const GroupedGemmMixedSpec& s) {
   return s.activation != Activation::none && !is_fp4(s.weight) && s.weight_scale == ScaleGranularity::per_block;
 }
@@ -99,12 +104,12 @@ Expected<void> validate_configuration(const GroupedGemmMixedSpec& s) {
     return {};
   }
   if (s.kernel == MixedGemmKernel::mma_decode) {
-    if (!decode_tile_supported(DecodeOperands::w8a16, s.tile_m, s.tile_n) || s.stages != 0)
+    if (!decode_tile_supported(decode_operands(s), s.tile_m, s.tile_n) || s.stages != 0)
       return invalid(fmt::format("grouped_gemm_mixed {} is not supported (mma_decode: {}, no stages)", tile,
-                                 decode_tiles(DecodeOperands::w8a16)));
-    if (is_fp4(s.weight) || s.weights != WeightLayout::e_n_k)
-      return invalid(fmt::format("grouped_gemm_mixed {} reads fp8 weights [E, N, K] only, not {} {}", tile,
-                                 name(s.weight), name(s.weights)));
+                                 decode_tiles(decode_operands(s))));
+    if (s.weights != WeightLayout::e_n_k)
+      return invalid(fmt::format("grouped_gemm_mixed {} reads weights [E, N, K] only, not {}", tile,
+                                 name(s.weights)));
     return {};
   }
   if (s.kernel == MixedGemmKernel::mma_sync) {
@@ -161,10 +166,8 @@ std::string sm90_wgmma_wrappers(const GroupedGemmMixedSpec& s) {
 
 int sm90_threads(const GroupedGemmMixedSpec& s) { return 128 * (s.tile_n / 64 + 1); }
 
-// Whether the decode kernel can read these weights: fp8 codes, [E, N, K].
-bool decode_reads(const GroupedGemmMixedSpec& problem) {
-  return !is_fp4(problem.weight) && problem.weights == WeightLayout::e_n_k;
-}
+// Whether the decode kernel can read these weights: fp8 codes or FP4 pairs, [E, N, K].
+bool decode_reads(const GroupedGemmMixedSpec& problem) { return problem.weights == WeightLayout::e_n_k; }
 
 }  // namespace
 
@@ -195,8 +198,8 @@ struct GemmChoice<GroupedGemmMixedSpec> {
   static Expected<void> check_decode_request(const GroupedGemmMixedSpec& problem, const ArchInfo& arch,
                                              const GemmRequest&) {
     if (!decode_reads(problem))
-      return fail(KJIT_ERROR_UNSUPPORTED, "the decode grouped GEMM kernel reads fp8 weights [E, N, K] only");
-    if (!arch.fp8_conversion)
+      return fail(KJIT_ERROR_UNSUPPORTED, "the decode grouped GEMM kernel reads weights [E, N, K] only");
+    if (!is_fp4(problem.weight) && !arch.fp8_conversion)
       return fail(KJIT_ERROR_UNSUPPORTED, fmt::format("the W8A16 decode kernel converts fp8 codes with sm_89's "
                                                       "instructions; this device compiles for {}",
                                                       arch.target));
@@ -293,7 +296,7 @@ RenderedKernel Family<GroupedGemmMixedSpec>::render(const GroupedGemmMixedSpec& 
   }
   if (s.kernel == MixedGemmKernel::mma_decode)
     return render_decode_kernel(canonical(s), problem, s.tile_m, s.tile_n,
-                                {.operands = DecodeOperands::w8a16,
+                                {.operands = decode_operands(s),
                                  .entry_point = "kjit_grouped_gemm_mixed_decode",
                                  .params_type = "kjit_grouped_gemm_mixed_params",
                                  .body = "kjit::grouped_gemm_mixed_decode"});
@@ -314,7 +317,7 @@ std::vector<GroupedGemmMixedSpec> Family<GroupedGemmMixedSpec>::kernels_for_targ
 }
 
 int grouped_gemm_mixed_shared_bytes(const GroupedGemmMixedSpec& s) {
-  if (s.kernel == MixedGemmKernel::mma_decode) return decode_shared_bytes(DecodeOperands::w8a16);
+  if (s.kernel == MixedGemmKernel::mma_decode) return decode_shared_bytes(decode_operands(s));
   if (!is_sm90(s.kernel)) return 0;  // the portable kernel's tiles are static
   const int consumers = s.tile_n / 64;
   if (s.kernel == MixedGemmKernel::wgmma_sm90_converter) {

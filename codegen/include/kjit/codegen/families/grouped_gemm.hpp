@@ -161,8 +161,9 @@ int decode_tile_n(int64_t n);
 // top 8 (at most 32 rows, distinct experts per token), and one token tile of activations in registers is what
 // lets two blocks share an SM without spills (decode_min_blocks).
 inline constexpr int kDecodeTileRows = 8;
-// The decode kernel's operands (its DecodeOperands): bf16, fp8 weights with bf16 activations, fp8 both.
-enum class DecodeOperands : uint8_t { bf16, w8a16, w8a8 };
+// The decode kernel's operands (its DecodeOperands): bf16, fp8 weights with bf16 activations, fp8 both, FP4
+// weights (NVFP4, MXFP4) with bf16 activations.
+enum class DecodeOperands : uint8_t { bf16, w8a16, w8a8, w4a16 };
 std::string_view name(DecodeOperands operands);
 // The decode kernel's dynamic shared memory (GroupedGemmDecodeConfig::kSharedBytes; the generated code asserts
 // they agree): bf16 and W8A8, each of its 8 warps' ring of 3 chunks of 16 weight rows' 256 bytes (bf16's 128 k,
@@ -175,8 +176,11 @@ int decode_shared_bytes(DecodeOperands operands);
 bool decode_tile_supported(DecodeOperands operands, int tile_m, int tile_n);
 std::string_view decode_tiles(DecodeOperands operands);
 // The blocks per SM the decode kernel's launch bounds ask for: 2 at 8 rows (a 128-register cap), 1 at 16 and 32
-// (two or four token tiles of activations in registers spill under that cap).
-inline int decode_min_blocks(int tile_m) { return tile_m == 8 ? 2 : 1; }
+// (two or four token tiles of activations in registers spill under that cap); W4A16's conversion tables (64 KB
+// beside the ring) leave room for one block an SM at every tile.
+inline int decode_min_blocks(DecodeOperands operands, int tile_m) {
+  return tile_m == 8 && operands != DecodeOperands::w4a16 ? 2 : 1;
+}
 
 // The deepest SM90 pipeline of `kernel` with this tile that fits a Hopper block's shared memory.
 int sm90_max_stages(GemmKernel kernel, int tile_m, int tile_n);
