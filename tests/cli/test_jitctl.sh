@@ -91,9 +91,9 @@ check "no temp files remain" test -z "$(find "$work/shared-cache" -name '*.tmp*'
 # with and without the row scale) x 3 sm_90a buckets (row tiles of 32, 64, 128) + 5 W4A16 (NVFP4) GEMM problems
 # (gate_up fused and not, each gathering and not; down) x 3 buckets + 4 NVFP4 quantize kernels + 2 NVFP4
 # dequant kernels + 2 moe_activation kernels (bf16 and FP8 out) + 4 grouped_gemm_wgrad kernels (gate_up and down,
-# fp32 and bf16 out; one configuration each); the bf16, W8A16 and FP8 problems have a fourth bucket each, the
-# decode kernel's (+15).
-check "one entry per kernel" grep -q "^97 entries" <("$jitctl" list)
+# fp32 and bf16 out; one configuration each); the bf16, W8A16, W4A16 and FP8 problems have a fourth bucket each,
+# the decode kernel's (+20).
+check "one entry per kernel" grep -q "^102 entries" <("$jitctl" list)
 check "the model's routing and combine are precompiled" \
   grep -q "moe_routing experts=128 offsets=cumulative_end" <("$jitctl" list)
 

@@ -202,7 +202,8 @@ while read -r key arch op kernel canonical; do
         [ "$hmma" -gt 0 ] || fail "$arch $canonical has no mma.sync (HMMA)"
         [ "$hgmma" -eq 0 ] || fail "$arch $canonical has wgmma" ;;
       mma_decode)
-        # The decode kernel (docs/decisions/0023): mma.sync on sm_90a, weights through a cp.async ring.
+        # The decode kernel (docs/decisions/0023): mma.sync on sm_90a, fp8 weights through a cp.async ring, FP4
+        # ones by bulk copies.
         mixed_decode=$((mixed_decode + 1))
         [ "$hmma" -gt 0 ] || fail "$arch $canonical has no mma.sync (HMMA)"
         [ "$hgmma" -eq 0 ] || fail "$arch $canonical has wgmma" ;;
@@ -217,7 +218,8 @@ done < "$work/entries.txt"
 # each on sm_100a and sm_120a.
 [ "$gemm_sm90" -eq 12 ] || fail "expected 12 SM90 GEMM kernels, read $gemm_sm90"
 [ "$gemm_portable" -eq 8 ] || fail "expected 8 portable GEMM kernels, read $gemm_portable"
-# The decode bucket's kernel for the three problems that read [E, N, K] on sm_90a; for W8A16 the four fp8 ones.
+# The decode bucket's kernel for the three problems that read [E, N, K] on sm_90a; for W8A16 / W4A16 the four
+# fp8 ones and the three FP4 ones that read [E, N, K].
 [ "$gemm_decode" -eq 3 ] || fail "expected 3 decode GEMM kernels, read $gemm_decode"
 # FP8: two problems, three sm_90a buckets each (swap AB with 64- and 128-row
 # tiles, rows on M), and two rows-on-M configurations named in full (one of them
@@ -232,6 +234,6 @@ done < "$work/entries.txt"
 # and sm_120a.
 [ "$mixed_sm90" -eq 27 ] || fail "expected 27 SM90 W8A16/W4A16 GEMM kernels, read $mixed_sm90"
 [ "$mixed_portable" -eq 18 ] || fail "expected 18 portable W8A16/W4A16 GEMM kernels, read $mixed_portable"
-[ "$mixed_decode" -eq 4 ] || fail "expected 4 decode W8A16 GEMM kernels, read $mixed_decode"
+[ "$mixed_decode" -eq 7 ] || fail "expected 7 decode W8A16/W4A16 GEMM kernels, read $mixed_decode"
 echo "$passed kernels read, $failed failures"
 [ "$failed" -eq 0 ]
