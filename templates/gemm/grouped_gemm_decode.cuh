@@ -185,7 +185,7 @@ struct DecodeActivationChunk<Cfg, DecodeOperands::w8a8> {
 template <class Cfg>
 struct DecodeActivationChunk<Cfg, DecodeOperands::w4a16> {
   uint4 piece[Cfg::kTokenTiles][4];
-  unsigned weight_scale[2][2];  // [row][group of the thread's 32 k] as bf16 pairs (MXFP4: one group, [row][0])
+  unsigned scale_bytes[2];  // [row]: the group scale byte of the thread's 32 k (NVFP4: its two groups' bytes)
 };
 
 // 32-bit word i of 16-byte loads (bf16: elements 2i, 2i + 1 of the thread's set; fp8: 4i .. 4i + 3).
@@ -212,12 +212,10 @@ __device__ __forceinline__ int decode_load_k(int load, int quad) {
   return 64 * (element / 16) + 16 * quad + element % 16;
 }
 
-// The k of a thread's load `load` of 4 within a chunk of Cfg's operands (W4A16: within a quarter chunk):
-// W8A8 takes bf16's bytes of a 256-byte row, so its k (a byte each) is twice bf16's; W4A16's quad takes the
-// quarter's 32 k from 32 quad, in order.
+// The k of a thread's load `load` of 4 within a chunk of Cfg's operands: W8A8 takes bf16's bytes of a
+// 256-byte row, so its k (a byte each) is twice bf16's.
 template <class Cfg>
 __device__ __forceinline__ int decode_row_load_k(int load, int quad) {
-  if constexpr (Cfg::kFp4Weights) return 32 * quad + 8 * load;
   return (Cfg::kW8A8 ? 2 : 1) * decode_load_k<4>(load, quad);
 }
 
@@ -469,25 +467,15 @@ __device__ void grouped_gemm_decode_body(const kjit_grouped_gemm_params& p, cons
 #pragma unroll
     for (int t = 0; t < Cfg::kTokenTiles; ++t)
       source[t] = t * 8 + at.group < rows ? a_source_row<Cfg>(p, row0 + t * 8 + at.group) : -1;
-    // W4A16: its two rows' group scale bytes (past N the last row's, whose products are never stored).
-    const unsigned char* scale_row[2] = {nullptr, nullptr};
-    if constexpr (Cfg::kFp4Weights) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-        scale_row[r] = scales.b_groups + (static_cast<long long>(expert) * Cfg::kN +
-                                          (weight_row[r] < Cfg::kN ? weight_row[r] : Cfg::kN - 1)) *
-                                             Cfg::kGroupsPerRow;
-    }
-    // Quarter `sub` of local chunk i (the whole chunk but for W4A16).
-    auto load_activations = [&](int i, int sub, DecodeActivationChunk<Cfg>& x) {
-      const long long k0 = chunk_k0(i) + sub * Cfg::kSubChunk;
+    auto load_activations = [&](int i, DecodeActivationChunk<Cfg>& x) {
+      const long long k0 = chunk_k0(i);
 #pragma unroll
       for (int t = 0; t < Cfg::kTokenTiles; ++t)
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
           const int k = decode_row_load_k<Cfg>(l, quad);
           x.piece[t][l] = decode_load<Cfg>(a + (source[t] * Cfg::kK + k0 + k) * kActivationBytes,
-                                           source[t] >= 0 && load_in_k(i, l, sub * Cfg::kSubChunk + k));
+                                           source[t] >= 0 && load_in_k(i, l, k));
         }
       if constexpr (Cfg::kW8A8) {
         // The chunk's two scale blocks. Past K, N or the pair's rows the last block's, row's or the pair's first
@@ -512,21 +500,6 @@ __device__ void grouped_gemm_decode_body(const kjit_grouped_gemm_params& p, cons
             }
         }
       }
-      if constexpr (Cfg::kFp4Weights) {
-        // The groups of the thread's 32 k (past K: zero scales for the zero codes read there).
-        const int k = static_cast<int>(k0) + 32 * quad;
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const unsigned char* run = scale_row[r] + k / Cfg::kGroup;
-          x.weight_scale[r][0] = x.weight_scale[r][1] = 0u;
-          if (k >= Cfg::kK) continue;
-          if constexpr (Cfg::kScale == MixedScale::nvfp4)
-            nvfp4_group_scales_bf16x2(__ldg(run) | static_cast<unsigned>(__ldg(run + 1)) << 8, x.weight_scale[r][0],
-                                      x.weight_scale[r][1]);
-          else
-            x.weight_scale[r][0] = group_scale_bf16x2<MixedScale::mxfp4>(__ldg(run));
-        }
-      }
     };
 
     float acc[Cfg::kTokenTiles][4];
@@ -535,14 +508,14 @@ __device__ void grouped_gemm_decode_body(const kjit_grouped_gemm_params& p, cons
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[t][c] = 0.0f;
 
-    // Quarter `sub` of local chunk i (the whole chunk but for W4A16) from the ring.
-    auto multiply_chunk = [&](int i, int sub, const DecodeActivationChunk<Cfg>& x) {
+    // Local chunk i from the ring (not W4A16's: multiply_quarter below).
+    auto multiply_chunk = [&](int i, const DecodeActivationChunk<Cfg>& x) {
       if constexpr (Cfg::kBulkCopies) {
         const unsigned char* stage =
             decode_ring_stage<Cfg>(decode_ring, static_cast<int>((through + i) % Cfg::kStages), warp);
         // Row r's load l; a partial last chunk: the ring past K holds an older chunk's bytes, read as zeros.
         auto read = [&](int r, int l) {
-          const int k = sub * Cfg::kSubChunk + decode_row_load_k<Cfg>(l, quad);
+          const int k = decode_row_load_k<Cfg>(l, quad);
           return load_in_k(i, l, k) ? *reinterpret_cast<const uint4*>(stage + (at.group + 8 * r) * Cfg::kRowBytes +
                                                                       weight_bytes(k))
                                     : make_uint4(0u, 0u, 0u, 0u);
@@ -553,13 +526,6 @@ __device__ void grouped_gemm_decode_body(const kjit_grouped_gemm_params& p, cons
             const uint4 w[2][2] = {{read(0, 2 * b), read(0, 2 * b + 1)}, {read(1, 2 * b), read(1, 2 * b + 1)}};
             decode_multiply_w8a8<Cfg>(acc, x, w, b);
           }
-        } else if constexpr (Cfg::kFp4Weights) {
-          // The thread's 16 bytes of each row: byte j holds k 2j, 2j + 1 of its 32, pair j of decode_multiply.
-          const uint4 w[2][1] = {{read(0, 0)}, {read(1, 0)}};
-          decode_multiply<Cfg>(acc, x, [&](int r, int j) {
-            const unsigned scale = x.weight_scale[r][Cfg::kScale == MixedScale::nvfp4 ? j / 8 : 0];
-            return mul_bf16x2(tables.pair(decode_word(w[r], j / 4), j % 4), scale);
-          });
         } else {
           const uint4 w[2][4] = {{read(0, 0), read(0, 1), read(0, 2), read(0, 3)},
                                  {read(1, 0), read(1, 1), read(1, 2), read(1, 3)}};
@@ -587,40 +553,102 @@ __device__ void grouped_gemm_decode_body(const kjit_grouped_gemm_params& p, cons
       }
     };
 
-    // Chunk i multiplies while the ring's other stages stream in (and the next chunk's, or quarter's,
-    // activations). A W4A16 quarter past K (the last chunk's) is skipped: uniform over the warp.
-    DecodeActivationChunk<Cfg> next;
-    if (chunks > 0) load_activations(0, 0, next);
-    for (int i = 0; i < chunks; ++i) {
-      if constexpr (Cfg::kBulkCopies) {
-        Ring<Cfg::kStages>::wait_filled(full, through + i);
-      } else {
-        cp_async_wait_group<Cfg::kStages - 2>();  // chunk i's group is complete
-        issue_chunk(i + Cfg::kStages - 1);         // into the stage chunk i - 1 left (read before this point)
-      }
+    if constexpr (Cfg::kFp4Weights) {
+      // W4A16, a quarter (128 k) at a time: quad t's 32 k from 32 t, whole within K or past it (K % 32 == 0),
+      // its activations and its rows' group scale bytes read a quarter ahead (into the other of two buffers:
+      // the quarters are unrolled, so both are named statically). Past N a row's scales are the last row's
+      // (its products are never stored); past K codes and activations read as zeros.
+      const unsigned char* a_row[Cfg::kTokenTiles];
 #pragma unroll
-      for (int sub = 0; sub < Cfg::kSubChunks; ++sub) {
-        if (Cfg::kSubChunks > 1 && chunk_k0(i) + sub * Cfg::kSubChunk >= Cfg::kK) break;
-        const DecodeActivationChunk<Cfg> x = next;
-        if (sub + 1 < Cfg::kSubChunks) load_activations(i, sub + 1, next);
-        else if (i + 1 < chunks) load_activations(i + 1, 0, next);
-        multiply_chunk(i, sub, x);
-      }
-      if constexpr (Cfg::kBulkCopies) {
+      for (int t = 0; t < Cfg::kTokenTiles; ++t)
+        a_row[t] = source[t] >= 0 ? a + source[t] * Cfg::kK * kActivationBytes : nullptr;
+      const unsigned char* scale_row[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        scale_row[r] = scales.b_groups + (static_cast<long long>(expert) * Cfg::kN +
+                                          (weight_row[r] < Cfg::kN ? weight_row[r] : Cfg::kN - 1)) *
+                                             Cfg::kGroupsPerRow;
+      auto quarter_k = [&](int i, int sub) { return static_cast<int>(chunk_k0(i)) + sub * Cfg::kSubChunk; };
+      auto load_quarter = [&](int i, int sub, DecodeActivationChunk<Cfg>& x) {
+        const int k = quarter_k(i, sub) + 32 * quad;
+        const bool in_k = k < Cfg::kK;
+#pragma unroll
+        for (int t = 0; t < Cfg::kTokenTiles; ++t)
+#pragma unroll
+          for (int l = 0; l < 4; ++l)
+            x.piece[t][l] = decode_load<Cfg>(a_row[t] + (k + 8 * l) * kActivationBytes, a_row[t] != nullptr && in_k);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const unsigned char* run = scale_row[r] + k / Cfg::kGroup;
+          if constexpr (Cfg::kScale == MixedScale::nvfp4)
+            x.scale_bytes[r] = in_k ? __ldg(run) | static_cast<unsigned>(__ldg(run + 1)) << 8 : 0u;
+          else
+            x.scale_bytes[r] = in_k ? __ldg(run) : 0u;
+        }
+      };
+      // Byte j of the thread's 16 bytes of a row holds its k 2j, 2j + 1: pair j of decode_multiply, times its
+      // group's scale (the tables' bf16 pair of the scale byte; NVFP4: pairs 0-7 the first group, 8-15 the second).
+      auto multiply_quarter = [&](int i, int sub, const DecodeActivationChunk<Cfg>& x) {
+        const unsigned char* stage =
+            decode_ring_stage<Cfg>(decode_ring, static_cast<int>((through + i) % Cfg::kStages), warp);
+        const bool in_k = quarter_k(i, sub) + 32 * quad < Cfg::kK;
+        uint4 w[2][1];
+        unsigned scale[2][2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          w[r][0] = in_k ? *reinterpret_cast<const uint4*>(stage + (at.group + 8 * r) * Cfg::kRowBytes +
+                                                           weight_bytes(sub * Cfg::kSubChunk + 32 * quad))
+                         : make_uint4(0u, 0u, 0u, 0u);
+          scale[r][0] = tables.scale(x.scale_bytes[r] & 0xffu);
+          scale[r][1] = Cfg::kScale == MixedScale::nvfp4 ? tables.scale(x.scale_bytes[r] >> 8) : scale[r][0];
+        }
+        decode_multiply<Cfg>(acc, x, [&](int r, int j) {
+          return mul_bf16x2(tables.pair(decode_word(w[r], j / 4), j % 4), scale[r][j / 8]);
+        });
+      };
+
+      DecodeActivationChunk<Cfg> quarter[2];
+      if (chunks > 0) load_quarter(0, 0, quarter[0]);
+      for (int i = 0; i < chunks; ++i) {
+        Ring<Cfg::kStages>::wait_filled(full, through + i);
+#pragma unroll
+        for (int sub = 0; sub < Cfg::kSubChunks; ++sub) {
+          if (quarter_k(i, sub) >= Cfg::kK) break;  // the last chunk's quarters past K: uniform over the warp
+          if (sub + 1 < Cfg::kSubChunks) load_quarter(i, sub + 1, quarter[(sub + 1) % 2]);
+          else if (i + 1 < chunks) load_quarter(i + 1, 0, quarter[0]);
+          multiply_quarter(i, sub, quarter[sub % 2]);
+        }
         __syncwarp();  // every lane's reads of the stage are done before the copy overwrites it
         issue_chunk(i + Cfg::kStages);
       }
-    }
-    if constexpr (Cfg::kBulkCopies) through += chunks;
-    else cp_async_wait_group<0>();  // nothing of this pair's still lands in the ring
-
-    if constexpr (Cfg::kFp4Weights) {
       const float global = expert_multiplier<Cfg>(scales.b_globals, expert);  // 1 for MXFP4: folds away
 #pragma unroll
       for (int t = 0; t < Cfg::kTokenTiles; ++t)
 #pragma unroll
         for (int c = 0; c < 4; ++c) acc[t][c] *= global;
+    } else {
+      // Chunk i multiplies while the ring's other stages stream in (and the next chunk's activations).
+      DecodeActivationChunk<Cfg> next;
+      if (chunks > 0) load_activations(0, next);
+      for (int i = 0; i < chunks; ++i) {
+        if constexpr (Cfg::kBulkCopies) {
+          Ring<Cfg::kStages>::wait_filled(full, through + i);
+        } else {
+          cp_async_wait_group<Cfg::kStages - 2>();  // chunk i's group is complete
+          issue_chunk(i + Cfg::kStages - 1);         // into the stage chunk i - 1 left (read before this point)
+        }
+        const DecodeActivationChunk<Cfg> x = next;
+        if (i + 1 < chunks) load_activations(i + 1, next);
+        multiply_chunk(i, x);
+        if constexpr (Cfg::kBulkCopies) {
+          __syncwarp();  // every lane's reads of the stage are done before the copy overwrites it
+          issue_chunk(i + Cfg::kStages);
+        }
+      }
     }
+    if constexpr (Cfg::kBulkCopies) through += chunks;
+    else cp_async_wait_group<0>();  // nothing of this pair's still lands in the ring
+
     decode_store<Cfg>(p, decode_ring, acc, at, n0, row0, rows);
   }
 }
