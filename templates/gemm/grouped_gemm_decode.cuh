@@ -90,9 +90,9 @@ struct GroupedGemmDecodeConfig : Problem {
   static constexpr int kRowWarps = kTileN / 16, kKWarps = kWarps / kRowWarps;
   static constexpr int kTokenTiles = kRows / 8;
   // k per step of the loop: one 128 x 128 scale block's columns (W8A8: two, 256 bytes a row as bf16's 128 k;
-  // W4A16: 512, multiplied a quarter at a time so that a quarter's activations fit in registers).
-  static constexpr int kChunk = kW8A8 ? 256 : kFp4Weights ? 512 : 128;
-  static constexpr int kSubChunks = kFp4Weights ? 4 : 1, kSubChunk = kChunk / kSubChunks;
+  // W4A16: 256 in 128-byte rows, multiplied 128 k at a time so that their activations fit in registers).
+  static constexpr int kChunk = kW8A8 ? 256 : kFp4Weights ? 256 : 128;
+  static constexpr int kSubChunks = kFp4Weights ? 2 : 1, kSubChunk = kChunk / kSubChunks;
   static constexpr long long kChunks = (Problem::kK + kChunk - 1) / kChunk;
   // A thread's 16-byte loads per row and chunk: a quarter of the row.
   static constexpr int kWeightLoads = kOperands == DecodeOperands::w8a16 ? 2 : 4;
@@ -104,14 +104,15 @@ struct GroupedGemmDecodeConfig : Problem {
   static constexpr int kPieces = 2 * kWeightLoads;
   static constexpr int kPieceBytes = kStages * kPieces * kThreads * 16;
   // bf16 and W8A8, the warps' ring: [stage][warp] 16 rows of a chunk, then the mbarriers, [warp][stage].
-  static constexpr int kRowBytes = 256;
+  // W4A16's rows are half as long, so that its ring and tables leave room for two blocks an SM.
+  static constexpr int kRowBytes = kFp4Weights ? 128 : 256;
   static constexpr int kWarpStageBytes = 16 * kRowBytes;
   static constexpr int kRingBytes =
       kBulkCopies ? kStages * kWarps * kWarpStageBytes : kPieceBytes + kStages * 2 * kThreads * 4;
   static constexpr int kBarrierBytes = kBulkCopies ? kStages * kWarps * 8 : 0;
-  // W4A16's conversion tables follow the barriers (64 KB: one block an SM).
-  static constexpr int kTableBytes = kFp4Weights ? Fp4Tables::kBytes : 0;
-  static constexpr int kSharedBytes = kRingBytes + kBarrierBytes + kTableBytes;  // 96 KB; W8A16 72 KB; W4A16 161 KB
+  // W4A16's code-pair table follows the barriers (64 KB; its scales are converted in registers).
+  static constexpr int kTableBytes = kFp4Weights ? Fp4Tables::kPairBytes : 0;
+  static constexpr int kSharedBytes = kRingBytes + kBarrierBytes + kTableBytes;  // 96 KB; W8A16 72 KB; W4A16 112 KB
   // The k-warps' partials, summed after the loop, take the ring's place (nothing is in flight then).
   static constexpr int kPartialsBytes = kKWarps * kRows * (kTileN + 1) * 4;
   static_assert(kPartialsBytes <= kRingBytes, "the partials fit in the ring");
@@ -456,7 +457,7 @@ __device__ void grouped_gemm_decode_body(const kjit_grouped_gemm_params& p, cons
     for (int i = 0; i < (Cfg::kBulkCopies ? Cfg::kStages : Cfg::kStages - 1); ++i) issue_chunk(i);
     if constexpr (Cfg::kFp4Weights) {
       if (!tables_filled) {  // uniform: every thread walks the same slots
-        Fp4Tables::fill<Cfg::kScale>(table_bytes, threadIdx.x, Cfg::kThreads);
+        Fp4Tables::fill_pairs(table_bytes, threadIdx.x, Cfg::kThreads);
         __syncthreads();
         tables_filled = true;
       }
@@ -587,7 +588,7 @@ __device__ void grouped_gemm_decode_body(const kjit_grouped_gemm_params& p, cons
         }
       };
       // Byte j of the thread's 16 bytes of a row holds its k 2j, 2j + 1: pair j of decode_multiply, times its
-      // group's scale (the tables' bf16 pair of the scale byte; NVFP4: pairs 0-7 the first group, 8-15 the second).
+      // group's scale as a bf16 pair (NVFP4: pairs 0-7 the first group, 8-15 the second).
       auto multiply_quarter = [&](int i, int sub, const DecodeActivationChunk<Cfg>& x) {
         const unsigned char* stage =
             decode_ring_stage<Cfg>(decode_ring, static_cast<int>((through + i) % Cfg::kStages), warp);
@@ -599,8 +600,10 @@ __device__ void grouped_gemm_decode_body(const kjit_grouped_gemm_params& p, cons
           w[r][0] = in_k ? *reinterpret_cast<const uint4*>(stage + (at.group + 8 * r) * Cfg::kRowBytes +
                                                            weight_bytes(sub * Cfg::kSubChunk + 32 * quad))
                          : make_uint4(0u, 0u, 0u, 0u);
-          scale[r][0] = tables.scale(x.scale_bytes[r] & 0xffu);
-          scale[r][1] = Cfg::kScale == MixedScale::nvfp4 ? tables.scale(x.scale_bytes[r] >> 8) : scale[r][0];
+          if constexpr (Cfg::kScale == MixedScale::nvfp4)
+            nvfp4_group_scales_bf16x2(x.scale_bytes[r], scale[r][0], scale[r][1]);
+          else
+            scale[r][0] = scale[r][1] = group_scale_bf16x2<MixedScale::mxfp4>(x.scale_bytes[r]);
         }
         decode_multiply<Cfg>(acc, x, [&](int r, int j) {
           return mul_bf16x2(tables.pair(decode_word(w[r], j / 4), j % 4), scale[r][j / 8]);

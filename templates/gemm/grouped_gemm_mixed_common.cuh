@@ -214,13 +214,18 @@ struct Fp4Tables {
 
   template <MixedScale kScale>
   static __device__ void fill(unsigned char* table, int thread, int threads) {
+    fill_pairs(table, thread, threads);
+    auto* words = reinterpret_cast<unsigned*>(table);
+    for (int i = thread; i < 256; i += threads) words[kPairBytes / 4 + i] = group_scale_bf16x2<kScale>(i);
+  }
+  // The pairs alone (the first kPairBytes), for a kernel that converts its scales in registers.
+  static __device__ void fill_pairs(unsigned char* table, int thread, int threads) {
     auto* words = reinterpret_cast<unsigned*>(table);
     for (int i = thread; i < 256 * 32; i += threads) {  // byte i / 32's copy for lane i % 32 (the rows' first halves)
       unsigned pair, unused;
       e2m1x4_to_bf16x2x2(static_cast<unsigned>(i) / 32, 0, pair, unused);
       words[i / 32 * 64 + i % 32] = pair;
     }
-    for (int i = thread; i < 256; i += threads) words[kPairBytes / 4 + i] = group_scale_bf16x2<kScale>(i);
   }
 
   Fp4Tables() = default;

@@ -206,7 +206,7 @@ RenderedKernel render_decode_kernel(const std::string& canonical, const std::str
                                     const DecodeRecipe& recipe) {
   return assemble(canonical, {.entry_point = recipe.entry_point,
                               .threads = kDecodeThreads,
-                              .min_blocks = decode_min_blocks(recipe.operands, tile_m),
+                              .min_blocks = decode_min_blocks(tile_m),
                               .templates = {"gemm/grouped_gemm_decode.cuh"},
                               .config = fmt::format("kjit::GroupedGemmDecodeConfig<{}, kjit::DecodeOperands::{}, {}, "
                                                     "{}>",
@@ -229,11 +229,11 @@ std::string_view decode_tiles(DecodeOperands operands) {
 int decode_shared_bytes(DecodeOperands operands) {
   constexpr int kChunk = 128, kWarps = kDecodeThreads / 32;
   // W8A16: each thread's 4 chunks of two rows' 32 codes (64 bytes) and two scales;
-  // bf16, W8A8 and W4A16: each warp's 3 chunks of 16 rows' 256 bytes and an mbarrier each; W4A16 then its
-  // conversion tables (Fp4Tables: a 256-byte row per byte of two codes, a word per scale byte).
+  // bf16 and W8A8: each warp's 3 chunks of 16 rows' 256 bytes and an mbarrier each; W4A16 the same with rows
+  // of 128 bytes, then its code-pair table (Fp4Tables' pairs: a 256-byte row per byte of two codes).
   if (operands == DecodeOperands::w8a16) return 4 * kDecodeThreads * (2 * kChunk / 4 + 2 * 4);
-  const int tables = operands == DecodeOperands::w4a16 ? 256 * 256 + 256 * 4 : 0;
-  return 3 * kWarps * (16 * kChunk * 2 + 8) + tables;
+  if (operands == DecodeOperands::w4a16) return 3 * kWarps * (16 * kChunk + 8) + 256 * 256;
+  return 3 * kWarps * (16 * kChunk * 2 + 8);
 }
 
 int grouped_gemm_shared_bytes(const GroupedGemmSpec& s) {

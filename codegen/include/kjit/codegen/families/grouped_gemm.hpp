@@ -176,11 +176,8 @@ int decode_shared_bytes(DecodeOperands operands);
 bool decode_tile_supported(DecodeOperands operands, int tile_m, int tile_n);
 std::string_view decode_tiles(DecodeOperands operands);
 // The blocks per SM the decode kernel's launch bounds ask for: 2 at 8 rows (a 128-register cap), 1 at 16 and 32
-// (two or four token tiles of activations in registers spill under that cap); W4A16's conversion tables (64 KB
-// beside the ring) leave room for one block an SM at every tile.
-inline int decode_min_blocks(DecodeOperands operands, int tile_m) {
-  return tile_m == 8 && operands != DecodeOperands::w4a16 ? 2 : 1;
-}
+// (two or four token tiles of activations in registers spill under that cap).
+inline int decode_min_blocks(int tile_m) { return tile_m == 8 ? 2 : 1; }
 
 // The deepest SM90 pipeline of `kernel` with this tile that fits a Hopper block's shared memory.
 int sm90_max_stages(GemmKernel kernel, int tile_m, int tile_n);
