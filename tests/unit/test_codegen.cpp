@@ -352,7 +352,18 @@ TEST_CASE("the decode buckets on sm_90a: bf16 up to 64 routed rows, W8A16 up to 
   fp4.weight = MixedWeight::mxfp4;
   const auto fp4_decode = *choose_grouped_gemm_mixed_config(fp4, hopper, 8);
   CHECK((fp4_decode.kernel == MixedGemmKernel::mma_decode && fp4_decode.tile_m == 8 && fp4_decode.tile_n == 32));
-  CHECK(choose_grouped_gemm_mixed_config(fp4, hopper, kDecodeMaxRowsW8A16 + 1)->kernel == MixedGemmKernel::wgmma_sm90);
+  // Over 128 experts and more FP4 keeps the decode kernel up to 256 rows (gpt-oss at 64 tokens of top 4).
+  CHECK(choose_grouped_gemm_mixed_config(fp4, hopper, kDecodeMaxRowsW4A16ManyExperts)->kernel ==
+        MixedGemmKernel::mma_decode);
+  CHECK(choose_grouped_gemm_mixed_config(fp4, hopper, kDecodeMaxRowsW4A16ManyExperts + 1)->kernel ==
+        MixedGemmKernel::wgmma_sm90);
+  auto fp4_ep = fp4;
+  fp4_ep.experts = kDecodeManyExperts - 1;
+  CHECK(choose_grouped_gemm_mixed_config(fp4_ep, hopper, kDecodeMaxRowsW8A16)->kernel == MixedGemmKernel::mma_decode);
+  CHECK(choose_grouped_gemm_mixed_config(fp4_ep, hopper, kDecodeMaxRowsW8A16 + 1)->kernel ==
+        MixedGemmKernel::wgmma_sm90);
+  CHECK(choose_grouped_gemm_mixed_config(fp8, hopper, kDecodeMaxRowsW4A16ManyExperts)->kernel ==
+        MixedGemmKernel::wgmma_sm90);  // fp8 keeps its 64
   CHECK(choose_grouped_gemm_mixed_config(fp4, hopper, 8, {.kernel = Kernel::decode, .tile_m = 32})->tile_m == 32);
   auto fp4_kn = fp4;
   fp4_kn.weights = WeightLayout::e_k_n;
@@ -390,7 +401,7 @@ TEST_CASE("the decode buckets on sm_90a: bf16 up to 64 routed rows, W8A16 up to 
   CHECK(choose_grouped_gemm_fp8_config(w8a8, hopper, kDecodeMaxRowsW8A8ManyExperts + 1)->kernel ==
         Fp8GemmKernel::wgmma_sm90);
   auto w8a8_ep = w8a8;
-  w8a8_ep.experts = kDecodeManyExpertsW8A8 - 1;
+  w8a8_ep.experts = kDecodeManyExperts - 1;
   CHECK(choose_grouped_gemm_fp8_config(w8a8_ep, hopper, 8)->kernel == Fp8GemmKernel::wgmma_decode);
   CHECK(choose_grouped_gemm_fp8_config(w8a8_ep, hopper, kDecodeMaxRowsW8A8)->kernel == Fp8GemmKernel::wgmma_decode);
   CHECK(choose_grouped_gemm_fp8_config(w8a8_ep, hopper, kDecodeMaxRowsW8A8 + 1)->kernel == Fp8GemmKernel::wgmma_sm90);

@@ -84,7 +84,7 @@ struct GemmChoiceRules {
 // Each family specialises this in its family file, with:
 //   kRules (GemmChoiceRules);
 //   arch_configs(problem, arch): one configuration per bucket, the decode bucket first where the family runs
-//     the decode kernel (its kernels include mma_decode; then also decode_bucket(rows, experts));
+//     the decode kernel (its kernels include mma_decode; then also decode_bucket(problem, rows));
 //   max_stages(spec): the deepest pipeline of an SM90 configuration;
 //   force_kernel(configs, problem, request): what a forced kernel does to the bucket configurations;
 // and where it has them: decode_config(problem, arch), the decode kernel of the arch where it is not
@@ -209,7 +209,7 @@ Expected<Spec> choose_gemm_config(const Spec& problem, const ArchInfo& arch, int
   const int64_t rows_per_expert = rows / std::max<int64_t>(problem.experts, 1);
   const auto& bounds = Choice::kRules.rows_per_expert;
   size_t bucket = rows_per_expert <= bounds[0] ? 0 : rows_per_expert <= bounds[1] ? 1 : 2;
-  if constexpr (kRunsDecode<Spec>) bucket = Choice::decode_bucket(rows, problem.experts) ? 0 : bucket + 1;
+  if constexpr (kRunsDecode<Spec>) bucket = Choice::decode_bucket(problem, rows) ? 0 : bucket + 1;
   return configs[std::min(bucket, configs.size() - 1)];
 }
 

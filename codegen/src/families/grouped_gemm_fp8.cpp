@@ -144,7 +144,9 @@ template <>
 struct GemmChoice<GroupedGemmFp8Spec> {
   static constexpr GemmChoiceRules kRules{"the SM90 FP8 grouped GEMM kernel runs", "the SM90 FP8 grouped GEMM",
                                           {kDecodeRowsPerExpert, 64}};
-  static bool decode_bucket(int64_t rows, int64_t experts) { return w8a8_decode_bucket(rows, experts); }
+  static bool decode_bucket(const GroupedGemmFp8Spec& problem, int64_t rows) {
+    return w8a8_decode_bucket(rows, problem.experts);
+  }
   static GroupedGemmFp8Spec decode_config(const GroupedGemmFp8Spec& problem, const ArchInfo& arch) {
     return fp8_decode_config(problem, arch);
   }

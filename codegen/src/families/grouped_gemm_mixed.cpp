@@ -177,7 +177,10 @@ template <>
 struct GemmChoice<GroupedGemmMixedSpec> {
   static constexpr GemmChoiceRules kRules{"the SM90 W8A16 grouped GEMM kernels run", "the SM90 W8A16 grouped GEMM",
                                           {32, 64}};
-  static bool decode_bucket(int64_t rows, int64_t) { return w8a16_decode_bucket(rows); }
+  static bool decode_bucket(const GroupedGemmMixedSpec& problem, int64_t rows) {
+    return is_fp4(problem.weight) && decode_reads(problem) ? w4a16_decode_bucket(rows, problem.experts)
+                                                            : w8a16_decode_bucket(rows);
+  }
   static std::vector<GroupedGemmMixedSpec> arch_configs(const GroupedGemmMixedSpec& problem, const ArchInfo& arch) {
     return grouped_gemm_mixed_configs(problem, arch);
   }
@@ -384,7 +387,8 @@ std::vector<GroupedGemmMixedSpec> grouped_gemm_mixed_configs(const GroupedGemmMi
   const auto prefill = problem.weights == WeightLayout::e_n_k
                            ? sm90_config(problem, kConverterMaxRows, MixedGemmKernel::wgmma_sm90_converter)
                            : sm90_config(problem, kSm90MaxRows);
-  // Before them, the decode bucket (w8a16_decode_bucket: few routed rows): the decode kernel where it reads the
+  // Before them, the decode bucket (w8a16_decode_bucket, FP4 w4a16_decode_bucket: few routed rows): the decode
+  // kernel where it reads the
   // weights, else the first bucket's.
   const auto few = sm90_config(problem, 32);
   return {decode_reads(problem) ? decode_gemm_config(problem) : few, few, sm90_config(problem, 64), prefill};

@@ -16,7 +16,7 @@ struct GemmChoice<GroupedGemmSpec> {
   static std::vector<GroupedGemmSpec> arch_configs(const GroupedGemmSpec& problem, const ArchInfo& arch) {
     return grouped_gemm_configs(problem, arch);
   }
-  static bool decode_bucket(int64_t rows, int64_t) { return bf16_decode_bucket(rows); }
+  static bool decode_bucket(const GroupedGemmSpec&, int64_t rows) { return bf16_decode_bucket(rows); }
   // k-blocks of 64 (SM90), the decode kernel's chunks of 128, the portable kernel's 32.
   static int tile_k(GemmKernel k) { return is_sm90(k) ? 64 : k == GemmKernel::mma_decode ? 128 : 32; }
   static Expected<void> check_decode_request(const GroupedGemmSpec& problem, const ArchInfo&, const GemmRequest&) {

@@ -141,16 +141,22 @@ std::vector<GroupedGemmSpec> grouped_gemm_configs(const GroupedGemmSpec& problem
 //   0.88-1.11x at 128 (two runs; MoEExperts runs W8A8 from 64 rows);
 // - W8A8 (sm_90a: the wgmma decode kernel): 1.04-3.00x up to 128 routed rows in all three shapes; from 256
 //   rows (32 tokens) 1.22-1.28x over Qwen3's 128 experts, 1.00x over DeepSeek-V3 TP8's 256 and 0.63-0.93x over
-//   an EP8 rank's 32 (16 rows an expert and more: its SM90 tiles stream at 82-84% of copy bandwidth there).
+//   an EP8 rank's 32 (16 rows an expert and more: its SM90 tiles stream at 82-84% of copy bandwidth there);
+// - FP4 weights, W4A16 (bulk-copy ring, lookup conversion; gpt-oss-120b's MXFP4 layer, 128 experts, top 4):
+//   1.18-1.65x the SM90 register-operand kernel at 4 to 256 routed rows (1 to 64 tokens).
 inline constexpr int64_t kDecodeMaxRowsBf16 = 64;
 inline constexpr int64_t kDecodeMaxRowsW8A16 = 64;
 inline constexpr int64_t kDecodeMaxRowsW8A8 = 128;
-inline constexpr int64_t kDecodeMaxRowsW8A8ManyExperts = 512;  // over kDecodeManyExpertsW8A8 experts or more
-inline constexpr int64_t kDecodeManyExpertsW8A8 = 128;
+inline constexpr int64_t kDecodeManyExperts = 128;  // the larger buckets below hold over this many experts or more
+inline constexpr int64_t kDecodeMaxRowsW8A8ManyExperts = 512;
+inline constexpr int64_t kDecodeMaxRowsW4A16ManyExperts = 256;
 inline bool bf16_decode_bucket(int64_t rows) { return rows <= kDecodeMaxRowsBf16; }
 inline bool w8a16_decode_bucket(int64_t rows) { return rows <= kDecodeMaxRowsW8A16; }
 inline bool w8a8_decode_bucket(int64_t rows, int64_t experts) {
-  return rows <= kDecodeMaxRowsW8A8 || (rows <= kDecodeMaxRowsW8A8ManyExperts && experts >= kDecodeManyExpertsW8A8);
+  return rows <= kDecodeMaxRowsW8A8 || (rows <= kDecodeMaxRowsW8A8ManyExperts && experts >= kDecodeManyExperts);
+}
+inline bool w4a16_decode_bucket(int64_t rows, int64_t experts) {
+  return rows <= kDecodeMaxRowsW8A16 || (rows <= kDecodeMaxRowsW4A16ManyExperts && experts >= kDecodeManyExperts);
 }
 // The decode kernel's weight rows per block for N weight rows: the widest of 128, 64, 32 and 16 that still
 // gives 16 blocks per expert. One token's 8 experts then give ~128-256 blocks, one wave at two blocks per SM
