@@ -23,8 +23,7 @@
 //   thread reading back only what it copied, so the ring needs no block
 //   barrier (docs/decisions/0023 has both measured on an H200):
 //   - bf16, W8A8 and W4A16 (kBulkCopies): each warp's 16 rows' chunks (256 bytes a row: 128 k of bf16, 256 of
-//     fp8, 512 of FP4) come
-//     by bulk copies (sm_90's cp.async.bulk, one a row, issued by 16 lanes)
+//     fp8; W4A16 128 bytes, 256 k of FP4) come by bulk copies (sm_90's cp.async.bulk, one a row, issued by 16 lanes)
 //     into the warp's ring of kStages chunks, each with an mbarrier counting
 //     the bytes landed; every stage but the one multiplied is in flight.
 //     Twice the rate of per-thread copies: 80-100% of copy bandwidth.
@@ -34,7 +33,7 @@
 //     conversions, not the copies, set fp8's pace; the bulk copies measured
 //     10-25% slower here.
 //   Its tokens' activations (L2 hits) come into registers one chunk ahead
-//   (W4A16: one 128-k quarter of a chunk ahead, with its scale bytes).
+//   (W4A16: 128 k ahead, with its rows' group scale bytes).
 //   A thread's fragments hold its own quarter of each chunk, not mma's
 //   layout: of a 256-byte row, quad t reads the 16-byte loads at bytes
 //   128 (l / 2) + 32 t + 16 (l % 2) (decode_load_k), and mma step s takes
@@ -52,13 +51,13 @@
 // - W8A16: each code is converted with its 128 x 128 block's multiplier exactly
 //   as kjit's dequant does (grouped_gemm_mixed_common.cuh), so this kernel on
 //   fp8 weights gives the bits of this kernel on the dequantised bf16 weights.
-// - W4A16: a quarter of a chunk at a time, quad t takes the 32 k from 32 t
+// - W4A16: 128 k (half a chunk) at a time, quad t takes the 32 k from 32 t
 //   (16 bytes of a ring row, one MXFP4 group or two NVFP4 ones) and mma step
 //   s its bytes 2s and 2s + 1 (k 4s .. 4s + 3), the activations' words 2s and
 //   2s + 1 of the same 32 k. A byte of two codes becomes its exact bf16 pair
-//   by a lookup (Fp4Tables, in shared memory after the ring: one block an
-//   SM) times its group's scale, as the other W4A16 kernels convert; NVFP4's
-//   expert global multiplies the accumulator after the loop.
+//   by a lookup (Fp4Tables' pairs, in shared memory after the ring: 112 KB a
+//   block, two an SM) times its group's scale, as the other W4A16 kernels
+//   convert; NVFP4's expert global multiplies the accumulator after the loop.
 // - Every block checks every offset first (bad offsets: nothing written).
 #pragma once
 
@@ -92,9 +91,9 @@ struct GroupedGemmDecodeConfig : Problem {
   // k per step of the loop: one 128 x 128 scale block's columns (W8A8: two, 256 bytes a row as bf16's 128 k;
   // W4A16: 256 in 128-byte rows, multiplied 128 k at a time so that their activations fit in registers).
   static constexpr int kChunk = kW8A8 ? 256 : kFp4Weights ? 256 : 128;
-  static constexpr int kSubChunks = kFp4Weights ? 2 : 1, kSubChunk = kChunk / kSubChunks;
+  static constexpr int kSlices = kFp4Weights ? 2 : 1, kSliceK = kChunk / kSlices;
   static constexpr long long kChunks = (Problem::kK + kChunk - 1) / kChunk;
-  // A thread's 16-byte loads per row and chunk: a quarter of the row.
+  // A thread's 16-byte loads per row and chunk (not W4A16's): a quarter of the row.
   static constexpr int kWeightLoads = kOperands == DecodeOperands::w8a16 ? 2 : 4;
   static constexpr int kTileOutN = Problem::kFusedActivation ? kTileN / 2 : kTileN;
   static constexpr bool kBulkCopies = kOperands != DecodeOperands::w8a16;
@@ -509,7 +508,7 @@ __device__ void grouped_gemm_decode_body(const kjit_grouped_gemm_params& p, cons
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[t][c] = 0.0f;
 
-    // Local chunk i from the ring (not W4A16's: multiply_quarter below).
+    // Local chunk i from the ring (not W4A16's: multiply_slice below).
     auto multiply_chunk = [&](int i, const DecodeActivationChunk<Cfg>& x) {
       if constexpr (Cfg::kBulkCopies) {
         const unsigned char* stage =
@@ -555,9 +554,9 @@ __device__ void grouped_gemm_decode_body(const kjit_grouped_gemm_params& p, cons
     };
 
     if constexpr (Cfg::kFp4Weights) {
-      // W4A16, a quarter (128 k) at a time: quad t's 32 k from 32 t, whole within K or past it (K % 32 == 0),
-      // its activations and its rows' group scale bytes read a quarter ahead (into the other of two buffers:
-      // the quarters are unrolled, so both are named statically). Past N a row's scales are the last row's
+      // W4A16, a slice of 128 k (half a chunk) at a time: quad t's 32 k from 32 t, whole within K or past it
+      // (K % 32 == 0), its activations and its rows' group scale bytes read a slice ahead (into the other of two
+      // buffers: the slices are unrolled, so both are named statically). Past N a row's scales are the last row's
       // (its products are never stored); past K codes and activations read as zeros.
       const unsigned char* a_row[Cfg::kTokenTiles];
 #pragma unroll
@@ -569,9 +568,9 @@ __device__ void grouped_gemm_decode_body(const kjit_grouped_gemm_params& p, cons
         scale_row[r] = scales.b_groups + (static_cast<long long>(expert) * Cfg::kN +
                                           (weight_row[r] < Cfg::kN ? weight_row[r] : Cfg::kN - 1)) *
                                              Cfg::kGroupsPerRow;
-      auto quarter_k = [&](int i, int sub) { return static_cast<int>(chunk_k0(i)) + sub * Cfg::kSubChunk; };
-      auto load_quarter = [&](int i, int sub, DecodeActivationChunk<Cfg>& x) {
-        const int k = quarter_k(i, sub) + 32 * quad;
+      auto slice_k = [&](int i, int sub) { return static_cast<int>(chunk_k0(i)) + sub * Cfg::kSliceK; };
+      auto load_slice = [&](int i, int sub, DecodeActivationChunk<Cfg>& x) {
+        const int k = slice_k(i, sub) + 32 * quad;
         const bool in_k = k < Cfg::kK;
 #pragma unroll
         for (int t = 0; t < Cfg::kTokenTiles; ++t)
@@ -589,16 +588,16 @@ __device__ void grouped_gemm_decode_body(const kjit_grouped_gemm_params& p, cons
       };
       // Byte j of the thread's 16 bytes of a row holds its k 2j, 2j + 1: pair j of decode_multiply, times its
       // group's scale as a bf16 pair (NVFP4: pairs 0-7 the first group, 8-15 the second).
-      auto multiply_quarter = [&](int i, int sub, const DecodeActivationChunk<Cfg>& x) {
+      auto multiply_slice = [&](int i, int sub, const DecodeActivationChunk<Cfg>& x) {
         const unsigned char* stage =
             decode_ring_stage<Cfg>(decode_ring, static_cast<int>((through + i) % Cfg::kStages), warp);
-        const bool in_k = quarter_k(i, sub) + 32 * quad < Cfg::kK;
+        const bool in_k = slice_k(i, sub) + 32 * quad < Cfg::kK;
         uint4 w[2][1];
         unsigned scale[2][2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           w[r][0] = in_k ? *reinterpret_cast<const uint4*>(stage + (at.group + 8 * r) * Cfg::kRowBytes +
-                                                           weight_bytes(sub * Cfg::kSubChunk + 32 * quad))
+                                                           weight_bytes(sub * Cfg::kSliceK + 32 * quad))
                          : make_uint4(0u, 0u, 0u, 0u);
           if constexpr (Cfg::kScale == MixedScale::nvfp4)
             nvfp4_group_scales_bf16x2(x.scale_bytes[r], scale[r][0], scale[r][1]);
@@ -610,16 +609,16 @@ __device__ void grouped_gemm_decode_body(const kjit_grouped_gemm_params& p, cons
         });
       };
 
-      DecodeActivationChunk<Cfg> quarter[2];
-      if (chunks > 0) load_quarter(0, 0, quarter[0]);
+      DecodeActivationChunk<Cfg> slice[2];
+      if (chunks > 0) load_slice(0, 0, slice[0]);
       for (int i = 0; i < chunks; ++i) {
         Ring<Cfg::kStages>::wait_filled(full, through + i);
 #pragma unroll
-        for (int sub = 0; sub < Cfg::kSubChunks; ++sub) {
-          if (quarter_k(i, sub) >= Cfg::kK) break;  // the last chunk's quarters past K: uniform over the warp
-          if (sub + 1 < Cfg::kSubChunks) load_quarter(i, sub + 1, quarter[(sub + 1) % 2]);
-          else if (i + 1 < chunks) load_quarter(i + 1, 0, quarter[0]);
-          multiply_quarter(i, sub, quarter[sub % 2]);
+        for (int sub = 0; sub < Cfg::kSlices; ++sub) {
+          if (slice_k(i, sub) >= Cfg::kK) break;  // the last chunk's slices past K: uniform over the warp
+          if (sub + 1 < Cfg::kSlices) load_slice(i, sub + 1, slice[(sub + 1) % 2]);
+          else if (i + 1 < chunks) load_slice(i + 1, 0, slice[0]);
+          multiply_slice(i, sub, slice[sub % 2]);
         }
         __syncwarp();  // every lane's reads of the stage are done before the copy overwrites it
         issue_chunk(i + Cfg::kStages);
