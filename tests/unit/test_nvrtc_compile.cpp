@@ -544,6 +544,18 @@ TEST_CASE("the decode kernels, bf16, W8A16, W4A16 and W8A8 (wgmma on sm_90a), ev
       REQUIRE_MESSAGE(w4a16.has_value(), kjit::testing::why(w4a16));
       sm90.push_back(*w4a16);
     }
+  // ... and the heuristic's tile on the other shapes above, both formats (NVFP4 both conventions).
+  for (const auto& [n, k, e] : shapes)
+    for (auto weight : {MixedWeight::nvfp4, MixedWeight::mxfp4})
+      for (auto convention : {ScaleConvention::multiply, ScaleConvention::divide}) {
+        if (weight == MixedWeight::mxfp4 && convention == ScaleConvention::divide) continue;
+        GroupedGemmMixedSpec m{.n = n, .k = k, .experts = e, .weights = WeightLayout::e_n_k, .weight = weight};
+        m.weight_scale = ScaleGranularity::per_block;
+        m.scale_convention = convention;
+        m.gather = n > k;
+        sm90.push_back(*choose_grouped_gemm_mixed_config(m, arch_of("sm_90a"), 8));
+        CHECK(std::get<GroupedGemmMixedSpec>(sm90.back()).kernel == MixedGemmKernel::mma_decode);
+      }
   check_no_spills_on_sm90a(sm90);
   // Off Hopper: the bf16 and W8A16 decode kernels of the first two shapes, and W8A8's mma.sync one (a forced
   // decode request there; Hopper's is wgmma).

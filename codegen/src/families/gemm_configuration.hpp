@@ -70,6 +70,7 @@ struct DecodeRecipe {
   std::string_view entry_point;
   std::string_view params_type;
   std::string_view body;
+  int min_blocks = 0;  // the launch bounds' blocks per SM; 0: decode_min_blocks(tile_m)
 };
 RenderedKernel render_decode_kernel(const std::string& canonical, const std::string& problem, int tile_m, int tile_n,
                                     const DecodeRecipe& recipe);

@@ -206,7 +206,7 @@ RenderedKernel render_decode_kernel(const std::string& canonical, const std::str
                                     const DecodeRecipe& recipe) {
   return assemble(canonical, {.entry_point = recipe.entry_point,
                               .threads = kDecodeThreads,
-                              .min_blocks = decode_min_blocks(tile_m),
+                              .min_blocks = recipe.min_blocks != 0 ? recipe.min_blocks : decode_min_blocks(tile_m),
                               .templates = {"gemm/grouped_gemm_decode.cuh"},
                               .config = fmt::format("kjit::GroupedGemmDecodeConfig<{}, kjit::DecodeOperands::{}, {}, "
                                                     "{}>",

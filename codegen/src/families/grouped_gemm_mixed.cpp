@@ -302,7 +302,10 @@ RenderedKernel Family<GroupedGemmMixedSpec>::render(const GroupedGemmMixedSpec& 
                                 {.operands = decode_operands(s),
                                  .entry_point = "kjit_grouped_gemm_mixed_decode",
                                  .params_type = "kjit_grouped_gemm_mixed_params",
-                                 .body = "kjit::grouped_gemm_mixed_decode"});
+                                 .body = "kjit::grouped_gemm_mixed_decode",
+                                 // NVFP4's second group scale a thread holds spilled a register under the
+                                 // 128-register cap of two blocks an SM: no cap (ptxas decides the blocks).
+                                 .min_blocks = s.weight == MixedWeight::nvfp4 ? 1 : 0});
   return assemble(canonical(s),
                   {.entry_point = "kjit_grouped_gemm_mixed",
                    .threads = kPortableThreads,
