@@ -56,8 +56,10 @@
 //   s its bytes 2s and 2s + 1 (k 4s .. 4s + 3), the activations' words 2s and
 //   2s + 1 of the same 32 k. A byte of two codes becomes its exact bf16 pair
 //   by a lookup (Fp4Tables' pairs, in shared memory after the ring: 112 KB a
-//   block, two an SM) times its group's scale, as the other W4A16 kernels
-//   convert; NVFP4's expert global multiplies the accumulator after the loop.
+//   block, two an SM for MXFP4; NVFP4's two scales a thread need more than
+//   128 registers, so one) times its group's scale, as the other W4A16
+//   kernels convert; NVFP4's expert global multiplies the accumulator after
+//   the loop.
 // - Every block checks every offset first (bad offsets: nothing written).
 #pragma once
 
