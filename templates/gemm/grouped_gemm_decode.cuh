@@ -358,7 +358,8 @@ struct DecodeScales {
 
 template <class Cfg>
 __device__ void grouped_gemm_decode_body(const kjit_grouped_gemm_params& p, const DecodeScales& scales) {
-  if constexpr (Cfg::kFp4Weights) static_assert(Cfg::kFp4 && Cfg::kK % 32 == 0, "W4A16: FP4 weights of whole 32-k units");
+  if constexpr (Cfg::kFp4Weights)
+    static_assert(Cfg::kFp4 && Cfg::kK % 32 == 0, "W4A16: FP4 weights of whole 32-k units");
   if (!offsets_valid<Cfg>(p)) return;
   __shared__ long long warp_totals[Cfg::kWarps];
   __shared__ long long found[3];
@@ -410,7 +411,8 @@ __device__ void grouped_gemm_decode_body(const kjit_grouped_gemm_params& p, cons
     long long row0 = 0;
     if (!find_decode_pair<Cfg>(p, slot, warp_totals, found, expert, row0, rows)) return;
 
-    const unsigned char* weights = static_cast<const unsigned char*>(p.b) + weight_bytes(static_cast<long long>(expert) * Cfg::kN * Cfg::kK);
+    const unsigned char* weights =
+        static_cast<const unsigned char*>(p.b) + weight_bytes(static_cast<long long>(expert) * Cfg::kN * Cfg::kK);
     // Local chunk i into the ring, one stage's worth.
     // - bulk copies (bf16, W8A8, W4A16): into stage (through + i) % kStages: lane 0 sets the bytes to expect,
     //   lanes 0-15 copy a row each (a row past N copies the last row: finite, and its products unused).
