@@ -38,14 +38,18 @@ BLOCK = 128
 
 
 @contextlib.contextmanager
-def kernels(kernel):
-    """kjit.grouped_gemm forced onto `kernel`: 'sm90' (the kernels of the buckets before the decode one),
-    'decode' (the decode kernel at every row count) or 'auto' (as it is)."""
+def kernels(choice):
+    """kjit.grouped_gemm forced onto `choice`: 'sm90' (the kernels of the buckets before the decode one),
+    'decode' (the decode kernel at every row count), 'decode:RxN' (its tile: R rows, N weight rows a block) or
+    'auto' (as it is)."""
+    kernel, _, tile = choice.partition(":")
     original = kjit.grouped_gemm
 
     def forced(*args, **kwargs):
         if kwargs.get("kernel", "auto") == "auto":
             kwargs["kernel"] = kernel
+            if tile:
+                kwargs["tile"] = tuple(int(v) for v in tile.split("x"))
         return original(*args, **kwargs)
 
     kjit.grouped_gemm = forced

@@ -18,55 +18,17 @@ for chunks of 8 rows and 64 weight rows a block), a row each.
 calls of every routing set) under each size's line.
 """
 import argparse
-import collections
-import contextlib
 import json
 
 import torch
 
 import moe_reference as ref
-import kjit
+from bench_moe_decode import kernels as forced_kernels
 from kjit.torch import MoEExperts
-from timing import bench_graph, copy_bandwidth
+from timing import bench_graph, copy_bandwidth, kernel_times
 
 EXPERTS, HIDDEN, INTER, TOP_K = 128, 2880, 2880, 4
 TOLERANCE = 2e-2  # bf16 activations between the stages, as the GPU suites' W4A16 bound
-
-
-@contextlib.contextmanager
-def forced_kernels(choice):
-    """kjit.grouped_gemm forced onto `choice`: 'auto', 'sm90', 'decode' or 'decode:RxN' (a decode tile)."""
-    kernel, _, tile = choice.partition(":")
-    original = kjit.grouped_gemm
-
-    def forced(*args, **kwargs):
-        if kwargs.get("kernel", "auto") == "auto":
-            kwargs["kernel"] = kernel
-            if tile:
-                kwargs["tile"] = tuple(int(v) for v in tile.split("x"))
-        return original(*args, **kwargs)
-
-    kjit.grouped_gemm = forced
-    try:
-        yield
-    finally:
-        kjit.grouped_gemm = original
-
-
-def profile_kernels(m, sets):
-    """Each kernel's CUDA time per call over eager calls of every set (us), longest first."""
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for s in sets:
-            m(*s)
-        torch.cuda.synchronize()
-    per_kernel = collections.defaultdict(float)
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            per_kernel[e.name] += e.device_time / len(sets)
-    return dict(sorted(per_kernel.items(), key=lambda kv: -kv[1]))
 
 
 def main():
@@ -121,7 +83,7 @@ def main():
                       f"({touched * per_expert / 1e6:6.1f} MB), {share * 100:4.0f}% of copy bandwidth; "
                       f"error vs fp32 reference {error:.1e}{'' if error <= TOLERANCE else '  FAILED'}", flush=True)
                 if args.profile:
-                    row["kernels_us"] = profile_kernels(m, sets)
+                    row["kernels_us"] = kernel_times(m, sets)
                     for name, us in row["kernels_us"].items():
                         print(f"  {us:7.1f} us  {name[:110]}")
     if args.json:

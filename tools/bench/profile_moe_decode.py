@@ -12,17 +12,15 @@ sum is what launches, dependencies and gaps cost.
 Needs a GPU and torch; the shapes are bench_moe_peers.py's.
 """
 import argparse
-import collections
 import json
 import sys
 
 
 def main():
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
     import bench_moe_peers as peers
-    from timing import calibrated_timer
+    from timing import calibrated_timer, kernel_times
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default=",".join(peers.MODELS))
@@ -44,15 +42,7 @@ def main():
                 sets = peers.routings(tokens, experts, top_k, args.calls, hidden)
                 for s in sets:  # warm: every kernel loaded
                     m(*s)
-                torch.cuda.synchronize()
-                with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                    for s in sets:
-                        m(*s)
-                    torch.cuda.synchronize()
-                per_kernel = collections.defaultdict(float)
-                for e in prof.events():
-                    if e.device_type == torch.autograd.DeviceType.CUDA:
-                        per_kernel[e.name] += e.device_time / args.calls  # us
+                per_kernel = kernel_times(m, sets)  # us per call
                 graph = torch.cuda.CUDAGraph()
                 stream = torch.cuda.Stream()
                 with torch.cuda.stream(stream):
@@ -67,7 +57,7 @@ def main():
                 kernels_us = sum(per_kernel.values())
                 row = {"model": model, "format": fmt, "tokens": tokens, "kernels_for": m.kernels_for(tokens, top_k),
                        "graph_us": graph_us, "kernels_us": kernels_us,
-                       "kernels": dict(sorted(per_kernel.items(), key=lambda kv: -kv[1]))}
+                       "kernels": per_kernel}
                 rows.append(row)
                 print(f"{peers.NAMES[model]} {fmt} {tokens} token(s) ({row['kernels_for']}): graph {graph_us:.1f} us "
                       f"per call, kernels {kernels_us:.1f} us, the rest {graph_us - kernels_us:.1f} us")

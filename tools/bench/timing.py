@@ -86,6 +86,23 @@ def bench_graph(fn, sets, calls_per_set=4):
     return t / calls
 
 
+def kernel_times(fn, sets):
+    """Each CUDA kernel's time per call of fn(*s) over `sets` (us, torch.profiler over eager calls), longest
+    first. Warm fn first: a compile inside the profile would be counted."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for s in sets:
+            fn(*s)
+        torch.cuda.synchronize()
+    per_kernel = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            per_kernel[e.name] = per_kernel.get(e.name, 0.0) + e.device_time / len(sets)
+    return dict(sorted(per_kernel.items(), key=lambda kv: -kv[1]))
+
+
 def copy_bandwidth(n=1 << 31):
     """Bytes per second (read + write) of a device-to-device copy of `n` bytes (default 2 GiB)."""
     a = torch.empty(n, dtype=torch.uint8, device="cuda")
