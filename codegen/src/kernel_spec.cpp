@@ -25,6 +25,7 @@ constexpr std::array kLayoutNames{"e_n_k", "e_k_n"};
 constexpr std::array kOffsetsNames{"cumulative_end", "with_leading_zero"};
 constexpr std::array kActivationNames{"none", "silu_mul", "swiglu_oai"};
 constexpr std::array kGateUpNames{"halves", "alternating"};
+constexpr std::array kAddendNames{"none", "bf16", "f32"};
 
 // Parses the alternative whose family's op is `op`, if any.
 template <size_t I = 0>
@@ -66,6 +67,7 @@ std::string_view name(WeightLayout l) { return kLayoutNames[static_cast<size_t>(
 std::string_view name(OffsetsConvention c) { return kOffsetsNames[static_cast<size_t>(c)]; }
 std::string_view name(Activation a) { return kActivationNames[static_cast<size_t>(a)]; }
 std::string_view name(GateUpLayout l) { return kGateUpNames[static_cast<size_t>(l)]; }
+std::string_view name(Addend a) { return kAddendNames[static_cast<size_t>(a)]; }
 
 int size_bytes(DType t) {
   switch (t) {

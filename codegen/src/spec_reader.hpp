@@ -36,6 +36,8 @@ template <>
 inline constexpr int kEnumCount<Activation> = 3;
 template <>
 inline constexpr int kEnumCount<GateUpLayout> = 2;
+template <>
+inline constexpr int kEnumCount<Addend> = 3;
 
 class SpecReader {
  public:

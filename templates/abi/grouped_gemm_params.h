@@ -23,6 +23,8 @@ struct kjit_grouped_gemm_params {
   const int* gather;
   long long gather_tokens;
   long long gather_top_k;
+  /* The spec's addend (bf16 family): [total_rows, N] bf16 or fp32, added to the product before the rounding. */
+  const void* addend;
 };
 
 /* TMA box facts the host's tensor-map encoder and the SM90 kernels share (in

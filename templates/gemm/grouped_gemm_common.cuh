@@ -10,9 +10,13 @@
 
 namespace kjit {
 
+// A [rows, N] tensor added to the product in fp32 before the output's rounding (the spec's addend).
+enum class Addend { none, bf16, f32 };
+
 // The problem's constants, shared by both kernels' Configs (which add the tile).
 template <long long kN_, long long kK_, int kExperts_, bool kWeightsKN_, bool kOffsetsWithZero_, bool kRowScale_,
-          bool kOutF32_, Activation kActivation_ = Activation::none, bool kGather_ = false>
+          bool kOutF32_, Activation kActivation_ = Activation::none, bool kGather_ = false,
+          Addend kAddend_ = Addend::none>
 struct GemmProblem {
   static constexpr long long kN = kN_, kK = kK_;
   static constexpr int kExperts = kExperts_;
@@ -26,9 +30,40 @@ struct GemmProblem {
   static constexpr long long kOutN = kFusedActivation ? kN / 2 : kN;
   // A's rows read through the routing's sorted_to_flat (a_source_row).
   static constexpr bool kGather = kGather_;
+  static constexpr Addend kAddend = kAddend_;
   static_assert(kN % 8 == 0 && kK % 8 == 0, "the host admits only N and K divisible by 8 (16-byte rows)");
   static_assert(!kFusedActivation || kN % 16 == 0, "whole gate/up groups");
+  static_assert(!kFusedActivation || kAddend == Addend::none, "the addend has the product's columns");
 };
+
+// v plus the addend's element `index` ([rows, kOutN] row-major), an fp32 add of its own (never fused with the
+// product's multiply, so out = round(fp32(product) + addend)); v itself without an addend.
+template <class Cfg>
+__device__ __forceinline__ float plus_addend(const kjit_grouped_gemm_params& p, float v, long long index) {
+  if constexpr (Cfg::kAddend == Addend::f32) {
+    return __fadd_rn(v, static_cast<const float*>(p.addend)[index]);
+  } else if constexpr (Cfg::kAddend == Addend::bf16) {
+    return __fadd_rn(v, __uint_as_float(static_cast<unsigned>(static_cast<const unsigned short*>(p.addend)[index])
+                                        << 16));
+  } else {
+    return v;
+  }
+}
+
+// plus_addend of elements `index` and `index` + 1 (index even: one 8- or 4-byte load).
+template <class Cfg>
+__device__ __forceinline__ float2 plus_addend_pair(const kjit_grouped_gemm_params& p, float v0, float v1,
+                                                   long long index) {
+  if constexpr (Cfg::kAddend == Addend::f32) {
+    const float2 add = *reinterpret_cast<const float2*>(static_cast<const float*>(p.addend) + index);
+    return make_float2(__fadd_rn(v0, add.x), __fadd_rn(v1, add.y));
+  } else if constexpr (Cfg::kAddend == Addend::bf16) {
+    const unsigned both = *reinterpret_cast<const unsigned*>(static_cast<const unsigned short*>(p.addend) + index);
+    return make_float2(__fadd_rn(v0, __uint_as_float(both << 16)), __fadd_rn(v1, __uint_as_float(both & 0xffff0000u)));
+  } else {
+    return make_float2(v0, v1);
+  }
+}
 
 // Rows [start, end) of expert e, in either offsets convention.
 template <class Cfg>

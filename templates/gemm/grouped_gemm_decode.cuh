@@ -298,6 +298,7 @@ template <class Cfg>
 __device__ __forceinline__ void decode_store_value(const kjit_grouped_gemm_params& p, long long row, long long col,
                                                    float v) {
   if constexpr (Cfg::kRowScale) v *= p.row_scale[row];
+  v = plus_addend<Cfg>(p, v, row * Cfg::kOutN + col);
   if constexpr (Cfg::kOutF32) {
     static_cast<float*>(p.out)[row * Cfg::kOutN + col] = v;
   } else {

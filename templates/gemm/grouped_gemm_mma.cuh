@@ -182,6 +182,11 @@ __device__ __forceinline__ void grouped_gemm_mma_with(const kjit_grouped_gemm_pa
         }
         v0 *= scale;
         v1 *= scale;
+        if constexpr (Cfg::kAddend != Addend::none) {
+          const float2 v = plus_addend_pair<Cfg>(p, v0, v1, row * Cfg::kOutN + col);
+          v0 = v.x;
+          v1 = v.y;
+        }
         if constexpr (Cfg::kOutF32) {
           *reinterpret_cast<float2*>(static_cast<float*>(p.out) + row * Cfg::kOutN + col) = make_float2(v0, v1);
         } else {

@@ -258,23 +258,31 @@ __device__ __forceinline__ void store_block(const kjit_grouped_gemm_params& p, c
 #pragma unroll
       for (int j = 0; j < kCols / 8; ++j)
         if (row_ok && (!Cfg::kColumnsMasked || 8 * j + 2 * q < room))
-          *reinterpret_cast<float2*>(out + 8 * j) =
-              make_float2(acc[4 * j + 2 * h] * scale, acc[4 * j + 2 * h + 1] * scale);
+          *reinterpret_cast<float2*>(out + 8 * j) = plus_addend_pair<Cfg>(
+              p, acc[4 * j + 2 * h] * scale, acc[4 * j + 2 * h + 1] * scale, row * Cfg::kOutN + col0 + 2 * q + 8 * j);
     } else if constexpr (kCols % 32 != 0) {
       unsigned short* out = static_cast<unsigned short*>(p.out) + row * Cfg::kOutN + col0 + 2 * q;
 #pragma unroll
       for (int j = 0; j < kCols / 8; ++j)
-        if (row_ok && (!Cfg::kColumnsMasked || 8 * j + 2 * q < room))
-          *reinterpret_cast<unsigned*>(out + 8 * j) =
-              cvt_rn_bf16x2_f32(acc[4 * j + 2 * h] * scale, acc[4 * j + 2 * h + 1] * scale);
+        if (row_ok && (!Cfg::kColumnsMasked || 8 * j + 2 * q < room)) {
+          const float2 v = plus_addend_pair<Cfg>(p, acc[4 * j + 2 * h] * scale, acc[4 * j + 2 * h + 1] * scale,
+                                                 row * Cfg::kOutN + col0 + 2 * q + 8 * j);
+          *reinterpret_cast<unsigned*>(out + 8 * j) = cvt_rn_bf16x2_f32(v.x, v.y);
+        }
     } else {
       unsigned short* out = static_cast<unsigned short*>(p.out) + row * Cfg::kOutN + col0 + 8 * q;
 #pragma unroll
       for (int t = 0; t < kCols / 32; ++t) {
         unsigned w[4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
-          w[i] = cvt_rn_bf16x2_f32(acc[4 * (4 * t + i) + 2 * h] * scale, acc[4 * (4 * t + i) + 2 * h + 1] * scale);
+        for (int i = 0; i < 4; ++i) {
+          float2 v = make_float2(acc[4 * (4 * t + i) + 2 * h] * scale, acc[4 * (4 * t + i) + 2 * h + 1] * scale);
+          // The addend of this lane's pair (row, col0 + 32 t + 8 i + 2 q): read before the quad transpose, under
+          // its own mask (the store's, per lane after the transpose, covers other columns).
+          if (Cfg::kAddend != Addend::none && row_ok && (!Cfg::kColumnsMasked || 32 * t + 8 * i + 2 * q < room))
+            v = plus_addend_pair<Cfg>(p, v.x, v.y, row * Cfg::kOutN + col0 + 32 * t + 8 * i + 2 * q);
+          w[i] = cvt_rn_bf16x2_f32(v.x, v.y);
+        }
         quad_transpose(w, q);
         if (row_ok && (!Cfg::kColumnsMasked || 32 * t + 8 * q < room))
           *reinterpret_cast<uint4*>(out + 32 * t) = make_uint4(w[0], w[1], w[2], w[3]);

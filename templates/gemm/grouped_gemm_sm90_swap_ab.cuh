@@ -355,6 +355,7 @@ __device__ __forceinline__ void swap_ab_store(const kjit_grouped_gemm_params& p,
                                               const SwapAbTile& tile, long long col0, unsigned char* scratch,
                                               int chunks) {
   constexpr int kRows = Cfg::kBM;
+  static_assert(!kPairedColumns || Cfg::kAddend == Addend::none, "the addend is the bf16 family's");
   const int warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32, q = lane % 4;
   if constexpr (Cfg::kOutF32) {
     // Lanes of equal q hold 8 consecutive columns of a row: 32-byte runs.
@@ -371,7 +372,8 @@ __device__ __forceinline__ void swap_ab_store(const kjit_grouped_gemm_params& p,
         for (int h = 0; h < 2; ++h) {
           const long long col = col0 + 16 * warp + (kPairedColumns ? 2 * (lane / 4) + h : lane / 4 + 8 * h);
           if (!Cfg::kColumnsMasked || col < Cfg::kN)
-            static_cast<float*>(p.out)[row * Cfg::kN + col] = acc[4 * j + 2 * h + c] * scale;
+            static_cast<float*>(p.out)[row * Cfg::kN + col] =
+                plus_addend<Cfg>(p, acc[4 * j + 2 * h + c] * scale, row * Cfg::kN + col);
         }
       }
     }
@@ -416,12 +418,19 @@ __device__ __forceinline__ void swap_ab_store(const kjit_grouped_gemm_params& p,
         for (int m = 0; m < 4; ++m) {
           const int j = j0 + m / 2, h = m % 2;
           float s0 = 1.0f, s1 = 1.0f;
+          const int r = 8 * j + 2 * q;
           if constexpr (Cfg::kRowScale) {
-            const int r = 8 * j + 2 * q;
             s0 = r < tile.rows ? p.row_scale[tile.row0 + r] : 0.0f;
             s1 = r + 1 < tile.rows ? p.row_scale[tile.row0 + r + 1] : 0.0f;
           }
-          w[m] = cvt_rn_bf16x2_f32(acc[4 * j + 2 * h] * s0, acc[4 * j + 2 * h + 1] * s1);
+          float v0 = acc[4 * j + 2 * h] * s0, v1 = acc[4 * j + 2 * h + 1] * s1;
+          // The addend of this lane's rows r and r + 1 at its column (rows past the tile's are never stored).
+          const long long col = col0 + 16 * warp + lane / 4 + 8 * h;
+          if (Cfg::kAddend != Addend::none && (!Cfg::kColumnsMasked || col < Cfg::kN)) {
+            if (r < tile.rows) v0 = plus_addend<Cfg>(p, v0, (tile.row0 + r) * Cfg::kN + col);
+            if (r + 1 < tile.rows) v1 = plus_addend<Cfg>(p, v1, (tile.row0 + r + 1) * Cfg::kN + col);
+          }
+          w[m] = cvt_rn_bf16x2_f32(v0, v1);
         }
         const int m = lane / 8, row = 8 * (2 * pair + m / 2) + lane % 8;
         asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(

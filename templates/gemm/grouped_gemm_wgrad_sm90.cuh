@@ -62,6 +62,7 @@ struct GroupedGemmWgradSm90Config {
   // What store_block reads: out[e] is a row-major N x K matrix.
   static constexpr long long kOutN = kK;
   static constexpr bool kRowScale = false, kColumnsMasked = kK % kBN != 0;
+  static constexpr Addend kAddend = Addend::none;  // store_block's epilogue terms
   static constexpr long long kTilesM = (kN + kBM - 1) / kBM, kTilesN = (kK + kBN - 1) / kBN;
   static constexpr long long kTiles = kTilesM * kTilesN;  // output tiles of one expert's N x K
   static_assert(kN % 8 == 0 && kK % 8 == 0, "the host admits only N and K divisible by 8 (16-byte rows)");

@@ -4,7 +4,8 @@
 // experts, both weight layouts and offset conventions, row scales, bf16 and
 // fp32 output, rows past the last offset untouched, bad offsets rejected on
 // the device, graph replay with per-expert counts changing in between, and A
-// gathered through sorted_to_flat (bit for bit the GEMM on the gathered copy).
+// gathered through sorted_to_flat (bit for bit the GEMM on the gathered copy),
+// and an addend summed before the rounding (bit for bit round(product + addend)).
 // On Hopper every case runs through each kernel path: the SM90 kernel in both
 // of its token-count buckets (64- and 128-row tiles) and the portable kernel
 // forced on the same GPU; elsewhere through the arch's default.
@@ -244,6 +245,69 @@ void run_activation(GemmCase c, kjit_activation activation, float alpha, float l
   }
 }
 
+// The addend through every kernel path. The same path without it, fp32 out,
+// gives each product (times its row scale) in fp32, h; with a bf16 or fp32
+// addend the output must be round(h + addend) (one fp32 add, then the one
+// rounding to out's type) bit for bit, also where the addend is out itself.
+// Rows past the last offset keep their poison (and the addend's are NaN:
+// never read into a written row).
+void run_addend(const GemmCase& c) {
+  const int64_t routed = std::accumulate(c.counts.begin(), c.counts.end(), int64_t{0});
+  const int64_t rows = routed + c.extra_rows;
+  const auto d = gemm_inputs(c, rows);
+  GemmBuffers b(c, rows, d);
+  std::normal_distribution<float> normal(0.0f, 4.0f);
+  std::vector<float> addend(static_cast<size_t>(rows * c.n));
+  std::vector<uint16_t> addend_bf16(addend.size());
+  for (int64_t i = 0; i < rows * c.n; ++i) {
+    addend[static_cast<size_t>(i)] = i < routed * c.n ? normal(rng()) : NAN;
+    addend_bf16[static_cast<size_t>(i)] = to_bf16(addend[static_cast<size_t>(i)]);
+  }
+  const bool f32 = c.out == KJIT_DTYPE_F32;
+  DeviceBuffer h(0, static_cast<size_t>(std::max<int64_t>(16, rows * c.n * 4)));
+  DeviceBuffer addend_buffer(0, static_cast<size_t>(std::max<int64_t>(16, rows * c.n * 4)));
+  for (const auto& path : kernel_paths()) {
+    if (c.n % path.n_multiple != 0 || (path.e_n_k_only && c.weights != KJIT_WEIGHTS_E_N_K)) continue;
+    const std::string path_name = path.name;
+    CAPTURE(path_name);
+    const auto g = on_path(b.desc(c, rows), path);
+    auto plain = g;
+    plain.out_dtype = KJIT_DTYPE_F32;
+    plain.out = h.get();
+    const auto h_bytes = grouped_gemm_output(plain, h);
+    for (const kjit_dtype addend_dtype : {KJIT_DTYPE_BF16, KJIT_DTYPE_F32})
+      for (const bool in_place : {false, true}) {
+        if (in_place && addend_dtype != c.out) continue;
+        const bool addend_f32 = addend_dtype == KJIT_DTYPE_F32;
+        CAPTURE(addend_f32);
+        CAPTURE(in_place);
+        auto with = g;
+        with.addend_dtype = addend_dtype;
+        std::vector<uint8_t> out;
+        DeviceBuffer& target = in_place ? b.out : addend_buffer;
+        if (addend_f32) target.upload(addend); else target.upload(addend_bf16);
+        with.addend = target.get();
+        if (in_place) {
+          REQUIRE_MESSAGE(kjit_grouped_gemm(&with, nullptr) == KJIT_OK, std::string(kjit_last_error_message()));
+          REQUIRE_MESSAGE(kjit_device_errors(0) == KJIT_OK, std::string(kjit_last_error_message()));
+          out = b.out.download<uint8_t>(0, b.out.bytes);
+        } else {
+          out = grouped_gemm_output(with, b.out);
+        }
+        int64_t differ = 0;
+        for (int64_t i = 0; i < routed * c.n; ++i) {
+          const float add = addend_f32 ? addend[static_cast<size_t>(i)] : bf16_to_float(addend_bf16[static_cast<size_t>(i)]);
+          const float want = static_cast<float>(output_value(KJIT_DTYPE_F32, h_bytes, i)) + add;
+          const double got = output_value(c.out, out, i);
+          differ += f32 ? got != static_cast<double>(want) : to_bf16(static_cast<float>(got)) != to_bf16(want);
+        }
+        CHECK_MESSAGE(differ == 0, differ, " of ", routed * c.n, " outputs differ from round(product + addend)");
+        const size_t row_bytes = static_cast<size_t>(c.n) * (f32 ? 4 : 2);
+        if (!in_place) CHECK(touched_bytes(out, static_cast<size_t>(routed) * row_bytes, b.out.bytes) == 0);
+      }
+  }
+}
+
 }  // namespace
 
 TEST_SUITE_BEGIN("grouped_gemm");
@@ -277,6 +341,26 @@ TEST_CASE("the fused activation with N a multiple of every tile and a tall exper
   c.k = 256;
   c.counts = {300, 0, 17, 129};
   run_activation(c, KJIT_ACTIVATION_SILU_MUL, 0.0f, 0.0f, 2.0f);
+}
+
+TEST_CASE("an addend (bf16 or fp32, out itself or not): every kernel path, layout, output type, row scale, and "
+          "K a LoRA rank") {
+  for (const int64_t k : {320, 16})
+    for (auto weights : {KJIT_WEIGHTS_E_N_K, KJIT_WEIGHTS_E_K_N})
+      for (auto out : {KJIT_DTYPE_BF16, KJIT_DTYPE_F32}) {
+        GemmCase c;
+        c.n = 272;  // the last n-tile is partial in every path
+        c.k = k;
+        c.counts = {0, 37, 1, 0, 200, 64, 3, 130};
+        c.extra_rows = 11;
+        c.weights = weights;
+        c.row_scale = out == KJIT_DTYPE_BF16;
+        c.out = out;
+        CAPTURE(k);
+        CAPTURE(weights);
+        CAPTURE(out);
+        run_addend(c);
+      }
 }
 
 TEST_CASE("a fused activation is refused for 128 x 128 fp8 scales without their gate/up layout and for N not in "

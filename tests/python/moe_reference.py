@@ -279,8 +279,9 @@ def _emulated_weights(w, a, w_scale, w_scale_convention, w_format, w_global_scal
 def emulated_grouped_gemm(a, w, offsets, *, offsets_convention, weights="e_n_k", out_dtype=None, a_scale=None,
                           w_scale=None, w_scale_convention=None, w_format=None, w_global_scale=None, activation=None,
                           activation_alpha=1.702, activation_limit=7.0, gate_up_layout=None, gather=None,
-                          row_scale=None):
+                          row_scale=None, addend=None):
     assert offsets_convention == "cumulative_end" and weights in ("e_n_k", "e_k_n")
+    assert addend is None or (a.dtype == w.dtype == torch.bfloat16 and activation is None), "kjit.h: bf16 only"
     assert weights == "e_n_k" or (activation is None and gather is None and a_scale is None)
     assert (a.dtype == torch.float8_e4m3fn) == (a_scale is not None)
     block_scaled = w.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) and \
@@ -303,6 +304,9 @@ def emulated_grouped_gemm(a, w, offsets, *, offsets_convention, weights="e_n_k",
         start = end
     if row_scale is not None:
         out = out * row_scale[:, None]
+    if addend is not None:  # added in fp32 before the one rounding; rows past the routed ones neither read nor written
+        routed = torch.arange(out.shape[0]) < (offsets[-1] if offsets.numel() else 0)
+        out = torch.where(routed[:, None], out + addend.float(), out)
     if activation is not None:  # the fused epilogue: w's rows in gate/up groups of 8 (kjit.gate_up_interleaved)
         groups = out.reshape(out.shape[0], -1, 2, 8)
         halves = torch.cat((groups[:, :, 0].reshape(out.shape[0], -1), groups[:, :, 1].reshape(out.shape[0], -1)), 1)

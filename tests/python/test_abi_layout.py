@@ -141,19 +141,20 @@ def test_every_descriptor_init_sets_struct_size_to_the_ctypes_size():
         assert x.struct_size == ctypes.sizeof(desc), name
 
 
-def test_grouped_gemm_desc_init_leaves_the_scale_convention_fp4_and_gather_fields_unset_where_c_writes_them():
+def test_grouped_gemm_desc_init_leaves_the_scale_convention_fp4_gather_and_addend_fields_unset_where_c_writes_them():
     # Garbage first: init must overwrite the ctypes fields, so they lie where C's are.
     d = _abi.GroupedGemmDesc()
     ctypes.memset(ctypes.byref(d), 0x5A, ctypes.sizeof(d))
     kjit.library().kjit_grouped_gemm_desc_init(ctypes.byref(d))
     assert d.struct_size == ctypes.sizeof(_abi.GroupedGemmDesc)
-    assert _abi.GroupedGemmDesc._fields_[-1][0] == "top_k"
+    assert _abi.GroupedGemmDesc._fields_[-1][0] == "addend_dtype"
     assert d.b_scale_convention == 0  # KJIT_SCALE_CONVENTION_UNSET: no default
     assert d.b_format == 0 and not d.b_block_scales and not d.b_global_scales
     assert d.activation == 0  # KJIT_ACTIVATION_NONE
     assert d.activation_alpha == pytest.approx(1.702) and d.activation_limit == 7.0  # gpt-oss's
     assert d.activation_gate_up_layout == 0  # KJIT_GATE_UP_UNSET
     assert not d.sorted_to_flat and d.tokens == 0 and d.top_k == 0  # no gather
+    assert not d.addend and d.addend_dtype == 0  # no addend (KJIT_DTYPE_INVALID)
 
 
 def test_every_ctypes_field_lies_at_the_offset_of_its_c_field(c_probe):

@@ -352,6 +352,21 @@ def test_gpu_gradients_match_torch_autograd(fmt, layout, act, convention, biases
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fmt,layout,act", [("bf16", "halves", "silu_mul"), ("fp8_block", "halves", "silu_mul"),
+                                            ("mxfp4", "alternating", "swiglu_oai")])
+def test_gpu_the_training_forward_gives_the_inference_forward_bits(fmt, layout, act):
+    """With a gradient wanted the forward runs the autograd Function, without it the inference path: the same
+    kernels and activation, so the same output bits (300 tokens: no gathering GEMM in either)."""
+    m, _ = build(fmt, layout, act, biases=fmt == "mxfp4", experts=8, experts_total=8, expert_base=0, device="cuda",
+                 fused_activation=False)
+    hidden, ids, tw = inputs(300, top_k=4, experts_total=8, local=(0, 8), device="cuda")
+    inference = m(hidden, ids, tw)
+    training_out = m(hidden.clone().requires_grad_(), ids, tw)
+    assert training_out.requires_grad
+    assert torch.equal(training_out.detach(), inference)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["bf16", "fp8_block", "mxfp4"])
 def test_gpu_backward_is_deterministic_and_a_graph_replays_it(fmt):
     args = dict(trainable=True) if fmt == "bf16" else {}

@@ -510,6 +510,23 @@ TEST_CASE("grouped GEMM specs: a problem and each configuration round-trip throu
   CHECK(half.error().message.find("need 'kernel' beside them") != std::string::npos);
 }
 
+TEST_CASE("an addend is in the grouped GEMM's key and its kernels' problem, and refused beside a fused activation") {
+  auto with = gemm_problem();
+  with.addend = Addend::bf16;
+  CHECK(canonical(KernelSpec{with}) != canonical(KernelSpec{gemm_problem()}));
+  CHECK(canonical(KernelSpec{with}).find(" addend=bf16 ") != std::string::npos);
+  CHECK(canonical(KernelSpec{gemm_problem()}).find("addend") == std::string::npos);  // existing keys unchanged
+  for (const auto& k : kernels_for_target(with, arch("sm_90a"))) {
+    CHECK(std::get<GroupedGemmSpec>(k).addend == Addend::bf16);
+    CHECK(render(k).source.find("kjit::Addend::bf16>") != std::string::npos);
+  }
+  with.activation = Activation::silu_mul;
+  const auto refused = validate(KernelSpec{with});
+  REQUIRE_FALSE(refused.has_value());
+  CHECK(refused.error().message.find("an addend and a fused activation (silu_mul) do not go together") !=
+        std::string::npos);
+}
+
 TEST_CASE("the SM90 grouped GEMM renders its wgmma wrappers and asks for its shared memory and cluster") {
   const auto many =
       *choose_grouped_gemm_config(gemm_problem(), arch("sm_90a"), 1 << 20, {.tile_m = 128, .tile_n = 256, .cluster = 2});

@@ -276,3 +276,30 @@ TEST_CASE_FIXTURE(GemmFixture, "gather argument errors are named and launch noth
   g.a_dtype = g.b_dtype = KJIT_DTYPE_F8_E4M3FN;
   expect_gemm_rejected("gather them in kjit_fp8_quantize");
 }
+
+TEST_CASE_FIXTURE(GemmFixture, "an addend's errors are named and launch nothing; a good one launches") {
+  FakeBuffer addend(128 * 128 * 4, 0);
+  g.addend = addend.data();
+  g.addend_dtype = KJIT_DTYPE_F16;
+  expect_gemm_rejected("addend_dtype must be KJIT_DTYPE_BF16 or KJIT_DTYPE_F32 with an addend, got 4");
+  g.addend_dtype = KJIT_DTYPE_BF16;
+  g.addend = addend.data() + 8;
+  expect_gemm_rejected("'addend' is not 16-byte aligned");
+  FakeBuffer addend_on_1(128 * 128 * 2, 1);
+  g.addend = addend_on_1.data();
+  expect_gemm_rejected("'addend' is on device 1");
+  g.addend = addend.data();
+  g.activation = KJIT_ACTIVATION_SILU_MUL;
+  expect_gemm_rejected("an addend and a fused activation do not go together");
+  g.activation = KJIT_ACTIVATION_NONE;
+  g.b_dtype = KJIT_DTYPE_F8_E4M3FN;
+  expect_gemm_rejected("an addend is implemented in the bf16 grouped GEMM");
+  g.b_dtype = KJIT_DTYPE_BF16;
+  g.addend = nullptr;
+  expect_gemm_rejected("addend_dtype is set without an addend");
+  g.addend = addend.data();
+  g.addend_dtype = KJIT_DTYPE_F32;
+  auto r = kjit::ops::grouped_gemm(runtime, g, fake_stream(0));
+  REQUIRE_MESSAGE(r.has_value(), r.error().message);
+  CHECK(machine.launches == 1);
+}

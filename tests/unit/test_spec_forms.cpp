@@ -127,6 +127,14 @@ TEST_CASE("pinned spec forms: the bf16 grouped GEMM and its weight gradient, pro
        R"({"cluster":1,"cluster_axis":"m","experts":128,"k":1536,"kernel":"mma_sync","n":2048,)"
        R"("offsets":"cumulative_end","op":"grouped_gemm","out":"bf16","row_scale":false,"stages":0,)"
        R"("tile":[64,128,32],"weights":"e_k_n"})"},
+      {GroupedGemmSpec{.n = 1536, .k = 16, .experts = 128, .row_scale = true, .addend = Addend::f32,
+                       .kernel = GemmKernel::wgmma_sm90_swap_ab, .tile_m = 256, .tile_n = 128, .tile_k = 64,
+                       .stages = 4},
+       "grouped_gemm a=bf16 b=bf16 out=bf16 n=1536 k=16 experts=128 weights=e_n_k offsets=cumulative_end "
+       "row_scale=true addend=f32 kernel=wgmma_sm90_swap_ab tile=256x128x64 stages=4 cluster=1",
+       R"({"addend":"f32","cluster":1,"cluster_axis":"m","experts":128,"k":16,"kernel":"wgmma_sm90_swap_ab",)"
+       R"("n":1536,"offsets":"cumulative_end","op":"grouped_gemm","out":"bf16","row_scale":true,"stages":4,)"
+       R"("tile":[256,128,64],"weights":"e_n_k"})"},
       {GroupedGemmWgradSpec{.n = 1536, .k = 2048, .experts = 128},
        "grouped_gemm_wgrad dy=bf16 x=bf16 out=f32 n=1536 k=2048 experts=128 offsets=cumulative_end layout=e_n_k "
        "config=per-arch",

@@ -83,7 +83,7 @@ def main():
         "C: kjit_grouped_gemm (W8A16 down, ctypes)": lambda: lib.kjit_grouped_gemm(ctypes.byref(desc), stream),
         "op: torch.ops.kjit.grouped_gemm_ (W8A16 down)": lambda: torch.ops.kjit.grouped_gemm_(
             h, layer.down, ends, out, "e_n_k", "cumulative_end", None, "auto", 0, 0, 0, "m", None, layer.down_scale,
-            "block", "multiply", None, None, 1.702, 7.0, None, None, 0, None, 128, 128, None),
+            "block", "multiply", None, None, 1.702, 7.0, None, None, 0, None, 128, 128, None, None),
         "kjit.grouped_gemm (W8A16 down)": lambda: kjit.grouped_gemm(h, layer.down, ends, **gemm_args),
         "kjit.grouped_gemm (W8A16 gate_up, gathering)": lambda: kjit.grouped_gemm(
             x, layer.gate_up, ends, gather=(sorted_to_flat, top_k), **dict(gemm_args, w_scale=layer.gate_up_scale)),

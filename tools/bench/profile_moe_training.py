@@ -1,8 +1,15 @@
 """Where one training step of bench_moe_training.py's layer spends its GPU time (torch.profiler, CUDA time per
 kernel name, summed over 3 steps after a warm-up), kjit's path and the seed's side by side.
-    python3 tools/bench/profile_moe_training.py [--shape qwen3-4096] [--provider lora-fp8]"""
+With --host: the host's time to enqueue one step (the GPU idle at its start; a step whose host time exceeds
+its GPU time leaves the GPU waiting), the Python functions taking it (cProfile), and any call that synchronises
+with the GPU (torch's sync debug mode).
+    python3 tools/bench/profile_moe_training.py [--shape qwen3-4096] [--provider lora-fp8] [--host]"""
 
 import argparse
+import cProfile
+import pstats
+import statistics
+import time
 
 import torch
 
@@ -23,15 +30,41 @@ def profile(fn, label, rows=14):
         print(f"  {e.device_time_total / 3 / 1e3:8.3f} ms  {e.count // 3:4d}x  {e.key[:110]}")
 
 
+def host_profile(fn, label, steps=10, rows=30):
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(steps):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    torch.cuda.synchronize()
+    print(f"## {label}: host time per step {statistics.median(times) * 1e3:.3f} ms (median of {steps}, "
+          f"min {min(times) * 1e3:.3f})")
+    torch.cuda.set_sync_debug_mode("warn")
+    fn()
+    torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    fn()
+    profiler.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(rows)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--shape", default="qwen3-4096")
     parser.add_argument("--provider", default="lora-fp8")
+    parser.add_argument("--host", action="store_true", help="host time per step and where it goes")
     args = parser.parse_args()
     layer, seed, kjit_params, seed_params = bench.make_case(args.shape, args.provider)
     x, ids, weights, d_out = bench.inputs(args.shape)
-    profile(lambda: bench.step(layer, kjit_params, x, ids, weights, d_out), f"kjit {args.shape} {args.provider}")
-    profile(lambda: bench.step(seed, seed_params, x, ids, weights, d_out), f"seed {args.shape} {args.provider}")
+    run = host_profile if args.host else profile
+    run(lambda: bench.step(layer, kjit_params, x, ids, weights, d_out), f"kjit {args.shape} {args.provider}")
+    run(lambda: bench.step(seed, seed_params, x, ids, weights, d_out), f"seed {args.shape} {args.provider}")
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ cases=(
   "gemm_activation|grouped_gemm|the fused activation with N a multiple of every tile and a tall expert (cluster paths)"
   "w8a16_block_activation|grouped_gemm_mixed|fused activation over 128 x 128 block scales: a wider stack (I = 520, up rows off the block grid), e5m2 codes, one expert owning most rows, the rows gathered"
   "gemm_gather|grouped_gemm|a gather entry past tokens * top_k reads zeros and is reported"
+  "gemm_addend|grouped_gemm|an addend (bf16 or fp32, out itself or not): every kernel path, layout, output type, row scale, and K a LoRA rank"
   "w8a16_gather|grouped_gemm_mixed|a gathered A (sorted_to_flat) gives the bytes of the W8A16 GEMM on the gathered copy: every row tile, the portable kernel, K no multiple of the k-block, zero rows"
   "routing_one_block|moe_routing|routing equals the CPU reference: prefill, decode, both offset conventions, many experts"
   "routing_many_blocks|moe_routing|with a workspace, large batches route over many blocks to the same result"

@@ -35,6 +35,10 @@ Expected<void> validate_problem(const GroupedGemmSpec& s) {
     return invalid(fmt::format("grouped_gemm with activation {}: N (gate and up rows) must be a multiple of 16 (gate/up "
                                "groups of 8), got {}",
                                name(s.activation), s.n));
+  if (s.addend != Addend::none && s.activation != Activation::none)
+    return invalid(fmt::format("grouped_gemm: an addend and a fused activation ({}) do not go together: the addend "
+                               "has the product's N columns",
+                               name(s.activation)));
   return {};
 }
 
@@ -140,9 +144,10 @@ Expected<void> Family<GroupedGemmSpec>::supported_on(const GroupedGemmSpec& s, c
 
 RenderedKernel Family<GroupedGemmSpec>::render(const GroupedGemmSpec& s) {
   const auto problem =
-      fmt::format("kjit::GemmProblem<{}LL, {}LL, {}, {}, {}, {}, {}, kjit::Activation::{}, {}>", s.n, s.k,
-                  s.experts, s.weights == WeightLayout::e_k_n, s.offsets == OffsetsConvention::with_leading_zero,
-                  s.row_scale, s.out == DType::f32, name(s.activation), s.gather);
+      fmt::format("kjit::GemmProblem<{}LL, {}LL, {}, {}, {}, {}, {}, kjit::Activation::{}, {}, kjit::Addend::{}>",
+                  s.n, s.k, s.experts, s.weights == WeightLayout::e_k_n,
+                  s.offsets == OffsetsConvention::with_leading_zero, s.row_scale, s.out == DType::f32,
+                  name(s.activation), s.gather, name(s.addend));
   if (is_sm90(s.kernel)) {
     const bool swap_ab = s.kernel == GemmKernel::wgmma_sm90_swap_ab;
     const bool weights_kn = s.weights == WeightLayout::e_k_n;

@@ -315,6 +315,13 @@ typedef struct kjit_grouped_gemm_desc {
   const int32_t* sorted_to_flat; /* gather only: device [rows], 4-byte aligned; NULL without */
   int64_t tokens;                /* gather only: rows of `a` */
   int64_t top_k;                 /* 0 (after _desc_init): no gather; >= 1: gather, sorted_to_flat required */
+  /* Addend (bf16 A and B only; not with a fused activation): out = A . W_e (times row_scale) + addend, the sum
+   * taken in fp32 and rounded once to out_dtype; `addend` is [rows, N] row-major, 16-byte aligned, of
+   * addend_dtype, and may be `out` itself (each element is read before it is written). Rows past the last offset
+   * are neither read nor written. For a LoRA branch's product (K = its rank) summed into its base GEMM's fp32
+   * output, or into a bf16 gradient: no pass of its own, one rounding. */
+  const void* addend;      /* NULL (after _desc_init): none */
+  kjit_dtype addend_dtype; /* with addend: KJIT_DTYPE_BF16 or KJIT_DTYPE_F32; KJIT_DTYPE_INVALID without */
 } kjit_grouped_gemm_desc;
 
 KJIT_API void kjit_grouped_gemm_desc_init(kjit_grouped_gemm_desc* desc);

@@ -134,6 +134,8 @@ class GroupedGemmDesc(ctypes.Structure):
         ("sorted_to_flat", ctypes.c_void_p),
         ("tokens", ctypes.c_int64),
         ("top_k", ctypes.c_int64),
+        ("addend", ctypes.c_void_p),
+        ("addend_dtype", ctypes.c_int),
     ]
 
 

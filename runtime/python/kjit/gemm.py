@@ -129,7 +129,8 @@ def _gemm_dims(w, weights):
 
 def _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, cluster_axis, a_scale=None,
                 w_scale=None, w_block=_W_BLOCK, w_scale_convention=None, w_format=None,
-                w_global_scale=None, activation=None, gate_up_layout=None, gather=None) -> Optional[str]:
+                w_global_scale=None, activation=None, gate_up_layout=None, gather=None,
+                addend=None) -> Optional[str]:
     """The GEMM's tensors and choices; libkjit checks the rest (which operands, scales, conventions, fused
     activation and gather go together, and the sizes each kernel takes). Returns the weight scales' granularity
     as w_scale's shape says ('block', 'row', W8A16 also 'tensor'; None for bf16 and FP4 weights)."""
@@ -170,6 +171,9 @@ def _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kern
         raise invalid(f"out must be [{rows}, {_gemm_out_columns(n, activation)}], got {list(out.shape)}")
     if row_scale is not None and list(row_scale.shape) != [rows]:
         raise invalid(f"row_scale must be [{rows}], got {list(row_scale.shape)}")
+    check_tensor("addend", addend, ("bfloat16", "float32"), device=device, optional=True)
+    if addend is not None and list(addend.shape) != [rows, n]:
+        raise invalid(f"addend must be [{rows}, {n}] (out's shape), got {list(addend.shape)}")
     if operands == "bf16":
         if a_scale is not None or w_scale is not None or w_scale_convention is not None:
             raise invalid("a_scale, w_scale and w_scale_convention are for float8 operands (W8A8, W8A16); a and w "
@@ -189,7 +193,7 @@ def _gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kerne
                cluster_axis, a_scale=None, w_scale=None, w_scale_granularity=None, w_scale_convention=None,
                w_global_scale=None, activation=None, activation_alpha=SWIGLU_ALPHA, activation_limit=SWIGLU_LIMIT,
                gate_up_layout=None, sorted_to_flat=None, top_k=0, w_format=None, w_block_rows=_FP8_GEMM_BLOCK,
-               w_block_cols=_FP8_GEMM_BLOCK) -> _abi.GroupedGemmDesc:
+               w_block_cols=_FP8_GEMM_BLOCK, addend=None) -> _abi.GroupedGemmDesc:
     """Every argument as it is given: libkjit judges which go together."""
     fp4 = dtype_name(w.dtype) == "uint8"  # FP4 pairs: their scale bytes are b_block_scales
     n, k = _gemm_dims(w, weights)
@@ -231,6 +235,8 @@ def _gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kerne
             d.b_block_rows, d.b_block_cols = w_block_rows, w_block_cols
     if w_scale_convention is not None:
         d.b_scale_convention = _abi.CONVENTION[w_scale_convention]
+    if addend is not None:
+        d.addend, d.addend_dtype = addend.data_ptr(), dtype_code(addend.dtype)
     return d
 
 
@@ -250,11 +256,11 @@ def grouped_gemm_(a: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: 
                   w_global_scale: Optional[torch.Tensor], activation: Optional[str], activation_alpha: float,
                   activation_limit: float, gate_up_layout: Optional[str], sorted_to_flat: Optional[torch.Tensor],
                   top_k: int, w_format: Optional[str], w_block_rows: int, w_block_cols: int,
-                  stream: Optional[int]) -> None:
+                  addend: Optional[torch.Tensor], stream: Optional[int]) -> None:
     d = _gemm_desc(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n, cluster,
                    cluster_axis, a_scale, w_scale, w_scale_granularity, w_scale_convention, w_global_scale,
                    activation, activation_alpha, activation_limit, gate_up_layout, sorted_to_flat, top_k, w_format,
-                   w_block_rows, w_block_cols)
+                   w_block_rows, w_block_cols, addend)
     # The tile counter (swap AB hands tiles out on demand): stream-ordered, so
     # concurrent calls never share one.
     workspace_bytes = _gemm_workspace_bytes()
@@ -272,7 +278,8 @@ def grouped_gemm(a: Tensor, w: Tensor, offsets: Tensor, *, weights: str = "e_n_k
                  w_scale_convention: Optional[str] = None, w_format: Optional[str] = None,
                  w_global_scale: Optional[Tensor] = None, activation: Optional[str] = None,
                  activation_alpha: float = SWIGLU_ALPHA, activation_limit: float = SWIGLU_LIMIT,
-                 gate_up_layout: Optional[str] = None, gather: Optional[Tuple[Tensor, int]] = None) -> Tensor:
+                 gate_up_layout: Optional[str] = None, gather: Optional[Tuple[Tensor, int]] = None,
+                 addend: Optional[Tensor] = None) -> Tensor:
     """MoE expert GEMM: rows of `a` ([rows, K] bf16, sorted by expert) times
     each expert's weights `w` ([E, N, K] with weights='e_n_k', as checkpoints
     store them, or [E, K, N] with 'e_k_n'). `offsets` (int32, on the device)
@@ -336,7 +343,13 @@ def grouped_gemm(a: Tensor, w: Tensor, offsets: Tensor, *, weights: str = "e_n_k
     the kernel's loads. `a` is then the tokens [tokens, K], row r of the
     GEMM's A is a[sorted_to_flat[r] // top_k] (rows of -1 read zeros), and
     rows = sorted_to_flat.numel() (out, row_scale): no gathered copy of the
-    activations is made."""
+    activations is made.
+
+    addend (bf16 a and w; no activation): a [rows, N] bf16 or fp32 tensor
+    added to the product (after the row scale) in fp32 before the one
+    rounding to out's dtype; it may be `out` itself. A LoRA branch's
+    product summed into its base GEMM's fp32 output or into a gradient,
+    with no pass of its own."""
     torch = require_torch()
 
     sorted_to_flat, top_k = unpack_gather(gather)
@@ -348,14 +361,14 @@ def grouped_gemm(a: Tensor, w: Tensor, offsets: Tensor, *, weights: str = "e_n_k
         out = torch.empty(rows, _gemm_out_columns(n, activation), dtype=out_dtype or torch.bfloat16, device=a.device)
     granularity = _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, cluster_axis,
                               a_scale, w_scale, w_block, w_scale_convention, w_format, w_global_scale, activation,
-                              gate_up_layout, gather)
+                              gate_up_layout, gather, addend)
     tile_m, tile_n = tile if tile is not None else (0, 0)
     if w_scale is not None and dtype_name(w.dtype) == "uint8":
         w_scale = w_scale.view(torch.uint8)  # FP4 scale bytes, whichever dtype torch holds them in
     grouped_gemm_(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n, cluster,
                   cluster_axis, a_scale, w_scale, granularity, w_scale_convention, w_global_scale, activation,
                   float(activation_alpha), float(activation_limit), gate_up_layout, sorted_to_flat, top_k, w_format,
-                  w_block[0], w_block[1], stream)
+                  w_block[0], w_block[1], addend, stream)
     return out
 
 
@@ -367,20 +380,21 @@ def prepare_grouped_gemm(a: Tensor, w: Tensor, offsets: Tensor, out: Tensor, *, 
                          w_scale_convention: Optional[str] = None, w_format: Optional[str] = None,
                          w_global_scale: Optional[Tensor] = None, activation: Optional[str] = None,
                          activation_alpha: float = SWIGLU_ALPHA, activation_limit: float = SWIGLU_LIMIT,
-                         gate_up_layout: Optional[str] = None, gather: Optional[Tuple[Tensor, int]] = None) -> None:
+                         gate_up_layout: Optional[str] = None, gather: Optional[Tuple[Tensor, int]] = None,
+                         addend: Optional[Tensor] = None) -> None:
     """Compiles (or finds) and loads every kernel grouped_gemm may pick for
     these shapes, whatever the row count, so that later calls can be captured
     in a CUDA graph. FP8 weights need their scales (and W8A16 their
-    w_scale_convention) here too (grouped_gemm)."""
+    w_scale_convention) here too (grouped_gemm); an addend, its dtype."""
     granularity = _check_gemm(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, "m", a_scale,
                               w_scale, w_block, w_scale_convention, w_format, w_global_scale, activation,
-                              gate_up_layout, gather)
+                              gate_up_layout, gather, addend)
     tile_m, tile_n = tile if tile is not None else (0, 0)
     sorted_to_flat, top_k = unpack_gather(gather)
     d = _gemm_desc(*pointer_free(a, w, offsets, out, weights, offsets_convention, row_scale, kernel, tile_m, tile_n,
                                  0, "m", a_scale, w_scale, granularity, w_scale_convention, w_global_scale,
                                  activation, activation_alpha, activation_limit, gate_up_layout, sorted_to_flat, top_k,
-                                 w_format, w_block[0], w_block[1]))
+                                 w_format, w_block[0], w_block[1], addend))
     check(library().kjit_grouped_gemm_prepare(ctypes.byref(d), a.device.index or 0))
 
 

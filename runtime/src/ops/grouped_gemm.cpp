@@ -76,6 +76,20 @@ Expected<GemmCommonPlan> plan_gemm_common_shapes(const kjit_grouped_gemm_desc& d
     return invalid(fmt::format("SWIGLU_OAI needs a finite alpha and a finite positive limit, got alpha {} limit {}",
                                d.activation_alpha, d.activation_limit));
 
+  const bool has_addend = d.addend != nullptr;
+  if (!has_addend && d.addend_dtype != KJIT_DTYPE_INVALID)
+    return invalid("addend_dtype is set without an addend: give both, or leave addend_dtype KJIT_DTYPE_INVALID");
+  if (has_addend) {
+    if (d.addend_dtype != KJIT_DTYPE_BF16 && d.addend_dtype != KJIT_DTYPE_F32)
+      return invalid(fmt::format("addend_dtype must be KJIT_DTYPE_BF16 or KJIT_DTYPE_F32 with an addend, got {}",
+                                 static_cast<int>(d.addend_dtype)));
+    if (is_fp8_gemm(d))
+      return invalid("an addend is implemented in the bf16 grouped GEMM (bf16 a and b), not in the W8A8, W8A16 or "
+                     "W4A16 ones: add it to their output, or run the bf16 GEMM with the addend after them");
+    if (d.activation != KJIT_ACTIVATION_NONE)
+      return invalid("an addend and a fused activation do not go together (the addend has the product's N columns)");
+  }
+
   if (d.top_k < 0) return invalid(fmt::format("top_k must be 0 (no gather) or >= 1, got {}", d.top_k));
   const bool gather = d.top_k >= 1;
   if (!gather && (d.sorted_to_flat != nullptr || d.tokens != 0))
@@ -92,6 +106,9 @@ Expected<GemmCommonPlan> plan_gemm_common_shapes(const kjit_grouped_gemm_desc& d
 
   GemmCommonPlan plan;
   plan.gather = gather;
+  plan.addend = !has_addend                         ? codegen::Addend::none
+                : d.addend_dtype == KJIT_DTYPE_BF16 ? codegen::Addend::bf16
+                                                    : codegen::Addend::f32;
   using Kernel = codegen::GemmRequest::Kernel;
   plan.request = {.kernel = d.kernel == KJIT_GEMM_KERNEL_PORTABLE       ? Kernel::portable
                             : d.kernel == KJIT_GEMM_KERNEL_SM90         ? Kernel::sm90
@@ -128,7 +145,8 @@ Expected<void> bind_gemm_common(const kjit_grouped_gemm_desc& d, bool empty, kji
       if (reinterpret_cast<uintptr_t>(d.sorted_to_flat) % 4 != 0) return invalid("'sorted_to_flat' must be 4-byte aligned");
     }
     // 16-byte accesses need 16-byte aligned rows; N and K divisible by 8 keep them so.
-    for (const auto& [pointer, name] : {std::pair{d.a, "a"}, std::pair{d.b, "b"}, std::pair<const void*, const char*>{d.out, "out"}})
+    for (const auto& [pointer, name] : {std::pair{d.a, "a"}, std::pair{d.b, "b"}, std::pair<const void*, const char*>{d.out, "out"},
+                                        std::pair{d.addend, "addend"}})
       if (reinterpret_cast<uintptr_t>(pointer) % 16 != 0) return invalid(fmt::format("'{}' is not 16-byte aligned", name));
     if (reinterpret_cast<uintptr_t>(d.offsets) % 4 != 0 || reinterpret_cast<uintptr_t>(d.row_scale) % 4 != 0)
       return invalid("'offsets' and 'row_scale' must be 4-byte aligned");
@@ -146,6 +164,7 @@ Expected<void> bind_gemm_common(const kjit_grouped_gemm_desc& d, bool empty, kji
   p.row_scale = d.row_scale;
   p.tile_counter = static_cast<unsigned int*>(d.workspace);
   p.gather = d.sorted_to_flat;
+  p.addend = d.addend;
   return {};
 }
 
@@ -178,6 +197,7 @@ Expected<GroupedGemmPlan> plan_grouped_gemm_shapes(const kjit_grouped_gemm_desc&
   s.row_scale = d.row_scale != nullptr;
   s.activation = static_cast<codegen::Activation>(d.activation);  // checked by the common plan; same order
   s.gather = common.gather;
+  s.addend = common.addend;
   KJIT_TRY(codegen::validate(codegen::KernelSpec{s}));
   return plan;
 }
@@ -254,6 +274,7 @@ Expected<void> grouped_gemm(Runtime& runtime, const kjit_grouped_gemm_desc& desc
                                                               {p.offsets, "offsets"},
                                                               {p.row_scale, "row_scale"},
                                                               {p.gather, "sorted_to_flat"},
+                                                              {p.addend, "addend"},
                                                               {p.tile_counter, "workspace"}}));
   const auto spec = KJIT_TRY(codegen::choose_grouped_gemm_config(plan.problem, *device->arch, p.total_rows, plan.request));
   const LoadedKernel* kernel = KJIT_TRY(launchable_kernel(runtime, *device, spec, stream));

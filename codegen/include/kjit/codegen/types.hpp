@@ -22,6 +22,9 @@ enum class Activation : uint8_t { none, silu_mul, swiglu_oai };
 // columns): [gate | up] (halves: Hugging Face) or gate, up, gate, up, ...
 // (alternating: gpt-oss).
 enum class GateUpLayout : uint8_t { halves, alternating };
+// A grouped GEMM's addend: a [rows, N] tensor added to the product before the
+// output's rounding (none, or its element type).
+enum class Addend : uint8_t { none, bf16, f32 };
 
 std::string_view name(DType t);
 std::string_view name(ScaleGranularity g);
@@ -30,6 +33,7 @@ std::string_view name(WeightLayout l);
 std::string_view name(OffsetsConvention c);
 std::string_view name(Activation a);
 std::string_view name(GateUpLayout l);
+std::string_view name(Addend a);
 
 int size_bytes(DType t);
 constexpr bool is_fp8(DType t) { return t == DType::f8_e4m3fn || t == DType::f8_e5m2; }

@@ -130,6 +130,17 @@ def compiled_activation(h, activation: str, order: str, alpha: float, limit: flo
     return fn(h, activation, order, alpha, limit)
 
 
+def module_activation(m, h: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """act(h) bf16 [rows, I] as the module's inference forward computes it: kjit.moe_activation (one kernel,
+    the same bits as MoEExperts' forward without a gradient; rows past the routed ones written as zeros) for
+    gate and up stored in halves or alternating; a fused-activation module's groups of 8, which that kernel
+    does not read, by activation_forward (torch's exp: within an fp32 ulp or two before the bf16 rounding)."""
+    order = m._gate_up_order()
+    if order == "groups_of_8":
+        return compiled_activation(h, m.activation, order, m.swiglu_alpha, m.swiglu_limit)
+    return kjit.moe_activation(h, out_dtype=torch.bfloat16, valid_rows=ends[-1:], **m._activation_args())
+
+
 def compiled_activation_grad(h, d_act, activation: str, order: str, alpha: float, limit: float) -> torch.Tensor:
     """activation_backward, fused on the GPU."""
     fn = _fused(activation_backward) if h.is_cuda and not torch.compiler.is_compiling() else activation_backward
@@ -261,19 +272,13 @@ def _row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _add_round(base: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
-    return (base + other).to(torch.bfloat16)
-
-
-def warm_fused(device, rows_h: int, rows_n: int) -> None:
-    """Compiles the fused row dot and LoRA sum (torch.compile compiles at a first CUDA call: here, not under a
-    capture). 16 rows: torch.compile specialises sizes 0 and 1."""
+def warm_fused(device, rows_h: int) -> None:
+    """Compiles the fused row dot (torch.compile compiles at a first CUDA call: here, not under a capture). 16
+    rows: torch.compile specialises sizes 0 and 1."""
     if torch.device(device).type != "cuda":
         return
     a = torch.zeros(16, rows_h, dtype=torch.bfloat16, device=device)
     _row_dot(a, a)
-    f = torch.zeros(16, rows_n, dtype=torch.float32, device=device)
-    _round_with_bias(f, None, None, None, f)
 
 
 def _wgrad(dy, x, ends, dtype):
@@ -283,15 +288,8 @@ def _wgrad(dy, x, ends, dtype):
     return kjit.grouped_gemm_wgrad(dy, x, ends, offsets_convention=_OFFSETS, out_dtype=out_dtype).to(dtype)
 
 
-def _round_with_bias(y, bias, row_experts, m, lora=None):
-    """The GEMM's fp32 output plus the LoRA branch's (already scaled) plus the
-    bias, in fp32, rounded once to bf16; without a bias on the GPU the sum and
-    the rounding are one fused pass."""
-    if lora is not None:
-        if bias is None:
-            fused = y.is_cuda and not torch.compiler.is_compiling()
-            return (_fused(_add_round) if fused else _add_round)(y, lora)
-        y.add_(lora)
+def _round_with_bias(y, bias, row_experts, m):
+    """A GEMM's output (fp32 where a bias follows) plus the bias, rounded once to bf16."""
     if bias is not None:
         return m._add_bias(y, bias, row_experts)
     return y.to(torch.bfloat16)
@@ -330,12 +328,16 @@ class _ExpertsFunction(torch.autograd.Function):
         scaling = plan.lora.scaling if plan.lora is not None else 0.0
 
         a = None  # the gathered rows [rows, H] bf16, when a bf16 GEMM or a LoRA needs them
-        u_gu = u_dn = lora_h = lora_y = None
-        # The branches' products leave their GEMM scaled (the epilogue's row scale): base + scaling (u B^T).
+        u_gu = u_dn = None
+        # A branch's product s (u B^T) (the scaling as the epilogue's row scale) is summed into its base GEMM's
+        # fp32 output by the branch GEMM's epilogue (its addend) and rounded once, to bf16, or to fp32 when a bias
+        # is still to be added.
         lora_scale = (torch.full((rows,), scaling, dtype=torch.float32, device=hidden.device)
                       if lora_gu is not None or lora_dn is not None else None)
         out_gu = torch.float32 if gate_up_bias is not None or lora_gu is not None else None
         out_dn = torch.float32 if down_bias is not None or lora_dn is not None else None
+        biased = {"gate_up": torch.float32 if gate_up_bias is not None else None,
+                  "down": torch.float32 if down_bias is not None else None}
         if kernels == "w8a8":
             a8, a_scale = kjit.quantize_fp8(hidden, gather=(s2f, top_k))
             h = kjit.grouped_gemm(a8, gate_up_w, ends, offsets_convention=_OFFSETS, a_scale=a_scale,
@@ -345,20 +347,19 @@ class _ExpertsFunction(torch.autograd.Function):
             a = hidden[rows_token]
             h = kjit.grouped_gemm(a, gate_up_w, ends, offsets_convention=_OFFSETS,
                                   out_dtype=out_gu, **m._weight_args("gate_up", kernels))
-        # Every large temporary is dropped at its last use (the forward's peak is the fp32 products below): the
-        # gathered rows once the branch's first product has them, the activation before the down GEMM's output.
-        if lora_gu is not None:  # the branch's fp32 product added to the base's fp32 output, rounded once
+        # Every large temporary is dropped at its last use (the forward's peak is the base GEMMs' fp32 outputs):
+        # the gathered rows once the branch's first product has them, the activation before the down GEMM's output.
+        if lora_gu is not None:
             if a is None:
                 a = hidden[rows_token]
             u_gu = kjit.grouped_gemm(a, lora_gu[0], ends, offsets_convention=_OFFSETS)
             a = None
-            lora_h = kjit.grouped_gemm(u_gu, lora_gu[1], ends, offsets_convention=_OFFSETS, out_dtype=torch.float32,
-                                       row_scale=lora_scale)
+            h = kjit.grouped_gemm(u_gu, lora_gu[1], ends, offsets_convention=_OFFSETS, out_dtype=biased["gate_up"],
+                                  row_scale=lora_scale, addend=h)
         a = None
-        h = _round_with_bias(h, gate_up_bias, row_experts, m, lora_h)
-        lora_h = None
+        h = _round_with_bias(h, gate_up_bias, row_experts, m)
 
-        act = compiled_activation(h, m.activation, m._gate_up_order(), m.swiglu_alpha, m.swiglu_limit)
+        act = module_activation(m, h, ends)
         if lora_dn is not None:
             u_dn = kjit.grouped_gemm(act, lora_dn[0], ends, offsets_convention=_OFFSETS)
         if kernels == "w8a8":
@@ -372,10 +373,9 @@ class _ExpertsFunction(torch.autograd.Function):
                                   out_dtype=out_dn, **m._weight_args("down", kernels))
             act = None
         if lora_dn is not None:
-            lora_y = kjit.grouped_gemm(u_dn, lora_dn[1], ends, offsets_convention=_OFFSETS, out_dtype=torch.float32,
-                                       row_scale=lora_scale)
-        y = _round_with_bias(y, down_bias, row_experts, m, lora_y)
-        lora_y = None
+            y = kjit.grouped_gemm(u_dn, lora_dn[1], ends, offsets_convention=_OFFSETS, out_dtype=biased["down"],
+                                  row_scale=lora_scale, addend=y)
+        y = _round_with_bias(y, down_bias, row_experts, m)
         out = kjit.moe_combine(y, topk_weights, f2s.view(tokens, top_k), out_dtype=plan.out_dtype)
 
         ctx.plan, ctx.kernels, ctx.scaling = plan, kernels, scaling
@@ -411,12 +411,12 @@ class _ExpertsFunction(torch.autograd.Function):
         # down: dY = w . g row by row, folded into the narrower operand of each product
         act = None
         if needs[4] or needs[9] or needs[10]:
-            act = compiled_activation(h, m.activation, m._gate_up_order(), m.swiglu_alpha, m.swiglu_limit)
+            act = module_activation(m, h, ends)
         d_act = gemm(g, down_w, ends, weights="e_k_n", offsets_convention=_OFFSETS, row_scale=w,
                      **m._weight_args("down", bwd))
         if ctx.lora_targets[1]:
             d_u = gemm(g, dn_b, ends, weights="e_k_n", offsets_convention=_OFFSETS, row_scale=w * scaling)
-            d_act.add_(gemm(d_u, dn_a, ends, weights="e_k_n", offsets_convention=_OFFSETS))
+            d_act = gemm(d_u, dn_a, ends, weights="e_k_n", offsets_convention=_OFFSETS, addend=d_act)
             if needs[10]:
                 grads[10] = _wgrad(g, (u_dn.float() * (w * scaling)[:, None]).to(torch.bfloat16), ends, b_dtype[1])
             if needs[9]:
@@ -450,7 +450,7 @@ class _ExpertsFunction(torch.autograd.Function):
                    **m._weight_args("gate_up", bwd))
         d_h = None
         if d_u is not None:
-            d_a.add_(gemm(d_u, gu_a, ends, weights="e_k_n", offsets_convention=_OFFSETS))
+            d_a = gemm(d_u, gu_a, ends, weights="e_k_n", offsets_convention=_OFFSETS, addend=d_a)
             d_u = None
         if needs[1]:  # a token's rows summed in order of k (kjit.moe_combine with weights 1): no atomics
             ones = torch.ones(tokens, top_k, dtype=torch.float32, device=d_a.device)
@@ -477,11 +477,16 @@ def prepare_lora(experts, lora: MoELoRA, device, top_k: int) -> None:
     for target in lora.targets:
         a, b = lora.factors(target)
         k, n = a.shape[2], b.shape[1]
-        for x, w, out, weights, scale in ((rows(k), a, rows(r), "e_n_k", None),
-                                          (rows(r), b, rows(n, torch.float32), "e_n_k", row_scale),
-                                          (rows(n), b, rows(r), "e_k_n", row_scale),
-                                          (rows(r), a, rows(k), "e_k_n", None)):
-            kjit.prepare_grouped_gemm(x, w, ends, out, weights=weights, offsets_convention=_OFFSETS, row_scale=scale)
+        # The B product is summed into the base's fp32 output (rounded to bf16, or fp32 where a bias follows);
+        # dX's A product into dX.
+        b_out = torch.float32 if getattr(experts, f"{target}_bias") is not None else torch.bfloat16
+        for x, w, out, weights, scale, addend in ((rows(k), a, rows(r), "e_n_k", None, None),
+                                                  (rows(r), b, rows(n, b_out), "e_n_k", row_scale,
+                                                   rows(n, torch.float32)),
+                                                  (rows(n), b, rows(r), "e_k_n", row_scale, None),
+                                                  (rows(r), a, rows(k), "e_k_n", None, rows(k))):
+            kjit.prepare_grouped_gemm(x, w, ends, out, weights=weights, offsets_convention=_OFFSETS, row_scale=scale,
+                                      addend=addend)
         prepare_wgrad(n, r, e, device, getattr(lora, f"{target}_lora_B").dtype)
         prepare_wgrad(r, k, e, device, getattr(lora, f"{target}_lora_A").dtype)
 

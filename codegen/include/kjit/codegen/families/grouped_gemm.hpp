@@ -54,6 +54,9 @@ struct GroupedGemmSpec {
   // A's rows read through the routing's sorted_to_flat (row r is a[sorted_to_flat[r] / top_k]): the kernels'
   // loads gather, so no gathered copy of the activations is made.
   bool gather = false;
+  // out = product (times the row scale) + addend[row, col] in fp32, rounded once to out's type: a LoRA
+  // branch's product summed into its base GEMM's output without a pass of its own. Not with an activation.
+  Addend addend = Addend::none;
   GemmKernel kernel = GemmKernel::mma_sync;
   int tile_m = 0, tile_n = 0, tile_k = 0;
   int stages = 0;   // shared-memory pipeline depth (wgmma_sm90); 0 for mma_sync
@@ -84,6 +87,7 @@ struct Family<GroupedGemmSpec> : SpecForms<GroupedGemmSpec> {
           // Only where fused or gathered, so that the other kernels keep their keys.
           field("activation", &GroupedGemmSpec::activation).omit_default(),
           field("gather", &GroupedGemmSpec::gather).omit_default().spelled("false", "sorted_to_flat"),
+          field("addend", &GroupedGemmSpec::addend).omit_default(),
           // A configuration's fields (cache metadata; rare in manifests). Bounded so that they stay in int;
           // validate says which are supported.
           configuration(field("kernel", &GroupedGemmSpec::kernel),

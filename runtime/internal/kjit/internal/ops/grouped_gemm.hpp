@@ -22,6 +22,7 @@ struct GemmCommonPlan {
   kjit_grouped_gemm_params params{};
   bool empty = false;   // no rows: nothing to do
   bool gather = false;  // A's rows are read through sorted_to_flat (the spec's `gather`)
+  codegen::Addend addend = codegen::Addend::none;  // the spec's `addend` (the bf16 family only)
 };
 // Checks what every grouped GEMM's descriptor holds that does not depend on
 // pointers; the params hold no pointers.
