@@ -52,6 +52,7 @@ struct KernelPath {
 std::vector<KernelPath> kernel_paths() {
   if (!is_hopper()) return {{"auto", KJIT_GEMM_KERNEL_AUTO, 0, 0, 0}};
   return {{"sm90 64x256 tiles", KJIT_GEMM_KERNEL_SM90, 64, 256, 1},
+          {"sm90 64x64 tiles (rank-wide outputs)", KJIT_GEMM_KERNEL_SM90, 64, 64, 1},
           {"sm90 128x192 tiles", KJIT_GEMM_KERNEL_SM90, 128, 192, 1},
           {"sm90 128x256 tiles (half tiles for short remainders)", KJIT_GEMM_KERNEL_SM90, 128, 256, 1},
           {"sm90 128x256 tiles, clusters of 2 sharing B", KJIT_GEMM_KERNEL_SM90, 128, 256, 2},
