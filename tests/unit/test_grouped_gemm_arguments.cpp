@@ -277,7 +277,7 @@ TEST_CASE_FIXTURE(GemmFixture, "gather argument errors are named and launch noth
   expect_gemm_rejected("gather them in kjit_fp8_quantize");
 }
 
-TEST_CASE_FIXTURE(GemmFixture, "an addend's errors are named and launch nothing; a good one launches") {
+TEST_CASE_FIXTURE(GemmFixture, "an addend's errors are named and launch nothing, and a good one launches") {
   FakeBuffer addend(128 * 128 * 4, 0);
   g.addend = addend.data();
   g.addend_dtype = KJIT_DTYPE_F16;
