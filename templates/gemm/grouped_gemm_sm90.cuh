@@ -257,16 +257,20 @@ __device__ __forceinline__ void store_block(const kjit_grouped_gemm_params& p, c
       float* out = static_cast<float*>(p.out) + row * Cfg::kOutN + col0 + 2 * q;  // then constant offsets
 #pragma unroll
       for (int j = 0; j < kCols / 8; ++j)
-        if (row_ok && (!Cfg::kColumnsMasked || 8 * j + 2 * q < room))
-          *reinterpret_cast<float2*>(out + 8 * j) = plus_addend_pair<Cfg>(
-              p, acc[4 * j + 2 * h] * scale, acc[4 * j + 2 * h + 1] * scale, row * Cfg::kOutN + col0 + 2 * q + 8 * j);
+        if (row_ok && (!Cfg::kColumnsMasked || 8 * j + 2 * q < room)) {
+          float2 v = make_float2(acc[4 * j + 2 * h] * scale, acc[4 * j + 2 * h + 1] * scale);
+          if constexpr (Cfg::kAddend != Addend::none)
+            v = plus_addend_pair<Cfg>(p, v.x, v.y, row * Cfg::kOutN + col0 + 2 * q + 8 * j);
+          *reinterpret_cast<float2*>(out + 8 * j) = v;
+        }
     } else if constexpr (kCols % 32 != 0) {
       unsigned short* out = static_cast<unsigned short*>(p.out) + row * Cfg::kOutN + col0 + 2 * q;
 #pragma unroll
       for (int j = 0; j < kCols / 8; ++j)
         if (row_ok && (!Cfg::kColumnsMasked || 8 * j + 2 * q < room)) {
-          const float2 v = plus_addend_pair<Cfg>(p, acc[4 * j + 2 * h] * scale, acc[4 * j + 2 * h + 1] * scale,
-                                                 row * Cfg::kOutN + col0 + 2 * q + 8 * j);
+          float2 v = make_float2(acc[4 * j + 2 * h] * scale, acc[4 * j + 2 * h + 1] * scale);
+          if constexpr (Cfg::kAddend != Addend::none)
+            v = plus_addend_pair<Cfg>(p, v.x, v.y, row * Cfg::kOutN + col0 + 2 * q + 8 * j);
           *reinterpret_cast<unsigned*>(out + 8 * j) = cvt_rn_bf16x2_f32(v.x, v.y);
         }
     } else {
