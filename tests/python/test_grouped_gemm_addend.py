@@ -78,3 +78,19 @@ def test_addend_is_summed_in_fp32_and_rounded_once(weights, k):
                     kjit.grouped_gemm(a, w, ends, out=in_place, addend=in_place, **args)
                     assert torch.equal(in_place[:routed], want), (kernel, "in place", out_dtype)
                     assert in_place[routed:].isnan().all(), "rows past the last offset untouched"
+
+
+def test_a_gemm_with_an_addend_traces_through_aot_autograd_on_the_fake_kernels():
+    """The LoRA branch's form, base GEMM then the branch GEMM summing into it, in one graph (the addend is an input
+    of the op, out a new tensor)."""
+    def branch(x, w, a, b, ends, scale):
+        base = kjit.grouped_gemm(x, w, ends, offsets_convention="cumulative_end", out_dtype=f32)
+        u = kjit.grouped_gemm(x, a, ends, offsets_convention="cumulative_end")
+        return kjit.grouped_gemm(u, b, ends, offsets_convention="cumulative_end", row_scale=scale, addend=base)
+
+    torch._dynamo.reset()
+    with FakeTensorMode():
+        x, ends = cuda(40, 64, dtype=bf16), cuda(2, dtype=i32)
+        w, a, b = cuda(2, 96, 64, dtype=bf16), cuda(2, 16, 64, dtype=bf16), cuda(2, 96, 16, dtype=bf16)
+        out = torch.compile(branch, backend="aot_eager", fullgraph=True)(x, w, a, b, ends, cuda(40, dtype=f32))
+        assert (out.shape, out.dtype) == ((40, 96), bf16)
