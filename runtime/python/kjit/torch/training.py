@@ -288,13 +288,6 @@ def _wgrad(dy, x, ends, dtype):
     return kjit.grouped_gemm_wgrad(dy, x, ends, offsets_convention=_OFFSETS, out_dtype=out_dtype).to(dtype)
 
 
-def _round_with_bias(y, bias, row_experts, m):
-    """A GEMM's output (fp32 where a bias follows) plus the bias, rounded once to bf16."""
-    if bias is not None:
-        return m._add_bias(y, bias, row_experts)
-    return y.to(torch.bfloat16)
-
-
 def _segment_sum(dy: torch.Tensor, ends: torch.Tensor, row_weights: Optional[torch.Tensor] = None) -> torch.Tensor:
     """fp32 [E, N]: each expert's sum of its rows of dy (times row_weights),
     through the weight-gradient GEMM against a column of ones (or the
@@ -331,13 +324,11 @@ class _ExpertsFunction(torch.autograd.Function):
         u_gu = u_dn = None
         # A branch's product s (u B^T) (the scaling as the epilogue's row scale) is summed into its base GEMM's
         # fp32 output by the branch GEMM's epilogue (its addend) and rounded once, to bf16, or to fp32 when a bias
-        # is still to be added.
+        # is still to be added (m._add_bias rounds that sum).
         lora_scale = (torch.full((rows,), scaling, dtype=torch.float32, device=hidden.device)
                       if lora_gu is not None or lora_dn is not None else None)
         out_gu = torch.float32 if gate_up_bias is not None or lora_gu is not None else None
         out_dn = torch.float32 if down_bias is not None or lora_dn is not None else None
-        biased = {"gate_up": torch.float32 if gate_up_bias is not None else None,
-                  "down": torch.float32 if down_bias is not None else None}
         if kernels == "w8a8":
             a8, a_scale = kjit.quantize_fp8(hidden, gather=(s2f, top_k))
             h = kjit.grouped_gemm(a8, gate_up_w, ends, offsets_convention=_OFFSETS, a_scale=a_scale,
@@ -354,10 +345,10 @@ class _ExpertsFunction(torch.autograd.Function):
                 a = hidden[rows_token]
             u_gu = kjit.grouped_gemm(a, lora_gu[0], ends, offsets_convention=_OFFSETS)
             a = None
-            h = kjit.grouped_gemm(u_gu, lora_gu[1], ends, offsets_convention=_OFFSETS, out_dtype=biased["gate_up"],
-                                  row_scale=lora_scale, addend=h)
+            h = kjit.grouped_gemm(u_gu, lora_gu[1], ends, offsets_convention=_OFFSETS, row_scale=lora_scale,
+                                  out_dtype=torch.float32 if gate_up_bias is not None else None, addend=h)
         a = None
-        h = _round_with_bias(h, gate_up_bias, row_experts, m)
+        h = m._add_bias(h, gate_up_bias, row_experts)
 
         act = module_activation(m, h, ends)
         if lora_dn is not None:
@@ -373,9 +364,9 @@ class _ExpertsFunction(torch.autograd.Function):
                                   out_dtype=out_dn, **m._weight_args("down", kernels))
             act = None
         if lora_dn is not None:
-            y = kjit.grouped_gemm(u_dn, lora_dn[1], ends, offsets_convention=_OFFSETS, out_dtype=biased["down"],
-                                  row_scale=lora_scale, addend=y)
-        y = _round_with_bias(y, down_bias, row_experts, m)
+            y = kjit.grouped_gemm(u_dn, lora_dn[1], ends, offsets_convention=_OFFSETS, row_scale=lora_scale,
+                                  out_dtype=torch.float32 if down_bias is not None else None, addend=y)
+        y = m._add_bias(y, down_bias, row_experts)
         out = kjit.moe_combine(y, topk_weights, f2s.view(tokens, top_k), out_dtype=plan.out_dtype)
 
         ctx.plan, ctx.kernels, ctx.scaling = plan, kernels, scaling
