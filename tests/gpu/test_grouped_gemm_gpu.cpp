@@ -161,6 +161,19 @@ kjit_grouped_gemm_desc on_path(kjit_grouped_gemm_desc g, const KernelPath& path)
   return g;
 }
 
+// N 272 (17 gate/up groups: the last n-tile is partial in every path), uneven experts with empty ones and 11
+// rows past the last offset.
+GemmCase partial_tile_case(int64_t k, kjit_weight_layout weights, kjit_dtype out) {
+  GemmCase c;
+  c.n = 272;
+  c.k = k;
+  c.counts = {0, 37, 1, 0, 200, 64, 3, 130};
+  c.extra_rows = 11;
+  c.weights = weights;
+  c.out = out;
+  return c;
+}
+
 // Runs one case through every kernel path; checks the error bound and that
 // rows past the last offset keep their poison.
 void run_gemm(const GemmCase& c) {
@@ -317,14 +330,8 @@ TEST_CASE("fused SiLU-and-mul and gpt-oss's clamped SwiGLU: every kernel path, l
   for (auto activation : {KJIT_ACTIVATION_SILU_MUL, KJIT_ACTIVATION_SWIGLU_OAI})
     for (auto weights : {KJIT_WEIGHTS_E_N_K, KJIT_WEIGHTS_E_K_N})
       for (auto out : {KJIT_DTYPE_BF16, KJIT_DTYPE_F32}) {
-        GemmCase c;
-        c.n = 272;  // 17 gate/up groups: the last n-tile is partial in every path
-        c.k = 320;
-        c.counts = {0, 37, 1, 0, 200, 64, 3, 130};
-        c.extra_rows = 11;
-        c.weights = weights;
+        GemmCase c = partial_tile_case(320, weights, out);
         c.row_scale = weights == KJIT_WEIGHTS_E_N_K;
-        c.out = out;
         CAPTURE(activation);
         CAPTURE(weights);
         CAPTURE(out);
@@ -349,14 +356,8 @@ TEST_CASE("an addend (bf16 or fp32, out itself or not): every kernel path, layou
   for (const int64_t k : {320, 16})
     for (auto weights : {KJIT_WEIGHTS_E_N_K, KJIT_WEIGHTS_E_K_N})
       for (auto out : {KJIT_DTYPE_BF16, KJIT_DTYPE_F32}) {
-        GemmCase c;
-        c.n = 272;  // the last n-tile is partial in every path
-        c.k = k;
-        c.counts = {0, 37, 1, 0, 200, 64, 3, 130};
-        c.extra_rows = 11;
-        c.weights = weights;
+        GemmCase c = partial_tile_case(k, weights, out);
         c.row_scale = out == KJIT_DTYPE_BF16;
-        c.out = out;
         CAPTURE(k);
         CAPTURE(weights);
         CAPTURE(out);
