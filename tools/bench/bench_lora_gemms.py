@@ -17,6 +17,7 @@ import torch
 
 import kjit
 from bench_moe_training import SHAPES
+from timing import copy_bandwidth, event_time
 
 _OFFSETS = "cumulative_end"
 
@@ -38,25 +39,8 @@ def candidates(n, k):
 
 
 def time_us(fn, rounds=5, reps=20):
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(rounds):
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        for _ in range(reps):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(begin.elapsed_time(end) * 1e3 / reps)
-    return statistics.median(times)
-
-
-def copy_bandwidth():
-    x = torch.empty(1 << 28, dtype=torch.uint8, device="cuda")
-    y = torch.empty_like(x)
-    us = time_us(lambda: y.copy_(x))
-    return 2 * x.numel() / (us * 1e-6)
+    """Median over `rounds` of the microseconds per call of `reps` back-to-back calls (timing.event_time)."""
+    return statistics.median(event_time(fn, iters=reps, warmup=1) for _ in range(rounds)) * 1e6
 
 
 def main():
