@@ -13,6 +13,12 @@
 // (gate 2c, up 2c + 1) in one contiguous run. With valid_rows, rows at or past
 // *valid_rows read nothing and are written as zeros (FP8: codes 0, scale 0).
 // Indices are 64-bit.
+//
+// The gradient (kGradient): the same thread owns the same 8 columns of act,
+// reads their gate and up as above and the incoming gradient's 8 (one 16-byte
+// load), and writes the gradients of gate and up, bf16, where h holds them in
+// the contiguous [rows, 2I] out: two 16-byte stores (halves) or one 32-byte
+// run of pairs (alternating).
 #pragma once
 
 #include "../abi/moe_activation_params.h"
@@ -24,7 +30,8 @@ namespace kjit {
 
 enum class GateUpLayout { halves, alternating };
 
-template <long long kI_, GateUpLayout kLayout_, Activation kActivation_, bool kFp8Out_, bool kUe8m0_, int kThreads_>
+template <long long kI_, GateUpLayout kLayout_, Activation kActivation_, bool kFp8Out_, bool kUe8m0_, int kThreads_,
+          bool kGradient_ = false>
 struct MoeActivationConfig {
   static constexpr long long kI = kI_;
   static constexpr GateUpLayout kLayout = kLayout_;
@@ -32,15 +39,80 @@ struct MoeActivationConfig {
   static constexpr bool kFp8Out = kFp8Out_;
   static constexpr bool kUe8m0 = kUe8m0_;
   static constexpr int kThreads = kThreads_;
-  static constexpr int kColumns = kFp8Out ? 16 : 8;          // outputs per thread
+  static constexpr bool kGradient = kGradient_;
+  static_assert(!kGradient || !kFp8Out, "the gradient is bf16");
+  static constexpr int kColumns = kFp8Out ? 16 : 8;          // outputs (of act) per thread
   static constexpr int kTeam = kFp8Out ? 128 / kColumns : 1;  // threads per scale group
   static constexpr long long kChunks = kI / kColumns;         // threads per row
   static_assert(kI % (kFp8Out ? 128 : 8) == 0, "codegen admits I a multiple of 8 (bf16) or 128 (FP8)");
   static_assert(kThreads % 32 == 0, "whole warps: the amax shuffle takes every lane");
 };
 
+// The gradient of h from the activation's (Cfg::kGradient).
 template <class Cfg>
-__device__ __forceinline__ void moe_activation(const kjit_moe_activation_params& p) {
+__device__ __forceinline__ void moe_activation_gradient(const kjit_moe_activation_params& p) {
+  const long long chunk = static_cast<long long>(blockIdx.x) * Cfg::kThreads + threadIdx.x;
+  const long long row = chunk / Cfg::kChunks;
+  const long long column = chunk % Cfg::kChunks * 8;
+  const bool active = row < p.rows;
+  const bool live = active && (p.valid_rows == nullptr || row < static_cast<long long>(__ldg(p.valid_rows)));
+
+  Bytes<16> gate_bytes{}, up_bytes{}, grad_bytes{};
+  Bytes<32> pair_bytes{};
+  const unsigned char* in_row = static_cast<const unsigned char*>(p.in) + 2 * row * p.in_row_stride;
+  if (live) {
+    if constexpr (Cfg::kLayout == GateUpLayout::halves) {
+      load_bytes(gate_bytes, in_row + 2 * column);
+      load_bytes(up_bytes, in_row + 2 * (Cfg::kI + column));
+    } else {
+      load_bytes(pair_bytes, in_row + 4 * column);
+    }
+    load_bytes(grad_bytes, static_cast<const unsigned char*>(p.grad) + 2 * (row * Cfg::kI + column));
+  }
+
+  unsigned short d_gate[8] = {}, d_up[8] = {};  // bf16 bits; zeros past valid_rows
+  if (live) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      unsigned int gate_bits, up_bits;
+      if constexpr (Cfg::kLayout == GateUpLayout::halves) {
+        gate_bits = reinterpret_cast<const unsigned short*>(gate_bytes.b)[e];
+        up_bits = reinterpret_cast<const unsigned short*>(up_bytes.b)[e];
+      } else {
+        const unsigned int both = reinterpret_cast<const unsigned int*>(pair_bytes.b)[e];
+        gate_bits = both & 0xffffu;
+        up_bits = both >> 16;
+      }
+      const unsigned int d_bits = reinterpret_cast<const unsigned short*>(grad_bytes.b)[e];
+      float dg, du;
+      activate_gradient<Cfg::kActivation>(__uint_as_float(gate_bits << 16), __uint_as_float(up_bits << 16),
+                                          __uint_as_float(d_bits << 16), p.alpha, p.limit, dg, du);
+      const unsigned int both = cvt_rn_bf16x2_f32(dg, du);
+      d_gate[e] = static_cast<unsigned short>(both & 0xffffu);
+      d_up[e] = static_cast<unsigned short>(both >> 16);
+    }
+  }
+  if (!active) return;
+  unsigned short* out_row = static_cast<unsigned short*>(p.out) + row * 2 * Cfg::kI;
+  unsigned int words[8];
+  if constexpr (Cfg::kLayout == GateUpLayout::halves) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      words[i] = d_gate[2 * i] | static_cast<unsigned int>(d_gate[2 * i + 1]) << 16;
+      words[4 + i] = d_up[2 * i] | static_cast<unsigned int>(d_up[2 * i + 1]) << 16;
+    }
+    *reinterpret_cast<uint4*>(out_row + column) = make_uint4(words[0], words[1], words[2], words[3]);
+    *reinterpret_cast<uint4*>(out_row + Cfg::kI + column) = make_uint4(words[4], words[5], words[6], words[7]);
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) words[e] = d_gate[e] | static_cast<unsigned int>(d_up[e]) << 16;
+    *reinterpret_cast<uint4*>(out_row + 2 * column) = make_uint4(words[0], words[1], words[2], words[3]);
+    *reinterpret_cast<uint4*>(out_row + 2 * column + 8) = make_uint4(words[4], words[5], words[6], words[7]);
+  }
+}
+
+template <class Cfg>
+__device__ __forceinline__ void moe_activation_forward(const kjit_moe_activation_params& p) {
   constexpr int kWords = Cfg::kColumns / 2;  // output bf16 pairs per thread
   const long long chunk = static_cast<long long>(blockIdx.x) * Cfg::kThreads + threadIdx.x;
   const long long row = chunk / Cfg::kChunks;
@@ -99,6 +171,12 @@ __device__ __forceinline__ void moe_activation(const kjit_moe_activation_params&
     *reinterpret_cast<uint4*>(static_cast<unsigned char*>(p.out) + out_index) = codes;
     if (threadIdx.x % Cfg::kTeam == 0) p.scales[out_index / 128] = scale;
   }
+}
+
+template <class Cfg>
+__device__ __forceinline__ void moe_activation(const kjit_moe_activation_params& p) {
+  if constexpr (Cfg::kGradient) moe_activation_gradient<Cfg>(p);
+  else moe_activation_forward<Cfg>(p);
 }
 
 }  // namespace kjit

@@ -14,6 +14,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -305,3 +306,38 @@ TEST_CASE("a prepared activation is captured into a CUDA graph and replays on ne
 }
 
 TEST_SUITE_END();
+
+TEST_CASE("the gradient (grad given) is bit-exact for both activations and layouts, the models' I, valid_rows, a "
+          "padded input stride and the edge values") {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const auto activation : kActivations)
+    for (const auto layout : kLayouts)
+      for (const auto [rows, i_cols, stride, valid] :
+           {std::tuple<int64_t, int64_t, int64_t, int64_t>{1, 8, 0, -1}, {37, 768, 0, -1}, {300, 2880, 0, 211},
+            {5, 256, 528, 3}}) {
+        CAPTURE(static_cast<int>(activation));
+        CAPTURE(static_cast<int>(layout));
+        CAPTURE(i_cols);
+        Case c = make_case(rows, i_cols, layout, activation, false, false, stride);
+        if (valid >= 0) c.p.valid_rows = valid;
+        if (rows == 5) {  // the edges: inf, NaN, the clamp's bounds and both sides of them
+          const float edges[] = {INFINITY, -INFINITY, NAN, 7.0f, -7.0f, 6.99f, 7.01f, -88.5f, 89.5f, 0.0f, -0.0f};
+          for (size_t i = 0; i < c.in.size(); ++i)
+            if (i % 3 == 0) c.in[i] = reference::bf16_bits_rne(edges[i / 3 % std::size(edges)]);
+        }
+        std::vector<uint16_t> grad(static_cast<size_t>(rows * i_cols));
+        for (auto& g : grad) g = reference::bf16_bits_rne(normal(rng()));
+        Buffers b(c);
+        DeviceBuffer grad_buffer(0, grad.size() * 2), out(0, static_cast<size_t>(rows * 2 * i_cols * 2));
+        grad_buffer.upload(grad);
+        out.poison();
+        auto d = describe(c, b);
+        d.grad = grad_buffer.get();
+        d.out = out.get();
+        REQUIRE_MESSAGE(kjit_moe_activation(&d, nullptr) == KJIT_OK, kjit_last_error_message());
+        REQUIRE_MESSAGE(kjit_device_errors(0) == KJIT_OK, kjit_last_error_message());
+        Output got{out.download<uint16_t>(0, static_cast<size_t>(rows * 2 * i_cols)), {}, {}};
+        const Output want{reference::moe_activation_gradient(c.p, c.in, grad), {}, {}};
+        CHECK_MESSAGE(wrong(got, want) == 0, wrong(got, want), " of ", rows * 2 * i_cols, " gradients differ");
+      }
+}

@@ -68,6 +68,10 @@ TEST_CASE("pinned spec forms: fp8 dequant, fp8 quantize, MoE routing, combine an
        "moe_activation in=bf16 activation=silu_mul layout=halves intermediate=768 out=f8_e4m3fn group=128 scale=ue8m0",
        R"({"activation":"silu_mul","intermediate":768,"layout":"halves","op":"moe_activation","out":"f8_e4m3fn",)"
        R"("scale_format":"ue8m0"})"},
+      {MoeActivationSpec{.intermediate = 768, .gradient = true},
+       "moe_activation in=bf16 activation=silu_mul layout=halves intermediate=768 out=bf16 gradient=true",
+       R"({"activation":"silu_mul","gradient":true,"intermediate":768,"layout":"halves","op":"moe_activation",)"
+       R"("out":"bf16"})"},
   });
 }
 

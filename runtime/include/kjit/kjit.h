@@ -588,7 +588,23 @@ KJIT_API uint64_t kjit_swizzled_scale_bytes(int64_t total_rows, int64_t scale_co
  * valid_rows (optional, device int32, e.g. the last of the routing's
  * cumulative end offsets): rows at or past *valid_rows are not read and are
  * written as zeros (bf16 0; FP8 codes 0 and scale 0), so a buffer's padding
- * rows carry no stale data. NULL: every row is computed. */
+ * rows carry no stale data. NULL: every row is computed.
+ *
+ * The gradient (backward pass; `grad` given): grad is the gradient d of the
+ * activation's output, bf16 [rows, I] row-major, and out receives the gradient
+ * of h, bf16 [rows, 2I] row-major in h's layout (out_dtype KJIT_DTYPE_BF16,
+ * scale_format UNSET, scales NULL). Per row and column, with g, u as above
+ * and d = grad[r, c], in fp32 (every operation rounded to nearest even, fma
+ * rounded once, exp as above), each result rounded once to bf16:
+ *   SILU_MUL:   den = 1 + exp(-g); s = 1 / den; d_u = d * (g / den);
+ *               d_g = (d * u) * (s * fma(g, 1 - s, 1))
+ *   SWIGLU_OAI: g' = min(g, limit); u' = clamp(u, -limit, limit); z = alpha * g';
+ *               s = 1 / (1 + exp(-z));
+ *               d_u = d * (g' * s) where -limit < u < limit, else 0;
+ *               d_g = (d * (u' + 1)) * (s * fma(z, 1 - s, 1)) where g < limit, else 0
+ * (the clamps pass no gradient at or past their bounds, nor does a NaN gate
+ * or up). valid_rows as for the forward (rows past it get zero gradients).
+ * Bit-exact with kjit/reference/moe_activation.hpp's moe_activation_gradient. */
 
 typedef struct kjit_moe_activation_desc {
   uint32_t struct_size;   /* sizeof(kjit_moe_activation_desc) */
@@ -606,6 +622,8 @@ typedef struct kjit_moe_activation_desc {
   void* out;              /* device [rows, I] bf16 or e4m3fn, 16-byte aligned */
   float* scales;          /* FP8 out: device fp32 [rows, I / 128], 4-byte aligned; bf16 out: NULL */
   const int32_t* valid_rows; /* optional device int32 (see above) */
+  const void* grad;       /* the gradient only: device bf16 [rows, I], 16-byte aligned; NULL (after _desc_init): the
+                             forward */
 } kjit_moe_activation_desc;
 
 KJIT_API void kjit_moe_activation_desc_init(kjit_moe_activation_desc* desc);

@@ -210,6 +210,7 @@ class MoeActivationDesc(ctypes.Structure):
         ("out", ctypes.c_void_p),
         ("scales", ctypes.c_void_p),
         ("valid_rows", ctypes.c_void_p),
+        ("grad", ctypes.c_void_p),
     ]
 
 

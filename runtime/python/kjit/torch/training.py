@@ -130,6 +130,16 @@ def compiled_activation(h, activation: str, order: str, alpha: float, limit: flo
     return fn(h, activation, order, alpha, limit)
 
 
+def module_activation_gradient(m, h: torch.Tensor, d_act: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """dh bf16 [rows, 2I] in h's order: kjit.moe_activation_backward (one kernel; rows past the routed ones
+    zero) for gate and up stored in halves or alternating; a fused-activation module's groups of 8 by
+    activation_backward's torch ops, fused."""
+    order = m._gate_up_order()
+    if order == "groups_of_8":
+        return compiled_activation_grad(h, d_act, m.activation, order, m.swiglu_alpha, m.swiglu_limit)
+    return kjit.moe_activation_backward(h, d_act, valid_rows=ends[-1:], **m._activation_args())
+
+
 def module_activation(m, h: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
     """act(h) bf16 [rows, I] as the module's inference forward computes it: kjit.moe_activation (one kernel,
     the same bits as MoEExperts' forward without a gradient; rows past the routed ones written as zeros) for
@@ -421,7 +431,7 @@ class _ExpertsFunction(torch.autograd.Function):
         g = act = d_u = None
 
         # the activation, then gate_up: its weight gradients first, so that the gathered rows are gone before dX
-        d_h = compiled_activation_grad(h, d_act, m.activation, m._gate_up_order(), m.swiglu_alpha, m.swiglu_limit)
+        d_h = module_activation_gradient(m, h, d_act, ends)
         d_act = None
         if needs[5]:
             grads[5] = _segment_sum(d_h, ends)
