@@ -305,14 +305,12 @@ TEST_CASE("a prepared activation is captured into a CUDA graph and replays on ne
   }
 }
 
-TEST_SUITE_END();
-
 TEST_CASE("the gradient (grad given) is bit-exact for both activations and layouts, the models' I, valid_rows, a "
           "padded input stride and the edge values") {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (const auto activation : kActivations)
     for (const auto layout : kLayouts)
-      for (const auto [rows, i_cols, stride, valid] :
+      for (const auto& [rows, i_cols, stride, valid] :
            {std::tuple<int64_t, int64_t, int64_t, int64_t>{1, 8, 0, -1}, {37, 768, 0, -1}, {300, 2880, 0, 211},
             {5, 256, 528, 3}}) {
         CAPTURE(static_cast<int>(activation));
@@ -341,3 +339,5 @@ TEST_CASE("the gradient (grad given) is bit-exact for both activations and layou
         CHECK_MESSAGE(wrong(got, want) == 0, wrong(got, want), " of ", rows * 2 * i_cols, " gradients differ");
       }
 }
+
+TEST_SUITE_END();
