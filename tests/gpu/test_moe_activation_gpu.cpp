@@ -106,7 +106,9 @@ kjit_moe_activation_desc describe(const Case& c, const Buffers& b) {
   d.out_dtype = c.fp8 ? KJIT_DTYPE_F8_E4M3FN : KJIT_DTYPE_BF16;
   d.activation = c.p.activation == reference::Activation::silu_mul ? KJIT_ACTIVATION_SILU_MUL
                                                                    : KJIT_ACTIVATION_SWIGLU_OAI;
-  d.layout = c.p.layout == reference::GateUp::halves ? KJIT_GATE_UP_HALVES : KJIT_GATE_UP_ALTERNATING;
+  d.layout = c.p.layout == reference::GateUp::halves        ? KJIT_GATE_UP_HALVES
+             : c.p.layout == reference::GateUp::alternating ? KJIT_GATE_UP_ALTERNATING
+                                                            : KJIT_GATE_UP_GROUPS_OF_8;
   d.rows = c.p.rows;
   d.intermediate = c.p.intermediate;
   d.in_row_stride = c.p.in_row_stride;
@@ -145,7 +147,8 @@ Output run(const Case& c) {
 
 int64_t wrong_after_run(const Case& c) { return wrong(run(c), expected(c)); }
 
-constexpr reference::GateUp kLayouts[] = {reference::GateUp::halves, reference::GateUp::alternating};
+constexpr reference::GateUp kLayouts[] = {reference::GateUp::halves, reference::GateUp::alternating,
+                                          reference::GateUp::groups_of_8};
 constexpr reference::Activation kActivations[] = {reference::Activation::silu_mul, reference::Activation::swiglu_oai};
 
 }  // namespace

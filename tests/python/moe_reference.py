@@ -17,6 +17,9 @@ def split_gate_up(h, layout):
     if layout == "halves":
         inter = h.shape[-1] // 2
         return h[..., :inter], h[..., inter:]
+    if layout == "groups_of_8":  # kjit.gate_up_interleaved's order: 8 gate, then their 8 up
+        groups = h.reshape(*h.shape[:-1], -1, 2, 8)
+        return groups[..., 0, :].flatten(-2), groups[..., 1, :].flatten(-2)
     return h[..., 0::2], h[..., 1::2]
 
 

@@ -1060,6 +1060,13 @@ TEST_CASE("W8A16 block scales under a fused activation: gate_up_layout is in the
   CHECK(canonical(KernelSpec{mixed_problem()}).find("gate_up_layout") == std::string::npos);
   CHECK(render(*choose_grouped_gemm_mixed_config(mixed_problem(), arch("sm_90a"), 100)).source.find(
             "kjit::BlockScaleRows::stored") != std::string::npos);
+  // groups_of_8 is the stored rows' order, never a checkpoint's: refused as the blocks' layout.
+  auto stored = mixed_problem();
+  stored.activation = Activation::silu_mul;
+  stored.gate_up_layout = GateUpLayout::groups_of_8;
+  const auto refused_stored = validate(KernelSpec{stored});
+  REQUIRE_FALSE(refused_stored.has_value());
+  CHECK(refused_stored.error().message.find("groups_of_8 is the stored rows' order") != std::string::npos);
 
   auto missing = mixed_problem();
   missing.activation = Activation::swiglu_oai;

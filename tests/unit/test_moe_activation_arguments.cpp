@@ -94,7 +94,7 @@ TEST_CASE_FIXTURE(ActivationFixture, "activation, layout and (FP8) scale format 
   expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "activation must be KJIT_ACTIVATION_SILU_MUL or");
   desc.activation = KJIT_ACTIVATION_SILU_MUL;
   desc.layout = KJIT_GATE_UP_UNSET;
-  expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "layout must be KJIT_GATE_UP_HALVES or KJIT_GATE_UP_ALTERNATING");
+  expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "layout must be KJIT_GATE_UP_HALVES, _ALTERNATING or _GROUPS_OF_8");
   desc.layout = KJIT_GATE_UP_HALVES;
   desc.out_dtype = KJIT_DTYPE_F32;
   expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "out_dtype must be KJIT_DTYPE_BF16 or KJIT_DTYPE_F8_E4M3FN");

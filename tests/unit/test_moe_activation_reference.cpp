@@ -182,7 +182,8 @@ TEST_CASE("the gradients agree with fp64 derivatives of the definitions, to fp32
   }
 }
 
-TEST_CASE("the clamps pass no gradient at or past their bounds, nor does NaN; the layouts agree, valid_rows zeroes") {
+TEST_CASE("the clamps pass no gradient at or past their bounds, nor does NaN; the three layouts agree, valid_rows "
+          "zeroes") {
   float d_gate, d_up;
   swiglu_oai_gradient(7.0f, 7.0f, 1.0f, 1.702f, 7.0f, d_gate, d_up);
   CHECK((d_gate == 0.0f && d_up == 0.0f));
@@ -198,25 +199,36 @@ TEST_CASE("the clamps pass no gradient at or past their bounds, nor does NaN; th
   MoeActivationProblem p{.rows = 3, .intermediate = 8, .in_row_stride = 16};
   std::mt19937_64 rng(3);
   std::normal_distribution<float> normal(0.0f, 2.0f);
-  std::vector<uint16_t> halves(48), alternating(48), grad(24);
+  // I = 16: two groups of 8, so groups_of_8 differs from halves (gate 0-7 and 16-23, up 8-15 and 24-31).
+  p.intermediate = 16;
+  p.in_row_stride = 32;
+  std::vector<uint16_t> halves(96), alternating(96), groups(96), grad(48);
   for (int64_t r = 0; r < 3; ++r)
-    for (int64_t c = 0; c < 8; ++c) {
+    for (int64_t c = 0; c < 16; ++c) {
       const uint16_t g = bf16_bits_rne(normal(rng)), u = bf16_bits_rne(normal(rng));
-      halves[static_cast<size_t>(r * 16 + c)] = g;
-      halves[static_cast<size_t>(r * 16 + 8 + c)] = u;
-      alternating[static_cast<size_t>(r * 16 + 2 * c)] = g;
-      alternating[static_cast<size_t>(r * 16 + 2 * c + 1)] = u;
-      grad[static_cast<size_t>(r * 8 + c)] = bf16_bits_rne(normal(rng));
+      halves[static_cast<size_t>(r * 32 + c)] = g;
+      halves[static_cast<size_t>(r * 32 + 16 + c)] = u;
+      alternating[static_cast<size_t>(r * 32 + 2 * c)] = g;
+      alternating[static_cast<size_t>(r * 32 + 2 * c + 1)] = u;
+      groups[static_cast<size_t>(r * 32 + 16 * (c / 8) + c % 8)] = g;
+      groups[static_cast<size_t>(r * 32 + 16 * (c / 8) + 8 + c % 8)] = u;
+      grad[static_cast<size_t>(r * 16 + c)] = bf16_bits_rne(normal(rng));
     }
   p.valid_rows = 2;
+  const auto act = moe_activation_bf16(p, halves);
   const auto from_halves = moe_activation_gradient(p, halves, grad);
   p.layout = GateUp::alternating;
   const auto from_alternating = moe_activation_gradient(p, alternating, grad);
+  p.layout = GateUp::groups_of_8;
+  const auto from_groups = moe_activation_gradient(p, groups, grad);
+  CHECK(moe_activation_bf16(p, groups) == act);
   for (int64_t r = 0; r < 3; ++r)
-    for (int64_t c = 0; c < 8; ++c) {
-      CHECK(from_halves[static_cast<size_t>(r * 16 + c)] == from_alternating[static_cast<size_t>(r * 16 + 2 * c)]);
-      CHECK(from_halves[static_cast<size_t>(r * 16 + 8 + c)] ==
-            from_alternating[static_cast<size_t>(r * 16 + 2 * c + 1)]);
-      if (r == 2) CHECK(from_halves[static_cast<size_t>(r * 16 + c)] == 0);
+    for (int64_t c = 0; c < 16; ++c) {
+      const auto gate = from_halves[static_cast<size_t>(r * 32 + c)], up = from_halves[static_cast<size_t>(r * 32 + 16 + c)];
+      CHECK(gate == from_alternating[static_cast<size_t>(r * 32 + 2 * c)]);
+      CHECK(up == from_alternating[static_cast<size_t>(r * 32 + 2 * c + 1)]);
+      CHECK(gate == from_groups[static_cast<size_t>(r * 32 + 16 * (c / 8) + c % 8)]);
+      CHECK(up == from_groups[static_cast<size_t>(r * 32 + 16 * (c / 8) + 8 + c % 8)]);
+      if (r == 2) CHECK((gate == 0 && up == 0));
     }
 }

@@ -632,7 +632,7 @@ TEST_CASE("ptxas reports no local-memory spills in the fp8 quantize kernels on s
 static std::vector<MoeActivationSpec> moe_activation_variants() {
   std::vector<MoeActivationSpec> out;
   for (auto activation : {Activation::silu_mul, Activation::swiglu_oai})
-    for (auto layout : {GateUpLayout::halves, GateUpLayout::alternating}) {
+    for (auto layout : {GateUpLayout::halves, GateUpLayout::alternating, GateUpLayout::groups_of_8}) {
       out.push_back({.intermediate = 2880, .activation = activation, .layout = layout, .out = DType::bf16});
       out.push_back(
           {.intermediate = 768, .activation = activation, .layout = layout, .out = DType::bf16, .gradient = true});

@@ -222,7 +222,10 @@ typedef enum kjit_activation {
 typedef enum kjit_gate_up_layout {
   KJIT_GATE_UP_UNSET = 0,       /* rejected where a layout is needed */
   KJIT_GATE_UP_HALVES = 1,      /* [gate | up]: gate = h[:, :I], up = h[:, I:] */
-  KJIT_GATE_UP_ALTERNATING = 2  /* gate = h[:, 0::2], up = h[:, 1::2] */
+  KJIT_GATE_UP_ALTERNATING = 2, /* gate = h[:, 0::2], up = h[:, 1::2] */
+  KJIT_GATE_UP_GROUPS_OF_8 = 3  /* kjit_moe_activation only: gate = h[:, 16g + i], up = h[:, 16g + 8 + i] for
+                                   output column 8g + i (kjit.gate_up_interleaved's order: a fused-activation
+                                   module's stored rows) */
 } kjit_gate_up_layout;
 
 typedef struct kjit_grouped_gemm_desc {
@@ -565,6 +568,7 @@ KJIT_API uint64_t kjit_swizzled_scale_bytes(int64_t total_rows, int64_t scale_co
  * r and output column c, with gate g and up u taken from h as `layout` says:
  *   HALVES (Hugging Face):    g = h[r, c],      u = h[r, I + c]
  *   ALTERNATING (gpt-oss):    g = h[r, 2c],     u = h[r, 2c + 1]
+ *   GROUPS_OF_8:              g = h[r, 16 (c / 8) + c % 8], u = that + 8
  * the activation in fp32, every operation one IEEE fp32 operation rounded to
  * nearest even, in this order:
  *   SILU_MUL:   out = (g / (1 + exp(-g))) * u

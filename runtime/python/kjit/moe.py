@@ -158,7 +158,7 @@ def _check_moe_activation(h, out, scales, activation, layout, alpha, limit, scal
         raise invalid(f"h must be [rows, 2I] with contiguous rows, got shape {list(h.shape)} and strides "
                        f"{list(h.stride())}")
     check_choice("activation", activation, _abi.ACTIVATION)
-    check_choice("layout", layout, _abi.GATE_UP)
+    check_choice("layout", layout, _abi.ACTIVATION_LAYOUT)
     check_tensor("out", out, ("bfloat16", "float8_e4m3fn"), device=h.device)
     rows, i_cols = h.shape[0], h.shape[1] // 2
     if list(out.shape) != [rows, i_cols]:
@@ -182,7 +182,7 @@ def _moe_activation_desc(h, out, scales, activation, layout, alpha, limit, scale
     d = _abi.MoeActivationDesc()
     library().kjit_moe_activation_desc_init(ctypes.byref(d))
     d.out_dtype = dtype_code(out.dtype)
-    d.activation, d.layout = _abi.ACTIVATION[activation], _abi.GATE_UP[layout]
+    d.activation, d.layout = _abi.ACTIVATION[activation], _abi.ACTIVATION_LAYOUT[layout]
     d.rows, d.intermediate = h.shape[0], h.shape[1] // 2
     d.in_row_stride = h.stride(0) if h.shape[0] > 1 else 0
     d.alpha, d.limit = alpha, limit
@@ -211,7 +211,9 @@ def moe_activation(h: Tensor, *, activation: str, layout: str, alpha: float = SW
                    stream: Optional[int] = None) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """The activation between an MoE layer's two grouped GEMMs, in one pass:
     h [rows, 2I] bf16 (the gate_up GEMM's output; layout "halves": gate =
-    h[:, :I], up = h[:, I:]; "alternating": gate = h[:, 0::2], up = h[:, 1::2])
+    h[:, :I], up = h[:, I:]; "alternating": gate = h[:, 0::2], up = h[:, 1::2];
+    "groups_of_8": 8 gate columns then their 8 up, kjit.gate_up_interleaved's
+    order, as a fused-activation module stores its rows)
     -> activation "silu_mul" (silu(gate) * up) or "swiglu_oai" (gpt-oss:
     gate clamped above and up on both sides at `limit`, (gate * sigmoid(alpha *
     gate)) * (up + 1)), fp32 math as kjit.h states it, rounded once to bf16.
@@ -250,7 +252,7 @@ def _check_moe_activation_backward(h, grad, out, activation, layout, alpha, limi
         raise invalid(f"h must be [rows, 2I] with contiguous rows, got shape {list(h.shape)} and strides "
                        f"{list(h.stride())}")
     check_choice("activation", activation, _abi.ACTIVATION)
-    check_choice("layout", layout, _abi.GATE_UP)
+    check_choice("layout", layout, _abi.ACTIVATION_LAYOUT)
     rows, i_cols = h.shape[0], h.shape[1] // 2
     check_tensor("grad", grad, ("bfloat16",), device=h.device)
     if list(grad.shape) != [rows, i_cols]:

@@ -41,8 +41,9 @@ Expected<MoeActivationPlan> plan_moe_activation_shapes(const kjit_moe_activation
                                static_cast<int>(d.activation)));
   if (d.layout == KJIT_GATE_UP_HALVES) spec.layout = codegen::GateUpLayout::halves;
   else if (d.layout == KJIT_GATE_UP_ALTERNATING) spec.layout = codegen::GateUpLayout::alternating;
+  else if (d.layout == KJIT_GATE_UP_GROUPS_OF_8) spec.layout = codegen::GateUpLayout::groups_of_8;
   else
-    return invalid(fmt::format("layout must be KJIT_GATE_UP_HALVES or KJIT_GATE_UP_ALTERNATING (got {}; there is no "
+    return invalid(fmt::format("layout must be KJIT_GATE_UP_HALVES, _ALTERNATING or _GROUPS_OF_8 (got {}; there is no "
                                "default)",
                                static_cast<int>(d.layout)));
   const bool fp8_out = spec.out == codegen::DType::f8_e4m3fn;

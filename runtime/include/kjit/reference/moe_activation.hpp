@@ -17,7 +17,15 @@
 
 namespace kjit::reference {
 
-enum class GateUp { halves, alternating };
+enum class GateUp { halves, alternating, groups_of_8 };
+
+// The columns of h holding output column c's gate and up (of I).
+inline int64_t gate_column(GateUp layout, int64_t c) {
+  return layout == GateUp::halves ? c : layout == GateUp::alternating ? 2 * c : 16 * (c / 8) + c % 8;
+}
+inline int64_t up_column(GateUp layout, int64_t i_cols, int64_t c) {
+  return layout == GateUp::halves ? i_cols + c : layout == GateUp::alternating ? 2 * c + 1 : 16 * (c / 8) + 8 + c % 8;
+}
 enum class Activation { silu_mul, swiglu_oai };
 
 // e^x as kjit.h states it: within 0.92 ulp of the exact value, not correctly
@@ -86,8 +94,7 @@ inline std::vector<uint16_t> moe_activation_bf16(const MoeActivationProblem& p, 
   for (int64_t r = 0; r < p.live_rows(); ++r)
     for (int64_t c = 0; c < i_cols; ++c) {
       const int64_t base = r * p.in_row_stride;
-      const int64_t g_at = p.layout == GateUp::halves ? base + c : base + 2 * c;
-      const int64_t u_at = p.layout == GateUp::halves ? base + i_cols + c : base + 2 * c + 1;
+      const int64_t g_at = base + gate_column(p.layout, c), u_at = base + up_column(p.layout, i_cols, c);
       const float g = bf16_to_float(in[static_cast<size_t>(g_at)]), u = bf16_to_float(in[static_cast<size_t>(u_at)]);
       const float v = p.activation == Activation::silu_mul ? silu_mul(g, u) : swiglu_oai(g, u, p.alpha, p.limit);
       out[static_cast<size_t>(r * i_cols + c)] = activation_bf16_bits(v);
@@ -103,8 +110,7 @@ inline std::vector<uint16_t> moe_activation_gradient(const MoeActivationProblem&
   std::vector<uint16_t> out(static_cast<size_t>(p.rows * 2 * i_cols), 0);
   for (int64_t r = 0; r < p.live_rows(); ++r)
     for (int64_t c = 0; c < i_cols; ++c) {
-      const int64_t g_col = p.layout == GateUp::halves ? c : 2 * c;
-      const int64_t u_col = p.layout == GateUp::halves ? i_cols + c : 2 * c + 1;
+      const int64_t g_col = gate_column(p.layout, c), u_col = up_column(p.layout, i_cols, c);
       const float g = bf16_to_float(in[static_cast<size_t>(r * p.in_row_stride + g_col)]);
       const float u = bf16_to_float(in[static_cast<size_t>(r * p.in_row_stride + u_col)]);
       const float d = bf16_to_float(grad[static_cast<size_t>(r * i_cols + c)]);

@@ -52,69 +52,15 @@ _OFFSETS = "cumulative_end"
 _ROW_DOT_CHUNK = 8192  # rows per fp32 temporary of the d topk_weights dot products
 
 
-# ---- the activation, in fp32 on the gate_up output ----
-
-def gate_up_halves(h: torch.Tensor, order: str):
-    """h [rows, 2I] -> (gate, up) views [rows, I] for the stored row order:
-    'halves' (gate then up), 'alternating' (gate, up, ...) or 'groups_of_8'
-    (kjit.gate_up_interleaved's order: 8 gate rows, then their 8 up rows)."""
-    rows, two_i = h.shape
-    if order == "halves":
-        return h[:, : two_i // 2], h[:, two_i // 2:]
-    if order == "alternating":
-        return h[:, 0::2], h[:, 1::2]
-    grouped = h.view(rows, two_i // 16, 2, 8)
-    return grouped[:, :, 0, :].reshape(rows, -1), grouped[:, :, 1, :].reshape(rows, -1)
-
-
-def gate_up_joined(d_gate: torch.Tensor, d_up: torch.Tensor, order: str) -> torch.Tensor:
-    """The inverse of gate_up_halves: [rows, I] twice -> [rows, 2I]."""
-    rows, inter = d_gate.shape
-    if order == "halves":
-        return torch.cat((d_gate, d_up), dim=1)
-    if order == "alternating":
-        return torch.stack((d_gate, d_up), dim=2).view(rows, 2 * inter)
-    return torch.stack((d_gate.view(rows, -1, 8), d_up.view(rows, -1, 8)), dim=2).view(rows, 2 * inter)
-
-
-def activation_forward(h, activation: str, order: str, alpha: float, limit: float) -> torch.Tensor:
-    """act(h) in fp32, rounded once to bf16 [rows, I] (kjit.h's SiLU-and-mul or
-    gpt-oss's clamped SwiGLU; torch's exp, so within an fp32 ulp or two of
-    kjit.moe_activation before the common bf16 rounding)."""
-    gate, up = (t.float() for t in gate_up_halves(h, order))
-    if activation == "silu_mul":
-        return (gate * torch.sigmoid(gate) * up).to(torch.bfloat16)
-    gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
-    return ((up + 1) * gate * torch.sigmoid(alpha * gate)).to(torch.bfloat16)
-
-
-def activation_backward(h, d_act, activation: str, order: str, alpha: float, limit: float) -> torch.Tensor:
-    """d act(h) / dh . d_act, fp32 math, bf16 [rows, 2I] in h's order. The
-    clamps pass the gradient strictly inside their bounds and give zero at
-    and beyond them (torch.clamp's convention)."""
-    gate, up = (t.float() for t in gate_up_halves(h, order))
-    d_act = d_act.float()
-    if activation == "silu_mul":
-        sig = torch.sigmoid(gate)
-        d_up = d_act * gate * sig
-        d_gate = d_act * up * sig * (1 + gate * (1 - sig))
-    else:
-        gate_c, up_c = gate.clamp(max=limit), up.clamp(-limit, limit)
-        sig = torch.sigmoid(alpha * gate_c)
-        d_up = torch.where((up > -limit) & (up < limit), d_act * gate_c * sig, 0.0)
-        d_gate_c = d_act * (up_c + 1) * sig * (1 + alpha * gate_c * (1 - sig))
-        d_gate = torch.where(gate < limit, d_gate_c, 0.0)
-    return gate_up_joined(d_gate.to(torch.bfloat16), d_up.to(torch.bfloat16), order)
-
+# ---- the activation and the elementwise passes ----
 
 _FUSED = {}
 
 
 def _fused(fn):
-    """fn compiled by torch.compile into one or two fused kernels on CUDA tensors where Triton is installed (the
-    fp32 math of the activation and its derivative, the LoRA sums and the row dot products otherwise cost a
-    dozen passes through memory: half of a LoRA step's GPU time at 4096 tokens); fn itself elsewhere. The same
-    operations per element, so the same gradients within fp32 rounding; a reduction runs in a fixed order."""
+    """fn compiled by torch.compile into one fused kernel on CUDA tensors where Triton is installed (the row dot
+    products otherwise cost fp32 copies of both operands, a multiply and a sum); fn itself elsewhere. The same
+    operations per element, so the same results within fp32 rounding; a reduction runs in a fixed order."""
     if fn not in _FUSED:
         try:
             import triton  # noqa: F401  (inductor's GPU backend)
@@ -124,37 +70,21 @@ def _fused(fn):
     return _FUSED[fn]
 
 
-def compiled_activation(h, activation: str, order: str, alpha: float, limit: float) -> torch.Tensor:
-    """activation_forward, fused on the GPU."""
-    fn = _fused(activation_forward) if h.is_cuda and not torch.compiler.is_compiling() else activation_forward
-    return fn(h, activation, order, alpha, limit)
-
-
 def module_activation_gradient(m, h: torch.Tensor, d_act: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
-    """dh bf16 [rows, 2I] in h's order: kjit.moe_activation_backward (one kernel; rows past the routed ones
-    zero) for gate and up stored in halves or alternating; a fused-activation module's groups of 8 by
-    activation_backward's torch ops, fused."""
-    order = m._gate_up_order()
-    if order == "groups_of_8":
-        return compiled_activation_grad(h, d_act, m.activation, order, m.swiglu_alpha, m.swiglu_limit)
-    return kjit.moe_activation_backward(h, d_act, valid_rows=ends[-1:], **m._activation_args())
+    """dh bf16 [rows, 2I] in h's order: kjit.moe_activation_backward, one kernel (rows past the routed ones
+    zero)."""
+    return kjit.moe_activation_backward(h, d_act, valid_rows=ends[-1:], **_activation_args(m))
 
 
 def module_activation(m, h: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
-    """act(h) bf16 [rows, I] as the module's inference forward computes it: kjit.moe_activation (one kernel,
-    the same bits as MoEExperts' forward without a gradient; rows past the routed ones written as zeros) for
-    gate and up stored in halves or alternating; a fused-activation module's groups of 8, which that kernel
-    does not read, by activation_forward (torch's exp: within an fp32 ulp or two before the bf16 rounding)."""
-    order = m._gate_up_order()
-    if order == "groups_of_8":
-        return compiled_activation(h, m.activation, order, m.swiglu_alpha, m.swiglu_limit)
-    return kjit.moe_activation(h, out_dtype=torch.bfloat16, valid_rows=ends[-1:], **m._activation_args())
+    """act(h) bf16 [rows, I] as the module's inference forward computes it: kjit.moe_activation, one kernel (the
+    same bits as MoEExperts' forward without a gradient; rows past the routed ones written as zeros)."""
+    return kjit.moe_activation(h, out_dtype=torch.bfloat16, valid_rows=ends[-1:], **_activation_args(m))
 
 
-def compiled_activation_grad(h, d_act, activation: str, order: str, alpha: float, limit: float) -> torch.Tensor:
-    """activation_backward, fused on the GPU."""
-    fn = _fused(activation_backward) if h.is_cuda and not torch.compiler.is_compiling() else activation_backward
-    return fn(h, d_act, activation, order, alpha, limit)
+def _activation_args(m) -> dict:
+    """The module's activation with h's column order (the stored gate_up rows': groups of 8 when fused)."""
+    return {**m._activation_args(), "layout": m._gate_up_order()}
 
 
 # ---- LoRA on the experts ----
