@@ -348,6 +348,14 @@ def emulated_moe_activation_backward(h, grad, *, activation, layout, alpha=1.702
     return out
 
 
+def emulated_moe_combine_backward(grad, expert_out, flat_to_sorted, *, out=None):
+    """kjit.moe_combine_backward's contract: <grad[t], expert_out[row]> per pair in fp64, 0 where row is -1."""
+    rows = flat_to_sorted.long()
+    picked = expert_out.double()[rows.clamp(min=0)]  # [T, k, H]
+    dots = (picked * grad.double()[:, None, :]).sum(-1)
+    return torch.where(rows >= 0, dots, 0.0).float()
+
+
 def emulated_moe_combine(expert_out, topk_weights, flat_to_sorted, *, out=None, out_dtype=None):
     rows = flat_to_sorted.long()
     picked = expert_out.float()[rows.clamp(min=0)]  # [T, k, H]
@@ -373,4 +381,5 @@ def emulated_grouped_gemm_wgrad(dy, x, offsets, *, offsets_convention, out_dtype
 EMULATED_OPS = {"moe_routing": emulated_moe_routing, "grouped_gemm": emulated_grouped_gemm,
                 "quantize_fp8": emulated_quantize_fp8, "moe_activation": emulated_moe_activation,
                 "moe_activation_backward": emulated_moe_activation_backward,
+                "moe_combine_backward": emulated_moe_combine_backward,
                 "moe_combine": emulated_moe_combine, "grouped_gemm_wgrad": emulated_grouped_gemm_wgrad}

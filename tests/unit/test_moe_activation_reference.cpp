@@ -182,7 +182,7 @@ TEST_CASE("the gradients agree with fp64 derivatives of the definitions, to fp32
   }
 }
 
-TEST_CASE("the clamps pass no gradient at or past their bounds, nor does NaN; the three layouts agree, valid_rows "
+TEST_CASE("the clamps pass no gradient at or past their bounds, nor does NaN, the three layouts agree, valid_rows "
           "zeroes") {
   float d_gate, d_up;
   swiglu_oai_gradient(7.0f, 7.0f, 1.0f, 1.702f, 7.0f, d_gate, d_up);

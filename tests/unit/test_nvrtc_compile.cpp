@@ -179,7 +179,8 @@ std::vector<GroupedGemmSpec> gemm_problems() {
 
 static std::vector<KernelSpec> routing_variants() {
   return {MoeRoutingSpec{256, OffsetsConvention::cumulative_end}, MoeRoutingSpec{4096, OffsetsConvention::with_leading_zero},
-          MoeCombineSpec{8, 7168, DType::bf16}, MoeCombineSpec{1, 8, DType::f32}};
+          MoeCombineSpec{8, 7168, DType::bf16}, MoeCombineSpec{1, 8, DType::f32},
+          MoeCombineSpec{8, 2880, DType::f32, true}};
 }
 
 TEST_CASE("the MoE routing helpers compile with NVRTC for sm_90a, sm_100a and sm_120a") {

@@ -372,7 +372,18 @@ typedef struct kjit_moe_routing_desc {
 
 /* kjit_moe_combine: out[t, :] = sum over j of topk_weights[t, j] *
  * expert_out[flat_to_sorted[t * top_k + j], :], skipping -1 (rows of other
- * ranks), accumulated in fp32 in order of j, rounded once. */
+ * ranks), accumulated in fp32 in order of j, rounded once.
+ *
+ * The weights' gradient (backward pass; `grad` given): grad is the gradient of
+ * out, bf16 [tokens, hidden], and out receives fp32 [tokens, top_k] with
+ * out[t, j] = sum over h of grad[t, h] * expert_out[row, h] (row =
+ * flat_to_sorted[t * top_k + j]; +0 for -1), out_dtype KJIT_DTYPE_F32,
+ * topk_weights NULL. The order, fixed: partial sums s_l for l = 0..31, s_l
+ * fma'ing (each one fma rounded once) the products of columns 8c .. 8c + 7 in
+ * order for c = l, l + 32, ... below hidden / 8, in order of c; then for d =
+ * 16, 8, 4, 2, 1 every s_l becomes s_l + s_(l xor d) (fp32 adds), and the
+ * result is s_0. Bit-exact with kjit/reference/moe_routing.hpp's
+ * moe_combine_weight_gradient. */
 typedef struct kjit_moe_combine_desc {
   uint32_t struct_size; /* sizeof(kjit_moe_combine_desc) */
   int64_t tokens;
@@ -384,7 +395,9 @@ typedef struct kjit_moe_combine_desc {
   const void* expert_out;       /* device [rows, hidden], 16-byte aligned */
   const float* topk_weights;    /* device [tokens * top_k] */
   const int32_t* flat_to_sorted; /* device [tokens * top_k] */
-  void* out;                    /* device [tokens, hidden], 16-byte aligned */
+  void* out;                    /* device [tokens, hidden], 16-byte aligned ([tokens, top_k] fp32 with grad) */
+  const void* grad;             /* the weights' gradient only: device bf16 [tokens, hidden], 16-byte aligned;
+                                   NULL (after _desc_init): the combine */
 } kjit_moe_combine_desc;
 
 KJIT_API void kjit_moe_routing_desc_init(kjit_moe_routing_desc* desc);

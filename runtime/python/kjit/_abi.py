@@ -172,6 +172,7 @@ class MoeCombineDesc(ctypes.Structure):
         ("topk_weights", ctypes.c_void_p),
         ("flat_to_sorted", ctypes.c_void_p),
         ("out", ctypes.c_void_p),
+        ("grad", ctypes.c_void_p),
     ]
 
 

@@ -142,6 +142,66 @@ def moe_combine(expert_out: Tensor, topk_weights: Tensor, flat_to_sorted: Tensor
     return out
 
 
+def _check_combine_backward(grad, expert_out, flat_to_sorted, out) -> None:
+    check_tensor("grad", grad, ("bfloat16",))
+    check_tensor("expert_out", expert_out, ("bfloat16",), device=grad.device)
+    check_tensor("flat_to_sorted", flat_to_sorted, ("int32",), device=grad.device)
+    check_tensor("out", out, ("float32",), device=grad.device)
+    if grad.dim() != 2 or expert_out.dim() != 2 or grad.shape[1] != expert_out.shape[1]:
+        raise invalid(f"grad must be [tokens, hidden] and expert_out [rows, hidden], got {list(grad.shape)} and "
+                       f"{list(expert_out.shape)}")
+    if flat_to_sorted.dim() != 2 or flat_to_sorted.shape[0] != grad.shape[0]:
+        raise invalid(f"flat_to_sorted must be [tokens, top_k] = [{grad.shape[0]}, top_k], got "
+                       f"{list(flat_to_sorted.shape)}")
+    if list(out.shape) != list(flat_to_sorted.shape):
+        raise invalid(f"out must be [{', '.join(map(str, flat_to_sorted.shape))}], got {list(out.shape)}")
+
+
+def _combine_backward_desc(grad, expert_out, flat_to_sorted, out) -> _abi.MoeCombineDesc:
+    d = _abi.MoeCombineDesc()
+    library().kjit_moe_combine_desc_init(ctypes.byref(d))
+    d.tokens, d.top_k = flat_to_sorted.shape
+    d.hidden, d.rows = expert_out.shape[1], expert_out.shape[0]
+    d.in_dtype, d.out_dtype = dtype_code(expert_out.dtype), dtype_code(out.dtype)
+    d.expert_out, d.grad = expert_out.data_ptr(), grad.data_ptr()
+    d.flat_to_sorted, d.out = flat_to_sorted.data_ptr(), out.data_ptr()
+    return d
+
+
+# The combine's weights' gradient.
+@op("moe_combine_backward_", ("out",), checking(_combine_backward_desc, "kjit_moe_combine"))
+def moe_combine_backward_(grad: torch.Tensor, expert_out: torch.Tensor, flat_to_sorted: torch.Tensor,
+                          out: torch.Tensor, stream: Optional[int]) -> None:
+    d = _combine_backward_desc(grad, expert_out, flat_to_sorted, out)
+    check(library().kjit_moe_combine(ctypes.byref(d), cuda_stream(grad.device, stream)))
+
+
+def moe_combine_backward(grad: Tensor, expert_out: Tensor, flat_to_sorted: Tensor, *, out: Optional[Tensor] = None,
+                         stream: Optional[int] = None) -> Tensor:
+    """The gradient of moe_combine's output with respect to its topk_weights:
+    out[t, j] = <grad[t], expert_out[flat_to_sorted[t, j]]> (0 where -1),
+    fp32 [tokens, top_k]. grad is bf16 [tokens, H] (moe_combine's output's
+    gradient), expert_out bf16 [rows, H], flat_to_sorted int32 [tokens,
+    top_k]. Each dot product sums in fp32 in the fixed order kjit.h states:
+    the same bits every run."""
+    torch = require_torch()
+
+    if out is None:
+        check_tensor("flat_to_sorted", flat_to_sorted, ("int32",))
+        out = torch.empty(*flat_to_sorted.shape, dtype=torch.float32, device=flat_to_sorted.device)
+    _check_combine_backward(grad, expert_out, flat_to_sorted, out)
+    moe_combine_backward_(grad, expert_out, flat_to_sorted, out, stream)
+    return out
+
+
+def prepare_moe_combine_backward(grad: Tensor, expert_out: Tensor, flat_to_sorted: Tensor, out: Tensor) -> None:
+    """Compiles (or finds) and loads the kernel moe_combine_backward needs, so that the call can be captured in a
+    CUDA graph."""
+    _check_combine_backward(grad, expert_out, flat_to_sorted, out)
+    d = _combine_backward_desc(*pointer_free(grad, expert_out, flat_to_sorted, out))
+    check(library().kjit_moe_combine_prepare(ctypes.byref(d), grad.device.index or 0))
+
+
 def prepare_moe_combine(expert_out: Tensor, topk_weights: Tensor, flat_to_sorted: Tensor, out: Tensor) -> None:
     """Compiles (or finds) and loads the kernel moe_combine needs for these
     arguments, so that the call can be captured in a CUDA graph."""
