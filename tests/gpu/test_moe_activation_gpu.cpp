@@ -308,8 +308,8 @@ TEST_CASE("a prepared activation is captured into a CUDA graph and replays on ne
   }
 }
 
-TEST_CASE("the gradient (grad given) is bit-exact for both activations and layouts, the models' I, valid_rows, a "
-          "padded input stride and the edge values") {
+TEST_CASE("the gradient (grad given) is bit-exact for both activations and every layout, the models' I, valid_rows, "
+          "a padded input stride and the edge values") {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (const auto activation : kActivations)
     for (const auto layout : kLayouts)

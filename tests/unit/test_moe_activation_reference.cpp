@@ -224,7 +224,8 @@ TEST_CASE("the clamps pass no gradient at or past their bounds, nor does NaN, th
   CHECK(moe_activation_bf16(p, groups) == act);
   for (int64_t r = 0; r < 3; ++r)
     for (int64_t c = 0; c < 16; ++c) {
-      const auto gate = from_halves[static_cast<size_t>(r * 32 + c)], up = from_halves[static_cast<size_t>(r * 32 + 16 + c)];
+      const auto gate = from_halves[static_cast<size_t>(r * 32 + c)];
+      const auto up = from_halves[static_cast<size_t>(r * 32 + 16 + c)];
       CHECK(gate == from_alternating[static_cast<size_t>(r * 32 + 2 * c)]);
       CHECK(up == from_alternating[static_cast<size_t>(r * 32 + 2 * c + 1)]);
       CHECK(gate == from_groups[static_cast<size_t>(r * 32 + 16 * (c / 8) + c % 8)]);
