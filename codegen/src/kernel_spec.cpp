@@ -24,7 +24,7 @@ constexpr std::array kConventionNames{"multiply", "divide"};
 constexpr std::array kLayoutNames{"e_n_k", "e_k_n"};
 constexpr std::array kOffsetsNames{"cumulative_end", "with_leading_zero"};
 constexpr std::array kActivationNames{"none", "silu_mul", "swiglu_oai"};
-constexpr std::array kGateUpNames{"halves", "alternating"};
+constexpr std::array kGateUpNames{"halves", "alternating", "groups_of_8"};
 constexpr std::array kAddendNames{"none", "bf16", "f32"};
 
 // Parses the alternative whose family's op is `op`, if any.

@@ -35,7 +35,7 @@ inline constexpr int kEnumCount<OffsetsConvention> = 2;
 template <>
 inline constexpr int kEnumCount<Activation> = 3;
 template <>
-inline constexpr int kEnumCount<GateUpLayout> = 2;
+inline constexpr int kEnumCount<GateUpLayout> = 3;
 template <>
 inline constexpr int kEnumCount<Addend> = 3;
 

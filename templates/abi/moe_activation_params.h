@@ -15,6 +15,8 @@ struct kjit_moe_activation_params {
   long long in_row_stride; /* elements, a multiple of 8 and >= 2I */
   float alpha;             /* swiglu_oai only */
   float limit;             /* swiglu_oai only */
+  const void* grad;        /* the gradient (spec's `gradient`): bf16 [rows, I] of the activation's output; `out` is
+                              then bf16 [rows, 2I], the gradient of h in its layout */
 };
 
 #endif

@@ -37,6 +37,8 @@ struct kjit_moe_combine_params {
   unsigned int* device_error;
   long long tokens;
   long long rows;            /* rows of expert_out; an index at or past it is an error */
+  const void* grad;          /* the weights' gradient (spec's `gradient`): bf16 [tokens, hidden], the gradient of the
+                                combine's output; `out` is then fp32 [tokens * top_k] and topk_weights unused */
 };
 
 

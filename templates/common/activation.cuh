@@ -54,12 +54,47 @@ __device__ __forceinline__ float swiglu_oai(float gate, float up, float alpha, f
   return __fmul_rn(__fmul_rn(gate, sigmoid), __fadd_rn(up, 1.0f));
 }
 
+// The gradients of silu_mul with respect to gate and up, times the incoming
+// gradient d: e = e^-g, den = 1 + e, s = 1 / den, silu = g / den (the forward's);
+// d_up = d * silu, d_gate = (d * u) * (s * fma(g, 1 - s, 1)).
+__device__ __forceinline__ void silu_mul_gradient(float gate, float up, float d, float& d_gate, float& d_up) {
+  const float den = __fadd_rn(1.0f, activation_exp(-gate));
+  const float s = __fdiv_rn(1.0f, den);
+  d_up = __fmul_rn(d, __fdiv_rn(gate, den));
+  d_gate = __fmul_rn(__fmul_rn(d, up), __fmul_rn(s, __fmaf_rn(gate, __fsub_rn(1.0f, s), 1.0f)));
+}
+
+// swiglu_oai's: g' = min(g, limit), u' = clamp(u, -limit, limit), z = alpha g',
+// s = 1 / (1 + e^-z) (the forward's); d_up = d * (g' * s) where -limit < u <
+// limit, else 0; d_gate = (d * (u' + 1)) * (s * fma(z, 1 - s, 1)) where g <
+// limit, else 0 (the clamps' zero gradient at and past their bounds, NaN's too).
+__device__ __forceinline__ void swiglu_oai_gradient(float gate, float up, float d, float alpha, float limit,
+                                                    float& d_gate, float& d_up) {
+  const float clamped_gate = gate > limit ? limit : gate;
+  const float clamped_up = up > limit ? limit : (up < -limit ? -limit : up);
+  const float z = __fmul_rn(alpha, clamped_gate);
+  const float s = __fdiv_rn(1.0f, __fadd_rn(1.0f, activation_exp(-z)));
+  d_up = up > -limit && up < limit ? __fmul_rn(d, __fmul_rn(clamped_gate, s)) : 0.0f;
+  d_gate = gate < limit ? __fmul_rn(__fmul_rn(d, __fadd_rn(clamped_up, 1.0f)),
+                                    __fmul_rn(s, __fmaf_rn(z, __fsub_rn(1.0f, s), 1.0f)))
+                        : 0.0f;
+}
+
 // The activation codegen named, of one gate/up pair.
 template <Activation kActivation>
 __device__ __forceinline__ float activate(float gate, float up, float alpha, float limit) {
   static_assert(kActivation != Activation::none, "an activation to apply");
   if constexpr (kActivation == Activation::silu_mul) return silu_mul(gate, up);
   else return swiglu_oai(gate, up, alpha, limit);
+}
+
+// Its gradients with respect to gate and up, times d.
+template <Activation kActivation>
+__device__ __forceinline__ void activate_gradient(float gate, float up, float d, float alpha, float limit,
+                                                  float& d_gate, float& d_up) {
+  static_assert(kActivation != Activation::none, "an activation to differentiate");
+  if constexpr (kActivation == Activation::silu_mul) silu_mul_gradient(gate, up, d, d_gate, d_up);
+  else swiglu_oai_gradient(gate, up, d, alpha, limit, d_gate, d_up);
 }
 
 }  // namespace kjit

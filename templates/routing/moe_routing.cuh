@@ -15,7 +15,8 @@
 // chunk); with more, warps take turns on a shared cursor per expert (32).
 //
 // moe_combine: a block per token and slice of 2048 columns; out[t] = sum_j w[t, j] * expert_out[row(t, j)]
-// over the j routed to this rank, accumulated in fp32, rounded once.
+// over the j routed to this rank, accumulated in fp32, rounded once. Its weights' gradient (kGradient): a warp
+// per pair, out[t, j] = <grad[t], expert_out[row(t, j)]> in fp32 in the order kjit.h states.
 #pragma once
 
 #include "../abi/device_errors.h"
@@ -236,17 +237,55 @@ __device__ __forceinline__ void moe_routing(const kjit_moe_routing_params& p) {
   }
 }
 
-template <int kTopK_, long long kHidden_, bool kOutF32_>
+template <int kTopK_, long long kHidden_, bool kOutF32_, bool kGradient_ = false>
 struct CombineConfig {
   static constexpr int kTopK = kTopK_;
   static constexpr long long kHidden = kHidden_;
   static constexpr bool kOutF32 = kOutF32_;
+  static constexpr bool kGradient = kGradient_;
   static constexpr int kThreads = 256;
   static_assert(kHidden % 8 == 0, "the host admits hidden sizes divisible by 8");
+  static_assert(!kGradient || kOutF32, "the weights' gradient is fp32");
 };
 
+// The gradient of the combine's weights: out[t * top_k + j] = the dot product of grad[t] and
+// expert_out[row(t, j)] (0 for a pair of another rank). A warp per pair: lane l takes the 8-column chunks l,
+// l + 32, ... (one 16-byte load of each operand a chunk) and fma's their products into its fp32 sum in column
+// order; the lanes' sums meet in a butterfly (xor 16, 8, 4, 2, 1, each an fp32 add) and lane 0 writes its
+// result. A fixed order: the same bits every run, and kjit/reference/moe_routing.hpp's.
 template <class Cfg>
-__device__ __forceinline__ void moe_combine(const kjit_moe_combine_params& p) {
+__device__ __forceinline__ void moe_combine_gradient(const kjit_moe_combine_params& p) {
+  const long long pair = (static_cast<long long>(blockIdx.x) * Cfg::kThreads + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (pair >= p.tokens * Cfg::kTopK) return;  // uniform over the warp
+  int row = p.flat_to_sorted[pair];
+  if (row >= p.rows) {
+    if (lane == 0 && atomicCAS(&p.device_error[0], 0u, KJIT_DEVICE_ERROR_COMBINE_INDEX_OUT_OF_RANGE) == 0u)
+      p.device_error[1] = static_cast<unsigned>(row);
+    row = -1;
+  }
+  float sum = 0.0f;
+  if (row >= 0) {
+    const unsigned short* x = static_cast<const unsigned short*>(p.expert_out) + row * Cfg::kHidden;
+    const unsigned short* g = static_cast<const unsigned short*>(p.grad) + pair / Cfg::kTopK * Cfg::kHidden;
+    for (long long c = lane; c < Cfg::kHidden / 8; c += 32) {
+      const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x + 8 * c));
+      const uint4 gv = __ldg(reinterpret_cast<const uint4*>(g + 8 * c));
+      const unsigned xw[4] = {xv.x, xv.y, xv.z, xv.w}, gw[4] = {gv.x, gv.y, gv.z, gv.w};
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        sum = __fmaf_rn(__uint_as_float(gw[q] << 16), __uint_as_float(xw[q] << 16), sum);
+        sum = __fmaf_rn(__uint_as_float(gw[q] & 0xffff0000u), __uint_as_float(xw[q] & 0xffff0000u), sum);
+      }
+    }
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, offset));
+  if (lane == 0) static_cast<float*>(p.out)[pair] = sum;
+}
+
+template <class Cfg>
+__device__ __forceinline__ void moe_combine_forward(const kjit_moe_combine_params& p) {
   const long long t = blockIdx.x;
   int rows[Cfg::kTopK];
   float weights[Cfg::kTopK];
@@ -289,6 +328,12 @@ __device__ __forceinline__ void moe_combine(const kjit_moe_combine_params& p) {
       *reinterpret_cast<uint4*>(static_cast<unsigned short*>(p.out) + t * Cfg::kHidden + h) = packed;
     }
   }
+}
+
+template <class Cfg>
+__device__ __forceinline__ void moe_combine(const kjit_moe_combine_params& p) {
+  if constexpr (Cfg::kGradient) moe_combine_gradient<Cfg>(p);
+  else moe_combine_forward<Cfg>(p);
 }
 
 }  // namespace kjit

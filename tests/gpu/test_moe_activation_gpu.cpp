@@ -14,6 +14,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -105,7 +106,9 @@ kjit_moe_activation_desc describe(const Case& c, const Buffers& b) {
   d.out_dtype = c.fp8 ? KJIT_DTYPE_F8_E4M3FN : KJIT_DTYPE_BF16;
   d.activation = c.p.activation == reference::Activation::silu_mul ? KJIT_ACTIVATION_SILU_MUL
                                                                    : KJIT_ACTIVATION_SWIGLU_OAI;
-  d.layout = c.p.layout == reference::GateUp::halves ? KJIT_GATE_UP_HALVES : KJIT_GATE_UP_ALTERNATING;
+  d.layout = c.p.layout == reference::GateUp::halves        ? KJIT_GATE_UP_HALVES
+             : c.p.layout == reference::GateUp::alternating ? KJIT_GATE_UP_ALTERNATING
+                                                            : KJIT_GATE_UP_GROUPS_OF_8;
   d.rows = c.p.rows;
   d.intermediate = c.p.intermediate;
   d.in_row_stride = c.p.in_row_stride;
@@ -144,7 +147,8 @@ Output run(const Case& c) {
 
 int64_t wrong_after_run(const Case& c) { return wrong(run(c), expected(c)); }
 
-constexpr reference::GateUp kLayouts[] = {reference::GateUp::halves, reference::GateUp::alternating};
+constexpr reference::GateUp kLayouts[] = {reference::GateUp::halves, reference::GateUp::alternating,
+                                          reference::GateUp::groups_of_8};
 constexpr reference::Activation kActivations[] = {reference::Activation::silu_mul, reference::Activation::swiglu_oai};
 
 }  // namespace
@@ -302,6 +306,41 @@ TEST_CASE("a prepared activation is captured into a CUDA graph and replays on ne
     CAPTURE(valid);
     CHECK(wrong(b.download(c), expected(c)) == 0);
   }
+}
+
+TEST_CASE("the gradient (grad given) is bit-exact for both activations and every layout, the models' I, valid_rows, "
+          "a padded input stride and the edge values") {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const auto activation : kActivations)
+    for (const auto layout : kLayouts)
+      for (const auto& [rows, i_cols, stride, valid] :
+           {std::tuple<int64_t, int64_t, int64_t, int64_t>{1, 8, 0, -1}, {37, 768, 0, -1}, {300, 2880, 0, 211},
+            {5, 256, 528, 3}}) {
+        CAPTURE(static_cast<int>(activation));
+        CAPTURE(static_cast<int>(layout));
+        CAPTURE(i_cols);
+        Case c = make_case(rows, i_cols, layout, activation, false, false, stride);
+        if (valid >= 0) c.p.valid_rows = valid;
+        if (rows == 5) {  // the edges: inf, NaN, the clamp's bounds and both sides of them
+          const float edges[] = {INFINITY, -INFINITY, NAN, 7.0f, -7.0f, 6.99f, 7.01f, -88.5f, 89.5f, 0.0f, -0.0f};
+          for (size_t i = 0; i < c.in.size(); ++i)
+            if (i % 3 == 0) c.in[i] = reference::bf16_bits_rne(edges[i / 3 % std::size(edges)]);
+        }
+        std::vector<uint16_t> grad(static_cast<size_t>(rows * i_cols));
+        for (auto& g : grad) g = reference::bf16_bits_rne(normal(rng()));
+        Buffers b(c);
+        DeviceBuffer grad_buffer(0, grad.size() * 2), out(0, static_cast<size_t>(rows * 2 * i_cols * 2));
+        grad_buffer.upload(grad);
+        out.poison();
+        auto d = describe(c, b);
+        d.grad = grad_buffer.get();
+        d.out = out.get();
+        REQUIRE_MESSAGE(kjit_moe_activation(&d, nullptr) == KJIT_OK, kjit_last_error_message());
+        REQUIRE_MESSAGE(kjit_device_errors(0) == KJIT_OK, kjit_last_error_message());
+        Output got{out.download<uint16_t>(0, static_cast<size_t>(rows * 2 * i_cols)), {}, {}};
+        const Output want{reference::moe_activation_gradient(c.p, c.in, grad), {}, {}};
+        CHECK_MESSAGE(wrong(got, want) == 0, wrong(got, want), " of ", rows * 2 * i_cols, " gradients differ");
+      }
 }
 
 TEST_SUITE_END();

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <tuple>
 #include <vector>
 
 #include "gpu_support.hpp"
@@ -259,6 +260,55 @@ TEST_CASE("combine sums weighted expert rows back in token order, skipping other
           MESSAGE("token " << t << " h " << h << ": got " << got << ", want " << ref);
       }
     CAPTURE(out_dtype);
+    CHECK(bad == 0);
+  }
+}
+
+TEST_CASE("the weights' gradient is bit-exact: a dot product per pair in kjit.h's order, +0 for other ranks' pairs") {
+  for (const auto& [tokens, top_k, hidden] :
+       {std::tuple<int64_t, int64_t, int64_t>{300, 4, 264}, {1, 8, 7168}, {37, 32, 2048}}) {
+    RoutingCase c;
+    c.tokens = tokens;
+    c.top_k = top_k;
+    c.experts_total = 64;
+    c.expert_base = 16;
+    c.experts_local = 32;  // about half the pairs belong to other ranks
+    const auto ids = random_ids(c);
+    const auto routing = reference_routing(c, ids);
+    const int64_t rows = tokens * top_k;
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<uint16_t> x(static_cast<size_t>(rows * hidden)), grad(static_cast<size_t>(tokens * hidden));
+    for (auto& v : x) v = kjit::reference::bf16_bits_rne(normal(rng()));
+    for (auto& v : grad) v = kjit::reference::bf16_bits_rne(normal(rng()));
+    DeviceBuffer dx(0, x.size() * 2), dgrad(0, grad.size() * 2), dinv(0, routing.flat_to_sorted.size() * 4),
+        dout(0, static_cast<size_t>(rows * 4));
+    dx.upload(x);
+    dgrad.upload(grad);
+    dinv.upload(routing.flat_to_sorted);
+    dout.poison();
+    kjit_moe_combine_desc d;
+    kjit_moe_combine_desc_init(&d);
+    d.tokens = tokens;
+    d.top_k = top_k;
+    d.hidden = hidden;
+    d.rows = rows;
+    d.in_dtype = KJIT_DTYPE_BF16;
+    d.out_dtype = KJIT_DTYPE_F32;
+    d.expert_out = dx.get();
+    d.flat_to_sorted = static_cast<const int32_t*>(dinv.get());
+    d.out = dout.get();
+    d.grad = dgrad.get();
+    REQUIRE_MESSAGE(kjit_moe_combine(&d, nullptr) == KJIT_OK, kjit_last_error_message());
+    REQUIRE_MESSAGE(kjit_device_errors(0) == KJIT_OK, kjit_last_error_message());
+    const auto out = dout.download<uint32_t>(0, static_cast<size_t>(rows));
+    int64_t bad = 0;
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int64_t j = 0; j < top_k; ++j) {
+        const float want =
+            kjit::reference::moe_combine_weight_gradient(x, grad, routing.flat_to_sorted, top_k, hidden, t, j);
+        bad += out[static_cast<size_t>(t * top_k + j)] == kjit::reference::float_bits(want) ? 0 : 1;
+      }
+    CAPTURE(hidden);
     CHECK(bad == 0);
   }
 }

@@ -17,6 +17,9 @@ def split_gate_up(h, layout):
     if layout == "halves":
         inter = h.shape[-1] // 2
         return h[..., :inter], h[..., inter:]
+    if layout == "groups_of_8":  # kjit.gate_up_interleaved's order: 8 gate, then their 8 up
+        groups = h.reshape(*h.shape[:-1], -1, 2, 8)
+        return groups[..., 0, :].flatten(-2), groups[..., 1, :].flatten(-2)
     return h[..., 0::2], h[..., 1::2]
 
 
@@ -333,6 +336,26 @@ def emulated_moe_activation(h, *, valid_rows, out_dtype, **kwargs):
     return out
 
 
+def emulated_moe_activation_backward(h, grad, *, activation, layout, alpha=1.702, limit=7.0, valid_rows=None):
+    """kjit.moe_activation_backward's contract by torch autograd of apply_activation in fp32 (its clamps' zero
+    gradient at and past their bounds included); rows past valid_rows zero."""
+    with torch.enable_grad():
+        x = h.float().nan_to_num().requires_grad_()
+        apply_activation(x, activation, layout, alpha, limit).backward(grad.float())
+    out = x.grad.to(torch.bfloat16)
+    if valid_rows is not None:
+        out[int(valid_rows):] = 0
+    return out
+
+
+def emulated_moe_combine_backward(grad, expert_out, flat_to_sorted, *, out=None):
+    """kjit.moe_combine_backward's contract: <grad[t], expert_out[row]> per pair in fp64, 0 where row is -1."""
+    rows = flat_to_sorted.long()
+    picked = expert_out.double()[rows.clamp(min=0)]  # [T, k, H]
+    dots = (picked * grad.double()[:, None, :]).sum(-1)
+    return torch.where(rows >= 0, dots, 0.0).float()
+
+
 def emulated_moe_combine(expert_out, topk_weights, flat_to_sorted, *, out=None, out_dtype=None):
     rows = flat_to_sorted.long()
     picked = expert_out.float()[rows.clamp(min=0)]  # [T, k, H]
@@ -357,4 +380,6 @@ def emulated_grouped_gemm_wgrad(dy, x, offsets, *, offsets_convention, out_dtype
 
 EMULATED_OPS = {"moe_routing": emulated_moe_routing, "grouped_gemm": emulated_grouped_gemm,
                 "quantize_fp8": emulated_quantize_fp8, "moe_activation": emulated_moe_activation,
+                "moe_activation_backward": emulated_moe_activation_backward,
+                "moe_combine_backward": emulated_moe_combine_backward,
                 "moe_combine": emulated_moe_combine, "grouped_gemm_wgrad": emulated_grouped_gemm_wgrad}

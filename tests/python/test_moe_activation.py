@@ -31,7 +31,7 @@ def test_moe_activation_arguments_are_named():
             kjit.moe_activation(cuda(4, 512, dtype=torch.float16), activation="silu_mul", layout="halves")
         with raises_naming("activation must be one of 'silu_mul', 'swiglu_oai', got 'silu'"):
             kjit.moe_activation(h, activation="silu", layout="halves")
-        with raises_naming("layout must be one of 'halves', 'alternating', got 'interleaved'"):
+        with raises_naming("layout must be one of 'halves', 'alternating', 'groups_of_8', got 'interleaved'"):
             kjit.moe_activation(h, activation="silu_mul", layout="interleaved")
         with raises_naming("out_dtype must be torch.bfloat16 or torch.float8_e4m3fn"):
             kjit.moe_activation(h, activation="silu_mul", layout="halves", out_dtype=f32)
@@ -73,9 +73,7 @@ def test_a_cpu_h_is_refused_before_any_launch():
 
 def _torch_activation(h, activation, layout, alpha=1.702, limit=7.0):
     """The definitions in plain torch, fp32, rounded once to bf16."""
-    x = h.float()
-    i = x.shape[1] // 2
-    g, u = (x[:, :i], x[:, i:]) if layout == "halves" else (x[:, 0::2], x[:, 1::2])
+    g, u = _gate_up(h.float(), layout)
     if activation == "silu_mul":
         out = g / (1 + torch.exp(-g)) * u
     else:
@@ -83,6 +81,17 @@ def _torch_activation(h, activation, layout, alpha=1.702, limit=7.0):
         u = u.clamp(min=-limit, max=limit)
         out = g * (1 / (1 + torch.exp(-(alpha * g)))) * (u + 1)
     return out.to(bf16)
+
+
+def _gate_up(x, layout):
+    """(gate, up) views of h [rows, 2I] in `layout`."""
+    i = x.shape[1] // 2
+    if layout == "halves":
+        return x[:, :i], x[:, i:]
+    if layout == "alternating":
+        return x[:, 0::2], x[:, 1::2]
+    groups = x.view(x.shape[0], -1, 2, 8)
+    return groups[:, :, 0].reshape(x.shape[0], i), groups[:, :, 1].reshape(x.shape[0], i)
 
 
 def _random_h(rows, i, scale_exponents=(-6, 6)):
@@ -98,7 +107,7 @@ def _within_one_bf16_ulp(got, want):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("layout", ["halves", "alternating"])
+@pytest.mark.parametrize("layout", ["halves", "alternating", "groups_of_8"])
 @pytest.mark.parametrize("activation", ["silu_mul", "swiglu_oai"])
 def test_bf16_output_matches_plain_torch_within_one_bf16_ulp(layout, activation):
     for rows, i in ((1, 768), (37, 2048), (4099, 2880)):
@@ -203,3 +212,58 @@ def test_moe_activation_traces_with_no_graph_break_on_fake_tensors_both_outputs_
     assert len(graphs) == 1
     called = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
     assert called.count("kjit.moe_activation_") == 2, called  # the bf16 and the FP8 output alike
+
+
+def test_moe_activation_backward_arguments_are_named():
+    with FakeTensorMode():
+        h, grad = cuda(4, 512, dtype=bf16), cuda(4, 256, dtype=bf16)
+        out = kjit.moe_activation_backward(h, grad, activation="silu_mul", layout="halves")
+        assert out.shape == (4, 512) and out.dtype == bf16
+        with raises_naming(r"grad \(the activation output's gradient\) must be \[4, 256\], got \[4, 512\]"):
+            kjit.moe_activation_backward(h, h, activation="silu_mul", layout="halves")
+        with raises_naming("grad must be bfloat16, got float32"):
+            kjit.moe_activation_backward(h, cuda(4, 256, dtype=f32), activation="silu_mul", layout="halves")
+        with raises_naming(r"out \(h's gradient\) must be \[4, 512\], got \[4, 256\]"):
+            kjit.moe_activation_backward(h, grad, activation="silu_mul", layout="halves", out=grad)
+        with raises_naming("layout must be one of 'halves', 'alternating', 'groups_of_8', got 'pairs'"):
+            kjit.moe_activation_backward(h, grad, activation="silu_mul", layout="pairs")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["halves", "alternating", "groups_of_8"])
+@pytest.mark.parametrize("activation", ["silu_mul", "swiglu_oai"])
+def test_the_backward_matches_torch_autograd_of_the_fp32_definition(layout, activation):
+    """Against torch autograd of the plain fp32 definition (the clamps' gradient zero at and past their bounds, as
+    the kernel states): within a bf16 ulp of each gradient's terms; rows past valid_rows zero."""
+    for rows, i in ((1, 768), (37, 2048), (999, 2880)):
+        h = _random_h(rows, i, scale_exponents=(-3, 4))
+        grad = torch.randn(rows, i, device="cuda").to(bf16)
+        valid = torch.tensor([max(rows - 5, 0)], dtype=i32, device="cuda")
+        out = torch.full((rows, 2 * i), float("nan"), dtype=bf16, device="cuda")
+        got = kjit.moe_activation_backward(h, grad, activation=activation, layout=layout, valid_rows=valid, out=out)
+        assert got is out
+        x = h.float().requires_grad_()
+        g, u = _gate_up(x, layout)
+        if activation == "silu_mul":
+            y = g * torch.sigmoid(g) * u
+        else:
+            g = torch.where(g < 7.0, g, torch.full_like(g, 7.0))
+            u = torch.where((u > -7.0) & (u < 7.0), u, u.detach().clamp(-7.0, 7.0))
+            y = (u + 1) * g * torch.sigmoid(1.702 * g)
+        y.backward(grad.float())
+        want = x.grad
+        # A bf16 rounding of the result, plus fp32 roundings of the terms it sums (it cancels near its zeros).
+        steep = 1.702 if activation == "swiglu_oai" else 1.0
+        d = grad.float().abs()
+        gate_terms = d * (u.detach().abs() + 1) * (1 + steep * g.detach().abs())
+        up_terms = d * g.detach().abs()
+        if layout == "halves":
+            terms = torch.cat((gate_terms, up_terms), 1)
+        elif layout == "alternating":
+            terms = torch.stack((gate_terms, up_terms), 2).view(rows, 2 * i)
+        else:
+            terms = torch.stack((gate_terms.view(rows, -1, 8), up_terms.view(rows, -1, 8)), 2).view(rows, 2 * i)
+        live = int(valid)
+        error = (got[:live].float() - want[:live]).abs()
+        assert bool((error <= want[:live].abs() * 2.0**-7 + terms[:live] * 2.0**-14 + 1e-30).all())
+        assert bool((got[live:] == 0).all())

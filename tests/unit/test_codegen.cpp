@@ -681,7 +681,15 @@ TEST_CASE("moe activation launch geometry: one thread per 8 bf16 or 16 FP8 outpu
   const auto k = render(KernelSpec{MoeActivationSpec{.intermediate = 2880, .activation = Activation::swiglu_oai,
                                                      .layout = GateUpLayout::alternating}});
   CHECK(k.source.find("kjit::MoeActivationConfig<2880LL, kjit::GateUpLayout::alternating, "
-                      "kjit::Activation::swiglu_oai, false, false, 256>") != std::string::npos);
+                      "kjit::Activation::swiglu_oai, false, false, 256, false>") != std::string::npos);
+  // The gradient: its own config, one thread per 8 columns of the activation as the bf16 forward.
+  const MoeActivationSpec gradient{.intermediate = 2048, .gradient = true};
+  CHECK(moe_activation_geometry(gradient, 3).grid_x == moe_activation_geometry(bf16, 3).grid_x);
+  CHECK(render(KernelSpec{gradient}).source.find("kjit::MoeActivationConfig<2048LL, kjit::GateUpLayout::halves, "
+                                                 "kjit::Activation::silu_mul, false, false, 256, true>") !=
+        std::string::npos);
+  CHECK_FALSE(validate(KernelSpec{MoeActivationSpec{.intermediate = 2048, .out = DType::f8_e4m3fn,
+                                                    .gradient = true}}).has_value());
 }
 
 TEST_CASE("mx quantize specs round-trip through canonical text and JSON, invariants name the field") {
@@ -1052,6 +1060,13 @@ TEST_CASE("W8A16 block scales under a fused activation: gate_up_layout is in the
   CHECK(canonical(KernelSpec{mixed_problem()}).find("gate_up_layout") == std::string::npos);
   CHECK(render(*choose_grouped_gemm_mixed_config(mixed_problem(), arch("sm_90a"), 100)).source.find(
             "kjit::BlockScaleRows::stored") != std::string::npos);
+  // groups_of_8 is the stored rows' order, never a checkpoint's: refused as the blocks' layout.
+  auto stored = mixed_problem();
+  stored.activation = Activation::silu_mul;
+  stored.gate_up_layout = GateUpLayout::groups_of_8;
+  const auto refused_stored = validate(KernelSpec{stored});
+  REQUIRE_FALSE(refused_stored.has_value());
+  CHECK(refused_stored.error().message.find("groups_of_8 is the stored rows' order") != std::string::npos);
 
   auto missing = mixed_problem();
   missing.activation = Activation::swiglu_oai;

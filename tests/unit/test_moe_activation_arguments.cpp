@@ -94,7 +94,7 @@ TEST_CASE_FIXTURE(ActivationFixture, "activation, layout and (FP8) scale format 
   expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "activation must be KJIT_ACTIVATION_SILU_MUL or");
   desc.activation = KJIT_ACTIVATION_SILU_MUL;
   desc.layout = KJIT_GATE_UP_UNSET;
-  expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "layout must be KJIT_GATE_UP_HALVES or KJIT_GATE_UP_ALTERNATING");
+  expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "layout must be KJIT_GATE_UP_HALVES, _ALTERNATING or _GROUPS_OF_8");
   desc.layout = KJIT_GATE_UP_HALVES;
   desc.out_dtype = KJIT_DTYPE_F32;
   expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "out_dtype must be KJIT_DTYPE_BF16 or KJIT_DTYPE_F8_E4M3FN");
@@ -208,6 +208,31 @@ TEST_CASE_FIXTURE(ActivationFixture, "an Ampere GPU runs bf16 output and is told
   machine.launches = 0;  // the FP8 call below must launch nothing
   fp8();
   expect_rejected(KJIT_ERROR_UNSUPPORTED, "moe_activation with fp8 output needs compute capability 8.9 or newer; sm_80");
+}
+
+TEST_CASE_FIXTURE(ActivationFixture, "the gradient (grad given): its own kernel, bf16 only, grad checked by name") {
+  FakeBuffer grad(kRows * kI * 2, 0), grad_out(kRows * 2 * kI * 2, 0);
+  fp8();
+  desc.grad = grad.data();
+  expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "the gradient (grad given) is bf16");
+  desc.out_dtype = KJIT_DTYPE_BF16;
+  desc.scale_format = KJIT_QUANT_SCALE_UNSET;
+  desc.scales = nullptr;
+  desc.out = grad_out.data();
+  desc.grad = grad.data() + 8;
+  expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "'grad' is not 16-byte aligned");
+  FakeBuffer grad_on_1(kRows * kI * 2, 1);
+  desc.grad = grad_on_1.data();
+  expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "'grad' is on device 1");
+  desc.grad = grad.data();
+  auto plan = kjit::ops::plan_moe_activation(desc);
+  REQUIRE_MESSAGE(plan.has_value(), kjit::testing::why(plan));
+  CHECK(plan->spec == MoeActivationSpec{.intermediate = 256, .gradient = true});
+  CHECK(plan->geometry.grid_x == (37 * 256 / 8 + 255) / 256);  // one thread per 8 columns of the activation
+  CHECK(plan->params.grad == grad.data());
+  auto r = run();
+  REQUIRE_MESSAGE(r.has_value(), kjit::testing::why(r));
+  CHECK(machine.launches == 1);
 }
 
 TEST_CASE("the moe activation C ABI rejects a NULL descriptor and one without struct_size, _desc_init's defaults") {

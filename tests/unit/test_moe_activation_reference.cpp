@@ -157,3 +157,79 @@ TEST_CASE("the FP8 output is the bf16 output quantized per 128 columns, zero cod
       }
   }
 }
+
+TEST_CASE("the gradients agree with fp64 derivatives of the definitions, to fp32 rounding of their terms") {
+  std::mt19937_64 rng(11);
+  std::normal_distribution<float> normal(0.0f, 4.0f);
+  // Within a few ulps of the size of the terms the derivative sums (it cancels near its zeros).
+  auto close = [](float got, double want, double terms, double exponent_argument) {
+    return std::fabs(got - want) <= (8.0 + 2 * std::fabs(exponent_argument)) * 0x1p-23 * terms + 1e-37;
+  };
+  for (int i = 0; i < 100000; ++i) {
+    const float g = normal(rng), u = normal(rng), d = normal(rng);
+    const double gd = g, s = 1.0 / (1.0 + std::exp(-gd));
+    float d_gate, d_up;
+    silu_mul_gradient(g, u, d, d_gate, d_up);
+    CHECK(close(d_up, d * gd * s, std::fabs(d * gd * s), g));
+    const double slope_terms = s * (1.0 + std::fabs(gd) * (1.0 - s));
+    CHECK(close(d_gate, d * u * s * (1.0 + gd * (1.0 - s)), std::fabs(d * u) * slope_terms, g));
+    const double gc = std::min<double>(g, 7.0), uc = std::clamp<double>(u, -7.0, 7.0), z = 1.702 * gc;
+    const double sz = 1.0 / (1.0 + std::exp(-z));
+    swiglu_oai_gradient(g, u, d, 1.702f, 7.0f, d_gate, d_up);
+    CHECK(close(d_up, std::fabs(u) < 7.0 ? d * gc * sz : 0.0, std::fabs(d * gc * sz), z));
+    const double want_gate = g < 7.0f ? d * (uc + 1.0) * sz * (1.0 + z * (1.0 - sz)) : 0.0;
+    CHECK(close(d_gate, want_gate, std::fabs(d * (uc + 1.0)) * sz * (1.0 + std::fabs(z) * (1.0 - sz)), z));
+  }
+}
+
+TEST_CASE("the clamps pass no gradient at or past their bounds, nor does NaN, the three layouts agree, valid_rows "
+          "zeroes") {
+  float d_gate, d_up;
+  swiglu_oai_gradient(7.0f, 7.0f, 1.0f, 1.702f, 7.0f, d_gate, d_up);
+  CHECK((d_gate == 0.0f && d_up == 0.0f));
+  swiglu_oai_gradient(6.5f, -7.0f, 1.0f, 1.702f, 7.0f, d_gate, d_up);
+  CHECK((d_gate != 0.0f && d_up == 0.0f));  // up at -limit: no gradient; gate below the limit: some
+  swiglu_oai_gradient(-50.0f, 6.9f, 1.0f, 1.702f, 7.0f, d_gate, d_up);
+  CHECK(d_up != 0.0f);  // no lower clamp on gate: its gradient passes (here ~0 through the sigmoid)
+  swiglu_oai_gradient(std::nanf(""), std::nanf(""), 1.0f, 1.702f, 7.0f, d_gate, d_up);
+  CHECK((d_gate == 0.0f && d_up == 0.0f));
+  silu_mul_gradient(0.0f, 3.0f, 2.0f, d_gate, d_up);
+  CHECK((d_gate == 3.0f && d_up == 0.0f));  // silu'(0) = 1/2, times u d = 6; silu(0) = 0
+
+  MoeActivationProblem p{.rows = 3, .intermediate = 8, .in_row_stride = 16};
+  std::mt19937_64 rng(3);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  // I = 16: two groups of 8, so groups_of_8 differs from halves (gate 0-7 and 16-23, up 8-15 and 24-31).
+  p.intermediate = 16;
+  p.in_row_stride = 32;
+  std::vector<uint16_t> halves(96), alternating(96), groups(96), grad(48);
+  for (int64_t r = 0; r < 3; ++r)
+    for (int64_t c = 0; c < 16; ++c) {
+      const uint16_t g = bf16_bits_rne(normal(rng)), u = bf16_bits_rne(normal(rng));
+      halves[static_cast<size_t>(r * 32 + c)] = g;
+      halves[static_cast<size_t>(r * 32 + 16 + c)] = u;
+      alternating[static_cast<size_t>(r * 32 + 2 * c)] = g;
+      alternating[static_cast<size_t>(r * 32 + 2 * c + 1)] = u;
+      groups[static_cast<size_t>(r * 32 + 16 * (c / 8) + c % 8)] = g;
+      groups[static_cast<size_t>(r * 32 + 16 * (c / 8) + 8 + c % 8)] = u;
+      grad[static_cast<size_t>(r * 16 + c)] = bf16_bits_rne(normal(rng));
+    }
+  p.valid_rows = 2;
+  const auto act = moe_activation_bf16(p, halves);
+  const auto from_halves = moe_activation_gradient(p, halves, grad);
+  p.layout = GateUp::alternating;
+  const auto from_alternating = moe_activation_gradient(p, alternating, grad);
+  p.layout = GateUp::groups_of_8;
+  const auto from_groups = moe_activation_gradient(p, groups, grad);
+  CHECK(moe_activation_bf16(p, groups) == act);
+  for (int64_t r = 0; r < 3; ++r)
+    for (int64_t c = 0; c < 16; ++c) {
+      const auto gate = from_halves[static_cast<size_t>(r * 32 + c)];
+      const auto up = from_halves[static_cast<size_t>(r * 32 + 16 + c)];
+      CHECK(gate == from_alternating[static_cast<size_t>(r * 32 + 2 * c)]);
+      CHECK(up == from_alternating[static_cast<size_t>(r * 32 + 2 * c + 1)]);
+      CHECK(gate == from_groups[static_cast<size_t>(r * 32 + 16 * (c / 8) + c % 8)]);
+      CHECK(up == from_groups[static_cast<size_t>(r * 32 + 16 * (c / 8) + 8 + c % 8)]);
+      if (r == 2) CHECK((gate == 0 && up == 0));
+    }
+}

@@ -71,4 +71,31 @@ TEST_CASE_FIXTURE(FakeRuntimeFixture, "routing and combine argument errors are n
   REQUIRE_FALSE(bad_hidden.has_value());
   CHECK(bad_hidden.error().message == "moe_combine: hidden must be a positive multiple of 8 up to 1048576, got 12");
   CHECK(machine.launches == 5);  // none for the bad combine
+
+  // The weights' gradient: fp32 out [tokens, top_k], grad instead of the weights, a warp per pair.
+  FakeBuffer expert_out(64 * 256 * 2, 0), grad(8 * 256 * 2, 0), map(64 * 4, 0), weights(64 * 4, 0), out(64 * 4, 0);
+  c.hidden = 256;
+  c.expert_out = expert_out.data();
+  c.flat_to_sorted = reinterpret_cast<const int32_t*>(map.data());
+  c.out = out.data();
+  c.grad = grad.data();
+  auto expect_combine_rejected = [&](const std::string& needle) {
+    const auto refused = kjit::ops::moe_combine(runtime, c, fake_stream(0));
+    REQUIRE_FALSE(refused.has_value());
+    CHECK_MESSAGE(refused.error().message.find(needle) != std::string::npos, refused.error().message);
+  };
+  expect_combine_rejected("the weights' gradient (grad given) is fp32: out_dtype must be KJIT_DTYPE_F32");
+  c.out_dtype = KJIT_DTYPE_F32;
+  c.topk_weights = reinterpret_cast<const float*>(weights.data());
+  expect_combine_rejected("the weights' gradient does not read topk_weights: leave it NULL");
+  c.topk_weights = nullptr;
+  c.grad = grad.data() + 8;
+  expect_combine_rejected("'grad' is not 16-byte aligned");
+  CHECK(machine.launches == 5);
+  c.grad = grad.data();
+  const auto launched = kjit::ops::moe_combine(runtime, c, fake_stream(0));
+  REQUIRE_MESSAGE(launched.has_value(), launched.error().message);
+  CHECK(machine.launches == 6);
+  CHECK(machine.grid[0] == 8);  // 64 pairs, 8 warps a block
+  CHECK(machine.grid[1] == 1);
 }

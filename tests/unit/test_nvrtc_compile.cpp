@@ -179,7 +179,8 @@ std::vector<GroupedGemmSpec> gemm_problems() {
 
 static std::vector<KernelSpec> routing_variants() {
   return {MoeRoutingSpec{256, OffsetsConvention::cumulative_end}, MoeRoutingSpec{4096, OffsetsConvention::with_leading_zero},
-          MoeCombineSpec{8, 7168, DType::bf16}, MoeCombineSpec{1, 8, DType::f32}};
+          MoeCombineSpec{8, 7168, DType::bf16}, MoeCombineSpec{1, 8, DType::f32},
+          MoeCombineSpec{8, 2880, DType::f32, true}};
 }
 
 TEST_CASE("the MoE routing helpers compile with NVRTC for sm_90a, sm_100a and sm_120a") {
@@ -628,12 +629,14 @@ TEST_CASE("ptxas reports no local-memory spills in the fp8 quantize kernels on s
   check_no_spills_on_sm90a(quantize_variants());
 }
 
-// Every activation, layout and output (FP8 in both scale formats).
+// Every activation, layout and output (FP8 in both scale formats), and the gradient.
 static std::vector<MoeActivationSpec> moe_activation_variants() {
   std::vector<MoeActivationSpec> out;
   for (auto activation : {Activation::silu_mul, Activation::swiglu_oai})
-    for (auto layout : {GateUpLayout::halves, GateUpLayout::alternating}) {
+    for (auto layout : {GateUpLayout::halves, GateUpLayout::alternating, GateUpLayout::groups_of_8}) {
       out.push_back({.intermediate = 2880, .activation = activation, .layout = layout, .out = DType::bf16});
+      out.push_back(
+          {.intermediate = 768, .activation = activation, .layout = layout, .out = DType::bf16, .gradient = true});
       for (auto format : {QuantScaleFormat::fp32, QuantScaleFormat::ue8m0})
         out.push_back({.intermediate = 2048, .activation = activation, .layout = layout, .out = DType::f8_e4m3fn,
                        .scale_format = format});

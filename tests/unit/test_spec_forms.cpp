@@ -61,6 +61,9 @@ TEST_CASE("pinned spec forms: fp8 dequant, fp8 quantize, MoE routing, combine an
        R"({"experts":256,"offsets":"with_leading_zero","op":"moe_routing"})"},
       {MoeCombineSpec{.top_k = 8, .hidden = 7168, .out = DType::f32}, "moe_combine top_k=8 hidden=7168 in=bf16 out=f32",
        R"({"hidden":7168,"op":"moe_combine","out":"f32","top_k":8})"},
+      {MoeCombineSpec{.top_k = 8, .hidden = 2048, .out = DType::f32, .gradient = true},
+       "moe_combine top_k=8 hidden=2048 in=bf16 out=f32 gradient=true",
+       R"({"gradient":true,"hidden":2048,"op":"moe_combine","out":"f32","top_k":8})"},
       {MoeActivationSpec{.intermediate = 2880, .activation = Activation::swiglu_oai, .layout = GateUpLayout::alternating},
        "moe_activation in=bf16 activation=swiglu_oai layout=alternating intermediate=2880 out=bf16",
        R"({"activation":"swiglu_oai","intermediate":2880,"layout":"alternating","op":"moe_activation","out":"bf16"})"},
@@ -68,6 +71,10 @@ TEST_CASE("pinned spec forms: fp8 dequant, fp8 quantize, MoE routing, combine an
        "moe_activation in=bf16 activation=silu_mul layout=halves intermediate=768 out=f8_e4m3fn group=128 scale=ue8m0",
        R"({"activation":"silu_mul","intermediate":768,"layout":"halves","op":"moe_activation","out":"f8_e4m3fn",)"
        R"("scale_format":"ue8m0"})"},
+      {MoeActivationSpec{.intermediate = 768, .gradient = true},
+       "moe_activation in=bf16 activation=silu_mul layout=halves intermediate=768 out=bf16 gradient=true",
+       R"({"activation":"silu_mul","gradient":true,"intermediate":768,"layout":"halves","op":"moe_activation",)"
+       R"("out":"bf16"})"},
   });
 }
 

@@ -54,6 +54,8 @@ cases=(
   "grouped_gemm_wgrad|grouped_gemm_wgrad|tiny N (LoRA ranks 8, 16, 40, 64) on the narrow tile, and tiny K"
   "grouped_gemm_wgrad_uneven|grouped_gemm_wgrad|uneven experts (empty ones, odd row counts) match fp64 in fp32 and bf16 out, both conventions"
   "moe_activation|moe_activation|valid_rows: rows at or past it are zeros (FP8: codes 0, scale 0), read from the device, any value"
+  "activation_gradient|moe_activation|the gradient (grad given) is bit-exact for both activations and every layout, the models' I, valid_rows, a padded input stride and the edge values"
+  "combine_gradient|moe_combine|the weights' gradient is bit-exact: a dot product per pair in kjit.h's order, +0 for other ranks' pairs"
 )
 
 # Runs one case under one tool ("plain": none) and prints its summary line.

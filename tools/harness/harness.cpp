@@ -44,7 +44,8 @@ Outcome check_spec(Runtime& runtime, DeviceState& device, const codegen::KernelS
         } else if constexpr (std::is_same_v<S, codegen::MoeRoutingSpec>) {
           return counted(check_moe_routing(runtime, device, s, rng), "exact");
         } else if constexpr (std::is_same_v<S, codegen::MoeCombineSpec>) {
-          return counted(check_moe_combine(runtime, device, s, rng), "within 1e-5 relative");
+          return counted(check_moe_combine(runtime, device, s, rng),
+                         s.gradient ? "bit-exact" : "within 1e-5 relative");
         } else if constexpr (std::is_same_v<S, codegen::Fp8QuantizeSpec>) {
           return counted(check_fp8_quantize(runtime, device, s, rng), "bit-exact");
         } else if constexpr (std::is_same_v<S, codegen::MxQuantizeSpec>) {

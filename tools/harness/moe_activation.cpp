@@ -16,8 +16,9 @@ namespace kjit::harness {
 // rows must come out zero). Values normal(0, 1) times 2^e, e per row from
 // [-6, 5], so gates and ups reach past gpt-oss's limit 7 and past where
 // e^-g overflows; row 0 holds inf, -inf and NaN in both gate and up. swiglu_oai
-// runs with alpha 1.702 and limit 7. Outputs start poisoned and must match the
-// reference bit for bit (bf16 NaN as NaN).
+// runs with alpha 1.702 and limit 7. The gradient (spec.gradient) takes an
+// incoming gradient normal(0, 1) and writes h's [37, 2I]. Outputs start
+// poisoned and must match the reference bit for bit (bf16 NaN as NaN).
 Expected<int64_t> check_moe_activation(Runtime& runtime, DeviceState& device, const codegen::MoeActivationSpec& spec,
                                        std::mt19937_64& rng) {
   const DriverApi& api = **runtime.driver();
@@ -26,8 +27,9 @@ Expected<int64_t> check_moe_activation(Runtime& runtime, DeviceState& device, co
   problem.rows = 37;
   problem.intermediate = spec.intermediate;
   problem.in_row_stride = 2 * spec.intermediate + 8;
-  problem.layout = spec.layout == codegen::GateUpLayout::halves ? reference::GateUp::halves
-                                                                : reference::GateUp::alternating;
+  problem.layout = spec.layout == codegen::GateUpLayout::halves        ? reference::GateUp::halves
+                   : spec.layout == codegen::GateUpLayout::alternating ? reference::GateUp::alternating
+                                                                       : reference::GateUp::groups_of_8;
   problem.activation = spec.activation == codegen::Activation::silu_mul ? reference::Activation::silu_mul
                                                                            : reference::Activation::swiglu_oai;
   problem.valid_rows = 31;
@@ -47,13 +49,17 @@ Expected<int64_t> check_moe_activation(Runtime& runtime, DeviceState& device, co
     in[static_cast<size_t>(problem.intermediate + 2 * i + 1)] = reference::activation_bf16_bits(specials[i]);
   }
 
-  const int64_t outputs = problem.rows * problem.intermediate, groups = outputs / 128;
+  std::vector<uint16_t> grad(static_cast<size_t>(spec.gradient ? problem.rows * problem.intermediate : 0));
+  for (auto& g : grad) g = reference::bf16_bits_rne(normal(rng));
+  const int64_t outputs = problem.rows * problem.intermediate * (spec.gradient ? 2 : 1), groups = outputs / 128;
   std::vector<uint16_t> want_bf16;
   std::vector<uint8_t> want_codes(static_cast<size_t>(fp8 ? outputs : 0));
   std::vector<float> want_scales(static_cast<size_t>(fp8 ? groups : 0));
   if (fp8)
     reference::moe_activation_fp8(problem, in, spec.scale_format == codegen::QuantScaleFormat::ue8m0, want_codes,
                                   want_scales);
+  else if (spec.gradient)
+    want_bf16 = reference::moe_activation_gradient(problem, in, grad);
   else
     want_bf16 = reference::moe_activation_bf16(problem, in);
 
@@ -63,14 +69,17 @@ Expected<int64_t> check_moe_activation(Runtime& runtime, DeviceState& device, co
   auto dvalid = buffers.upload(&valid_rows, 4);
   auto dout = buffers.upload(nullptr, static_cast<size_t>(outputs * (fp8 ? 1 : 2)));  // poisoned
   auto dscales = buffers.upload(nullptr, static_cast<size_t>(std::max<int64_t>(groups, 1) * 4));
-  for (auto* r : {&din, &dvalid, &dout, &dscales})
+  auto dgrad = buffers.upload(grad.empty() ? nullptr : grad.data(), std::max<size_t>(grad.size() * 2, 16));
+  for (auto* r : {&din, &dvalid, &dout, &dscales, &dgrad})
     if (!*r) return std::unexpected(r->error());
   kjit_moe_activation_desc d;
   kjit_moe_activation_desc_init(&d);
   d.out_dtype = fp8 ? KJIT_DTYPE_F8_E4M3FN : KJIT_DTYPE_BF16;
   d.activation = spec.activation == codegen::Activation::silu_mul ? KJIT_ACTIVATION_SILU_MUL
                                                                      : KJIT_ACTIVATION_SWIGLU_OAI;
-  d.layout = spec.layout == codegen::GateUpLayout::halves ? KJIT_GATE_UP_HALVES : KJIT_GATE_UP_ALTERNATING;
+  d.layout = spec.layout == codegen::GateUpLayout::halves        ? KJIT_GATE_UP_HALVES
+             : spec.layout == codegen::GateUpLayout::alternating ? KJIT_GATE_UP_ALTERNATING
+                                                                 : KJIT_GATE_UP_GROUPS_OF_8;
   d.rows = problem.rows;
   d.intermediate = problem.intermediate;
   d.in_row_stride = problem.in_row_stride;
@@ -79,6 +88,7 @@ Expected<int64_t> check_moe_activation(Runtime& runtime, DeviceState& device, co
   d.in = reinterpret_cast<const void*>(*din);
   d.out = reinterpret_cast<void*>(*dout);
   d.valid_rows = reinterpret_cast<const int32_t*>(*dvalid);
+  if (spec.gradient) d.grad = reinterpret_cast<const void*>(*dgrad);
   if (fp8) {
     d.scale_format = spec.scale_format == codegen::QuantScaleFormat::ue8m0 ? KJIT_QUANT_SCALE_UE8M0
                                                                            : KJIT_QUANT_SCALE_FP32;

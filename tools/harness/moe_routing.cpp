@@ -126,14 +126,17 @@ Expected<int64_t> check_moe_combine(Runtime& runtime, DeviceState& device, const
   for (auto& w : weights) w = weight(rng);
   const kjit_dtype out_dtype = spec.out == codegen::DType::f32 ? KJIT_DTYPE_F32 : KJIT_DTYPE_BF16;
   const int out_bytes = codegen::size_bytes(spec.out);
-  const size_t out_size = static_cast<size_t>(tokens * hidden * out_bytes);
+  const size_t out_size = static_cast<size_t>((spec.gradient ? tokens * top_k : tokens * hidden) * out_bytes);
+  std::vector<uint16_t> grad(static_cast<size_t>(spec.gradient ? tokens * hidden : 0));
+  fill_random(grad, rng, [&](std::mt19937_64& r) { return bf16_bits(normal(r)); });
 
   Buffers buffers(api, device.context);
   auto dx = buffers.upload(x.data(), x.size() * 2);
   auto dw = buffers.upload(weights.data(), weights.size() * 4);
   auto dmap = buffers.upload(routing.flat_to_sorted.data(), routing.flat_to_sorted.size() * 4);
   auto dout = buffers.upload(nullptr, out_size);  // 0xA5 poison
-  for (auto* r : {&dx, &dw, &dmap, &dout})
+  auto dgrad = buffers.upload(grad.empty() ? nullptr : grad.data(), std::max<size_t>(grad.size() * 2, 16));
+  for (auto* r : {&dx, &dw, &dmap, &dout, &dgrad})
     if (!*r) return std::unexpected(r->error());
   kjit_moe_combine_desc d;
   kjit_moe_combine_desc_init(&d);
@@ -144,14 +147,26 @@ Expected<int64_t> check_moe_combine(Runtime& runtime, DeviceState& device, const
   d.in_dtype = KJIT_DTYPE_BF16;
   d.out_dtype = out_dtype;
   d.expert_out = reinterpret_cast<const void*>(*dx);
-  d.topk_weights = reinterpret_cast<const float*>(*dw);
+  d.topk_weights = spec.gradient ? nullptr : reinterpret_cast<const float*>(*dw);
   d.flat_to_sorted = reinterpret_cast<const int32_t*>(*dmap);
   d.out = reinterpret_cast<void*>(*dout);
+  if (spec.gradient) d.grad = reinterpret_cast<const void*>(*dgrad);
   KJIT_TRY(launch_and_take_errors(runtime, device, [&] { return ops::moe_combine(runtime, d, nullptr); }));
   std::vector<uint8_t> out(out_size);
   KJIT_TRY(buffers.download(out.data(), *dout, out_size));
 
   int64_t wrong = 0;
+  if (spec.gradient) {  // bit for bit, +0 exactly for the pairs of other ranks
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int64_t j = 0; j < top_k; ++j) {
+        uint32_t got = 0;
+        std::memcpy(&got, &out[static_cast<size_t>((t * top_k + j) * 4)], 4);
+        const float want =
+            reference::moe_combine_weight_gradient(x, grad, routing.flat_to_sorted, top_k, hidden, t, j);
+        wrong += got == reference::float_bits(want) ? 0 : 1;
+      }
+    return wrong;
+  }
   for (int64_t t = 0; t < tokens; ++t) {
     bool none_here = true;
     for (int64_t j = 0; j < top_k; ++j)

@@ -83,6 +83,9 @@ Expected<void> validate_problem(const GroupedGemmMixedSpec& s) {
                                name(s.activation), name(s.weights)));
   // 128 x 128 block scales stay in the checkpoint's row order (the groups of 8 would split their blocks): the
   // kernel maps each reordered row back through the checkpoint's gate/up layout, which only they need.
+  if (s.gate_up_layout == GateUpLayout::groups_of_8)
+    return invalid("grouped_gemm_mixed gate_up_layout names the checkpoint's gate/up order (halves or alternating), "
+                   "over which the block scales stay; groups_of_8 is the stored rows' order, not a checkpoint's");
   if (block_scaled_activation(s) && !s.gate_up_layout)
     return invalid(fmt::format("grouped_gemm_mixed with activation {} and 128 x 128 block scales needs "
                                "gate_up_layout (halves or alternating): the checkpoint's gate/up row order, in which "

@@ -39,6 +39,7 @@ Expected<void> Family<MoeActivationSpec>::validate(const MoeActivationSpec& s) {
                                fp8_out(s) ? " (one scale per 128 columns)" : " (16-byte stores)", s.intermediate));
   if (!fp8_out(s) && s.scale_format != QuantScaleFormat::fp32)
     return invalid("moe_activation: scale_format is for f8_e4m3fn output; bf16 output has no scales (leave it fp32)");
+  if (s.gradient && fp8_out(s)) return invalid("moe_activation: the gradient is bf16 (out=bf16)");
   return {};
 }
 
@@ -55,9 +56,9 @@ RenderedKernel Family<MoeActivationSpec>::render(const MoeActivationSpec& s) {
                    .threads = kActivationThreads,
                    .templates = {"activation/moe_activation.cuh"},
                    .config = fmt::format("kjit::MoeActivationConfig<{}LL, kjit::GateUpLayout::{}, "
-                                         "kjit::Activation::{}, {}, {}, {}>",
+                                         "kjit::Activation::{}, {}, {}, {}, {}>",
                                          s.intermediate, name(s.layout), name(s.activation), fp8_out(s),
-                                         s.scale_format == QuantScaleFormat::ue8m0, kActivationThreads),
+                                         s.scale_format == QuantScaleFormat::ue8m0, kActivationThreads, s.gradient),
                    .params_type = "kjit_moe_activation_params",
                    .body = "kjit::moe_activation"});
 }

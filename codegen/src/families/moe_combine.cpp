@@ -26,6 +26,8 @@ Expected<void> Family<MoeCombineSpec>::validate(const MoeCombineSpec& s) {
                             s.hidden));
   if (s.out != DType::bf16 && s.out != DType::f32)
     return fail(KJIT_ERROR_INVALID_ARGUMENT, fmt::format("moe_combine output must be bf16 or f32, not {}", name(s.out)));
+  if (s.gradient && s.out != DType::f32)
+    return fail(KJIT_ERROR_INVALID_ARGUMENT, "moe_combine: the weights' gradient is f32 (out=f32)");
   return {};
 }
 
@@ -33,8 +35,8 @@ RenderedKernel Family<MoeCombineSpec>::render(const MoeCombineSpec& s) {
   return assemble(canonical(s), {.entry_point = "kjit_moe_combine",
                                  .threads = kCombineThreads,
                                  .templates = {"routing/moe_routing.cuh"},
-                                 .config = fmt::format("kjit::CombineConfig<{}, {}LL, {}>", s.top_k, s.hidden,
-                                                       s.out == DType::f32),
+                                 .config = fmt::format("kjit::CombineConfig<{}, {}LL, {}, {}>", s.top_k, s.hidden,
+                                                       s.out == DType::f32, s.gradient),
                                  .params_type = "kjit_moe_combine_params",
                                  .body = "kjit::moe_combine"});
 }
@@ -42,6 +44,11 @@ RenderedKernel Family<MoeCombineSpec>::render(const MoeCombineSpec& s) {
 LaunchGeometry moe_combine_geometry(const MoeCombineSpec& spec, int64_t tokens) {
   LaunchGeometry g;
   g.block_x = kCombineThreads;
+  if (spec.gradient) {
+    const int64_t warps = kCombineThreads / 32, pairs = tokens * spec.top_k;
+    g.grid_x = static_cast<uint32_t>(std::clamp<int64_t>((pairs + warps - 1) / warps, 1, 0x7fffffff));
+    return g;
+  }
   g.grid_x = static_cast<uint32_t>(std::clamp<int64_t>(tokens, 1, 0x7fffffff));
   g.grid_y = static_cast<uint32_t>((spec.hidden + kCombineThreads * 8 - 1) / (kCombineThreads * 8));
   return g;

@@ -222,7 +222,10 @@ typedef enum kjit_activation {
 typedef enum kjit_gate_up_layout {
   KJIT_GATE_UP_UNSET = 0,       /* rejected where a layout is needed */
   KJIT_GATE_UP_HALVES = 1,      /* [gate | up]: gate = h[:, :I], up = h[:, I:] */
-  KJIT_GATE_UP_ALTERNATING = 2  /* gate = h[:, 0::2], up = h[:, 1::2] */
+  KJIT_GATE_UP_ALTERNATING = 2, /* gate = h[:, 0::2], up = h[:, 1::2] */
+  KJIT_GATE_UP_GROUPS_OF_8 = 3  /* kjit_moe_activation only: gate = h[:, 16g + i], up = h[:, 16g + 8 + i] for
+                                   output column 8g + i (kjit.gate_up_interleaved's order: a fused-activation
+                                   module's stored rows) */
 } kjit_gate_up_layout;
 
 typedef struct kjit_grouped_gemm_desc {
@@ -369,7 +372,18 @@ typedef struct kjit_moe_routing_desc {
 
 /* kjit_moe_combine: out[t, :] = sum over j of topk_weights[t, j] *
  * expert_out[flat_to_sorted[t * top_k + j], :], skipping -1 (rows of other
- * ranks), accumulated in fp32 in order of j, rounded once. */
+ * ranks), accumulated in fp32 in order of j, rounded once.
+ *
+ * The weights' gradient (backward pass; `grad` given): grad is the gradient of
+ * out, bf16 [tokens, hidden], and out receives fp32 [tokens, top_k] with
+ * out[t, j] = sum over h of grad[t, h] * expert_out[row, h] (row =
+ * flat_to_sorted[t * top_k + j]; +0 for -1), out_dtype KJIT_DTYPE_F32,
+ * topk_weights NULL. The order, fixed: partial sums s_l for l = 0..31, s_l
+ * fma'ing (each one fma rounded once) the products of columns 8c .. 8c + 7 in
+ * order for c = l, l + 32, ... below hidden / 8, in order of c; then for d =
+ * 16, 8, 4, 2, 1 every s_l becomes s_l + s_(l xor d) (fp32 adds), and the
+ * result is s_0. Bit-exact with kjit/reference/moe_routing.hpp's
+ * moe_combine_weight_gradient. */
 typedef struct kjit_moe_combine_desc {
   uint32_t struct_size; /* sizeof(kjit_moe_combine_desc) */
   int64_t tokens;
@@ -381,7 +395,9 @@ typedef struct kjit_moe_combine_desc {
   const void* expert_out;       /* device [rows, hidden], 16-byte aligned */
   const float* topk_weights;    /* device [tokens * top_k] */
   const int32_t* flat_to_sorted; /* device [tokens * top_k] */
-  void* out;                    /* device [tokens, hidden], 16-byte aligned */
+  void* out;                    /* device [tokens, hidden], 16-byte aligned ([tokens, top_k] fp32 with grad) */
+  const void* grad;             /* the weights' gradient only: device bf16 [tokens, hidden], 16-byte aligned;
+                                   NULL (after _desc_init): the combine */
 } kjit_moe_combine_desc;
 
 KJIT_API void kjit_moe_routing_desc_init(kjit_moe_routing_desc* desc);
@@ -565,6 +581,7 @@ KJIT_API uint64_t kjit_swizzled_scale_bytes(int64_t total_rows, int64_t scale_co
  * r and output column c, with gate g and up u taken from h as `layout` says:
  *   HALVES (Hugging Face):    g = h[r, c],      u = h[r, I + c]
  *   ALTERNATING (gpt-oss):    g = h[r, 2c],     u = h[r, 2c + 1]
+ *   GROUPS_OF_8:              g = h[r, 16 (c / 8) + c % 8], u = that + 8
  * the activation in fp32, every operation one IEEE fp32 operation rounded to
  * nearest even, in this order:
  *   SILU_MUL:   out = (g / (1 + exp(-g))) * u
@@ -588,7 +605,23 @@ KJIT_API uint64_t kjit_swizzled_scale_bytes(int64_t total_rows, int64_t scale_co
  * valid_rows (optional, device int32, e.g. the last of the routing's
  * cumulative end offsets): rows at or past *valid_rows are not read and are
  * written as zeros (bf16 0; FP8 codes 0 and scale 0), so a buffer's padding
- * rows carry no stale data. NULL: every row is computed. */
+ * rows carry no stale data. NULL: every row is computed.
+ *
+ * The gradient (backward pass; `grad` given): grad is the gradient d of the
+ * activation's output, bf16 [rows, I] row-major, and out receives the gradient
+ * of h, bf16 [rows, 2I] row-major in h's layout (out_dtype KJIT_DTYPE_BF16,
+ * scale_format UNSET, scales NULL). Per row and column, with g, u as above
+ * and d = grad[r, c], in fp32 (every operation rounded to nearest even, fma
+ * rounded once, exp as above), each result rounded once to bf16:
+ *   SILU_MUL:   den = 1 + exp(-g); s = 1 / den; d_u = d * (g / den);
+ *               d_g = (d * u) * (s * fma(g, 1 - s, 1))
+ *   SWIGLU_OAI: g' = min(g, limit); u' = clamp(u, -limit, limit); z = alpha * g';
+ *               s = 1 / (1 + exp(-z));
+ *               d_u = d * (g' * s) where -limit < u < limit, else 0;
+ *               d_g = (d * (u' + 1)) * (s * fma(z, 1 - s, 1)) where g < limit, else 0
+ * (the clamps pass no gradient at or past their bounds, nor does a NaN gate
+ * or up). valid_rows as for the forward (rows past it get zero gradients).
+ * Bit-exact with kjit/reference/moe_activation.hpp's moe_activation_gradient. */
 
 typedef struct kjit_moe_activation_desc {
   uint32_t struct_size;   /* sizeof(kjit_moe_activation_desc) */
@@ -606,6 +639,8 @@ typedef struct kjit_moe_activation_desc {
   void* out;              /* device [rows, I] bf16 or e4m3fn, 16-byte aligned */
   float* scales;          /* FP8 out: device fp32 [rows, I / 128], 4-byte aligned; bf16 out: NULL */
   const int32_t* valid_rows; /* optional device int32 (see above) */
+  const void* grad;       /* the gradient only: device bf16 [rows, I], 16-byte aligned; NULL (after _desc_init): the
+                             forward */
 } kjit_moe_activation_desc;
 
 KJIT_API void kjit_moe_activation_desc_init(kjit_moe_activation_desc* desc);

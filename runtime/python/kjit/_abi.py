@@ -37,7 +37,7 @@ GemmKernel = _enum("GemmKernel", "kjit_gemm_kernel", "KJIT_GEMM_KERNEL_",
                    "AUTO PORTABLE SM90 SM90_SWAP_AB SM90_CONVERTER DECODE")
 GemmClusterAxis = _enum("GemmClusterAxis", "kjit_gemm_cluster_axis", "KJIT_GEMM_CLUSTER_", "ALONG_M ALONG_N")
 Activation = _enum("Activation", "kjit_activation", "KJIT_ACTIVATION_", "NONE SILU_MUL SWIGLU_OAI")
-GateUpLayout = _enum("GateUpLayout", "kjit_gate_up_layout", "KJIT_GATE_UP_", "UNSET HALVES ALTERNATING")
+GateUpLayout = _enum("GateUpLayout", "kjit_gate_up_layout", "KJIT_GATE_UP_", "UNSET HALVES ALTERNATING GROUPS_OF_8")
 QuantScaleFormat = _enum("QuantScaleFormat", "kjit_quant_scale_format", "KJIT_QUANT_SCALE_", "UNSET FP32 UE8M0")
 GlobalScaleMode = _enum("GlobalScaleMode", "kjit_global_scale_mode", "KJIT_GLOBAL_SCALE_", "UNSET GIVEN COMPUTE")
 LogLevel = _enum("LogLevel", "kjit_log_level", "KJIT_LOG_", "ERROR WARN INFO DEBUG")
@@ -63,7 +63,8 @@ WEIGHTS = _choices(WeightLayout)  # 'e_n_k', 'e_k_n'
 GEMM_KERNEL = _choices(GemmKernel)  # 'auto', 'portable', 'sm90', 'sm90_swap_ab', 'sm90_converter', 'decode'
 CLUSTER_AXIS = _choices(GemmClusterAxis, "ALONG_")  # 'm', 'n'
 ACTIVATION = _choices(Activation)  # 'silu_mul', 'swiglu_oai' (None: NONE)
-GATE_UP = _choices(GateUpLayout)  # 'halves', 'alternating'
+ACTIVATION_LAYOUT = _choices(GateUpLayout)  # kjit.moe_activation's: 'halves', 'alternating', 'groups_of_8'
+GATE_UP = {name: value for name, value in ACTIVATION_LAYOUT.items() if name != "groups_of_8"}  # checkpoint orders
 QUANT_SCALE = _choices(QuantScaleFormat)  # 'fp32', 'ue8m0'
 GLOBAL_SCALE = _choices(GlobalScaleMode)  # 'given', 'compute'
 
@@ -171,6 +172,7 @@ class MoeCombineDesc(ctypes.Structure):
         ("topk_weights", ctypes.c_void_p),
         ("flat_to_sorted", ctypes.c_void_p),
         ("out", ctypes.c_void_p),
+        ("grad", ctypes.c_void_p),
     ]
 
 
@@ -210,6 +212,7 @@ class MoeActivationDesc(ctypes.Structure):
         ("out", ctypes.c_void_p),
         ("scales", ctypes.c_void_p),
         ("valid_rows", ctypes.c_void_p),
+        ("grad", ctypes.c_void_p),
     ]
 
 

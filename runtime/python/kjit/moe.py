@@ -142,6 +142,66 @@ def moe_combine(expert_out: Tensor, topk_weights: Tensor, flat_to_sorted: Tensor
     return out
 
 
+def _check_combine_backward(grad, expert_out, flat_to_sorted, out) -> None:
+    check_tensor("grad", grad, ("bfloat16",))
+    check_tensor("expert_out", expert_out, ("bfloat16",), device=grad.device)
+    check_tensor("flat_to_sorted", flat_to_sorted, ("int32",), device=grad.device)
+    check_tensor("out", out, ("float32",), device=grad.device)
+    if grad.dim() != 2 or expert_out.dim() != 2 or grad.shape[1] != expert_out.shape[1]:
+        raise invalid(f"grad must be [tokens, hidden] and expert_out [rows, hidden], got {list(grad.shape)} and "
+                       f"{list(expert_out.shape)}")
+    if flat_to_sorted.dim() != 2 or flat_to_sorted.shape[0] != grad.shape[0]:
+        raise invalid(f"flat_to_sorted must be [tokens, top_k] = [{grad.shape[0]}, top_k], got "
+                       f"{list(flat_to_sorted.shape)}")
+    if list(out.shape) != list(flat_to_sorted.shape):
+        raise invalid(f"out must be [{', '.join(map(str, flat_to_sorted.shape))}], got {list(out.shape)}")
+
+
+def _combine_backward_desc(grad, expert_out, flat_to_sorted, out) -> _abi.MoeCombineDesc:
+    d = _abi.MoeCombineDesc()
+    library().kjit_moe_combine_desc_init(ctypes.byref(d))
+    d.tokens, d.top_k = flat_to_sorted.shape
+    d.hidden, d.rows = expert_out.shape[1], expert_out.shape[0]
+    d.in_dtype, d.out_dtype = dtype_code(expert_out.dtype), dtype_code(out.dtype)
+    d.expert_out, d.grad = expert_out.data_ptr(), grad.data_ptr()
+    d.flat_to_sorted, d.out = flat_to_sorted.data_ptr(), out.data_ptr()
+    return d
+
+
+# The combine's weights' gradient.
+@op("moe_combine_backward_", ("out",), checking(_combine_backward_desc, "kjit_moe_combine"))
+def moe_combine_backward_(grad: torch.Tensor, expert_out: torch.Tensor, flat_to_sorted: torch.Tensor,
+                          out: torch.Tensor, stream: Optional[int]) -> None:
+    d = _combine_backward_desc(grad, expert_out, flat_to_sorted, out)
+    check(library().kjit_moe_combine(ctypes.byref(d), cuda_stream(grad.device, stream)))
+
+
+def moe_combine_backward(grad: Tensor, expert_out: Tensor, flat_to_sorted: Tensor, *, out: Optional[Tensor] = None,
+                         stream: Optional[int] = None) -> Tensor:
+    """The gradient of moe_combine's output with respect to its topk_weights:
+    out[t, j] = <grad[t], expert_out[flat_to_sorted[t, j]]> (0 where -1),
+    fp32 [tokens, top_k]. grad is bf16 [tokens, H] (moe_combine's output's
+    gradient), expert_out bf16 [rows, H], flat_to_sorted int32 [tokens,
+    top_k]. Each dot product sums in fp32 in the fixed order kjit.h states:
+    the same bits every run."""
+    torch = require_torch()
+
+    if out is None:
+        check_tensor("flat_to_sorted", flat_to_sorted, ("int32",))
+        out = torch.empty(*flat_to_sorted.shape, dtype=torch.float32, device=flat_to_sorted.device)
+    _check_combine_backward(grad, expert_out, flat_to_sorted, out)
+    moe_combine_backward_(grad, expert_out, flat_to_sorted, out, stream)
+    return out
+
+
+def prepare_moe_combine_backward(grad: Tensor, expert_out: Tensor, flat_to_sorted: Tensor, out: Tensor) -> None:
+    """Compiles (or finds) and loads the kernel moe_combine_backward needs, so that the call can be captured in a
+    CUDA graph."""
+    _check_combine_backward(grad, expert_out, flat_to_sorted, out)
+    d = _combine_backward_desc(*pointer_free(grad, expert_out, flat_to_sorted, out))
+    check(library().kjit_moe_combine_prepare(ctypes.byref(d), grad.device.index or 0))
+
+
 def prepare_moe_combine(expert_out: Tensor, topk_weights: Tensor, flat_to_sorted: Tensor, out: Tensor) -> None:
     """Compiles (or finds) and loads the kernel moe_combine needs for these
     arguments, so that the call can be captured in a CUDA graph."""
@@ -158,7 +218,7 @@ def _check_moe_activation(h, out, scales, activation, layout, alpha, limit, scal
         raise invalid(f"h must be [rows, 2I] with contiguous rows, got shape {list(h.shape)} and strides "
                        f"{list(h.stride())}")
     check_choice("activation", activation, _abi.ACTIVATION)
-    check_choice("layout", layout, _abi.GATE_UP)
+    check_choice("layout", layout, _abi.ACTIVATION_LAYOUT)
     check_tensor("out", out, ("bfloat16", "float8_e4m3fn"), device=h.device)
     rows, i_cols = h.shape[0], h.shape[1] // 2
     if list(out.shape) != [rows, i_cols]:
@@ -177,13 +237,13 @@ def _check_moe_activation(h, out, scales, activation, layout, alpha, limit, scal
         raise invalid(f"valid_rows must hold one int32 (e.g. offsets[-1:]), got shape {list(valid_rows.shape)}")
 
 
-def _moe_activation_desc(h, out, scales, activation, layout, alpha, limit, scale_format,
-                         valid_rows) -> _abi.MoeActivationDesc:
+def _moe_activation_desc(h, out, scales, activation, layout, alpha, limit, scale_format, valid_rows,
+                         grad=None) -> _abi.MoeActivationDesc:
     d = _abi.MoeActivationDesc()
     library().kjit_moe_activation_desc_init(ctypes.byref(d))
     d.out_dtype = dtype_code(out.dtype)
-    d.activation, d.layout = _abi.ACTIVATION[activation], _abi.GATE_UP[layout]
-    d.rows, d.intermediate = out.shape
+    d.activation, d.layout = _abi.ACTIVATION[activation], _abi.ACTIVATION_LAYOUT[layout]
+    d.rows, d.intermediate = h.shape[0], h.shape[1] // 2
     d.in_row_stride = h.stride(0) if h.shape[0] > 1 else 0
     d.alpha, d.limit = alpha, limit
     d.input, d.out = h.data_ptr(), out.data_ptr()
@@ -191,6 +251,8 @@ def _moe_activation_desc(h, out, scales, activation, layout, alpha, limit, scale
         d.scale_format, d.scales = _abi.QUANT_SCALE[scale_format], scales.data_ptr()
     if valid_rows is not None:
         d.valid_rows = valid_rows.data_ptr()
+    if grad is not None:
+        d.grad = grad.data_ptr()
     return d
 
 
@@ -209,7 +271,9 @@ def moe_activation(h: Tensor, *, activation: str, layout: str, alpha: float = SW
                    stream: Optional[int] = None) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """The activation between an MoE layer's two grouped GEMMs, in one pass:
     h [rows, 2I] bf16 (the gate_up GEMM's output; layout "halves": gate =
-    h[:, :I], up = h[:, I:]; "alternating": gate = h[:, 0::2], up = h[:, 1::2])
+    h[:, :I], up = h[:, I:]; "alternating": gate = h[:, 0::2], up = h[:, 1::2];
+    "groups_of_8": 8 gate columns then their 8 up, kjit.gate_up_interleaved's
+    order, as a fused-activation module stores its rows)
     -> activation "silu_mul" (silu(gate) * up) or "swiglu_oai" (gpt-oss:
     gate clamped above and up on both sides at `limit`, (gate * sigmoid(alpha *
     gate)) * (up + 1)), fp32 math as kjit.h states it, rounded once to bf16.
@@ -240,6 +304,76 @@ def moe_activation(h: Tensor, *, activation: str, layout: str, alpha: float = SW
     _check_moe_activation(h, out, scales, activation, layout, alpha, limit, scale_format, valid_rows)
     moe_activation_(h, out, scales, activation, layout, float(alpha), float(limit), scale_format, valid_rows, stream)
     return (out, scales) if fp8 else out
+
+
+def _check_moe_activation_backward(h, grad, out, activation, layout, alpha, limit, valid_rows) -> None:
+    check_tensor("h", h, ("bfloat16",), contiguous=False)
+    if h.dim() != 2 or h.stride(-1) != 1 or h.shape[1] % 2 != 0:
+        raise invalid(f"h must be [rows, 2I] with contiguous rows, got shape {list(h.shape)} and strides "
+                       f"{list(h.stride())}")
+    check_choice("activation", activation, _abi.ACTIVATION)
+    check_choice("layout", layout, _abi.ACTIVATION_LAYOUT)
+    rows, i_cols = h.shape[0], h.shape[1] // 2
+    check_tensor("grad", grad, ("bfloat16",), device=h.device)
+    if list(grad.shape) != [rows, i_cols]:
+        raise invalid(f"grad (the activation output's gradient) must be [{rows}, {i_cols}], got {list(grad.shape)}")
+    check_tensor("out", out, ("bfloat16",), device=h.device)
+    if list(out.shape) != [rows, 2 * i_cols]:
+        raise invalid(f"out (h's gradient) must be [{rows}, {2 * i_cols}], got {list(out.shape)}")
+    for name, value in (("alpha", alpha), ("limit", limit)):
+        if not isinstance(value, (int, float)):
+            raise invalid(f"{name} must be a float, got {value!r}")
+    check_tensor("valid_rows", valid_rows, ("int32",), device=h.device, optional=True)
+    if valid_rows is not None and valid_rows.numel() != 1:
+        raise invalid(f"valid_rows must hold one int32 (e.g. offsets[-1:]), got shape {list(valid_rows.shape)}")
+
+
+def _moe_activation_backward_desc(h, grad, out, activation, layout, alpha, limit,
+                                  valid_rows) -> _abi.MoeActivationDesc:
+    return _moe_activation_desc(h, out, None, activation, layout, alpha, limit, "fp32", valid_rows, grad)
+
+
+# The activation's gradient: h's from the output's.
+@op("moe_activation_backward_", ("out",), checking(_moe_activation_backward_desc, "kjit_moe_activation"))
+def moe_activation_backward_(h: torch.Tensor, grad: torch.Tensor, out: torch.Tensor, activation: str, layout: str,
+                             alpha: float, limit: float, valid_rows: Optional[torch.Tensor],
+                             stream: Optional[int]) -> None:
+    d = _moe_activation_backward_desc(h, grad, out, activation, layout, alpha, limit, valid_rows)
+    check(library().kjit_moe_activation(ctypes.byref(d), cuda_stream(h.device, stream)))
+
+
+def moe_activation_backward(h: Tensor, grad: Tensor, *, activation: str, layout: str, alpha: float = SWIGLU_ALPHA,
+                            limit: float = SWIGLU_LIMIT, valid_rows: Optional[Tensor] = None,
+                            out: Optional[Tensor] = None, stream: Optional[int] = None) -> Tensor:
+    """The gradient of moe_activation (bf16 out) with respect to h, in one pass:
+    h [rows, 2I] bf16 as moe_activation takes it, grad [rows, I] bf16 the
+    gradient of its output -> out [rows, 2I] bf16, the gradients of gate and up
+    where h holds them (its layout), fp32 math as kjit.h states it, each
+    rounded once. The clamps of "swiglu_oai" pass no gradient at or past their
+    bounds (torch.clamp's convention). valid_rows as for moe_activation: rows
+    at or past it get zero gradients and are never read. Bit-exact with
+    kjit/reference/moe_activation.hpp's moe_activation_gradient."""
+    torch = require_torch()
+
+    check_tensor("h", h, ("bfloat16",), contiguous=False)
+    if h.dim() != 2:
+        raise invalid(f"h must be [rows, 2I], got {list(h.shape)}")
+    if out is None:
+        out = torch.empty(h.shape[0], h.shape[1], dtype=torch.bfloat16, device=h.device)
+    _check_moe_activation_backward(h, grad, out, activation, layout, alpha, limit, valid_rows)
+    moe_activation_backward_(h, grad, out, activation, layout, float(alpha), float(limit), valid_rows, stream)
+    return out
+
+
+def prepare_moe_activation_backward(h: Tensor, grad: Tensor, out: Tensor, *, activation: str, layout: str,
+                                    alpha: float = SWIGLU_ALPHA, limit: float = SWIGLU_LIMIT,
+                                    valid_rows: Optional[Tensor] = None) -> None:
+    """Compiles (or finds) and loads the kernel moe_activation_backward needs, so that the call can be captured
+    in a CUDA graph."""
+    _check_moe_activation_backward(h, grad, out, activation, layout, alpha, limit, valid_rows)
+    d = _moe_activation_backward_desc(*pointer_free(h, grad, out, activation, layout, float(alpha), float(limit),
+                                                    valid_rows))
+    check(library().kjit_moe_activation_prepare(ctypes.byref(d), h.device.index or 0))
 
 
 def prepare_moe_activation(h: Tensor, out: Tensor, scales: Optional[Tensor] = None, *, activation: str, layout: str,

@@ -41,8 +41,9 @@ Expected<MoeActivationPlan> plan_moe_activation_shapes(const kjit_moe_activation
                                static_cast<int>(d.activation)));
   if (d.layout == KJIT_GATE_UP_HALVES) spec.layout = codegen::GateUpLayout::halves;
   else if (d.layout == KJIT_GATE_UP_ALTERNATING) spec.layout = codegen::GateUpLayout::alternating;
+  else if (d.layout == KJIT_GATE_UP_GROUPS_OF_8) spec.layout = codegen::GateUpLayout::groups_of_8;
   else
-    return invalid(fmt::format("layout must be KJIT_GATE_UP_HALVES or KJIT_GATE_UP_ALTERNATING (got {}; there is no "
+    return invalid(fmt::format("layout must be KJIT_GATE_UP_HALVES, _ALTERNATING or _GROUPS_OF_8 (got {}; there is no "
                                "default)",
                                static_cast<int>(d.layout)));
   const bool fp8_out = spec.out == codegen::DType::f8_e4m3fn;
@@ -56,6 +57,10 @@ Expected<MoeActivationPlan> plan_moe_activation_shapes(const kjit_moe_activation
   } else if (d.scale_format != KJIT_QUANT_SCALE_UNSET || d.scales != nullptr) {
     return invalid("scale_format and scales are for FP8 output; with bf16 output leave them UNSET and NULL");
   }
+  spec.gradient = d.grad != nullptr;
+  if (spec.gradient && fp8_out)
+    return invalid("the gradient (grad given) is bf16: out_dtype must be KJIT_DTYPE_BF16, out the gradient of h "
+                   "[rows, 2I]");
   KJIT_TRY(codegen::validate(codegen::KernelSpec{spec}));
   if (spec.activation == codegen::Activation::swiglu_oai) {
     if (!std::isfinite(d.alpha)) return invalid(fmt::format("alpha must be finite, got {}", d.alpha));
@@ -86,6 +91,7 @@ Expected<MoeActivationPlan> bind_moe_activation(const kjit_moe_activation_desc& 
     KJIT_TRY(require_non_null({{d.in, "in"}, {d.out, "out"}}));
     if (plan.spec.out == codegen::DType::f8_e4m3fn) KJIT_TRY(require_non_null({{d.scales, "scales"}}));
     if (!aligned(d.in, 16) || !aligned(d.out, 16)) return invalid("'in' and 'out' must be 16-byte aligned");
+    if (!aligned(d.grad, 16)) return invalid("'grad' is not 16-byte aligned");
     if (!aligned(d.scales, alignof(float))) return invalid("'scales' is not 4-byte aligned");
     if (!aligned(d.valid_rows, alignof(int32_t))) return invalid("'valid_rows' is not 4-byte aligned");
   }
@@ -94,6 +100,7 @@ Expected<MoeActivationPlan> bind_moe_activation(const kjit_moe_activation_desc& 
   p.out = d.out;
   p.scales = d.scales;
   p.valid_rows = d.valid_rows;
+  p.grad = d.grad;
   return plan;
 }
 
@@ -106,7 +113,11 @@ Expected<void> moe_activation(Runtime& runtime, const kjit_moe_activation_desc& 
   if (plan.empty) return {};
   // NULL optional pointers (scales with bf16 out, valid_rows) are skipped by the device check.
   return launch_on_owning_device(runtime, plan.spec,
-                                 {{d.in, "in"}, {d.out, "out"}, {d.scales, "scales"}, {d.valid_rows, "valid_rows"}},
+                                 {{d.in, "in"},
+                                  {d.out, "out"},
+                                  {d.scales, "scales"},
+                                  {d.valid_rows, "valid_rows"},
+                                  {d.grad, "grad"}},
                                  plan.params.device_error, plan.geometry, &plan.params, stream);
 }
 

@@ -3,6 +3,7 @@
 
 #include "launch.hpp"
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 
@@ -47,6 +48,15 @@ Expected<codegen::MoeCombineSpec> plan_moe_combine_shapes(const kjit_moe_combine
   s.top_k = d.top_k;
   s.hidden = d.hidden;
   s.out = d.out_dtype == KJIT_DTYPE_F32 ? codegen::DType::f32 : codegen::DType::bf16;
+  s.gradient = d.grad != nullptr;
+  if (s.gradient) {
+    if (d.out_dtype != KJIT_DTYPE_F32)
+      return invalid("the weights' gradient (grad given) is fp32: out_dtype must be KJIT_DTYPE_F32, out [tokens, "
+                     "top_k]");
+    if (d.topk_weights != nullptr) return invalid("the weights' gradient does not read topk_weights: leave it NULL");
+    if (d.tokens > INT64_C(0x7fffffff) * 8 / std::max<int64_t>(d.top_k, 1))
+      return invalid("tokens * top_k pairs must fit in 8 a block over a grid dimension");
+  }
   KJIT_TRY(codegen::validate(codegen::KernelSpec{s}));
   return s;
 }
@@ -114,11 +124,16 @@ Expected<void> prepare_moe_routing(Runtime& runtime, const kjit_moe_routing_desc
 Expected<void> moe_combine(Runtime& runtime, const kjit_moe_combine_desc& d, CUstream stream) {
   const auto spec = KJIT_TRY(plan_moe_combine_shapes(d));
   if (d.tokens == 0) return {};
+  // The gradient reads grad where the combine reads the weights.
   const std::initializer_list<NamedPointer> pointers = {
-      {d.expert_out, "expert_out"}, {d.topk_weights, "topk_weights"}, {d.flat_to_sorted, "flat_to_sorted"}, {d.out, "out"}};
+      {d.expert_out, "expert_out"},
+      spec.gradient ? NamedPointer{d.grad, "grad"} : NamedPointer{d.topk_weights, "topk_weights"},
+      {d.flat_to_sorted, "flat_to_sorted"},
+      {d.out, "out"}};
   KJIT_TRY(require_non_null(pointers));
   if (reinterpret_cast<uintptr_t>(d.expert_out) % 16 != 0 || reinterpret_cast<uintptr_t>(d.out) % 16 != 0)
     return invalid("'expert_out' and 'out' must be 16-byte aligned");
+  if (reinterpret_cast<uintptr_t>(d.grad) % 16 != 0) return invalid("'grad' is not 16-byte aligned");
   kjit_moe_combine_params p{};
   p.expert_out = d.expert_out;
   p.topk_weights = d.topk_weights;
@@ -126,6 +141,7 @@ Expected<void> moe_combine(Runtime& runtime, const kjit_moe_combine_desc& d, CUs
   p.out = d.out;
   p.tokens = d.tokens;
   p.rows = d.rows;
+  p.grad = d.grad;
   const auto g = codegen::moe_combine_geometry(spec, d.tokens);
   return launch_on_owning_device(runtime, spec, pointers, p.device_error, g, &p, stream);
 }

@@ -20,8 +20,9 @@ enum class OffsetsConvention : uint8_t { cumulative_end, with_leading_zero };
 enum class Activation : uint8_t { none, silu_mul, swiglu_oai };
 // Where a gate/up pair lies in the gate_up GEMM's 2I rows (or its output's
 // columns): [gate | up] (halves: Hugging Face) or gate, up, gate, up, ...
-// (alternating: gpt-oss).
-enum class GateUpLayout : uint8_t { halves, alternating };
+// (alternating: gpt-oss), or 8 gate then their 8 up (groups_of_8:
+// kjit.gate_up_interleaved's stored order; the activation family only).
+enum class GateUpLayout : uint8_t { halves, alternating, groups_of_8 };
 // A grouped GEMM's addend: a [rows, N] tensor added to the product before the
 // output's rounding (none, or its element type).
 enum class Addend : uint8_t { none, bf16, f32 };

@@ -17,7 +17,15 @@
 
 namespace kjit::reference {
 
-enum class GateUp { halves, alternating };
+enum class GateUp { halves, alternating, groups_of_8 };
+
+// The columns of h holding output column c's gate and up (of I).
+inline int64_t gate_column(GateUp layout, int64_t c) {
+  return layout == GateUp::halves ? c : layout == GateUp::alternating ? 2 * c : 16 * (c / 8) + c % 8;
+}
+inline int64_t up_column(GateUp layout, int64_t i_cols, int64_t c) {
+  return layout == GateUp::halves ? i_cols + c : layout == GateUp::alternating ? 2 * c + 1 : 16 * (c / 8) + 8 + c % 8;
+}
 enum class Activation { silu_mul, swiglu_oai };
 
 // e^x as kjit.h states it: within 0.92 ulp of the exact value, not correctly
@@ -48,6 +56,23 @@ inline float swiglu_oai(float gate, float up, float alpha, float limit) {
   return gate * sigmoid * (up + 1.0f);
 }
 
+// The gradients with respect to gate and up, times d (kjit.h, the gradient of kjit_moe_activation).
+inline void silu_mul_gradient(float gate, float up, float d, float& d_gate, float& d_up) {
+  const float den = 1.0f + activation_exp(-gate);
+  const float s = 1.0f / den;
+  d_up = d * (gate / den);
+  d_gate = (d * up) * (s * std::fma(gate, 1.0f - s, 1.0f));
+}
+
+inline void swiglu_oai_gradient(float gate, float up, float d, float alpha, float limit, float& d_gate, float& d_up) {
+  const float clamped_gate = gate > limit ? limit : gate;  // NaN passes through
+  const float clamped_up = up > limit ? limit : (up < -limit ? -limit : up);
+  const float z = alpha * clamped_gate;
+  const float s = 1.0f / (1.0f + activation_exp(-z));
+  d_up = up > -limit && up < limit ? d * (clamped_gate * s) : 0.0f;
+  d_gate = gate < limit ? (d * (clamped_up + 1.0f)) * (s * std::fma(z, 1.0f - s, 1.0f)) : 0.0f;
+}
+
 // fp32 -> bf16 bits, nearest even; NaN -> 0x7FFF (the kernel's NaN bits are
 // not specified: compare NaN as NaN).
 inline uint16_t activation_bf16_bits(float f) { return std::isnan(f) ? uint16_t{0x7FFF} : bf16_bits_rne(f); }
@@ -69,11 +94,31 @@ inline std::vector<uint16_t> moe_activation_bf16(const MoeActivationProblem& p, 
   for (int64_t r = 0; r < p.live_rows(); ++r)
     for (int64_t c = 0; c < i_cols; ++c) {
       const int64_t base = r * p.in_row_stride;
-      const int64_t g_at = p.layout == GateUp::halves ? base + c : base + 2 * c;
-      const int64_t u_at = p.layout == GateUp::halves ? base + i_cols + c : base + 2 * c + 1;
+      const int64_t g_at = base + gate_column(p.layout, c), u_at = base + up_column(p.layout, i_cols, c);
       const float g = bf16_to_float(in[static_cast<size_t>(g_at)]), u = bf16_to_float(in[static_cast<size_t>(u_at)]);
       const float v = p.activation == Activation::silu_mul ? silu_mul(g, u) : swiglu_oai(g, u, p.alpha, p.limit);
       out[static_cast<size_t>(r * i_cols + c)] = activation_bf16_bits(v);
+    }
+  return out;
+}
+
+// The gradient of h, bf16 bits [rows, 2I] in h's layout, from `in` (h, bf16 bits [rows, in_row_stride]) and
+// `grad` (the activation's output's gradient, bf16 bits [rows, I]); rows past valid_rows are zeros.
+inline std::vector<uint16_t> moe_activation_gradient(const MoeActivationProblem& p, std::span<const uint16_t> in,
+                                                     std::span<const uint16_t> grad) {
+  const int64_t i_cols = p.intermediate;
+  std::vector<uint16_t> out(static_cast<size_t>(p.rows * 2 * i_cols), 0);
+  for (int64_t r = 0; r < p.live_rows(); ++r)
+    for (int64_t c = 0; c < i_cols; ++c) {
+      const int64_t g_col = gate_column(p.layout, c), u_col = up_column(p.layout, i_cols, c);
+      const float g = bf16_to_float(in[static_cast<size_t>(r * p.in_row_stride + g_col)]);
+      const float u = bf16_to_float(in[static_cast<size_t>(r * p.in_row_stride + u_col)]);
+      const float d = bf16_to_float(grad[static_cast<size_t>(r * i_cols + c)]);
+      float d_gate, d_up;
+      if (p.activation == Activation::silu_mul) silu_mul_gradient(g, u, d, d_gate, d_up);
+      else swiglu_oai_gradient(g, u, d, p.alpha, p.limit, d_gate, d_up);
+      out[static_cast<size_t>(r * 2 * i_cols + g_col)] = activation_bf16_bits(d_gate);
+      out[static_cast<size_t>(r * 2 * i_cols + u_col)] = activation_bf16_bits(d_up);
     }
   return out;
 }

@@ -5,6 +5,7 @@
 // they check the same contract.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -73,6 +74,29 @@ inline float moe_combine_value(const std::vector<uint16_t>& expert_out, const st
                    bf16_to_float(expert_out[static_cast<size_t>(row * hidden + h)]), sum);
   }
   return out_dtype == KJIT_DTYPE_BF16 ? bf16_to_float(bf16_bits_rne(sum)) : sum;
+}
+
+// The weights' gradient kjit_moe_combine writes at out[t, j] (kjit.h: grad given): the dot product of
+// grad[t] and expert_out[row(t, j)] (bf16 bits, [tokens, hidden] and [rows, hidden]) in kjit.h's order, 32
+// lanes' fma partial sums over interleaved 8-column chunks, then the xor butterfly's adds as lane 0 sees them.
+// Bit for bit the kernel's; +0 for a pair of another rank.
+inline float moe_combine_weight_gradient(const std::vector<uint16_t>& expert_out, const std::vector<uint16_t>& grad,
+                                         const std::vector<int32_t>& flat_to_sorted, int64_t top_k, int64_t hidden,
+                                         int64_t t, int64_t j) {
+  const int32_t row = flat_to_sorted[static_cast<size_t>(t * top_k + j)];
+  float lanes[32] = {};
+  if (row >= 0)
+    for (int l = 0; l < 32; ++l)
+      for (int64_t c = l; c < hidden / 8; c += 32)
+        for (int64_t h = 8 * c; h < 8 * c + 8; ++h)
+          lanes[l] = std::fma(bf16_to_float(grad[static_cast<size_t>(t * hidden + h)]),
+                              bf16_to_float(expert_out[static_cast<size_t>(row * hidden + h)]), lanes[l]);
+  for (int d = 16; d > 0; d /= 2) {
+    float next[32];
+    for (int l = 0; l < 32; ++l) next[l] = lanes[l] + lanes[l ^ d];
+    std::copy(next, next + 32, lanes);
+  }
+  return lanes[0];
 }
 
 // Whether a combine output element matches the reference value. Not bit for

@@ -714,14 +714,12 @@ class MoEExperts(torch.nn.Module):
                 args["a_scale"] = torch.zeros(top_k, a.shape[1] // _FP8_BLOCK, dtype=torch.float32, device=device)
             kjit.prepare_grouped_gemm(a, w.detach(), ends, out, weights=weights, offsets_convention=_OFFSETS,
                                       row_scale=scale, **args)
-        # the activation (training.module_activation: kjit's, bf16 out) loads and its derivative
-        # (compiled_activation_grad) compiles at a first CUDA call: make them here, not under a capture (16 rows:
-        # torch.compile specialises sizes 0, 1)
-        h16 = torch.zeros(16, 2 * i, dtype=torch.bfloat16, device=device)
-        args = (self.activation, self._gate_up_order(), self.swiglu_alpha, self.swiglu_limit)
-        ends16 = torch.full((self.experts_local,), 16, dtype=torch.int32, device=device)
-        training.compiled_activation_grad(h16, training.module_activation(self, h16, ends16), *args)
-        training.warm_fused(device, h)
+        # the activation, its gradient and the routing weights' gradient (kjit's kernels)
+        kjit.prepare_moe_activation(rows(2 * i), rows(i), **training.activation_args(self))
+        kjit.prepare_moe_activation_backward(rows(2 * i), rows(i), rows(2 * i), **training.activation_args(self))
+        flat_to_sorted = torch.zeros(1, top_k, dtype=torch.int32, device=device)
+        kjit.prepare_moe_combine_backward(rows(h)[:1], rows(h), flat_to_sorted,
+                                          torch.zeros(1, top_k, dtype=torch.float32, device=device))
         wgrads = []
         if self.format == "bf16" and self.gate_up_weight.requires_grad:
             wgrads += [(2 * i, h, self.gate_up_weight.dtype), (h, i, self.down_weight.dtype)]

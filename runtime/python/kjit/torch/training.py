@@ -11,8 +11,9 @@ atomics would make the backward non-deterministic):
   forward   routing -> h = A W1^T [+ b1] [+ s (A A1^T) B1^T] -> act(h)
             -> y = act W2^T [+ b2] [+ s (act A2^T) B2^T] -> out = combine(y, topk_weights)
   backward  g = dOut gathered to expert order, w = topk_weights in expert order
-            d topk_weights = <g, y> per pair
-            dact = w . (g W2) (+ LoRA), dh = act'(h) dact, dA = dh W1 (+ LoRA)
+            d topk_weights = <dOut[t], y[row]> per pair (kjit.moe_combine_backward)
+            dact = w . (g W2) (+ LoRA), dh = act'(h) dact (kjit.moe_activation_backward),
+            dA = dh W1 (+ LoRA)
             dhidden = the sum of a token's dA rows (kjit.moe_combine with weights 1)
             dW = dY^T X per expert (kjit.grouped_gemm_wgrad), for bf16 weights,
             biases and the LoRA factors.
@@ -35,7 +36,9 @@ Everything stays on the device (no host sync, no data-dependent Python), so
 forward and backward capture in one CUDA graph after MoEExperts.prepare(...,
 backward=True). Two backward passes on the same inputs give the same bits:
 every sum runs in a fixed order (the GEMMs split no reduction, the combine
-and the row dot products sum in index order).
+sums in index order, its weights' gradient in the order kjit.h states).
+Every pass is a kjit kernel or a plain torch copy: nothing is compiled by
+torch.compile, and Triton is not needed.
 """
 
 from __future__ import annotations
@@ -49,102 +52,25 @@ import kjit
 from kjit._library import invalid as _invalid
 
 _OFFSETS = "cumulative_end"
-_ROW_DOT_CHUNK = 8192  # rows per fp32 temporary of the d topk_weights dot products
 
 
-# ---- the activation, in fp32 on the gate_up output ----
+# ---- the activation ----
 
-def gate_up_halves(h: torch.Tensor, order: str):
-    """h [rows, 2I] -> (gate, up) views [rows, I] for the stored row order:
-    'halves' (gate then up), 'alternating' (gate, up, ...) or 'groups_of_8'
-    (kjit.gate_up_interleaved's order: 8 gate rows, then their 8 up rows)."""
-    rows, two_i = h.shape
-    if order == "halves":
-        return h[:, : two_i // 2], h[:, two_i // 2:]
-    if order == "alternating":
-        return h[:, 0::2], h[:, 1::2]
-    grouped = h.view(rows, two_i // 16, 2, 8)
-    return grouped[:, :, 0, :].reshape(rows, -1), grouped[:, :, 1, :].reshape(rows, -1)
-
-
-def gate_up_joined(d_gate: torch.Tensor, d_up: torch.Tensor, order: str) -> torch.Tensor:
-    """The inverse of gate_up_halves: [rows, I] twice -> [rows, 2I]."""
-    rows, inter = d_gate.shape
-    if order == "halves":
-        return torch.cat((d_gate, d_up), dim=1)
-    if order == "alternating":
-        return torch.stack((d_gate, d_up), dim=2).view(rows, 2 * inter)
-    return torch.stack((d_gate.view(rows, -1, 8), d_up.view(rows, -1, 8)), dim=2).view(rows, 2 * inter)
-
-
-def activation_forward(h, activation: str, order: str, alpha: float, limit: float) -> torch.Tensor:
-    """act(h) in fp32, rounded once to bf16 [rows, I] (kjit.h's SiLU-and-mul or
-    gpt-oss's clamped SwiGLU; torch's exp, so within an fp32 ulp or two of
-    kjit.moe_activation before the common bf16 rounding)."""
-    gate, up = (t.float() for t in gate_up_halves(h, order))
-    if activation == "silu_mul":
-        return (gate * torch.sigmoid(gate) * up).to(torch.bfloat16)
-    gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
-    return ((up + 1) * gate * torch.sigmoid(alpha * gate)).to(torch.bfloat16)
-
-
-def activation_backward(h, d_act, activation: str, order: str, alpha: float, limit: float) -> torch.Tensor:
-    """d act(h) / dh . d_act, fp32 math, bf16 [rows, 2I] in h's order. The
-    clamps pass the gradient strictly inside their bounds and give zero at
-    and beyond them (torch.clamp's convention)."""
-    gate, up = (t.float() for t in gate_up_halves(h, order))
-    d_act = d_act.float()
-    if activation == "silu_mul":
-        sig = torch.sigmoid(gate)
-        d_up = d_act * gate * sig
-        d_gate = d_act * up * sig * (1 + gate * (1 - sig))
-    else:
-        gate_c, up_c = gate.clamp(max=limit), up.clamp(-limit, limit)
-        sig = torch.sigmoid(alpha * gate_c)
-        d_up = torch.where((up > -limit) & (up < limit), d_act * gate_c * sig, 0.0)
-        d_gate_c = d_act * (up_c + 1) * sig * (1 + alpha * gate_c * (1 - sig))
-        d_gate = torch.where(gate < limit, d_gate_c, 0.0)
-    return gate_up_joined(d_gate.to(torch.bfloat16), d_up.to(torch.bfloat16), order)
-
-
-_FUSED = {}
-
-
-def _fused(fn):
-    """fn compiled by torch.compile into one or two fused kernels on CUDA tensors where Triton is installed (the
-    fp32 math of the activation and its derivative, the LoRA sums and the row dot products otherwise cost a
-    dozen passes through memory: half of a LoRA step's GPU time at 4096 tokens); fn itself elsewhere. The same
-    operations per element, so the same gradients within fp32 rounding; a reduction runs in a fixed order."""
-    if fn not in _FUSED:
-        try:
-            import triton  # noqa: F401  (inductor's GPU backend)
-            _FUSED[fn] = torch.compile(fn, dynamic=True, fullgraph=True)
-        except Exception:  # no Triton, or no inductor: the plain torch ops
-            _FUSED[fn] = fn
-    return _FUSED[fn]
-
-
-def compiled_activation(h, activation: str, order: str, alpha: float, limit: float) -> torch.Tensor:
-    """activation_forward, fused on the GPU."""
-    fn = _fused(activation_forward) if h.is_cuda and not torch.compiler.is_compiling() else activation_forward
-    return fn(h, activation, order, alpha, limit)
+def module_activation_gradient(m, h: torch.Tensor, d_act: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """dh bf16 [rows, 2I] in h's order: kjit.moe_activation_backward, one kernel (rows past the routed ones
+    zero)."""
+    return kjit.moe_activation_backward(h, d_act, valid_rows=ends[-1:], **activation_args(m))
 
 
 def module_activation(m, h: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
-    """act(h) bf16 [rows, I] as the module's inference forward computes it: kjit.moe_activation (one kernel,
-    the same bits as MoEExperts' forward without a gradient; rows past the routed ones written as zeros) for
-    gate and up stored in halves or alternating; a fused-activation module's groups of 8, which that kernel
-    does not read, by activation_forward (torch's exp: within an fp32 ulp or two before the bf16 rounding)."""
-    order = m._gate_up_order()
-    if order == "groups_of_8":
-        return compiled_activation(h, m.activation, order, m.swiglu_alpha, m.swiglu_limit)
-    return kjit.moe_activation(h, out_dtype=torch.bfloat16, valid_rows=ends[-1:], **m._activation_args())
+    """act(h) bf16 [rows, I] as the module's inference forward computes it: kjit.moe_activation, one kernel (the
+    same bits as MoEExperts' forward without a gradient; rows past the routed ones written as zeros)."""
+    return kjit.moe_activation(h, out_dtype=torch.bfloat16, valid_rows=ends[-1:], **activation_args(m))
 
 
-def compiled_activation_grad(h, d_act, activation: str, order: str, alpha: float, limit: float) -> torch.Tensor:
-    """activation_backward, fused on the GPU."""
-    fn = _fused(activation_backward) if h.is_cuda and not torch.compiler.is_compiling() else activation_backward
-    return fn(h, d_act, activation, order, alpha, limit)
+def activation_args(m) -> dict:
+    """The module's activation with h's column order (the stored gate_up rows': groups of 8 when fused)."""
+    return {**m._activation_args(), "layout": m._gate_up_order()}
 
 
 # ---- LoRA on the experts ----
@@ -251,34 +177,6 @@ def token_of_row(sorted_to_flat: torch.Tensor, top_k: int) -> torch.Tensor:
 
 def _bf16(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.bfloat16).contiguous()
-
-
-def _row_dot_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return (a.float() * b.float()).sum(dim=1)
-
-
-def _row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """fp32 [rows]: the dot product of each row of a and b (bf16). On the GPU
-    one fused reduction (no fp32 copy of either operand); elsewhere in chunks
-    so the fp32 temporaries stay small. Each row's sum runs in a fixed order:
-    the same bits each run."""
-    if a.is_cuda:  # under torch.compile the same expression, traced into the caller's graph
-        return _row_dot_fp32(a, b) if torch.compiler.is_compiling() else _fused(_row_dot_fp32)(a, b)
-    rows = a.shape[0]
-    out = torch.empty(rows, dtype=torch.float32, device=a.device)
-    for start in range(0, rows, _ROW_DOT_CHUNK):
-        stop = min(rows, start + _ROW_DOT_CHUNK)
-        out[start:stop] = _row_dot_fp32(a[start:stop], b[start:stop])
-    return out
-
-
-def warm_fused(device, rows_h: int) -> None:
-    """Compiles the fused row dot (torch.compile compiles at a first CUDA call: here, not under a capture). 16
-    rows: torch.compile specialises sizes 0 and 1."""
-    if torch.device(device).type != "cuda":
-        return
-    a = torch.zeros(16, rows_h, dtype=torch.bfloat16, device=device)
-    _row_dot(a, a)
 
 
 def _wgrad(dy, x, ends, dtype):
@@ -388,16 +286,15 @@ class _ExpertsFunction(torch.autograd.Function):
         a_dtype, b_dtype = ctx.param_dtypes[0::2], ctx.param_dtypes[1::2]  # (gate_up, down) each
         rows = s2f.shape[0]
         rows_token = token_of_row(s2f, top_k)
-        g = d_out.to(torch.bfloat16)[rows_token]  # dOut in expert order; rows past the routed ones never read
+        d_out16 = d_out.to(torch.bfloat16).contiguous()
+        g = d_out16[rows_token]  # dOut in expert order; rows past the routed ones never read
         w = topk_weights.reshape(-1)[s2f.clamp(min=0).long()]  # each row's routing weight, fp32
         bwd = "w8a16" if ctx.kernels == "w8a8" else ctx.kernels  # dX reads FP8 weights W8A16 (bf16 dY)
         gemm = kjit.grouped_gemm
         grads = [None] * 11
 
         if needs[2]:  # d topk_weights[t, j] = <dOut[t], y[row(t, j)]>; pairs of other experts 0
-            per_row = _row_dot(g, y)
-            f2s_flat = f2s.reshape(-1)
-            grads[2] = torch.where(f2s_flat >= 0, per_row[f2s_flat.clamp(min=0).long()], 0.0).view(tokens, top_k)
+            grads[2] = kjit.moe_combine_backward(d_out16, y, f2s.view(tokens, top_k))
 
         # down: dY = w . g row by row, folded into the narrower operand of each product
         act = None
@@ -418,10 +315,10 @@ class _ExpertsFunction(torch.autograd.Function):
             grads[6] = _segment_sum(g, ends, w)
         # Dropped at their last use, as in forward: the backward's peak was these [rows, *] tensors still alive
         # beside gate_up's dX and its gathered rows.
-        g = act = d_u = None
+        g = act = d_u = d_out16 = None
 
         # the activation, then gate_up: its weight gradients first, so that the gathered rows are gone before dX
-        d_h = compiled_activation_grad(h, d_act, m.activation, m._gate_up_order(), m.swiglu_alpha, m.swiglu_limit)
+        d_h = module_activation_gradient(m, h, d_act, ends)
         d_act = None
         if needs[5]:
             grads[5] = _segment_sum(d_h, ends)

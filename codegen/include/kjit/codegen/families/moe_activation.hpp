@@ -3,7 +3,8 @@
 // codes with one scale per row per 128 columns (exactly kjit_fp8_quantize's,
 // the A operand of the W8A8 down GEMM). Activations: SiLU-and-mul and
 // gpt-oss's clamped SwiGLU; gate and up as halves (Hugging Face) or
-// alternating columns (gpt-oss).
+// alternating columns (gpt-oss). Its gradient (`gradient`): the gradient of
+// h [rows, 2I] from the activation's [rows, I], bf16, for the backward pass.
 // Home: this header and codegen/src/families/moe_activation.cpp; device code in
 // templates/activation/moe_activation.cuh (math: templates/common/activation.cuh);
 // ABI block templates/abi/moe_activation_params.h. kjit.h
@@ -31,6 +32,7 @@ struct MoeActivationSpec {
   GateUpLayout layout = GateUpLayout::halves;
   DType out = DType::bf16;                                 // bf16 or f8_e4m3fn
   QuantScaleFormat scale_format = QuantScaleFormat::fp32;  // f8_e4m3fn only
+  bool gradient = false;  // the backward: out is the gradient of h (bf16), from the activation's (`grad`)
   bool operator==(const MoeActivationSpec&) const = default;
 };
 
@@ -46,7 +48,8 @@ struct Family<MoeActivationSpec> : SpecForms<MoeActivationSpec> {
       // FP8 output only (validate refuses ue8m0 beside bf16); its group is always 128 columns.
       field("scale_format", &MoeActivationSpec::scale_format)
           .written_when([](const MoeActivationSpec& s) { return s.out == DType::f8_e4m3fn; })
-          .prefix(" group=128 scale=")};
+          .prefix(" group=128 scale="),
+      field("gradient", &MoeActivationSpec::gradient).omit_default()};
   static Expected<void> validate(const MoeActivationSpec& s);
   static Expected<void> supported_on(const MoeActivationSpec& s, const ArchInfo& arch);
   static RenderedKernel render(const MoeActivationSpec& s);
