@@ -510,6 +510,22 @@ TEST_CASE("grouped GEMM specs: a problem and each configuration round-trip throu
   CHECK(half.error().message.find("need 'kernel' beside them") != std::string::npos);
 }
 
+TEST_CASE("a rank-wide output (N <= 64) runs the rows-on-M SM90 kernel on 64 x 64 tiles past the decode bucket") {
+  for (const auto weights : {WeightLayout::e_n_k, WeightLayout::e_k_n})
+    for (const int64_t n : {16, 64}) {
+      GroupedGemmSpec lora{.n = n, .k = 2048, .experts = 128, .weights = weights};
+      for (const int64_t rows_per_expert : {65, 256, 1024}) {
+        const auto s = *choose_grouped_gemm_config(lora, arch("sm_90a"), rows_per_expert * 128);
+        CHECK((s.kernel == GemmKernel::wgmma_sm90 && s.tile_m == 64 && s.tile_n == 64 && s.cluster == 1));
+        CHECK(validate(KernelSpec{s}).has_value());
+      }
+      const auto few = *choose_grouped_gemm_config(lora, arch("sm_90a"), 8);
+      CHECK(few.kernel == (weights == WeightLayout::e_n_k ? GemmKernel::mma_decode : GemmKernel::wgmma_sm90));
+    }
+  GroupedGemmSpec wider{.n = 80, .k = 2048, .experts = 128};
+  CHECK(choose_grouped_gemm_config(wider, arch("sm_90a"), 256 * 128)->kernel == GemmKernel::wgmma_sm90_swap_ab);
+}
+
 TEST_CASE("an addend is in the grouped GEMM's key and its kernels' problem, and refused beside a fused activation") {
   auto with = gemm_problem();
   with.addend = Addend::bf16;

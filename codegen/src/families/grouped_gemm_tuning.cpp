@@ -71,6 +71,13 @@ int sm90_max_stages(GemmKernel kernel, int tile_m, int tile_n) {
 
 std::vector<GroupedGemmSpec> grouped_gemm_configs(const GroupedGemmSpec& problem, const ArchInfo& arch) {
   if (!arch.wgmma_tma) return {portable_gemm_config(problem)};
+  // A rank-wide output (N <= 64: a LoRA branch's x A^T, and its dB GEMM's): the rows-on-M kernel on 64 x 64 tiles
+  // past the decode bucket. The tiles below compute their columns past N for nothing (swap AB's 128, the pairs'
+  // 256): at rank 16 they ran 1.5-3.4x slower (H200, tools/bench/bench_lora_gemms.py; decision 0021).
+  if (problem.n <= 64) {
+    const GroupedGemmSpec narrow = gemm_config(problem, GemmKernel::wgmma_sm90, 64, 64);
+    return {problem.weights == WeightLayout::e_n_k ? decode_gemm_config(problem) : narrow, narrow, narrow, narrow};
+  }
   // Measured on an H100 against every tile (docs/decisions/0002), by average
   // rows per expert:
   // - <= 64 (decode): one consumer warpgroup on 64 x 256 tiles, 5 stages;
