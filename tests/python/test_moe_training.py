@@ -31,7 +31,6 @@ torch = pytest.importorskip("torch")
 
 import kjit  # noqa: E402
 from kjit.torch import LoRAMoEExperts, MoEExperts, MoELoRA  # noqa: E402
-from kjit.torch import training  # noqa: E402
 
 import moe_reference as ref  # noqa: E402
 
@@ -413,10 +412,10 @@ def test_gpu_backward_is_deterministic_and_a_graph_replays_it(fmt):
 
 
 @pytest.mark.gpu
-def test_gpu_torch_compile_of_the_training_path_equals_eager(monkeypatch):
+def test_gpu_torch_compile_of_the_training_path_equals_eager():
     """torch.compile (aot_eager: kjit's ops and the plain torch ops, no inductor) traces the forward and backward
-    whole and computes what eager computes: the same bits where eager runs the same plain ops, and within fp32
-    rounding of eager's inductor-fused elementwise kernels and row dots (another summation order, other exp)."""
+    whole and computes eager's bits: the training path's elementwise passes and row dots are kjit kernels, the
+    same under the trace as in eager."""
     m, _ = build("fp8_block", "halves", "silu_mul", experts=8, experts_total=8, expert_base=0, device="cuda")
     lora = random_lora(m).cuda()
     hidden, ids, tw = inputs(64, top_k=4, experts_total=8, local=(0, 8), device="cuda")
@@ -432,8 +431,5 @@ def test_gpu_torch_compile_of_the_training_path_equals_eager(monkeypatch):
         return [x.grad, w.grad] + [p.grad.clone() for p in lora.parameters()]
 
     compiled = gradients(torch.compile(loss, backend="aot_eager", fullgraph=True))
-    for a, b in zip(gradients(loss), compiled):
-        assert relative_error(a, b) <= 1e-3
-    monkeypatch.setattr(training, "_fused", lambda fn: fn)
     for a, b in zip(gradients(loss), compiled):
         assert torch.equal(a, b)
