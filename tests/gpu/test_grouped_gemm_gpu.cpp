@@ -332,6 +332,18 @@ void run_addend(const GemmCase& c) {
   }
 }
 
+// The addend's cases at K `k`: both layouts and output types, a row scale with bf16 out.
+void run_addend_cases(int64_t k) {
+  for (auto weights : {KJIT_WEIGHTS_E_N_K, KJIT_WEIGHTS_E_K_N})
+    for (auto out : {KJIT_DTYPE_BF16, KJIT_DTYPE_F32}) {
+      GemmCase c = partial_tile_case(k, weights, out);
+      c.row_scale = out == KJIT_DTYPE_BF16;
+      CAPTURE(weights);
+      CAPTURE(out);
+      run_addend(c);
+    }
+}
+
 }  // namespace
 
 TEST_SUITE_BEGIN("grouped_gemm");
@@ -361,19 +373,15 @@ TEST_CASE("the fused activation with N a multiple of every tile and a tall exper
   run_activation(c, KJIT_ACTIVATION_SILU_MUL, 0.0f, 0.0f, 2.0f);
 }
 
-TEST_CASE("an addend (bf16 or fp32, out itself or not): every kernel path, layout, output type, row scale, and "
-          "K a LoRA rank") {
-  for (const int64_t k : {320, 16})
-    for (auto weights : {KJIT_WEIGHTS_E_N_K, KJIT_WEIGHTS_E_K_N})
-      for (auto out : {KJIT_DTYPE_BF16, KJIT_DTYPE_F32}) {
-        GemmCase c = partial_tile_case(k, weights, out);
-        c.row_scale = out == KJIT_DTYPE_BF16;
-        CAPTURE(k);
-        CAPTURE(weights);
-        CAPTURE(out);
-        run_addend(c);
-      }
+TEST_CASE("an addend (bf16 or fp32, out itself or not): every kernel path, layout, output type and row scale") {
+  run_addend_cases(320);
 }
+
+TEST_CASE("an addend at K a LoRA rank (16: the short-K kernel's), every kernel path, layout, output type and row "
+          "scale") {
+  run_addend_cases(16);
+}
+
 
 TEST_CASE("K a LoRA rank (8 to 32): every kernel path (the short-K kernel's among them), layout, convention, output "
           "type and row scale, a gathered A, bad offsets") {
