@@ -36,15 +36,18 @@ struct GemmProblem {
   static_assert(!kFusedActivation || kAddend == Addend::none, "the addend has the product's columns");
 };
 
-// v plus the addend's element `index` ([rows, kOutN] row-major), an fp32 add of its own (never fused with the
-// product's multiply, so out = round(fp32(product) + addend)); v itself without an addend.
+// The product (times its row scale) plus its addend: an fp32 add of its own, never fused with the product's
+// multiply, so that out = round(fp32(product) + addend) on every kernel.
+__device__ __forceinline__ float addend_sum(float product, float addend) { return __fadd_rn(product, addend); }
+
+// v plus the addend's element `index` ([rows, kOutN] row-major: addend_sum); v itself without an addend.
 template <class Cfg>
 __device__ __forceinline__ float plus_addend(const kjit_grouped_gemm_params& p, float v, long long index) {
   if constexpr (Cfg::kAddend == Addend::f32) {
-    return __fadd_rn(v, static_cast<const float*>(p.addend)[index]);
+    return addend_sum(v, static_cast<const float*>(p.addend)[index]);
   } else if constexpr (Cfg::kAddend == Addend::bf16) {
-    return __fadd_rn(v, __uint_as_float(static_cast<unsigned>(static_cast<const unsigned short*>(p.addend)[index])
-                                        << 16));
+    return addend_sum(v, __uint_as_float(static_cast<unsigned>(static_cast<const unsigned short*>(p.addend)[index])
+                                         << 16));
   } else {
     return v;
   }
@@ -56,12 +59,26 @@ __device__ __forceinline__ float2 plus_addend_pair(const kjit_grouped_gemm_param
                                                    long long index) {
   if constexpr (Cfg::kAddend == Addend::f32) {
     const float2 add = *reinterpret_cast<const float2*>(static_cast<const float*>(p.addend) + index);
-    return make_float2(__fadd_rn(v0, add.x), __fadd_rn(v1, add.y));
+    return make_float2(addend_sum(v0, add.x), addend_sum(v1, add.y));
   } else if constexpr (Cfg::kAddend == Addend::bf16) {
     const unsigned both = *reinterpret_cast<const unsigned*>(static_cast<const unsigned short*>(p.addend) + index);
-    return make_float2(__fadd_rn(v0, __uint_as_float(both << 16)), __fadd_rn(v1, __uint_as_float(both & 0xffff0000u)));
+    return make_float2(addend_sum(v0, __uint_as_float(both << 16)),
+                       addend_sum(v1, __uint_as_float(both & 0xffff0000u)));
   } else {
     return make_float2(v0, v1);
+  }
+}
+
+// Elements [index, index + 4) of the addend as fp32 (index a multiple of 4: one 16- or 8-byte load), for a
+// kernel that loads them before its product exists (then addend_sum).
+template <class Cfg>
+__device__ __forceinline__ float4 addend_quad(const kjit_grouped_gemm_params& p, long long index) {
+  if constexpr (Cfg::kAddend == Addend::f32) {
+    return *reinterpret_cast<const float4*>(static_cast<const float*>(p.addend) + index);
+  } else {
+    const uint2 both = *reinterpret_cast<const uint2*>(static_cast<const unsigned short*>(p.addend) + index);
+    return make_float4(__uint_as_float(both.x << 16), __uint_as_float(both.x & 0xffff0000u),
+                       __uint_as_float(both.y << 16), __uint_as_float(both.y & 0xffff0000u));
   }
 }
 

@@ -7,8 +7,9 @@
 // gathered through sorted_to_flat (bit for bit the GEMM on the gathered copy),
 // and an addend summed before the rounding (bit for bit round(product + addend)).
 // On Hopper every case runs through each kernel path: the SM90 kernel in both
-// of its token-count buckets (64- and 128-row tiles) and the portable kernel
-// forced on the same GPU; elsewhere through the arch's default.
+// of its token-count buckets (64- and 128-row tiles), the decode kernel, the
+// short-K kernel (K up to 32) and the portable kernel forced on the same GPU;
+// elsewhere through the arch's default.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -47,6 +48,7 @@ struct KernelPath {
   int64_t n_multiple = 8;  // the path runs only where N is a multiple of this (swap AB pairs never pass N)
   bool workspace = true;   // swap AB: tiles on demand from the workspace's counter, or a static round robin
   bool e_n_k_only = false; // the decode kernel reads [E, N, K] weights only
+  int64_t max_k = int64_t{1} << 20;  // the short-K kernel serves K up to 32
 };
 
 std::vector<KernelPath> kernel_paths() {
@@ -70,7 +72,15 @@ std::vector<KernelPath> kernel_paths() {
           {"decode, chunks of 16 rows x 16 weight rows (8 k-warps)", KJIT_GEMM_KERNEL_DECODE, 16, 16, 0, {}, 8, true, true},
           {"decode, chunks of 32 rows x 128 weight rows (1 k-warp)", KJIT_GEMM_KERNEL_DECODE, 32, 128, 0, {}, 8, true,
            true},
+          {"short K (K up to 32), the heuristic's column blocks", KJIT_GEMM_KERNEL_SHORT_K, 0, 0, 0, {}, 8, true, false,
+           32},
+          {"short K, 64-column blocks", KJIT_GEMM_KERNEL_SHORT_K, 0, 64, 0, {}, 8, true, false, 32},
           {"portable", KJIT_GEMM_KERNEL_PORTABLE, 0, 0, 0}};
+}
+
+// Whether `path` runs `c` (its N, layout and K).
+bool runs(const KernelPath& path, const GemmCase& c) {
+  return c.n % path.n_multiple == 0 && (!path.e_n_k_only || c.weights == KJIT_WEIGHTS_E_N_K) && c.k <= path.max_k;
 }
 
 struct GemmData {
@@ -183,7 +193,7 @@ void run_gemm(const GemmCase& c) {
   const auto ref = reference(c, d);
   GemmBuffers b(c, rows, d);
   for (const auto& path : kernel_paths()) {
-    if (c.n % path.n_multiple != 0 || (path.e_n_k_only && c.weights != KJIT_WEIGHTS_E_N_K)) continue;
+    if (!runs(path, c)) continue;
     const std::string path_name = path.name;
     CAPTURE(path_name);
     const auto g = on_path(b.desc(c, rows), path);
@@ -225,7 +235,7 @@ void run_activation(GemmCase c, kjit_activation activation, float alpha, float l
   const bool f32 = c.out == KJIT_DTYPE_F32;
   DeviceBuffer h(0, static_cast<size_t>(std::max<int64_t>(16, rows * c.n * 4)));
   for (const auto& path : kernel_paths()) {
-    if (c.n % path.n_multiple != 0 || (path.e_n_k_only && c.weights != KJIT_WEIGHTS_E_N_K)) continue;
+    if (!runs(path, c)) continue;
     const std::string path_name = path.name;
     CAPTURE(path_name);
     auto g = on_path(b.desc(c, rows), path);
@@ -281,7 +291,7 @@ void run_addend(const GemmCase& c) {
   DeviceBuffer h(0, static_cast<size_t>(std::max<int64_t>(16, rows * c.n * 4)));
   DeviceBuffer addend_buffer(0, static_cast<size_t>(std::max<int64_t>(16, rows * c.n * 4)));
   for (const auto& path : kernel_paths()) {
-    if (c.n % path.n_multiple != 0 || (path.e_n_k_only && c.weights != KJIT_WEIGHTS_E_N_K)) continue;
+    if (!runs(path, c)) continue;
     const std::string path_name = path.name;
     CAPTURE(path_name);
     const auto g = on_path(b.desc(c, rows), path);
@@ -322,6 +332,18 @@ void run_addend(const GemmCase& c) {
   }
 }
 
+// The addend's cases at K `k`: both layouts and output types, a row scale with bf16 out.
+void run_addend_cases(int64_t k) {
+  for (auto weights : {KJIT_WEIGHTS_E_N_K, KJIT_WEIGHTS_E_K_N})
+    for (auto out : {KJIT_DTYPE_BF16, KJIT_DTYPE_F32}) {
+      GemmCase c = partial_tile_case(k, weights, out);
+      c.row_scale = out == KJIT_DTYPE_BF16;
+      CAPTURE(weights);
+      CAPTURE(out);
+      run_addend(c);
+    }
+}
+
 }  // namespace
 
 TEST_SUITE_BEGIN("grouped_gemm");
@@ -351,18 +373,45 @@ TEST_CASE("the fused activation with N a multiple of every tile and a tall exper
   run_activation(c, KJIT_ACTIVATION_SILU_MUL, 0.0f, 0.0f, 2.0f);
 }
 
-TEST_CASE("an addend (bf16 or fp32, out itself or not): every kernel path, layout, output type, row scale, and "
-          "K a LoRA rank") {
-  for (const int64_t k : {320, 16})
+TEST_CASE("an addend (bf16 or fp32, out itself or not): every kernel path, layout, output type and row scale") {
+  run_addend_cases(320);
+}
+
+TEST_CASE("an addend at K a LoRA rank (16: the short-K kernel's), every kernel path, layout, output type and row "
+          "scale") {
+  run_addend_cases(16);
+}
+
+
+TEST_CASE("K a LoRA rank (8 to 32): every kernel path (the short-K kernel's among them), layout, convention, output "
+          "type and row scale, a gathered A, bad offsets") {
+  for (const int64_t k : {8, 16, 24, 32})
     for (auto weights : {KJIT_WEIGHTS_E_N_K, KJIT_WEIGHTS_E_K_N})
       for (auto out : {KJIT_DTYPE_BF16, KJIT_DTYPE_F32}) {
         GemmCase c = partial_tile_case(k, weights, out);
+        c.n = k == 32 ? 1040 : 272;  // 1040: several column blocks of 256, the last partial
         c.row_scale = out == KJIT_DTYPE_BF16;
+        c.convention = k == 24 ? KJIT_OFFSETS_WITH_LEADING_ZERO : KJIT_OFFSETS_CUMULATIVE_END;
         CAPTURE(k);
         CAPTURE(weights);
         CAPTURE(out);
-        run_addend(c);
+        run_gemm(c);
       }
+  GemmCase c = partial_tile_case(24, KJIT_WEIGHTS_E_K_N, KJIT_DTYPE_BF16);
+  const int64_t rows = std::accumulate(c.counts.begin(), c.counts.end(), int64_t{0}) + c.extra_rows;
+  const auto d = gemm_inputs(c, rows);
+  GemmBuffers b(c, rows, d);
+  const GatheredA a(rows, c.k, 8);
+  for (const auto& path : kernel_paths()) {
+    if (!runs(path, c)) continue;
+    const std::string path_name = path.name;
+    CAPTURE(path_name);
+    check_gather_equals_copy(on_path(b.desc(c, rows), path), b.out, a);
+    b.offsets.upload(std::vector<int32_t>{0, 37, 38, 38, 20, 302, 305, 435});  // decreasing at expert 4
+    b.out.poison();
+    check_bad_offsets_refused(on_path(b.desc(c, rows), path), b.out);
+    b.offsets.upload(offsets_for(c.counts, c.convention));
+  }
 }
 
 TEST_CASE("a fused activation is refused for 128 x 128 fp8 scales without their gate/up layout and for N not in "
@@ -463,7 +512,7 @@ TEST_CASE("a gathered A (sorted_to_flat) gives the bytes of the GEMM on the gath
   GemmBuffers b(c, rows, d);
   const GatheredA a(rows, c.k, 4);
   for (const auto& path : kernel_paths()) {
-    if (c.n % path.n_multiple != 0 || (path.e_n_k_only && c.weights != KJIT_WEIGHTS_E_N_K)) continue;
+    if (!runs(path, c)) continue;
     const std::string path_name = path.name;
     CAPTURE(path_name);
     check_gather_equals_copy(on_path(b.desc(c, rows), path), b.out, a);
@@ -485,6 +534,7 @@ TEST_CASE("a gather entry past tokens * top_k reads zeros and is reported") {
   std::fill_n(a.copy.begin() + 77 * c.k, c.k, uint16_t{0});
   a.upload();
   for (const auto& path : kernel_paths()) {
+    if (!runs(path, c)) continue;
     const std::string path_name = path.name;
     CAPTURE(path_name);
     const auto g = on_path(b.desc(c, rows), path);

@@ -526,6 +526,58 @@ TEST_CASE("a rank-wide output (N <= 64) runs the rows-on-M SM90 kernel on 64 x 6
   CHECK(choose_grouped_gemm_config(wider, arch("sm_90a"), 256 * 128)->kernel == GemmKernel::wgmma_sm90_swap_ab);
 }
 
+TEST_CASE("K up to 32 (a LoRA rank) runs the short-K kernel in every bucket on every arch, forced kernels still "
+          "run, and the short-K kernel is refused where it does not serve") {
+  for (const char* target : {"sm_90a", "sm_100a", "sm_120a", "sm_80"})
+    for (const auto weights : {WeightLayout::e_n_k, WeightLayout::e_k_n})
+      for (const int64_t k : {8, 16, 32}) {
+        GroupedGemmSpec lora{.n = 2048, .k = k, .experts = 128, .weights = weights, .addend = Addend::f32};
+        CAPTURE(target);
+        CAPTURE(k);
+        const auto kernels = kernels_for_target(lora, arch(target));
+        REQUIRE(kernels.size() == 1u);
+        for (const int64_t rows : {1, 64, 4096, 32768, 1 << 20}) {
+          const auto s = *choose_grouped_gemm_config(lora, arch(target), rows);
+          CHECK((s.kernel == GemmKernel::mma_short_k && s.tile_m == 64 && s.tile_n == 256 && s.tile_k == 32));
+          CHECK(KernelSpec{s} == kernels.front());
+        }
+      }
+  GroupedGemmSpec lora{.n = 96, .k = 16, .experts = 128, .addend = Addend::bf16};
+  CHECK(choose_grouped_gemm_config(lora, arch("sm_90a"), 4096)->tile_n == 128);  // the narrowest that holds N
+  const auto g = grouped_gemm_geometry(*choose_grouped_gemm_config(lora, arch("sm_90a"), 4096), 4096, 132);
+  CHECK((g.grid_x == 4096 / 64 + 128 && g.grid_y == 1 && g.block_x == 128 && g.shared_bytes == 0));
+  // Forced kernels: the SM90 buckets (the decode bucket left to the first), swap AB, portable, decode; a tile.
+  const auto sm90 = *choose_grouped_gemm_config(lora, arch("sm_90a"), 8, {.kernel = GemmRequest::Kernel::sm90});
+  CHECK(sm90.kernel == GemmKernel::wgmma_sm90);
+  CHECK(choose_grouped_gemm_config(lora, arch("sm_90a"), 4096, {.kernel = GemmRequest::Kernel::sm90_swap_ab})
+            ->kernel == GemmKernel::wgmma_sm90_swap_ab);
+  CHECK(choose_grouped_gemm_config(lora, arch("sm_90a"), 4096, {.kernel = GemmRequest::Kernel::portable})->kernel ==
+        GemmKernel::mma_sync);
+  CHECK(choose_grouped_gemm_config(lora, arch("sm_90a"), 4096, {.kernel = GemmRequest::Kernel::decode})->kernel ==
+        GemmKernel::mma_decode);
+  CHECK(choose_grouped_gemm_config(lora, arch("sm_90a"), 4096, {.tile_n = 64})->tile_n == 64);
+  const auto bad_tile = choose_grouped_gemm_config(lora, arch("sm_90a"), 4096, {.tile_n = 192});
+  REQUIRE_FALSE(bad_tile.has_value());
+  CHECK(bad_tile.error().message.find("mma_short_k tile 64x192x32") != std::string::npos);
+  // Where it does not serve: K past 32, or a fused activation (the long-K kernels then, and a forced short-K refused).
+  for (const auto& other : {GroupedGemmSpec{.n = 2048, .k = 40, .experts = 128},
+                            GroupedGemmSpec{.n = 2048, .k = 16, .experts = 128, .activation = Activation::silu_mul}}) {
+    CHECK(choose_grouped_gemm_config(other, arch("sm_90a"), 4096)->kernel != GemmKernel::mma_short_k);
+    const auto forced = choose_grouped_gemm_config(other, arch("sm_90a"), 4096, {.kernel = GemmRequest::Kernel::short_k});
+    REQUIRE_FALSE(forced.has_value());
+    CHECK(forced.error().message.find("serves K up to 32 without a fused activation") != std::string::npos);
+    auto configured = *choose_grouped_gemm_config(lora, arch("sm_90a"), 4096);
+    configured.k = other.k;
+    configured.activation = other.activation;
+    configured.n = other.n;
+    CHECK_FALSE(validate(KernelSpec{configured}).has_value());
+  }
+  CHECK(choose_grouped_gemm_config(lora, arch("sm_90a"), 4096, {.kernel = GemmRequest::Kernel::short_k})->kernel ==
+        GemmKernel::mma_short_k);
+  CHECK(render(KernelSpec{*choose_grouped_gemm_config(lora, arch("sm_90a"), 4096)})
+            .source.find("kjit::GroupedGemmShortKConfig<") != std::string::npos);
+}
+
 TEST_CASE("an addend is in the grouped GEMM's key and its kernels' problem, and refused beside a fused activation") {
   auto with = gemm_problem();
   with.addend = Addend::bf16;

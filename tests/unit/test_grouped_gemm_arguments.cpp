@@ -186,9 +186,12 @@ TEST_CASE_FIXTURE(GemmFixture, "kernel and tile requests are checked against the
   g.tile_n = 512;
   expect_gemm_rejected("is not supported");
   g.tile_n = 0;
-  const int unknown_kernel = 6;  // what a C caller may pass; C++ cannot name it as the enum
+  const int unknown_kernel = 7;  // what a C caller may pass; C++ cannot name it as the enum
   std::memcpy(&g.kernel, &unknown_kernel, sizeof unknown_kernel);
-  expect_gemm_rejected("_SM90_CONVERTER or _DECODE, got 6");
+  expect_gemm_rejected("_DECODE or _SHORT_K, got 7");
+  g.kernel = KJIT_GEMM_KERNEL_SHORT_K;  // K 256: past the short-K kernel's 32
+  check_rejected(kjit::ops::grouped_gemm(runtime, g, fake_stream(0)), KJIT_ERROR_UNSUPPORTED,
+                 "serves K up to 32 without a fused activation, not K 256");
   g.kernel = KJIT_GEMM_KERNEL_SM90_CONVERTER;  // the W8A16 / W4A16 kernel: bf16 weights have nothing to convert
   expect_gemm_rejected("KJIT_GEMM_KERNEL_SM90_CONVERTER is the W8A16 / W4A16 kernel");
   g.kernel = KJIT_GEMM_KERNEL_SM90;

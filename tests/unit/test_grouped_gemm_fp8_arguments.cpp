@@ -134,6 +134,14 @@ TEST_CASE_FIXTURE(Fp8GemmFixture, "FP8 activations need e4m3fn weights, and e5m2
   expect_rejected("E4M3FN", KJIT_ERROR_UNSUPPORTED);
 }
 
+TEST_CASE_FIXTURE(Fp8GemmFixture, "the short-K kernel is bf16's: an FP8 or FP4 GEMM asking for it is refused") {
+  g.kernel = KJIT_GEMM_KERNEL_SHORT_K;
+  expect_rejected("KJIT_GEMM_KERNEL_SHORT_K is the bf16 kernel for K <= 32");
+  g.a_dtype = KJIT_DTYPE_BF16;  // W8A16
+  expect_rejected("KJIT_GEMM_KERNEL_SHORT_K is the bf16 kernel for K <= 32");
+  CHECK(machine.launches == 0);
+}
+
 TEST_CASE_FIXTURE(Fp8GemmFixture, "FP8 weights must be [E, N, K]") {
   g.weights = KJIT_WEIGHTS_E_K_N;
   expect_rejected("E_N_K", KJIT_ERROR_UNSUPPORTED);

@@ -299,19 +299,15 @@ TEST_CASE("the grouped GEMM with an addend (LoRA's K = 16 and a model's K) compi
       GroupedGemmSpec g{.out = v & 1 ? DType::f32 : DType::bf16, .n = 1536, .k = rank_k ? 16 : 2048, .experts = 128,
                         .weights = k_n ? WeightLayout::e_k_n : WeightLayout::e_n_k, .row_scale = (v & 1) == 0,
                         .addend = addend};
+      // At K 16 the heuristic's short-K kernel; the rows-on-M SM90 kernel and the portable one where forced (swap
+      // AB, forced there, has its wgmma serialised by ptxas: nothing to overlap in one k-block).
       auto kernels = kernels_for_target(g, arch_of("sm_90a"));
       kernels.push_back(*choose_grouped_gemm_config(g, arch_of("sm_90a"), 0, {.kernel = GemmRequest::Kernel::portable}));
-      for (auto& k : kernels) {
-        // At K 16 (a LoRA rank: one k-block, one wgmma per tile and k16 step) ptxas serialises swap AB's wgmma
-        // ([E, K, N] with or without an addend, [E, N, K] with one): nothing to overlap there, the epilogue's
-        // memory traffic is the cost. Compiled, its report not checked.
-        if (rank_k && std::get<GroupedGemmSpec>(k).kernel == GemmKernel::wgmma_sm90_swap_ab) {
-          auto cubin = b.builder.build(k, arch_of("sm_90a"));
-          REQUIRE_MESSAGE(cubin.has_value(), canonical(k), ": ", kjit::testing::why(cubin));
-        } else {
-          checked.push_back(std::move(k));
-        }
-      }
+      if (rank_k)
+        kernels.push_back(
+            *choose_grouped_gemm_config(g, arch_of("sm_90a"), 1 << 20,
+                                        {.kernel = GemmRequest::Kernel::sm90, .tile_m = 64, .tile_n = 256}));
+      for (auto& k : kernels) checked.push_back(std::move(k));
       for (const char* arch : {"sm_100a", "sm_120a"})
         for (const auto& spec : kernels_for_target(g, arch_of(arch))) {
           auto cubin = b.builder.build(spec, arch_of(arch));
@@ -319,6 +315,38 @@ TEST_CASE("the grouped GEMM with an addend (LoRA's K = 16 and a model's K) compi
         }
     }
   check_no_spills_on_sm90a(checked);
+}
+
+TEST_CASE("the short-K kernel compiles for every K up to 32, layout, output, row scale, addend, gather and tile on "
+          "sm_90a (no spills), and for sm_80, sm_100a and sm_120a") {
+  PrivateBuilder b("kjit-nvrtc-gemm-short-k");
+  std::vector<KernelSpec> sm90;
+  for (int64_t k : {8, 16, 24, 32})
+    for (int v = 0; v < 8; ++v) {
+      GroupedGemmSpec g{.out = v & 1 ? DType::f32 : DType::bf16, .n = k == 32 ? 2048 : 1536, .k = k,
+                        .experts = 128, .weights = v & 2 ? WeightLayout::e_k_n : WeightLayout::e_n_k,
+                        .row_scale = (v & 4) != 0, .gather = k == 24,
+                        .addend = v % 3 == 0 ? Addend::none : v % 3 == 1 ? Addend::bf16 : Addend::f32};
+      const auto kernels = kernels_for_target(g, arch_of("sm_90a"));
+      REQUIRE(kernels.size() == 1u);
+      const auto& short_k = std::get<GroupedGemmSpec>(kernels.front());
+      CHECK((short_k.kernel == GemmKernel::mma_short_k && short_k.tile_m == 64 && short_k.tile_n == 256));
+      sm90.push_back(short_k);
+    }
+  for (int tile_n : {64, 128}) {
+    GroupedGemmSpec g{.n = 96, .k = 16, .experts = 8, .addend = Addend::f32};
+    sm90.push_back(*choose_grouped_gemm_config(g, arch_of("sm_90a"), 64, {.tile_n = tile_n}));
+  }
+  check_no_spills_on_sm90a(sm90);
+  for (const char* arch : {"sm_80", "sm_100a", "sm_120a"}) {
+    GroupedGemmSpec g{.n = 1536, .k = 16, .experts = 128, .weights = WeightLayout::e_k_n, .row_scale = true,
+                      .addend = Addend::bf16};
+    const auto kernels = kernels_for_target(g, arch_of(arch));
+    REQUIRE(kernels.size() == 1u);
+    CHECK(std::get<GroupedGemmSpec>(kernels.front()).kernel == GemmKernel::mma_short_k);
+    auto cubin = b.builder.build(kernels.front(), arch_of(arch));
+    REQUIRE_MESSAGE(cubin.has_value(), arch, ": ", kjit::testing::why(cubin));
+  }
 }
 
 TEST_CASE("the grouped GEMM's fused activations compile for sm_90a, sm_100a and sm_120a, with no spills on sm_90a") {

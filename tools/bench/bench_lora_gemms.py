@@ -31,7 +31,7 @@ def candidates(n, k):
         if hopper:
             out += [("sm90_swap_ab", (m, 64)) for m in (64, 128, 256)] + [("sm90", (m, 64)) for m in (64, 128)]
     else:  # rank-deep: K of one k-block
-        out += [("portable", (m, 128)) for m in (64, 128)]
+        out += [("short_k", (64, nn)) for nn in (64, 128, 256)] + [("portable", (m, 128)) for m in (64, 128)]
         if hopper:
             out += [("sm90", (m, nn)) for m in (64, 128) for nn in (128, 256)]
             out += [("sm90_swap_ab", (m, nn)) for m in (128, 256) for nn in (64, 128)]

@@ -78,10 +78,9 @@ def time_metric(metric):
     return "graph time" if metric.startswith("graph") else "time"
 
 
-def table(run, keys):
-    """The run's rows of these (model, shape) keys: one line per shape and metric, a bandwidth shown as the
-    share of the run's limit on its time's line."""
-    rows = [r for r in run["rows"] if (r.get("model"), r["shape"]) in keys]
+def table(run, rows):
+    """These rows of the run: one line per shape and metric, a bandwidth shown as the share of the run's limit on
+    its time's line."""
     by_key = {(r["provider"], r.get("model"), r["shape"], r["metric"]): r for r in rows}
     limit = next((lim for lim in run.get("limits", []) if lim["unit"] == "TB/s"), None)
 
@@ -136,16 +135,22 @@ def render(store):
         for device in devices:
             mine = sorted([(n, r) for n, r in runs if r["device"] == device], key=lambda nr: (nr[1]["date"], nr[0]),
                           reverse=True)
-            # A shape a newer run measured with the same leading provider shows that run's numbers only.
+            # A (provider, shape) a newer run measured shows that run's numbers only: an older run shows the rows
+            # of its own providers (those no other row names as its peer) not measured since, with their peers.
             shown, superseded = set(), []
             for name, run in mine:
-                lead = run["rows"][0]["provider"]
-                keys = [k for k in dict.fromkeys((r.get("model"), r["shape"]) for r in run["rows"])
-                        if (lead,) + k not in shown]
-                if not keys:
+                def key(r):
+                    return r["provider"], r.get("model"), r["shape"]
+
+                named = {(p, r.get("model"), r["shape"]) for r in run["rows"] for p in results.peers_of(r)}
+                fresh = [r for r in run["rows"] if key(r) not in named and key(r) not in shown]
+                if not fresh:
                     superseded.append(name)
                     continue
-                shown.update((lead,) + k for k in keys)
+                wanted = {key(r) for r in fresh} | {(p, r.get("model"), r["shape"]) for r in fresh
+                                                    for p in results.peers_of(r)}
+                rows = [r for r in run["rows"] if key(r) in wanted]
+                shown.update(key(r) for r in rows)
                 commit = "commit unknown" if run["commit"] == "unknown" else f"commit {run['commit']}"
                 out += [f"### {device}, {run['date'][:10]}, {commit}", "",
                         f"Driver {run['driver']}. Command: `{run['command']}`. Results: "
@@ -155,7 +160,7 @@ def render(store):
                 for lim in run.get("limits", []):
                     out.append(f"Limit measured in this run: {lim['name']} {fmt(lim['value'], lim['unit'])} "
                                f"{lim['unit']}.")
-                out += [""] + table(run, set(keys)) + [""]
+                out += [""] + table(run, rows) + [""]
             if superseded:
                 out += [f"Superseded on this device: " + ", ".join(f"[results/{n}](results/{n})" for n in superseded)
                         + ".", ""]

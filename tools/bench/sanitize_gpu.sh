@@ -24,7 +24,7 @@ export bin sanitizer logs TIMEOUT=${TIMEOUT:-300}
 
 # family|doctest suite|test case (its name exactly as in tests/gpu). On Hopper
 # the grouped GEMM case runs every kernel path: SM90 (both buckets, clusters),
-# swap AB (with and without a workspace) and the portable kernel; the FP8
+# swap AB (with and without a workspace), decode, short K (where K <= 32) and the portable kernel; the FP8
 # GEMM's case runs its SM90 tiles, pairs and portable tiles; the W8A16 GEMM's
 # its default (SM90) kernel and the portable one, both orientations; the
 # W4A16 GEMM's both formats on both kernels; the W8A16 fused activation over
@@ -35,7 +35,9 @@ cases=(
   "gemm_activation|grouped_gemm|the fused activation with N a multiple of every tile and a tall expert (cluster paths)"
   "w8a16_block_activation|grouped_gemm_mixed|fused activation over 128 x 128 block scales: a wider stack (I = 520, up rows off the block grid), e5m2 codes, one expert owning most rows, the rows gathered"
   "gemm_gather|grouped_gemm|a gather entry past tokens * top_k reads zeros and is reported"
-  "gemm_addend|grouped_gemm|an addend (bf16 or fp32, out itself or not): every kernel path, layout, output type, row scale, and K a LoRA rank"
+  "gemm_addend|grouped_gemm|an addend (bf16 or fp32, out itself or not): every kernel path, layout, output type and row scale"
+  "gemm_addend_rank|grouped_gemm|an addend at K a LoRA rank (16: the short-K kernel's), every kernel path, layout, output type and row scale"
+  "gemm_short_k|grouped_gemm|K a LoRA rank (8 to 32): every kernel path (the short-K kernel's among them), layout, convention, output type and row scale, a gathered A, bad offsets"
   "w8a16_gather|grouped_gemm_mixed|a gathered A (sorted_to_flat) gives the bytes of the W8A16 GEMM on the gathered copy: every row tile, the portable kernel, K no multiple of the k-block, zero rows"
   "routing_one_block|moe_routing|routing equals the CPU reference: prefill, decode, both offset conventions, many experts"
   "routing_many_blocks|moe_routing|with a workspace, large batches route over many blocks to the same result"

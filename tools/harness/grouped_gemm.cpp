@@ -70,6 +70,7 @@ Expected<double> check_grouped_gemm(Runtime& runtime, DeviceState& device, const
   g.kernel = spec.kernel == codegen::GemmKernel::wgmma_sm90           ? KJIT_GEMM_KERNEL_SM90
              : spec.kernel == codegen::GemmKernel::wgmma_sm90_swap_ab ? KJIT_GEMM_KERNEL_SM90_SWAP_AB
              : spec.kernel == codegen::GemmKernel::mma_decode         ? KJIT_GEMM_KERNEL_DECODE
+             : spec.kernel == codegen::GemmKernel::mma_short_k        ? KJIT_GEMM_KERNEL_SHORT_K
                                                                       : KJIT_GEMM_KERNEL_PORTABLE;
   g.workspace = reinterpret_cast<void*>(*dworkspace);
   g.workspace_bytes = kjit_grouped_gemm_workspace_bytes();

@@ -8,7 +8,7 @@
 namespace kjit::codegen {
 
 template <>
-inline constexpr int kEnumCount<GemmKernel> = 4;
+inline constexpr int kEnumCount<GemmKernel> = 5;
 template <>
 inline constexpr int kEnumCount<ClusterAxis> = 2;
 

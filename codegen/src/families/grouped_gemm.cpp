@@ -15,7 +15,7 @@ namespace kjit::codegen {
 
 namespace {
 
-constexpr std::array kGemmKernelNames{"mma_sync", "wgmma_sm90", "wgmma_sm90_swap_ab", "mma_decode"};
+constexpr std::array kGemmKernelNames{"mma_sync", "wgmma_sm90", "wgmma_sm90_swap_ab", "mma_decode", "mma_short_k"};
 constexpr std::array kClusterAxisNames{"m", "n"};
 
 // Invariants of the problem (what every configuration shares). The bounds are
@@ -57,6 +57,23 @@ Expected<void> validate_decode_configuration(const GroupedGemmSpec& s) {
   return {};
 }
 
+// The short-K kernel (GroupedGemmShortKConfig).
+Expected<void> validate_short_k_configuration(const GroupedGemmSpec& s) {
+  const bool ok = s.tile_m == 64 && (s.tile_n == 64 || s.tile_n == 128 || s.tile_n == 256) &&
+                  s.tile_k == kShortKMaxK && s.stages == 0 && s.cluster == 1;
+  if (!ok)
+    return fail(KJIT_ERROR_INVALID_ARGUMENT,
+                fmt::format("grouped_gemm mma_short_k tile {}x{}x{} with {} stages, cluster {} is not supported "
+                            "(tile_m 64, tile_n 64, 128 or 256, tile_k {}, no stages, cluster 1)",
+                            s.tile_m, s.tile_n, s.tile_k, s.stages, s.cluster, kShortKMaxK));
+  if (!short_k_serves(s))
+    return fail(KJIT_ERROR_INVALID_ARGUMENT,
+                fmt::format("grouped_gemm mma_short_k serves K up to {} without a fused activation, not K {}{}",
+                            kShortKMaxK, s.k,
+                            s.activation == Activation::none ? "" : fmt::format(" with {}", name(s.activation))));
+  return {};
+}
+
 Expected<void> validate_configuration(const GroupedGemmSpec& s) {
   auto invalid = [](std::string message) { return fail(KJIT_ERROR_INVALID_ARGUMENT, std::move(message)); };
   const auto tile = fmt::format("{} tile {}x{}x{} with {} stages, cluster {} along {}", name(s.kernel), s.tile_m,
@@ -70,6 +87,7 @@ Expected<void> validate_configuration(const GroupedGemmSpec& s) {
     return {};
   }
   if (s.kernel == GemmKernel::mma_decode) return validate_decode_configuration(s);
+  if (s.kernel == GemmKernel::mma_short_k) return validate_short_k_configuration(s);
   if (s.kernel == GemmKernel::mma_sync) {
     const bool ok = s.tile_m > 0 && s.tile_m % 32 == 0 && s.tile_m <= 128 && s.tile_n > 0 && s.tile_n % 16 == 0 &&
                     s.tile_n <= 128 && s.tile_k > 0 && s.tile_k % 16 == 0 && s.tile_k <= 64 && s.stages == 0 &&
@@ -106,6 +124,7 @@ Expected<void> validate_configuration(const GroupedGemmSpec& s) {
 }
 
 constexpr int kPortableThreads = 128;
+constexpr int kShortKThreads = 128;  // GroupedGemmShortKConfig::kThreads
 
 // Threads of an SM90 configuration: a producer warpgroup and a consumer
 // warpgroup per 64 rows (or, swap AB, per 64 columns) of the tile.
@@ -181,6 +200,15 @@ RenderedKernel Family<GroupedGemmSpec>::render(const GroupedGemmSpec& s) {
                                  .entry_point = "kjit_grouped_gemm_decode",
                                  .params_type = "kjit_grouped_gemm_params",
                                  .body = "kjit::grouped_gemm_decode"});
+  if (s.kernel == GemmKernel::mma_short_k)
+    return assemble(canonical(s), {.entry_point = "kjit_grouped_gemm_short_k",
+                                   .threads = kShortKThreads,
+                                   // A stated budget (128 registers): with none, ptxas aimed at ~64 and spilled.
+                                   .min_blocks = 4,
+                                   .templates = {"gemm/grouped_gemm_short_k.cuh"},
+                                   .config = fmt::format("kjit::GroupedGemmShortKConfig<{}, {}>", problem, s.tile_n),
+                                   .params_type = "kjit_grouped_gemm_params",
+                                   .body = "kjit::grouped_gemm_short_k"});
   return assemble(canonical(s),
                   {.entry_point = "kjit_grouped_gemm",
                    .threads = kPortableThreads,
@@ -243,7 +271,7 @@ int decode_shared_bytes(DecodeOperands operands) {
 
 int grouped_gemm_shared_bytes(const GroupedGemmSpec& s) {
   if (s.kernel == GemmKernel::mma_decode) return decode_shared_bytes(DecodeOperands::bf16);
-  if (!is_sm90(s.kernel)) return 0;  // the portable kernel's tiles are static
+  if (!is_sm90(s.kernel)) return 0;  // the portable and short-K kernels' shared memory is static
   // GroupedGemmSm90Config::kSharedBytes and GroupedGemmSwapAbConfig's (the
   // generated code asserts they agree): the stages, 1 KB of slack to align
   // them to the swizzle's 1 KB, two mbarriers per stage; swap AB adds its
@@ -272,7 +300,8 @@ LaunchGeometry grouped_gemm_geometry(const GroupedGemmSpec& spec, int64_t total_
   }
   if (spec.kernel == GemmKernel::mma_decode)
     return decode_gemm_grid(total_rows, spec.experts, spec.tile_m, n_tiles, grouped_gemm_shared_bytes(spec));
-  return portable_gemm_grid(m_tiles, n_tiles, kPortableThreads);
+  return portable_gemm_grid(m_tiles, n_tiles,
+                            spec.kernel == GemmKernel::mma_short_k ? kShortKThreads : kPortableThreads);
 }
 
 LaunchGeometry decode_gemm_grid(int64_t total_rows, int64_t experts, int tile_m, int64_t n_tiles, int shared_bytes,

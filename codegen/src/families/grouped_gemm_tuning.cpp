@@ -17,8 +17,18 @@ struct GemmChoice<GroupedGemmSpec> {
     return grouped_gemm_configs(problem, arch);
   }
   static bool decode_bucket(const GroupedGemmSpec&, int64_t rows) { return bf16_decode_bucket(rows); }
-  // k-blocks of 64 (SM90), the decode kernel's chunks of 128, the portable kernel's 32.
-  static int tile_k(GemmKernel k) { return is_sm90(k) ? 64 : k == GemmKernel::mma_decode ? 128 : 32; }
+  // k-blocks of 64 (SM90), the decode kernel's chunks of 128, the portable kernel's 32, the short-K kernel's K.
+  static int tile_k(GemmKernel k) {
+    return is_sm90(k) ? 64 : k == GemmKernel::mma_decode ? 128 : k == GemmKernel::mma_short_k ? kShortKMaxK : 32;
+  }
+  static Expected<void> check_request(const GroupedGemmSpec& problem, const GemmRequest& request) {
+    if (request.kernel == GemmRequest::Kernel::short_k && !short_k_serves(problem))
+      return fail(KJIT_ERROR_UNSUPPORTED,
+                  fmt::format("the short-K grouped GEMM kernel serves K up to {} without a fused activation, not K "
+                              "{}{}",
+                              kShortKMaxK, problem.k, problem.activation == Activation::none ? "" : " with one"));
+    return {};
+  }
   static Expected<void> check_decode_request(const GroupedGemmSpec& problem, const ArchInfo&, const GemmRequest&) {
     if (problem.weights != WeightLayout::e_n_k)
       return fail(KJIT_ERROR_UNSUPPORTED, "the decode grouped GEMM kernel reads [E, N, K] weights only");
@@ -29,7 +39,8 @@ struct GemmChoice<GroupedGemmSpec> {
   static GemmKernel tile_kernel(bool swap_ab) {
     return swap_ab ? GemmKernel::wgmma_sm90_swap_ab : GemmKernel::wgmma_sm90;
   }
-  // sm90_swap_ab: swap AB's configuration in every bucket.
+  // sm90_swap_ab: swap AB's configuration in every bucket; sm90: the SM90 buckets where the arch's choice is the
+  // short-K kernel; short_k: the short-K kernel in every bucket.
   static void force_kernel(std::vector<GroupedGemmSpec>& configs, const GroupedGemmSpec& problem,
                            const GemmRequest& request);
   // Only a forced sm90 is refused past TMA's rows: a forced swap AB falls back to the portable kernel there.
@@ -43,34 +54,12 @@ GroupedGemmSpec swap_ab_config(const GroupedGemmSpec& problem) {
   return gemm_config(problem, GemmKernel::wgmma_sm90_swap_ab, 256, 128);
 }
 
-}  // namespace
-
-void GemmChoice<GroupedGemmSpec>::force_kernel(std::vector<GroupedGemmSpec>& configs, const GroupedGemmSpec& problem,
-                                                const GemmRequest& request) {
-  if (request.kernel == GemmRequest::Kernel::sm90_swap_ab)
-    for (auto& s : configs) s = swap_ab_config(problem);
+GroupedGemmSpec short_k_config(const GroupedGemmSpec& problem) {
+  return gemm_config(problem, GemmKernel::mma_short_k, 64, short_k_tile_n(problem.n));
 }
 
-int decode_tile_n(int64_t n) {
-  for (int tile_n : {128, 64, 32})
-    if (n / tile_n >= 16) return tile_n;
-  return 16;
-}
-
-int sm90_max_stages(GemmKernel kernel, int tile_m, int tile_n) {
-  GroupedGemmSpec s;
-  s.kernel = kernel;
-  s.tile_m = tile_m;
-  s.tile_n = tile_n;
-  s.tile_k = 64;
-  return deepest_sm90_pipeline([&](int stages) {
-    s.stages = stages;
-    return grouped_gemm_shared_bytes(s);
-  });
-}
-
-std::vector<GroupedGemmSpec> grouped_gemm_configs(const GroupedGemmSpec& problem, const ArchInfo& arch) {
-  if (!arch.wgmma_tma) return {portable_gemm_config(problem)};
+// Hopper's buckets (the decode bucket first).
+std::vector<GroupedGemmSpec> sm90_configs(const GroupedGemmSpec& problem) {
   // A rank-wide output (N <= 64: a LoRA branch's x A^T, and its dB GEMM's): the rows-on-M kernel on 64 x 64 tiles
   // past the decode bucket. The tiles below compute their columns past N for nothing (swap AB's 128, the pairs'
   // 256): at rank 16 they ran 1.5-3.4x slower (H200, tools/bench/bench_lora_gemms.py; decision 0021).
@@ -100,6 +89,43 @@ std::vector<GroupedGemmSpec> grouped_gemm_configs(const GroupedGemmSpec& problem
   // weights ([E, N, K]); else the first bucket's kernel.
   const GroupedGemmSpec few = gemm_config(problem, GemmKernel::wgmma_sm90, 64, 256);
   return {problem.weights == WeightLayout::e_n_k ? decode_gemm_config(problem) : few, few, swap_ab, many};
+}
+
+}  // namespace
+
+void GemmChoice<GroupedGemmSpec>::force_kernel(std::vector<GroupedGemmSpec>& configs, const GroupedGemmSpec& problem,
+                                                const GemmRequest& request) {
+  if (request.kernel == GemmRequest::Kernel::sm90_swap_ab)
+    for (auto& s : configs) s = swap_ab_config(problem);
+  if (request.kernel == GemmRequest::Kernel::sm90 && configs.front().kernel == GemmKernel::mma_short_k) {
+    configs = sm90_configs(problem);
+    configs[0] = configs[1];  // a forced kernel leaves the decode bucket to its first bucket's (as the skeleton does)
+  }
+  if (request.kernel == GemmRequest::Kernel::short_k) configs = {short_k_config(problem)};
+}
+
+int decode_tile_n(int64_t n) {
+  for (int tile_n : {128, 64, 32})
+    if (n / tile_n >= 16) return tile_n;
+  return 16;
+}
+
+int sm90_max_stages(GemmKernel kernel, int tile_m, int tile_n) {
+  GroupedGemmSpec s;
+  s.kernel = kernel;
+  s.tile_m = tile_m;
+  s.tile_n = tile_n;
+  s.tile_k = 64;
+  return deepest_sm90_pipeline([&](int stages) {
+    s.stages = stages;
+    return grouped_gemm_shared_bytes(s);
+  });
+}
+
+std::vector<GroupedGemmSpec> grouped_gemm_configs(const GroupedGemmSpec& problem, const ArchInfo& arch) {
+  if (short_k_serves(problem)) return {short_k_config(problem)};  // every arch, every bucket
+  if (!arch.wgmma_tma) return {portable_gemm_config(problem)};
+  return sm90_configs(problem);
 }
 
 Expected<GroupedGemmSpec> choose_grouped_gemm_config(const GroupedGemmSpec& problem, const ArchInfo& arch,

@@ -177,9 +177,12 @@ typedef enum kjit_gemm_kernel {
   KJIT_GEMM_KERNEL_SM90_SWAP_AB = 3, /* the wgmma kernel with rows on wgmma's N in every bucket; off Hopper as _SM90 */
   KJIT_GEMM_KERNEL_SM90_CONVERTER = 4, /* W8A16 / W4A16 only: the wgmma kernel whose converter warps write bf16 weight
                                           tiles into shared memory, in every bucket; off Hopper as _SM90 */
-  KJIT_GEMM_KERNEL_DECODE = 5 /* weights read [E, N, K] only (bf16, W8A16, W8A8): the decode kernel (blocks only for
-                                 non-empty experts, weights streamed through shared memory; W8A8 on Hopper on wgmma)
-                                 in every bucket, sm_90 and newer; AUTO picks it on Hopper for few routed rows */
+  KJIT_GEMM_KERNEL_DECODE = 5, /* weights read [E, N, K] only (bf16, W8A16, W8A8): the decode kernel (blocks only for
+                                  non-empty experts, weights streamed through shared memory; W8A8 on Hopper on wgmma)
+                                  in every bucket, sm_90 and newer; AUTO picks it on Hopper for few routed rows */
+  KJIT_GEMM_KERNEL_SHORT_K = 6 /* bf16 with K <= 32 (a LoRA rank) and no fused activation only: the short-K kernel
+                                  (mma.sync, sm_80 and newer; built to stream the output and its addend) in every
+                                  bucket; AUTO picks it on every arch wherever it serves */
 } kjit_gemm_kernel;
 
 /* Which way a grouped GEMM cluster's blocks lie over the output tiles. */

@@ -34,7 +34,7 @@ ExpertOffsets = _enum("ExpertOffsets", "kjit_expert_offsets", "KJIT_OFFSETS_",
                       "UNSET CUMULATIVE_END WITH_LEADING_ZERO")
 WeightLayout = _enum("WeightLayout", "kjit_weight_layout", "KJIT_WEIGHTS_", "UNSET E_N_K E_K_N")
 GemmKernel = _enum("GemmKernel", "kjit_gemm_kernel", "KJIT_GEMM_KERNEL_",
-                   "AUTO PORTABLE SM90 SM90_SWAP_AB SM90_CONVERTER DECODE")
+                   "AUTO PORTABLE SM90 SM90_SWAP_AB SM90_CONVERTER DECODE SHORT_K")
 GemmClusterAxis = _enum("GemmClusterAxis", "kjit_gemm_cluster_axis", "KJIT_GEMM_CLUSTER_", "ALONG_M ALONG_N")
 Activation = _enum("Activation", "kjit_activation", "KJIT_ACTIVATION_", "NONE SILU_MUL SWIGLU_OAI")
 GateUpLayout = _enum("GateUpLayout", "kjit_gate_up_layout", "KJIT_GATE_UP_", "UNSET HALVES ALTERNATING GROUPS_OF_8")
@@ -60,7 +60,7 @@ BLOCK_FORMAT = _choices(BlockFormat)  # 'nvfp4', 'mxfp4', 'mxfp8'
 SCALE_LAYOUT = _choices(ScaleLayout)  # 'linear', 'swizzled_128x4'
 OFFSETS = _choices(ExpertOffsets)  # 'cumulative_end', 'with_leading_zero'
 WEIGHTS = _choices(WeightLayout)  # 'e_n_k', 'e_k_n'
-GEMM_KERNEL = _choices(GemmKernel)  # 'auto', 'portable', 'sm90', 'sm90_swap_ab', 'sm90_converter', 'decode'
+GEMM_KERNEL = _choices(GemmKernel)  # 'auto', 'portable', 'sm90', 'sm90_swap_ab', 'sm90_converter', 'decode', 'short_k'
 CLUSTER_AXIS = _choices(GemmClusterAxis, "ALONG_")  # 'm', 'n'
 ACTIVATION = _choices(Activation)  # 'silu_mul', 'swiglu_oai' (None: NONE)
 ACTIVATION_LAYOUT = _choices(GateUpLayout)  # kjit.moe_activation's: 'halves', 'alternating', 'groups_of_8'

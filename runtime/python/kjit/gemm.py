@@ -291,7 +291,9 @@ def grouped_gemm(a: Tensor, w: Tensor, offsets: Tensor, *, weights: str = "e_n_k
     and FP4 weights 'sm90_converter' (converter warps write bf16 weight tiles
     to shared memory, in every bucket), or 'decode' ('e_n_k' weights, sm_90
     and newer: blocks only for the non-empty experts, what 'auto' runs for few
-    routed rows; W8A8 on Hopper on wgmma, tile (8, 64), (8, 128), ...);
+    routed rows; W8A8 on Hopper on wgmma, tile (8, 64), (8, 128), ...), or
+    for bf16 with K <= 32 'short_k' (what 'auto' runs there on every arch:
+    a LoRA rank's GEMM, built to stream its output and addend);
     tile=(tile_m, tile_n), cluster (1 or 2) and cluster_axis
     ('m': the pair shares weight tiles, 'n': activation tiles) override the
     heuristic (tuning).

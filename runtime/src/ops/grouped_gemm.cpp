@@ -29,13 +29,16 @@ Expected<GemmCommonPlan> plan_gemm_common_shapes(const kjit_grouped_gemm_desc& d
 
   if (d.kernel != KJIT_GEMM_KERNEL_AUTO && d.kernel != KJIT_GEMM_KERNEL_PORTABLE && d.kernel != KJIT_GEMM_KERNEL_SM90 &&
       d.kernel != KJIT_GEMM_KERNEL_SM90_SWAP_AB && d.kernel != KJIT_GEMM_KERNEL_SM90_CONVERTER &&
-      d.kernel != KJIT_GEMM_KERNEL_DECODE)
+      d.kernel != KJIT_GEMM_KERNEL_DECODE && d.kernel != KJIT_GEMM_KERNEL_SHORT_K)
     return invalid(fmt::format("kernel must be KJIT_GEMM_KERNEL_AUTO, _PORTABLE, _SM90, _SM90_SWAP_AB, "
-                               "_SM90_CONVERTER or _DECODE, got {}",
+                               "_SM90_CONVERTER, _DECODE or _SHORT_K, got {}",
                                static_cast<int>(d.kernel)));
   if (d.kernel == KJIT_GEMM_KERNEL_SM90_CONVERTER && !is_mixed_gemm(d))
     return invalid("KJIT_GEMM_KERNEL_SM90_CONVERTER is the W8A16 / W4A16 kernel (fp8 or FP4 weights, bf16 "
                    "activations): its converter warps turn the weights into bf16; bf16 and W8A8 GEMMs have none");
+  if (d.kernel == KJIT_GEMM_KERNEL_SHORT_K && (is_fp8_gemm(d) || is_mixed_gemm(d)))
+    return invalid("KJIT_GEMM_KERNEL_SHORT_K is the bf16 kernel for K <= 32 (LoRA ranks): FP8 and FP4 GEMMs have "
+                   "none");
   if (d.tile_m < 0 || d.tile_n < 0 || d.cluster < 0)
     return invalid(fmt::format("tile_m, tile_n and cluster must be 0 (the heuristic's) or supported values, got "
                                "{}x{} cluster {}",
@@ -115,6 +118,7 @@ Expected<GemmCommonPlan> plan_gemm_common_shapes(const kjit_grouped_gemm_desc& d
                             : d.kernel == KJIT_GEMM_KERNEL_SM90_SWAP_AB ? Kernel::sm90_swap_ab
                             : d.kernel == KJIT_GEMM_KERNEL_SM90_CONVERTER ? Kernel::sm90_converter
                             : d.kernel == KJIT_GEMM_KERNEL_DECODE         ? Kernel::decode
+                            : d.kernel == KJIT_GEMM_KERNEL_SHORT_K        ? Kernel::short_k
                                                                           : Kernel::arch_default,
                   .tile_m = d.tile_m,
                   .tile_n = d.tile_n,

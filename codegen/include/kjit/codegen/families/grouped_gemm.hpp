@@ -24,8 +24,11 @@ namespace kjit::codegen {
 // decode kernel (templates/gemm/grouped_gemm_decode.cuh, mma.sync, sm_80 and
 // newer; Hopper's heuristic picks it for few routed rows): blocks only for
 // non-empty (expert, chunk of tile_m rows) pairs, tile_n weight rows each,
-// the weights streamed from global memory into registers.
-enum class GemmKernel : uint8_t { mma_sync, wgmma_sm90, wgmma_sm90_swap_ab, mma_decode };
+// the weights streamed from global memory into registers; or the short-K kernel
+// (templates/gemm/grouped_gemm_short_k.cuh, mma.sync, sm_80 and newer; every
+// arch's heuristic picks it for K <= kShortKMaxK): a LoRA branch's rank-deep
+// GEMMs, whose output and addend are nearly all their bytes.
+enum class GemmKernel : uint8_t { mma_sync, wgmma_sm90, wgmma_sm90_swap_ab, mma_decode, mma_short_k };
 std::string_view name(GemmKernel k);
 constexpr bool is_sm90(GemmKernel k) { return k == GemmKernel::wgmma_sm90 || k == GemmKernel::wgmma_sm90_swap_ab; }
 // Which way a cluster's blocks lie over the output tiles: along m they share
@@ -189,16 +192,29 @@ std::string_view decode_tiles(DecodeOperands operands);
 // (two or four token tiles of activations in registers spill under that cap).
 inline int decode_min_blocks(int tile_m) { return tile_m == 8 ? 2 : 1; }
 
+// The short-K kernel (GroupedGemmShortKConfig): K up to 32 (a LoRA rank), no fused activation; tile_m 64 rows
+// (4 warps of 16), tile_n 64, 128 or 256 columns per block, tile_k 32 (its whole K). Every arch's heuristic picks
+// it where it serves (short_k_serves), in every bucket: the kernels for long K compute their k-blocks of 64 or 128
+// for 16 columns of it and write one tile at a time per SM, 25-43% of copy bandwidth at rank 16 (H200,
+// tools/bench/bench_lora_gemms.py; decision 0021).
+inline constexpr int64_t kShortKMaxK = 32;
+inline bool short_k_serves(const GroupedGemmSpec& problem) {
+  return problem.k <= kShortKMaxK && problem.activation == Activation::none;
+}
+// Its columns per block: the narrowest of 64, 128 and 256 that holds N, else 256.
+inline int short_k_tile_n(int64_t n) { return n <= 64 ? 64 : n <= 128 ? 128 : 256; }
+
 // The deepest SM90 pipeline of `kernel` with this tile that fits a Hopper block's shared memory.
 int sm90_max_stages(GemmKernel kernel, int tile_m, int tile_n);
 
 // What a caller may ask of the configuration choice.
 struct GemmRequest {
-  enum class Kernel : uint8_t { arch_default, portable, sm90, sm90_swap_ab, sm90_converter, decode };
+  enum class Kernel : uint8_t { arch_default, portable, sm90, sm90_swap_ab, sm90_converter, decode, short_k };
   // portable: tests, comparisons; sm90 (the arch's SM90 buckets, the decode bucket left out), sm90_swap_ab
   // (every bucket swap AB) and sm90_converter (the mixed-input family's converter kernel in every bucket; the
   // op refuses it for the others): an error off Hopper; decode: the decode kernel in every bucket (bf16 and
-  // fp8 W8A16 weights read [E, N, K])
+  // fp8 W8A16 weights read [E, N, K]); short_k: the short-K kernel in every bucket (bf16, K <= kShortKMaxK, no
+  // fused activation; the op refuses it for the other families)
   Kernel kernel = Kernel::arch_default;
   int tile_m = 0, tile_n = 0;  // 0: the heuristic's
   int cluster = 0;             // 0: the heuristic's (1 whenever a tile is given)
