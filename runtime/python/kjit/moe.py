@@ -107,14 +107,20 @@ def _check_combine(expert_out, topk_weights, flat_to_sorted, out) -> None:
         raise invalid(f"out must be [{topk_weights.shape[0]}, {expert_out.shape[1]}], got {list(out.shape)}")
 
 
-def _combine_desc(expert_out, topk_weights, flat_to_sorted, out) -> _abi.MoeCombineDesc:
+def _combine_common_desc(tokens, top_k, expert_out, flat_to_sorted, out) -> _abi.MoeCombineDesc:
+    """The combine desc's fields its forward and its weights' gradient share."""
     d = _abi.MoeCombineDesc()
     library().kjit_moe_combine_desc_init(ctypes.byref(d))
-    d.tokens, d.top_k = topk_weights.shape
+    d.tokens, d.top_k = tokens, top_k
     d.hidden, d.rows = expert_out.shape[1], expert_out.shape[0]
     d.in_dtype, d.out_dtype = dtype_code(expert_out.dtype), dtype_code(out.dtype)
-    d.expert_out, d.topk_weights = expert_out.data_ptr(), topk_weights.data_ptr()
-    d.flat_to_sorted, d.out = flat_to_sorted.data_ptr(), out.data_ptr()
+    d.expert_out, d.flat_to_sorted, d.out = expert_out.data_ptr(), flat_to_sorted.data_ptr(), out.data_ptr()
+    return d
+
+
+def _combine_desc(expert_out, topk_weights, flat_to_sorted, out) -> _abi.MoeCombineDesc:
+    d = _combine_common_desc(*topk_weights.shape, expert_out, flat_to_sorted, out)
+    d.topk_weights = topk_weights.data_ptr()
     return d
 
 
@@ -158,13 +164,8 @@ def _check_combine_backward(grad, expert_out, flat_to_sorted, out) -> None:
 
 
 def _combine_backward_desc(grad, expert_out, flat_to_sorted, out) -> _abi.MoeCombineDesc:
-    d = _abi.MoeCombineDesc()
-    library().kjit_moe_combine_desc_init(ctypes.byref(d))
-    d.tokens, d.top_k = flat_to_sorted.shape
-    d.hidden, d.rows = expert_out.shape[1], expert_out.shape[0]
-    d.in_dtype, d.out_dtype = dtype_code(expert_out.dtype), dtype_code(out.dtype)
-    d.expert_out, d.grad = expert_out.data_ptr(), grad.data_ptr()
-    d.flat_to_sorted, d.out = flat_to_sorted.data_ptr(), out.data_ptr()
+    d = _combine_common_desc(*flat_to_sorted.shape, expert_out, flat_to_sorted, out)
+    d.grad = grad.data_ptr()
     return d
 
 
