@@ -19,6 +19,8 @@ import kjit
 from bench_moe_training import SHAPES
 from timing import copy_bandwidth, event_time
 
+import results
+
 _OFFSETS = "cumulative_end"
 
 
@@ -102,7 +104,6 @@ def main():
 
 def store(rows_out, bandwidth, shape, rank, path, **run_fields):
     """The run as a results file: per GEMM the heuristic's time and the fastest forced kernel's (its config)."""
-    import results
 
     stored = []
     for gemm in dict.fromkeys(row["gemm"] for row in rows_out):

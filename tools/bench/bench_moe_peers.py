@@ -47,6 +47,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "runtime", "python"))
 import peers as peers_mod  # noqa: E402  (torch-free until load())
+import results  # noqa: E402
 
 MODELS = {  # experts, hidden, intermediate, top_k
     "qwen3-30b-a3b": (128, 2048, 768, 8),
@@ -330,7 +331,6 @@ def main():
 
     import kjit
     import result_rows
-    import results
     from bench_moe_decode import kernels
 
     def old_kernels():

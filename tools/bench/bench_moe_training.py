@@ -35,6 +35,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import kjit  # noqa: E402
 from gemm_problem import fp8_block_weights  # noqa: E402
 from kjit.torch import LoRAMoEExperts, MoEExperts  # noqa: E402
+import results  # noqa: E402  (a bad KJIT_BENCH_COMMIT stops the script here, before its run)
 
 SHAPES = {  # name: (experts, hidden, inter, top_k, tokens, layout, activation)
     "qwen3-4096": (128, 2048, 768, 8, 4096, "halves", "silu_mul"),
@@ -249,7 +250,6 @@ def main():
             torch.cuda.empty_cache()
     if args.json:
         import result_rows
-        import results
 
         store_rows, limits = result_rows.moe_training({"rows": rows})
         results.write(store_rows, args.json, "moe_training", limits=limits,

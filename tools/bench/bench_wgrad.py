@@ -20,6 +20,7 @@ import statistics
 import torch
 
 import kjit
+import results
 
 # (model, projection, experts, tokens, top_k, N (dy's columns), K (x's columns))
 SHAPES = [
@@ -104,7 +105,6 @@ def main():
         torch.cuda.empty_cache()
     if args.json:
         import result_rows
-        import results
 
         store_rows, limits = result_rows.wgrad(measured)
         results.write(store_rows, args.json, "grouped_gemm_wgrad", limits=limits, notes=f"torch {torch.__version__}")

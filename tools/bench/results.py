@@ -74,6 +74,19 @@ _REQUIRED_RUN = ("schema", "family", "device", "driver", "commit", "date", "comm
 _REQUIRED_ROW = ("provider", "shape", "metric", "value", "unit")
 
 
+def valid_commit(commit) -> bool:
+    """A run's commit: a hex commit (7 to 40 digits) or 'unknown'."""
+    return commit == "unknown" or re.fullmatch(r"[0-9a-f]{7,40}", str(commit)) is not None
+
+
+def _check_commit_label():
+    """A KJIT_BENCH_COMMIT that write() would refuse stops the script on import, before its run, not after."""
+    label = os.environ.get("KJIT_BENCH_COMMIT")
+    if label and not valid_commit(label):
+        raise SystemExit(f"KJIT_BENCH_COMMIT={label!r} is neither a hex commit nor 'unknown': the run's results "
+                         "would not be written")
+
+
 def validate(run):
     """Every way `run` (a parsed results file) departs from the schema, as
     sentences; empty when it conforms."""
@@ -90,7 +103,7 @@ def validate(run):
     for k in ("device", "driver", "commit", "command"):
         if not isinstance(run[k], str) or not run[k]:
             errors.append(f"'{k}' must be a non-empty string ('unknown' where it was not recorded)")
-    if run["commit"] != "unknown" and not re.fullmatch(r"[0-9a-f]{7,40}", str(run["commit"])):
+    if not valid_commit(run["commit"]):
         errors.append(f"commit '{run['commit']}' is neither a hex commit nor 'unknown'")
     if not isinstance(run["date"], str) or not _DATE.match(run["date"]):
         errors.append(f"date '{run['date']}' is not YYYY-MM-DD[THH:MM[:SS]Z]")
@@ -232,3 +245,6 @@ def default_name(run):
     """The store's file name for a run: date, device, family."""
     device = re.sub(r"[^a-z0-9]+", "-", run["device"].lower().replace("nvidia ", "")).strip("-")
     return f"{run['date'][:10]}-{device.split('-')[0]}-{run['family'].replace('_', '-')}.json"
+
+
+_check_commit_label()
