@@ -69,6 +69,19 @@ __device__ __forceinline__ void gate_up_bits(const Bytes<kHalfBytes>& gate, cons
   }
 }
 
+// A row's gate and up (the row at `in_row`) for kColumns outputs from `column` on, as the layout stores them:
+// two runs of bf16 (halves), or one run of their pairs (alternating, groups of 8).
+template <class Cfg, int kColumns>
+__device__ __forceinline__ void load_gate_up(const unsigned char* in_row, long long column, Bytes<2 * kColumns>& gate,
+                                             Bytes<2 * kColumns>& up, Bytes<4 * kColumns>& pairs) {
+  if constexpr (Cfg::kLayout == GateUpLayout::halves) {
+    load_bytes(gate, in_row + 2 * column);
+    load_bytes(up, in_row + 2 * (Cfg::kI + column));
+  } else {
+    load_bytes(pairs, in_row + 4 * column);
+  }
+}
+
 // The gradient of h from the activation's (Cfg::kGradient).
 template <class Cfg>
 __device__ __forceinline__ void moe_activation_gradient(const kjit_moe_activation_params& p) {
@@ -82,12 +95,7 @@ __device__ __forceinline__ void moe_activation_gradient(const kjit_moe_activatio
   Bytes<32> pair_bytes{};
   const unsigned char* in_row = static_cast<const unsigned char*>(p.in) + 2 * row * p.in_row_stride;
   if (live) {
-    if constexpr (Cfg::kLayout == GateUpLayout::halves) {
-      load_bytes(gate_bytes, in_row + 2 * column);
-      load_bytes(up_bytes, in_row + 2 * (Cfg::kI + column));
-    } else {
-      load_bytes(pair_bytes, in_row + 4 * column);
-    }
+    load_gate_up<Cfg, 8>(in_row, column, gate_bytes, up_bytes, pair_bytes);
     load_bytes(grad_bytes, static_cast<const unsigned char*>(p.grad) + 2 * (row * Cfg::kI + column));
   }
 
@@ -140,14 +148,7 @@ __device__ __forceinline__ void moe_activation_forward(const kjit_moe_activation
   Bytes<2 * Cfg::kColumns> gate_bytes{}, up_bytes{};
   Bytes<4 * Cfg::kColumns> pair_bytes{};
   const unsigned char* in_row = static_cast<const unsigned char*>(p.in) + 2 * row * p.in_row_stride;
-  if (live) {
-    if constexpr (Cfg::kLayout == GateUpLayout::halves) {
-      load_bytes(gate_bytes, in_row + 2 * column);
-      load_bytes(up_bytes, in_row + 2 * (Cfg::kI + column));
-    } else {
-      load_bytes(pair_bytes, in_row + 4 * column);
-    }
-  }
+  if (live) load_gate_up<Cfg, Cfg::kColumns>(in_row, column, gate_bytes, up_bytes, pair_bytes);
 
   unsigned int words[kWords] = {};  // the rounded activations, two per word; zeros past valid_rows
   if (live) {
