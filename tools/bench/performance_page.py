@@ -78,6 +78,11 @@ def time_metric(metric):
     return "graph time" if metric.startswith("graph") else "time"
 
 
+def key(r):
+    """A row's (provider, model, shape): what a newer run's row supersedes."""
+    return r["provider"], r.get("model"), r["shape"]
+
+
 def table(run, rows):
     """These rows of the run: one line per shape and metric, a bandwidth shown as the share of the run's limit on
     its time's line."""
@@ -139,9 +144,6 @@ def render(store):
             # of its own providers (those no other row names as its peer) not measured since, with their peers.
             shown, superseded = set(), []
             for name, run in mine:
-                def key(r):
-                    return r["provider"], r.get("model"), r["shape"]
-
                 named = {(p, r.get("model"), r["shape"]) for r in run["rows"] for p in results.peers_of(r)}
                 fresh = [r for r in run["rows"] if key(r) not in named and key(r) not in shown]
                 if not fresh:

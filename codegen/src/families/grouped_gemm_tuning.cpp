@@ -21,14 +21,8 @@ struct GemmChoice<GroupedGemmSpec> {
   static int tile_k(GemmKernel k) {
     return is_sm90(k) ? 64 : k == GemmKernel::mma_decode ? 128 : k == GemmKernel::mma_short_k ? kShortKMaxK : 32;
   }
-  static Expected<void> check_request(const GroupedGemmSpec& problem, const GemmRequest& request) {
-    if (request.kernel == GemmRequest::Kernel::short_k && !short_k_serves(problem))
-      return fail(KJIT_ERROR_UNSUPPORTED,
-                  fmt::format("the short-K grouped GEMM kernel serves K up to {} without a fused activation, not K "
-                              "{}{}",
-                              kShortKMaxK, problem.k, problem.activation == Activation::none ? "" : " with one"));
-    return {};
-  }
+  // A forced short-K kernel where it does not serve: validate's reason, as unsupported.
+  static Expected<void> check_request(const GroupedGemmSpec& problem, const GemmRequest& request);
   static Expected<void> check_decode_request(const GroupedGemmSpec& problem, const ArchInfo&, const GemmRequest&) {
     if (problem.weights != WeightLayout::e_n_k)
       return fail(KJIT_ERROR_UNSUPPORTED, "the decode grouped GEMM kernel reads [E, N, K] weights only");
@@ -92,6 +86,14 @@ std::vector<GroupedGemmSpec> sm90_configs(const GroupedGemmSpec& problem) {
 }
 
 }  // namespace
+
+Expected<void> GemmChoice<GroupedGemmSpec>::check_request(const GroupedGemmSpec& problem,
+                                                          const GemmRequest& request) {
+  if (request.kernel != GemmRequest::Kernel::short_k) return {};
+  auto valid = Family<GroupedGemmSpec>::validate(short_k_config(problem));
+  if (!valid) return fail(KJIT_ERROR_UNSUPPORTED, std::move(valid.error().message));
+  return {};
+}
 
 void GemmChoice<GroupedGemmSpec>::force_kernel(std::vector<GroupedGemmSpec>& configs, const GroupedGemmSpec& problem,
                                                 const GemmRequest& request) {
