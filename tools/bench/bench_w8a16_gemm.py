@@ -18,7 +18,7 @@ relative Frobenius error against kjit bf16 on the dequantised weights, and
 "same" says whether the two outputs are bit-identical.
 
     PYTHONPATH=runtime/python python3 tools/bench/bench_w8a16_gemm.py [--json FILE] [--weights e_k_n]
-        [--rounds 3] [--shapes 4,5] [--kernel auto]
+        [--rounds 3] [--shapes 4,5 | --problem E,K,N,ROWS ...] [--kernel auto] [--tile-m 128]
 """
 
 import argparse
@@ -51,6 +51,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=3, help="alternating timings per shape (medians)")
     parser.add_argument("--shapes", help="comma-separated indices into the shape list (default: all): "
                         + ", ".join(f"{i}: {s}" for i, s in enumerate(SHAPES)))
+    parser.add_argument("--problem", action="append", default=[], metavar="E,K,N,ROWS",
+                        help="a shape of your own (repeatable), instead of the list's")
     parser.add_argument("--weights", default="e_n_k", choices=["e_n_k", "e_k_n"],
                         help="how the stored FP8 stack is read: [E, N, K] (forward) or [E, K, N] (backward's dX)")
     parser.add_argument("--kernel", default="auto",
@@ -61,6 +63,8 @@ def main():
 
     torch.manual_seed(0)
     shapes = [SHAPES[int(i)] for i in args.shapes.split(",")] if args.shapes else SHAPES
+    if args.problem:
+        shapes = [tuple(int(v) for v in p.split(",")) for p in args.problem]
     decode_stack = max((E * N * K for E, K, N, M in shapes if M < DECODE_ROWS), default=0)
     copy_bw = copy_bandwidth(decode_stack) if decode_stack else None
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "weights": args.weights,

@@ -3,7 +3,8 @@ kernel name, summed over 3 steps after a warm-up), kjit's path and the seed's si
 With --host: the host's time to enqueue one step (the GPU idle at its start; a step whose host time exceeds
 its GPU time leaves the GPU waiting), the Python functions taking it (cProfile), and any call that synchronises
 with the GPU (torch's sync debug mode).
-    python3 tools/bench/profile_moe_training.py [--shape qwen3-4096] [--provider lora-fp8] [--host]"""
+With --trace: a chrome trace of kjit's steps (host and GPU) for tools/bench/trace_gaps.py.
+    python3 tools/bench/profile_moe_training.py [--shape qwen3-4096] [--provider lora-fp8] [--host | --trace PATH]"""
 
 import argparse
 import cProfile
@@ -47,11 +48,33 @@ def host_profile(fn, label, steps=10, rows=30):
     torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
     profiler = cProfile.Profile()
+    profiled = 5
     profiler.enable()
-    fn()
+    for _ in range(profiled):
+        fn()
     profiler.disable()
     torch.cuda.synchronize()
-    pstats.Stats(profiler).sort_stats("tottime").print_stats(rows)
+    # pstats prints milliseconds to three places, which rounds a step's every function to 0.000: microseconds per
+    # step instead, by own time and by cumulative time (cProfile's overhead inflates both alike).
+    stats = pstats.Stats(profiler).stats
+    for title, column in (("own", 2), ("cumulative", 3)):
+        print(f"-- by {title} time, us per step (cProfile's clock; {profiled} steps)")
+        for func, row in sorted(stats.items(), key=lambda kv: -kv[1][column])[:rows]:
+            where = f"{func[0].split('/')[-1]}:{func[1]}({func[2]})" if func[0] != "~" else func[2]
+            print(f"  {row[column] / profiled * 1e6:9.1f}  {row[1] / profiled:7.1f} calls  {where[:100]}")
+
+
+def trace(fn, path):
+    """A chrome trace of two steps, host and GPU, for finding where the GPU idles (tools/bench/trace_gaps.py)."""
+    fn()
+    torch.cuda.synchronize()
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(2):
+            fn()
+        torch.cuda.synchronize()
+    prof.export_chrome_trace(path)
+    print(f"trace: {path}")
 
 
 def main():
@@ -59,9 +82,13 @@ def main():
     parser.add_argument("--shape", default="qwen3-4096")
     parser.add_argument("--provider", default="lora-fp8")
     parser.add_argument("--host", action="store_true", help="host time per step and where it goes")
+    parser.add_argument("--trace", metavar="PATH", help="write a chrome trace of kjit's steps here instead")
     args = parser.parse_args()
     layer, seed, kjit_params, seed_params = bench.make_case(args.shape, args.provider)
     x, ids, weights, d_out = bench.inputs(args.shape)
+    if args.trace:
+        trace(lambda: bench.step(layer, kjit_params, x, ids, weights, d_out), args.trace)
+        return
     run = host_profile if args.host else profile
     run(lambda: bench.step(layer, kjit_params, x, ids, weights, d_out), f"kjit {args.shape} {args.provider}")
     run(lambda: bench.step(seed, seed_params, x, ids, weights, d_out), f"seed {args.shape} {args.provider}")
