@@ -531,6 +531,7 @@ struct GroupedGemmMixedConverterConfig : MixedSwapAbShape<Problem, kBM_, kStages
   static constexpr int kStageBytes = kWeightOperandOffset + kBN * kBK * 2;
   static constexpr bool kOperandAMnMajor = Problem::kWeightsKN;  // [E, K, N]: the bf16 kernel's MN-major chunks
   // fp8 weights: the rest of the producer warpgroup converts; FP4: the consumers, their own rows (above says why).
+  // Either way [E, K, N] lands as it is stored (64 k-rows of the tile's n) and is converted into those chunks.
   static constexpr int kConverterWarps = Problem::kFp4 ? 0 : 3 - kLoaderWarps;
   // Stages, alignment slack, two mbarriers per stage, scratch, queue, with
   // converter warps a converted barrier per stage (codegen's
@@ -544,8 +545,6 @@ struct GroupedGemmMixedConverterConfig : MixedSwapAbShape<Problem, kBM_, kStages
   // warpgroup's 56 and the consumers' 224, as the bf16 kernel's.
   static constexpr int kProducerRegisters = kConverterWarps > 0 ? 88 : 56;
   static constexpr int kConsumerRegisters = kConverterWarps > 0 ? 208 : 224;
-  static_assert(!Problem::kWeightsKN || Problem::kFp4,
-                "the converter kernel reads fp8 weights [E, N, K] (the register kernel serves their [E, K, N])");
   static_assert(kWTileBytes % 1024 == 0 && kStageBytes % 1024 == 0, "every operand tile starts on a swizzle period");
 };
 
@@ -563,18 +562,21 @@ __device__ __forceinline__ void store_shared_v4(unsigned address, unsigned a, un
 // 16 fp8 codes, each 8 making one 16-byte bf16 unit, or 16 bytes of 32 FP4
 // elements, of one stored row), every kThreads-th of its group's units from
 // its index in the group on; a row's units are consecutive, so a warp reads
-// contiguous bytes. The group: the converter warps, over the tile's 128 rows,
-// or (none: FP4) one consumer warpgroup, over its own 64 weight rows: with
-// [E, K, N] FP4 weights (the stored [E, N, K / 2] read for dX) its own 64
-// output columns, the `half` of each landing row (64 stored rows of 64 bytes,
-// the GEMM's k x n) that it multiplies. The scales of those units are read
-// before the stage is waited for.
+// contiguous bytes. The group: the converter warps, over the tile's 128 rows
+// ([E, K, N] fp8, the stored [E, N, K] read for dX: its 64 k-rows of 128
+// codes of n), or (none: FP4) one consumer warpgroup, over its own 64 weight
+// rows: with [E, K, N] FP4 weights its own 64 output columns, the `half` of
+// each landing row (64 stored rows of 64 bytes, the GEMM's k x n) that it
+// multiplies. The scales of those units are read before the stage is waited
+// for.
 template <class Cfg>
 struct ConverterShare {
   static constexpr bool kOwnRows = Cfg::kConverterWarps == 0;
-  static constexpr bool kKN = Cfg::kWeightsKN;  // FP4 pairs only (GroupedGemmMixedConverterConfig)
+  static constexpr bool kKN = Cfg::kWeightsKN;
+  static constexpr bool kKNFp4 = kKN && Cfg::kFp4;  // landing rows of 64 bytes (64-byte swizzle), split by half
   static constexpr int kThreads = kOwnRows ? 128 : 32 * Cfg::kConverterWarps;
-  // fp8: one multiplier per unit (its row's, or, where the tile's rows lie in
+  // fp8: one multiplier per unit (its row's: [E, K, N]'s per-row scales are
+  // per k, so per landing row; or, where the tile's rows lie in
   // one block row, the tile's 128 x 128 block's: alternating gate/up rows too,
   // where a multiplier a unit spilled 21 instructions' worth beside a gather
   // loader); FP4: a unit's scale bytes (NVFP4: two groups of 16, MXFP4: one of 32).
@@ -587,7 +589,8 @@ struct ConverterShare {
   // multiplier per row: 11 of them beside 11 units' codes spilled the converter warps' 88 registers.
   static constexpr int kUnitBytes = kPerRow || Cfg::kBN * Cfg::kBK / 16 % kThreads == 0 ? 16 : 8;  // FP4: per row
   // The group's units per landing row (a byte holds two FP4 elements), and its landing rows.
-  static constexpr int kUnitsPerRow = kKN ? 2 : Cfg::kBK / (kUnitBytes * (Cfg::kFp4 ? 2 : 1));
+  static constexpr int kUnitsPerRow =
+      kKNFp4 ? 2 : (kKN ? Cfg::kBN : Cfg::kBK) / (kUnitBytes * (Cfg::kFp4 ? 2 : 1));
   static constexpr int kUnits = (kKN ? Cfg::kBK : kOwnRows ? 64 : Cfg::kBN) * kUnitsPerRow;  // the group's
   static constexpr int kPerThread = (kUnits + kThreads - 1) / kThreads;
   // Units whose codes convert() loads at once (see there): all of them, but beside a multiplier per row three
@@ -605,7 +608,7 @@ struct ConverterShare {
   __device__ int unit(int i) const { return first + index + kThreads * i; }
   // Unit i's landing row, and its 16-byte unit in that row (32 elements of the stored row from 32 x that).
   __device__ int row_of(int i) const { return unit(i) / kUnitsPerRow; }
-  __device__ int part_of(int i) const { return (kKN ? kUnitsPerRow * half : 0) + unit(i) % kUnitsPerRow; }
+  __device__ int part_of(int i) const { return (kKNFp4 ? kUnitsPerRow * half : 0) + unit(i) % kUnitsPerRow; }
   // Whether the thread has an i-th unit (a group's units need not split evenly over its threads).
   __device__ bool has(int i) const {
     return kUnits % kThreads == 0 || i < kPerThread - 1 || index + kThreads * i < kUnits;
@@ -614,7 +617,7 @@ struct ConverterShare {
   __device__ void start_tile(const kjit_grouped_gemm_mixed_sm90_params& p, int expert, int n0) {
     if constexpr (Cfg::kScale == MixedScale::tensor) {
       multiplier[0] = weight_multiplier<Cfg>(p.b_scales, expert, 0, 0);
-    } else if constexpr (Cfg::kScale == MixedScale::row) {
+    } else if constexpr (Cfg::kScale == MixedScale::row && !kKN) {
 #pragma unroll
       for (int i = 0; i < kPerThread; ++i)
         multiplier[i] = has(i) ? weight_multiplier<Cfg>(p.b_scales, expert, n0 + unit(i) / kUnitsPerRow, 0) : 0.0f;
@@ -641,8 +644,15 @@ struct ConverterShare {
 #pragma unroll
       for (int i = 0; i < kPerThread; ++i)
         multiplier[i] = has(i) ? weight_multiplier<Cfg>(p.b_scales, expert, n0 + unit(i) / kUnitsPerRow, k0) : 0.0f;
+    } else if constexpr (Cfg::kScale == MixedScale::row && kKN) {
+      // [E, K, N]: a stored row is a k, each landing row its own multiplier.
+#pragma unroll
+      for (int i = 0; i < kPerThread; ++i)
+        multiplier[i] = has(i) ? weight_multiplier<Cfg>(p.b_scales, expert, k0 + row_of(i), 0) : 0.0f;
     } else if constexpr (Cfg::kScale == MixedScale::block) {
-      multiplier[0] = weight_multiplier<Cfg>(p.b_scales, expert, n0, k0);  // the tile's 128 rows, one block
+      // The tile's 128 rows (output columns) and the k-block's 64 k lie in one 128 x 128 block.
+      multiplier[0] = kKN ? weight_multiplier<Cfg>(p.b_scales, expert, k0, n0)
+                          : weight_multiplier<Cfg>(p.b_scales, expert, n0, k0);
     }
   }
 
@@ -650,7 +660,8 @@ struct ConverterShare {
   // layout TMA gives bf16 weights (128-byte swizzle): [E, N, K], 128 rows of
   // 64 k, row r's 16-byte unit u at r * 128 + 16 (u ^ (r % 8)); [E, K, N], two
   // MN-major chunks of 64 output columns (one per consumer warpgroup) 8 KB
-  // apart, each 64 k-rows of 128 bytes swizzled alike.
+  // apart, each 64 k-rows of 128 bytes swizzled alike. fp8 landing tiles are
+  // unswizzled (a warp's units are contiguous bytes either way).
   __device__ void convert(const unsigned char* landing, unsigned char* out) const {
     const unsigned from = static_cast<unsigned>(__cvta_generic_to_shared(landing));
     const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(out));
@@ -670,7 +681,7 @@ struct ConverterShare {
         // [E, K, N]: 64-byte landing rows, 64-byte swizzled (unit u of row r at u ^ (r / 2 % 4)), so that the
         // 32 lanes' units of their warpgroup's half fall on distinct banks.
         if constexpr (kUnitBytes == 16)
-          codes[j] = load_shared_v4(kKN ? swizzled_64b(from, row, part) : from + 16 * unit(i));
+          codes[j] = load_shared_v4(kKNFp4 ? swizzled_64b(from, row, part) : from + 16 * unit(i));
         else
           codes[j] = load_shared_v2(from + 8 * unit(i));
       }
@@ -687,7 +698,7 @@ struct ConverterShare {
   template <class Codes>
   __device__ void convert_unit(int i, const Codes& code, unsigned to) const {
     const int row = row_of(i), part = part_of(i);
-    const unsigned tile = to + (kKN ? half * 64 * 128 : 0);
+    const unsigned tile = to + (kKNFp4 ? half * 64 * 128 : 0);
     const unsigned* words = &code.x;  // the unit's 32-bit words, in order
     if constexpr (Cfg::kFp4) {
       // 32 elements: four 16-byte bf16 units, each from one word (8 nibbles, 4 of each pair order); NVFP4's
@@ -713,7 +724,7 @@ struct ConverterShare {
         store_shared_v4(swizzled_128b(tile, row, 4 * (part % 2) + w), b[0], b[1], b[2], b[3]);
       }
     } else {
-      // Each 8 codes: one 16-byte bf16 unit.
+      // Each 8 codes: one 16-byte bf16 unit ([E, K, N]: 8 columns of row k, in the chunk of their 64).
       const float m = multiplier[kPerRow ? i : 0];
 #pragma unroll
       for (int c = 0; c < kUnitBytes / 8; ++c) {
@@ -724,7 +735,9 @@ struct ConverterShare {
           b[2 * w] = convert_weight_pair<Cfg>(static_cast<unsigned short>(word & 0xFFFFu), m, m);
           b[2 * w + 1] = convert_weight_pair<Cfg>(static_cast<unsigned short>(word >> 16), m, m);
         }
-        store_shared_v4(swizzled_128b(tile, row, kUnitBytes / 8 * part + c), b[0], b[1], b[2], b[3]);
+        const int unit16 = kUnitBytes / 8 * part + c;
+        const unsigned chunk = kKN ? tile + unit16 / 8 * 64 * 128 : tile;
+        store_shared_v4(swizzled_128b(chunk, row, unit16 % 8), b[0], b[1], b[2], b[3]);
       }
     }
   }

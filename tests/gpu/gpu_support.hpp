@@ -283,15 +283,16 @@ struct MixedKernelPath {
 };
 
 // The mixed-input kernels a test runs on this GPU: the default and the
-// portable one forced, and on Hopper (`hopper`) with [E, N, K] weights (and
-// `fp4` weights read [E, K, N]) the converter kernel forced, at its prefill
-// row tile (256) and at 64; with [E, N, K] weights the decode kernel forced,
+// portable one forced, and on Hopper (`hopper`) the converter kernel forced,
+// at its prefill row tile (256) and at 64, for fp8 weights read [E, K, N] the
+// register kernel forced too; with [E, N, K] weights the decode kernel forced,
 // at the heuristic's chunks of rows and at 8 (FP4: 16).
 inline std::vector<MixedKernelPath> mixed_kernel_paths(bool hopper, kjit_weight_layout layout, bool fp4 = false) {
   std::vector<MixedKernelPath> paths{{KJIT_GEMM_KERNEL_AUTO, 0}, {KJIT_GEMM_KERNEL_PORTABLE, 0}};
-  if (hopper && (layout == KJIT_WEIGHTS_E_N_K || fp4)) {  // the converter kernel reads FP4 [E, K, N] too
+  if (hopper) {  // the converter kernel reads either orientation
     paths.push_back({KJIT_GEMM_KERNEL_SM90_CONVERTER, 256});
     paths.push_back({KJIT_GEMM_KERNEL_SM90_CONVERTER, 64});
+    if (layout == KJIT_WEIGHTS_E_K_N && !fp4) paths.push_back({KJIT_GEMM_KERNEL_SM90, 0});  // and the register kernel
   }
   if (layout == KJIT_WEIGHTS_E_N_K) {
     paths.push_back({KJIT_GEMM_KERNEL_DECODE, 0});

@@ -479,16 +479,17 @@ TEST_CASE("ptxas compiles the FP8 GEMM's SM90 kernels, both orientations, with n
 
 // The W8A16 / W4A16 converter kernel's two mechanisms: fp8 weights converted
 // by converter warps, FP4 (NVFP4, MXFP4) by the consumers, their own rows
-// between their wgmmas (also read [E, K, N], each its own output columns);
-// each with the row tile gathered (a loader warp beside the converters) or
-// not, and fp8 per row, which holds a multiplier per unit.
+// between their wgmmas; each read [E, K, N] too (dX: the converted tile in
+// MN-major chunks, FP4 each consumer its own output columns), with the row
+// tile gathered (a loader warp beside the converters) or not, and fp8 per row,
+// which holds a multiplier per unit ([E, K, N]: per k).
 TEST_CASE("ptxas compiles the converter kernel, converter warps and own rows, with no spills and no serialised wgmma") {
   std::vector<GroupedGemmMixedSpec> specs;
   for (auto weight : {MixedWeight::f8_e4m3fn, MixedWeight::nvfp4, MixedWeight::mxfp4})
-    for (int variant = 0; variant < (weight == MixedWeight::f8_e4m3fn ? 2 : 3); ++variant) {
-      const bool gather = variant == 1;
+    for (int variant = 0; variant < (weight == MixedWeight::f8_e4m3fn ? 4 : 3); ++variant) {
+      const bool gather = variant == 1 || variant == 3;
       GroupedGemmMixedSpec m;
-      m.weights = variant == 2 ? WeightLayout::e_k_n : WeightLayout::e_n_k;
+      m.weights = variant >= 2 ? WeightLayout::e_k_n : WeightLayout::e_n_k;
       m.weight = weight;
       const bool per_row = weight == MixedWeight::f8_e4m3fn && gather;
       m.weight_scale = per_row ? ScaleGranularity::per_row : ScaleGranularity::per_block;

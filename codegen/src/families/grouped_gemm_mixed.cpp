@@ -135,11 +135,8 @@ Expected<void> validate_configuration(const GroupedGemmMixedSpec& s) {
     return invalid(fmt::format("grouped_gemm_mixed {} is not supported ({}: tile_m 32 to {} in steps of 32, "
                                "tile_n {}, 2 stages up to what fits in 227 KB)",
                                tile, name(s.kernel), max_rows, kSm90TileN));
-  // [E, K, N]: fp8 codes run the register kernel (ldmatrix.trans hands out their fragments); FP4 pairs, which
-  // have no such load on Hopper, run the converter kernel.
-  if (s.kernel == MixedGemmKernel::wgmma_sm90_converter && s.weights != WeightLayout::e_n_k && !is_fp4(s.weight))
-    return invalid(fmt::format("grouped_gemm_mixed {} reads fp8 weights [E, N, K] only; [E, K, N] runs wgmma_sm90",
-                               tile));
+  // [E, K, N]: fp8 codes run either kernel (ldmatrix.trans hands the register kernel their fragments); FP4 pairs,
+  // which have no such load on Hopper, run the converter kernel.
   if (s.kernel == MixedGemmKernel::wgmma_sm90 && s.weights != WeightLayout::e_n_k && is_fp4(s.weight))
     return invalid(fmt::format("grouped_gemm_mixed {} reads {} weights [E, N, K] only; [E, K, N] runs "
                                "wgmma_sm90_converter",
@@ -192,9 +189,6 @@ struct GemmChoice<GroupedGemmMixedSpec> {
     if (request.cluster > 1)
       return fail(KJIT_ERROR_UNSUPPORTED, "the W8A16 grouped GEMM kernels run without clusters (cluster 0 or 1)");
     const bool fp4_kn = is_fp4(problem.weight) && problem.weights == WeightLayout::e_k_n;
-    if (request.kernel == K::sm90_converter && problem.weights != WeightLayout::e_n_k && !fp4_kn)
-      return fail(KJIT_ERROR_UNSUPPORTED, "the W8A16 converter kernel reads fp8 weights [E, N, K] only; [E, K, N] runs "
-                                          "the register-operand kernel (KJIT_GEMM_KERNEL_SM90)");
     if ((request.kernel == K::sm90 || request.kernel == K::sm90_swap_ab) && fp4_kn)
       return fail(KJIT_ERROR_UNSUPPORTED, "FP4 weights read [E, K, N] run the converter kernel "
                                           "(KJIT_GEMM_KERNEL_SM90_CONVERTER or the default), not the "

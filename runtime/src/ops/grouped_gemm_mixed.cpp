@@ -76,12 +76,17 @@ Expected<void> encode_weight_map(const DriverApi& api, const codegen::GroupedGem
   const auto n = static_cast<cuuint64_t>(s.n), k = static_cast<cuuint64_t>(s.k);
   const auto e = static_cast<cuuint64_t>(s.experts);
   if (s.kernel == codegen::MixedGemmKernel::wgmma_sm90_converter && s.weights == codegen::WeightLayout::e_k_n) {
-    const cuuint64_t dims[3] = {n / 2, k, e};
-    const cuuint64_t strides[2] = {n / 2, k * (n / 2)};
-    const cuuint32_t box[3] = {static_cast<cuuint32_t>(s.tile_n) / 2, KJIT_SM90_K_BLOCK, 1};
+    // 64 k-rows of the tile's n as stored: FP4 pairs 64-byte swizzled (the consumers' halves), fp8 codes as they
+    // are (the converter warps read contiguous units).
+    const bool fp4 = codegen::is_fp4(s.weight);
+    const cuuint64_t row_bytes = fp4 ? n / 2 : n;
+    const cuuint64_t dims[3] = {row_bytes, k, e};
+    const cuuint64_t strides[2] = {row_bytes, k * row_bytes};
+    const cuuint32_t box[3] = {static_cast<cuuint32_t>(fp4 ? s.tile_n / 2 : s.tile_n), KJIT_SM90_K_BLOCK, 1};
     return encode_tensor_map(api, p.b_map, kBytes, p.gemm.b, 3, dims, strides, box,
-                             "B [E, K, N] (FP4 pairs of the stored [E, N, K / 2], converter)",
-                             CU_TENSOR_MAP_SWIZZLE_64B);
+                             fp4 ? "B [E, K, N] (FP4 pairs of the stored [E, N, K / 2], converter)"
+                                 : "B [E, K, N] (fp8 codes of the stored [E, N, K], converter)",
+                             fp4 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_NONE);
   }
   if (s.kernel == codegen::MixedGemmKernel::wgmma_sm90_converter) {
     const bool fp4 = codegen::is_fp4(s.weight);
