@@ -229,8 +229,8 @@ done < "$work/entries.txt"
 # And the decode bucket's kernel for each on sm_90a.
 [ "$fp8_decode" -eq 2 ] || fail "expected 2 decode FP8 GEMM kernels, read $fp8_decode"
 # W8A16 five problems (two fused over block scales, one gathering), W4A16 four (one gathering, one read
-# [E, K, N]), three sm_90a buckets each (row tiles of 32 and 64; prefill the converter kernel's 256, or for fp8
-# [E, K, N] 128; FP4 [E, K, N] the converter kernel's 64, 128, 256); one portable kernel per problem on sm_100a
+# [E, K, N]), three sm_90a buckets each (row tiles of 32 and 64; prefill the converter kernel's 256, either
+# orientation; FP4 [E, K, N] the converter kernel's 64, 128, 256); one portable kernel per problem on sm_100a
 # and sm_120a.
 [ "$mixed_sm90" -eq 27 ] || fail "expected 27 SM90 W8A16/W4A16 GEMM kernels, read $mixed_sm90"
 [ "$mixed_portable" -eq 18 ] || fail "expected 18 portable W8A16/W4A16 GEMM kernels, read $mixed_portable"

@@ -1263,8 +1263,8 @@ TEST_CASE("the W8A16 converter kernel serves prefill: bf16 wgmma from shared mem
       CHECK(validate(KernelSpec{forced}).has_value());
     }
   }
-  // Forced, it serves every bucket (64, 128, 256 rows by the bucket), either orientation; [E, K, N] by default
-  // runs the register kernel.
+  // Forced, it serves every bucket (64, 128, 256 rows by the bucket), either orientation; by default it serves
+  // prefill in either (the register kernel the buckets below).
   const GemmRequest converter{.kernel = GemmRequest::Kernel::sm90_converter};
   auto backward = mixed_problem();
   backward.weights = WeightLayout::e_k_n;
@@ -1274,7 +1274,9 @@ TEST_CASE("the W8A16 converter kernel serves prefill: bf16 wgmma from shared mem
       CHECK((forced.kernel == MixedGemmKernel::wgmma_sm90_converter && forced.tile_m == tile_m));
     }
   const auto kn = *choose_grouped_gemm_mixed_config(backward, arch("sm_90a"), 32 * 256);
-  CHECK((kn.kernel == MixedGemmKernel::wgmma_sm90 && kn.tile_m == 128));
+  CHECK((kn.kernel == MixedGemmKernel::wgmma_sm90_converter && kn.tile_m == 256));
+  const auto kn_few = *choose_grouped_gemm_mixed_config(backward, arch("sm_90a"), 32 * 64);
+  CHECK((kn_few.kernel == MixedGemmKernel::wgmma_sm90 && kn_few.tile_m == 64));
   auto kn_spec = s;
   kn_spec.weights = WeightLayout::e_k_n;
   CHECK(validate(KernelSpec{kn_spec}).has_value());

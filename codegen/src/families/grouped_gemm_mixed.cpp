@@ -375,8 +375,9 @@ std::vector<GroupedGemmMixedSpec> grouped_gemm_mixed_configs(const GroupedGemmMi
   // By average rows per expert: the register-operand kernel runs every tile
   // at the config's full height, so decode (a few rows per expert) takes
   // 32-row tiles, up to 64 rows per expert 64; prefill runs the converter
-  // kernel ([E, N, K]; its tiles are as tall as their rows, up to 256) or,
-  // for fp8 [E, K, N], 128-row tiles. FP4 [E, K, N] runs the converter kernel
+  // kernel (its tiles are as tall as their rows, up to 256; fp8 [E, K, N]:
+  // 1.03-1.07x the register kernel's 128-row tiles on DeepSeek-V3's and
+  // Qwen3's dX, docs/decisions/0011). FP4 [E, K, N] runs the converter kernel
   // in every bucket (the register kernel has no fragment load for it).
   if (is_fp4(problem.weight) && problem.weights == WeightLayout::e_k_n) {
     std::vector<GroupedGemmMixedSpec> configs;
@@ -384,9 +385,7 @@ std::vector<GroupedGemmMixedSpec> grouped_gemm_mixed_configs(const GroupedGemmMi
       configs.push_back(sm90_config(problem, rows, MixedGemmKernel::wgmma_sm90_converter));
     return configs;
   }
-  const auto prefill = problem.weights == WeightLayout::e_n_k
-                           ? sm90_config(problem, kConverterMaxRows, MixedGemmKernel::wgmma_sm90_converter)
-                           : sm90_config(problem, kSm90MaxRows);
+  const auto prefill = sm90_config(problem, kConverterMaxRows, MixedGemmKernel::wgmma_sm90_converter);
   // Before them, the decode bucket (w8a16_decode_bucket, FP4 w4a16_decode_bucket: few routed rows): the decode
   // kernel where it reads the
   // weights, else the first bucket's.
