@@ -3,8 +3,9 @@ kernel name, summed over 3 steps after a warm-up), kjit's path and the seed's si
 With --host: the host's time to enqueue one step (the GPU idle at its start; a step whose host time exceeds
 its GPU time leaves the GPU waiting), the Python functions taking it (cProfile), and any call that synchronises
 with the GPU (torch's sync debug mode).
+With --allocator: the caching allocator's cudaMalloc / cudaFree calls and retries per step.
 With --trace: a chrome trace of kjit's steps (host and GPU) for tools/bench/trace_gaps.py.
-    python3 tools/bench/profile_moe_training.py [--shape qwen3-4096] [--provider lora-fp8] [--host | --trace PATH]"""
+    python3 tools/bench/profile_moe_training.py [--shape qwen3-4096] [--provider lora-fp8] [--host | --allocator | --trace PATH]"""
 
 import argparse
 import cProfile
@@ -77,19 +78,37 @@ def trace(fn, path):
     print(f"trace: {path}")
 
 
+def allocator(fn, label, steps=10):
+    """What torch's caching allocator did per step: cudaMalloc / cudaFree calls (cudaFree synchronises the device)
+    and retries after freeing its cache, which would leave the GPU idle inside a step."""
+    fn()
+    torch.cuda.synchronize()
+    keys = ("num_alloc_retries", "num_device_alloc", "num_device_free", "num_sync_all_streams")
+    before = torch.cuda.memory_stats()
+    start = time.perf_counter()
+    for _ in range(steps):
+        fn()
+    torch.cuda.synchronize()
+    elapsed = (time.perf_counter() - start) / steps
+    after = torch.cuda.memory_stats()
+    counts = ", ".join(f"{k} {(after.get(k, 0) - before.get(k, 0)) / steps:g}" for k in keys)
+    print(f"## {label}: {elapsed * 1e3:.3f} ms per step; per step: {counts}")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--shape", default="qwen3-4096")
     parser.add_argument("--provider", default="lora-fp8")
     parser.add_argument("--host", action="store_true", help="host time per step and where it goes")
     parser.add_argument("--trace", metavar="PATH", help="write a chrome trace of kjit's steps here instead")
+    parser.add_argument("--allocator", action="store_true", help="the caching allocator's device calls per step")
     args = parser.parse_args()
     layer, seed, kjit_params, seed_params = bench.make_case(args.shape, args.provider)
     x, ids, weights, d_out = bench.inputs(args.shape)
     if args.trace:
         trace(lambda: bench.step(layer, kjit_params, x, ids, weights, d_out), args.trace)
         return
-    run = host_profile if args.host else profile
+    run = host_profile if args.host else allocator if args.allocator else profile
     run(lambda: bench.step(layer, kjit_params, x, ids, weights, d_out), f"kjit {args.shape} {args.provider}")
     run(lambda: bench.step(seed, seed_params, x, ids, weights, d_out), f"seed {args.shape} {args.provider}")
 
