@@ -24,10 +24,11 @@ W4A16 with bf16 dY), so no bf16 copy of a stack is ever made. A W8A8 forward
 (FP8 activations) takes its dX through W8A16; its activation quantization is
 straight-through (its gradient is taken as the identity).
 
-Saved for the backward: the routing (int32, T x k each), h [rows, 2I] bf16
+Saved for the backward: the routing (the offsets, each row's pair and token
+as int64 for the gathers, the combine's int32 map), h [rows, 2I] bf16
 (the gate_up output, from which the activation and its derivative are
 recomputed), y [rows, H] bf16 only when topk_weights needs a gradient, and
-the LoRA intermediates u [rows, r]. hidden and topk_weights are the caller's
+the LoRA intermediates u [rows, r] and their row scale. hidden and topk_weights are the caller's
 tensors (no copy); the gathered rows are gathered again when a weight
 gradient needs them. No buffer scales with E x N x K but the gradients of
 trainable weights themselves.
@@ -175,6 +176,13 @@ def token_of_row(sorted_to_flat: torch.Tensor, top_k: int) -> torch.Tensor:
     return (sorted_to_flat.clamp(min=0) // top_k).long()
 
 
+def pair_and_token_of_row(sorted_to_flat: torch.Tensor, top_k: int):
+    """(each expert-sorted row's flat (token, j) pair, its token), int64 for indexing; rows routing left at -1
+    read pair 0 (token_of_row says why that is safe)."""
+    pair = sorted_to_flat.clamp(min=0).long()
+    return pair, pair // top_k
+
+
 def _bf16(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.bfloat16).contiguous()
 
@@ -212,7 +220,7 @@ class _ExpertsFunction(torch.autograd.Function):
                                              experts_local=m.experts_local, offsets_convention=_OFFSETS)
         rows = s2f.shape[0]
         kernels = m.kernels_for(tokens, top_k)
-        rows_token = token_of_row(s2f, top_k)
+        rows_pair, rows_token = pair_and_token_of_row(s2f, top_k)  # saved: the backward gathers by both
         row_experts = m._row_experts(ends, rows) if gate_up_bias is not None or down_bias is not None else None
         lora_gu = (_bf16(gu_a), m._lora_b_stored_order(_bf16(gu_b))) if gu_a is not None else None
         lora_dn = (_bf16(dn_a), _bf16(dn_b)) if dn_a is not None else None
@@ -270,25 +278,24 @@ class _ExpertsFunction(torch.autograd.Function):
         ctx.plan, ctx.kernels, ctx.scaling = plan, kernels, scaling
         ctx.lora_targets = (lora_gu is not None, lora_dn is not None)
         keep_y = ctx.needs_input_grad[2]
-        ctx.save_for_backward(hidden, topk_weights, gate_up_w, down_w, ends, s2f, f2s, h, y if keep_y else None,
-                              u_gu, u_dn, *(lora_gu or (None, None)), *(lora_dn or (None, None)))
+        ctx.save_for_backward(hidden, topk_weights, gate_up_w, down_w, ends, rows_pair, rows_token, f2s, h,
+                              y if keep_y else None, u_gu, u_dn, lora_scale, *(lora_gu or (None, None)),
+                              *(lora_dn or (None, None)))
         ctx.param_dtypes = tuple(t.dtype if t is not None else None for t in (gu_a, gu_b, dn_a, dn_b))
         return out
 
     @staticmethod
     def backward(ctx, d_out):
-        (hidden, topk_weights, gate_up_w, down_w, ends, s2f, f2s, h, y, u_gu, u_dn, gu_a, gu_b_stored, dn_a,
-         dn_b) = ctx.saved_tensors  # the LoRA factors in bf16, gate_up's B in the stored row order
+        (hidden, topk_weights, gate_up_w, down_w, ends, rows_pair, rows_token, f2s, h, y, u_gu, u_dn, lora_scale,
+         gu_a, gu_b_stored, dn_a, dn_b) = ctx.saved_tensors  # the LoRA factors in bf16, gate_up's B stored order
         plan, scaling = ctx.plan, ctx.scaling
         m = plan.module
         needs = ctx.needs_input_grad  # (plan, hidden, topk_weights, W1, W2, b1, b2, A1, B1, A2, B2)
         tokens, top_k = plan.topk_ids.shape
         a_dtype, b_dtype = ctx.param_dtypes[0::2], ctx.param_dtypes[1::2]  # (gate_up, down) each
-        rows = s2f.shape[0]
-        rows_token = token_of_row(s2f, top_k)
         d_out16 = d_out.to(torch.bfloat16).contiguous()
         g = d_out16[rows_token]  # dOut in expert order; rows past the routed ones never read
-        w = topk_weights.reshape(-1)[s2f.clamp(min=0).long()]  # each row's routing weight, fp32
+        w = topk_weights.reshape(-1)[rows_pair]  # each row's routing weight, fp32
         bwd = "w8a16" if ctx.kernels == "w8a8" else ctx.kernels  # dX reads FP8 weights W8A16 (bf16 dY)
         gemm = kjit.grouped_gemm
         grads = [None] * 11
@@ -303,14 +310,15 @@ class _ExpertsFunction(torch.autograd.Function):
         d_act = gemm(g, down_w, ends, weights="e_k_n", offsets_convention=_OFFSETS, row_scale=w,
                      **m._weight_args("down", bwd))
         if ctx.lora_targets[1]:
-            d_u = gemm(g, dn_b, ends, weights="e_k_n", offsets_convention=_OFFSETS, row_scale=w * scaling)
+            w_scaled = w * scaling
+            d_u = gemm(g, dn_b, ends, weights="e_k_n", offsets_convention=_OFFSETS, row_scale=w_scaled)
             d_act = gemm(d_u, dn_a, ends, weights="e_k_n", offsets_convention=_OFFSETS, addend=d_act)
-            if needs[10]:
-                grads[10] = _wgrad(g, (u_dn.float() * (w * scaling)[:, None]).to(torch.bfloat16), ends, b_dtype[1])
+            if needs[10]:  # (bf16 times fp32 is computed in fp32: the bf16 values exactly, one rounding after)
+                grads[10] = _wgrad(g, (u_dn * w_scaled[:, None]).to(torch.bfloat16), ends, b_dtype[1])
             if needs[9]:
                 grads[9] = _wgrad(d_u, act, ends, a_dtype[1])
         if needs[4]:
-            grads[4] = _wgrad(g, (act.float() * w[:, None]).to(torch.bfloat16), ends, down_w.dtype)
+            grads[4] = _wgrad(g, (act * w[:, None]).to(torch.bfloat16), ends, down_w.dtype)
         if needs[6]:
             grads[6] = _segment_sum(g, ends, w)
         # Dropped at their last use, as in forward: the backward's peak was these [rows, *] tensors still alive
@@ -324,8 +332,7 @@ class _ExpertsFunction(torch.autograd.Function):
             grads[5] = _segment_sum(d_h, ends)
         a = hidden[rows_token] if (needs[3] or needs[7]) else None
         if ctx.lora_targets[0]:
-            d_u = gemm(d_h, gu_b_stored, ends, weights="e_k_n", offsets_convention=_OFFSETS,
-                       row_scale=torch.full((rows,), scaling, dtype=torch.float32, device=d_h.device))
+            d_u = gemm(d_h, gu_b_stored, ends, weights="e_k_n", offsets_convention=_OFFSETS, row_scale=lora_scale)
             if needs[8]:
                 d_b = _wgrad(d_h, (u_gu.float() * scaling).to(torch.bfloat16), ends, b_dtype[0])
                 grads[8] = m._lora_b_checkpoint_order(d_b)
