@@ -303,16 +303,17 @@ inline std::vector<MixedKernelPath> mixed_kernel_paths(bool hopper, kjit_weight_
 
 // check_gather_equals_copy on every row tile of the mixed-input GEMMs (the
 // heuristic's, then 32, 64, 128 forced, and the converter kernel's 64 and
-// 256) and on the portable kernel forced; the forced tiles only where they
-// exist (`hopper`).
+// 256, for fp8 [E, K, N] the register kernel too) and on the portable kernel
+// forced; the forced tiles only where they exist (`hopper`). g.weights says
+// the orientation.
 inline void check_gather_on_mixed_paths(kjit_grouped_gemm_desc g, DeviceBuffer& out, const GatheredA& a, bool hopper) {
   std::vector<MixedKernelPath> paths;
   for (int32_t tile_m : {0, 32, 64, 128}) {
     if (hopper || tile_m == 0) paths.push_back({KJIT_GEMM_KERNEL_AUTO, tile_m});
     paths.push_back({KJIT_GEMM_KERNEL_PORTABLE, tile_m});
   }
-  for (const auto& path : mixed_kernel_paths(hopper, KJIT_WEIGHTS_E_N_K, g.b_dtype == KJIT_DTYPE_F4_E2M1))
-    if (path.kernel == KJIT_GEMM_KERNEL_SM90_CONVERTER || path.kernel == KJIT_GEMM_KERNEL_DECODE) paths.push_back(path);
+  for (const auto& path : mixed_kernel_paths(hopper, g.weights, g.b_dtype == KJIT_DTYPE_F4_E2M1))
+    if (path.kernel != KJIT_GEMM_KERNEL_AUTO && path.kernel != KJIT_GEMM_KERNEL_PORTABLE) paths.push_back(path);
   for (const auto& path : paths) {
     CAPTURE(path.kernel);
     CAPTURE(path.tile_m);

@@ -457,16 +457,20 @@ TEST_CASE("a captured W8A16 grouped GEMM replays with per-expert counts changing
 }
 
 TEST_CASE("a gathered A (sorted_to_flat) gives the bytes of the W8A16 GEMM on the gathered copy: every row tile, "
-          "the portable kernel, K no multiple of the k-block, zero rows") {
-  MixedCase c;
-  c.k = 400;  // a last k-block of 16 columns: the gather zero-fills past K
-  c.counts = {37, 0, 130, 5, 64, 1, 0, 259};
-  c.extra_rows = 5;
-  c.row_scale = true;
-  const auto d = mixed_inputs(c);
-  MixedBuffers b(c, d);
-  const GatheredA a(c.rows(), c.k, 8);
-  check_gather_on_mixed_paths(b.desc(c), b.out, a, is_hopper());
+          "the portable kernel, K no multiple of the k-block, zero rows, both orientations") {
+  for (auto layout : {KJIT_WEIGHTS_E_N_K, KJIT_WEIGHTS_E_K_N}) {
+    CAPTURE(layout);
+    MixedCase c;
+    c.k = 400;  // a last k-block of 16 columns: the gather zero-fills past K
+    c.counts = {37, 0, 130, 5, 64, 1, 0, 259};
+    c.extra_rows = 5;
+    c.row_scale = true;
+    c.layout = layout;
+    const auto d = mixed_inputs(c);
+    MixedBuffers b(c, d);
+    const GatheredA a(c.rows(), c.k, 8);
+    check_gather_on_mixed_paths(b.desc(c), b.out, a, is_hopper());
+  }
 }
 
 TEST_CASE("the portable kernel forced on the same GPU agrees with the default kernel on a multi-wave problem") {

@@ -38,7 +38,7 @@ cases=(
   "gemm_addend|grouped_gemm|an addend (bf16 or fp32, out itself or not): every kernel path, layout, output type and row scale"
   "gemm_addend_rank|grouped_gemm|an addend at K a LoRA rank (16: the short-K kernel's), every kernel path, layout, output type and row scale"
   "gemm_short_k|grouped_gemm|K a LoRA rank (8 to 32): every kernel path (the short-K kernel's among them), layout, convention, output type and row scale, a gathered A, bad offsets"
-  "w8a16_gather|grouped_gemm_mixed|a gathered A (sorted_to_flat) gives the bytes of the W8A16 GEMM on the gathered copy: every row tile, the portable kernel, K no multiple of the k-block, zero rows"
+  "w8a16_gather|grouped_gemm_mixed|a gathered A (sorted_to_flat) gives the bytes of the W8A16 GEMM on the gathered copy: every row tile, the portable kernel, K no multiple of the k-block, zero rows, both orientations"
   "routing_one_block|moe_routing|routing equals the CPU reference: prefill, decode, both offset conventions, many experts"
   "routing_many_blocks|moe_routing|with a workspace, large batches route over many blocks to the same result"
   "combine|moe_combine|combine sums weighted expert rows back in token order, skipping other ranks' rows"
