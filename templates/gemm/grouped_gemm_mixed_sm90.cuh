@@ -735,9 +735,11 @@ struct ConverterShare {
           b[2 * w] = convert_weight_pair<Cfg>(static_cast<unsigned short>(word & 0xFFFFu), m, m);
           b[2 * w + 1] = convert_weight_pair<Cfg>(static_cast<unsigned short>(word >> 16), m, m);
         }
-        const int unit16 = kUnitBytes / 8 * part + c;
-        const unsigned chunk = kKN ? tile + unit16 / 8 * 64 * 128 : tile;
-        store_shared_v4(swizzled_128b(chunk, row, unit16 % 8), b[0], b[1], b[2], b[3]);
+        const int unit16 = kUnitBytes / 8 * part + c;  // [E, N, K]: 8 a row; [E, K, N]: 16 a row, 8 a chunk
+        if constexpr (kKN)
+          store_shared_v4(swizzled_128b(tile + unit16 / 8 * 64 * 128, row, unit16 % 8), b[0], b[1], b[2], b[3]);
+        else
+          store_shared_v4(swizzled_128b(tile, row, unit16), b[0], b[1], b[2], b[3]);
       }
     }
   }
