@@ -133,6 +133,18 @@ def test_a_scale_shape_mismatch_is_caught():
     assert "scales are [2, 3] per expert" in lib.kjit_last_error_message().decode()
 
 
+def test_every_entry_point_kjit_calls_is_in_libkjit_and_typed_when_first_looked_up():
+    # libkjit's entry points are declared lazily (kjit._library._Library): each one the Python layer calls must
+    # exist in the library, and come back with its signature.
+    lib = kjit.library()
+    names = _abi.signatures()
+    assert len(names) == 4 * len(_abi.DESCRIPTORS) + 7
+    for name, (argtypes, restype) in names.items():
+        function = getattr(lib, name)
+        assert tuple(function.argtypes) == tuple(argtypes), name
+        assert function.restype is restype, name
+
+
 def test_every_descriptor_init_sets_struct_size_to_the_ctypes_size():
     lib = kjit.library()
     for name, _, desc in _abi.DESCRIPTORS:

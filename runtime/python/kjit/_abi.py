@@ -313,24 +313,31 @@ DESCRIPTORS = (
 LogCallback = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
 
 
-def _declare(function, argtypes, restype) -> None:
-    function.argtypes, function.restype = argtypes, restype
+_SIGNATURES: dict = {}
 
 
-def declare(lib: ctypes.CDLL) -> None:
-    """Declares the signatures of the entry points kjit's Python layer calls (kjit_set_log_callback is
-    declared where it is used: an older libkjit has none)."""
-    for stem, launch, desc in DESCRIPTORS:
-        pointer = ctypes.POINTER(desc)
-        _declare(getattr(lib, f"kjit_{stem}_desc_init"), [pointer], None)
-        _declare(getattr(lib, f"kjit_{launch}"), [pointer, ctypes.c_void_p], ctypes.c_int)
-        _declare(getattr(lib, f"kjit_{launch}_prepare"), [pointer, ctypes.c_int], ctypes.c_int)
-        _declare(getattr(lib, f"kjit_{launch}_check"), [pointer], ctypes.c_int)
-    _declare(lib.kjit_version, [], ctypes.c_char_p)
-    _declare(lib.kjit_swizzled_scale_bytes, [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64], ctypes.c_uint64)
-    _declare(lib.kjit_grouped_gemm_workspace_bytes, [], ctypes.c_uint64)
-    _declare(lib.kjit_moe_routing_workspace_bytes, [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64],
-             ctypes.c_uint64)
-    _declare(lib.kjit_device_errors, [ctypes.c_int], ctypes.c_int)
-    _declare(lib.kjit_last_error_message, [], ctypes.c_char_p)
-    _declare(lib.kjit_status_name, [ctypes.c_int], ctypes.c_char_p)
+def signature(name: str):
+    """(argtypes, restype) of the libkjit entry point `name` kjit's Python layer calls, or None
+    (kjit_set_log_callback is declared where it is used: an older libkjit has none)."""
+    return signatures().get(name)
+
+
+def signatures() -> dict:
+    """Every entry point kjit's Python layer calls: name -> (argtypes, restype)."""
+    if not _SIGNATURES:
+        for stem, launch, desc in DESCRIPTORS:
+            pointer = ctypes.POINTER(desc)
+            _SIGNATURES.update({f"kjit_{stem}_desc_init": ([pointer], None),
+                                f"kjit_{launch}": ([pointer, ctypes.c_void_p], ctypes.c_int),
+                                f"kjit_{launch}_prepare": ([pointer, ctypes.c_int], ctypes.c_int),
+                                f"kjit_{launch}_check": ([pointer], ctypes.c_int)})
+        _SIGNATURES.update({
+            "kjit_version": ([], ctypes.c_char_p),
+            "kjit_swizzled_scale_bytes": ([ctypes.c_int64, ctypes.c_int64, ctypes.c_int64], ctypes.c_uint64),
+            "kjit_grouped_gemm_workspace_bytes": ([], ctypes.c_uint64),
+            "kjit_moe_routing_workspace_bytes": ([ctypes.c_int64, ctypes.c_int64, ctypes.c_int64], ctypes.c_uint64),
+            "kjit_device_errors": ([ctypes.c_int], ctypes.c_int),
+            "kjit_last_error_message": ([], ctypes.c_char_p),
+            "kjit_status_name": ([ctypes.c_int], ctypes.c_char_p),
+        })
+    return _SIGNATURES

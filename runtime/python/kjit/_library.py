@@ -63,22 +63,33 @@ def _find_library() -> str:
     return _LIBRARY_NAME  # the loader's search path
 
 
+class _Library(ctypes.CDLL):
+    """libkjit, each entry point declared (_abi.signature) when it is first looked up: a new process's first
+    call resolves the few it uses, not every one (tools/bench/first_call.py)."""
+
+    def __getattr__(self, name: str):
+        function = super().__getattr__(name)  # (cached on the instance: this runs once per name)
+        declared = _abi.signature(name)
+        if declared is not None:
+            function.argtypes, function.restype = declared
+        return function
+
+
 _lib = None
 
 
 def library() -> ctypes.CDLL:
-    """The loaded libkjit, with its function signatures declared."""
+    """The loaded libkjit, its entry points declared as they are first used."""
     global _lib
     if _lib is None:
         path = _find_library()
         try:
-            lib = ctypes.CDLL(path)
+            lib = _Library(path)
         except OSError as e:
             raise OSError(f"libkjit could not be loaded ({e}); looked for {', '.join(_library_candidates())} and "
                           f"{_LIBRARY_NAME} on the loader path: install kjit with `pip install .` in a kjit "
                           f"checkout (or `pip install kjit-*.whl`, a wheel built there), or set KJIT_LIBRARY "
                           f"to a libkjit.so") from None
-        _abi.declare(lib)
         _route_log(lib)
         _lib = lib
     return _lib
