@@ -170,17 +170,16 @@ def check_lora(experts, lora) -> None:
 
 # ---- the autograd formula ----
 
-def token_of_row(sorted_to_flat: torch.Tensor, top_k: int) -> torch.Tensor:
-    """The token of each expert-sorted row (int64, for indexing; MoEExperts' gathers too), rows routing left
-    at -1 mapped to token 0: they are never computed or read, and the index never leaves the tokens."""
-    return (sorted_to_flat.clamp(min=0) // top_k).long()
-
-
 def pair_and_token_of_row(sorted_to_flat: torch.Tensor, top_k: int):
-    """(each expert-sorted row's flat (token, j) pair, its token), int64 for indexing; rows routing left at -1
-    read pair 0 (token_of_row says why that is safe)."""
+    """(each expert-sorted row's flat (token, j) pair, its token), int64 for indexing. Rows routing left at -1
+    read pair 0 (token 0): they are never computed or read, and the index never leaves the tokens."""
     pair = sorted_to_flat.clamp(min=0).long()
     return pair, pair // top_k
+
+
+def token_of_row(sorted_to_flat: torch.Tensor, top_k: int) -> torch.Tensor:
+    """The token of each expert-sorted row (pair_and_token_of_row's; MoEExperts' gathers too)."""
+    return pair_and_token_of_row(sorted_to_flat, top_k)[1]
 
 
 def _bf16(t: torch.Tensor) -> torch.Tensor:
