@@ -26,8 +26,10 @@ straight-through (its gradient is taken as the identity).
 
 Saved for the backward: the routing (the offsets, each row's pair and token
 as int64 for the gathers, the combine's int32 map), h [rows, 2I] bf16
-(the gate_up output, from which the activation and its derivative are
-recomputed), y [rows, H] bf16 only when topk_weights needs a gradient, and
+(the gate_up output, from which the activation's derivative is computed),
+the activation [rows, I] bf16 only when a down-projection weight gradient
+(the weights', LoRA's A) reads it, y [rows, H] bf16 only when topk_weights
+needs a gradient, and
 the LoRA intermediates u [rows, r] and their row scale. hidden and topk_weights are the caller's
 tensors (no copy); the gathered rows are gathered again when a weight
 gradient needs them. No buffer scales with E x N x K but the gradients of
@@ -256,18 +258,21 @@ class _ExpertsFunction(torch.autograd.Function):
         h = m._add_bias(h, gate_up_bias, row_experts)
 
         act = module_activation(m, h, ends)
+        # Kept for the backward where a down-projection weight gradient reads it (the down weights', LoRA's A):
+        # recomputing it there cost a pass over h; keeping it costs [rows, I] bf16 through the step.
+        keep_act = ctx.needs_input_grad[4] or ctx.needs_input_grad[9]
         if lora_dn is not None:
             u_dn = kjit.grouped_gemm(act, lora_dn[0], ends, offsets_convention=_OFFSETS)
         if kernels == "w8a8":
             act8, act_scale = kjit.quantize_fp8(act)
-            act = None
+            act = act if keep_act else None
             y = kjit.grouped_gemm(act8, down_w, ends, offsets_convention=_OFFSETS, a_scale=act_scale,
                                   out_dtype=out_dn, **m._weight_args("down", "w8a8"))
             act8 = act_scale = None
         else:
             y = kjit.grouped_gemm(act, down_w, ends, offsets_convention=_OFFSETS,
                                   out_dtype=out_dn, **m._weight_args("down", kernels))
-            act = None
+            act = act if keep_act else None
         if lora_dn is not None:
             y = kjit.grouped_gemm(u_dn, lora_dn[1], ends, offsets_convention=_OFFSETS, row_scale=lora_scale,
                                   out_dtype=torch.float32 if down_bias is not None else None, addend=y)
@@ -277,7 +282,7 @@ class _ExpertsFunction(torch.autograd.Function):
         ctx.plan, ctx.kernels, ctx.scaling = plan, kernels, scaling
         ctx.lora_targets = (lora_gu is not None, lora_dn is not None)
         keep_y = ctx.needs_input_grad[2]
-        ctx.save_for_backward(hidden, topk_weights, gate_up_w, down_w, ends, rows_pair, rows_token, f2s, h,
+        ctx.save_for_backward(hidden, topk_weights, gate_up_w, down_w, ends, rows_pair, rows_token, f2s, h, act,
                               y if keep_y else None, u_gu, u_dn, lora_scale, *(lora_gu or (None, None)),
                               *(lora_dn or (None, None)))
         ctx.param_dtypes = tuple(t.dtype if t is not None else None for t in (gu_a, gu_b, dn_a, dn_b))
@@ -285,8 +290,8 @@ class _ExpertsFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, d_out):
-        (hidden, topk_weights, gate_up_w, down_w, ends, rows_pair, rows_token, f2s, h, y, u_gu, u_dn, lora_scale,
-         gu_a, gu_b_stored, dn_a, dn_b) = ctx.saved_tensors  # the LoRA factors in bf16, gate_up's B stored order
+        (hidden, topk_weights, gate_up_w, down_w, ends, rows_pair, rows_token, f2s, h, act, y, u_gu, u_dn,
+         lora_scale, gu_a, gu_b_stored, dn_a, dn_b) = ctx.saved_tensors  # the LoRA factors in bf16, gate_up's B stored order
         plan, scaling = ctx.plan, ctx.scaling
         m = plan.module
         needs = ctx.needs_input_grad  # (plan, hidden, topk_weights, W1, W2, b1, b2, A1, B1, A2, B2)
@@ -302,10 +307,8 @@ class _ExpertsFunction(torch.autograd.Function):
         if needs[2]:  # d topk_weights[t, j] = <dOut[t], y[row(t, j)]>; pairs of other experts 0
             grads[2] = kjit.moe_combine_backward(d_out16, y, f2s.view(tokens, top_k))
 
-        # down: dY = w . g row by row, folded into the narrower operand of each product
-        act = None
-        if needs[4] or needs[9] or needs[10]:
-            act = module_activation(m, h, ends)
+        # down: dY = w . g row by row, folded into the narrower operand of each product (act: the forward's, kept
+        # where needs[4] or needs[9] asks for it)
         d_act = gemm(g, down_w, ends, weights="e_k_n", offsets_convention=_OFFSETS, row_scale=w,
                      **m._weight_args("down", bwd))
         if ctx.lora_targets[1]:
