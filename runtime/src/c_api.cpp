@@ -172,6 +172,31 @@ KJIT_API kjit_status kjit_moe_combine_check(const kjit_moe_combine_desc* desc) {
   return check_shapes(desc, kjit::ops::plan_moe_combine_shapes);
 }
 
+KJIT_API void kjit_moe_dispatch_desc_init(kjit_moe_dispatch_desc* desc) {
+  if (!desc) return;
+  *desc = kjit_moe_dispatch_desc{};
+  desc->struct_size = sizeof(kjit_moe_dispatch_desc);
+  desc->dtype = KJIT_DTYPE_BF16;
+}
+
+KJIT_API kjit_status kjit_moe_dispatch(const kjit_moe_dispatch_desc* desc, kjit_stream stream) {
+  return guarded([&]() -> kjit::Expected<void> {
+    KJIT_TRY(require(desc, "desc"));
+    return kjit::ops::moe_dispatch(kjit::Runtime::global(), *desc, reinterpret_cast<CUstream>(stream));
+  });
+}
+
+KJIT_API kjit_status kjit_moe_dispatch_prepare(const kjit_moe_dispatch_desc* desc, int device) {
+  return guarded([&]() -> kjit::Expected<void> {
+    KJIT_TRY(require(desc, "desc"));
+    return kjit::ops::prepare_moe_dispatch(kjit::Runtime::global(), *desc, device);
+  });
+}
+
+KJIT_API kjit_status kjit_moe_dispatch_check(const kjit_moe_dispatch_desc* desc) {
+  return check_shapes(desc, kjit::ops::plan_moe_dispatch_shapes);
+}
+
 KJIT_API void kjit_fp8_quantize_desc_init(kjit_fp8_quantize_desc* desc) {
   if (!desc) return;
   *desc = kjit_fp8_quantize_desc{};

@@ -18,8 +18,8 @@
   X(GLOBAL_EXPERT_ID_OUT_OF_RANGE, 4,                                                                                \
     "MoE routing on device {device} was given expert id {value} outside [0, experts_total); it wrote nothing")       \
   X(COMBINE_INDEX_OUT_OF_RANGE, 5,                                                                                   \
-    "MoE combine on device {device} was given sorted row {value} past the rows of expert_out; that term was left "   \
-    "out")                                                                                                           \
+    "MoE combine or dispatch on device {device} was given sorted row {value} past the expert-sorted rows; that "    \
+    "pair was left out")                                                                                             \
   X(QUANTIZE_INDEX_OUT_OF_RANGE, 6,                                                                                  \
     "an fp8 quantize gather on device {device} was given flat index {value} past tokens * top_k; that row was "      \
     "written as zeros")                                                                                         \

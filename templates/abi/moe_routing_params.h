@@ -1,6 +1,7 @@
 /* Kernel-parameter blocks of the MoE routing helpers (routing: top-k ids ->
  * per-expert counts, offsets and the expert-sorted permutation; combine: the
- * weighted sum of expert outputs back in token order). Shared by the host and
+ * weighted sum of expert outputs back in token order; dispatch, its transpose:
+ * each token's row copied to its rows in expert order). Shared by the host and
  * the generated kernels; plain C types only. */
 #ifndef KJIT_ABI_MOE_ROUTING_PARAMS_H
 #define KJIT_ABI_MOE_ROUTING_PARAMS_H
@@ -41,5 +42,14 @@ struct kjit_moe_combine_params {
                                 combine's output; `out` is then fp32 [tokens * top_k] and topk_weights unused */
 };
 
+struct kjit_moe_dispatch_params {
+  const void* x;             /* [tokens, hidden] bf16 */
+  const int* flat_to_sorted; /* [tokens * top_k], -1 = not on this rank */
+  const int* valid_rows;     /* the routed row count (offsets' last entry): rows from it on are zeroed; NULL: left */
+  void* out;                 /* [rows, hidden] bf16, expert-sorted order */
+  unsigned int* device_error;
+  long long tokens;
+  long long rows;            /* rows of out; an index at or past it is an error */
+};
 
 #endif

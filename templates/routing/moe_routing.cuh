@@ -17,6 +17,10 @@
 // moe_combine: a block per token and slice of 2048 columns; out[t] = sum_j w[t, j] * expert_out[row(t, j)]
 // over the j routed to this rank, accumulated in fp32, rounded once. Its weights' gradient (kGradient): a warp
 // per pair, out[t, j] = <grad[t], expert_out[row(t, j)]> in fp32 in the order kjit.h states.
+//
+// moe_dispatch (the combine's transpose): a block per token and slice of 2048 columns copies the token's row
+// to each of its rows in expert order, reading it once (a gather in expert order rereads each token top_k
+// times, mostly from DRAM once the tokens outgrow L2).
 #pragma once
 
 #include "../abi/device_errors.h"
@@ -237,15 +241,17 @@ __device__ __forceinline__ void moe_routing(const kjit_moe_routing_params& p) {
   }
 }
 
-template <int kTopK_, long long kHidden_, bool kOutF32_, bool kGradient_ = false>
+template <int kTopK_, long long kHidden_, bool kOutF32_, bool kGradient_ = false, bool kDispatch_ = false>
 struct CombineConfig {
   static constexpr int kTopK = kTopK_;
   static constexpr long long kHidden = kHidden_;
   static constexpr bool kOutF32 = kOutF32_;
   static constexpr bool kGradient = kGradient_;
+  static constexpr bool kDispatch = kDispatch_;
   static constexpr int kThreads = 256;
   static_assert(kHidden % 8 == 0, "the host admits hidden sizes divisible by 8");
   static_assert(!kGradient || kOutF32, "the weights' gradient is fp32");
+  static_assert(!kDispatch || (!kOutF32 && !kGradient), "the dispatch copies bf16 rows");
 };
 
 // The gradient of the combine's weights: out[t * top_k + j] = the dot product of grad[t] and
@@ -327,6 +333,35 @@ __device__ __forceinline__ void moe_combine_forward(const kjit_moe_combine_param
       packed.w = cvt_rn_bf16x2_f32(acc[6], acc[7]);
       *reinterpret_cast<uint4*>(static_cast<unsigned short*>(p.out) + t * Cfg::kHidden + h) = packed;
     }
+  }
+}
+
+// The dispatch: out[row(t, j)] = x[t] for each pair of this rank; with valid_rows, block t also zeroes rows
+// valid + t * top_k .. + top_k - 1 below `rows` (the tail past the routed rows: at most tokens * top_k rows).
+template <class Cfg>
+__device__ __forceinline__ void moe_dispatch(const kjit_moe_dispatch_params& p) {
+  const long long t = blockIdx.x;
+  int rows[Cfg::kTopK];
+#pragma unroll
+  for (int j = 0; j < Cfg::kTopK; ++j) {
+    rows[j] = p.flat_to_sorted[t * Cfg::kTopK + j];
+    if (rows[j] >= p.rows) {
+      if (atomicCAS(&p.device_error[0], 0u, KJIT_DEVICE_ERROR_COMBINE_INDEX_OUT_OF_RANGE) == 0u)
+        p.device_error[1] = static_cast<unsigned>(rows[j]);
+      rows[j] = -1;
+    }
+  }
+  const long long tail = p.valid_rows != nullptr ? *p.valid_rows + t * Cfg::kTopK : p.rows;
+  const unsigned short* x = static_cast<const unsigned short*>(p.x) + t * Cfg::kHidden;
+  unsigned short* out = static_cast<unsigned short*>(p.out);
+  for (long long h = (static_cast<long long>(blockIdx.y) * Cfg::kThreads + threadIdx.x) * 8LL; h < Cfg::kHidden;
+       h += static_cast<long long>(gridDim.y) * Cfg::kThreads * 8LL) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(x + h));
+#pragma unroll
+    for (int j = 0; j < Cfg::kTopK; ++j)
+      if (rows[j] >= 0) *reinterpret_cast<uint4*>(out + static_cast<long long>(rows[j]) * Cfg::kHidden + h) = v;
+    for (long long r = max(tail, 0LL); r < tail + Cfg::kTopK && r < p.rows; ++r)
+      *reinterpret_cast<uint4*>(out + r * Cfg::kHidden + h) = make_uint4(0u, 0u, 0u, 0u);
   }
 }
 

@@ -130,6 +130,13 @@ TEST_CASE("the shared harness finds combine within tolerance, bf16 and f32 outpu
   check_exactly({wide, narrow});
 }
 
+TEST_CASE("the shared harness finds the dispatch bit-exact: routed rows copied, the rest zero or left") {
+  using codegen::MoeCombineSpec;
+  check_exactly({MoeCombineSpec{.top_k = 8, .hidden = 7168, .dispatch = true},
+                 MoeCombineSpec{.top_k = 4, .hidden = 2880, .dispatch = true},
+                 MoeCombineSpec{.top_k = 1, .hidden = 8, .dispatch = true}});
+}
+
 TEST_SUITE_END();
 
 TEST_SUITE_BEGIN("fp8_quantize");

@@ -1,11 +1,15 @@
 // MoE routing helpers on a real GPU against a CPU reference on fresh random
 // ids: counts, offsets in both conventions, the stable permutation and its
 // inverse, expert-parallel ranks (other ranks' rows skipped, never indexed),
-// bad global ids rejected, and the weighted combine.
+// bad global ids rejected, the weighted combine, its weights' gradient, and
+// its transpose, the dispatch.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -204,6 +208,73 @@ TEST_CASE("a global expert id out of range writes nothing and is reported") {
 }
 
 TEST_SUITE_END();
+namespace {
+
+// bf16 rows drawn fresh, none of them 0 (+0 or -0): a row the dispatch zeroes never equals one it copies.
+std::vector<uint16_t> nonzero_bf16(size_t count) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<uint16_t> out(count);
+  for (auto& v : out) {
+    do {
+      v = kjit::reference::bf16_bits_rne(normal(rng()));
+    } while ((v & 0x7fff) == 0);
+  }
+  return out;
+}
+
+// The bf16 element `i` of a buffer left as DeviceBuffer::poison() made it (little-endian 32-bit words).
+uint16_t poison_bf16(size_t i) { return static_cast<uint16_t>(DeviceBuffer::kPoison >> (i % 2 ? 16 : 0)); }
+
+// What kjit_moe_dispatch leaves in a poisoned out of `out_rows` rows (>= tokens * top_k), from kjit.h's contract:
+// out[flat_to_sorted[t * top_k + j]] = x[t] for each pair of this rank (an index at or past tokens * top_k
+// writes nothing); with `zero_tail` the rows from `routed` to tokens * top_k - 1 are +0, without it they keep
+// the poison, as do rows past tokens * top_k.
+std::vector<uint16_t> reference_dispatch(const std::vector<uint16_t>& x, const std::vector<int32_t>& flat_to_sorted,
+                                         int64_t top_k, int64_t hidden, int64_t routed, bool zero_tail,
+                                         int64_t out_rows) {
+  const auto rows = static_cast<int64_t>(flat_to_sorted.size());
+  std::vector<uint16_t> out(static_cast<size_t>(out_rows * hidden));
+  for (size_t i = 0; i < out.size(); ++i) out[i] = poison_bf16(i);
+  if (zero_tail) std::fill(out.begin() + routed * hidden, out.begin() + rows * hidden, uint16_t{0});
+  for (int64_t pair = 0; pair < rows; ++pair) {
+    const int32_t row = flat_to_sorted[static_cast<size_t>(pair)];
+    if (row < 0 || row >= rows) continue;  // another rank's pair, or a bad index
+    std::copy_n(x.begin() + pair / top_k * hidden, hidden, out.begin() + row * hidden);
+  }
+  return out;
+}
+
+// The elements of `got` that differ from `want`, bit for bit; the first few are printed.
+int64_t differing(const std::vector<uint16_t>& got, const std::vector<uint16_t>& want, int64_t hidden) {
+  REQUIRE(got.size() == want.size());
+  int64_t bad = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (got[i] != want[i] && ++bad <= 5) {
+      char text[96];
+      std::snprintf(text, sizeof text, "row %zu column %zu: got 0x%04x, want 0x%04x", i / static_cast<size_t>(hidden),
+                    i % static_cast<size_t>(hidden), unsigned{got[i]}, unsigned{want[i]});
+      MESSAGE(text);
+    }
+  return bad;
+}
+
+// A dispatch desc of `tokens` x `top_k` pairs over `hidden` columns on these device buffers.
+kjit_moe_dispatch_desc dispatch_desc(int64_t tokens, int64_t top_k, int64_t hidden, const DeviceBuffer& x,
+                                     const DeviceBuffer& map, const DeviceBuffer* valid_rows, DeviceBuffer& out) {
+  kjit_moe_dispatch_desc d;
+  kjit_moe_dispatch_desc_init(&d);
+  d.tokens = tokens;
+  d.top_k = top_k;
+  d.hidden = hidden;
+  d.x = x.get();
+  d.flat_to_sorted = static_cast<const int32_t*>(map.get());
+  d.valid_rows = valid_rows ? static_cast<const int32_t*>(valid_rows->get()) : nullptr;
+  d.out = out.get();
+  return d;
+}
+
+}  // namespace
+
 TEST_SUITE_BEGIN("moe_combine");
 
 TEST_CASE("combine sums weighted expert rows back in token order, skipping other ranks' rows") {
@@ -311,6 +382,85 @@ TEST_CASE("the weights' gradient is bit-exact: a dot product per pair in kjit.h'
     CAPTURE(hidden);
     CHECK(bad == 0);
   }
+}
+
+TEST_CASE("the dispatch copies each token's row to its rows in expert order, zeroes the rows past the routed ones, "
+          "and skips other ranks' pairs") {
+  // Decode (1 token), a small batch (37) and prefill (4096); hidden from one 16-byte chunk to 7168 (four slices,
+  // the last partial); top 1 and top 8.
+  for (const auto& [tokens, top_k, hidden] :
+       {std::tuple<int64_t, int64_t, int64_t>{1, 8, 7168}, {1, 1, 8}, {37, 8, 2048}, {37, 1, 7168}, {37, 8, 8},
+        {4096, 8, 2048}, {4096, 1, 8}})
+    for (const bool expert_parallel : {false, true})
+      for (const bool zero_tail : {true, false}) {
+        CAPTURE(tokens);
+        CAPTURE(top_k);
+        CAPTURE(hidden);
+        CAPTURE(expert_parallel);
+        CAPTURE(zero_tail);
+        RoutingCase c;
+        c.tokens = tokens;
+        c.top_k = top_k;
+        c.experts_total = 64;
+        c.expert_base = expert_parallel ? 16 : 0;
+        c.experts_local = expert_parallel ? 32 : 64;  // about half the pairs on other ranks, or none
+        const auto routing = reference_routing(c, random_ids(c));
+        const int64_t rows = tokens * top_k, routed = routing.offsets.back();
+        if (!expert_parallel) REQUIRE(routed == rows);
+        const auto x = nonzero_bf16(static_cast<size_t>(tokens * hidden));
+        DeviceBuffer dx(0, x.size() * 2), dmap(0, routing.flat_to_sorted.size() * 4), dvalid(0, 4),
+            dout(0, static_cast<size_t>(rows * hidden * 2));
+        dx.upload(x);
+        dmap.upload(routing.flat_to_sorted);
+        dvalid.upload(std::vector<int32_t>{static_cast<int32_t>(routed)});
+        const auto d = dispatch_desc(tokens, top_k, hidden, dx, dmap, zero_tail ? &dvalid : nullptr, dout);
+        const auto want =
+            reference_dispatch(x, routing.flat_to_sorted, top_k, hidden, routed, zero_tail, rows);
+        std::vector<uint16_t> first;
+        for (int run = 0; run < 2; ++run) {  // into fresh poison each time: the same bits
+          CAPTURE(run);
+          dout.poison();
+          REQUIRE_MESSAGE(kjit_moe_dispatch(&d, nullptr) == KJIT_OK, kjit_last_error_message());
+          REQUIRE_MESSAGE(kjit_device_errors(0) == KJIT_OK, kjit_last_error_message());
+          const auto got = dout.download<uint16_t>(0, static_cast<size_t>(rows * hidden));
+          CHECK(differing(got, want, hidden) == 0);
+          if (run == 0) first = got;
+          else CHECK(got == first);
+        }
+      }
+}
+
+TEST_CASE("a dispatch index past tokens * top_k writes nothing for its pair and is reported") {
+  const int64_t tokens = 37, top_k = 8, hidden = 2048, rows = tokens * top_k;
+  RoutingCase c;
+  c.tokens = tokens;
+  c.top_k = top_k;
+  const auto routing = reference_routing(c, random_ids(c));  // every pair on this rank: rows routed
+  const auto x = nonzero_bf16(static_cast<size_t>(tokens * hidden));
+  // One row past out: the guard row that index would land on, and must keep its poison.
+  DeviceBuffer dx(0, x.size() * 2), dmap(0, routing.flat_to_sorted.size() * 4), dvalid(0, 4),
+      dout(0, static_cast<size_t>((rows + 1) * hidden * 2));
+  dx.upload(x);
+  dvalid.upload(std::vector<int32_t>{static_cast<int32_t>(rows)});
+  const size_t pair = 123;
+  auto bad = routing.flat_to_sorted;
+  bad[pair] = static_cast<int32_t>(rows);
+  dmap.upload(bad);
+  for (const bool zero_tail : {true, false}) {
+    CAPTURE(zero_tail);
+    const auto d = dispatch_desc(tokens, top_k, hidden, dx, dmap, zero_tail ? &dvalid : nullptr, dout);
+    dout.poison();
+    REQUIRE_MESSAGE(kjit_moe_dispatch(&d, nullptr) == KJIT_OK, kjit_last_error_message());
+    CHECK(kjit_device_errors(0) == KJIT_ERROR_DEVICE_REPORTED);
+    CHECK_MESSAGE(std::string(kjit_last_error_message()).find("sorted row 296") != std::string::npos,
+                  kjit_last_error_message());
+    // The pair's own row keeps its poison (no other pair maps to it, and it lies below valid_rows), as does the
+    // guard row; every other row is its token's.
+    const auto want = reference_dispatch(x, bad, top_k, hidden, rows, zero_tail, rows + 1);
+    const auto got = dout.download<uint16_t>(0, static_cast<size_t>((rows + 1) * hidden));
+    CHECK(differing(got, want, hidden) == 0);
+  }
+  CHECK(kjit_device_errors(0) == KJIT_OK);  // taken: the next call starts clean
 }
 
 TEST_SUITE_END();

@@ -356,6 +356,18 @@ def emulated_moe_combine_backward(grad, expert_out, flat_to_sorted, *, out=None)
     return torch.where(rows >= 0, dots, 0.0).float()
 
 
+def emulated_moe_dispatch(x, flat_to_sorted, *, valid_rows=None, out=None):
+    """kjit.moe_dispatch's contract: out[flat_to_sorted[t, j]] = x[t] (-1 skipped); rows from valid_rows on
+    zero, without it left as they were (here: poison, NaN)."""
+    out = torch.full((flat_to_sorted.numel(), x.shape[1]), float("nan"), dtype=x.dtype) if out is None else out
+    flat = flat_to_sorted.reshape(-1).long()
+    routed = flat >= 0
+    out[flat[routed]] = x[torch.arange(flat.numel()) // flat_to_sorted.shape[1]][routed]
+    if valid_rows is not None:
+        out[int(valid_rows):] = 0
+    return out
+
+
 def emulated_moe_combine(expert_out, topk_weights, flat_to_sorted, *, out=None, out_dtype=None):
     rows = flat_to_sorted.long()
     picked = expert_out.float()[rows.clamp(min=0)]  # [T, k, H]
@@ -381,5 +393,5 @@ def emulated_grouped_gemm_wgrad(dy, x, offsets, *, offsets_convention, out_dtype
 EMULATED_OPS = {"moe_routing": emulated_moe_routing, "grouped_gemm": emulated_grouped_gemm,
                 "quantize_fp8": emulated_quantize_fp8, "moe_activation": emulated_moe_activation,
                 "moe_activation_backward": emulated_moe_activation_backward,
-                "moe_combine_backward": emulated_moe_combine_backward,
+                "moe_combine_backward": emulated_moe_combine_backward, "moe_dispatch": emulated_moe_dispatch,
                 "moe_combine": emulated_moe_combine, "grouped_gemm_wgrad": emulated_grouped_gemm_wgrad}

@@ -760,6 +760,36 @@ TEST_CASE("moe activation launch geometry: one thread per 8 bf16 or 16 FP8 outpu
                                                     .gradient = true}}).has_value());
 }
 
+TEST_CASE("the dispatch is the combine family's bf16 transpose: its own entry point, refused with gradient or f32") {
+  const MoeCombineSpec dispatch{.top_k = 8, .hidden = 2304, .dispatch = true}, combine{.top_k = 8, .hidden = 2304};
+  REQUIRE(validate(KernelSpec{dispatch}).has_value());
+  // It copies bf16 rows: an f32 output or the weights' gradient is another kernel.
+  const auto refusal = [](const MoeCombineSpec& s) {
+    const auto refused = validate(KernelSpec{s});
+    return refused.has_value() ? std::string("accepted") : refused.error().message;
+  };
+  const std::string bf16_only = "moe_combine: the dispatch copies bf16 rows (out=bf16, no gradient)";
+  CHECK(refusal({.top_k = 8, .hidden = 2304, .out = DType::f32, .dispatch = true}) == bf16_only);
+  CHECK(refusal({.top_k = 8, .hidden = 2304, .out = DType::f32, .gradient = true, .dispatch = true}) == bf16_only);
+  CHECK(refusal({.top_k = 8, .hidden = 2304, .gradient = true, .dispatch = true}) ==
+        "moe_combine: the weights' gradient is f32 (out=f32)");  // refused as a gradient first
+  CHECK(refusal({.top_k = 33, .hidden = 2304, .dispatch = true}) == "moe_combine needs top_k from 1 to 32, got 33");
+  // Another kernel than the combine of its shape (another cache key), launched as the combine: a block per token
+  // and 2048-column slice.
+  CHECK(canonical(KernelSpec{dispatch}) != canonical(KernelSpec{combine}));
+  const auto k = render(KernelSpec{dispatch});
+  CHECK(k.entry_point == "kjit_moe_dispatch");
+  CHECK(k.source.find("using Config = kjit::CombineConfig<8, 2304LL, false, false, true>;") != std::string::npos);
+  CHECK(k.source.find("kjit_moe_dispatch(const __grid_constant__ kjit_moe_dispatch_params p)") != std::string::npos);
+  CHECK(k.source.find("kjit::moe_dispatch<Config>(p);") != std::string::npos);
+  CHECK(render(KernelSpec{combine}).entry_point == "kjit_moe_combine");
+  const auto g = moe_combine_geometry(dispatch, 37);
+  CHECK(g.grid_x == 37);
+  CHECK(g.grid_y == 2);
+  CHECK(g.block_x == 256);
+  CHECK(moe_combine_geometry(dispatch, 0).grid_x == 1);
+}
+
 TEST_CASE("mx quantize specs round-trip through canonical text and JSON, invariants name the field") {
   std::set<std::string> canonicals;
   std::vector<MxQuantizeSpec> specs;

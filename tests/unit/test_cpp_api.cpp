@@ -36,6 +36,12 @@ TEST_CASE("every C++ descriptor starts with its struct size and unset convention
   CHECK(routing.struct_size == sizeof(kjit_moe_routing_desc));
   kjit::MoeCombineDesc combine;
   CHECK(combine.struct_size == sizeof(kjit_moe_combine_desc));
+  kjit::MoeDispatchDesc dispatch;
+  CHECK(dispatch.struct_size == sizeof(kjit_moe_dispatch_desc));
+  CHECK(dispatch.dtype == KJIT_DTYPE_BF16);
+  CHECK(dispatch.valid_rows == nullptr);
+  CHECK_THROWS_AS(kjit::moe_dispatch(dispatch, nullptr), kjit::Exception);  // top_k 0
+  CHECK_THROWS_AS(kjit::prepare_moe_dispatch(dispatch, 0), kjit::Exception);
   kjit::Fp8QuantizeDesc quantize;
   CHECK(quantize.struct_size == sizeof(kjit_fp8_quantize_desc));
   CHECK(quantize.scale_format == KJIT_QUANT_SCALE_UNSET);
@@ -142,6 +148,7 @@ TEST_CASE("every check entry point refuses what its launch refuses first, with t
   check_agrees_with_launch(kjit_grouped_gemm_desc_init, kjit_grouped_gemm_check, kjit_grouped_gemm);
   check_agrees_with_launch(kjit_moe_routing_desc_init, kjit_moe_routing_check, kjit_moe_routing);
   check_agrees_with_launch(kjit_moe_combine_desc_init, kjit_moe_combine_check, kjit_moe_combine);
+  check_agrees_with_launch(kjit_moe_dispatch_desc_init, kjit_moe_dispatch_check, kjit_moe_dispatch);
   check_agrees_with_launch(kjit_fp8_quantize_desc_init, kjit_fp8_quantize_check, kjit_fp8_quantize);
   check_agrees_with_launch(kjit_mx_quantize_desc_init, kjit_quantize_mx_check, kjit_quantize_mx);
   check_agrees_with_launch(kjit_mx_dequant_desc_init, kjit_dequant_mx_check, kjit_dequant_mx);
@@ -208,4 +215,15 @@ TEST_CASE("a check refuses a NULL descriptor, and the C++ API's check_* throw it
   kjit::DequantDesc dequant;
   static_cast<kjit_dequant_desc&>(dequant) = valid_dequant();
   CHECK_NOTHROW(kjit::check_dequant_fp8(dequant));
+  kjit::MoeDispatchDesc dispatch;
+  dispatch.tokens = 4, dispatch.top_k = 8, dispatch.hidden = 12;
+  try {
+    kjit::check_moe_dispatch(dispatch);
+    FAIL("check_moe_dispatch accepted hidden 12");
+  } catch (const kjit::Exception& e) {
+    CHECK(e.status() == KJIT_ERROR_INVALID_ARGUMENT);
+    CHECK(std::string(e.what()).find("hidden must be a positive multiple of 8") != std::string::npos);
+  }
+  dispatch.hidden = 16;
+  CHECK_NOTHROW(kjit::check_moe_dispatch(dispatch));
 }

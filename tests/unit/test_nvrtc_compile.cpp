@@ -180,7 +180,9 @@ std::vector<GroupedGemmSpec> gemm_problems() {
 static std::vector<KernelSpec> routing_variants() {
   return {MoeRoutingSpec{256, OffsetsConvention::cumulative_end}, MoeRoutingSpec{4096, OffsetsConvention::with_leading_zero},
           MoeCombineSpec{8, 7168, DType::bf16}, MoeCombineSpec{1, 8, DType::f32},
-          MoeCombineSpec{8, 2880, DType::f32, true}};
+          MoeCombineSpec{8, 2880, DType::f32, true}, MoeCombineSpec{.top_k = 8, .hidden = 2048, .dispatch = true},
+          MoeCombineSpec{.top_k = 8, .hidden = 7168, .dispatch = true},
+          MoeCombineSpec{.top_k = 1, .hidden = 8, .dispatch = true}};
 }
 
 TEST_CASE("the MoE routing helpers compile with NVRTC for sm_90a, sm_100a and sm_120a") {

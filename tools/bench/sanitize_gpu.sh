@@ -58,6 +58,7 @@ cases=(
   "moe_activation|moe_activation|valid_rows: rows at or past it are zeros (FP8: codes 0, scale 0), read from the device, any value"
   "activation_gradient|moe_activation|the gradient (grad given) is bit-exact for both activations and every layout, the models' I, valid_rows, a padded input stride and the edge values"
   "combine_gradient|moe_combine|the weights' gradient is bit-exact: a dot product per pair in kjit.h's order, +0 for other ranks' pairs"
+  "dispatch|moe_combine|the dispatch copies each token's row to its rows in expert order, zeroes the rows past the routed ones, and skips other ranks' pairs"
 )
 
 # Runs one case under one tool ("plain": none) and prints its summary line.

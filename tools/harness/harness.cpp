@@ -44,6 +44,7 @@ Outcome check_spec(Runtime& runtime, DeviceState& device, const codegen::KernelS
         } else if constexpr (std::is_same_v<S, codegen::MoeRoutingSpec>) {
           return counted(check_moe_routing(runtime, device, s, rng), "exact");
         } else if constexpr (std::is_same_v<S, codegen::MoeCombineSpec>) {
+          if (s.dispatch) return counted(check_moe_dispatch(runtime, device, s, rng), "bit-exact");
           return counted(check_moe_combine(runtime, device, s, rng),
                          s.gradient ? "bit-exact" : "within 1e-5 relative");
         } else if constexpr (std::is_same_v<S, codegen::Fp8QuantizeSpec>) {

@@ -6,9 +6,11 @@
 // sampled rows (uneven routing, empty experts, rows past the last offset that
 // must stay untouched), MoE routing exactly in every output (expert
 // parallelism, a hot expert, one block and many), MoE combine to the GPU
-// tests' tolerance, fp8 quantize bit for bit (codes and scales; kjit.h's edge
-// groups, gather with -1 rows), MX quantize bit for bit (codes, every scale byte, the
-// computed global scales), MoE activation bit for bit (bf16, or FP8 codes and scales; rows past
+// tests' tolerance (its weights' gradient and its dispatch bit for bit, the
+// dispatch's rows past the routed ones zero or untouched), fp8 quantize bit
+// for bit (codes and scales; kjit.h's edge groups, gather with -1 rows), MX
+// quantize bit for bit (codes, every scale byte, the computed global scales),
+// MoE activation bit for bit (bf16, or FP8 codes and scales; rows past
 // valid_rows zero), the grouped weight-gradient GEMM per expert against fp64 (fp32 out 1e-5
 // relative, bf16 one rounding; empty experts exactly zero). Outputs start poisoned, so unwritten elements
 // fail. Depth::quick (jitctl selftest's default) makes the GEMM checks' host work small: two routed experts,
@@ -60,6 +62,9 @@ Expected<int64_t> check_moe_routing(Runtime& runtime, DeviceState& device, const
                                     std::mt19937_64& rng);
 Expected<int64_t> check_moe_combine(Runtime& runtime, DeviceState& device, const codegen::MoeCombineSpec& spec,
                                     std::mt19937_64& rng);
+// The combine family's dispatch (spec.dispatch), which check_moe_combine does not run.
+Expected<int64_t> check_moe_dispatch(Runtime& runtime, DeviceState& device, const codegen::MoeCombineSpec& spec,
+                                     std::mt19937_64& rng);
 Expected<int64_t> check_mx_dequant(Runtime& runtime, DeviceState& device, const codegen::MxDequantSpec& spec,
                                    std::mt19937_64& rng);
 Expected<int64_t> check_mx_scale_layout(Runtime& runtime, DeviceState& device, const codegen::MxScaleLayoutSpec& spec,

@@ -1,4 +1,4 @@
-// The MoE routing and combine families' checks (harness.hpp).
+// The MoE routing and combine families' checks, the combine's dispatch among them (harness.hpp).
 #include <algorithm>
 #include <cstring>
 #include <iterator>
@@ -180,6 +180,65 @@ Expected<int64_t> check_moe_combine(Runtime& runtime, DeviceState& device, const
       const float want =
           reference::moe_combine_value(x, weights, routing.flat_to_sorted, top_k, hidden, t, h, out_dtype);
       wrong += (none_here ? bits == 0 : reference::combine_close(got, want)) ? 0 : 1;
+    }
+  }
+  return wrong;
+}
+
+// Runs the dispatch (spec.dispatch) on the mapping of the combine's check above (local experts [2, 6) of 8;
+// token 0 all local, token 1 none) and returns the number of output elements that are not what they must be,
+// bit for bit: each routed row r (below the routed count, the offsets' last entry) is its token's row of x,
+// the token sorted_to_flat[r] / top_k. Twice, into fresh 0xA5 poison: with valid_rows (a device int holding
+// the routed count) every row past the routed ones must be +0 exactly, without it they must keep the poison.
+Expected<int64_t> check_moe_dispatch(Runtime& runtime, DeviceState& device, const codegen::MoeCombineSpec& spec,
+                                     std::mt19937_64& rng) {
+  const DriverApi& api = **runtime.driver();
+  const int64_t tokens = 37, top_k = spec.top_k, hidden = spec.hidden, rows = tokens * top_k;
+  std::vector<int32_t> ids(static_cast<size_t>(rows));
+  std::uniform_int_distribution<int32_t> any(0, 7);
+  for (auto& id : ids) id = any(rng);
+  for (int64_t j = 0; j < top_k; ++j) {
+    ids[static_cast<size_t>(j)] = static_cast<int32_t>(2 + j % 4);            // token 0: all local
+    ids[static_cast<size_t>(top_k + j)] = static_cast<int32_t>(j % 2 ? 7 : 0);  // token 1: all on other ranks
+  }
+  const auto routing = reference::moe_routing(ids, 2, 4, KJIT_OFFSETS_CUMULATIVE_END);
+  const int32_t routed = routing.offsets.back();  // < rows: token 1's pairs went elsewhere
+
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<uint16_t> x(static_cast<size_t>(tokens * hidden));
+  fill_random(x, rng, [&](std::mt19937_64& r) { return bf16_bits(normal(r)); });
+  const size_t out_size = static_cast<size_t>(rows * hidden * 2);
+
+  Buffers buffers(api, device.context);
+  auto dx = buffers.upload(x.data(), x.size() * 2);
+  auto dmap = buffers.upload(routing.flat_to_sorted.data(), routing.flat_to_sorted.size() * 4);
+  auto dvalid = buffers.upload(&routed, 4);
+  for (auto* r : {&dx, &dmap, &dvalid})
+    if (!*r) return std::unexpected(r->error());
+  int64_t wrong = 0;
+  for (const bool zero_tail : {true, false}) {
+    auto dout = buffers.upload(nullptr, out_size);  // 0xA5 poison
+    if (!dout) return std::unexpected(dout.error());
+    kjit_moe_dispatch_desc d;
+    kjit_moe_dispatch_desc_init(&d);
+    d.tokens = tokens;
+    d.top_k = top_k;
+    d.hidden = hidden;
+    d.x = reinterpret_cast<const void*>(*dx);
+    d.flat_to_sorted = reinterpret_cast<const int32_t*>(*dmap);
+    d.valid_rows = zero_tail ? reinterpret_cast<const int32_t*>(*dvalid) : nullptr;
+    d.out = reinterpret_cast<void*>(*dout);
+    KJIT_TRY(launch_and_take_errors(runtime, device, [&] { return ops::moe_dispatch(runtime, d, nullptr); }));
+    std::vector<uint16_t> out(static_cast<size_t>(rows * hidden));
+    KJIT_TRY(buffers.download(out.data(), *dout, out_size));
+    constexpr uint16_t kPoisoned = Buffers::kPoison * 0x0101;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int32_t flat = routing.sorted_to_flat[static_cast<size_t>(r)];
+      const uint16_t* want = r < routed ? &x[static_cast<size_t>(flat / top_k * hidden)] : nullptr;
+      for (int64_t h = 0; h < hidden; ++h) {
+        const uint16_t expected = want ? want[h] : zero_tail ? uint16_t{0} : kPoisoned;
+        wrong += out[static_cast<size_t>(r * hidden + h)] == expected ? 0 : 1;
+      }
     }
   }
   return wrong;

@@ -28,17 +28,19 @@ Expected<void> Family<MoeCombineSpec>::validate(const MoeCombineSpec& s) {
     return fail(KJIT_ERROR_INVALID_ARGUMENT, fmt::format("moe_combine output must be bf16 or f32, not {}", name(s.out)));
   if (s.gradient && s.out != DType::f32)
     return fail(KJIT_ERROR_INVALID_ARGUMENT, "moe_combine: the weights' gradient is f32 (out=f32)");
+  if (s.dispatch && (s.gradient || s.out != DType::bf16))
+    return fail(KJIT_ERROR_INVALID_ARGUMENT, "moe_combine: the dispatch copies bf16 rows (out=bf16, no gradient)");
   return {};
 }
 
 RenderedKernel Family<MoeCombineSpec>::render(const MoeCombineSpec& s) {
-  return assemble(canonical(s), {.entry_point = "kjit_moe_combine",
+  return assemble(canonical(s), {.entry_point = s.dispatch ? "kjit_moe_dispatch" : "kjit_moe_combine",
                                  .threads = kCombineThreads,
                                  .templates = {"routing/moe_routing.cuh"},
-                                 .config = fmt::format("kjit::CombineConfig<{}, {}LL, {}, {}>", s.top_k, s.hidden,
-                                                       s.out == DType::f32, s.gradient),
-                                 .params_type = "kjit_moe_combine_params",
-                                 .body = "kjit::moe_combine"});
+                                 .config = fmt::format("kjit::CombineConfig<{}, {}LL, {}, {}, {}>", s.top_k, s.hidden,
+                                                       s.out == DType::f32, s.gradient, s.dispatch),
+                                 .params_type = s.dispatch ? "kjit_moe_dispatch_params" : "kjit_moe_combine_params",
+                                 .body = s.dispatch ? "kjit::moe_dispatch" : "kjit::moe_combine"});
 }
 
 LaunchGeometry moe_combine_geometry(const MoeCombineSpec& spec, int64_t tokens) {

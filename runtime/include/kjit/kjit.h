@@ -403,6 +403,26 @@ typedef struct kjit_moe_combine_desc {
                                    NULL (after _desc_init): the combine */
 } kjit_moe_combine_desc;
 
+/* kjit_moe_dispatch, the combine's transpose: out[flat_to_sorted[t * top_k +
+ * j], :] = x[t, :] for every (t, j) routed to this rank (-1 skipped): the
+ * tokens' rows in expert-sorted order, as the grouped GEMMs read them, each
+ * token's row read once. out is [tokens * top_k, hidden] (the routing's row
+ * count); with valid_rows (a device int32 holding the routed row count, e.g.
+ * the offsets' last entry) the rows from it on are zeroed, without it they are
+ * left as they were. bf16 only; an index at or past tokens * top_k writes
+ * nothing for its pair and is reported by kjit_device_errors. */
+typedef struct kjit_moe_dispatch_desc {
+  uint32_t struct_size; /* sizeof(kjit_moe_dispatch_desc) */
+  int64_t tokens;
+  int64_t top_k;        /* 1 to 32 */
+  int64_t hidden;       /* a multiple of 8 */
+  kjit_dtype dtype;     /* KJIT_DTYPE_BF16 (x and out) */
+  const void* x;                 /* device [tokens, hidden], 16-byte aligned */
+  const int32_t* flat_to_sorted; /* device [tokens * top_k] */
+  const int32_t* valid_rows;     /* optional device int32 [1]: the routed row count (NULL: no rows zeroed) */
+  void* out;                     /* device [tokens * top_k, hidden], 16-byte aligned */
+} kjit_moe_dispatch_desc;
+
 KJIT_API void kjit_moe_routing_desc_init(kjit_moe_routing_desc* desc);
 KJIT_API kjit_status kjit_moe_routing(const kjit_moe_routing_desc* desc, kjit_stream stream);
 KJIT_API kjit_status kjit_moe_routing_prepare(const kjit_moe_routing_desc* desc, int device);
@@ -416,6 +436,11 @@ KJIT_API kjit_status kjit_moe_combine(const kjit_moe_combine_desc* desc, kjit_st
 KJIT_API kjit_status kjit_moe_combine_prepare(const kjit_moe_combine_desc* desc, int device);
 /* Its checks without pointers, host only, as kjit_dequant_fp8_check. */
 KJIT_API kjit_status kjit_moe_combine_check(const kjit_moe_combine_desc* desc);
+KJIT_API void kjit_moe_dispatch_desc_init(kjit_moe_dispatch_desc* desc);
+KJIT_API kjit_status kjit_moe_dispatch(const kjit_moe_dispatch_desc* desc, kjit_stream stream);
+KJIT_API kjit_status kjit_moe_dispatch_prepare(const kjit_moe_dispatch_desc* desc, int device);
+/* Its checks without pointers, host only, as kjit_dequant_fp8_check. */
+KJIT_API kjit_status kjit_moe_dispatch_check(const kjit_moe_dispatch_desc* desc);
 
 /* What an fp8 quantize scale is. No default, on purpose. */
 typedef enum kjit_quant_scale_format {

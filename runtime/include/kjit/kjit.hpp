@@ -49,6 +49,9 @@ struct MoeRoutingDesc : kjit_moe_routing_desc {
 struct MoeCombineDesc : kjit_moe_combine_desc {
   MoeCombineDesc() : kjit_moe_combine_desc() { kjit_moe_combine_desc_init(this); }
 };
+struct MoeDispatchDesc : kjit_moe_dispatch_desc {
+  MoeDispatchDesc() : kjit_moe_dispatch_desc() { kjit_moe_dispatch_desc_init(this); }
+};
 struct Fp8QuantizeDesc : kjit_fp8_quantize_desc {
   Fp8QuantizeDesc() : kjit_fp8_quantize_desc() { kjit_fp8_quantize_desc_init(this); }
 };
@@ -82,6 +85,15 @@ inline void prepare_moe_combine(const MoeCombineDesc& desc, int device) {
 }
 inline void check_moe_combine(const MoeCombineDesc& desc) {
   throw_if_failed(kjit_moe_combine_check(&desc));
+}
+inline void moe_dispatch(const MoeDispatchDesc& desc, kjit_stream stream) {
+  throw_if_failed(kjit_moe_dispatch(&desc, stream));
+}
+inline void prepare_moe_dispatch(const MoeDispatchDesc& desc, int device) {
+  throw_if_failed(kjit_moe_dispatch_prepare(&desc, device));
+}
+inline void check_moe_dispatch(const MoeDispatchDesc& desc) {
+  throw_if_failed(kjit_moe_dispatch_check(&desc));
 }
 inline void fp8_quantize(const Fp8QuantizeDesc& desc, kjit_stream stream) {
   throw_if_failed(kjit_fp8_quantize(&desc, stream));

@@ -30,14 +30,14 @@ from .dequant import (convert_scale_layout, dequant_fp8, dequant_mx, prepare_con
                       prepare_dequant_fp8, prepare_dequant_mx, swizzled_scale_bytes)
 from .gemm import (gate_up_interleaved, grouped_gemm, grouped_gemm_wgrad, prepare_grouped_gemm,
                    prepare_grouped_gemm_wgrad)
-from .moe import (moe_activation, moe_activation_backward, moe_combine, moe_combine_backward, moe_routing,
-                  prepare_moe_activation, prepare_moe_activation_backward, prepare_moe_combine,
-                  prepare_moe_combine_backward, prepare_moe_routing)
+from .moe import (moe_activation, moe_activation_backward, moe_combine, moe_combine_backward, moe_dispatch,
+                  moe_routing, prepare_moe_activation, prepare_moe_activation_backward, prepare_moe_combine,
+                  prepare_moe_combine_backward, prepare_moe_dispatch, prepare_moe_routing)
 from .quantize import prepare_quantize_fp8, prepare_quantize_mx, quantize_fp8, quantize_mx
 
 __all__ = ["KjitError", "ArgumentError", "dequant_fp8", "prepare_dequant_fp8", "grouped_gemm", "prepare_grouped_gemm",
            "moe_routing", "prepare_moe_routing", "moe_combine", "prepare_moe_combine", "moe_combine_backward",
-           "prepare_moe_combine_backward", "quantize_fp8",
+           "prepare_moe_combine_backward", "moe_dispatch", "prepare_moe_dispatch", "quantize_fp8",
            "prepare_quantize_fp8", "quantize_mx", "prepare_quantize_mx", "MxArgumentError", "dequant_mx",
            "prepare_dequant_mx", "convert_scale_layout", "prepare_convert_scale_layout", "swizzled_scale_bytes",
            "moe_activation", "prepare_moe_activation", "moe_activation_backward", "prepare_moe_activation_backward",

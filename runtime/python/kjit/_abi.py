@@ -277,6 +277,20 @@ class MxDequantDesc(ctypes.Structure):
     ]
 
 
+class MoeDispatchDesc(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("tokens", ctypes.c_int64),
+        ("top_k", ctypes.c_int64),
+        ("hidden", ctypes.c_int64),
+        ("dtype", ctypes.c_int),
+        ("x", ctypes.c_void_p),
+        ("flat_to_sorted", ctypes.c_void_p),
+        ("valid_rows", ctypes.c_void_p),
+        ("out", ctypes.c_void_p),
+    ]
+
+
 class ScaleLayoutDesc(ctypes.Structure):
     _fields_ = [
         ("struct_size", ctypes.c_uint32),
@@ -301,6 +315,7 @@ DESCRIPTORS = (
     ("grouped_gemm", "grouped_gemm", GroupedGemmDesc),
     ("moe_routing", "moe_routing", MoeRoutingDesc),
     ("moe_combine", "moe_combine", MoeCombineDesc),
+    ("moe_dispatch", "moe_dispatch", MoeDispatchDesc),
     ("fp8_quantize", "fp8_quantize", Fp8QuantizeDesc),
     ("mx_quantize", "quantize_mx", MxQuantizeDesc),
     ("mx_dequant", "dequant_mx", MxDequantDesc),

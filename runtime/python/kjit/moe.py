@@ -9,7 +9,7 @@ import ctypes
 from typing import TYPE_CHECKING, Optional, Tuple, Union
 
 from . import _abi
-from ._args import SWIGLU_ALPHA, SWIGLU_LIMIT, check_choice, check_tensor, dtype_code
+from ._args import SWIGLU_ALPHA, SWIGLU_LIMIT, check_choice, check_tensor, dtype_code, dtype_name
 from ._library import check, invalid, library, require_torch
 # torch: None where it is not installed (the ops' annotations name it)
 from ._ops import checking, cuda_stream, op, pointer_free, torch
@@ -209,6 +209,82 @@ def prepare_moe_combine(expert_out: Tensor, topk_weights: Tensor, flat_to_sorted
     _check_combine(expert_out, topk_weights, flat_to_sorted, out)
     d = _combine_desc(*pointer_free(expert_out, topk_weights, flat_to_sorted, out))
     check(library().kjit_moe_combine_prepare(ctypes.byref(d), expert_out.device.index or 0))
+
+
+_DISPATCH_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float32")
+
+
+def _check_dispatch(x, flat_to_sorted, valid_rows, out) -> None:
+    check_tensor("x", x, _DISPATCH_DTYPES)
+    check_tensor("flat_to_sorted", flat_to_sorted, ("int32",), device=x.device)
+    check_tensor("valid_rows", valid_rows, ("int32",), device=x.device, optional=True)
+    check_tensor("out", out, (dtype_name(x.dtype),), device=x.device)
+    if x.dim() != 2 or flat_to_sorted.dim() != 2 or flat_to_sorted.shape[0] != x.shape[0]:
+        raise invalid(f"x must be [tokens, hidden] and flat_to_sorted [tokens, top_k], got {list(x.shape)} and "
+                       f"{list(flat_to_sorted.shape)}")
+    if x.shape[1] * x.element_size() % 16 != 0 or x.shape[1] == 0:
+        raise invalid(f"x's rows must be a positive multiple of 16 bytes (16-byte copies), got {x.shape[1]} x "
+                       f"{x.element_size()} bytes")
+    if valid_rows is not None and valid_rows.numel() != 1:
+        raise invalid(f"valid_rows must hold one int32 (e.g. offsets[-1:]), got shape {list(valid_rows.shape)}")
+    if list(out.shape) != [flat_to_sorted.numel(), x.shape[1]]:
+        raise invalid(f"out must be [{flat_to_sorted.numel()}, {x.shape[1]}] (tokens * top_k rows), got "
+                       f"{list(out.shape)}")
+
+
+def _dispatch_desc(x, flat_to_sorted, valid_rows, out) -> _abi.MoeDispatchDesc:
+    d = _abi.MoeDispatchDesc()
+    library().kjit_moe_dispatch_desc_init(ctypes.byref(d))
+    d.tokens, d.top_k = flat_to_sorted.shape
+    d.hidden, d.dtype = x.shape[1], dtype_code(x.dtype)
+    d.x, d.flat_to_sorted, d.out = x.data_ptr(), flat_to_sorted.data_ptr(), out.data_ptr()
+    if valid_rows is not None:
+        d.valid_rows = valid_rows.data_ptr()
+    return d
+
+
+# The combine's transpose: the tokens' rows into expert order.
+@op("moe_dispatch_", ("out",), checking(_dispatch_desc, "kjit_moe_dispatch"))
+def moe_dispatch_(x: torch.Tensor, flat_to_sorted: torch.Tensor, valid_rows: Optional[torch.Tensor],
+                  out: torch.Tensor, stream: Optional[int]) -> None:
+    d = _dispatch_desc(x, flat_to_sorted, valid_rows, out)
+    check(library().kjit_moe_dispatch(ctypes.byref(d), cuda_stream(x.device, stream)))
+
+
+def moe_dispatch(x: Tensor, flat_to_sorted: Tensor, *, valid_rows: Optional[Tensor] = None,
+                 out: Optional[Tensor] = None, stream: Optional[int] = None) -> Tensor:
+    """The tokens' rows in expert-sorted order, moe_combine's transpose:
+    out[flat_to_sorted[t, j]] = x[t] for each pair routed to this rank (-1
+    skipped). x is bf16 [tokens, H], flat_to_sorted int32 [tokens, top_k]
+    (kjit.moe_routing's); out bf16 [tokens * top_k, H]. With valid_rows (int32
+    [1] on the device: the routed row count, offsets[-1:]) the rows past the
+    routed ones are zeroed, else left as they were. Each token's row is read
+    once, where indexing x by each row's token rereads it top_k times.
+    Rows are copied as bytes: x may also be FP8 codes or fp32 (quantize_fp8's
+    codes and scales), a row a multiple of 16 bytes; the zeros are zero bits."""
+    torch = require_torch()
+
+    if out is None:
+        check_tensor("x", x, _DISPATCH_DTYPES)
+        check_tensor("flat_to_sorted", flat_to_sorted, ("int32",), device=x.device)
+        out = torch.empty(flat_to_sorted.numel(), x.shape[-1], dtype=x.dtype, device=x.device)
+    _check_dispatch(x, flat_to_sorted, valid_rows, out)
+    moe_dispatch_(_bf16_rows(x), flat_to_sorted, valid_rows, _bf16_rows(out), stream)
+    return out
+
+
+def _bf16_rows(t: Tensor) -> Tensor:
+    """The same bytes as bf16 (libkjit's dispatch copies bf16 rows)."""
+    return t if t.dtype == require_torch().bfloat16 else t.view(require_torch().bfloat16)
+
+
+def prepare_moe_dispatch(x: Tensor, flat_to_sorted: Tensor, out: Tensor, *,
+                         valid_rows: Optional[Tensor] = None) -> None:
+    """Compiles (or finds) and loads the kernel moe_dispatch needs, so that the call can be captured in a CUDA
+    graph."""
+    _check_dispatch(x, flat_to_sorted, valid_rows, out)
+    d = _dispatch_desc(*pointer_free(_bf16_rows(x), flat_to_sorted, valid_rows, _bf16_rows(out)))
+    check(library().kjit_moe_dispatch_prepare(ctypes.byref(d), x.device.index or 0))
 
 
 def _check_moe_activation(h, out, scales, activation, layout, alpha, limit, scale_format, valid_rows) -> None:

@@ -61,6 +61,21 @@ Expected<codegen::MoeCombineSpec> plan_moe_combine_shapes(const kjit_moe_combine
   return s;
 }
 
+Expected<codegen::MoeCombineSpec> plan_moe_dispatch_shapes(const kjit_moe_dispatch_desc& d) {
+  if (d.struct_size < sizeof(kjit_moe_dispatch_desc))
+    return invalid("desc.struct_size is too small: call kjit_moe_dispatch_desc_init first");
+  if (d.dtype != KJIT_DTYPE_BF16) return invalid("moe_dispatch dtype must be KJIT_DTYPE_BF16");
+  if (d.tokens < 0) return invalid("tokens must be >= 0");
+  if (d.tokens > INT32_MAX) return invalid("tokens must fit in a grid dimension (2^31 - 1)");
+  codegen::MoeCombineSpec s;
+  s.top_k = d.top_k;
+  s.hidden = d.hidden;
+  s.dispatch = true;
+  KJIT_TRY(codegen::validate(codegen::KernelSpec{s}));  // top_k in [1, 32] before the product below
+  if (d.tokens * d.top_k > INT32_MAX) return invalid("tokens * top_k must fit in int32 (the permutation's type)");
+  return s;
+}
+
 Expected<void> moe_routing(Runtime& runtime, const kjit_moe_routing_desc& d, CUstream stream) {
   const auto spec = KJIT_TRY(plan_moe_routing_shapes(d));
   const std::initializer_list<NamedPointer> pointers = {{d.topk_ids, "topk_ids"},
@@ -148,6 +163,33 @@ Expected<void> moe_combine(Runtime& runtime, const kjit_moe_combine_desc& d, CUs
 
 Expected<void> prepare_moe_combine(Runtime& runtime, const kjit_moe_combine_desc& d, int device) {
   const auto spec = KJIT_TRY(plan_moe_combine_shapes(d));
+  return prepare_on_device(runtime, spec, device);
+}
+
+Expected<void> moe_dispatch(Runtime& runtime, const kjit_moe_dispatch_desc& d, CUstream stream) {
+  const auto spec = KJIT_TRY(plan_moe_dispatch_shapes(d));
+  if (d.tokens == 0) return {};
+  const std::initializer_list<NamedPointer> pointers = {
+      {d.x, "x"}, {d.flat_to_sorted, "flat_to_sorted"}, {d.out, "out"}};
+  const std::initializer_list<NamedPointer> with_valid_rows = {
+      {d.x, "x"}, {d.flat_to_sorted, "flat_to_sorted"}, {d.out, "out"}, {d.valid_rows, "valid_rows"}};
+  KJIT_TRY(require_non_null(pointers));
+  if (reinterpret_cast<uintptr_t>(d.x) % 16 != 0 || reinterpret_cast<uintptr_t>(d.out) % 16 != 0)
+    return invalid("'x' and 'out' must be 16-byte aligned");
+  kjit_moe_dispatch_params p{};
+  p.x = d.x;
+  p.flat_to_sorted = d.flat_to_sorted;
+  p.valid_rows = d.valid_rows;
+  p.out = d.out;
+  p.tokens = d.tokens;
+  p.rows = d.tokens * d.top_k;
+  const auto g = codegen::moe_combine_geometry(spec, d.tokens);
+  return launch_on_owning_device(runtime, spec, d.valid_rows != nullptr ? with_valid_rows : pointers,
+                                 p.device_error, g, &p, stream);
+}
+
+Expected<void> prepare_moe_dispatch(Runtime& runtime, const kjit_moe_dispatch_desc& d, int device) {
+  const auto spec = KJIT_TRY(plan_moe_dispatch_shapes(d));
   return prepare_on_device(runtime, spec, device);
 }
 
