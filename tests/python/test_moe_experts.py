@@ -410,8 +410,8 @@ def test_forward_output_errors_and_weights_left_on_the_cpu(activation_contract):
 def test_prepare_loads_every_kernel_forward_can_pick_up_to_max_tokens(monkeypatch, activation_contract, fmt,
                                                                       max_tokens, gemm_sets, w8a8_min_rows):
     names = ["prepare_moe_routing", "prepare_grouped_gemm", "prepare_quantize_fp8", "prepare_moe_combine",
-             "moe_activation"]
-    for name in names[:4]:
+             "prepare_moe_dispatch", "moe_activation"]
+    for name in names[:5]:
         monkeypatch.setattr(kjit, name, lambda *a, **k: None)  # the C library needs a GPU: record only
     calls = Calls(monkeypatch, names)
     with FakeTensorMode():
@@ -430,6 +430,8 @@ def test_prepare_loads_every_kernel_forward_can_pick_up_to_max_tokens(monkeypatc
     assert sets == gemm_sets and len(gemms) == 2 * len(gemm_sets) + (len(bf16_activation_sets) if copies else 0)
     assert len([k for _, k in gemms if k.get("gather") is not None]) == len(bf16_activation_sets)
     assert len(calls.named("prepare_quantize_fp8")) == ("w8a8" in gemm_sets)
+    # the copy's kernel (kjit.moe_dispatch), where a bf16-activation set runs batches past the gather's rows
+    assert len(calls.named("prepare_moe_dispatch")) == (copies and bool(bf16_activation_sets))
     assert {a[3].dtype for a, _ in calls.named("prepare_moe_combine")} == {bf16, f32}
     assert {k["out_dtype"] for _, k in calls.named("moe_activation")} == \
         {e4m3 if s == "w8a8" else bf16 for s in gemm_sets}

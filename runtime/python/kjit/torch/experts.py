@@ -509,7 +509,8 @@ class MoEExperts(torch.nn.Module):
         if kernels == "w8a8":
             y = self._experts_w8a8(hidden, ends, sorted_to_flat, top_k)
         else:
-            y = self._experts_bf16_activations(hidden, ends, sorted_to_flat, top_k, kernels)
+            y = self._experts_bf16_activations(hidden, ends, sorted_to_flat, flat_to_sorted.view(tokens, top_k),
+                                               kernels)
         return kjit.moe_combine(y, topk_weights, flat_to_sorted.view(tokens, top_k), out=out, out_dtype=out_dtype)
 
     # ---- training (kjit/torch/training.py has the autograd formula) ----
@@ -556,19 +557,19 @@ class MoEExperts(torch.nn.Module):
         out[:, self._stored_to_checkpoint_rows().to(d_b.device)] = d_b  # a permutation: each row written once
         return out
 
-    def _experts_bf16_activations(self, hidden, ends, sorted_to_flat, top_k: int, kernels: str):
+    def _experts_bf16_activations(self, hidden, ends, sorted_to_flat, flat_to_sorted, kernels: str):
         """bf16 activations through both GEMMs (bf16, W8A16, W4A16): up to
         GATHER_MAX_ROWS routed rows the gate_up GEMM reads the tokens' rows in
-        expert order through sorted_to_flat itself (no [T * k, H] gathered
-        copy; an index the routing did not write is bounds-checked by the
-        kernel, reported and read as zeros); above, it reads the rows gathered
-        by torch (clamped both ways, so the index never leaves hidden). Rows
-        past the routed ones (-1) are never computed."""
-        rows = sorted_to_flat.shape[0]
+        expert order through sorted_to_flat itself (no [T * k, H] copy; an
+        index the routing did not write is bounds-checked by the kernel,
+        reported and read as zeros); above, it reads the copy
+        kjit.moe_dispatch writes (each token's row read once, the rows past
+        the routed ones zeros). Rows past the routed ones are never computed."""
+        rows, top_k = sorted_to_flat.shape[0], flat_to_sorted.shape[1]
         if rows <= GATHER_MAX_ROWS:
             a, gather = hidden.contiguous(), (sorted_to_flat, top_k)  # the gather reads rows K apart
         else:
-            a, gather = hidden[training.token_of_row(sorted_to_flat, top_k)], None
+            a, gather = training.dispatch(hidden, flat_to_sorted, ends), None
         row_experts = self._row_experts(ends, rows) if self.gate_up_bias is not None or self.down_bias is not None \
             else None
         if self.fused_activation:
@@ -669,6 +670,8 @@ class MoEExperts(torch.nn.Module):
                           self.gate_up_bias, gather))
             if False not in gathering:
                 del gemms[0]
+        if kernels != "w8a8" and False in gathering:  # the copy the gate_up GEMM reads above the gather's rows
+            self._prepare_dispatch(device, top_k)
         for which, w, a_in, n, bias, gather in gemms:
             fused = which == "gate_up" and self.fused_activation
             out = torch.empty(top_k, i if fused else n, dtype=self._gemm_out_dtype(bias) or torch.bfloat16,
@@ -685,6 +688,13 @@ class MoEExperts(torch.nn.Module):
             extra = {"scale_format": "fp32"} if kernels == "w8a8" else {}
             kjit.moe_activation(gate_up, out_dtype=out_dtype, valid_rows=valid_rows, **extra,
                                 **self._activation_args())
+
+    def _prepare_dispatch(self, device, top_k: int, columns: Optional[int] = None, dtype=torch.bfloat16) -> None:
+        columns = columns or self.hidden_size
+        x = torch.zeros(1, columns, dtype=dtype, device=device)
+        kjit.prepare_moe_dispatch(x, torch.zeros(1, top_k, dtype=torch.int32, device=device),
+                                  torch.empty(top_k, columns, dtype=dtype, device=device),
+                                  valid_rows=torch.zeros(1, dtype=torch.int32, device=device))
 
     def _prepare_training(self, kernels: str, device, top_k: int, lora=None) -> None:
         """The differentiable path's own kernels (training.py) for one kernel set."""
@@ -704,9 +714,13 @@ class MoEExperts(torch.nn.Module):
             ("down", rows(i, forward_a), rows(h, out_dtype["down"]), "e_n_k", None, kernels),
             ("gate_up", rows(2 * i), rows(h), "e_k_n", None, backward),
             ("down", rows(h), rows(i), "e_k_n", row_scale, backward)]
-        if kernels == "w8a8":  # the quantizer without a gather (the activation's)
-            kjit.prepare_quantize_fp8(rows(i), rows(i, torch.float8_e4m3fn),
-                                      torch.zeros(top_k, i // _FP8_BLOCK, dtype=torch.float32, device=device))
+        if kernels == "w8a8":  # the quantizer without a gather (the activation's; the tokens' then dispatched)
+            for k in (i, h):
+                kjit.prepare_quantize_fp8(rows(k), rows(k, torch.float8_e4m3fn),
+                                          torch.zeros(top_k, k // _FP8_BLOCK, dtype=torch.float32, device=device))
+            if h % 512 == 0:  # training.quantize_dispatched
+                self._prepare_dispatch(device, top_k, h, torch.float8_e4m3fn)
+                self._prepare_dispatch(device, top_k, h // _FP8_BLOCK, torch.float32)
         for which, a, out, weights, scale, kset in gemms:
             w = getattr(self, f"{which}_weight")
             args = self._weight_args(which, kset)
@@ -720,6 +734,7 @@ class MoEExperts(torch.nn.Module):
         flat_to_sorted = torch.zeros(1, top_k, dtype=torch.int32, device=device)
         kjit.prepare_moe_combine_backward(rows(h)[:1], rows(h), flat_to_sorted,
                                           torch.zeros(1, top_k, dtype=torch.float32, device=device))
+        self._prepare_dispatch(device, top_k)  # the tokens' rows and dOut in expert order
         wgrads = []
         if self.format == "bf16" and self.gate_up_weight.requires_grad:
             wgrads += [(2 * i, h, self.gate_up_weight.dtype), (h, i, self.down_weight.dtype)]

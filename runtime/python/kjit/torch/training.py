@@ -10,7 +10,7 @@ atomics would make the backward non-deterministic):
 
   forward   routing -> h = A W1^T [+ b1] [+ s (A A1^T) B1^T] -> act(h)
             -> y = act W2^T [+ b2] [+ s (act A2^T) B2^T] -> out = combine(y, topk_weights)
-  backward  g = dOut gathered to expert order, w = topk_weights in expert order
+  backward  g = dOut in expert order (kjit.moe_dispatch), w = topk_weights in expert order
             d topk_weights = <dOut[t], y[row]> per pair (kjit.moe_combine_backward)
             dact = w . (g W2) (+ LoRA), dh = act'(h) dact (kjit.moe_activation_backward),
             dA = dh W1 (+ LoRA)
@@ -24,15 +24,15 @@ W4A16 with bf16 dY), so no bf16 copy of a stack is ever made. A W8A8 forward
 (FP8 activations) takes its dX through W8A16; its activation quantization is
 straight-through (its gradient is taken as the identity).
 
-Saved for the backward: the routing (the offsets, each row's pair and token
-as int64 for the gathers, the combine's int32 map), h [rows, 2I] bf16
+Saved for the backward: the routing (the offsets, the combine's int32 map,
+each row's pair as int64 for its routing weight), h [rows, 2I] bf16
 (the gate_up output, from which the activation's derivative is computed),
 the activation [rows, I] bf16 only when a down-projection weight gradient
 (the weights', LoRA's A) reads it, y [rows, H] bf16 only when topk_weights
 needs a gradient, and
 the LoRA intermediates u [rows, r] and their row scale. hidden and topk_weights are the caller's
-tensors (no copy); the gathered rows are gathered again when a weight
-gradient needs them. No buffer scales with E x N x K but the gradients of
+tensors (no copy); the tokens' rows are dispatched to expert order again
+when a weight gradient needs them. No buffer scales with E x N x K but the gradients of
 trainable weights themselves.
 
 Everything stays on the device (no host sync, no data-dependent Python), so
@@ -172,16 +172,27 @@ def check_lora(experts, lora) -> None:
 
 # ---- the autograd formula ----
 
-def pair_and_token_of_row(sorted_to_flat: torch.Tensor, top_k: int):
-    """(each expert-sorted row's flat (token, j) pair, its token), int64 for indexing. Rows routing left at -1
-    read pair 0 (token 0): they are never computed or read, and the index never leaves the tokens."""
-    pair = sorted_to_flat.clamp(min=0).long()
-    return pair, pair // top_k
+def pair_of_row(sorted_to_flat: torch.Tensor) -> torch.Tensor:
+    """Each expert-sorted row's flat (token, j) pair, int64 for indexing. Rows routing left at -1 read pair 0:
+    they are never computed or read, and the index never leaves the pairs."""
+    return sorted_to_flat.clamp(min=0).long()
 
 
-def token_of_row(sorted_to_flat: torch.Tensor, top_k: int) -> torch.Tensor:
-    """The token of each expert-sorted row (pair_and_token_of_row's; MoEExperts' gathers too)."""
-    return pair_and_token_of_row(sorted_to_flat, top_k)[1]
+def quantize_dispatched(hidden, sorted_to_flat, flat_to_sorted, ends):
+    """W8A8's A: FP8 codes and scales of the tokens' rows in expert order. Each token is quantized once and its
+    codes and scales dispatched (kjit.quantize_fp8's gather would reread every token top_k times): the same bits,
+    since a row's quantization reads only that row. Rows whose scales are not a multiple of 16 bytes (H not a
+    multiple of 512) take the quantizer's gather."""
+    if hidden.shape[1] % 512 != 0:
+        return kjit.quantize_fp8(hidden, gather=(sorted_to_flat, flat_to_sorted.shape[1]))
+    codes, scales = kjit.quantize_fp8(hidden)
+    return dispatch(codes, flat_to_sorted, ends), dispatch(scales, flat_to_sorted, ends)
+
+
+def dispatch(x: torch.Tensor, flat_to_sorted: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """The tokens' rows x [tokens, H] in expert order [tokens * top_k, H] (kjit.moe_dispatch: each token's row
+    read once), the rows past the routed ones zeros. MoEExperts' copy above the gather's rows too."""
+    return kjit.moe_dispatch(x.contiguous(), flat_to_sorted, valid_rows=ends[-1:])
 
 
 def _bf16(t: torch.Tensor) -> torch.Tensor:
@@ -221,13 +232,14 @@ class _ExpertsFunction(torch.autograd.Function):
                                              experts_local=m.experts_local, offsets_convention=_OFFSETS)
         rows = s2f.shape[0]
         kernels = m.kernels_for(tokens, top_k)
-        rows_pair, rows_token = pair_and_token_of_row(s2f, top_k)  # saved: the backward gathers by both
+        rows_pair = pair_of_row(s2f)  # saved: the backward's routing weight of each row
+        f2s = f2s.view(tokens, top_k)
         row_experts = m._row_experts(ends, rows) if gate_up_bias is not None or down_bias is not None else None
         lora_gu = (_bf16(gu_a), m._lora_b_stored_order(_bf16(gu_b))) if gu_a is not None else None
         lora_dn = (_bf16(dn_a), _bf16(dn_b)) if dn_a is not None else None
         scaling = plan.lora.scaling if plan.lora is not None else 0.0
 
-        a = None  # the gathered rows [rows, H] bf16, when a bf16 GEMM or a LoRA needs them
+        a = None  # the tokens' rows in expert order [rows, H] bf16, when a bf16 GEMM or a LoRA needs them
         u_gu = u_dn = None
         # A branch's product s (u B^T) (the scaling as the epilogue's row scale) is summed into its base GEMM's
         # fp32 output by the branch GEMM's epilogue (its addend) and rounded once, to bf16, or to fp32 when a bias
@@ -237,19 +249,19 @@ class _ExpertsFunction(torch.autograd.Function):
         out_gu = torch.float32 if gate_up_bias is not None or lora_gu is not None else None
         out_dn = torch.float32 if down_bias is not None or lora_dn is not None else None
         if kernels == "w8a8":
-            a8, a_scale = kjit.quantize_fp8(hidden, gather=(s2f, top_k))
+            a8, a_scale = quantize_dispatched(hidden, s2f, f2s, ends)
             h = kjit.grouped_gemm(a8, gate_up_w, ends, offsets_convention=_OFFSETS, a_scale=a_scale,
                                   out_dtype=out_gu, **m._weight_args("gate_up", "w8a8"))
             a8 = a_scale = None
         else:
-            a = hidden[rows_token]
+            a = dispatch(hidden, f2s, ends)
             h = kjit.grouped_gemm(a, gate_up_w, ends, offsets_convention=_OFFSETS,
                                   out_dtype=out_gu, **m._weight_args("gate_up", kernels))
         # Every large temporary is dropped at its last use (the forward's peak is the base GEMMs' fp32 outputs):
         # the gathered rows once the branch's first product has them, the activation before the down GEMM's output.
         if lora_gu is not None:
             if a is None:
-                a = hidden[rows_token]
+                a = dispatch(hidden, f2s, ends)
             u_gu = kjit.grouped_gemm(a, lora_gu[0], ends, offsets_convention=_OFFSETS)
             a = None
             h = kjit.grouped_gemm(u_gu, lora_gu[1], ends, offsets_convention=_OFFSETS, row_scale=lora_scale,
@@ -277,12 +289,12 @@ class _ExpertsFunction(torch.autograd.Function):
             y = kjit.grouped_gemm(u_dn, lora_dn[1], ends, offsets_convention=_OFFSETS, row_scale=lora_scale,
                                   out_dtype=torch.float32 if down_bias is not None else None, addend=y)
         y = m._add_bias(y, down_bias, row_experts)
-        out = kjit.moe_combine(y, topk_weights, f2s.view(tokens, top_k), out_dtype=plan.out_dtype)
+        out = kjit.moe_combine(y, topk_weights, f2s, out_dtype=plan.out_dtype)
 
         ctx.plan, ctx.kernels, ctx.scaling = plan, kernels, scaling
         ctx.lora_targets = (lora_gu is not None, lora_dn is not None)
         keep_y = ctx.needs_input_grad[2]
-        ctx.save_for_backward(hidden, topk_weights, gate_up_w, down_w, ends, rows_pair, rows_token, f2s, h, act,
+        ctx.save_for_backward(hidden, topk_weights, gate_up_w, down_w, ends, rows_pair, f2s, h, act,
                               y if keep_y else None, u_gu, u_dn, lora_scale, *(lora_gu or (None, None)),
                               *(lora_dn or (None, None)))
         ctx.param_dtypes = tuple(t.dtype if t is not None else None for t in (gu_a, gu_b, dn_a, dn_b))
@@ -290,7 +302,7 @@ class _ExpertsFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, d_out):
-        (hidden, topk_weights, gate_up_w, down_w, ends, rows_pair, rows_token, f2s, h, act, y, u_gu, u_dn,
+        (hidden, topk_weights, gate_up_w, down_w, ends, rows_pair, f2s, h, act, y, u_gu, u_dn,
          lora_scale, gu_a, gu_b_stored, dn_a, dn_b) = ctx.saved_tensors  # the LoRA factors in bf16, gate_up's B stored order
         plan, scaling = ctx.plan, ctx.scaling
         m = plan.module
@@ -298,14 +310,14 @@ class _ExpertsFunction(torch.autograd.Function):
         tokens, top_k = plan.topk_ids.shape
         a_dtype, b_dtype = ctx.param_dtypes[0::2], ctx.param_dtypes[1::2]  # (gate_up, down) each
         d_out16 = d_out.to(torch.bfloat16).contiguous()
-        g = d_out16[rows_token]  # dOut in expert order; rows past the routed ones never read
+        g = dispatch(d_out16, f2s, ends)  # dOut in expert order
         w = topk_weights.reshape(-1)[rows_pair]  # each row's routing weight, fp32
         bwd = "w8a16" if ctx.kernels == "w8a8" else ctx.kernels  # dX reads FP8 weights W8A16 (bf16 dY)
         gemm = kjit.grouped_gemm
         grads = [None] * 11
 
         if needs[2]:  # d topk_weights[t, j] = <dOut[t], y[row(t, j)]>; pairs of other experts 0
-            grads[2] = kjit.moe_combine_backward(d_out16, y, f2s.view(tokens, top_k))
+            grads[2] = kjit.moe_combine_backward(d_out16, y, f2s)
 
         # down: dY = w . g row by row, folded into the narrower operand of each product (act: the forward's, kept
         # where needs[4] or needs[9] asks for it)
@@ -332,7 +344,7 @@ class _ExpertsFunction(torch.autograd.Function):
         d_act = None
         if needs[5]:
             grads[5] = _segment_sum(d_h, ends)
-        a = hidden[rows_token] if (needs[3] or needs[7]) else None
+        a = dispatch(hidden, f2s, ends) if (needs[3] or needs[7]) else None
         if ctx.lora_targets[0]:
             d_u = gemm(d_h, gu_b_stored, ends, weights="e_k_n", offsets_convention=_OFFSETS, row_scale=lora_scale)
             if needs[8]:
@@ -351,7 +363,7 @@ class _ExpertsFunction(torch.autograd.Function):
             d_u = None
         if needs[1]:  # a token's rows summed in order of k (kjit.moe_combine with weights 1): no atomics
             ones = torch.ones(tokens, top_k, dtype=torch.float32, device=d_a.device)
-            grads[1] = kjit.moe_combine(d_a, ones, f2s.view(tokens, top_k), out_dtype=hidden.dtype)
+            grads[1] = kjit.moe_combine(d_a, ones, f2s, out_dtype=hidden.dtype)
         return tuple(grads)
 
 
