@@ -6,9 +6,13 @@ and W8A8's A operand (FP8 codes and scales of those rows):
   kjit quantize + dispatch  kjit.quantize_fp8(x), then its codes and scales dispatched
                             (kjit.torch.training.quantize_dispatched)
 Each pair is checked bit for bit before it is timed; times are medians of alternating rounds (CUDA events
-around back-to-back calls). The limit: a device-to-device copy of the dispatched bytes (out.copy_), measured
-in the same run. Routing: random top-k of E experts, every expert local.
-    python3 tools/bench/bench_moe_dispatch.py [--shapes qwen3,dsv3] [--tokens 256,1024,4096,16384] [--json F]"""
+around back-to-back calls: host overhead included where the GPU waits for it), and for the row copies also
+per call from a CUDA graph of 20 calls (the GPU's time alone). The limit: a device-to-device copy of the
+dispatched bytes (out.copy_), measured in the same run. Routing: random top-k of E experts, every expert local.
+--layer: kjit.torch.MoEExperts (bf16, eager, no gradient) whose copy of the rows above 64 routed rows is
+kjit.moe_dispatch (as shipped) or torch's index (kjit.torch.training.dispatch replaced in this process).
+    python3 tools/bench/bench_moe_dispatch.py [--shapes qwen3,dsv3] [--tokens 256,1024,4096,16384] [--layer]
+        [--json F]"""
 
 import argparse
 
@@ -16,7 +20,7 @@ import torch
 
 import kjit
 import results
-from kjit.torch import training
+from kjit.torch import MoEExperts, training
 from timing import calibrated_timer, interleaved
 
 SHAPES = {"qwen3": ("Qwen3-30B-A3B", 2048, 128, 8), "dsv3": ("DeepSeek-V3 EP8 rank", 7168, 32, 8)}
@@ -30,18 +34,89 @@ def case(hidden, experts, top_k, tokens, seed=0):
     return x, ends, s2f, f2s.view(tokens, top_k)
 
 
+def graph_time(fn, calls=20, replays=20):
+    """Seconds per call of fn replayed from a CUDA graph of `calls` calls: the GPU's time, no host overhead."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()  # warm-up outside the capture (loads the kernel)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e-3 / (calls * replays)
+
+
+def layer_rows(names, token_counts, rounds, seconds):
+    """MoEExperts bf16 forward with kjit.moe_dispatch's copy against torch's index (same process)."""
+    rows = []
+    print("| shape | tokens | MoEExperts, torch index us | MoEExperts, kjit dispatch us | speed |")
+    print("|---|---:|---:|---:|---:|")
+    shipped = training.dispatch
+    for name in names:
+        model, hidden, experts, top_k = SHAPES[name]
+        inter = 768 if name == "qwen3" else 2048
+        g = torch.Generator(device="cuda").manual_seed(1)
+        gate_up = (torch.randn(experts, 2 * inter, hidden, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
+        down = (torch.randn(experts, hidden, inter, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
+        m = MoEExperts(gate_up, down, format="bf16", gate_up_layout="halves", activation="silu_mul")
+        shipped_experts = m._experts_bf16_activations
+        for tokens in token_counts:
+            x = torch.randn(tokens, hidden, device="cuda", generator=g).to(torch.bfloat16)
+            weights, ids = torch.rand(tokens, experts, device="cuda", generator=g).softmax(-1).topk(top_k, dim=1)
+            ids = ids.to(torch.int32)
+
+            def index():
+                """The module as it was: the copy by torch indexing with each row's token (sorted_to_flat's)."""
+                def experts_with_index(hidden, ends, sorted_to_flat, flat_to_sorted, kernels):
+                    training.dispatch = lambda x, *_: x[sorted_to_flat.clamp(min=0).long() // flat_to_sorted.shape[1]]
+                    try:
+                        return shipped_experts(hidden, ends, sorted_to_flat, flat_to_sorted, kernels)
+                    finally:
+                        training.dispatch = shipped
+                m._experts_bf16_activations = experts_with_index
+                try:
+                    return m(x, ids, weights)
+                finally:
+                    del m._experts_bf16_activations
+
+            def dispatch():
+                return m(x, ids, weights)
+
+            assert torch.equal(index().view(torch.int16), dispatch().view(torch.int16))
+            t_index, t_dispatch = interleaved([index, dispatch], rounds,
+                                              timer=calibrated_timer([index, dispatch], seconds))
+            shape = f"MoEExperts bf16, H {hidden}, I {inter}, E {experts}, top {top_k}, {tokens} tokens"
+            print(f"| {model} | {tokens} | {t_index * 1e6:.1f} | {t_dispatch * 1e6:.1f} | "
+                  f"{t_index / t_dispatch:.3f}x |")
+            rows += [{"provider": "MoEExperts, torch index copy", "model": model, "shape": shape, "metric": "time",
+                      "value": round(t_index * 1e6, 2), "unit": "us"},
+                     {"provider": "MoEExperts, kjit dispatch copy", "model": model, "shape": shape, "metric": "time",
+                      "value": round(t_dispatch * 1e6, 2), "unit": "us", "peer": "MoEExperts, torch index copy"}]
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--tokens", default="256,1024,4096,16384")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=0.1)
+    parser.add_argument("--layer", action="store_true", help="also MoEExperts with either copy")
     parser.add_argument("--json")
     args = parser.parse_args()
     rows, limits = [], []
-    print("| shape | tokens | torch index us | kjit dispatch us | speed | copy us | quantize gather us | "
-          "quantize + dispatch us | speed |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| shape | tokens | torch index us | kjit dispatch us | speed | in a graph: torch / kjit us | copy us | "
+          "quantize gather us | quantize + dispatch us | speed |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in args.shapes.split(","):
         model, hidden, experts, top_k = SHAPES[name]
         for tokens in map(int, args.tokens.split(",")):
@@ -64,12 +139,16 @@ def main():
             times = dict(zip(order, interleaved([fns[k] for k in order], args.rounds,
                                                 timer=calibrated_timer(list(fns.values()), args.seconds))))
             us = {k: v * 1e6 for k, v in times.items()}
+            us["torch graph"], us["kjit graph"] = (graph_time(fns[k]) * 1e6 for k in ("torch", "kjit"))
             shape = f"H {hidden}, E {experts}, top {top_k}, {tokens} tokens"
             moved = tokens * top_k * hidden * 2
             print(f"| {model} | {tokens} | {us['torch']:.1f} | {us['kjit']:.1f} | {us['torch'] / us['kjit']:.2f}x | "
-                  f"{us['copy']:.1f} | {us['gather']:.1f} | {us['dispatched']:.1f} | "
+                  f"{us['torch graph']:.1f} / {us['kjit graph']:.1f} | {us['copy']:.1f} | {us['gather']:.1f} | {us['dispatched']:.1f} | "
                   f"{us['gather'] / us['dispatched']:.2f}x |")
             for provider, key, peer in (("torch index", "torch", None), ("kjit dispatch", "kjit", "torch index"),
+                                        ("torch index, in a CUDA graph", "torch graph", None),
+                                        ("kjit dispatch, in a CUDA graph", "kjit graph",
+                                         "torch index, in a CUDA graph"),
                                         ("kjit quantize gather", "gather", None),
                                         ("kjit quantize + dispatch", "dispatched", "kjit quantize gather")):
                 row = {"provider": provider, "model": model, "shape": shape, "metric": "time",
@@ -79,6 +158,8 @@ def main():
                 rows.append(row)
             limits.append({"name": f"D2D copy of the dispatched bytes, {model} {tokens} tokens",
                            "value": round(2 * moved / times["copy"] / 1e12, 3), "unit": "TB/s"})
+    if args.layer:
+        rows += layer_rows(args.shapes.split(","), list(map(int, args.tokens.split(","))), args.rounds, args.seconds)
     if args.json:
         results.write(rows, args.json, "moe_routing", limits=limits,
                       notes="The copy's rate counts read and write bytes.")

@@ -199,6 +199,12 @@ def _bf16(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.bfloat16).contiguous()
 
 
+def _scaled_rows(x: torch.Tensor, row_scale: torch.Tensor) -> torch.Tensor:
+    """bf16 x [rows, n] times fp32 row_scale [rows], rounded once to bf16, in one pass: torch computes a bf16 by
+    fp32 product in fp32 and casts it as it writes `out` (the bits of (x * s).to(bf16) without its fp32 copy)."""
+    return torch.mul(x, row_scale[:, None], out=torch.empty_like(x))
+
+
 def _wgrad(dy, x, ends, dtype):
     """dW = dy^T x per expert in `dtype`: bf16 straight from the kernel (its fp32 sums rounded once, no fp32
     [E, N, K] copy), fp32 otherwise."""
@@ -327,12 +333,12 @@ class _ExpertsFunction(torch.autograd.Function):
             w_scaled = w * scaling
             d_u = gemm(g, dn_b, ends, weights="e_k_n", offsets_convention=_OFFSETS, row_scale=w_scaled)
             d_act = gemm(d_u, dn_a, ends, weights="e_k_n", offsets_convention=_OFFSETS, addend=d_act)
-            if needs[10]:  # (bf16 times fp32 is computed in fp32: the bf16 values exactly, one rounding after)
-                grads[10] = _wgrad(g, (u_dn * w_scaled[:, None]).to(torch.bfloat16), ends, b_dtype[1])
+            if needs[10]:
+                grads[10] = _wgrad(g, _scaled_rows(u_dn, w_scaled), ends, b_dtype[1])
             if needs[9]:
                 grads[9] = _wgrad(d_u, act, ends, a_dtype[1])
         if needs[4]:
-            grads[4] = _wgrad(g, (act * w[:, None]).to(torch.bfloat16), ends, down_w.dtype)
+            grads[4] = _wgrad(g, _scaled_rows(act, w), ends, down_w.dtype)
         if needs[6]:
             grads[6] = _segment_sum(g, ends, w)
         # Dropped at their last use, as in forward: the backward's peak was these [rows, *] tensors still alive
