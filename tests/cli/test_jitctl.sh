@@ -85,7 +85,8 @@ check "8 concurrent precompiles all succeed" test "$all_ok" -eq 1
 check "verify is clean after the concurrent precompiles" "$jitctl" verify
 check "no temp files remain" test -z "$(find "$work/shared-cache" -name '*.tmp*' -print -quit)"
 # 5 dequant kernels + 6 grouped GEMM problems (gate_up with and without the fused activation, each with and
-# without the gather; down with and without the row scale) x 3 sm_90a token-count buckets + routing + combine + 3
+# without the gather; down with and without the row scale) x 3 sm_90a token-count buckets + routing + combine
+# + dispatch + 3
 # fp8 quantize kernels + 3 FP8 GEMM problems x 3 sm_90a buckets (swap AB with 64- and 128-row tiles, rows on M)
 # + 6 W8A16 GEMM problems (gate_up fused over the block scales and not, each with and without the gather; down
 # with and without the row scale) x 3 sm_90a buckets (row tiles of 32, 64, 128) + 5 W4A16 (NVFP4) GEMM problems
@@ -93,7 +94,7 @@ check "no temp files remain" test -z "$(find "$work/shared-cache" -name '*.tmp*'
 # dequant kernels + 2 moe_activation kernels (bf16 and FP8 out) + 4 grouped_gemm_wgrad kernels (gate_up and down,
 # fp32 and bf16 out; one configuration each); the bf16, W8A16, W4A16 and FP8 problems have a fourth bucket each,
 # the decode kernel's (+20).
-check "one entry per kernel" grep -q "^102 entries" <("$jitctl" list)
+check "one entry per kernel" grep -q "^103 entries" <("$jitctl" list)
 check "the model's routing and combine are precompiled" \
   grep -q "moe_routing experts=128 offsets=cumulative_end" <("$jitctl" list)
 
@@ -109,8 +110,8 @@ check "kernels an arch cannot run do not fail the precompile" test "$rc" -eq 0
 # Skipped: 5 fp8 dequant + 3 fp8 quantize kernels + 3 FP8 and 4 W8A16 GEMM problems (one portable
 # configuration each) + 5 W4A16 GEMM problems (one portable configuration each) + 4 NVFP4 quantize kernels
 # (e4m3 scales) + 2 NVFP4 dequant kernels + the FP8-out activation; built: the 6 bf16 GEMM problems' portable
-# kernels, routing, combine, the bf16-out activation and the 4 wgrad kernels.
-check "the summary counts the skipped kernels" grep -q "13 compiled, 0 already cached, 0 failed.*; 29 skipped" "$work/a100.txt"
+# kernels, routing, combine, dispatch, the bf16-out activation and the 4 wgrad kernels.
+check "the summary counts the skipped kernels" grep -q "14 compiled, 0 already cached, 0 failed.*; 29 skipped" "$work/a100.txt"
 check "each skipped kernel is named with the reason" \
   grep -q "needs FP8 tensor cores (compute capability 8.9 or newer); sm_80" "$work/a100.err"
 check "nothing of the skipped families is cached" bash -c "! '$jitctl' list | grep -q 'fp8_'"

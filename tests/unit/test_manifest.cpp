@@ -69,7 +69,7 @@ TEST_CASE("every bundled manifest parses, and the default one includes them all"
   }
   auto all = read_manifest((kBundled / "default.json").string());
   REQUIRE_MESSAGE(all.has_value(), kjit::testing::why(all));
-  CHECK(all->kernels.size() == 190);  // 58 before the manifest checks, 12 fp8 quantize, 18 FP8, 18 W8A16 and 4 W4A16 GEMM
+  CHECK(all->kernels.size() == 195);  // 58 before the manifest checks, 12 fp8 quantize, 18 FP8, 18 W8A16 and 4 W4A16 GEMM
                                      // specs, 7 mx_quantize, 4 MX dequant (NVFP4 K 2048 shared by Qwen3-30B and DeepSeek-V3),
                                      // 6 moe_activation (Qwen3-30B 2, DeepSeek-V3 3, gpt-oss 1), 7 gate_up GEMMs with the
                                      // fused SiLU-and-mul (bf16: 5 models, DeepSeek-V3's 2 expert counts; Qwen3-30B NVFP4)
@@ -78,7 +78,8 @@ TEST_CASE("every bundled manifest parses, and the default one includes them all"
                                      // entries again with the gather: DeepSeek-V3 8, GLM 4, gpt-oss 2, Mixtral 2, Qwen3-235B 4,
                                      // Qwen3-30B 6), and 16 grouped_gemm_wgrad (fp32 and bf16 out: Qwen3-30B 4,
                                      // DeepSeek-V3 EP8 4, gpt-oss 128 and 32 experts 8), and 10 DeepSeek-V3 TP8 problems of the
-                                     // decode kernel (E 256, gate_up N 512 K 7168, down N 7168 K 256: bf16 6, W8A16 4)
+                                     // decode kernel (E 256, gate_up N 512 K 7168, down N 7168 K 256: bf16 6, W8A16 4),
+                                     // and 5 dispatch kernels (hidden and top k: Qwen3-235B's and GLM's the same)
   CHECK(all->kernels.size() <= union_size);  // duplicates across models merged
 }
 
@@ -101,7 +102,7 @@ TEST_CASE("the bundled manifests are compiled in, found by name, and equal to th
   // load_manifest: a path is a file, a bare name the bundled manifest.
   auto by_name = kjit::tools::load_manifest("default");
   REQUIRE_MESSAGE(by_name.has_value(), kjit::testing::why(by_name));
-  CHECK(by_name->kernels.size() == 190);
+  CHECK(by_name->kernels.size() == 195);
   auto by_path = kjit::tools::load_manifest((kBundled / "mixtral-8x7b.json").string());
   CHECK_MESSAGE(by_path.has_value(), kjit::testing::why(by_path));
 }
