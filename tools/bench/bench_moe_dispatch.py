@@ -4,13 +4,15 @@
 and W8A8's A operand (FP8 codes and scales of those rows):
   kjit quantize gather      kjit.quantize_fp8(x, gather=(sorted_to_flat, top_k))
   kjit quantize + dispatch  kjit.quantize_fp8(x), then its codes and scales dispatched
-                            (kjit.torch.training.quantize_dispatched)
+                            (kjit.torch.training.quantize_rows_in_expert_order with its size rule off)
 Each pair is checked bit for bit before it is timed; times are medians of alternating rounds (CUDA events
 around back-to-back calls: host overhead included where the GPU waits for it), and for the row copies also
 per call from a CUDA graph of 20 calls (the GPU's time alone). The limit: a device-to-device copy of the
 dispatched bytes (out.copy_), measured in the same run. Routing: random top-k of E experts, every expert local.
---layer: kjit.torch.MoEExperts (bf16, eager, no gradient) whose copy of the rows above 64 routed rows is
-kjit.moe_dispatch (as shipped) or torch's index (kjit.torch.training.dispatch replaced in this process).
+--layer: kjit.torch.MoEExperts (eager, no gradient): bf16, whose copy of the rows above 64 routed rows is
+kjit.moe_dispatch (as shipped) or torch's index (kjit.torch.training.dispatch replaced in this process); and
+fp8_block (W8A8), its A quantized by the quantizer's gather or per token and dispatched (the size rule,
+training.QUANTIZE_DISPATCHED_MIN_BYTES, set to never or always in this process).
     python3 tools/bench/bench_moe_dispatch.py [--shapes qwen3,dsv3] [--tokens 256,1024,4096,16384] [--layer]
         [--json F]"""
 
@@ -101,7 +103,44 @@ def layer_rows(names, token_counts, rounds, seconds):
                       "value": round(t_index * 1e6, 2), "unit": "us"},
                      {"provider": "MoEExperts, kjit dispatch copy", "model": model, "shape": shape, "metric": "time",
                       "value": round(t_dispatch * 1e6, 2), "unit": "us", "peer": "MoEExperts, torch index copy"}]
+            rows += w8a8_layer_rows(model, gate_up, down, x, ids, weights, rounds, seconds)
     return rows
+
+
+def w8a8_layer_rows(model, gate_up, down, x, ids, weights, rounds, seconds):
+    """MoEExperts fp8_block (W8A8) with its A by the quantizer's gather against quantized per token + dispatched."""
+    experts, hidden, inter = gate_up.shape[0], gate_up.shape[2], down.shape[2]
+    g = torch.Generator(device="cuda").manual_seed(2)
+
+    def scales(n, k):
+        return torch.rand(experts, -(-n // 128), -(-k // 128), device="cuda", generator=g) * 0.01 + 0.005
+
+    m = MoEExperts((gate_up.float() * 50).to(torch.float8_e4m3fn), (down.float() * 50).to(torch.float8_e4m3fn),
+                   format="fp8_block", gate_up_scale=scales(2 * inter, hidden), down_scale=scales(hidden, inter),
+                   scale_convention="multiply", gate_up_layout="halves", activation="silu_mul", w8a8_min_rows=1)
+    shipped = training.QUANTIZE_DISPATCHED_MIN_BYTES
+
+    def with_rule(limit):
+        def run():
+            training.QUANTIZE_DISPATCHED_MIN_BYTES = limit
+            try:
+                return m(x, ids, weights)
+            finally:
+                training.QUANTIZE_DISPATCHED_MIN_BYTES = shipped
+        return run
+
+    gathered, dispatched = with_rule(1 << 62), with_rule(0)
+    assert torch.equal(gathered().view(torch.int16), dispatched().view(torch.int16))
+    t_g, t_d = interleaved([gathered, dispatched], rounds, timer=calibrated_timer([gathered, dispatched], seconds))
+    tokens = x.shape[0]
+    shape = f"MoEExperts fp8_block W8A8, H {hidden}, I {inter}, E {experts}, top {ids.shape[1]}, {tokens} tokens"
+    print(f"| {model} W8A8 | {tokens} | quantizer's gather {t_g * 1e6:.1f} | per token + dispatch {t_d * 1e6:.1f} | "
+          f"{t_g / t_d:.3f}x |")
+    return [{"provider": "MoEExperts W8A8, quantizer's gather", "model": model, "shape": shape, "metric": "time",
+             "value": round(t_g * 1e6, 2), "unit": "us"},
+            {"provider": "MoEExperts W8A8, quantized per token + dispatch", "model": model, "shape": shape,
+             "metric": "time", "value": round(t_d * 1e6, 2), "unit": "us",
+             "peer": "MoEExperts W8A8, quantizer's gather"}]
 
 
 def main():
@@ -114,6 +153,8 @@ def main():
     parser.add_argument("--json")
     args = parser.parse_args()
     rows, limits = [], []
+    shipped_rule = training.QUANTIZE_DISPATCHED_MIN_BYTES
+    training.QUANTIZE_DISPATCHED_MIN_BYTES = 0  # the per-token path at every size (the rule is what this measures)
     print("| shape | tokens | torch index us | kjit dispatch us | speed | in a graph: torch / kjit us | copy us | "
           "quantize gather us | quantize + dispatch us | speed |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -129,7 +170,7 @@ def main():
                 "kjit": lambda: kjit.moe_dispatch(x, f2s, valid_rows=ends[-1:], out=out),
                 "copy": lambda: out.copy_(src),
                 "gather": lambda: kjit.quantize_fp8(x, gather=(s2f, top_k)),
-                "dispatched": lambda: training.quantize_dispatched(x, s2f, f2s, ends),
+                "dispatched": lambda: training.quantize_rows_in_expert_order(x, s2f, f2s, ends),
             }
             assert torch.equal(fns["kjit"]().view(torch.int16), fns["torch"]().view(torch.int16))
             (c1, s1), (c2, s2) = fns["gather"](), fns["dispatched"]()
@@ -158,6 +199,7 @@ def main():
                 rows.append(row)
             limits.append({"name": f"D2D copy of the dispatched bytes, {model} {tokens} tokens",
                            "value": round(2 * moved / times["copy"] / 1e12, 3), "unit": "TB/s"})
+    training.QUANTIZE_DISPATCHED_MIN_BYTES = shipped_rule
     if args.layer:
         rows += layer_rows(args.shapes.split(","), list(map(int, args.tokens.split(","))), args.rounds, args.seconds)
     if args.json:

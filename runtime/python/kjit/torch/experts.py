@@ -507,7 +507,7 @@ class MoEExperts(torch.nn.Module):
             offsets_convention=_OFFSETS)
         kernels = self.kernels_for(tokens, top_k)
         if kernels == "w8a8":
-            y = self._experts_w8a8(hidden, ends, sorted_to_flat, top_k)
+            y = self._experts_w8a8(hidden, ends, sorted_to_flat, flat_to_sorted.view(tokens, top_k))
         else:
             y = self._experts_bf16_activations(hidden, ends, sorted_to_flat, flat_to_sorted.view(tokens, top_k),
                                                kernels)
@@ -585,11 +585,13 @@ class MoEExperts(torch.nn.Module):
                               out_dtype=self._gemm_out_dtype(self.down_bias), **self._weight_args("down", kernels))
         return self._add_bias(y, self.down_bias, row_experts)
 
-    def _experts_w8a8(self, hidden, ends, sorted_to_flat, top_k: int):
-        """FP8 activations through both GEMMs: kjit.quantize_fp8 gathers and
-        quantizes the rows in one pass, the activation writes FP8 codes and
-        scales for the down GEMM."""
-        a, a_scale = kjit.quantize_fp8(hidden, gather=(sorted_to_flat, top_k))
+    def _experts_w8a8(self, hidden, ends, sorted_to_flat, flat_to_sorted):
+        """FP8 activations through both GEMMs: the tokens' rows quantized in
+        expert order (training.quantize_rows_in_expert_order: kjit.quantize_fp8
+        gathering them, or for many tokens quantizing each once, its codes and
+        scales dispatched), the activation writes FP8 codes and scales for the
+        down GEMM."""
+        a, a_scale = training.quantize_rows_in_expert_order(hidden, sorted_to_flat, flat_to_sorted, ends)
         row_experts = self._row_experts(ends, a.shape[0]) if self.gate_up_bias is not None or \
             self.down_bias is not None else None
         h = kjit.grouped_gemm(a, self.gate_up_weight, ends, offsets_convention=_OFFSETS, a_scale=a_scale,
@@ -634,7 +636,8 @@ class MoEExperts(torch.nn.Module):
         for kernels in sorted({self.kernels_for(1, top_k), self.kernels_for(max_tokens, top_k)}):
             first, last = self._tokens_running(kernels, top_k, max_tokens)
             gathering = {tokens * top_k <= GATHER_MAX_ROWS for tokens in (first, last)}
-            self._prepare_kernels(kernels, device, top_k, gathering)
+            self._prepare_kernels(kernels, device, top_k, gathering,
+                                  dispatched=training.quantizes_dispatched(last, self.hidden_size))
             if backward:
                 self._prepare_training(kernels, device, top_k, lora)
         if lora is not None:
@@ -647,7 +650,7 @@ class MoEExperts(torch.nn.Module):
             out = torch.empty(1, self.hidden_size, dtype=dtype, device=device)
             kjit.prepare_moe_combine(expert_out, weights, flat_to_sorted, out)
 
-    def _prepare_kernels(self, kernels: str, device, top_k: int, gathering: set) -> None:
+    def _prepare_kernels(self, kernels: str, device, top_k: int, gathering: set, dispatched: bool) -> None:
         h, i, e = self.hidden_size, self.intermediate_size, self.experts_local
         ends = torch.full((e,), top_k, dtype=torch.int32, device=device)  # every row in the last expert
         a_dtype = torch.float8_e4m3fn if kernels == "w8a8" else torch.bfloat16
@@ -659,6 +662,8 @@ class MoEExperts(torch.nn.Module):
             gather = (torch.arange(top_k, dtype=torch.int32, device=device), top_k)
             a_scale = torch.zeros(top_k, h // _FP8_BLOCK, dtype=torch.float32, device=device)
             kjit.prepare_quantize_fp8(x, a, a_scale, gather=gather)
+            if dispatched:  # training.quantize_rows_in_expert_order for the largest batches
+                self._prepare_quantize_dispatched(device, top_k)
             scales = {"gate_up": a_scale,
                       "down": torch.zeros(top_k, i // _FP8_BLOCK, dtype=torch.float32, device=device)}
         # bf16 activations: the gate_up GEMM gathering the tokens' rows itself (small batches), or not.
@@ -689,6 +694,15 @@ class MoEExperts(torch.nn.Module):
             kjit.moe_activation(gate_up, out_dtype=out_dtype, valid_rows=valid_rows, **extra,
                                 **self._activation_args())
 
+    def _prepare_quantize_dispatched(self, device, top_k: int) -> None:
+        """The quantizer without a gather over the tokens, and the dispatch of its codes and scales."""
+        h = self.hidden_size
+        x = torch.zeros(1, h, dtype=torch.bfloat16, device=device)
+        kjit.prepare_quantize_fp8(x, torch.empty(1, h, dtype=torch.float8_e4m3fn, device=device),
+                                  torch.empty(1, h // _FP8_BLOCK, dtype=torch.float32, device=device))
+        self._prepare_dispatch(device, top_k, h, torch.float8_e4m3fn)
+        self._prepare_dispatch(device, top_k, h // _FP8_BLOCK, torch.float32)
+
     def _prepare_dispatch(self, device, top_k: int, columns: Optional[int] = None, dtype=torch.bfloat16) -> None:
         columns = columns or self.hidden_size
         x = torch.zeros(1, columns, dtype=dtype, device=device)
@@ -714,13 +728,9 @@ class MoEExperts(torch.nn.Module):
             ("down", rows(i, forward_a), rows(h, out_dtype["down"]), "e_n_k", None, kernels),
             ("gate_up", rows(2 * i), rows(h), "e_k_n", None, backward),
             ("down", rows(h), rows(i), "e_k_n", row_scale, backward)]
-        if kernels == "w8a8":  # the quantizer without a gather (the activation's; the tokens' then dispatched)
-            for k in (i, h):
-                kjit.prepare_quantize_fp8(rows(k), rows(k, torch.float8_e4m3fn),
-                                          torch.zeros(top_k, k // _FP8_BLOCK, dtype=torch.float32, device=device))
-            if h % 512 == 0:  # training.quantize_dispatched
-                self._prepare_dispatch(device, top_k, h, torch.float8_e4m3fn)
-                self._prepare_dispatch(device, top_k, h // _FP8_BLOCK, torch.float32)
+        if kernels == "w8a8":  # the quantizer without a gather (the activation's)
+            kjit.prepare_quantize_fp8(rows(i), rows(i, torch.float8_e4m3fn),
+                                      torch.zeros(top_k, i // _FP8_BLOCK, dtype=torch.float32, device=device))
         for which, a, out, weights, scale, kset in gemms:
             w = getattr(self, f"{which}_weight")
             args = self._weight_args(which, kset)

@@ -178,12 +178,24 @@ def pair_of_row(sorted_to_flat: torch.Tensor) -> torch.Tensor:
     return sorted_to_flat.clamp(min=0).long()
 
 
-def quantize_dispatched(hidden, sorted_to_flat, flat_to_sorted, ends):
-    """W8A8's A: FP8 codes and scales of the tokens' rows in expert order. Each token is quantized once and its
-    codes and scales dispatched (kjit.quantize_fp8's gather would reread every token top_k times): the same bits,
-    since a row's quantization reads only that row. Rows whose scales are not a multiple of 16 bytes (H not a
-    multiple of 512) take the quantizer's gather."""
-    if hidden.shape[1] % 512 != 0:
+# The tokens' bf16 bytes from which W8A8's A is quantized per token and dispatched instead of gathered by the
+# quantizer, which rereads every token top_k times: from DRAM once the tokens outgrow L2. On an H200 (50 MB of
+# L2; tools/bench/bench_moe_dispatch.py, docs/decisions/0021) the gather was 1.8-2.3x faster at 15-17 MB of tokens
+# (one launch against three), quantize + dispatch 1.7-2.1x faster from 59 MB.
+QUANTIZE_DISPATCHED_MIN_BYTES = 32 << 20
+
+
+def quantizes_dispatched(tokens: int, hidden: int) -> bool:
+    """Whether quantize_rows_in_expert_order quantizes per token and dispatches (rows of scales a multiple of 16
+    bytes: H a multiple of 512)."""
+    return hidden % 512 == 0 and tokens * hidden * 2 >= QUANTIZE_DISPATCHED_MIN_BYTES
+
+
+def quantize_rows_in_expert_order(hidden, sorted_to_flat, flat_to_sorted, ends):
+    """W8A8's A: FP8 codes and scales of the tokens' rows in expert order (rows past the routed ones zeros), by the
+    quantizer's gather or, for many tokens (quantizes_dispatched), each token quantized once and its codes and
+    scales dispatched: the same bits, since a row's quantization reads only that row."""
+    if not quantizes_dispatched(hidden.shape[0], hidden.shape[1]):
         return kjit.quantize_fp8(hidden, gather=(sorted_to_flat, flat_to_sorted.shape[1]))
     codes, scales = kjit.quantize_fp8(hidden)
     return dispatch(codes, flat_to_sorted, ends), dispatch(scales, flat_to_sorted, ends)
@@ -255,7 +267,7 @@ class _ExpertsFunction(torch.autograd.Function):
         out_gu = torch.float32 if gate_up_bias is not None or lora_gu is not None else None
         out_dn = torch.float32 if down_bias is not None or lora_dn is not None else None
         if kernels == "w8a8":
-            a8, a_scale = quantize_dispatched(hidden, s2f, f2s, ends)
+            a8, a_scale = quantize_rows_in_expert_order(hidden, s2f, f2s, ends)
             h = kjit.grouped_gemm(a8, gate_up_w, ends, offsets_convention=_OFFSETS, a_scale=a_scale,
                                   out_dtype=out_gu, **m._weight_args("gate_up", "w8a8"))
             a8 = a_scale = None
