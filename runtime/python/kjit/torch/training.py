@@ -179,10 +179,11 @@ def pair_of_row(sorted_to_flat: torch.Tensor) -> torch.Tensor:
 
 
 # The tokens' bf16 bytes from which W8A8's A is quantized per token and dispatched instead of gathered by the
-# quantizer, which rereads every token top_k times: from DRAM once the tokens outgrow L2. On an H200 (50 MB of
-# L2; tools/bench/bench_moe_dispatch.py, docs/decisions/0021) the gather was 1.8-2.3x faster at 15-17 MB of tokens
-# (one launch against three), quantize + dispatch 1.7-2.1x faster from 59 MB.
-QUANTIZE_DISPATCHED_MIN_BYTES = 32 << 20
+# quantizer, which rereads every token top_k times (from DRAM once the tokens outgrow L2) but is one launch, not
+# three. MoEExperts W8A8 on an H200 (tools/bench/bench_moe_dispatch.py --layer, docs/decisions/0021): per token +
+# dispatch 0.82x at 4 MiB of tokens (Qwen3, 1024 tokens: the two launches' host time shows), 1.02-1.05x at 14-16
+# MiB, 1.03-1.09x from 56 MiB.
+QUANTIZE_DISPATCHED_MIN_BYTES = 12 << 20
 
 
 def quantizes_dispatched(tokens: int, hidden: int) -> bool:
