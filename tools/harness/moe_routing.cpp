@@ -98,6 +98,19 @@ Expected<int64_t> check_moe_routing(Runtime& runtime, DeviceState& device, const
   return *one_block + *many_blocks;
 }
 
+// The routing of random ids over 8 experts that one rank, local experts [2, 6), keeps: about half the (t, j)
+// are -1; token 0 has all its pairs on this rank, token 1 none.
+static reference::MoeRouting one_rank_routing(int64_t tokens, int64_t top_k, std::mt19937_64& rng) {
+  std::vector<int32_t> ids(static_cast<size_t>(tokens * top_k));
+  std::uniform_int_distribution<int32_t> any(0, 7);
+  for (auto& id : ids) id = any(rng);
+  for (int64_t j = 0; j < top_k; ++j) {
+    ids[static_cast<size_t>(j)] = static_cast<int32_t>(2 + j % 4);            // token 0: all local
+    ids[static_cast<size_t>(top_k + j)] = static_cast<int32_t>(j % 2 ? 7 : 0);  // token 1: all on other ranks
+  }
+  return reference::moe_routing(ids, 2, 4, KJIT_OFFSETS_CUMULATIVE_END);
+}
+
 // Runs a combine kind once on the mapping a routing of random ids leaves on
 // one rank (local experts [2, 6) of 8: about half the (t, j) are -1) and
 // returns the number of output elements off the reference, to the GPU tests'
@@ -108,20 +121,13 @@ Expected<int64_t> check_moe_combine(Runtime& runtime, DeviceState& device, const
                                     std::mt19937_64& rng) {
   const DriverApi& api = **runtime.driver();
   const int64_t tokens = 37, top_k = spec.top_k, hidden = spec.hidden;
-  std::vector<int32_t> ids(static_cast<size_t>(tokens * top_k));
-  std::uniform_int_distribution<int32_t> any(0, 7);
-  for (auto& id : ids) id = any(rng);
-  for (int64_t j = 0; j < top_k; ++j) {
-    ids[static_cast<size_t>(j)] = static_cast<int32_t>(2 + j % 4);            // token 0: all local
-    ids[static_cast<size_t>(top_k + j)] = static_cast<int32_t>(j % 2 ? 7 : 0);  // token 1: all on other ranks
-  }
-  const auto routing = reference::moe_routing(ids, 2, 4, KJIT_OFFSETS_CUMULATIVE_END);
+  const auto routing = one_rank_routing(tokens, top_k, rng);
   const int64_t rows = routing.offsets.back();  // >= top_k: token 0's rows
 
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<uint16_t> x(static_cast<size_t>(rows * hidden));
   fill_random(x, rng, [&](std::mt19937_64& r) { return bf16_bits(normal(r)); });
-  std::vector<float> weights(ids.size());
+  std::vector<float> weights(routing.flat_to_sorted.size());
   std::uniform_real_distribution<float> weight(0.1f, 1.0f);
   for (auto& w : weights) w = weight(rng);
   const kjit_dtype out_dtype = spec.out == codegen::DType::f32 ? KJIT_DTYPE_F32 : KJIT_DTYPE_BF16;
@@ -194,14 +200,7 @@ Expected<int64_t> check_moe_dispatch(Runtime& runtime, DeviceState& device, cons
                                      std::mt19937_64& rng) {
   const DriverApi& api = **runtime.driver();
   const int64_t tokens = 37, top_k = spec.top_k, hidden = spec.hidden, rows = tokens * top_k;
-  std::vector<int32_t> ids(static_cast<size_t>(rows));
-  std::uniform_int_distribution<int32_t> any(0, 7);
-  for (auto& id : ids) id = any(rng);
-  for (int64_t j = 0; j < top_k; ++j) {
-    ids[static_cast<size_t>(j)] = static_cast<int32_t>(2 + j % 4);            // token 0: all local
-    ids[static_cast<size_t>(top_k + j)] = static_cast<int32_t>(j % 2 ? 7 : 0);  // token 1: all on other ranks
-  }
-  const auto routing = reference::moe_routing(ids, 2, 4, KJIT_OFFSETS_CUMULATIVE_END);
+  const auto routing = one_rank_routing(tokens, top_k, rng);
   const int32_t routed = routing.offsets.back();  // < rows: token 1's pairs went elsewhere
 
   std::normal_distribution<float> normal(0.0f, 1.0f);
