@@ -136,6 +136,8 @@ TEST_CASE_FIXTURE(QuantizeFixture, "the gather needs sorted_to_flat exactly when
   gather();
   desc.tokens = int64_t{1} << 30;
   expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "tokens * top_k must fit in int32");
+  desc.tokens = desc.top_k = int64_t{1} << 40;  // a product past int64, refused all the same
+  expect_rejected(KJIT_ERROR_INVALID_ARGUMENT, "tokens * top_k must fit in int32");
   gather();
   auto plan = kjit::ops::plan_fp8_quantize(desc);
   REQUIRE(plan.has_value());

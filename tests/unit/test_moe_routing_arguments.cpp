@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "fake_driver.hpp"
 #include "kjit/internal/ops/moe_routing.hpp"
@@ -31,6 +32,16 @@ TEST_CASE_FIXTURE(FakeRuntimeFixture, "routing and combine argument errors are n
   REQUIRE_FALSE(bad_range.has_value());
   CHECK(bad_range.error().message.find("this rank's experts [56, 72) must lie in [0, experts_total = 64)") !=
         std::string::npos);
+  // tokens * top_k past int32 is refused, also where the product would overflow int64
+  for (const auto& [tokens, top_k] : {std::pair<int64_t, int64_t>{INT32_MAX / 2 + 1, 2},
+                                      std::pair<int64_t, int64_t>{INT64_C(1) << 40, INT64_C(1) << 40}}) {
+    kjit_moe_routing_desc big = r;
+    big.tokens = tokens;
+    big.top_k = top_k;
+    const auto refused = kjit::ops::plan_moe_routing_shapes(big);
+    REQUIRE_FALSE(refused.has_value());
+    CHECK(refused.error().message.find("tokens * top_k must fit in int32") != std::string::npos);
+  }
   r.expert_base = 48;
   r.counts = nullptr;
   auto no_counts = kjit::ops::moe_routing(runtime, r, fake_stream(0));

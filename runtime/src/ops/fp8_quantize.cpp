@@ -52,7 +52,7 @@ Expected<Fp8QuantizePlan> plan_fp8_quantize_shapes(const kjit_fp8_quantize_desc&
                                d.in_row_stride, d.k));
   if (spec.gather) {
     if (d.tokens < 0) return invalid(fmt::format("tokens must be >= 0, got {}", d.tokens));
-    if (d.tokens * d.top_k > INT32_MAX)
+    if (d.tokens > 0 && d.top_k > INT32_MAX / d.tokens)  // divided: the product could overflow int64
       return invalid("tokens * top_k must fit in int32 (the type of sorted_to_flat)");
     if (d.rows > INT32_MAX) return invalid("rows must fit in int32 (the rows of sorted_to_flat)");
   } else if (d.sorted_to_flat != nullptr || d.tokens != 0) {

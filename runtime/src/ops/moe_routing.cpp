@@ -22,7 +22,9 @@ Expected<codegen::MoeRoutingSpec> plan_moe_routing_shapes(const kjit_moe_routing
   if (d.struct_size < sizeof(kjit_moe_routing_desc))
     return invalid("desc.struct_size is too small: call kjit_moe_routing_desc_init first");
   if (d.tokens < 0 || d.top_k < 1) return invalid(fmt::format("need tokens >= 0 and top_k >= 1, got {} and {}", d.tokens, d.top_k));
-  if (d.tokens * d.top_k > INT32_MAX) return invalid("tokens * top_k must fit in int32 (the permutation's type)");
+  // Divided, not multiplied: top_k is not bounded here, and the product could overflow int64.
+  if (d.tokens > 0 && d.top_k > INT32_MAX / d.tokens)
+    return invalid("tokens * top_k must fit in int32 (the permutation's type)");
   if (d.expert_base < 0 || d.expert_base + d.experts_local > d.experts_total)
     return invalid(fmt::format("this rank's experts [{}, {}) must lie in [0, experts_total = {})", d.expert_base,
                                d.expert_base + d.experts_local, d.experts_total));
