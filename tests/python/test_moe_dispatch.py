@@ -115,25 +115,25 @@ def test_dispatch_replays_in_a_cuda_graph_with_new_routing():
 @pytest.mark.parametrize("tokens,hidden,experts_local", [(1, 2048, 128), (700, 7168, 8), (4096, 2048, 128)])
 def test_quantized_then_dispatched_rows_are_the_quantizers_gathered_rows(monkeypatch, tokens, hidden,
                                                                          experts_local):
-    """training.quantize_rows_in_expert_order's per-token path (each token quantized once, codes and scales
+    """expert_order.quantize_rows_in_expert_order's per-token path (each token quantized once, codes and scales
     dispatched; forced at every size here) against kjit.quantize_fp8's gather: the same codes and scales bit for
     bit, zeros past the routed rows in both."""
-    from kjit.torch import training
+    from kjit.torch import expert_order
 
-    monkeypatch.setattr(training, "QUANTIZE_DISPATCHED_MIN_BYTES", 0)
+    monkeypatch.setattr(expert_order, "QUANTIZE_DISPATCHED_MIN_BYTES", 0)
     ends, s2f, f2s = _routing(tokens, 8, 128, 0, experts_local, seed=tokens + 1)
     x = (torch.randn(tokens, hidden, device="cuda") * torch.rand(tokens, 1, device="cuda") * 10).to(bf16)
-    assert training.quantizes_dispatched(tokens, hidden)
-    codes, scales = training.quantize_rows_in_expert_order(x, s2f, f2s, ends)
+    assert expert_order.quantizes_dispatched(tokens, hidden)
+    codes, scales = expert_order.quantize_rows_in_expert_order(x, s2f, f2s, ends)
     want_codes, want_scales = kjit.quantize_fp8(x, gather=(s2f, 8))
     assert torch.equal(codes.view(torch.uint8), want_codes.view(torch.uint8))
     assert torch.equal(scales.view(torch.int32), want_scales.view(torch.int32))
 
 
 def test_the_quantizer_gathers_below_the_size_rule_and_dispatches_above():
-    from kjit.torch import training
+    from kjit.torch import expert_order
 
-    limit = training.QUANTIZE_DISPATCHED_MIN_BYTES
-    assert not training.quantizes_dispatched(limit // (2 * 2048) - 1, 2048)
-    assert training.quantizes_dispatched(limit // (2 * 2048), 2048)
-    assert not training.quantizes_dispatched(1 << 20, 2880)  # scale rows of 90 bytes: not 16-byte copies
+    limit = expert_order.QUANTIZE_DISPATCHED_MIN_BYTES
+    assert not expert_order.quantizes_dispatched(limit // (2 * 2048) - 1, 2048)
+    assert expert_order.quantizes_dispatched(limit // (2 * 2048), 2048)
+    assert not expert_order.quantizes_dispatched(1 << 20, 2880)  # scale rows of 90 bytes: not 16-byte copies

@@ -4,15 +4,15 @@
 and W8A8's A operand (FP8 codes and scales of those rows):
   kjit quantize gather      kjit.quantize_fp8(x, gather=(sorted_to_flat, top_k))
   kjit quantize + dispatch  kjit.quantize_fp8(x), then its codes and scales dispatched
-                            (kjit.torch.training.quantize_rows_in_expert_order with its size rule off)
+                            (kjit.torch.expert_order.quantize_rows_in_expert_order with its size rule off)
 Each pair is checked bit for bit before it is timed; times are medians of alternating rounds (CUDA events
 around back-to-back calls: host overhead included where the GPU waits for it), and for the row copies also
 per call from a CUDA graph of 20 calls (the GPU's time alone). The limit: a device-to-device copy of the
 dispatched bytes (out.copy_), measured in the same run. Routing: random top-k of E experts, every expert local.
 --layer: kjit.torch.MoEExperts (eager, no gradient): bf16, whose copy of the rows above 64 routed rows is
-kjit.moe_dispatch (as shipped) or torch's index (kjit.torch.training.dispatch replaced in this process); and
+kjit.moe_dispatch (as shipped) or torch's index (kjit.torch.expert_order.dispatch replaced in this process); and
 fp8_block (W8A8), its A quantized by the quantizer's gather or per token and dispatched (the size rule,
-training.QUANTIZE_DISPATCHED_MIN_BYTES, set to never or always in this process).
+expert_order.QUANTIZE_DISPATCHED_MIN_BYTES, set to never or always in this process).
     python3 tools/bench/bench_moe_dispatch.py [--shapes qwen3,dsv3] [--tokens 256,1024,4096,16384] [--layer]
         [--json F]"""
 
@@ -22,7 +22,7 @@ import torch
 
 import kjit
 import results
-from kjit.torch import MoEExperts, training
+from kjit.torch import MoEExperts, expert_order
 from timing import calibrated_timer, interleaved
 
 SHAPES = {"qwen3": ("Qwen3-30B-A3B", 2048, 128, 8), "dsv3": ("DeepSeek-V3 EP8 rank", 7168, 32, 8)}
@@ -62,7 +62,7 @@ def layer_rows(names, token_counts, rounds, seconds):
     rows = []
     print("| shape | tokens | MoEExperts, torch index us | MoEExperts, kjit dispatch us | speed |")
     print("|---|---:|---:|---:|---:|")
-    shipped = training.dispatch
+    shipped = expert_order.dispatch
     for name in names:
         model, hidden, experts, top_k = SHAPES[name]
         inter = 768 if name == "qwen3" else 2048
@@ -79,11 +79,11 @@ def layer_rows(names, token_counts, rounds, seconds):
             def index():
                 """The module as it was: the copy by torch indexing with each row's token (sorted_to_flat's)."""
                 def experts_with_index(hidden, ends, sorted_to_flat, flat_to_sorted, kernels):
-                    training.dispatch = lambda x, *_: x[sorted_to_flat.clamp(min=0).long() // flat_to_sorted.shape[1]]
+                    expert_order.dispatch = lambda x, *_: x[sorted_to_flat.clamp(min=0).long() // flat_to_sorted.shape[1]]
                     try:
                         return shipped_experts(hidden, ends, sorted_to_flat, flat_to_sorted, kernels)
                     finally:
-                        training.dispatch = shipped
+                        expert_order.dispatch = shipped
                 m._experts_bf16_activations = experts_with_index
                 try:
                     return m(x, ids, weights)
@@ -118,15 +118,15 @@ def w8a8_layer_rows(model, gate_up, down, x, ids, weights, rounds, seconds):
     m = MoEExperts((gate_up.float() * 50).to(torch.float8_e4m3fn), (down.float() * 50).to(torch.float8_e4m3fn),
                    format="fp8_block", gate_up_scale=scales(2 * inter, hidden), down_scale=scales(hidden, inter),
                    scale_convention="multiply", gate_up_layout="halves", activation="silu_mul", w8a8_min_rows=1)
-    shipped = training.QUANTIZE_DISPATCHED_MIN_BYTES
+    shipped = expert_order.QUANTIZE_DISPATCHED_MIN_BYTES
 
     def with_rule(limit):
         def run():
-            training.QUANTIZE_DISPATCHED_MIN_BYTES = limit
+            expert_order.QUANTIZE_DISPATCHED_MIN_BYTES = limit
             try:
                 return m(x, ids, weights)
             finally:
-                training.QUANTIZE_DISPATCHED_MIN_BYTES = shipped
+                expert_order.QUANTIZE_DISPATCHED_MIN_BYTES = shipped
         return run
 
     gathered, dispatched = with_rule(1 << 62), with_rule(0)
@@ -153,8 +153,8 @@ def main():
     parser.add_argument("--json")
     args = parser.parse_args()
     rows, limits = [], []
-    shipped_rule = training.QUANTIZE_DISPATCHED_MIN_BYTES
-    training.QUANTIZE_DISPATCHED_MIN_BYTES = 0  # the per-token path at every size (the rule is what this measures)
+    shipped_rule = expert_order.QUANTIZE_DISPATCHED_MIN_BYTES
+    expert_order.QUANTIZE_DISPATCHED_MIN_BYTES = 0  # the per-token path at every size (the rule is what this measures)
     print("| shape | tokens | torch index us | kjit dispatch us | speed | in a graph: torch / kjit us | copy us | "
           "quantize gather us | quantize + dispatch us | speed |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -170,7 +170,7 @@ def main():
                 "kjit": lambda: kjit.moe_dispatch(x, f2s, valid_rows=ends[-1:], out=out),
                 "copy": lambda: out.copy_(src),
                 "gather": lambda: kjit.quantize_fp8(x, gather=(s2f, top_k)),
-                "dispatched": lambda: training.quantize_rows_in_expert_order(x, s2f, f2s, ends),
+                "dispatched": lambda: expert_order.quantize_rows_in_expert_order(x, s2f, f2s, ends),
             }
             assert torch.equal(fns["kjit"]().view(torch.int16), fns["torch"]().view(torch.int16))
             (c1, s1), (c2, s2) = fns["gather"](), fns["dispatched"]()
@@ -199,7 +199,7 @@ def main():
                 rows.append(row)
             limits.append({"name": f"D2D copy of the dispatched bytes, {model} {tokens} tokens",
                            "value": round(2 * moved / times["copy"] / 1e12, 3), "unit": "TB/s"})
-    training.QUANTIZE_DISPATCHED_MIN_BYTES = shipped_rule
+    expert_order.QUANTIZE_DISPATCHED_MIN_BYTES = shipped_rule
     if args.layer:
         rows += layer_rows(args.shapes.split(","), list(map(int, args.tokens.split(","))), args.rounds, args.seconds)
     if args.json:

@@ -25,7 +25,7 @@ import torch
 import kjit
 from kjit._args import check_choice as _check_choice, check_tensor as _check_tensor, mx_codes as _mx_codes
 from kjit._library import invalid as _invalid
-from . import training
+from . import expert_order, training
 from .training import MoELoRA
 
 FORMATS = ("bf16", "fp8_block", "fp8_channel", "nvfp4", "mxfp4")
@@ -569,7 +569,7 @@ class MoEExperts(torch.nn.Module):
         if rows <= GATHER_MAX_ROWS:
             a, gather = hidden.contiguous(), (sorted_to_flat, top_k)  # the gather reads rows K apart
         else:
-            a, gather = training.dispatch(hidden, flat_to_sorted, ends), None
+            a, gather = expert_order.dispatch(hidden, flat_to_sorted, ends), None
         row_experts = self._row_experts(ends, rows) if self.gate_up_bias is not None or self.down_bias is not None \
             else None
         if self.fused_activation:
@@ -587,11 +587,11 @@ class MoEExperts(torch.nn.Module):
 
     def _experts_w8a8(self, hidden, ends, sorted_to_flat, flat_to_sorted):
         """FP8 activations through both GEMMs: the tokens' rows quantized in
-        expert order (training.quantize_rows_in_expert_order: kjit.quantize_fp8
+        expert order (expert_order.quantize_rows_in_expert_order: kjit.quantize_fp8
         gathering them, or for many tokens quantizing each once, its codes and
         scales dispatched), the activation writes FP8 codes and scales for the
         down GEMM."""
-        a, a_scale = training.quantize_rows_in_expert_order(hidden, sorted_to_flat, flat_to_sorted, ends)
+        a, a_scale = expert_order.quantize_rows_in_expert_order(hidden, sorted_to_flat, flat_to_sorted, ends)
         row_experts = self._row_experts(ends, a.shape[0]) if self.gate_up_bias is not None or \
             self.down_bias is not None else None
         h = kjit.grouped_gemm(a, self.gate_up_weight, ends, offsets_convention=_OFFSETS, a_scale=a_scale,
@@ -637,7 +637,7 @@ class MoEExperts(torch.nn.Module):
             first, last = self._tokens_running(kernels, top_k, max_tokens)
             gathering = {tokens * top_k <= GATHER_MAX_ROWS for tokens in (first, last)}
             self._prepare_kernels(kernels, device, top_k, gathering,
-                                  dispatched=training.quantizes_dispatched(last, self.hidden_size))
+                                  dispatched=expert_order.quantizes_dispatched(last, self.hidden_size))
             if backward:
                 self._prepare_training(kernels, device, top_k, lora)
         if lora is not None:
@@ -662,7 +662,7 @@ class MoEExperts(torch.nn.Module):
             gather = (torch.arange(top_k, dtype=torch.int32, device=device), top_k)
             a_scale = torch.zeros(top_k, h // _FP8_BLOCK, dtype=torch.float32, device=device)
             kjit.prepare_quantize_fp8(x, a, a_scale, gather=gather)
-            if dispatched:  # training.quantize_rows_in_expert_order for the largest batches
+            if dispatched:  # expert_order.quantize_rows_in_expert_order for the largest batches
                 self._prepare_quantize_dispatched(device, top_k)
             scales = {"gate_up": a_scale,
                       "down": torch.zeros(top_k, i // _FP8_BLOCK, dtype=torch.float32, device=device)}

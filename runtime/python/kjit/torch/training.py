@@ -53,6 +53,7 @@ import torch
 
 import kjit
 from kjit._library import invalid as _invalid
+from . import expert_order
 
 _OFFSETS = "cumulative_end"
 
@@ -178,36 +179,6 @@ def pair_of_row(sorted_to_flat: torch.Tensor) -> torch.Tensor:
     return sorted_to_flat.clamp(min=0).long()
 
 
-# The tokens' bf16 bytes from which W8A8's A is quantized per token and dispatched instead of gathered by the
-# quantizer, which rereads every token top_k times (from DRAM once the tokens outgrow L2) but is one launch, not
-# three. MoEExperts W8A8 on an H200 (tools/bench/bench_moe_dispatch.py --layer, docs/decisions/0021): per token +
-# dispatch 0.82x at 4 MiB of tokens (Qwen3, 1024 tokens: the two launches' host time shows), 1.02-1.05x at 14-16
-# MiB, 1.03-1.09x from 56 MiB.
-QUANTIZE_DISPATCHED_MIN_BYTES = 12 << 20
-
-
-def quantizes_dispatched(tokens: int, hidden: int) -> bool:
-    """Whether quantize_rows_in_expert_order quantizes per token and dispatches (rows of scales a multiple of 16
-    bytes: H a multiple of 512)."""
-    return hidden % 512 == 0 and tokens * hidden * 2 >= QUANTIZE_DISPATCHED_MIN_BYTES
-
-
-def quantize_rows_in_expert_order(hidden, sorted_to_flat, flat_to_sorted, ends):
-    """W8A8's A: FP8 codes and scales of the tokens' rows in expert order (rows past the routed ones zeros), by the
-    quantizer's gather or, for many tokens (quantizes_dispatched), each token quantized once and its codes and
-    scales dispatched: the same bits, since a row's quantization reads only that row."""
-    if not quantizes_dispatched(hidden.shape[0], hidden.shape[1]):
-        return kjit.quantize_fp8(hidden, gather=(sorted_to_flat, flat_to_sorted.shape[1]))
-    codes, scales = kjit.quantize_fp8(hidden)
-    return dispatch(codes, flat_to_sorted, ends), dispatch(scales, flat_to_sorted, ends)
-
-
-def dispatch(x: torch.Tensor, flat_to_sorted: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
-    """The tokens' rows x [tokens, H] in expert order [tokens * top_k, H] (kjit.moe_dispatch: each token's row
-    read once), the rows past the routed ones zeros. MoEExperts' copy above the gather's rows too."""
-    return kjit.moe_dispatch(x.contiguous(), flat_to_sorted, valid_rows=ends[-1:])
-
-
 def _bf16(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.bfloat16).contiguous()
 
@@ -268,19 +239,19 @@ class _ExpertsFunction(torch.autograd.Function):
         out_gu = torch.float32 if gate_up_bias is not None or lora_gu is not None else None
         out_dn = torch.float32 if down_bias is not None or lora_dn is not None else None
         if kernels == "w8a8":
-            a8, a_scale = quantize_rows_in_expert_order(hidden, s2f, f2s, ends)
+            a8, a_scale = expert_order.quantize_rows_in_expert_order(hidden, s2f, f2s, ends)
             h = kjit.grouped_gemm(a8, gate_up_w, ends, offsets_convention=_OFFSETS, a_scale=a_scale,
                                   out_dtype=out_gu, **m._weight_args("gate_up", "w8a8"))
             a8 = a_scale = None
         else:
-            a = dispatch(hidden, f2s, ends)
+            a = expert_order.dispatch(hidden, f2s, ends)
             h = kjit.grouped_gemm(a, gate_up_w, ends, offsets_convention=_OFFSETS,
                                   out_dtype=out_gu, **m._weight_args("gate_up", kernels))
         # Every large temporary is dropped at its last use (the forward's peak is the base GEMMs' fp32 outputs):
         # the gathered rows once the branch's first product has them, the activation before the down GEMM's output.
         if lora_gu is not None:
             if a is None:
-                a = dispatch(hidden, f2s, ends)
+                a = expert_order.dispatch(hidden, f2s, ends)
             u_gu = kjit.grouped_gemm(a, lora_gu[0], ends, offsets_convention=_OFFSETS)
             a = None
             h = kjit.grouped_gemm(u_gu, lora_gu[1], ends, offsets_convention=_OFFSETS, row_scale=lora_scale,
@@ -329,7 +300,7 @@ class _ExpertsFunction(torch.autograd.Function):
         tokens, top_k = plan.topk_ids.shape
         a_dtype, b_dtype = ctx.param_dtypes[0::2], ctx.param_dtypes[1::2]  # (gate_up, down) each
         d_out16 = d_out.to(torch.bfloat16).contiguous()
-        g = dispatch(d_out16, f2s, ends)  # dOut in expert order
+        g = expert_order.dispatch(d_out16, f2s, ends)  # dOut in expert order
         w = topk_weights.reshape(-1)[rows_pair]  # each row's routing weight, fp32
         bwd = "w8a16" if ctx.kernels == "w8a8" else ctx.kernels  # dX reads FP8 weights W8A16 (bf16 dY)
         gemm = kjit.grouped_gemm
@@ -363,7 +334,7 @@ class _ExpertsFunction(torch.autograd.Function):
         d_act = None
         if needs[5]:
             grads[5] = _segment_sum(d_h, ends)
-        a = dispatch(hidden, f2s, ends) if (needs[3] or needs[7]) else None
+        a = expert_order.dispatch(hidden, f2s, ends) if (needs[3] or needs[7]) else None
         if ctx.lora_targets[0]:
             d_u = gemm(d_h, gu_b_stored, ends, weights="e_k_n", offsets_convention=_OFFSETS, row_scale=lora_scale)
             if needs[8]:
