@@ -1,7 +1,8 @@
 """An MoE layer end to end through the Python module on a GPU, against plain
-torch: route (kjit.moe_routing), gather rows in expert order, expert GEMM
-(kjit.grouped_gemm), weighted combine (kjit.moe_combine). Also an
-expert-parallel rank that owns half the experts. Skipped without a GPU."""
+torch, as the README writes it: route (kjit.moe_routing), the rows in expert
+order (kjit.moe_dispatch), expert GEMM (kjit.grouped_gemm), weighted combine
+(kjit.moe_combine). Also an expert-parallel rank that owns half the experts.
+Skipped without a GPU."""
 
 import pytest
 
@@ -25,9 +26,9 @@ def test_the_moe_layer_matches_plain_torch(tokens, hidden, inter, experts_total,
 
     counts, ends, sorted_to_flat, flat_to_sorted = kjit.moe_routing(
         topk_ids, experts_total, expert_base=base, experts_local=local, offsets_convention="cumulative_end")
-    rows = int(ends[-1])
-    a = x[(sorted_to_flat[:rows] // top_k).long()]  # gather in expert order
-    y = kjit.grouped_gemm(a.contiguous(), w, ends, weights="e_n_k", offsets_convention="cumulative_end")
+    a = kjit.moe_dispatch(x, flat_to_sorted.view(tokens, top_k), valid_rows=ends[-1:])  # rows in expert order
+    assert torch.equal(a[:int(ends[-1])], x[(sorted_to_flat[:int(ends[-1])] // top_k).long()])
+    y = kjit.grouped_gemm(a, w, ends, weights="e_n_k", offsets_convention="cumulative_end")
     out = kjit.moe_combine(y, topk_w, flat_to_sorted.view(tokens, top_k), out_dtype=torch.float32)
     kjit.check_device_errors(x.device.index or 0)
 
