@@ -275,7 +275,7 @@ def moe_dispatch(x: Tensor, flat_to_sorted: Tensor, *, valid_rows: Optional[Tens
 
 def _bf16_rows(t: Tensor) -> Tensor:
     """The same bytes as bf16 (libkjit's dispatch copies bf16 rows)."""
-    return t if t.dtype == require_torch().bfloat16 else t.view(require_torch().bfloat16)
+    return t if t.dtype == torch.bfloat16 else t.view(torch.bfloat16)
 
 
 def prepare_moe_dispatch(x: Tensor, flat_to_sorted: Tensor, out: Tensor, *,

@@ -171,11 +171,10 @@ Expected<void> prepare_moe_combine(Runtime& runtime, const kjit_moe_combine_desc
 Expected<void> moe_dispatch(Runtime& runtime, const kjit_moe_dispatch_desc& d, CUstream stream) {
   const auto spec = KJIT_TRY(plan_moe_dispatch_shapes(d));
   if (d.tokens == 0) return {};
+  KJIT_TRY(require_non_null({{d.x, "x"}, {d.flat_to_sorted, "flat_to_sorted"}, {d.out, "out"}}));
+  // valid_rows is optional: the owning-device check skips a NULL one.
   const std::initializer_list<NamedPointer> pointers = {
-      {d.x, "x"}, {d.flat_to_sorted, "flat_to_sorted"}, {d.out, "out"}};
-  const std::initializer_list<NamedPointer> with_valid_rows = {
       {d.x, "x"}, {d.flat_to_sorted, "flat_to_sorted"}, {d.out, "out"}, {d.valid_rows, "valid_rows"}};
-  KJIT_TRY(require_non_null(pointers));
   if (reinterpret_cast<uintptr_t>(d.x) % 16 != 0 || reinterpret_cast<uintptr_t>(d.out) % 16 != 0)
     return invalid("'x' and 'out' must be 16-byte aligned");
   kjit_moe_dispatch_params p{};
@@ -186,8 +185,7 @@ Expected<void> moe_dispatch(Runtime& runtime, const kjit_moe_dispatch_desc& d, C
   p.tokens = d.tokens;
   p.rows = d.tokens * d.top_k;
   const auto g = codegen::moe_combine_geometry(spec, d.tokens);
-  return launch_on_owning_device(runtime, spec, d.valid_rows != nullptr ? with_valid_rows : pointers,
-                                 p.device_error, g, &p, stream);
+  return launch_on_owning_device(runtime, spec, pointers, p.device_error, g, &p, stream);
 }
 
 Expected<void> prepare_moe_dispatch(Runtime& runtime, const kjit_moe_dispatch_desc& d, int device) {
