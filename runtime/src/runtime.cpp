@@ -204,7 +204,10 @@ Expected<LoadedKernel> Runtime::load(const DeviceState& device, const BuiltKerne
   return kernel;
 }
 
-Expected<const LoadedKernel*> Runtime::kernel(DeviceState& device, const codegen::KernelSpec& spec, CUstream stream) {
+Expected<const LoadedKernel*> Runtime::kernel(DeviceState& device, const codegen::KernelSpec& launched,
+                                              CUstream stream) {
+  // One kernel per identity: a grouped GEMM's expert count is its launch's.
+  const codegen::KernelSpec spec = codegen::kernel_identity(launched);
   if (const auto* hit = registry_.find(device.ordinal, spec)) return hit;
   return registry_.get_or_load(device.ordinal, spec, [&]() -> Expected<LoadedKernel> {
     // An unsupported spec is that, whether or not the stream captures.
