@@ -179,6 +179,22 @@ TEST_CASE_FIXTURE(GemmFixture, "the portable kernel can be forced, and launches 
   CHECK(machine.tensor_map_dims.empty());
 }
 
+TEST_CASE_FIXTURE(GemmFixture, "problems that differ only in their expert count share one kernel, each launch its own grid") {
+  // The expert count is a launch argument (kernel_identity): E 4 and E 2 (the first two experts of the same
+  // buffers) load one module; the portable kernel's upper-bound grid counts each launch's own experts.
+  g.kernel = KJIT_GEMM_KERNEL_PORTABLE;
+  auto four = kjit::ops::grouped_gemm(runtime, g, fake_stream(0));
+  REQUIRE_MESSAGE(four.has_value(), four.error().message);
+  CHECK(machine.grid[0] == 2 + 4);
+  const int loaded = machine.modules_loaded;
+  g.experts = 2;
+  auto two = kjit::ops::grouped_gemm(runtime, g, fake_stream(0));
+  REQUIRE_MESSAGE(two.has_value(), two.error().message);
+  CHECK(machine.launches == 2);
+  CHECK(machine.modules_loaded == loaded);
+  CHECK(machine.grid[0] == 2 + 2);
+}
+
 TEST_CASE_FIXTURE(GemmFixture, "kernel and tile requests are checked against the arch") {
   g.tile_m = 96;
   expect_gemm_rejected("tile 96x256x64");
