@@ -41,6 +41,19 @@ void append_template(std::string& out, std::string_view path, std::set<std::stri
   if (!out.ends_with('\n')) out += '\n';
 }
 
+// Every kernel is launched as a programmatic dependent of the kernel before it
+// in the stream (Runtime::launch), so its launch and block set-up may overlap
+// that kernel's tail: it waits for the previous grid's completion and memory
+// before it touches memory, then lets the next kernel be scheduled (one thread
+// a block signals for the block; issued by every thread, the signal tipped
+// ptxas into serialising an SM90 swap-AB kernel's wgmmas). A kernel launched
+// without the attribute passes the wait at once.
+constexpr std::string_view kProgrammaticLaunchPrologue =
+    "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900\n"
+    "  asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");\n"
+    "  if (threadIdx.x == 0) asm volatile(\"griddepcontrol.launch_dependents;\");\n"
+    "#endif\n";
+
 }  // namespace
 
 RenderedKernel assemble(std::string_view canonical, const Recipe& r) {
@@ -66,9 +79,11 @@ RenderedKernel assemble(std::string_view canonical, const Recipe& r) {
                  "static_assert(Config::kThreads == {});\n"
                  "{}"
                  "extern \"C\" __global__ void __launch_bounds__({}) {}(const __grid_constant__ {} p) {{\n"
+                 "{}"
                  "  {}<Config>(p);\n"
                  "}}\n",
-                 kSourceRoot, r.config, r.threads, shared_check, bounds, r.entry_point, r.params_type, r.body);
+                 kSourceRoot, r.config, r.threads, shared_check, bounds, r.entry_point, r.params_type,
+                 kProgrammaticLaunchPrologue, r.body);
   return k;
 }
 

@@ -73,6 +73,7 @@ TEST_CASE_FIXTURE(GemmFixture, "on sm_90 a grouped GEMM launches the persistent 
   g.rows = 8192;
   REQUIRE(kjit::ops::grouped_gemm(runtime, g, fake_stream(0)).has_value());
   CHECK(machine.cluster_x == 2);
+  CHECK(machine.programmatic);  // a cluster launch may overlap the kernel before it too
   CHECK(machine.grid[0] == 72);  // (8192 / 256 + 4) cluster tiles x 1 n-tile, 2 blocks each, under 66 clusters x 2
   CHECK(machine.tensor_map_boxes[6] == std::vector<cuuint64_t>{64, 128, 1});
 
@@ -96,6 +97,7 @@ TEST_CASE_FIXTURE(GemmFixture, "on sm_90 a grouped GEMM launches the persistent 
   g.cluster_axis = KJIT_GEMM_CLUSTER_ALONG_N;
   REQUIRE(kjit::ops::grouped_gemm(runtime, g, fake_stream(0)).has_value());
   CHECK(machine.cluster_x == 2);
+  CHECK(machine.programmatic);  // a cluster launch may overlap the kernel before it too
   CHECK(machine.grid[0] == 132);
   CHECK(machine.tensor_map_boxes[9] == std::vector<cuuint64_t>{64, 64});
   CHECK(machine.tensor_map_boxes[10] == std::vector<cuuint64_t>{64, 64, 1});
@@ -156,6 +158,7 @@ TEST_CASE_FIXTURE(GemmFixture, "swap AB launches with boxes of 32 rows, zeroing 
   g.tile_n = 64;
   REQUIRE(kjit::ops::grouped_gemm(runtime, g, fake_stream(0)).has_value());
   CHECK(machine.cluster_x == 2);
+  CHECK(machine.programmatic);  // a cluster launch may overlap the kernel before it too
   CHECK(machine.block_x == 256);
 }
 
