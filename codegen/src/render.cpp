@@ -43,15 +43,16 @@ void append_template(std::string& out, std::string_view path, std::set<std::stri
 
 // Every kernel is launched as a programmatic dependent of the kernel before it
 // in the stream (Runtime::launch), so its launch and block set-up may overlap
-// that kernel's tail: it waits for the previous grid's completion and memory
-// before it touches memory, then lets the next kernel be scheduled (one thread
-// a block signals for the block; issued by every thread, the signal tipped
-// ptxas into serialising an SM90 swap-AB kernel's wgmmas). A kernel launched
-// without the attribute passes the wait at once.
-constexpr std::string_view kProgrammaticLaunchPrologue =
+// that kernel's tail: its entry waits for the previous grid's completion and
+// memory before the body touches memory. A kernel launched without the
+// attribute passes the wait at once.
+constexpr std::string_view kWaitForPreviousGrid =
     "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900\n"
     "  asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");\n"
-    "  if (threadIdx.x == 0) asm volatile(\"griddepcontrol.launch_dependents;\");\n"
+    "#endif\n";
+constexpr std::string_view kSignalDependents =
+    "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900\n"
+    "  asm volatile(\"griddepcontrol.launch_dependents;\");\n"
     "#endif\n";
 
 }  // namespace
@@ -83,7 +84,8 @@ RenderedKernel assemble(std::string_view canonical, const Recipe& r) {
                  "  {}<Config>(p);\n"
                  "}}\n",
                  kSourceRoot, r.config, r.threads, shared_check, bounds, r.entry_point, r.params_type,
-                 kProgrammaticLaunchPrologue, r.body);
+                 fmt::format("{}{}", kWaitForPreviousGrid, r.signals_dependents_early ? kSignalDependents : ""),
+                 r.body);
   return k;
 }
 
