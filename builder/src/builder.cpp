@@ -14,7 +14,9 @@
 
 namespace kjit {
 
-Expected<BuiltKernel> Builder::build(const codegen::KernelSpec& spec, const codegen::ArchInfo& arch) {
+Expected<BuiltKernel> Builder::build(const codegen::KernelSpec& launched, const codegen::ArchInfo& arch) {
+  // Rendered, keyed and recorded as its identity (a grouped GEMM's expert count is the launch's).
+  const codegen::KernelSpec spec = codegen::kernel_identity(launched);
   KJIT_TRY(codegen::validate_for_target(spec, arch));
   const std::string target(arch.target);
   BuiltKernel out;

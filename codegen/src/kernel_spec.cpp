@@ -129,8 +129,19 @@ Expected<void> validate_for_target(const KernelSpec& spec, const ArchInfo& arch)
   return std::visit([&](const auto& s) { return Family<std::decay_t<decltype(s)>>::supported_on(s, arch); }, spec);
 }
 
+KernelSpec kernel_identity(const KernelSpec& spec) {
+  return std::visit(
+      [](auto s) -> KernelSpec {
+        if constexpr (requires { s.experts; s.configured(); })
+          if (s.configured()) s.experts = 0;
+        return s;
+      },
+      spec);
+}
+
 RenderedKernel render(const KernelSpec& spec) {
-  return std::visit([](const auto& s) { return Family<std::decay_t<decltype(s)>>::render(s); }, spec);
+  return std::visit([](const auto& s) { return Family<std::decay_t<decltype(s)>>::render(s); },
+                    kernel_identity(spec));
 }
 
 std::vector<KernelSpec> kernels_for_target(const KernelSpec& spec, const ArchInfo& arch) {

@@ -25,6 +25,12 @@ struct Recipe {
   std::string prelude{};         // generated device code the Config names (may be empty)
   int dynamic_shared_bytes = 0;
   int cluster_x = 1;
+  // The next kernel in the stream may be scheduled as soon as every block has
+  // passed the entry's wait (render.cpp), not only once this kernel's blocks
+  // have ended: for the short kernels between the GEMMs. The GEMMs signal by
+  // ending (an early signal cost a register-capped decode kernel a spill and
+  // serialised an SM90 swap-AB kernel's wgmmas).
+  bool signals_dependents_early = false;
 };
 
 // `canonical` heads the source as a comment (the spec the unit was rendered from).

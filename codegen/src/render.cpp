@@ -41,6 +41,20 @@ void append_template(std::string& out, std::string_view path, std::set<std::stri
   if (!out.ends_with('\n')) out += '\n';
 }
 
+// Every kernel is launched as a programmatic dependent of the kernel before it
+// in the stream (Runtime::launch), so its launch and block set-up may overlap
+// that kernel's tail: its entry waits for the previous grid's completion and
+// memory before the body touches memory. A kernel launched without the
+// attribute passes the wait at once.
+constexpr std::string_view kWaitForPreviousGrid =
+    "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900\n"
+    "  asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");\n"
+    "#endif\n";
+constexpr std::string_view kSignalDependents =
+    "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900\n"
+    "  asm volatile(\"griddepcontrol.launch_dependents;\");\n"
+    "#endif\n";
+
 }  // namespace
 
 RenderedKernel assemble(std::string_view canonical, const Recipe& r) {
@@ -66,9 +80,12 @@ RenderedKernel assemble(std::string_view canonical, const Recipe& r) {
                  "static_assert(Config::kThreads == {});\n"
                  "{}"
                  "extern \"C\" __global__ void __launch_bounds__({}) {}(const __grid_constant__ {} p) {{\n"
+                 "{}"
                  "  {}<Config>(p);\n"
                  "}}\n",
-                 kSourceRoot, r.config, r.threads, shared_check, bounds, r.entry_point, r.params_type, r.body);
+                 kSourceRoot, r.config, r.threads, shared_check, bounds, r.entry_point, r.params_type,
+                 fmt::format("{}{}", kWaitForPreviousGrid, r.signals_dependents_early ? kSignalDependents : ""),
+                 r.body);
   return k;
 }
 

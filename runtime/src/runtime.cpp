@@ -2,6 +2,8 @@
 #include "kjit/internal/runtime.hpp"
 
 #include <chrono>
+#include <cstdlib>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -11,15 +13,14 @@
 namespace kjit {
 namespace {
 
-// A cuLaunchKernelEx configuration for `g` with its cluster size, as both the
-// launch and the occupancy query need it.
-struct ClusterLaunch {
-  CUlaunchAttribute cluster{};
+// A cuLaunchKernelEx configuration for `g`: its cluster size (as both the
+// launch and the occupancy query need it) and, for a launch, whether it may
+// overlap the previous kernel in the stream (codegen's kernel prologue waits
+// for that kernel before it touches memory).
+struct LaunchConfig {
+  CUlaunchAttribute attributes[2]{};
   CUlaunchConfig config{};
-  ClusterLaunch(const codegen::LaunchGeometry& g, CUstream stream) {
-    cluster.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    cluster.value.clusterDim.x = g.cluster_x;
-    cluster.value.clusterDim.y = cluster.value.clusterDim.z = 1;
+  LaunchConfig(const codegen::LaunchGeometry& g, CUstream stream, bool programmatic) {
     config.gridDimX = g.grid_x;
     config.gridDimY = g.grid_y;
     config.gridDimZ = g.grid_z;
@@ -27,12 +28,29 @@ struct ClusterLaunch {
     config.blockDimY = config.blockDimZ = 1;
     config.sharedMemBytes = g.shared_bytes;
     config.hStream = stream;
-    config.attrs = &cluster;
-    config.numAttrs = 1;
+    config.attrs = attributes;
+    if (g.cluster_x > 1) {
+      CUlaunchAttribute& cluster = attributes[config.numAttrs++];
+      cluster.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+      cluster.value.clusterDim.x = g.cluster_x;
+      cluster.value.clusterDim.y = cluster.value.clusterDim.z = 1;
+    }
+    if (programmatic) {
+      CUlaunchAttribute& overlap = attributes[config.numAttrs++];
+      overlap.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+      overlap.value.programmaticStreamSerializationAllowed = 1;
+    }
   }
-  ClusterLaunch(const ClusterLaunch&) = delete;  // config points at cluster
-  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+  LaunchConfig(const LaunchConfig&) = delete;  // config points at attributes
+  LaunchConfig& operator=(const LaunchConfig&) = delete;
 };
+
+// KJIT_PROGRAMMATIC_LAUNCH=0 launches each kernel only after the previous one
+// has finished (the escape hatch, and the baseline for measuring the overlap).
+bool programmatic_launch_from_environment() {
+  const char* value = std::getenv("KJIT_PROGRAMMATIC_LAUNCH");
+  return value == nullptr || std::string_view(value) != "0";
+}
 
 std::string_view memory_type_name(unsigned int type) {
   switch (type) {
@@ -47,7 +65,8 @@ std::string_view memory_type_name(unsigned int type) {
 Runtime::Runtime(Expected<const DriverApi*> driver, cache::StoreConfig cache_config)
     : driver_(std::move(driver)),
       store_(std::make_unique<cache::Store>(std::move(cache_config))),
-      builder_(*store_) {}
+      builder_(*store_),
+      programmatic_launch_(programmatic_launch_from_environment()) {}
 
 Runtime::~Runtime() {
   // Modules and contexts are released only by private runtimes (tests); the
@@ -192,7 +211,7 @@ Expected<LoadedKernel> Runtime::load(const DeviceState& device, const BuiltKerne
     whole_device.block_x = static_cast<uint32_t>(rendered.threads_per_block);
     whole_device.shared_bytes = static_cast<uint32_t>(rendered.dynamic_shared_bytes);
     whole_device.cluster_x = static_cast<uint32_t>(rendered.cluster_x);
-    ClusterLaunch launch(whole_device, nullptr);
+    LaunchConfig launch(whole_device, nullptr, false);
     int clusters = 0;
     KJIT_TRY(check(api, api.cuOccupancyMaxActiveClusters(&clusters, kernel.function, &launch.config),
                    "cuOccupancyMaxActiveClusters"));
@@ -204,7 +223,10 @@ Expected<LoadedKernel> Runtime::load(const DeviceState& device, const BuiltKerne
   return kernel;
 }
 
-Expected<const LoadedKernel*> Runtime::kernel(DeviceState& device, const codegen::KernelSpec& spec, CUstream stream) {
+Expected<const LoadedKernel*> Runtime::kernel(DeviceState& device, const codegen::KernelSpec& launched,
+                                              CUstream stream) {
+  // One kernel per identity: a grouped GEMM's expert count is its launch's.
+  const codegen::KernelSpec spec = codegen::kernel_identity(launched);
   if (const auto* hit = registry_.find(device.ordinal, spec)) return hit;
   return registry_.get_or_load(device.ordinal, spec, [&]() -> Expected<LoadedKernel> {
     // An unsupported spec is that, whether or not the stream captures.
@@ -245,14 +267,8 @@ Expected<void> Runtime::launch(const DeviceState& device, const LoadedKernel& ke
   ScopedContext scope(api, device.context);
   KJIT_TRY(scope.status());
   void* args[] = {params};
-  if (g.cluster_x > 1) {
-    ClusterLaunch launch(g, stream);
-    return check(api, api.cuLaunchKernelEx(&launch.config, kernel.function, args, nullptr), "cuLaunchKernelEx");
-  }
-  return check(api,
-               api.cuLaunchKernel(kernel.function, g.grid_x, g.grid_y, g.grid_z, g.block_x, 1, 1, g.shared_bytes,
-                                  stream, args, nullptr),
-               "cuLaunchKernel");
+  LaunchConfig launch(g, stream, programmatic_launch_);
+  return check(api, api.cuLaunchKernelEx(&launch.config, kernel.function, args, nullptr), "cuLaunchKernelEx");
 }
 
 Expected<void> Runtime::take_device_errors(int ordinal) {

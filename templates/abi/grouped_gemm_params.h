@@ -25,6 +25,7 @@ struct kjit_grouped_gemm_params {
   long long gather_top_k;
   /* The spec's addend (bf16 family): [total_rows, N] bf16 or fp32, added to the product before the rounding. */
   const void* addend;
+  int experts; /* E, the offsets' experts: a launch argument, so one kernel serves every expert count */
 };
 
 /* TMA box facts the host's tensor-map encoder and the SM90 kernels share (in

@@ -16,6 +16,7 @@ struct kjit_grouped_gemm_wgrad_params {
   const int* offsets;         /* E cumulative ends, or E + 1 starts with a leading 0 (spec) */
   unsigned int* device_error; /* kjit's per-device error words */
   long long total_rows;       /* rows of dy and x; every offset must lie in [0, total_rows] */
+  int experts;                /* E: a launch argument, so one kernel serves every expert count */
 };
 
 /* The SM90 kernel's parameters: the common block and the two TMA descriptors,

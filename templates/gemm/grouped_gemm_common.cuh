@@ -1,7 +1,7 @@
 // What both grouped GEMM kernels share: the expert segments in either offsets
 // convention, and the check every block makes of every offset before it
 // writes anything (bad offsets are reported in the device error words).
-// Cfg provides kExperts, kOffsetsWithZero and kThreads.
+// Cfg provides kOffsetsWithZero and kThreads; the expert count is the launch's (p.experts).
 #pragma once
 
 #include "../abi/device_errors.h"
@@ -14,12 +14,10 @@ namespace kjit {
 enum class Addend { none, bf16, f32 };
 
 // The problem's constants, shared by both kernels' Configs (which add the tile).
-template <long long kN_, long long kK_, int kExperts_, bool kWeightsKN_, bool kOffsetsWithZero_, bool kRowScale_,
-          bool kOutF32_, Activation kActivation_ = Activation::none, bool kGather_ = false,
-          Addend kAddend_ = Addend::none>
+template <long long kN_, long long kK_, bool kWeightsKN_, bool kOffsetsWithZero_, bool kRowScale_, bool kOutF32_,
+          Activation kActivation_ = Activation::none, bool kGather_ = false, Addend kAddend_ = Addend::none>
 struct GemmProblem {
   static constexpr long long kN = kN_, kK = kK_;
-  static constexpr int kExperts = kExperts_;
   static constexpr bool kWeightsKN = kWeightsKN_, kOffsetsWithZero = kOffsetsWithZero_;
   static constexpr bool kRowScale = kRowScale_, kOutF32 = kOutF32_;
   // A fused activation: weight rows (and so accumulator columns) come in
@@ -143,7 +141,7 @@ __device__ __forceinline__ void raster(long long local, long long m_tiles, long 
 template <class Cfg>
 __device__ __forceinline__ bool find_m_tile(const kjit_grouped_gemm_params& p, long long tile, int& expert,
                                             long long& m0, long long& rows) {
-  for (int e = 0; e < Cfg::kExperts; ++e) {
+  for (int e = 0; e < p.experts; ++e) {
     long long start, end;
     expert_rows<Cfg>(p, e, start, end);
     const long long tiles = (end - start + Cfg::kBM - 1) / Cfg::kBM;
@@ -161,7 +159,7 @@ __device__ __forceinline__ bool find_m_tile(const kjit_grouped_gemm_params& p, l
 template <class Cfg>
 __device__ __forceinline__ bool offsets_valid(const kjit_grouped_gemm_params& p) {
   int bad = 0;
-  for (int e = threadIdx.x; e < Cfg::kExperts; e += Cfg::kThreads) {
+  for (int e = threadIdx.x; e < p.experts; e += Cfg::kThreads) {
     long long start, end;
     expert_rows<Cfg>(p, e, start, end);
     unsigned code = 0;

@@ -134,10 +134,10 @@ __device__ __forceinline__ bool find_decode_pair(const kjit_grouped_gemm_params&
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   long long before = 0;
   if (threadIdx.x == 0) found[0] = -1;
-  for (int base = 0; base < Cfg::kExperts; base += Cfg::kThreads) {
+  for (int base = 0; base < p.experts; base += Cfg::kThreads) {
     const int e = base + threadIdx.x;
     long long start = 0, end = 0;
-    if (e < Cfg::kExperts) expert_rows<Cfg>(p, e, start, end);
+    if (e < p.experts) expert_rows<Cfg>(p, e, start, end);
     const long long chunks = (end - start + Cfg::kRows - 1) / Cfg::kRows;
     // Inclusive scan over the block: lanes, then warps' totals.
     long long inclusive = chunks;

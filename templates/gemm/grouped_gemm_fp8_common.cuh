@@ -12,9 +12,8 @@ namespace kjit {
 
 // GemmProblem's constants (FP8 weights are always [E, N, K]: wgmma reads
 // 8-bit operands K-major only) and how B is scaled.
-template <long long kN_, long long kK_, int kExperts_, bool kOffsetsWithZero_, bool kRowScale_, bool kOutF32_,
-          bool kBlockScales_>
-struct Fp8GemmProblem : GemmProblem<kN_, kK_, kExperts_, false, kOffsetsWithZero_, kRowScale_, kOutF32_> {
+template <long long kN_, long long kK_, bool kOffsetsWithZero_, bool kRowScale_, bool kOutF32_, bool kBlockScales_>
+struct Fp8GemmProblem : GemmProblem<kN_, kK_, false, kOffsetsWithZero_, kRowScale_, kOutF32_> {
   static constexpr bool kBlockScales = kBlockScales_;  // B per 128 x 128 block; else per output channel
   static constexpr int kScaleBlock = KJIT_FP8_SCALE_BLOCK;
   static constexpr long long kKScaleBlocks = kK_ / KJIT_FP8_SCALE_BLOCK;  // columns of a_scales and of B's blocks

@@ -31,12 +31,11 @@ enum class MixedScale { block, row, tensor, nvfp4, mxfp4 };
 // [N/2, N)) or alternating (gate even, up odd).
 enum class BlockScaleRows { stored, halves, alternating };
 
-template <long long kN_, long long kK_, int kExperts_, bool kWeightsKN_, bool kOffsetsWithZero_, bool kRowScale_,
-          bool kOutF32_, Fp8Format kWeightFormat_, MixedScale kScale_, bool kDivide_,
-          Activation kActivation_ = Activation::none, BlockScaleRows kBlockScaleRows_ = BlockScaleRows::stored,
-          bool kGather_ = false>
+template <long long kN_, long long kK_, bool kWeightsKN_, bool kOffsetsWithZero_, bool kRowScale_, bool kOutF32_,
+          Fp8Format kWeightFormat_, MixedScale kScale_, bool kDivide_, Activation kActivation_ = Activation::none,
+          BlockScaleRows kBlockScaleRows_ = BlockScaleRows::stored, bool kGather_ = false>
 struct MixedGemmProblem
-    : GemmProblem<kN_, kK_, kExperts_, kWeightsKN_, kOffsetsWithZero_, kRowScale_, kOutF32_, kActivation_, kGather_> {
+    : GemmProblem<kN_, kK_, kWeightsKN_, kOffsetsWithZero_, kRowScale_, kOutF32_, kActivation_, kGather_> {
   static constexpr Fp8Format kWeightFormat = kWeightFormat_;  // fp8 weights only
   static constexpr MixedScale kScale = kScale_;
   static constexpr BlockScaleRows kBlockScaleRows = kBlockScaleRows_;

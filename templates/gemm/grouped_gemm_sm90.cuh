@@ -121,7 +121,7 @@ struct TileWalker {
     constexpr long long kRows = static_cast<long long>(Cfg::kBM) * Cfg::kMGroup;
     while (t >= first + tiles) {
       first += tiles;
-      if (++expert >= Cfg::kExperts) return false;
+      if (++expert >= p->experts) return false;
       expert_rows<Cfg>(*p, expert, start, end);
       tiles = (end - start + kRows - 1) / kRows * Cfg::kNClusterTiles;
     }

@@ -110,7 +110,7 @@ struct SwapAbTileWalker {
   __device__ bool seek(long long t, SwapAbTile& tile) {
     while (t >= first + tiles) {
       first += tiles;
-      if (++expert >= Cfg::kExperts) return false;
+      if (++expert >= p->experts) return false;
       expert_rows<Cfg>(*p, expert, start, end);
       const long long rows = end - start;
       m_tiles = (rows + Cfg::kBM - 1) / Cfg::kBM;

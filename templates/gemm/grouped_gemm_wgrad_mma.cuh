@@ -30,11 +30,10 @@
 
 namespace kjit {
 
-template <long long kN_, long long kK_, int kExperts_, bool kOffsetsWithZero_, bool kOutF32_, int kBM_, int kBN_,
-          int kBK_, int kStages_>
+template <long long kN_, long long kK_, bool kOffsetsWithZero_, bool kOutF32_, int kBM_, int kBN_, int kBK_,
+          int kStages_>
 struct GroupedGemmWgradConfig {
   static constexpr long long kN = kN_, kK = kK_;
-  static constexpr int kExperts = kExperts_;
   static constexpr bool kOffsetsWithZero = kOffsetsWithZero_, kOutF32 = kOutF32_;
   static constexpr int kBM = kBM_, kBN = kBN_, kBK = kBK_, kStages = kStages_;
   // Warps of 64 x 32 output elements (32 x 32 in the narrow 32-row tile).
@@ -64,6 +63,7 @@ __device__ __forceinline__ void grouped_gemm_wgrad_mma(const kjit_grouped_gemm_w
   segments.offsets = p.offsets;
   segments.total_rows = p.total_rows;
   segments.device_error = p.device_error;
+  segments.experts = p.experts;
   if (!offsets_valid<Cfg>(segments)) return;
 
   const int expert = blockIdx.y;

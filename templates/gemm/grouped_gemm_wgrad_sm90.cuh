@@ -37,11 +37,9 @@
 
 namespace kjit {
 
-template <long long kN_, long long kK_, int kExperts_, bool kOffsetsWithZero_, bool kOutF32_, int kBN_, int kStages_,
-          class Mma_>
+template <long long kN_, long long kK_, bool kOffsetsWithZero_, bool kOutF32_, int kBN_, int kStages_, class Mma_>
 struct GroupedGemmWgradSm90Config {
   static constexpr long long kN = kN_, kK = kK_;
-  static constexpr int kExperts = kExperts_;
   static constexpr bool kOffsetsWithZero = kOffsetsWithZero_, kOutF32 = kOutF32_;
   using Mma = Mma_;  // the generated wgmma m64nBNk16, both operands MN-major
   static constexpr int kBM = 128, kBN = kBN_, kBK = KJIT_SM90_K_BLOCK, kStages = kStages_;
@@ -109,7 +107,8 @@ __device__ __forceinline__ void grouped_gemm_wgrad_sm90(const kjit_grouped_gemm_
   view.gemm.offsets = p.wgrad.offsets;
   view.gemm.total_rows = p.wgrad.total_rows;
   view.gemm.device_error = p.wgrad.device_error;
-  const long long tiles = static_cast<long long>(Cfg::kExperts) * Cfg::kTiles;
+  view.gemm.experts = p.wgrad.experts;
+  const long long tiles = static_cast<long long>(p.wgrad.experts) * Cfg::kTiles;
 
   warp_specialized_gemm<Cfg>(
       view, [](unsigned char*) {},

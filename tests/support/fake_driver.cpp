@@ -117,9 +117,13 @@ kjit::DriverApi fake_driver() {
   api.cuLaunchKernelEx = [](const CUlaunchConfig* c, CUfunction f, void** params, void** extra) {
     const CUresult r = machine_launch(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, 1, 1,
                                       c->sharedMemBytes, c->hStream, params, extra);
-    machine.cluster_x = c->numAttrs == 1 && c->attrs[0].id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-                            ? c->attrs[0].value.clusterDim.x
-                            : 0;
+    machine.cluster_x = 0;
+    machine.programmatic = false;
+    for (unsigned i = 0; i < c->numAttrs; ++i) {
+      if (c->attrs[i].id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION) machine.cluster_x = c->attrs[i].value.clusterDim.x;
+      if (c->attrs[i].id == CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+        machine.programmatic = c->attrs[i].value.programmaticStreamSerializationAllowed != 0;
+    }
     return r;
   };
   api.cuLaunchKernel = machine_launch;

@@ -28,6 +28,7 @@ struct FakeMachine {
   kjit_dequant_params last_params{};
   int modules_loaded = 0;
   unsigned block_x = 0, shared_bytes = 0, cluster_x = 0;
+  bool programmatic = false;             // the last launch may overlap the kernel before it
   int shared_opt_in = 0;                 // cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)
   std::vector<std::vector<cuuint64_t>> tensor_map_dims, tensor_map_boxes;  // each cuTensorMapEncodeTiled
   bool reject_tensor_maps = false;

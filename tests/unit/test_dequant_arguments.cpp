@@ -4,6 +4,8 @@
 // cache.
 #include <doctest/doctest.h>
 
+#include <cstdlib>
+
 #include <string>
 #include <vector>
 
@@ -61,6 +63,19 @@ TEST_CASE_FIXTURE(DequantFixture, "a valid dequant compiles once, launches once 
   const int modules = machine.modules_loaded;
   REQUIRE(run().has_value());
   CHECK(machine.modules_loaded == modules);
+  CHECK(machine.launches == 2);
+}
+
+TEST_CASE_FIXTURE(DequantFixture, "a kernel may overlap the one before it in the stream unless KJIT_PROGRAMMATIC_LAUNCH=0") {
+  REQUIRE(run().has_value());
+  CHECK(machine.programmatic);
+  CHECK(machine.cluster_x == 0);
+
+  ::setenv("KJIT_PROGRAMMATIC_LAUNCH", "0", 1);
+  kjit::Runtime serialized{&fake_api, kjit::cache::StoreConfig{cache_dir, {}, 0}};
+  ::unsetenv("KJIT_PROGRAMMATIC_LAUNCH");
+  REQUIRE(kjit::ops::dequant_fp8(serialized, desc, fake_stream(0)).has_value());
+  CHECK_FALSE(machine.programmatic);
   CHECK(machine.launches == 2);
 }
 

@@ -73,6 +73,7 @@ TEST_CASE_FIXTURE(GemmFixture, "on sm_90 a grouped GEMM launches the persistent 
   g.rows = 8192;
   REQUIRE(kjit::ops::grouped_gemm(runtime, g, fake_stream(0)).has_value());
   CHECK(machine.cluster_x == 2);
+  CHECK(machine.programmatic);  // a cluster launch may overlap the kernel before it too
   CHECK(machine.grid[0] == 72);  // (8192 / 256 + 4) cluster tiles x 1 n-tile, 2 blocks each, under 66 clusters x 2
   CHECK(machine.tensor_map_boxes[6] == std::vector<cuuint64_t>{64, 128, 1});
 
@@ -96,6 +97,7 @@ TEST_CASE_FIXTURE(GemmFixture, "on sm_90 a grouped GEMM launches the persistent 
   g.cluster_axis = KJIT_GEMM_CLUSTER_ALONG_N;
   REQUIRE(kjit::ops::grouped_gemm(runtime, g, fake_stream(0)).has_value());
   CHECK(machine.cluster_x == 2);
+  CHECK(machine.programmatic);  // a cluster launch may overlap the kernel before it too
   CHECK(machine.grid[0] == 132);
   CHECK(machine.tensor_map_boxes[9] == std::vector<cuuint64_t>{64, 64});
   CHECK(machine.tensor_map_boxes[10] == std::vector<cuuint64_t>{64, 64, 1});
@@ -156,6 +158,7 @@ TEST_CASE_FIXTURE(GemmFixture, "swap AB launches with boxes of 32 rows, zeroing 
   g.tile_n = 64;
   REQUIRE(kjit::ops::grouped_gemm(runtime, g, fake_stream(0)).has_value());
   CHECK(machine.cluster_x == 2);
+  CHECK(machine.programmatic);  // a cluster launch may overlap the kernel before it too
   CHECK(machine.block_x == 256);
 }
 
@@ -177,6 +180,22 @@ TEST_CASE_FIXTURE(GemmFixture, "the portable kernel can be forced, and launches 
   CHECK(machine.grid[0] == 2 + 4);  // ceil(128 / 64) + one partial tile per expert
   CHECK(machine.grid[1] == 1);      // ceil(128 / 128)
   CHECK(machine.tensor_map_dims.empty());
+}
+
+TEST_CASE_FIXTURE(GemmFixture, "problems that differ only in their expert count share one kernel, each launch its own grid") {
+  // The expert count is a launch argument (kernel_identity): E 4 and E 2 (the first two experts of the same
+  // buffers) load one module; the portable kernel's upper-bound grid counts each launch's own experts.
+  g.kernel = KJIT_GEMM_KERNEL_PORTABLE;
+  auto four = kjit::ops::grouped_gemm(runtime, g, fake_stream(0));
+  REQUIRE_MESSAGE(four.has_value(), four.error().message);
+  CHECK(machine.grid[0] == 2 + 4);
+  const int loaded = machine.modules_loaded;
+  g.experts = 2;
+  auto two = kjit::ops::grouped_gemm(runtime, g, fake_stream(0));
+  REQUIRE_MESSAGE(two.has_value(), two.error().message);
+  CHECK(machine.launches == 2);
+  CHECK(machine.modules_loaded == loaded);
+  CHECK(machine.grid[0] == 2 + 2);
 }
 
 TEST_CASE_FIXTURE(GemmFixture, "kernel and tile requests are checked against the arch") {

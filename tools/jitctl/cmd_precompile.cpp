@@ -22,6 +22,7 @@
 #include <fstream>
 #include <functional>
 #include <optional>
+#include <set>
 #include <system_error>
 #include <mutex>
 #include <string>
@@ -341,10 +342,14 @@ int cmd_precompile(const PrecompileOptions& options) {
   }
   std::vector<Job> jobs;
   std::vector<std::pair<Job, std::string>> skipped;  // with why the arch cannot run it
+  // Problems that differ only in their expert count share their kernels (kernel_identity): each is built once.
+  std::set<std::pair<std::string_view, std::string>> seen;
   for (const auto& target : archs) {
     const codegen::ArchInfo* arch = *codegen::arch_for_target(target);  // validated with the arguments
     for (const auto& spec : manifest->kernels)
-      for (auto& kernel : codegen::kernels_for_target(spec, *arch)) {
+      for (auto kernel : codegen::kernels_for_target(spec, *arch)) {
+        kernel = codegen::kernel_identity(kernel);
+        if (!seen.emplace(arch->target, codegen::canonical(kernel)).second) continue;
         if (jobs.size() + skipped.size() >= max_jobs) {
           err("jitctl: error: the manifest expands to more than {} kernels to build for {}\n", max_jobs,
               fmt::join(archs, ","));

@@ -91,7 +91,8 @@ RenderedKernel Family<DequantSpec>::render(const DequantSpec& s) {
                              s.convention == ScaleConvention::divide, s.selected_experts, kDequantThreads,
                              kDequantUnroll),
        .params_type = "kjit_dequant_params",
-       .body = "kjit::fp8_dequant"});
+       .body = "kjit::fp8_dequant",
+       .signals_dependents_early = true});
 }
 
 int dequant_vector(DType out, int64_t cols, std::initializer_list<int64_t> alignments) {

@@ -52,7 +52,8 @@ RenderedKernel Family<Fp8QuantizeSpec>::render(const Fp8QuantizeSpec& s) {
                                                        s.scale_format == QuantScaleFormat::ue8m0, s.gather,
                                                        kQuantizeThreads),
                                  .params_type = "kjit_fp8_quantize_params",
-                                 .body = "kjit::fp8_quantize"});
+                                 .body = "kjit::fp8_quantize",
+                                 .signals_dependents_early = true});
 }
 
 LaunchGeometry fp8_quantize_geometry(const Fp8QuantizeSpec& spec, int64_t rows) {

@@ -29,7 +29,8 @@ Expected<void> validate_problem(const GroupedGemmSpec& s) {
     return invalid(fmt::format("grouped_gemm: N must be a positive multiple of 8 up to {}, got {}", kMaxDimension, s.n));
   if (s.k < 8 || s.k % 8 != 0 || s.k > kMaxDimension)
     return invalid(fmt::format("grouped_gemm: K must be a positive multiple of 8 up to {}, got {}", kMaxDimension, s.k));
-  if (s.experts < 1 || s.experts > kMaxExperts)
+  // 0: a configured kernel's identity, whose expert count comes with each launch
+  if ((s.experts < 1 && !(s.experts == 0 && s.configured())) || s.experts > kMaxExperts)
     return invalid(fmt::format("grouped_gemm needs 1 to {} experts, got {}", kMaxExperts, s.experts));
   if (s.activation != Activation::none && s.n % 16 != 0)
     return invalid(fmt::format("grouped_gemm with activation {}: N (gate and up rows) must be a multiple of 16 (gate/up "
@@ -163,8 +164,8 @@ Expected<void> Family<GroupedGemmSpec>::supported_on(const GroupedGemmSpec& s, c
 
 RenderedKernel Family<GroupedGemmSpec>::render(const GroupedGemmSpec& s) {
   const auto problem =
-      fmt::format("kjit::GemmProblem<{}LL, {}LL, {}, {}, {}, {}, {}, kjit::Activation::{}, {}, kjit::Addend::{}>",
-                  s.n, s.k, s.experts, s.weights == WeightLayout::e_k_n,
+      fmt::format("kjit::GemmProblem<{}LL, {}LL, {}, {}, {}, {}, kjit::Activation::{}, {}, kjit::Addend::{}>",
+                  s.n, s.k, s.weights == WeightLayout::e_k_n,
                   s.offsets == OffsetsConvention::with_leading_zero, s.row_scale, s.out == DType::f32,
                   name(s.activation), s.gather, name(s.addend));
   if (is_sm90(s.kernel)) {

@@ -53,7 +53,8 @@ Expected<void> validate_problem(const GroupedGemmFp8Spec& s) {
     return invalid(fmt::format("grouped_gemm_fp8: K must be a positive multiple of {} (whole 1x128 activation scale "
                                "groups and 128x128 weight blocks) up to {}, got {}",
                                kScaleBlock, kMaxDimension, s.k));
-  if (s.experts < 1 || s.experts > kMaxExperts)
+  // 0: a configured kernel's identity, whose expert count comes with each launch
+  if ((s.experts < 1 && !(s.experts == 0 && s.configured())) || s.experts > kMaxExperts)
     return invalid(fmt::format("grouped_gemm_fp8 needs 1 to {} experts, got {}", kMaxExperts, s.experts));
   return {};
 }
@@ -213,7 +214,7 @@ Expected<void> Family<GroupedGemmFp8Spec>::supported_on(const GroupedGemmFp8Spec
 }
 
 RenderedKernel Family<GroupedGemmFp8Spec>::render(const GroupedGemmFp8Spec& s) {
-  const auto problem = fmt::format("kjit::Fp8GemmProblem<{}LL, {}LL, {}, {}, {}, {}, {}>", s.n, s.k, s.experts,
+  const auto problem = fmt::format("kjit::Fp8GemmProblem<{}LL, {}LL, {}, {}, {}, {}>", s.n, s.k,
                                    s.offsets == OffsetsConvention::with_leading_zero, s.row_scale,
                                    s.out == DType::f32, s.weight_scale == Fp8WeightScale::block_128);
   if (is_sm90(s.kernel))

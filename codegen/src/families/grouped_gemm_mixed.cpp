@@ -75,7 +75,8 @@ Expected<void> validate_problem(const GroupedGemmMixedSpec& s) {
       return invalid(fmt::format("grouped_gemm_mixed: {} must be a positive multiple of 16 (16-byte rows of fp8 "
                                  "codes) up to {}, got {}",
                                  what, kMaxDimension, value));
-  if (s.experts < 1 || s.experts > kMaxExperts)
+  // 0: a configured kernel's identity, whose expert count comes with each launch
+  if ((s.experts < 1 && !(s.experts == 0 && s.configured())) || s.experts > kMaxExperts)
     return invalid(fmt::format("grouped_gemm_mixed needs 1 to {} experts, got {}", kMaxExperts, s.experts));
   if (s.activation != Activation::none && s.weights != WeightLayout::e_n_k)
     return invalid(fmt::format("grouped_gemm_mixed with activation {} needs [E, N, K] weights (their N rows in "
@@ -266,9 +267,9 @@ Expected<void> Family<GroupedGemmMixedSpec>::supported_on(const GroupedGemmMixed
 
 RenderedKernel Family<GroupedGemmMixedSpec>::render(const GroupedGemmMixedSpec& s) {
   const auto problem = fmt::format(
-      "kjit::MixedGemmProblem<{}LL, {}LL, {}, {}, {}, {}, {}, {}, {}, {}, kjit::Activation::{}, "
+      "kjit::MixedGemmProblem<{}LL, {}LL, {}, {}, {}, {}, {}, {}, {}, kjit::Activation::{}, "
       "kjit::BlockScaleRows::{}, {}>",
-      s.n, s.k, s.experts,
+      s.n, s.k,
       s.weights == WeightLayout::e_k_n, s.offsets == OffsetsConvention::with_leading_zero, s.row_scale,
       s.out == DType::f32, s.weight == MixedWeight::f8_e5m2 ? "kjit::Fp8Format::e5m2" : "kjit::Fp8Format::e4m3fn",
       s.weight == MixedWeight::nvfp4                  ? "kjit::MixedScale::nvfp4"

@@ -48,7 +48,8 @@ Expected<void> Family<GroupedGemmWgradSpec>::validate(const GroupedGemmWgradSpec
   if (s.k < 8 || s.k % 8 != 0 || s.k > kMaxDimension)
     return invalid(
         fmt::format("grouped_gemm_wgrad: K must be a positive multiple of 8 up to {}, got {}", kMaxDimension, s.k));
-  if (s.experts < 1 || s.experts > kMaxExperts)
+  // 0: a configured kernel's identity, whose expert count comes with each launch
+  if ((s.experts < 1 && !(s.experts == 0 && s.configured())) || s.experts > kMaxExperts)
     return invalid(fmt::format("grouped_gemm_wgrad needs 1 to {} experts, got {}", kMaxExperts, s.experts));
   if (!s.configured()) {
     if (s.tile_n != 0 || s.tile_k != 0 || s.stages != 0 || s.kernel != GemmKernel::mma_sync)
@@ -86,8 +87,8 @@ RenderedKernel Family<GroupedGemmWgradSpec>::render(const GroupedGemmWgradSpec& 
          .threads = kSm90Threads,
          .min_blocks = sm90_blocks_per_sm(s.tile_n),
          .templates = {"gemm/grouped_gemm_wgrad_sm90.cuh"},
-         .config = fmt::format("kjit::GroupedGemmWgradSm90Config<{}LL, {}LL, {}, {}, {}, {}, {}, KjitWgmmaWgrad>", s.n,
-                               s.k, s.experts, s.offsets == OffsetsConvention::with_leading_zero, s.out == DType::f32,
+         .config = fmt::format("kjit::GroupedGemmWgradSm90Config<{}LL, {}LL, {}, {}, {}, {}, KjitWgmmaWgrad>", s.n,
+                               s.k, s.offsets == OffsetsConvention::with_leading_zero, s.out == DType::f32,
                                s.tile_n, s.stages),
          .params_type = "kjit_grouped_gemm_wgrad_sm90_params",
          .body = "kjit::grouped_gemm_wgrad_sm90",
@@ -101,8 +102,8 @@ RenderedKernel Family<GroupedGemmWgradSpec>::render(const GroupedGemmWgradSpec& 
                   {.entry_point = "kjit_grouped_gemm_wgrad",
                    .threads = wgrad_threads(s),
                    .templates = {"gemm/grouped_gemm_wgrad_mma.cuh"},
-                   .config = fmt::format("kjit::GroupedGemmWgradConfig<{}LL, {}LL, {}, {}, {}, {}, {}, {}, {}>", s.n,
-                                         s.k, s.experts, s.offsets == OffsetsConvention::with_leading_zero,
+                   .config = fmt::format("kjit::GroupedGemmWgradConfig<{}LL, {}LL, {}, {}, {}, {}, {}, {}>", s.n,
+                                         s.k, s.offsets == OffsetsConvention::with_leading_zero,
                                          s.out == DType::f32, s.tile_m, s.tile_n, s.tile_k, s.stages),
                    .params_type = "kjit_grouped_gemm_wgrad_params",
                    .body = "kjit::grouped_gemm_wgrad_mma",

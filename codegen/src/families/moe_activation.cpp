@@ -60,7 +60,8 @@ RenderedKernel Family<MoeActivationSpec>::render(const MoeActivationSpec& s) {
                                          s.intermediate, name(s.layout), name(s.activation), fp8_out(s),
                                          s.scale_format == QuantScaleFormat::ue8m0, kActivationThreads, s.gradient),
                    .params_type = "kjit_moe_activation_params",
-                   .body = "kjit::moe_activation"});
+                   .body = "kjit::moe_activation",
+                   .signals_dependents_early = true});
 }
 
 LaunchGeometry moe_activation_geometry(const MoeActivationSpec& spec, int64_t rows) {

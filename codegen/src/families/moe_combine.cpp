@@ -40,7 +40,8 @@ RenderedKernel Family<MoeCombineSpec>::render(const MoeCombineSpec& s) {
                                  .config = fmt::format("kjit::CombineConfig<{}, {}LL, {}, {}, {}>", s.top_k, s.hidden,
                                                        s.out == DType::f32, s.gradient, s.dispatch),
                                  .params_type = s.dispatch ? "kjit_moe_dispatch_params" : "kjit_moe_combine_params",
-                                 .body = s.dispatch ? "kjit::moe_dispatch" : "kjit::moe_combine"});
+                                 .body = s.dispatch ? "kjit::moe_dispatch" : "kjit::moe_combine",
+                                 .signals_dependents_early = true});
 }
 
 LaunchGeometry moe_combine_geometry(const MoeCombineSpec& spec, int64_t tokens) {

@@ -29,7 +29,8 @@ RenderedKernel Family<MoeRoutingSpec>::render(const MoeRoutingSpec& s) {
                                  .config = fmt::format("kjit::RoutingConfig<{}LL, {}>", s.experts,
                                                        s.offsets == OffsetsConvention::with_leading_zero),
                                  .params_type = "kjit_moe_routing_params",
-                                 .body = "kjit::moe_routing"});
+                                 .body = "kjit::moe_routing",
+                                 .signals_dependents_early = true});
 }
 
 LaunchGeometry moe_routing_geometry() {

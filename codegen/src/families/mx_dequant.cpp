@@ -130,7 +130,8 @@ RenderedKernel Family<MxDequantSpec>::render(const MxDequantSpec& s) {
                              s.format == MxFormat::nvfp4 && s.convention == ScaleConvention::divide, s.vec,
                              s.selected_experts, kThreads, unroll(s)),
        .params_type = "kjit_mx_dequant_params",
-       .body = "kjit::mx_dequant"});
+       .body = "kjit::mx_dequant",
+       .signals_dependents_early = true});
 }
 
 // The widest vector whose output is at most one 16-byte store (8 bf16/f16, 4

@@ -86,7 +86,8 @@ RenderedKernel Family<MxQuantizeSpec>::render(const MxQuantizeSpec& s) {
                                          swizzled(s), name(s.global_scale), s.convention == ScaleConvention::divide,
                                          kQuantizeThreads, chunks_per_thread(s)),
                    .params_type = "kjit_mx_quantize_params",
-                   .body = "kjit::mx_quantize"});
+                   .body = "kjit::mx_quantize",
+                   .signals_dependents_early = true});
 }
 
 LaunchGeometry mx_quantize_geometry(const MxQuantizeSpec& spec, int64_t experts, int64_t rows, bool finalize) {

@@ -45,7 +45,8 @@ RenderedKernel Family<MxScaleLayoutSpec>::render(const MxScaleLayoutSpec& s) {
                                          s.to == MxScaleLayout::swizzled_128x4, s.scale_cols, offsets, kThreads,
                                          kScaleLayoutMaxOffsetExperts),
                    .params_type = "kjit_mx_scale_layout_params",
-                   .body = "kjit::mx_scale_layout"});
+                   .body = "kjit::mx_scale_layout",
+                   .signals_dependents_early = true});
 }
 
 LaunchGeometry mx_scale_layout_geometry(int64_t swizzled_words) {

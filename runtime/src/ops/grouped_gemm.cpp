@@ -169,6 +169,7 @@ Expected<void> bind_gemm_common(const kjit_grouped_gemm_desc& d, bool empty, kji
   p.tile_counter = static_cast<unsigned int*>(d.workspace);
   p.gather = d.sorted_to_flat;
   p.addend = d.addend;
+  p.experts = static_cast<int>(d.experts);  // validated: 1 to kMaxExperts
   return {};
 }
 

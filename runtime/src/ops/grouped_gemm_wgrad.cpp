@@ -78,6 +78,7 @@ Expected<GroupedGemmWgradPlan> bind_grouped_gemm_wgrad(const kjit_grouped_gemm_w
   p.x = d.x;
   p.out = d.out;
   p.offsets = d.offsets;
+  p.experts = static_cast<int>(d.experts);  // validated: 1 to kMaxExperts
   return plan;
 }
 

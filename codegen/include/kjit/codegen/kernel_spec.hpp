@@ -66,7 +66,12 @@ Expected<void> validate(const KernelSpec& spec);
 // (not a grouped GEMM problem; Hopper's kernels only where wgmma and TMA are).
 Expected<void> validate_for_target(const KernelSpec& spec, const ArchInfo& arch);
 
-// The translation unit of `spec` (which must validate).
+// The spec a kernel is rendered, compiled, cached and loaded under: a grouped GEMM configuration without its
+// expert count (experts 0; the kernels read it at launch, kjit_grouped_gemm_params::experts), so one kernel serves
+// every count; any other spec itself.
+KernelSpec kernel_identity(const KernelSpec& spec);
+
+// The translation unit of `spec` (which must validate): its kernel_identity's.
 RenderedKernel render(const KernelSpec& spec);
 
 // Every kernel a manifest spec stands for on `arch`: a grouped GEMM problem

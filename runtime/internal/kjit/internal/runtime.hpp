@@ -86,6 +86,8 @@ class Runtime {
   Expected<const DriverApi*> driver_;
   std::unique_ptr<cache::Store> store_;
   Builder builder_;
+  // Kernels may overlap the one before them in the stream (KJIT_PROGRAMMATIC_LAUNCH=0: never).
+  bool programmatic_launch_;
   Registry registry_;
   // Device states by ordinal, published once initialised: the hot path reads
   // an atomic pointer, only first use takes the mutex.

@@ -71,12 +71,13 @@ struct GroupedGemmSpec {
 };
 
 // The fields every grouped GEMM spec's table has first (the bf16, FP8, mixed-input and weight-gradient
-// families): the output type, N and K (at least `min_n` and `min_k`) and the expert count.
+// families): the output type, N and K (at least `min_n` and `min_k`) and the expert count, which a problem
+// names and a kernel's identity (kernel_identity: the count is a launch argument) leaves out.
 template <class Spec>
 constexpr auto gemm_shape_fields(int64_t min_n, int64_t min_k) {
   return std::tuple{field("out", &Spec::out).only(DType::bf16, DType::f32),
                     field("n", &Spec::n).range(min_n, kMaxDimension), field("k", &Spec::k).range(min_k, kMaxDimension),
-                    field("experts", &Spec::experts).range(1, kMaxExperts)};
+                    field("experts", &Spec::experts).range(1, kMaxExperts).omit_default()};
 }
 
 template <>

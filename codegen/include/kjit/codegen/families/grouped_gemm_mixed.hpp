@@ -50,9 +50,10 @@ enum class MixedWeight : uint8_t { f8_e4m3fn, f8_e5m2, nvfp4, mxfp4 };
 std::string_view name(MixedWeight w);
 constexpr bool is_fp4(MixedWeight w) { return w == MixedWeight::nvfp4 || w == MixedWeight::mxfp4; }
 
-// The shape key is N, K, the experts, the weights' layout, code type and
-// scaling; the token count is a run-time argument. A spec with tile 0x0 is a
-// problem (manifests), expanded per arch into its configurations.
+// The shape key is N, K, the weights' layout, code type and scaling; the token
+// count and (for a configured kernel, kernel_identity) the experts are run-time
+// arguments. A spec with tile 0x0 is a problem (manifests), expanded per arch
+// into its configurations.
 struct GroupedGemmMixedSpec {
   DType out = DType::bf16;
   int64_t n = 0;
