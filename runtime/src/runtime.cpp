@@ -267,7 +267,8 @@ Expected<void> Runtime::launch(const DeviceState& device, const LoadedKernel& ke
   ScopedContext scope(api, device.context);
   KJIT_TRY(scope.status());
   void* args[] = {params};
-  LaunchConfig launch(g, stream, programmatic_launch_);
+  // Programmatic dependent launch is Hopper's and later's (the entry's wait compiles to nothing before sm_90).
+  LaunchConfig launch(g, stream, programmatic_launch_ && device.arch->major >= 9);
   return check(api, api.cuLaunchKernelEx(&launch.config, kernel.function, args, nullptr), "cuLaunchKernelEx");
 }
 

@@ -79,6 +79,14 @@ TEST_CASE_FIXTURE(DequantFixture, "a kernel may overlap the one before it in the
   CHECK(machine.launches == 2);
 }
 
+TEST_CASE_FIXTURE(DequantFixture, "a device before Hopper launches without the programmatic attribute") {
+  machine.compute_major = 8, machine.compute_minor = 9;  // Ada: read when the runtime first meets the device
+  const auto r = run();
+  REQUIRE_MESSAGE(r.has_value(), r.error().message);
+  CHECK(machine.launches == 1);
+  CHECK_FALSE(machine.programmatic);
+}
+
 TEST_CASE_FIXTURE(DequantFixture, "a second runtime over the same cache loads from disk without compiling") {
   REQUIRE(run().has_value());
   kjit::Runtime second{&fake_api, kjit::cache::StoreConfig{cache_dir, {}, 0}};

@@ -8,12 +8,13 @@
  * Structs passed in carry their own size (struct_size) so that fields can be
  * appended without breaking callers built against an older header.
  *
- * Launches are in stream order. Each kernel is launched as a programmatic
- * dependent of the kernel before it in the stream and waits for that kernel's
- * completion and memory before it touches memory (griddepcontrol.wait), so
- * only its launch overlaps; a kernel of yours launched with the programmatic
- * attribute after a kjit call must likewise wait before it reads kjit's
- * output. KJIT_PROGRAMMATIC_LAUNCH=0 launches plainly (docs/environment.md). */
+ * Launches are in stream order. On sm_90 and later each kernel is launched
+ * as a programmatic dependent of the kernel before it in the stream and
+ * waits for that kernel's completion and memory before it touches memory
+ * (griddepcontrol.wait), so only its launch overlaps; a kernel of yours
+ * launched with the programmatic attribute after a kjit call must likewise
+ * wait before it reads kjit's output. KJIT_PROGRAMMATIC_LAUNCH=0 launches
+ * plainly (docs/environment.md). */
 #ifndef KJIT_KJIT_H
 #define KJIT_KJIT_H
 
