@@ -22,7 +22,7 @@ Expected<BuiltKernel> Builder::build(const codegen::KernelSpec& launched, const 
   BuiltKernel out;
   out.rendered = codegen::render(spec);
   counters_.renders.fetch_add(1, std::memory_order_relaxed);
-  const auto options = compile_options(target);
+  const auto options = compile_options(target, lineinfo_);
   auto lookup = [&](const std::string& nvrtc_version) {
     out.key = codegen::cache_key({out.rendered.source, target, options, nvrtc_version, kEntryFormatVersion});
     auto entry = store_.load_payload(out.key);

@@ -6,6 +6,7 @@
 #include "why.hpp"
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -25,10 +26,11 @@ const ArchInfo& arch_of(std::string_view target) { return **arch_for_target(targ
 struct PrivateBuilder {
   std::filesystem::path dir;
   kjit::cache::Store store;
-  kjit::Builder builder{store};
-  explicit PrivateBuilder(const std::string& name)
+  kjit::Builder builder;
+  explicit PrivateBuilder(const std::string& name, bool lineinfo = false)
       : dir(std::filesystem::temp_directory_path() / (name + "-" + std::to_string(::getpid()))),
-        store(kjit::cache::StoreConfig{dir.string(), {}, 0}) {}
+        store(kjit::cache::StoreConfig{dir.string(), {}, 0}),
+        builder(store, lineinfo) {}
   ~PrivateBuilder() { std::filesystem::remove_all(dir); }
 };
 
@@ -101,13 +103,13 @@ TEST_CASE("a cache miss renders the spec once, and a hit once too") {
   CHECK(b.builder.counters().disk_hits == 1);
 }
 
-TEST_CASE("one spec compiles to the same cubin bytes from two working directories") {
+TEST_CASE("one spec compiles to the same cubin bytes from two working directories, with line information too") {
   // -lineinfo records names; with relative ones NVRTC adds the working directory.
   auto compile_in = [](const std::filesystem::path& cwd) {
     const auto before = std::filesystem::current_path();
     std::filesystem::create_directories(cwd);
     std::filesystem::current_path(cwd);
-    PrivateBuilder b("kjit-repro-" + cwd.filename().string());
+    PrivateBuilder b("kjit-repro-" + cwd.filename().string(), /*lineinfo=*/true);
     GroupedGemmSpec g;
     g.n = 256;
     g.k = 128;
@@ -124,6 +126,29 @@ TEST_CASE("one spec compiles to the same cubin bytes from two working directorie
   std::filesystem::remove_all(root);
   CHECK(first.size() == second.size());
   CHECK(first == second);
+}
+
+TEST_CASE("line information is asked for: KJIT_LINEINFO=1 adds -lineinfo, which enters the key and triples the cubin") {
+  CHECK(kjit::compile_options("sm_90a") == std::vector<std::string>{"--gpu-architecture=sm_90a", "--std=c++17"});
+  CHECK(kjit::compile_options("sm_90a", true).back() == "-lineinfo");
+  ::setenv("KJIT_LINEINFO", "1", 1);
+  CHECK(kjit::lineinfo_from_environment());
+  ::setenv("KJIT_LINEINFO", "0", 1);
+  CHECK_FALSE(kjit::lineinfo_from_environment());
+  ::unsetenv("KJIT_LINEINFO");
+  CHECK_FALSE(kjit::lineinfo_from_environment());
+
+  PrivateBuilder plain("kjit-lineinfo"), lined("kjit-lineinfo-on", /*lineinfo=*/true);
+  GroupedGemmSpec g;
+  g.n = 256;
+  g.k = 128;
+  const auto spec = kernels_for_target(g, arch_of("sm_90a"))[1];
+  auto without = plain.builder.build(spec, arch_of("sm_90a"));
+  auto with = lined.builder.build(spec, arch_of("sm_90a"));
+  REQUIRE_MESSAGE(without.has_value(), kjit::testing::why(without));
+  REQUIRE_MESSAGE(with.has_value(), kjit::testing::why(with));
+  CHECK(without->key != with->key);
+  CHECK(2 * without->cubin.size() < with->cubin.size());
 }
 
 TEST_CASE("a compile error carries NVRTC's log") {

@@ -124,7 +124,8 @@ def main():
     ap.add_argument("--repeat", type=int, default=1, help="compiles per mode; the minimum is reported")
     ap.add_argument("--modes", default="syntax,ptx,cubin")
     ap.add_argument("--options", default="", help="extra NVRTC options, space separated, added to every compile")
-    ap.add_argument("--drop", action="append", default=[], help="an option of kjit's to leave out (e.g. -lineinfo)")
+    ap.add_argument("--drop", action="append", default=[],
+                    help="an option of the entry's to leave out (e.g. -lineinfo, where KJIT_LINEINFO=1 built it)")
     ap.add_argument("--phases", action="store_true", help="NVRTC's --time table for the cubin compile")
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args()
@@ -135,7 +136,7 @@ def main():
             items.append((m["arch"] + " " + m["canonical"], m["source"], m["op"], m["options"]))
     for s in args.source:
         items.append((s, open(s).read(), os.path.basename(s),
-                      ["--gpu-architecture=" + args.arch, "--std=c++17", "-lineinfo"]))
+                      ["--gpu-architecture=" + args.arch, "--std=c++17"]))
     if not items:
         sys.exit("nvrtc_time: no sources (--cache DIR or --source FILE)")
     extra = args.options.split()

@@ -20,6 +20,7 @@ sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-san
 mkdir -p "$out"
 logs=$(mktemp -d)
 export KJIT_CACHE_DIR=${KJIT_CACHE_DIR:-$(mktemp -d)/cache}
+export KJIT_LINEINFO=1  # the reports' source lines
 export bin sanitizer logs TIMEOUT=${TIMEOUT:-300}
 
 # family|doctest suite|test case (its name exactly as in tests/gpu). On Hopper

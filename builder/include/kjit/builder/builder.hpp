@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kjit/base/expected.hpp"
+#include "kjit/builder/nvrtc.hpp"
 #include "kjit/cache/store.hpp"
 #include "kjit/codegen/kernel_spec.hpp"
 
@@ -39,7 +40,9 @@ struct BuiltKernel {
 
 class Builder {
  public:
-  explicit Builder(cache::Store& store) : store_(store) {}
+  // lineinfo: kernels compiled with -lineinfo (compile_options), which enters their keys.
+  explicit Builder(cache::Store& store, bool lineinfo = lineinfo_from_environment())
+      : store_(store), lineinfo_(lineinfo) {}
 
   // The cubin of `spec` for `arch`: validated for the arch first (a grouped
   // GEMM problem, Hopper's kernels off sm_90a and fp8 dequant before sm_89 are
@@ -58,6 +61,7 @@ class Builder {
 
  private:
   cache::Store& store_;
+  bool lineinfo_;
   Counters counters_;
 };
 

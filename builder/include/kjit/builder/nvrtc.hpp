@@ -51,6 +51,11 @@ std::string built_with_cuda_version();
 // each other and codegen inlines them), so NVRTC reads no file and nothing
 // outside the source, the options, the NVRTC version and the arch can change a
 // cubin. A template that includes a toolkit header fails to compile.
-std::vector<std::string> compile_options(const std::string& arch);
+// `lineinfo` adds -lineinfo: profilers' and compute-sanitizer's source lines,
+// the same code in a cubin about three times the size.
+std::vector<std::string> compile_options(const std::string& arch, bool lineinfo = false);
+
+// KJIT_LINEINFO=1 in the environment: kernels compiled with line information.
+bool lineinfo_from_environment();
 
 }  // namespace kjit
