@@ -44,16 +44,16 @@ void append_template(std::string& out, std::string_view path, std::set<std::stri
 // Every kernel is launched as a programmatic dependent of the kernel before it
 // in the stream (Runtime::launch), so its launch and block set-up may overlap
 // that kernel's tail: its entry waits for the previous grid's completion and
-// memory before the body touches memory. A kernel launched without the
-// attribute passes the wait at once.
-constexpr std::string_view kWaitForPreviousGrid =
-    "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900\n"
-    "  asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");\n"
-    "#endif\n";
-constexpr std::string_view kSignalDependents =
-    "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900\n"
-    "  asm volatile(\"griddepcontrol.launch_dependents;\");\n"
-    "#endif\n";
+// memory before the body touches memory (a kernel launched without the
+// attribute passes the wait at once), then, where the recipe says so, lets the
+// next kernel be scheduled.
+std::string programmatic_launch_prologue(bool signals_dependents_early) {
+  return fmt::format("#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900\n"
+                     "  asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");\n"
+                     "{}"
+                     "#endif\n",
+                     signals_dependents_early ? "  asm volatile(\"griddepcontrol.launch_dependents;\");\n" : "");
+}
 
 }  // namespace
 
@@ -84,8 +84,7 @@ RenderedKernel assemble(std::string_view canonical, const Recipe& r) {
                  "  {}<Config>(p);\n"
                  "}}\n",
                  kSourceRoot, r.config, r.threads, shared_check, bounds, r.entry_point, r.params_type,
-                 fmt::format("{}{}", kWaitForPreviousGrid, r.signals_dependents_early ? kSignalDependents : ""),
-                 r.body);
+                 programmatic_launch_prologue(r.signals_dependents_early), r.body);
   return k;
 }
 

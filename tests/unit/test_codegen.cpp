@@ -80,8 +80,6 @@ CHECK-NEXT: static_assert(Config::kThreads == 256);
 CHECK-NEXT: extern "C" __global__ void __launch_bounds__(256, 4) kjit_fp8_dequant(const __grid_constant__ kjit_dequant_params p) {
 CHECK-NEXT: #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 CHECK-NEXT:   asm volatile("griddepcontrol.wait;" ::: "memory");
-CHECK-NEXT: #endif
-CHECK-NEXT: #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 CHECK-NEXT:   asm volatile("griddepcontrol.launch_dependents;");
 CHECK-NEXT: #endif
 CHECK-NEXT:   kjit::fp8_dequant<Config>(p);
